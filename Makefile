@@ -26,8 +26,14 @@ test: $(STAMP)
 	ruff format --check $(LINTED)
 	python -m pytest
 
+# The execution cache is keyed on each chapter's code only, so drop it whenever pylib or the requirements change:
+# otherwise a chapter would show what an older pylib computed.
+_build/.pylib-stamp: $(shell find pylib -name '*.py' 2>/dev/null) requirements.txt
+	rm -rf _build/.jupyter_cache
+	mkdir -p _build && touch $@
+
 # The lab harness (pylib/labs) is not written yet; once it lands this step becomes unconditional.
-book: $(STAMP)
+book: $(STAMP) _build/.pylib-stamp
 	jupyter-book build . --all --builder html -W -n
 	@if [ -f pylib/labs/__main__.py ]; then python -m pylib.labs run --all; \
 	 else echo "pylib/labs not present yet: no labs to run"; fi
