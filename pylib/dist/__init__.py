@@ -1,0 +1,33 @@
+"""The rank runtime: launch ranks, the rank mesh, traced collectives.
+
+    launch(fn, world_size, *args, backend="auto", timeout=60.0, **kwargs) -> list     # one result per rank
+    ParallelConfig(tp, cp, ep, dp, pp, etp, order="tp-cp-ep-dp-pp"); rank_groups(config, world_size)
+    Mesh(config)                      # inside a rank: mesh.tp.size, mesh.tp.rank, mesh["dp-cp"], ...
+    trace(), tag(name), phase(name)   # record every op issued through pylib.dist.collectives
+"""
+
+from . import collectives
+from .launch import LaunchTimeout, RankFailedError, launch
+from .mesh import AxisGroup, Mesh, ParallelConfig, coordinates, rank_groups
+from .sharding import ShardSpec, require_divisible, shard
+from .tracer import CommEvent, Tracer, phase, tag, trace
+
+__all__ = [
+    "AxisGroup",
+    "CommEvent",
+    "LaunchTimeout",
+    "Mesh",
+    "ParallelConfig",
+    "RankFailedError",
+    "ShardSpec",
+    "Tracer",
+    "collectives",
+    "coordinates",
+    "launch",
+    "phase",
+    "rank_groups",
+    "require_divisible",
+    "shard",
+    "tag",
+    "trace",
+]

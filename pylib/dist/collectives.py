@@ -1,0 +1,426 @@
+"""Every collective and point-to-point op in pylib, traced and (where it carries activations) autograd-aware.
+
+Each autograd op is one small `torch.autograd.Function` whose backward is the *conjugate* collective -- the
+Megatron `mappings.py` idea. Read the table once and tensor, sequence, context and expert parallelism become
+plain linear algebra with one named crossing at each end:
+
+    function                forward                 backward               used by
+    ----------------------  ----------------------  ---------------------  -------------------------------------
+    copy_to_group           identity                all-reduce (sum)       TP: entering a column-parallel region (f)
+    reduce_from_group       all-reduce (sum)        identity               TP: leaving a row-parallel region (g)
+    split_to_group          keep my chunk of dim    all-gather dim         scatter a replicated tensor
+    gather_from_group       all-gather dim          keep my chunk of dim   gather for a replicated consumer
+    all_gather              all-gather dim          reduce-scatter dim     SP: entering the TP region; ZeRO-3
+    reduce_scatter          reduce-scatter dim      all-gather dim         SP: leaving the TP region
+    all_to_all              scatter a, gather b     scatter b, gather a    Ulysses
+    all_to_all_uneven       rows by split sizes     the reverse splits     EP dispatch / combine
+
+Why these pairs: if forward is y = A x for a linear communication map A, backward is dx = A^T dy. Copying one
+tensor to n ranks (identity on each) has as transpose the sum of the n gradients; splitting has as transpose
+concatenation; all-gather's transpose is reduce-scatter, since each rank's gathered output feeds a different
+computation whose gradients must be summed before each rank keeps its own chunk.
+
+`split_to_group` vs `reduce_scatter` (and `gather_from_group` vs `all_gather`) differ in what the *other* ranks
+do with the tensor: use gather_from_group when every rank continues with the same replicated computation (its
+gradient is then already identical everywhere), all_gather when each rank's computation after the gather differs.
+
+Raw (non-autograd) ops for gradients and point-to-point: `all_reduce_`, `all_gather_tensor`,
+`reduce_scatter_tensor`, `send`, `recv`, `isend`, `irecv`, `batch_isend_irecv`.
+
+`group` is an `AxisGroup` from `Mesh` or None for the whole world. A group of one rank is the identity and
+records nothing. pylib never calls torch.distributed collectives anywhere else, so the tracer sees everything.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from . import tracer
+from .mesh import AxisGroup
+
+# --------------------------------------------------------------------------------------------------- groups
+
+
+def resolve_group(group) -> AxisGroup:
+    """None -> the whole world; an AxisGroup passes through; a raw torch ProcessGroup is wrapped."""
+    if isinstance(group, AxisGroup):
+        return group
+    if not dist.is_initialized():
+        raise RuntimeError("collectives need a launched rank (torch.distributed is not initialised)")
+    if group is None:
+        world = dist.get_world_size()
+        return AxisGroup("world", tuple(range(world)), dist.get_rank(), dist.group.WORLD if world > 1 else None)
+    ranks = tuple(dist.get_process_group_ranks(group))
+    return AxisGroup("group", ranks, ranks.index(dist.get_rank()), group)
+
+
+def group_size(group=None) -> int:
+    return resolve_group(group).size
+
+
+def group_rank(group=None) -> int:
+    return resolve_group(group).rank
+
+
+# --------------------------------------------------------------------------------------------------- tracing
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _record(op, g: AxisGroup, payload, sent, recv, tensors, t0, peer=None, phase=None, tag=None, **extra):
+    if not tracer.is_tracing():
+        return None
+    ev = tracer.CommEvent(
+        op=op,
+        axis=g.name,
+        group=g.ranks,
+        rank=g.global_rank,
+        payload_bytes=int(payload),
+        bytes_sent=int(sent),
+        bytes_recv=int(recv),
+        shapes=tuple(tuple(t.shape) for t in tensors),
+        dtype=str(tensors[0].dtype).replace("torch.", "") if tensors else "",
+        phase=phase or tracer.current_phase(),
+        tag=tag if tag is not None else tracer.current_tag(),
+        peer=peer,
+        t_start=t0,
+        t_end=tracer.now(),
+        extra=extra,
+    )
+    tracer.record(ev)
+    return ev
+
+
+def _check_divisible(size: int, n: int, what: str):
+    if size % n:
+        raise ValueError(f"{what}: size {size} is not divisible by the group size {n}")
+
+
+# --------------------------------------------------------------------------------------------------- raw ops
+
+
+def all_reduce_(t: torch.Tensor, group=None, *, op: str = "sum", phase=None, tag=None) -> torch.Tensor:
+    """In-place all-reduce (sum, avg or max) of `t` over `group`. Payload S = bytes of t; moves 2(n-1)/n*S."""
+    g = resolve_group(group)
+    if g.size == 1:
+        return t
+    if not t.is_contiguous():
+        raise ValueError(f"all_reduce_ works in place and needs a contiguous tensor (shape {tuple(t.shape)})")
+    t0 = tracer.now()
+    if op == "avg":
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=g.pg)
+        t.div_(g.size)
+    else:
+        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op], group=g.pg)
+    s = _nbytes(t)
+    moved = 2 * (g.size - 1) * s // g.size
+    _record("all_reduce", g, s, moved, moved, [t], t0, phase=phase, tag=tag, reduce_op=op)
+    return t
+
+
+def all_gather_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=None, tag=None) -> torch.Tensor:
+    """Concatenate every rank's `t` along `dim`, in group order. Payload S = output bytes; moves (n-1)/n*S."""
+    g = resolve_group(group)
+    if g.size == 1:
+        return t
+    t0 = tracer.now()
+    t_c = t.contiguous()
+    flat = torch.empty(g.size * t_c.numel(), dtype=t.dtype, device=t.device)
+    dist.all_gather_single(flat, t_c.view(-1), group=g.pg)
+    out = torch.cat(flat.view(g.size, *t_c.shape).unbind(0), dim=dim)
+    s = _nbytes(out)
+    moved = (g.size - 1) * _nbytes(t_c)
+    _record("all_gather", g, s, moved, moved, [t], t0, phase=phase, tag=tag, dim=dim)
+    return out
+
+
+def reduce_scatter_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=None, tag=None) -> torch.Tensor:
+    """Sum `t` over the group and keep this rank's chunk of `dim`. Payload S = input bytes; moves (n-1)/n*S."""
+    g = resolve_group(group)
+    if g.size == 1:
+        return t
+    _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
+    t0 = tracer.now()
+    stacked = torch.stack(t.chunk(g.size, dim=dim)).contiguous()  # [n, ...]: chunk j goes to member j
+    out = torch.empty(stacked.shape[1:], dtype=t.dtype, device=t.device)
+    dist.reduce_scatter_single(out.view(-1), stacked.view(-1), group=g.pg)
+    s = _nbytes(t)
+    moved = (g.size - 1) * s // g.size
+    _record("reduce_scatter", g, s, moved, moved, [t], t0, phase=phase, tag=tag, dim=dim)
+    return out
+
+
+def all_to_all_tensor(t, scatter_dim: int, gather_dim: int, group=None, *, phase=None, tag=None) -> torch.Tensor:
+    """Split `t` into n chunks along scatter_dim, send chunk j to rank j, concatenate what arrives along
+    gather_dim (in group order). Moves (n-1)/n of the input out and (n-1)/n of the output in."""
+    g = resolve_group(group)
+    if g.size == 1:
+        return t
+    _check_divisible(t.shape[scatter_dim], g.size, f"all-to-all scatter dim {scatter_dim} of shape {tuple(t.shape)}")
+    t0 = tracer.now()
+    send = torch.stack(t.chunk(g.size, dim=scatter_dim)).contiguous()  # [n, ...]: chunk j goes to member j
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv.view(-1), send.view(-1), group=g.pg)
+    out = torch.cat(recv.unbind(0), dim=gather_dim)
+    s = _nbytes(t)
+    moved = (g.size - 1) * s // g.size
+    _record("all_to_all", g, s, moved, moved, [t], t0, phase=phase, tag=tag, scatter_dim=scatter_dim,
+            gather_dim=gather_dim)
+    return out
+
+
+def all_to_all_rows(t, output_splits, input_splits, group=None, *, phase=None, tag=None) -> torch.Tensor:
+    """Uneven all-to-all along dim 0: rows [sum(input_splits[:j]), ...+input_splits[j]) go to group member j;
+    `output_splits[j]` rows arrive from member j. Bytes counted exactly (rows to/from other ranks)."""
+    g = resolve_group(group)
+    input_splits, output_splits = [int(v) for v in input_splits], [int(v) for v in output_splits]
+    if len(input_splits) != g.size or len(output_splits) != g.size:
+        raise ValueError(f"all-to-all needs {g.size} split sizes, got {len(input_splits)} in / {len(output_splits)} out")
+    if sum(input_splits) != t.shape[0]:
+        raise ValueError(f"input split sizes {input_splits} sum to {sum(input_splits)}, tensor has {t.shape[0]} rows")
+    if g.size == 1:
+        return t
+    t0 = tracer.now()
+    t_c = t.contiguous()
+    out = torch.empty((sum(output_splits), *t.shape[1:]), dtype=t.dtype, device=t.device)
+    dist.all_to_all_single(out, t_c, output_split_sizes=output_splits, input_split_sizes=input_splits, group=g.pg)
+    row = math.prod(t_c.shape[1:]) * t_c.element_size()
+    me = g.rank
+    sent = row * (sum(input_splits) - input_splits[me])
+    recv = row * (sum(output_splits) - output_splits[me])
+    _record("all_to_all", g, _nbytes(t_c), sent, recv, [t], t0, phase=phase, tag=tag, input_splits=input_splits,
+            output_splits=output_splits)
+    return out
+
+
+def send(t: torch.Tensor, dst: int, group=None, *, phase=None, tag=None) -> None:
+    """Blocking send of `t` to group member `dst` (an index into the group)."""
+    g = resolve_group(group)
+    t0 = tracer.now()
+    dist.send(t.contiguous(), dst=g.global_of(dst))
+    _record("send", g, _nbytes(t), _nbytes(t), 0, [t], t0, peer=g.global_of(dst), phase=phase, tag=tag)
+
+
+def recv(t: torch.Tensor, src: int, group=None, *, phase=None, tag=None) -> torch.Tensor:
+    """Blocking receive into `t` from group member `src`; returns `t`."""
+    g = resolve_group(group)
+    t0 = tracer.now()
+    dist.recv(t, src=g.global_of(src))
+    _record("recv", g, _nbytes(t), 0, _nbytes(t), [t], t0, peer=g.global_of(src), phase=phase, tag=tag)
+    return t
+
+
+class P2PWork:
+    """A posted isend/irecv. `wait()` blocks until done and completes its trace record (t_end = wait time)."""
+
+    def __init__(self, work, event, tensor):
+        self._work, self.event, self.tensor = work, event, tensor
+
+    def wait(self) -> torch.Tensor:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+            if self.event is not None:
+                self.event.t_end = tracer.now()
+        return self.tensor
+
+
+def _post(kind: str, t: torch.Tensor, peer: int, g: AxisGroup, phase, tag, work):
+    ev = _record(
+        kind, g, _nbytes(t), _nbytes(t) if kind == "send" else 0, _nbytes(t) if kind == "recv" else 0, [t],
+        tracer.now(), peer=g.global_of(peer), phase=phase, tag=tag,
+    )
+    return P2PWork(work, ev, t)
+
+
+def isend(t: torch.Tensor, dst: int, group=None, *, phase=None, tag=None) -> P2PWork:
+    g = resolve_group(group)
+    return _post("send", t, dst, g, phase, tag, dist.isend(t.contiguous(), dst=g.global_of(dst)))
+
+
+def irecv(t: torch.Tensor, src: int, group=None, *, phase=None, tag=None) -> P2PWork:
+    g = resolve_group(group)
+    return _post("recv", t, src, g, phase, tag, dist.irecv(t, src=g.global_of(src)))
+
+
+def batch_isend_irecv(ops, group=None, *, phase=None, tag=None) -> list[P2PWork]:
+    """Post several sends and receives together. `ops` is a list of ("send"|"recv", tensor, peer index).
+
+    Posting both directions at once is what lets a ring (or a pipeline) exchange without deadlock: no rank
+    blocks in a send while its neighbour blocks in its own send."""
+    g = resolve_group(group)
+    p2p = []
+    for kind, t, peer in ops:
+        fn = dist.isend if kind == "send" else dist.irecv
+        p2p.append(dist.P2POp(fn, t if kind == "recv" else t.contiguous(), g.global_of(peer), group=g.pg))
+    works = dist.batch_isend_irecv(p2p) if p2p else []
+    if len(works) != len(p2p):  # some backends return one work for the whole batch
+        works = [works[0]] + [None] * (len(p2p) - 1) if works else [None] * len(p2p)
+    return [_post(kind, t, peer, g, phase, tag, w) for (kind, t, peer), w in zip(ops, works)]
+
+
+# --------------------------------------------------------------------------------------------------- autograd ops
+
+
+class _CopyToGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, g, tag):
+        ctx.g, ctx.tag = g, tag
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dy):
+        dx = dy.clone(memory_format=torch.contiguous_format)
+        return all_reduce_(dx, ctx.g, phase="backward", tag=ctx.tag), None, None
+
+
+class _ReduceFromGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, g, tag):
+        return all_reduce_(x.clone(memory_format=torch.contiguous_format), g, tag=tag)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, None, None
+
+
+class _SplitToGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, g, tag):
+        ctx.dim, ctx.g, ctx.tag = dim, g, tag
+        _check_divisible(x.shape[dim], g.size, f"split along dim {dim} of shape {tuple(x.shape)}")
+        return x.chunk(g.size, dim=dim)[g.rank].contiguous()
+
+    @staticmethod
+    def backward(ctx, dy):
+        return all_gather_tensor(dy, ctx.dim, ctx.g, phase="backward", tag=ctx.tag), None, None, None
+
+
+class _GatherFromGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, g, tag):
+        ctx.dim, ctx.g = dim, g
+        return all_gather_tensor(x, dim, g, tag=tag)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy.chunk(ctx.g.size, dim=ctx.dim)[ctx.g.rank].contiguous(), None, None, None
+
+
+class _AllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, g, tag):
+        ctx.dim, ctx.g, ctx.tag = dim, g, tag
+        return all_gather_tensor(x, dim, g, tag=tag)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return reduce_scatter_tensor(dy, ctx.dim, ctx.g, phase="backward", tag=ctx.tag), None, None, None
+
+
+class _ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, g, tag):
+        ctx.dim, ctx.g, ctx.tag = dim, g, tag
+        return reduce_scatter_tensor(x, dim, g, tag=tag)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return all_gather_tensor(dy, ctx.dim, ctx.g, phase="backward", tag=ctx.tag), None, None, None
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scatter_dim, gather_dim, g, tag):
+        ctx.dims, ctx.g, ctx.tag = (scatter_dim, gather_dim), g, tag
+        return all_to_all_tensor(x, scatter_dim, gather_dim, g, tag=tag)
+
+    @staticmethod
+    def backward(ctx, dy):
+        scatter_dim, gather_dim = ctx.dims
+        dx = all_to_all_tensor(dy, gather_dim, scatter_dim, ctx.g, phase="backward", tag=ctx.tag)
+        return dx, None, None, None, None
+
+
+class _AllToAllRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, output_splits, input_splits, g, tag):
+        ctx.splits, ctx.g, ctx.tag = (list(output_splits), list(input_splits)), g, tag
+        return all_to_all_rows(x, output_splits, input_splits, g, tag=tag)
+
+    @staticmethod
+    def backward(ctx, dy):
+        output_splits, input_splits = ctx.splits
+        dx = all_to_all_rows(dy, input_splits, output_splits, ctx.g, phase="backward", tag=ctx.tag)
+        return dx, None, None, None, None
+
+
+def _tag(tag):
+    return tag if tag is not None else tracer.current_tag()
+
+
+def copy_to_group(x, group=None, *, tag=None):
+    """Forward: identity (x is replicated on every rank of the group). Backward: all-reduce the gradient."""
+    g = resolve_group(group)
+    return x if g.size == 1 else _CopyToGroup.apply(x, g, _tag(tag))
+
+
+def reduce_from_group(x, group=None, *, tag=None):
+    """Forward: all-reduce (sum the partial results). Backward: identity."""
+    g = resolve_group(group)
+    return x if g.size == 1 else _ReduceFromGroup.apply(x, g, _tag(tag))
+
+
+def split_to_group(x, dim: int, group=None, *, tag=None):
+    """Forward: keep this rank's chunk of `dim` (no communication). Backward: all-gather along `dim`."""
+    g = resolve_group(group)
+    return x if g.size == 1 else _SplitToGroup.apply(x, dim, g, _tag(tag))
+
+
+def gather_from_group(x, dim: int, group=None, *, tag=None):
+    """Forward: all-gather along `dim`. Backward: keep this rank's chunk (consumer replicated on every rank)."""
+    g = resolve_group(group)
+    return x if g.size == 1 else _GatherFromGroup.apply(x, dim, g, _tag(tag))
+
+
+def all_gather(x, dim: int, group=None, *, tag=None):
+    """Forward: all-gather along `dim`. Backward: reduce-scatter along `dim` (consumers differ per rank)."""
+    g = resolve_group(group)
+    return x if g.size == 1 else _AllGather.apply(x, dim, g, _tag(tag))
+
+
+def reduce_scatter(x, dim: int, group=None, *, tag=None):
+    """Forward: sum over the group, keep this rank's chunk of `dim`. Backward: all-gather along `dim`."""
+    g = resolve_group(group)
+    return x if g.size == 1 else _ReduceScatter.apply(x, dim, g, _tag(tag))
+
+
+def all_to_all(x, scatter_dim: int, gather_dim: int, group=None, *, tag=None):
+    """Forward: split `scatter_dim` across the group and concatenate arrivals along `gather_dim`.
+    Backward: the same with the two dims swapped."""
+    g = resolve_group(group)
+    return x if g.size == 1 else _AllToAll.apply(x, scatter_dim, gather_dim, g, _tag(tag))
+
+
+def all_to_all_uneven(x, output_splits, input_splits, group=None, *, tag=None):
+    """Forward: rows of `x` go out in blocks of `input_splits`, `output_splits` rows arrive from each member.
+    Backward: the same exchange with the split lists swapped."""
+    g = resolve_group(group)
+    if g.size == 1:
+        return x
+    return _AllToAllRows.apply(x, list(output_splits), list(input_splits), g, _tag(tag))
+
+
+def exchange_counts(counts: torch.Tensor, group=None, *, tag=None) -> torch.Tensor:
+    """Every rank sends counts[j] to member j and receives member j's count for it ([n] int64 -> [n] int64)."""
+    g = resolve_group(group)
+    if g.size == 1:
+        return counts.clone()
+    return all_to_all_rows(counts.reshape(g.size, -1).contiguous(), [1] * g.size, [1] * g.size, g, tag=tag).reshape(
+        counts.shape
+    )

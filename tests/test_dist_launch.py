@@ -1,0 +1,239 @@
+"""pylib.dist.launch: results, failures, deadlines, output, and no process left behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from pylib.dist import LaunchTimeout, RankFailedError, launch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _children_of(pid: int) -> list[int]:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        ppid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+        state = next(line.split()[1] for line in status.splitlines() if line.startswith("State:"))
+        if ppid == pid and state != "Z":
+            kids.append(int(entry))
+    return kids
+
+
+def _rank_and_sum(scale):
+    rank = dist.get_rank()
+    x = torch.tensor([float(rank)])
+    dist.all_reduce(x)
+    return {"rank": rank, "world": dist.get_world_size(), "sum": x * scale}
+
+
+def test_launch_returns_one_result_per_rank_in_rank_order():
+    results = launch(_rank_and_sum, 4, 2.0)
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    assert all(r["world"] == 4 for r in results)
+    assert all(float(r["sum"]) == 12.0 for r in results)  # (0+1+2+3) * 2
+
+
+def test_launch_passes_keyword_arguments_and_returns_cpu_tensors():
+    def fn(*, n):
+        return torch.arange(n) + dist.get_rank()
+
+    out = launch(fn, 2, n=3)
+    assert out[1].tolist() == [1, 2, 3] and out[1].device.type == "cpu"
+
+
+def test_launch_prints_each_rank_output_labelled_in_rank_order(capsys):
+    def fn():
+        time.sleep(0.05 * (3 - dist.get_rank()))  # later ranks finish first
+        print(f"hello from {dist.get_rank()}")
+
+    launch(fn, 3)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "hello" in ln]
+    assert lines == ["[rank 0] hello from 0", "[rank 1] hello from 1", "[rank 2] hello from 2"]
+
+
+def test_a_function_defined_in_main_runs_like_a_notebook_cell(tmp_path):
+    script = tmp_path / "notebook_like.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch, torch.distributed as dist
+            from pylib.dist import launch
+            torch.ones(512, 512) @ torch.ones(512, 512)   # the parent already ran a multithreaded op
+            def cell_function(k):
+                x = torch.ones(64, 64) @ torch.ones(64, 64)
+                t = torch.tensor([float(dist.get_rank() + k)])
+                dist.all_reduce(t)
+                return float(t) + float(x[0, 0]) * 0
+            print(launch(cell_function, 3, 10))
+            """
+        )
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[33.0, 33.0, 33.0]"
+
+
+def _raise_on_rank_2():
+    if dist.get_rank() == 2:
+        raise ValueError("rank two is broken")
+    dist.barrier()  # the others wait for rank 2, which never arrives
+    return "unreachable"
+
+
+def test_a_rank_that_raises_is_named_promptly_with_its_traceback_and_leaves_no_process():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        launch(_raise_on_rank_2, 4, timeout=30)
+    elapsed = time.monotonic() - t0
+    assert info.value.rank == 2
+    assert "rank 2 failed first" in str(info.value)
+    assert "ValueError: rank two is broken" in str(info.value)
+    assert elapsed < 5, f"failure took {elapsed:.1f}s to surface"
+    assert _children_of(os.getpid()) == []
+
+
+def test_a_rank_that_dies_without_reporting_is_named():
+    def fn():
+        if dist.get_rank() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.barrier()
+
+    with pytest.raises(RankFailedError) as info:
+        launch(fn, 3, timeout=30)
+    assert info.value.rank == 1
+    assert "died without reporting (signal 9)" in str(info.value)
+    assert _children_of(os.getpid()) == []
+
+
+def test_the_root_cause_is_named_not_the_peers_that_lost_their_connection():
+    def fn():
+        if dist.get_rank() == 0:
+            time.sleep(0.3)  # rank 3 is the cause; ranks 1 and 2 only see it go away
+        if dist.get_rank() == 3:
+            os._exit(3)
+        dist.barrier()
+
+    with pytest.raises(RankFailedError) as info:
+        launch(fn, 4, timeout=30)
+    assert info.value.rank == 3
+
+
+def test_a_hanging_rank_is_ended_at_the_deadline_and_listed_as_silent():
+    def fn():
+        if dist.get_rank() == 1:
+            time.sleep(60)
+        return dist.get_rank()
+
+    t0 = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:
+        launch(fn, 3, timeout=2.0)
+    assert 1.9 < time.monotonic() - t0 < 6
+    assert info.value.silent_ranks == [1]
+    assert "ranks [1] never returned" in str(info.value)
+    assert _children_of(os.getpid()) == []
+
+
+def test_bad_world_size_and_backend_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match="world_size must be a positive integer"):
+        launch(_rank_and_sum, 0, 1.0)
+    with pytest.raises(ValueError, match="backend must be"):
+        launch(_rank_and_sum, 2, 1.0, backend="mpi")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs one GPU per rank"):
+            launch(_rank_and_sum, 2, 1.0, backend="nccl")
+
+
+def _script(tmp_path, body: str) -> Path:
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_two_launches_at_once_do_not_collide(tmp_path):
+    script = _script(
+        tmp_path,
+        """
+        import torch, torch.distributed as dist
+        from pylib.dist import launch
+        def fn():
+            t = torch.ones(1) * (dist.get_rank() + 1)
+            for _ in range(20):
+                dist.all_reduce(t)
+                t /= dist.get_world_size()
+            return float(t)
+        print(sum(launch(fn, 4)))
+        """,
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=90) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert float(out.strip().splitlines()[-1]) == pytest.approx(4 * 2.5)
+
+
+def test_no_rank_survives_when_the_caller_is_interrupted_or_killed(tmp_path):
+    script = _script(
+        tmp_path,
+        """
+        import os, sys, time
+        from pylib.dist import launch
+        def fn():
+            time.sleep(120)
+        print(os.getpid(), flush=True)
+        launch(fn, 3, timeout=300)
+        """,
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        p = subprocess.Popen(
+            [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        pid = int(p.stdout.readline())
+        deadline = time.monotonic() + 20
+        while len(_children_of(pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ranks = _children_of(pid)
+        assert len(ranks) >= 3
+        time.sleep(0.3)  # let the ranks reach their sleep
+        p.send_signal(sig)
+        p.wait(timeout=20)
+        deadline = time.monotonic() + 5
+        while any(os.path.exists(f"/proc/{r}") and _alive(r) for r in ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [r for r in ranks if _alive(r)], f"ranks outlived a {sig.name} of their caller"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "State:\tZ" not in f.read()
+    except OSError:
+        return False
