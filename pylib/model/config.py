@@ -1,0 +1,134 @@
+"""The reference model's configuration.
+
+Symbols follow seed B: h = d_model, h_ffn = d_ff, n_head, n_kv_head, d_head = h / n_head, V = vocab_size,
+L = n_layers, E = moe.n_experts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """A mixture-of-experts MLP: `n_experts` expert MLPs, each token sent to `top_k` of them.
+
+    score: "softmax" or "sigmoid" router scores. For softmax, `topk_then_softmax=True` takes the top-k logits and
+    normalises over those (Mixtral), False takes softmax over all experts then top-k (Switch, DeepSeek-V2).
+    Sigmoid scores are renormalised over the chosen k (DeepSeek-V3).
+    capacity_factor: None = no token is ever dropped; else each expert takes at most
+    ceil(capacity_factor * tokens * top_k / n_experts) tokens, keeping by `drop_policy` ("probs": the highest
+    router probabilities, "position": the earliest tokens).
+    aux_loss_coef: weight of the load-balancing loss E * sum_i f_i * P_i; z_loss_coef: weight of the router
+    z-loss mean(logsumexp(logits)^2). Both add gradient without changing the layer's forward value.
+    """
+
+    n_experts: int = 8
+    top_k: int = 2
+    d_ff: int | None = None  # expert hidden size; None = the model's d_ff
+    score: str = "softmax"
+    topk_then_softmax: bool = False
+    capacity_factor: float | None = None
+    drop_policy: str = "probs"
+    aux_loss_coef: float = 0.0
+    z_loss_coef: float = 0.0
+    every: int = 1  # layer i is MoE when i % every == every - 1 (every=1: all layers)
+
+    def __post_init__(self):
+        if self.n_experts < 1:
+            raise ValueError(f"n_experts={self.n_experts} must be >= 1")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"top_k={self.top_k} must be between 1 and n_experts={self.n_experts}")
+        if self.capacity_factor is not None and self.capacity_factor <= 0:
+            raise ValueError(f"capacity_factor={self.capacity_factor} must be > 0 (or None for no dropping)")
+        if self.score not in ("softmax", "sigmoid"):
+            raise ValueError(f"score={self.score!r} must be 'softmax' or 'sigmoid'")
+        if self.drop_policy not in ("probs", "position"):
+            raise ValueError(f"drop_policy={self.drop_policy!r} must be 'probs' or 'position'")
+        if self.every < 1:
+            raise ValueError(f"every={self.every} must be >= 1")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A Pre-LN decoder: embedding, n_layers x [LN, attention, residual, LN, MLP, residual], final LN, LM head.
+
+    mlp: "gelu" (up, GELU, down) or "swiglu" (down(silu(gate x) * up x)).
+    position: "none" (the token embedding alone, as in seed A) or "rope" (rotary embedding on q and k).
+    causal: causal self-attention (a language model) or full (as in seed A's example).
+    Weights are PyTorch's default initialisation after torch.manual_seed(seed), modules created in reading order
+    (embedding; per layer q, k, v, o, then MLP; LM head), so a config and a seed fix every number.
+    """
+
+    vocab_size: int = 64
+    d_model: int = 16
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None = n_heads (MHA); fewer = GQA; 1 = MQA
+    d_ff: int = 64
+    mlp: str = "gelu"
+    position: str = "none"
+    causal: bool = True
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    moe: MoEConfig | None = None
+    tie_embeddings: bool = False
+    dtype: str = "float32"
+    seed: int = 0
+
+    def __post_init__(self):
+        problems = []
+        if self.d_model % self.n_heads:
+            problems.append(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
+        if self.kv_heads < 1 or self.n_heads % self.kv_heads:
+            problems.append(f"n_kv_heads={self.kv_heads} does not divide n_heads={self.n_heads}")
+        if self.mlp not in ("gelu", "swiglu"):
+            problems.append(f"mlp={self.mlp!r} must be 'gelu' or 'swiglu'")
+        if self.position not in ("none", "rope"):
+            problems.append(f"position={self.position!r} must be 'none' or 'rope'")
+        if self.position == "rope" and self.n_heads and (self.d_model // self.n_heads) % 2:
+            problems.append(f"rope needs an even d_head, got {self.d_model // self.n_heads}")
+        if self.dtype not in ("float32", "float64", "bfloat16", "float16"):
+            problems.append(f"dtype={self.dtype!r} is not a float dtype name")
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name}={getattr(self, name)} must be >= 1")
+        if problems:
+            raise ValueError("invalid ModelConfig: " + "; ".join(problems))
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def d_kv(self) -> int:
+        """h_kv = n_kv_head * d_head, the width of K and V."""
+        return self.kv_heads * self.d_head
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.moe is not None and i % self.moe.every == self.moe.every - 1
+
+    def with_(self, **changes) -> ModelConfig:
+        return replace(self, **changes)
+
+    @staticmethod
+    def seed_a() -> ModelConfig:
+        """Seed A's worked example: d=4, one head, d_ff=8, GELU, no positions, full attention, 8 tokens in the
+        vocabulary (the two sentences "The cat sat here" and "A dog ran fast"), seed 0."""
+        return ModelConfig(
+            vocab_size=8, d_model=4, n_layers=1, n_heads=1, d_ff=8, mlp="gelu", position="none", causal=False, seed=0
+        )
+
+
+TINY = ModelConfig()
+SEED_A = ModelConfig.seed_a()
