@@ -334,7 +334,8 @@ def split_check(
     out_dim: the output's sequence dim (default seq_dims[0]). The pieces match the whole when every output row
     depends on its own token only (token-local) -- or, for a token-global module, never.
     reference: the whole-sequence result to compare with, for an `fn` that communicates (and so cannot run
-    here, outside a rank); default fn(*inputs)."""
+    here, outside a rank); default fn(*inputs).
+    The ranks use gloo unless `backend=` says otherwise: the inputs are CPU tensors, on a GPU node too."""
     from pylib.dist import launch
 
     out_dim = seq_dims[0] if out_dim is None else out_dim
@@ -349,6 +350,7 @@ def split_check(
             full = fn(*inputs)
     else:
         full = reference
+    launch_kwargs.setdefault("backend", "gloo")
     results = launch(_split_worker, world_size, fn, list(inputs), list(seq_dims), out_dim, **launch_kwargs)
     pieces = torch.cat([r[0] for r in results], dim=out_dim)
     return SplitCheck(
