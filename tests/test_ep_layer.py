@@ -129,3 +129,29 @@ def test_router_gradient_is_partial_on_each_rank_and_its_sum_is_the_reference():
         torch.testing.assert_close(sum(local), ref, rtol=0, atol=1e-12)
         for res in results:  # after reduce_router_grad every rank holds it
             torch.testing.assert_close(res[name]["grads"]["router.gate.weight"][0], ref, rtol=0, atol=1e-12)
+
+
+def test_shard_specs_and_param_map_describe_exactly_what_a_rank_holds():
+    from pylib.dist.mesh import AxisGroup
+
+    cfg, kind = CASES["top2-mixtral-swiglu-aux"]
+    moe = _moe(cfg, kind)
+    # layout only (no traffic): rank 5 of an ETP x EP = 2 x 4 grid, ep index 2, etp index 1
+    ep, etp = AxisGroup("ep", (1, 3, 5, 7), 2), AxisGroup("etp", (4, 5), 1)
+    layer = ExpertParallelMoE(moe, ep, etp, None)
+    assert list(layer.expert_ids) == [4, 5]
+    full = dict(moe.named_parameters())
+    for _, p, ref, idx in layer.param_map():
+        assert torch.equal(p.detach(), full[ref].detach()[idx]), ref
+    specs = {(s.name, s.axis): s for s in layer.shard_specs()}
+    assert specs[("router.gate.weight", "ep")].kind == "replicated"
+    for name, d, kind_ in [
+        ("up_proj.weight", 1, "column"),
+        ("gate_proj.weight", 1, "column"),
+        ("down_proj.weight", 2, "row"),
+    ]:
+        e_spec, t_spec = specs[(f"experts.*.{name}", "ep")], specs[(f"experts.*.{name}", "etp")]
+        held = torch.stack([getattr(x, name.split(".")[0]).weight for x in layer.experts.experts])
+        assert t_spec.local_shape == tuple(held.shape) and t_spec.dim == d and t_spec.kind == kind_
+        assert e_spec.full_shape == (8, *full[f"experts.0.{name}"].shape) and e_spec.dim == 0
+        assert e_spec.fraction * t_spec.fraction == pytest.approx(1 / 8)  # one of ep * etp = 8 pieces

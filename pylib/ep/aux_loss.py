@@ -30,7 +30,8 @@ from pylib.model.moe import Routing, tokens_per_expert
 def group_token_stats(routing: Routing, n_experts: int, group=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(N [E], T): assignments per expert and tokens, summed over `group` (None = this rank alone)."""
     counts = tokens_per_expert(routing.experts, n_experts).to(torch.float64)
-    stats = torch.cat([counts, torch.tensor([float(routing.experts.shape[0])], dtype=torch.float64)])
+    n_tokens = torch.tensor([float(routing.experts.shape[0])], dtype=torch.float64, device=counts.device)
+    stats = torch.cat([counts, n_tokens])
     if group is not None:
         with tag("aux"):
             collectives.all_reduce_(stats, group)

@@ -33,7 +33,8 @@ class LocalExperts(nn.Module):
         for e in range(first, first + count):
             full = full_experts[e]
             d_ff, d_model = full.up_proj.weight.shape
-            local = MLP(d_model, d_ff // etp, full.kind).to(full.up_proj.weight.dtype)
+            w = full.up_proj.weight
+            local = MLP(d_model, d_ff // etp, full.kind).to(device=w.device, dtype=w.dtype)
             with torch.no_grad():
                 for name, p in local.named_parameters():
                     p.copy_(self.slice_of(name, dict(full.named_parameters())[name]))
