@@ -77,7 +77,10 @@ class ExpertParallelMoE(nn.Module):
             moe.experts, ep_group.rank * self.n_local, self.n_local, etp_group.rank, etp_group.size
         )
         self.dispatcher = AllToAllDispatcher(cfg.n_experts, ep_group, etp_group)
-        self.register_buffer("routed_counts", torch.zeros(cfg.n_experts, dtype=torch.int64), persistent=False)
+        device = moe.router.gate.weight.device
+        self.register_buffer(
+            "routed_counts", torch.zeros(cfg.n_experts, dtype=torch.int64, device=device), persistent=False
+        )
         self.last_routing: Routing | None = None
         self.last_keep: torch.Tensor | None = None
         self.last_state: DispatchState | None = None
