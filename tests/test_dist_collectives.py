@@ -218,3 +218,49 @@ def test_indivisible_sizes_are_refused_with_the_numbers():
 
     with pytest.raises(Exception, match="size 3 is not divisible by the group size 2"):
         launch(fn, 2)
+
+
+UNEVEN_ROWS = [2, 0, 3, 1]  # rows held by each of the 4 members (one holds none)
+
+
+def _uneven_gather_and_scatter():
+    rank = dist.get_rank()
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(UNEVEN_ROWS[rank], 3, generator=g, dtype=torch.float64).requires_grad_()
+    z = torch.randn(sum(UNEVEN_ROWS), 3, generator=g, dtype=torch.float64).requires_grad_()
+    w_y = torch.randn(sum(UNEVEN_ROWS), 3, generator=g, dtype=torch.float64)
+    w_s = torch.randn(UNEVEN_ROWS[rank], 3, generator=g, dtype=torch.float64)
+    with trace() as tr:
+        y = C.all_gather_uneven(x, UNEVEN_ROWS)
+        s = C.reduce_scatter_uneven(z, UNEVEN_ROWS)
+        ((y * w_y).sum() + (s * w_s).sum()).backward()
+    return x.detach(), z.detach(), w_y, w_s, y.detach(), s.detach(), x.grad, z.grad, [e.as_dict() for e in tr.events]
+
+
+def test_uneven_all_gather_and_reduce_scatter_are_conjugate_with_ring_byte_counts():
+    results = launch(_uneven_gather_and_scatter, N)
+    xs = [r[0].clone().requires_grad_() for r in results]
+    zs = [r[1].clone().requires_grad_() for r in results]
+    gathered = torch.cat(xs)
+    scattered = sum(zs).split(UNEVEN_ROWS)
+    loss = sum((gathered * r[2]).sum() + (scattered[k] * r[3]).sum() for k, r in enumerate(results))
+    loss.backward()
+    row = 3 * 8
+    total = row * sum(UNEVEN_ROWS)
+    for k, (_, _, _, _, y, s, gx, gz, events) in enumerate(results):
+        torch.testing.assert_close(y, gathered.detach(), rtol=0, atol=0)
+        torch.testing.assert_close(s, scattered[k].detach(), rtol=0, atol=1e-12)
+        torch.testing.assert_close(gx, xs[k].grad, rtol=0, atol=1e-12)
+        torch.testing.assert_close(gz, zs[k].grad, rtol=0, atol=1e-12)
+        got = [(e["op"], e["phase"], e["payload_bytes"], e["bytes_sent"], e["bytes_recv"]) for e in events]
+        ag = ("all_gather", total, total - row * UNEVEN_ROWS[(k + 1) % N], total - row * UNEVEN_ROWS[k])
+        rs = ("reduce_scatter", total, total - row * UNEVEN_ROWS[k], total - row * UNEVEN_ROWS[(k - 1) % N])
+        assert (
+            got
+            == [
+                (ag[0], "forward", *ag[1:]),
+                (rs[0], "forward", *rs[1:]),
+                (ag[0], "backward", *ag[1:]),  # the reduce-scatter's conjugate, backward runs in reverse order
+                (rs[0], "backward", *rs[1:]),
+            ]
+        )

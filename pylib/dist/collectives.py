@@ -14,6 +14,8 @@ plain linear algebra with one named crossing at each end:
     reduce_scatter          reduce-scatter dim      all-gather dim         SP: leaving the TP region
     all_to_all              scatter a, gather b     scatter b, gather a    Ulysses
     all_to_all_uneven       rows by split sizes     the reverse splits     EP dispatch / combine
+    all_gather_uneven       all-gather rows, sizes  reduce-scatter rows    ETP: expert rows into the ETP group
+    reduce_scatter_uneven   reduce-scatter rows     all-gather rows        ETP: partial expert outputs back out
 
 Why these pairs: if forward is y = A x for a linear communication map A, backward is dx = A^T dy. Copying one
 tensor to n ranks (identity on each) has as transpose the sum of the n gradients; splitting has as transpose
@@ -25,7 +27,8 @@ do with the tensor: use gather_from_group when every rank continues with the sam
 gradient is then already identical everywhere), all_gather when each rank's computation after the gather differs.
 
 Raw (non-autograd) ops for gradients and point-to-point: `all_reduce_`, `all_gather_tensor`,
-`reduce_scatter_tensor`, `send`, `recv`, `isend`, `irecv`, `batch_isend_irecv`.
+`reduce_scatter_tensor`, `all_gather_rows`, `reduce_scatter_rows`, `send`, `recv`, `isend`, `irecv`,
+`batch_isend_irecv`.
 
 `group` is an `AxisGroup` from `Mesh` or None for the whole world. A group of one rank is the identity and
 records nothing. pylib never calls torch.distributed collectives anywhere else, so the tracer sees everything.
@@ -198,6 +201,73 @@ def all_to_all_rows(t, output_splits, input_splits, group=None, *, phase=None, t
     return out
 
 
+def _row_sizes(sizes, g: AxisGroup, what: str) -> list[int]:
+    sizes = [int(v) for v in sizes]
+    if len(sizes) != g.size:
+        raise ValueError(f"{what} needs {g.size} row counts (one per group member), got {len(sizes)}")
+    return sizes
+
+
+def _padded_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """t with zero rows appended up to `rows` rows (collectives move equal-sized blocks)."""
+    if t.shape[0] == rows:
+        return t.contiguous()
+    pad = torch.zeros((rows - t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+    return torch.cat([t, pad]).contiguous()
+
+
+def all_gather_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=None) -> torch.Tensor:
+    """Uneven all-gather along dim 0: member j holds sizes[j] rows; every member gets all of them, in group order.
+
+    Payload S = bytes of the gathered output. Bytes counted as the ring algorithm moves them with blocks of
+    different sizes: member r receives every block but its own (S - S_r) and forwards every block but its
+    successor's (S - S_{r+1}); with equal blocks both are (n-1)/n*S, as for all_gather_tensor."""
+    g = resolve_group(group)
+    sizes = _row_sizes(sizes, g, "all_gather_rows")
+    if t.shape[0] != sizes[g.rank]:
+        raise ValueError(f"all_gather_rows: this member holds {t.shape[0]} rows but sizes[{g.rank}] = {sizes[g.rank]}")
+    if g.size == 1:
+        return t
+    t0 = tracer.now()
+    most = max(sizes)
+    flat = torch.empty((g.size * most, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    dist.all_gather_single(flat.view(-1), _padded_rows(t, most).view(-1), group=g.pg)
+    blocks = flat.view(g.size, most, *t.shape[1:])
+    out = torch.cat([blocks[j, : sizes[j]] for j in range(g.size)])
+    row = math.prod(t.shape[1:]) * t.element_size()
+    total = row * sum(sizes)
+    sent = total - row * sizes[(g.rank + 1) % g.size]
+    recv = total - row * sizes[g.rank]
+    _record("all_gather", g, total, sent, recv, [t], t0, phase=phase, tag=tag, sizes=sizes)
+    return out
+
+
+def reduce_scatter_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=None) -> torch.Tensor:
+    """Uneven reduce-scatter along dim 0: `t` has sum(sizes) rows on every member; member j gets rows
+    [sum(sizes[:j]), ... + sizes[j]) summed over the group.
+
+    Payload S = bytes of the input. Ring bytes: member r sends every partial block but its own (S - S_r) and
+    receives every block but its predecessor's (S - S_{r-1}); with equal blocks both are (n-1)/n*S."""
+    g = resolve_group(group)
+    sizes = _row_sizes(sizes, g, "reduce_scatter_rows")
+    if t.shape[0] != sum(sizes):
+        raise ValueError(f"reduce_scatter_rows: input has {t.shape[0]} rows but sizes {sizes} sum to {sum(sizes)}")
+    if g.size == 1:
+        return t
+    t0 = tracer.now()
+    most = max(sizes)
+    stacked = torch.stack([_padded_rows(b, most) for b in t.split(sizes)]).contiguous()  # [n, most, ...]
+    out = torch.empty((most, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    dist.reduce_scatter_single(out.view(-1), stacked.view(-1), group=g.pg)
+    out = out[: sizes[g.rank]]
+    row = math.prod(t.shape[1:]) * t.element_size()
+    total = row * sum(sizes)
+    sent = total - row * sizes[g.rank]
+    recv = total - row * sizes[(g.rank - 1) % g.size]
+    _record("reduce_scatter", g, total, sent, recv, [t], t0, phase=phase, tag=tag, sizes=sizes)
+    return out
+
+
 def send(t: torch.Tensor, dst: int, group=None, *, phase=None, tag=None) -> None:
     """Blocking send of `t` to group member `dst` (an index into the group)."""
     g = resolve_group(group)
@@ -360,6 +430,28 @@ class _AllToAllRows(torch.autograd.Function):
         return dx, None, None, None, None
 
 
+class _AllGatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, sizes, g, tag):
+        ctx.sizes, ctx.g, ctx.tag = list(sizes), g, tag
+        return all_gather_rows(x, sizes, g, tag=tag)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return reduce_scatter_rows(dy, ctx.sizes, ctx.g, phase="backward", tag=ctx.tag), None, None, None
+
+
+class _ReduceScatterRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, sizes, g, tag):
+        ctx.sizes, ctx.g, ctx.tag = list(sizes), g, tag
+        return reduce_scatter_rows(x, sizes, g, tag=tag)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return all_gather_rows(dy.contiguous(), ctx.sizes, ctx.g, phase="backward", tag=ctx.tag), None, None, None
+
+
 def _tag(tag):
     return tag if tag is not None else tracer.current_tag()
 
@@ -414,6 +506,23 @@ def all_to_all_uneven(x, output_splits, input_splits, group=None, *, tag=None):
     if g.size == 1:
         return x
     return _AllToAllRows.apply(x, list(output_splits), list(input_splits), g, _tag(tag))
+
+
+def all_gather_uneven(x, sizes, group=None, *, tag=None):
+    """Forward: all-gather rows, member j contributing sizes[j] rows. Backward: reduce-scatter the gradient rows
+    back to their owners (each member's gathered rows feed a different computation)."""
+    g = resolve_group(group)
+    if g.size == 1:
+        return x
+    return _AllGatherRows.apply(x, [int(v) for v in sizes], g, _tag(tag))
+
+
+def reduce_scatter_uneven(x, sizes, group=None, *, tag=None):
+    """Forward: sum over the group and keep my block of rows (member j: sizes[j] rows). Backward: all-gather."""
+    g = resolve_group(group)
+    if g.size == 1:
+        return x
+    return _ReduceScatterRows.apply(x, [int(v) for v in sizes], g, _tag(tag))
 
 
 def exchange_counts(counts: torch.Tensor, group=None, *, tag=None) -> torch.Tensor:

@@ -17,12 +17,16 @@ class MoEConfig:
 
     score: "softmax" or "sigmoid" router scores. For softmax, `topk_then_softmax=True` takes the top-k logits and
     normalises over those (Mixtral), False takes softmax over all experts then top-k (Switch, DeepSeek-V2).
-    Sigmoid scores are renormalised over the chosen k (DeepSeek-V3).
+    Sigmoid scores are renormalised over the chosen k when k > 1 (DeepSeek-V3; with k = 1 the raw sigmoid is the
+    weight, as in Megatron-Core, so the router still learns from the main loss).
     capacity_factor: None = no token is ever dropped; else each expert takes at most
     ceil(capacity_factor * tokens * top_k / n_experts) tokens, keeping by `drop_policy` ("probs": the highest
-    router probabilities, "position": the earliest tokens).
+    router probabilities, "position": the earliest tokens). `tokens` counts one drop group: the tokens one rank
+    routes (Megatron-Core's default); see pylib.model.moe.
     aux_loss_coef: weight of the load-balancing loss E * sum_i f_i * P_i; z_loss_coef: weight of the router
     z-loss mean(logsumexp(logits)^2). Both add gradient without changing the layer's forward value.
+    bias_update_rate: step of the auxiliary-loss-free expert-bias update (DeepSeek-V3), applied by
+    `MoE.update_expert_bias()`; 0 = the bias stays 0.
     """
 
     n_experts: int = 8
@@ -34,6 +38,7 @@ class MoEConfig:
     drop_policy: str = "probs"
     aux_loss_coef: float = 0.0
     z_loss_coef: float = 0.0
+    bias_update_rate: float = 0.0
     every: int = 1  # layer i is MoE when i % every == every - 1 (every=1: all layers)
 
     def __post_init__(self):
@@ -49,6 +54,8 @@ class MoEConfig:
             raise ValueError(f"drop_policy={self.drop_policy!r} must be 'probs' or 'position'")
         if self.every < 1:
             raise ValueError(f"every={self.every} must be >= 1")
+        if self.bias_update_rate < 0:
+            raise ValueError(f"bias_update_rate={self.bias_update_rate} must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,16 @@ chosen (token, expert) pair is an *assignment*. An expert computes its MLP on th
 outputs come back weighted by the router. With a capacity factor an expert takes at most
 C = ceil(capacity_factor * T * k / E) assignments; the rest are dropped (their contribution is zero; the
 residual connection still carries the token).
+
+Which tokens does the capacity count? Megatron-Core (its default, "sub-sequence dropping") computes C on each rank
+from the tokens *that rank routes* and drops locally, before any communication: T above is the rank's own token
+count, and each rank keeps at most C assignments per expert of its own tokens (an expert may then receive up to
+C from every rank of its expert-parallel group). The reference reproduces that rule with `drop_groups`: a label
+per token saying which rank holds it; capacity is then computed and applied per label, over that label's tokens
+in their original order. Without labels the whole batch is one group (one rank).
+
+The load-balancing and z losses, by contrast, are taken over every token of the call (the union of all ranks'
+tokens in an expert-parallel run that reduces them over its ranks).
 """
 
 from __future__ import annotations
@@ -49,7 +59,8 @@ class Router(nn.Module):
             scores = torch.sigmoid(logits)
             experts = torch.topk(scores.detach() + bias, k, dim=-1).indices
             weights = scores.gather(-1, experts)
-            weights = weights / weights.sum(-1, keepdim=True)
+            if k > 1:
+                weights = weights / weights.sum(-1, keepdim=True)
         elif cfg.topk_then_softmax:
             scores = torch.softmax(logits, dim=-1)
             experts = torch.topk(logits.detach() + bias, k, dim=-1).indices
@@ -62,7 +73,10 @@ class Router(nn.Module):
 
 
 def expert_capacity(n_tokens: int, cfg: MoEConfig) -> int | None:
-    """C = ceil(capacity_factor * T * k / E), or None when nothing is dropped."""
+    """C = ceil(capacity_factor * T * k / E) for T tokens routed together, or None when nothing is dropped.
+
+    As Megatron-Core's get_capacity(T * k, E, capacity_factor). T is the number of tokens of one drop group (one
+    rank's tokens in an expert-parallel run)."""
     if cfg.capacity_factor is None:
         return None
     return math.ceil(cfg.capacity_factor * n_tokens * cfg.top_k / cfg.n_experts)
@@ -93,6 +107,43 @@ def capacity_keep_mask(routing: Routing, cfg: MoEConfig, capacity: int | None) -
             ranked = idx
         keep.view(-1)[ranked[capacity:]] = False
     return keep
+
+
+def grouped_keep_mask(routing: Routing, cfg: MoEConfig, drop_groups: torch.Tensor | None) -> torch.Tensor:
+    """[T, k] keep mask with the capacity computed and applied separately inside each drop group.
+
+    drop_groups: [T] (or any shape with T elements) integer label per token, e.g. the rank that holds it; None =
+    one group. Each group gets C = expert_capacity(its token count) per expert and is ranked over its own tokens
+    in their original order -- exactly what each rank of an expert-parallel run computes on its own tokens."""
+    T = routing.experts.shape[0]
+    if drop_groups is None:
+        return capacity_keep_mask(routing, cfg, expert_capacity(T, cfg))
+    labels = drop_groups.reshape(-1).to(routing.experts.device)
+    if labels.numel() != T:
+        raise ValueError(f"drop_groups has {labels.numel()} labels for {T} tokens")
+    keep = torch.ones_like(routing.experts, dtype=torch.bool)
+    for g in torch.unique(labels).tolist():
+        idx = torch.nonzero(labels == g).squeeze(1)
+        sub = Routing(*(t[idx] for t in routing))
+        keep[idx] = capacity_keep_mask(sub, cfg, expert_capacity(idx.numel(), cfg))
+    return keep
+
+
+def tokens_per_expert(experts: torch.Tensor, n_experts: int, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """[E] int64: how many assignments chose each expert (only the kept ones when `keep` is given)."""
+    chosen = experts.reshape(-1) if keep is None else experts[keep]
+    return torch.bincount(chosen, minlength=n_experts)
+
+
+def updated_expert_bias(bias: torch.Tensor, counts: torch.Tensor, rate: float) -> torch.Tensor:
+    """Auxiliary-loss-free balancing (DeepSeek-V3; Megatron's get_updated_expert_bias):
+
+        b_i <- b_i + rate * sign(mean_j c_j - c_i)
+
+    c = tokens routed to each expert over the step. An overloaded expert's bias drops by `rate`, an underloaded
+    one's rises; the bias only shifts which experts are *selected*, never the combine weights."""
+    c = counts.to(torch.float64)
+    return (bias.to(torch.float64) + rate * torch.sign(c.mean() - c)).to(bias.dtype)
 
 
 def load_balancing_loss(routing: Routing, n_experts: int, top_k: int) -> torch.Tensor:
@@ -142,21 +193,41 @@ def auxiliary_loss(routing: Routing, cfg: MoEConfig) -> torch.Tensor | None:
 class MoE(nn.Module):
     """Router + E expert MLPs. x [b, s, h] -> [b, s, h]; each token's output is sum_j w_j * expert_{e_j}(x).
 
-    After a forward, `last_routing` and `last_keep` hold the decision (detached) for inspection."""
+    After a forward, `last_routing` and `last_keep` hold the decision (detached) for inspection. While gradients
+    are enabled, `routed_counts` [E] accumulates the tokens the router sent to each expert (before dropping) until
+    `update_expert_bias()` applies the auxiliary-loss-free bias rule and resets it.
+
+    `drop_groups` (argument of forward, or the attribute of the same name when the argument is None): the per-token
+    label of the rank that holds each token, so capacity is applied per rank as an expert-parallel run does (see
+    the module docstring)."""
 
     def __init__(self, d_model: int, d_ff: int, cfg: MoEConfig, kind: str = "gelu"):
         super().__init__()
         self.cfg = cfg
         self.router = Router(d_model, cfg)
         self.experts = nn.ModuleList(MLP(d_model, cfg.d_ff or d_ff, kind) for _ in range(cfg.n_experts))
+        self.register_buffer("routed_counts", torch.zeros(cfg.n_experts, dtype=torch.int64), persistent=False)
+        self.drop_groups: torch.Tensor | None = None
         self.last_routing: Routing | None = None
         self.last_keep: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @torch.no_grad()
+    def update_expert_bias(self, rate: float | None = None) -> torch.Tensor:
+        """Apply `updated_expert_bias` with the counts accumulated since the last call (rate defaults to
+        cfg.bias_update_rate), reset the counts, and return the new bias."""
+        rate = self.cfg.bias_update_rate if rate is None else rate
+        bias = self.router.expert_bias
+        bias.copy_(updated_expert_bias(bias, self.routed_counts, rate))
+        self.routed_counts.zero_()
+        return bias.clone()
+
+    def forward(self, x: torch.Tensor, drop_groups: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
         xt = x.reshape(-1, shape[-1])
         routing = self.router(xt)
-        keep = capacity_keep_mask(routing, self.cfg, expert_capacity(xt.shape[0], self.cfg))
+        keep = grouped_keep_mask(routing, self.cfg, self.drop_groups if drop_groups is None else drop_groups)
+        if torch.is_grad_enabled():
+            self.routed_counts += tokens_per_expert(routing.experts, self.cfg.n_experts)
         out = torch.zeros_like(xt)
         for e, expert in enumerate(self.experts):
             tok, slot = torch.nonzero((routing.experts == e) & keep, as_tuple=True)

@@ -1,0 +1,118 @@
+"""Expert parallelism in numbers: all-to-all volume, ETP gather volume, capacity, expert memory per rank.
+
+Symbols: T tokens on a rank, k = top_k, h = d_model, h_ffn = expert hidden size, E experts, ep / etp group sizes,
+b = bytes per element. Rank r of the EP group holds experts [r * E/ep, (r+1) * E/ep).
+
+The dispatch all-to-all moves one row of h numbers per kept (token, expert) assignment whose expert lives on
+another rank; the combine all-to-all moves the same rows back. So for rank r
+
+    dispatch sent  = (A_r - A_r,local) * h * b       A_r = kept assignments of r's tokens (T*k without dropping)
+    combine  sent  = dispatch received                A_r,local = those whose expert is on r itself
+
+and with uniform routing and no dropping the expected volume is T * k * h * b * (ep - 1) / ep each way.
+Backward repeats both exchanges with the directions swapped: the same bytes again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+
+def owner(expert: int, n_experts: int, ep: int) -> int:
+    """EP rank holding `expert` (contiguous blocks of E/ep experts)."""
+    return expert // (n_experts // ep)
+
+
+def dispatch_counts(experts: torch.Tensor, n_experts: int, ep: int, keep: torch.Tensor | None = None) -> list[int]:
+    """Rows one rank sends to each EP rank (index = destination, the rank's own entry stays local).
+    experts [T, k] expert ids of this rank's tokens; keep [T, k] the assignments surviving capacity."""
+    chosen = experts.reshape(-1) if keep is None else experts[keep]
+    per_rank = torch.bincount(chosen // (n_experts // ep), minlength=ep)
+    return [int(c) for c in per_rank]
+
+
+def dispatch_matrix(
+    routings: Sequence[torch.Tensor], n_experts: int, keeps: Sequence[torch.Tensor] | None = None
+) -> list[list[int]]:
+    """[ep][ep] rows sent from EP rank s (row) to EP rank d (column) in the dispatch, from every rank's routing.
+    The diagonal is what stays local; combine is the transpose."""
+    ep = len(routings)
+    keeps = keeps if keeps is not None else [None] * ep
+    return [dispatch_counts(e, n_experts, ep, kp) for e, kp in zip(routings, keeps)]
+
+
+def alltoall_bytes(matrix: Sequence[Sequence[int]], h: int, dtype_bytes: int) -> list[dict]:
+    """Per EP rank: bytes sent and received in the dispatch and in the combine, from a dispatch row matrix."""
+    ep, row = len(matrix), h * dtype_bytes
+    out = []
+    for r in range(ep):
+        sent = sum(matrix[r][d] for d in range(ep) if d != r) * row
+        recv = sum(matrix[s][r] for s in range(ep) if s != r) * row
+        out.append(
+            dict(
+                rank=r,
+                dispatch_sent=sent,
+                dispatch_recv=recv,
+                combine_sent=recv,
+                combine_recv=sent,
+                local=matrix[r][r] * row,
+            )
+        )
+    return out
+
+
+def dispatch_bytes_sent(
+    experts: torch.Tensor,
+    rank: int,
+    n_experts: int,
+    ep: int,
+    h: int,
+    dtype_bytes: int,
+    keep: torch.Tensor | None = None,
+) -> int:
+    """One rank's dispatch volume: tokens x k x h x b minus the rows that stay local (and minus dropped ones)."""
+    T, k = experts.shape
+    sent_rows = dispatch_counts(experts, n_experts, ep, keep)
+    dropped = 0 if keep is None else int((~keep).sum())
+    return (T * k - dropped - sent_rows[rank]) * h * dtype_bytes
+
+
+def expected_alltoall_bytes(tokens: int, top_k: int, h: int, ep: int, dtype_bytes: int) -> float:
+    """Expected dispatch (= combine) bytes per rank with uniform routing and no dropping:
+    T * k * h * b * (ep - 1) / ep."""
+    return tokens * top_k * h * dtype_bytes * (ep - 1) / ep
+
+
+def etp_gather_bytes(rows_per_member: Sequence[int], member: int, h: int, dtype_bytes: int) -> dict:
+    """ETP all-gather of the rows each ETP member received (ring algorithm, uneven blocks):
+    member r receives every block but its own and forwards every block but its successor's. The combine's
+    reduce-scatter moves the same total: sends all but its own block, receives all but its predecessor's."""
+    n, row = len(rows_per_member), h * dtype_bytes
+    total = sum(rows_per_member) * row
+    return dict(
+        all_gather_sent=total - rows_per_member[(member + 1) % n] * row,
+        all_gather_recv=total - rows_per_member[member] * row,
+        reduce_scatter_sent=total - rows_per_member[member] * row,
+        reduce_scatter_recv=total - rows_per_member[(member - 1) % n] * row,
+    )
+
+
+def expert_capacity_tokens(tokens: int, top_k: int, n_experts: int, capacity_factor: float | None) -> int | None:
+    """C = ceil(capacity_factor * T * k / E) per expert for the T tokens of one rank (None: no dropping)."""
+    if capacity_factor is None:
+        return None
+    return math.ceil(capacity_factor * tokens * top_k / n_experts)
+
+
+def expert_params_per_rank(h: int, d_ff: int, n_experts: int, ep: int, etp: int = 1, mlp: str = "gelu") -> int:
+    """Expert weights one rank holds: (E / ep) experts x (2 or 3) matrices of h x h_ffn / etp."""
+    mats = 3 if mlp == "swiglu" else 2
+    return (n_experts // ep) * mats * h * (d_ff // etp)
+
+
+def router_params(h: int, n_experts: int) -> int:
+    """The replicated router: one [E, h] matrix on every rank."""
+    return n_experts * h

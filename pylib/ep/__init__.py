@@ -1,0 +1,31 @@
+"""Expert parallelism: a real MoE layer over an EP group, with all-to-all dispatch and combine, ETP inside each
+expert, and the folding of the expert layout ETP x EP x EDP onto the dense ranks TP x CP x DP.
+
+    ExpertParallelMoE.from_full(moe, *, ep_group=None, etp_group=None, aux_group=None)   # or .from_mesh(moe, mesh)
+    AllToAllDispatcher(n_experts, ep_group, etp_group).dispatch(...) / .combine(...)
+    permute(x, experts, n_experts, keep) -> rows, plan;  unpermute(rows, plan, weights);  sort_chunks(rows, counts)
+    group_aux_loss(routing, cfg, group)      # this rank's share of the aux losses over the group's tokens
+    folding_table(config, world_size)        # each rank's place in the dense and in the expert layout
+"""
+
+from .aux_loss import group_aux_loss, group_token_stats
+from .checks import check_expert_parallel, expert_parallel_problems
+from .dispatcher import AllToAllDispatcher, DispatchState
+from .experts import LocalExperts
+from .layer import ExpertParallelMoE
+from .permute import PermutePlan, permute, sort_chunks, unpermute
+
+__all__ = [
+    "AllToAllDispatcher",
+    "DispatchState",
+    "ExpertParallelMoE",
+    "LocalExperts",
+    "PermutePlan",
+    "check_expert_parallel",
+    "expert_parallel_problems",
+    "group_aux_loss",
+    "group_token_stats",
+    "permute",
+    "sort_chunks",
+    "unpermute",
+]

@@ -1,0 +1,102 @@
+"""The all-to-all token dispatcher: send each token to the ranks holding its experts, and bring the results home.
+
+Rank r of the expert-parallel (EP) group holds experts [r * E_local, (r+1) * E_local), E_local = E / ep. With
+expert tensor parallelism (ETP) every rank of an ETP group holds the same experts, each a 1/etp slice of h_ffn,
+and the ranks of an ETP group hold *different* tokens (as under sequence parallelism). Seed A section 6:
+
+  dispatch   1 count     tokens_per_expert [E] from the routing                            (local)
+             2 exchange  send my counts for rank j's experts to rank j: recv_counts [ep, E_local]
+                         (all-to-all of E integers, tagged "counts")
+             3 permute   rows grouped by destination rank, then local expert               (local, pure)
+             4 all-to-all  uneven splits: my rows for rank j go to rank j                  (tagged "dispatch")
+             5 ETP       all-gather the received rows (and their counts) over the ETP group (tagged "dispatch")
+             6 regroup   (source, local expert) blocks -> (local expert, source) blocks     (local, pure)
+  experts    each local expert runs on its contiguous block (a partial sum when etp > 1)
+  combine    6' regroup back, 5' reduce-scatter over ETP (sums the partial outputs, each rank keeps the rows it
+             contributed), 4' all-to-all back (splits swapped, tagged "combine"), 3' un-permute: each row times
+             its router weight, added into its token's output: the weighted sum of the k copies.
+
+Backward runs the same exchanges in reverse order (the all-to-all's conjugate is the all-to-all with the splits
+swapped; the ETP all-gather's is the reduce-scatter), each tagged as the forward op it undoes.
+
+Megatron-Core's MoEAlltoAllTokenDispatcher follows the same steps; it also ships the router probabilities with
+the tokens and applies them at the experts, where we apply them at home in step 3' (nothing extra to send).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pylib.dist import collectives
+from pylib.dist.mesh import AxisGroup
+from pylib.dist.tracer import tag
+
+from .permute import PermutePlan, permute, sort_chunks, unpermute
+
+
+@dataclass(frozen=True)
+class DispatchState:
+    """Everything `combine` needs to reverse a `dispatch`.
+
+    plan: the local permutation. send_counts [ep, E_local]: my rows for each rank's local experts.
+    recv_counts [ep, E_local]: rows each source rank sent to my local experts. chunk_counts [etp * ep, E_local]:
+    rows per (ETP member, source rank, local expert) after the ETP all-gather (= recv_counts when etp = 1).
+    etp_rows [etp]: rows each ETP member received in the all-to-all."""
+
+    plan: PermutePlan
+    send_counts: torch.Tensor
+    recv_counts: torch.Tensor
+    chunk_counts: torch.Tensor
+    etp_rows: list[int]
+
+    @property
+    def rows_per_local_expert(self) -> list[int]:
+        return [int(c) for c in self.chunk_counts.sum(0)]
+
+    @property
+    def input_splits(self) -> list[int]:
+        return [int(c) for c in self.send_counts.sum(1)]
+
+    @property
+    def output_splits(self) -> list[int]:
+        return [int(c) for c in self.recv_counts.sum(1)]
+
+
+class AllToAllDispatcher:
+    """Moves token rows between the ranks of `ep_group` (and gathers them inside `etp_group`).
+
+    dispatch(x [T, h], experts [T, k], keep [T, k]) -> rows [R, h] grouped by local expert, and the state;
+    combine(y [R, h], state, weights [T, k]) -> out [T, h]."""
+
+    def __init__(self, n_experts: int, ep_group: AxisGroup, etp_group: AxisGroup):
+        self.n_experts, self.ep_group, self.etp_group = n_experts, ep_group, etp_group
+        self.ep, self.etp = ep_group.size, etp_group.size
+        self.n_local = n_experts // self.ep
+
+    def dispatch(self, x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor | None = None):
+        rows, plan = permute(x, experts, self.n_experts, keep)
+        send_counts = plan.tokens_per_expert.view(self.ep, self.n_local)
+        with tag("counts"):
+            recv_counts = collectives.exchange_counts(plan.tokens_per_expert, self.ep_group).view(self.ep, self.n_local)
+            if self.etp > 1:
+                gathered = collectives.all_gather_tensor(recv_counts.reshape(1, -1), 0, self.etp_group)
+                chunk_counts = gathered.view(self.etp * self.ep, self.n_local)
+            else:
+                chunk_counts = recv_counts
+        etp_rows = [int(c) for c in chunk_counts.view(self.etp, -1).sum(1)]
+        state = DispatchState(plan, send_counts, recv_counts, chunk_counts, etp_rows)
+        with tag("dispatch"):
+            rows = collectives.all_to_all_uneven(rows, state.output_splits, state.input_splits, self.ep_group)
+            if self.etp > 1:
+                rows = collectives.all_gather_uneven(rows, etp_rows, self.etp_group)
+        return sort_chunks(rows, chunk_counts), state
+
+    def combine(self, y: torch.Tensor, state: DispatchState, weights: torch.Tensor | None = None) -> torch.Tensor:
+        y = sort_chunks(y, state.chunk_counts.T)
+        with tag("combine"):
+            if self.etp > 1:
+                y = collectives.reduce_scatter_uneven(y, state.etp_rows, self.etp_group)
+            y = collectives.all_to_all_uneven(y, state.input_splits, state.output_splits, self.ep_group)
+        return unpermute(y, state.plan, weights)

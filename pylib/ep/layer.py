@@ -1,0 +1,217 @@
+"""The expert-parallel MoE layer: a replicated router, the all-to-all dispatcher, and this rank's experts.
+
+    moe_ep = ExpertParallelMoE.from_full(moe, ep_group=mesh.ep, etp_group=mesh.etp, aux_group=mesh["tp-cp"])
+    y = moe_ep(x)           # x [b, s_local, h]: THIS rank's tokens -> [b, s_local, h]
+
+Which rank holds what:
+  router.gate  [E, h]                  replicated on every rank; each rank routes its own tokens
+  experts      E_local = E / ep        rank i of the EP group holds experts [i * E_local, (i+1) * E_local)
+  inside one   h_ffn / etp             rank j of the ETP group holds slice j of every local expert's FFN
+
+Tokens differ across the ranks of the EP and ETP groups (different sequence shards under SP/CP, or different
+micro-batches). So the layer's output on the union of all ranks' tokens is the reference MoE's output on that
+union; the gradients are too, provided:
+  * the router gradient is summed over the ranks holding different tokens (`reduce_router_grad(group)`; in a
+    full model the data-parallel / sequence-parallel gradient reduction does this) -- each rank only sees its
+    own tokens' contribution;
+  * expert gradients need nothing inside the EP x ETP group: every token that chose expert e reached e's ranks,
+    so each slice's gradient is already complete (ranks holding the same slice for other tokens -- the expert
+    data-parallel group, EDP -- still average as DP does).
+
+Capacity and dropping follow Megatron-Core's default: each rank computes C from its own token count and drops
+among its own tokens before sending (reference: `MoE.forward(x, drop_groups=rank_of_each_token)`).
+The aux losses are taken over the tokens of `aux_group` (Megatron: the tp-cp group); each rank adds its share.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+from pylib.dist import collectives
+from pylib.dist.mesh import AxisGroup
+from pylib.dist.sharding import ShardSpec
+from pylib.dist.tracer import tag
+from pylib.model.moe import (
+    AddAuxiliaryLoss,
+    MoE,
+    Routing,
+    capacity_keep_mask,
+    expert_capacity,
+    tokens_per_expert,
+    updated_expert_bias,
+)
+
+from .aux_loss import group_aux_loss
+from .checks import check_expert_parallel, check_orthogonal
+from .dispatcher import AllToAllDispatcher, DispatchState
+from .experts import LocalExperts
+
+
+def _single(name: str) -> AxisGroup:
+    import torch.distributed as dist
+
+    me = dist.get_rank() if dist.is_initialized() else 0
+    return AxisGroup(name, (me,), 0, None)
+
+
+class ExpertParallelMoE(nn.Module):
+    """The reference `MoE` split over an EP group (and an ETP group inside each expert). See the module docstring.
+
+    After a forward: `last_routing` and `last_keep` (this rank's tokens), `last_state` (the dispatch counts),
+    `last_aux_loss` (this rank's share, detached) are kept for inspection."""
+
+    def __init__(self, moe: MoE, ep_group: AxisGroup, etp_group: AxisGroup, aux_group: AxisGroup | None):
+        super().__init__()
+        cfg = moe.cfg
+        d_ff, d_model = moe.experts[0].up_proj.weight.shape
+        check_expert_parallel(cfg, ep=ep_group.size, etp=etp_group.size, d_ff_expert=d_ff)
+        check_orthogonal(ep_group.ranks, etp_group.ranks, ep_group.global_rank)
+        self.cfg, self.d_model, self.d_ff = cfg, d_model, d_ff
+        self.ep_group, self.etp_group, self.aux_group = ep_group, etp_group, aux_group
+        self.n_local = cfg.n_experts // ep_group.size
+        self.router = copy.deepcopy(moe.router)
+        self.experts = LocalExperts(
+            moe.experts, ep_group.rank * self.n_local, self.n_local, etp_group.rank, etp_group.size
+        )
+        self.dispatcher = AllToAllDispatcher(cfg.n_experts, ep_group, etp_group)
+        device = moe.router.gate.weight.device
+        self.register_buffer(
+            "routed_counts", torch.zeros(cfg.n_experts, dtype=torch.int64, device=device), persistent=False
+        )
+        self.last_routing: Routing | None = None
+        self.last_keep: torch.Tensor | None = None
+        self.last_state: DispatchState | None = None
+        self.last_aux_loss: torch.Tensor | None = None
+
+    @classmethod
+    def from_full(cls, moe: MoE, *, ep_group=None, etp_group=None, aux_group=None) -> ExpertParallelMoE:
+        """Keep this rank's experts (and ETP slices) of the reference `moe`.
+
+        ep_group: the EP group (None = every rank). etp_group: the ETP group (None = no ETP).
+        aux_group: the ranks whose tokens form one batch for the aux losses (None = this rank's tokens only)."""
+        ep = collectives.resolve_group(ep_group)
+        etp = _single("etp") if etp_group is None else collectives.resolve_group(etp_group)
+        aux = None if aux_group is None else collectives.resolve_group(aux_group)
+        return cls(moe, ep, etp, aux)
+
+    @classmethod
+    def from_mesh(cls, moe: MoE, mesh, *, aux_group: str | None = "tp-cp") -> ExpertParallelMoE:
+        """The folded layout: EP and ETP groups from the mesh's expert layout; aux losses over the mesh's
+        `aux_group` (default "tp-cp", Megatron's: the ranks holding pieces of the same sequences)."""
+        return cls.from_full(
+            moe, ep_group=mesh.ep, etp_group=mesh.etp, aux_group=None if aux_group is None else mesh[aux_group]
+        )
+
+    @property
+    def expert_ids(self) -> range:
+        """Global ids of the experts this rank holds."""
+        return range(self.experts.first, self.experts.first + self.n_local)
+
+    def owner_of(self, expert: int) -> int:
+        """EP-group index of the rank holding `expert`."""
+        return expert // self.n_local
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x has hidden size h={x.shape[-1]}, the MoE layer expects h={self.d_model}")
+        shape = x.shape
+        xt = x.reshape(-1, shape[-1])
+        routing = self.router(xt)
+        keep = capacity_keep_mask(routing, self.cfg, expert_capacity(xt.shape[0], self.cfg))
+        if torch.is_grad_enabled():
+            self.routed_counts += tokens_per_expert(routing.experts, self.cfg.n_experts)
+        rows, state = self.dispatcher.dispatch(xt, routing.experts, keep)
+        y = self.experts(rows, state.rows_per_local_expert)
+        out = self.dispatcher.combine(y, state, routing.weights)
+        aux = group_aux_loss(routing, self.cfg, self.aux_group)
+        if aux is not None:
+            out = AddAuxiliaryLoss.apply(out, aux)
+            self.last_aux_loss = aux.detach()
+        self.last_routing = Routing(*(t.detach() for t in routing))
+        self.last_keep, self.last_state = keep, state
+        return out.view(shape)
+
+    # ------------------------------------------------------------------------------------------ gradients, bias
+
+    def reduce_router_grad(self, group=None) -> None:
+        """Sum the router's gradient over `group` (the ranks that hold different tokens and share this router).
+
+        Each rank's backward only sees its own tokens; the reference's gradient is the sum over all of them. In a
+        full model this is the data-parallel / sequence-parallel gradient reduction of a replicated weight."""
+        for p in self.router.parameters():
+            if p.grad is not None:
+                with tag("router_grad"):
+                    collectives.all_reduce_(p.grad, group, phase="grad_sync")
+
+    @torch.no_grad()
+    def update_expert_bias(self, rate: float | None = None, group=None) -> torch.Tensor:
+        """Aux-loss-free balancing: sum the routed counts over `group` (the ranks sharing this router), apply
+        `updated_expert_bias`, reset the counts. Every rank ends with the same bias."""
+        rate = self.cfg.bias_update_rate if rate is None else rate
+        counts = self.routed_counts.clone()
+        with tag("expert_bias"):
+            collectives.all_reduce_(counts, group, phase="grad_sync")
+        bias = self.router.expert_bias
+        bias.copy_(updated_expert_bias(bias, counts, rate))
+        self.routed_counts.zero_()
+        return bias.clone()
+
+    # ------------------------------------------------------------------------------------------ layout as data
+
+    def param_map(self) -> list[tuple[str, nn.Parameter, str, tuple]]:
+        """(local name, local parameter, reference name, index into the reference tensor) for every parameter:
+        `reference_param[index]` is what this rank holds."""
+        out = [("router.gate.weight", self.router.gate.weight, "router.gate.weight", (slice(None),))]
+        step = self.d_ff // self.etp_group.size
+        lo = self.etp_group.rank * step
+        for local, expert in enumerate(self.experts.experts):
+            e = self.experts.global_id(local)
+            for name, p in expert.named_parameters():
+                cut = slice(lo, lo + step)
+                index = (cut,) if LocalExperts.split_dim(name) == 0 else (slice(None), cut)
+                out.append((f"experts.experts.{local}.{name}", p, f"experts.{e}.{name}", index))
+        return out
+
+    def shard_specs(self) -> list[ShardSpec]:
+        """How this rank holds each weight: experts stacked [E, ...] split over "ep" along dim 0, each expert's
+        FFN split over "etp" (column for up/gate, row for down), the router replicated."""
+        etp = self.etp_group.size
+        gate = tuple(self.router.gate.weight.shape)
+        specs = [
+            ShardSpec("router.gate.weight", "ep", None, "replicated", gate, gate, "each rank routes its own tokens")
+        ]
+        first = self.experts.experts[0]
+        for name, p in first.named_parameters():
+            full = list(p.shape)
+            d = LocalExperts.split_dim(name)
+            full[d] *= etp
+            stacked_full = (self.cfg.n_experts, *full)
+            stacked_local = (self.n_local, *p.shape)
+            specs.append(
+                ShardSpec(
+                    f"experts.*.{name}",
+                    "ep",
+                    0,
+                    "expert",
+                    stacked_full,
+                    (self.n_local, *full),
+                    f"experts {self.expert_ids.start}..{self.expert_ids.stop - 1} of {self.cfg.n_experts} on ep rank "
+                    f"{self.ep_group.rank}",
+                )
+            )
+            kind = "column" if d == 0 else "row"
+            specs.append(
+                ShardSpec(
+                    f"experts.*.{name}",
+                    "etp",
+                    d + 1,
+                    kind,
+                    (self.n_local, *full),
+                    stacked_local,
+                    f"h_ffn slice {self.etp_group.rank} of {etp}" if etp > 1 else "whole expert (etp=1)",
+                )
+            )
+        return specs

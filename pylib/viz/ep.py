@@ -1,0 +1,124 @@
+"""Expert-parallel figures: the routing table, the all-to-all traffic matrix, and the folding layout.
+
+Each takes data from real runs (`pylib.ep.example.routing_table`, `pylib.ep.traffic.traffic_matrix` of a trace,
+`pylib.ep.folding.folding_groups` of the rank generator) and returns a matplotlib Figure with a transparent
+background and mid-tone colours, so it reads on light and dark pages alike.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg", force=False)
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+INK = "#7f8c9a"  # mid grey-blue: readable on white and on near-black
+PALETTE = ["#4c9be8", "#e8844c", "#5bb77a", "#c46ad1", "#d6b341", "#4fc1c0", "#e0607e", "#8d8fe0"]
+
+
+def _style(ax):
+    ax.set_facecolor("none")
+    for spine in ax.spines.values():
+        spine.set_color(INK)
+    ax.tick_params(colors=INK)
+    ax.xaxis.label.set_color(INK)
+    ax.yaxis.label.set_color(INK)
+    ax.title.set_color(INK)
+
+
+def _figure(w, h, **kw):
+    fig, axes = plt.subplots(figsize=(w, h), **kw)
+    fig.patch.set_alpha(0.0)
+    return fig, axes
+
+
+def plot_routing_table(rows: list[dict], n_experts: int, ep: int, one_based: bool = False):
+    """Tokens (rows) x experts (columns): a chosen expert is a cell filled in its owning rank's colour, labelled
+    with its combine weight (hatched when dropped by capacity). Column bands show which rank holds which experts."""
+    per = n_experts // ep
+    off = 1 if one_based else 0
+    fig, ax = _figure(1.0 + 0.7 * n_experts, 0.9 + 0.45 * len(rows))
+    _style(ax)
+    for e in range(n_experts):
+        ax.add_patch(Rectangle((e, -0.5), 1, len(rows), color=PALETTE[(e // per) % len(PALETTE)], alpha=0.10, lw=0))
+    for t, r in enumerate(rows):
+        for e, w, rank, kept in zip(r["experts"], r["weights"], r["ranks"], r["kept"]):
+            color = PALETTE[rank % len(PALETTE)]
+            ax.add_patch(
+                Rectangle(
+                    (e + 0.06, t - 0.44),
+                    0.88,
+                    0.88,
+                    color=color,
+                    alpha=0.85 if kept else 0.3,
+                    hatch=None if kept else "//",
+                    lw=0,
+                )
+            )
+            ax.text(e + 0.5, t, f"{w:.2f}", ha="center", va="center", fontsize=8, color="#1d232b" if kept else INK)
+    ax.set_xlim(0, n_experts)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xticks([e + 0.5 for e in range(n_experts)])
+    ax.set_xticklabels([f"E{e + off}\nGPU{e // per}" for e in range(n_experts)], fontsize=8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([r["token"] for r in rows])
+    ax.set_title(f"top-{len(rows[0]['experts'])} routing: token -> experts -> owning rank (EP={ep})")
+    fig.tight_layout()
+    return fig
+
+
+def plot_traffic_matrix(
+    matrix, title: str = "dispatch all-to-all: bytes from rank (row) to rank (column)", labels=None
+):
+    """A rank x rank heat map of bytes, each cell labelled; the diagonal (rows that stay local, never sent) is
+    outlined. `matrix` from `pylib.ep.traffic.traffic_matrix` (a trace) or `pylib.analysis.ep.dispatch_matrix`."""
+    n = len(matrix)
+    fig, ax = _figure(1.6 + 0.75 * n, 1.2 + 0.7 * n)
+    _style(ax)
+    ax.imshow(matrix, cmap="Blues", alpha=0.85, vmin=0)
+    peak = max(max(row) for row in matrix) or 1
+    for s in range(n):
+        for d in range(n):
+            v = matrix[s][d]
+            ax.text(
+                d, s, f"{v}", ha="center", va="center", fontsize=8, color="#f2f5f8" if v > 0.55 * peak else "#33404d"
+            )
+        ax.add_patch(Rectangle((s - 0.5, s - 0.5), 1, 1, fill=False, ec=INK, lw=1.5, ls="--"))
+    labels = labels or [f"rank {i}" for i in range(n)]
+    ax.set_xticks(range(n))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_yticks(range(n))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_xlabel("to (destination)")
+    ax.set_ylabel("from (source)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_folding(groups: dict, world_size: int):
+    """Two panels, dense layout (TP, CP, DP, PP) and expert layout (ETP, EP, EDP, PP): for each axis a strip of
+    the `world_size` ranks, ranks of the same group sharing a colour. `groups` from
+    `pylib.ep.folding.folding_groups`."""
+    layouts = list(groups.items())
+    n_axes = max(len(axes) for _, axes in layouts)
+    fig, axs = _figure(1.2 + 0.42 * world_size * len(layouts), 0.8 + 0.55 * n_axes, ncols=len(layouts))
+    for ax, (layout, axes) in zip(axs, layouts):
+        _style(ax)
+        for row, gs in enumerate(axes.values()):
+            for gi, members in enumerate(gs):
+                color = PALETTE[gi % len(PALETTE)]
+                alpha = 0.85 if len(members) > 1 else 0.25
+                for r in members:
+                    ax.add_patch(Rectangle((r + 0.05, row + 0.08), 0.9, 0.84, color=color, alpha=alpha, lw=0))
+                    ax.text(r + 0.5, row + 0.5, str(r), ha="center", va="center", fontsize=7, color="#1d232b")
+        ax.set_xlim(0, world_size)
+        ax.set_ylim(len(axes), 0)
+        ax.set_yticks([i + 0.5 for i in range(len(axes))])
+        ax.set_yticklabels([f"{a.upper()} ({len(g[0])})" for a, g in axes.items()])
+        ax.set_xticks([])
+        ax.set_title(f"{layout} layers: " + " x ".join(a.upper() for a in axes), fontsize=9)
+    fig.suptitle("the same ranks, two groupings (same colour = same group)", color=INK, fontsize=10)
+    fig.tight_layout()
+    return fig
