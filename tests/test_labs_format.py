@@ -1,9 +1,12 @@
 """Every lab follows the lab format (labs/README.md): stored stripped, a parameters cell with the required names,
 exercises paired with solutions, begin/summary; the learner version carries no solution; the linter can fail."""
 
+import argparse
+
 import nbformat
 import pytest
 
+from pylib.labs.cli import parse_override
 from pylib.labs.notebook import (
     EXERCISE_NUMBER,
     REQUIRED_PARAMETERS,
@@ -17,6 +20,7 @@ from pylib.labs.notebook import (
     tags,
     write_learner_versions,
 )
+from pylib.labs.runner import resolve_overrides
 
 LABS = find_labs()
 
@@ -111,3 +115,23 @@ def test_write_learner_versions_writes_each_lab(tmp_path):
         numbers = {int(n) for c in nb.cells for n in EXERCISE_NUMBER.findall(c.source)}
         assert numbers, f"{lab.name}'s learner version has no exercise placeholder"
         assert parameters(nb)["solution"] is False
+
+
+def test_parameter_overrides_parse_as_literals_or_strings():
+    assert parse_override("world_size=4") == ("world_size", 4)
+    assert parse_override("backend=nccl") == ("backend", "nccl")
+    assert parse_override("lr=0.5") == ("lr", 0.5)
+    assert parse_override("device='cuda'") == ("device", "cuda")
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_override("world_size")
+
+
+def test_overrides_go_to_the_labs_that_declare_them_and_typos_are_rejected():
+    per_lab = resolve_overrides(LABS, {"world_size": 2, "h_ffn": 128})
+    for lab in LABS:
+        declared = set(parameters(lab.read()))
+        assert per_lab[lab.name] == {k: v for k, v in {"world_size": 2, "h_ffn": 128}.items() if k in declared}
+    with pytest.raises(ValueError, match=r"no selected lab has parameter\(s\) \['wrold_size'\]"):
+        resolve_overrides(LABS, {"wrold_size": 2})
+    with pytest.raises(ValueError, match="--learner"):
+        resolve_overrides(LABS, {"solution": False})

@@ -164,9 +164,9 @@ def test_report_json_has_the_documented_shape(runs):
             assert set(c) >= check_keys
             assert c["status"] in ("passed", "failed", "blocked") and c["kind"] in ("check", "step")
             assert isinstance(c["seconds"], float)
-            source = lab_cells = nbformat.read(lab["path"], as_version=4).cells
-            assert isinstance(c["cell"], int) and 0 <= c["cell"] < len(lab_cells)
-            assert c["first_line"] and c["first_line"] in source[c["cell"]].source
+            cells = nbformat.read(lab["path"], as_version=4).cells  # solution mode ran the source lab
+            assert isinstance(c["cell"], int) and 0 <= c["cell"] < len(cells)
+            assert c["first_line"] and c["first_line"] in cells[c["cell"]].source
     html = (runs["solution"]["out_dir"] / "report.html").read_text()
     assert html.startswith("<!doctype html>") and all(lab.name in html for lab in LABS)
     assert "<script" not in html and "http" not in html  # self-contained

@@ -9,12 +9,14 @@ report.json (schema "pylib.labs.report/1"):
       "started": "2026-01-01T12:00:00+00:00", "seconds": 21.4,
       "overrides": {"world_size": 4},      # -p NAME=VALUE given on the command line
       "machine": {"python", "executable", "torch", "platform", "cpus", "cuda_gpus"},
+      "out_dir": "labs/_runs/solution",    # where the executed notebooks, checks/ and this report are
       "totals": {"labs": 3, "labs_passed": 3, "checks": {"passed": 20, "failed": 0, "blocked": 1}},
       "labs": [
         {
           "lab": "00_collectives", "path": ".../labs/00_collectives.ipynb", "mode": "solution",
           "status": "passed" | "failed" | "timeout", "seconds": 6.2,
           "executed": ".../00_collectives.ipynb",          # the executed notebook, saved for inspection
+          "kernel": {"python", "torch", "cuda_gpus"},        # what the lab's kernel ran on (from begin())
           "parameters": {"world_size": 4, ...},              # the values the lab ran with
           "counts": {"passed": 7, "failed": 0, "blocked": 1},
           "checks": [
@@ -38,6 +40,7 @@ from __future__ import annotations
 import datetime
 import html
 import json
+import os
 from pathlib import Path
 
 SCHEMA = "pylib.labs.report/1"
@@ -192,7 +195,8 @@ def html_page(report: dict) -> str:
     for r in report["labs"]:
         out.append(f"<h2 id='{e(r['lab'])}' class='{e(r['status'])}'>{_MARK.get(r['status'], '?')} {e(r['lab'])}</h2>")
         out.append(
-            f"<p>Executed notebook: <code>{e(r['executed'])}</code>. Parameters: "
+            f"<p>Executed notebook: <a href='{e(os.path.relpath(r['executed'], report['out_dir']))}'>"
+            f"<code>{e(r['executed'])}</code></a>. Parameters: "
             f"<code>{e(json.dumps(r['parameters']))}</code></p>"
         )
         if r.get("error"):
