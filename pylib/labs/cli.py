@@ -1,0 +1,194 @@
+"""The command line: `python -m pylib.labs run|learner|list|lint|new`.
+
+    python -m pylib.labs run --all                       # every lab, solved, on this machine (what `make book` runs)
+    python -m pylib.labs run 00 01 --learner             # the learner versions (their checks must fail)
+    python -m pylib.labs run --all -p world_size=8 -p backend=nccl -p device=cuda --timeout 600
+    python -m pylib.labs learner /srv/course/labs         # write the learner versions for a JupyterHub
+    python -m pylib.labs list                            # labs, their parameters and exercises
+    python -m pylib.labs lint                            # check every lab's format (--strip clears outputs)
+    python -m pylib.labs new labs/07_my_topic.ipynb      # a skeleton lab in the format
+
+`run` exits 0 when every lab passed, 1 when any lab failed (the failures are printed: lab, cell, check, rank and
+traceback), 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+from .notebook import (
+    EXERCISE_NUMBER,
+    default_labs_dir,
+    find_labs,
+    lab_problems,
+    new_lab,
+    parameters,
+    select_labs,
+    strip_outputs,
+    tags,
+    write_learner_versions,
+)
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """ "world_size=4" -> ("world_size", 4); values are Python literals, anything else is a string ("gloo")."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip().isidentifier():
+        raise argparse.ArgumentTypeError(f"-p takes NAME=VALUE, got {text!r}")
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        parsed = value
+    return name.strip(), parsed
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pylib.labs", description="Run and manage the book's labs.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--labs-dir", type=Path, default=None, help="where the labs are (default: the repo's labs/)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", parents=[common], help="execute labs with papermill and write a report")
+    run.add_argument("labs", nargs="*", help="lab paths, names (00_collectives), numbers (00) or short names")
+    run.add_argument("--all", action="store_true", help="every lab in the labs folder")
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--solution",
+        dest="mode",
+        action="store_const",
+        const="solution",
+        help="run the solved labs (default): every check must pass",
+    )
+    mode.add_argument(
+        "--learner",
+        dest="mode",
+        action="store_const",
+        const="learner",
+        help="run the learner versions (solutions removed): their checks fail until solved",
+    )
+    run.set_defaults(mode="solution")
+    run.add_argument(
+        "-p",
+        "--parameter",
+        dest="overrides",
+        action="append",
+        type=parse_override,
+        default=[],
+        metavar="NAME=VALUE",
+        help="override a parameters-cell value (repeatable)",
+    )
+    run.add_argument("--timeout", type=float, default=300.0, help="seconds per lab, kernel start included (300)")
+    run.add_argument("--out", type=Path, default=None, help="executed notebooks and report (default: labs/_runs/MODE)")
+    bars = run.add_mutually_exclusive_group()
+    bars.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_const",
+        const=True,
+        help="progress bars even when stderr is not a terminal",
+    )
+    bars.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bars")
+
+    learner = sub.add_parser("learner", parents=[common], help="write the learner versions of labs to a folder")
+    learner.add_argument("out", type=Path, help="folder to write NN_name.ipynb files to")
+    learner.add_argument("labs", nargs="*", help="labs to export (default: all)")
+
+    sub.add_parser("list", parents=[common], help="list the labs, their parameters and exercises")
+
+    lint = sub.add_parser("lint", parents=[common], help="check that labs follow the lab format")
+    lint.add_argument("labs", nargs="*", help="labs to check (default: all)")
+    lint.add_argument("--strip", action="store_true", help="first clear outputs and execution counts in place")
+
+    new = sub.add_parser("new", help="write a skeleton lab")
+    new.add_argument("path", type=Path, help="labs/NN_name.ipynb")
+    return p
+
+
+def _labs(args, names):
+    return select_labs(names, args.labs_dir) if names else find_labs(args.labs_dir)
+
+
+def _run(args) -> int:
+    from .report import failure_text, terminal_table, write_report
+    from .runner import resolve_overrides, run_labs
+
+    if args.all and args.labs:
+        raise ValueError("give lab names or --all, not both")
+    labs = _labs(args, args.labs)
+    if not labs:
+        raise ValueError(f"no labs found in {args.labs_dir or default_labs_dir()}")
+    labs_dir = args.labs_dir or default_labs_dir()
+    out = args.out or (Path(labs_dir) / "_runs" / args.mode)
+    overrides = dict(args.overrides)
+    resolve_overrides(labs, overrides)  # reject unknown names before anything runs
+    print(
+        f"running {len(labs)} lab(s) in {args.mode} mode"
+        + (f" with {overrides}" if overrides else "")
+        + f"; executed notebooks and report in {out}",
+        flush=True,
+    )
+    report = run_labs(
+        labs, mode=args.mode, overrides=overrides, out_dir=out, timeout=args.timeout, progress=args.progress
+    )
+    json_path, html_path = write_report(report, out)
+    print()
+    print(terminal_table(report))
+    details = failure_text(report)
+    if details:
+        print(details, file=sys.stderr if not report["passed"] else sys.stdout, flush=True)
+    print(f"report: {json_path} and {html_path}")
+    if not report["passed"]:
+        bad = [r["lab"] for r in report["labs"] if r["status"] != "passed"]
+        print(
+            f"FAILED: {len(bad)} of {len(labs)} lab(s) did not pass ({args.mode} mode): {', '.join(bad)}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _list(args) -> int:
+    for lab in find_labs(args.labs_dir):
+        nb = lab.read()
+        numbers = sorted({int(n) for c in nb.cells if "exercise" in tags(c) for n in EXERCISE_NUMBER.findall(c.source)})
+        params = ", ".join(f"{k}={v!r}" for k, v in parameters(nb).items() if k != "checks_report")
+        print(f"{lab.name}: {len(numbers)} exercise(s); parameters: {params}")
+    return 0
+
+
+def _lint(args) -> int:
+    import nbformat
+
+    bad = 0
+    for lab in _labs(args, args.labs):
+        if args.strip:
+            nbformat.write(strip_outputs(lab.read()), lab.path)
+        problems = lab_problems(lab.path)
+        bad += bool(problems)
+        print(f"{'✗' if problems else '✓'} {lab.name}")
+        for problem in problems:
+            print(f"    {problem}")
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "learner":
+            for path in write_learner_versions(_labs(args, args.labs), args.out):
+                print(path)
+            return 0
+        if args.command == "list":
+            return _list(args)
+        if args.command == "lint":
+            return _lint(args)
+        print(new_lab(args.path))
+        return 0
+    except (ValueError, FileExistsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

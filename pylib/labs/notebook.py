@@ -1,0 +1,292 @@
+"""The lab format: find labs, read their parameters, check their shape, and write the learner version.
+
+A lab is `labs/NN_name.ipynb`, stored with outputs stripped. Its cells carry tags (cell metadata "tags"):
+
+    parameters   exactly one code cell; one `name = literal  # comment` per line; papermill injects overrides
+                 after it. Every lab has REQUIRED_PARAMETERS; sizes are the lab's own names.
+    exercise     a cell the learner completes. Its placeholder raises ExerciseNotDone(n, "what to write").
+    solution     right after its exercise: the same definitions, complete, under `if solution:`. The source lab
+                 is therefore the solved lab (solution=True); the learner version drops these cells.
+
+The setup cell calls `begin(checks_report)` and the last code cell calls `summary()` (see pylib.labs.checks).
+`lab_problems(path)` lists every way a notebook breaks these rules; the tests and `python -m pylib.labs lint` use it.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+REQUIRED_PARAMETERS = ("world_size", "backend", "device", "solution", "checks_report")
+LAB_NAME = re.compile(r"^(\d\d)_([a-z0-9_]+)\.ipynb$")
+EXERCISE_NUMBER = re.compile(r"ExerciseNotDone\(\s*(\d+)")
+
+
+@dataclass(frozen=True)
+class Lab:
+    """One lab notebook on disk."""
+
+    path: Path
+
+    @property
+    def name(self) -> str:
+        """The file name without .ipynb, e.g. "00_collectives" (the lab's name in reports)."""
+        return self.path.stem
+
+    def read(self) -> nbformat.NotebookNode:
+        return nbformat.read(self.path, as_version=4)
+
+
+def default_labs_dir() -> Path:
+    """The repository's labs/ folder (next to the pylib package this module was imported from)."""
+    return Path(__file__).resolve().parents[2] / "labs"
+
+
+def find_labs(labs_dir: Path | None = None) -> list[Lab]:
+    """Every NN_name.ipynb in `labs_dir`, in name order."""
+    labs_dir = Path(labs_dir) if labs_dir is not None else default_labs_dir()
+    return [Lab(p) for p in sorted(labs_dir.glob("*.ipynb")) if LAB_NAME.match(p.name)]
+
+
+def select_labs(names: list[str], labs_dir: Path | None = None) -> list[Lab]:
+    """Labs named by path ("labs/00_collectives.ipynb", any existing .ipynb), full name ("00_collectives"),
+    number ("00") or name without number ("collectives"). Raises ValueError naming what matched nothing."""
+    known = find_labs(labs_dir)
+    chosen: list[Lab] = []
+    for name in names:
+        path = Path(name)
+        if path.suffix == ".ipynb" and path.exists():
+            hits = [Lab(path.resolve())]
+        else:
+            hits = [lab for lab in known if name in (lab.name, lab.name[:2], lab.name[3:])]
+        if not hits:
+            listing = ", ".join(lab.name for lab in known) or "none"
+            raise ValueError(f"no lab matches {name!r} (labs: {listing})")
+        if len(hits) > 1:
+            raise ValueError(f"{name!r} matches several labs: {', '.join(lab.name for lab in hits)}")
+        if hits[0] not in chosen:
+            chosen.append(hits[0])
+    return chosen
+
+
+def tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def first_line(cell) -> str:
+    for line in cell.get("source", "").splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def parameters_cell(nb) -> int | None:
+    """Index of the cell tagged `parameters` (the first one), or None."""
+    return next((i for i, c in enumerate(nb.cells) if "parameters" in tags(c)), None)
+
+
+def parameters(nb) -> dict[str, object]:
+    """The parameters cell's names and default values (in order); values that are not literals map to their source."""
+    i = parameters_cell(nb)
+    if i is None:
+        return {}
+    out: dict[str, object] = {}
+    for node in ast.parse(nb.cells[i].source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                out[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                out[node.targets[0].id] = ast.unparse(node.value)
+    return out
+
+
+def _parameter_problems(source: str) -> list[str]:
+    try:
+        body = ast.parse(source).body
+    except SyntaxError as exc:
+        return [f"the parameters cell does not parse: {exc}"]
+    problems = []
+    for node in body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            problems.append(
+                f"parameters cell line {node.lineno}: only `name = literal` assignments, one per line "
+                f"(papermill injects overrides by name), not {ast.unparse(node)!r}"
+            )
+            continue
+        try:
+            ast.literal_eval(node.value)
+        except ValueError:
+            problems.append(f"parameters cell: {node.targets[0].id} = {ast.unparse(node.value)} is not a literal")
+    return problems
+
+
+def lab_problems(path: Path) -> list[str]:
+    """Every way the notebook at `path` breaks the lab format (empty when it is a well-formed lab)."""
+    path = Path(path)
+    problems = []
+    if not LAB_NAME.match(path.name):
+        problems.append(f"{path.name}: a lab is named NN_name.ipynb (two digits, lower-case words)")
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as exc:  # noqa: BLE001 - report any unreadable notebook as a problem
+        return problems + [f"cannot read the notebook: {exc}"]
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as exc:
+        problems.append(f"invalid notebook: {exc.message}")
+    cells = nb.cells
+    dirty = [i for i, c in enumerate(cells) if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))]
+    if dirty:
+        problems.append(f"code cells {dirty} carry outputs or execution counts (store labs stripped)")
+    ids = [c.get("id") for c in cells]
+    if None in ids or len(set(ids)) != len(ids):
+        problems.append("every cell needs a unique id (nbformat >= 4.5); the harness maps report cells by id")
+    tagged = [i for i, c in enumerate(cells) if "parameters" in tags(c)]
+    if len(tagged) != 1:
+        problems.append(f"exactly one cell must be tagged 'parameters', found {len(tagged)}")
+    else:
+        cell = cells[tagged[0]]
+        problems += _parameter_problems(cell.source)
+        names = set(parameters(nb))
+        lacking = [p for p in REQUIRED_PARAMETERS if p not in names]
+        if lacking:
+            problems.append(f"the parameters cell lacks {lacking} (every lab has {list(REQUIRED_PARAMETERS)})")
+        elif parameters(nb)["solution"] is not True:
+            problems.append("the source lab sets solution = True (it is the solved lab; the learner version flips it)")
+        if "checks_report" in names and parameters(nb)["checks_report"] is not None:
+            problems.append("checks_report must default to None (the harness passes a file)")
+    numbers = []
+    for i, cell in enumerate(cells):
+        t = tags(cell)
+        if "exercise" in t:
+            found = EXERCISE_NUMBER.findall(cell.source)
+            if not found:
+                problems.append(f"exercise cell {i} has no placeholder raising ExerciseNotDone(n, ...)")
+            numbers += [int(n) for n in found]
+            nxt = cells[i + 1] if i + 1 < len(cells) else None
+            if nxt is None or "solution" not in tags(nxt):
+                problems.append(f"exercise cell {i} must be followed by its cell tagged 'solution'")
+        if "solution" in t:
+            if i == 0 or not ({"exercise", "solution"} & set(tags(cells[i - 1]))):
+                problems.append(f"solution cell {i} must come right after an exercise cell")
+            if cell.cell_type == "code" and first_line(cell) != "if solution:":
+                problems.append(f"solution cell {i} must start with `if solution:` (so solution=False skips it)")
+            if "ExerciseNotDone" in cell.source:
+                problems.append(f"solution cell {i} still raises ExerciseNotDone")
+    if not numbers:
+        problems.append("a lab has at least one exercise cell (tagged 'exercise')")
+    elif sorted(set(numbers)) != list(range(1, max(numbers) + 1)):
+        problems.append(f"exercises are numbered 1..n without gaps, found {sorted(set(numbers))}")
+    code = [c for c in cells if c.cell_type == "code"]
+    if not any(re.search(r"\bbegin\(\s*checks_report\s*\)", c.source) for c in code):
+        problems.append("no cell calls begin(checks_report) (checks would not reach the harness)")
+    if not code or not re.search(r"\bsummary\(\)", code[-1].source):
+        problems.append("the last code cell must call summary() (so a failed check fails the notebook)")
+    return problems
+
+
+def strip_outputs(nb) -> nbformat.NotebookNode:
+    """A copy with every code cell's outputs and execution count cleared (and papermill's metadata dropped)."""
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+        cell.metadata.pop("papermill", None)
+        cell.metadata.pop("execution", None)
+    nb.metadata.pop("papermill", None)
+    return nb
+
+
+def learner_version(nb) -> nbformat.NotebookNode:
+    """The notebook a learner gets: every `solution` cell removed, `solution = False`, outputs stripped."""
+    nb = strip_outputs(nb)
+    nb.cells = [c for c in nb.cells if "solution" not in tags(c)]
+    i = parameters_cell(nb)
+    if i is not None:
+        nb.cells[i].source = re.sub(
+            r"^solution\s*=.*$",
+            "solution = False  # the learner version: complete the exercise cells",
+            nb.cells[i].source,
+            flags=re.M,
+        )
+    nb.metadata["pylib_lab"] = {"version": "learner"}
+    return nb
+
+
+def write_learner_versions(labs: list[Lab], out_dir: Path) -> list[Path]:
+    """Write each lab's learner version to `out_dir`/<lab>.ipynb; returns the paths written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for lab in labs:
+        dest = out_dir / lab.path.name
+        nbformat.write(learner_version(lab.read()), dest)
+        written.append(dest)
+    return written
+
+
+_TEMPLATE = [
+    ("markdown", [], "# Lab {num}: {title}\n\nWhat the learner builds, and what the checks prove."),
+    (
+        "code",
+        ["parameters"],
+        'world_size = 2  # ranks\nbackend = "gloo"  # "gloo" on CPU; "nccl" with one GPU per rank\n'
+        'device = "cpu"  # "cpu", or "cuda" with backend="nccl"\nh = 16  # sizes: tiny on CPU\n'
+        "solution = True  # the harness runs the solved lab; the learner version sets False\n"
+        "checks_report = None  # the harness passes a file; checks append one JSON line each",
+    ),
+    (
+        "code",
+        [],
+        "import torch\nimport torch.distributed as dist\n\nfrom pylib.dist import launch\n"
+        "from pylib.labs.checks import ExerciseNotDone, begin, check, step, summary\n\nbegin(checks_report)",
+    ),
+    ("markdown", [], "## Exercise 1\n\nWhat to write, and the idea behind it."),
+    (
+        "code",
+        ["exercise"],
+        'def exercise_1(x):\n    """Say what it returns, with shapes."""\n'
+        '    raise ExerciseNotDone(1, "write exercise_1: ...")',
+    ),
+    (
+        "code",
+        ["solution"],
+        'if solution:\n\n    def exercise_1(x):\n        """Say what it returns."""\n        return x',
+    ),
+    (
+        "code",
+        [],
+        "def worker(h):\n    return exercise_1(torch.ones(h) * dist.get_rank())\n\n\n"
+        'out = step(f"exercise 1 runs on {world_size} ranks", lambda: launch(worker, world_size, h, backend=backend))\n'
+        'check("every rank returns its own rank", lambda: [float(o[0]) for o in out] == list(range(world_size)))',
+    ),
+    ("code", [], "summary()"),
+]
+
+
+def new_lab(path: Path) -> Path:
+    """Write a skeleton lab (parameters, setup, one exercise with its solution, a check, the summary) to `path`."""
+    path = Path(path)
+    m = LAB_NAME.match(path.name)
+    if m is None:
+        raise ValueError(f"{path.name}: a lab is named NN_name.ipynb (two digits, lower-case words)")
+    if path.exists():
+        raise FileExistsError(f"{path} exists; pick another name")
+    num, title = m.group(1), m.group(2).replace("_", " ")
+    nb = nbformat.v4.new_notebook()
+    for kind, cell_tags, source in _TEMPLATE:
+        make = nbformat.v4.new_code_cell if kind == "code" else nbformat.v4.new_markdown_cell
+        cell = make(source.format(num=num, title=title) if kind == "markdown" else source)
+        if cell_tags:
+            cell.metadata["tags"] = cell_tags
+        nb.cells.append(cell)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path

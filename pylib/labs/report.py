@@ -1,0 +1,231 @@
+"""The harness's report: one JSON document, a terminal table, and a self-contained HTML page.
+
+report.json (schema "pylib.labs.report/1"):
+
+    {
+      "schema": "pylib.labs.report/1",
+      "mode": "solution" | "learner",
+      "passed": true,                      # every lab passed
+      "started": "2026-01-01T12:00:00+00:00", "seconds": 21.4,
+      "overrides": {"world_size": 4},      # -p NAME=VALUE given on the command line
+      "machine": {"python", "executable", "torch", "platform", "cpus", "cuda_gpus"},
+      "out_dir": "labs/_runs/solution",    # where the executed notebooks, checks/ and this report are
+      "totals": {"labs": 3, "labs_passed": 3, "checks": {"passed": 20, "failed": 0, "blocked": 1}},
+      "labs": [
+        {
+          "lab": "00_collectives", "path": ".../labs/00_collectives.ipynb", "mode": "solution",
+          "status": "passed" | "failed" | "timeout", "seconds": 6.2,
+          "executed": ".../00_collectives.ipynb",          # the executed notebook, saved for inspection
+          "kernel": {"python", "torch", "cuda_gpus"},        # what the lab's kernel ran on (from begin())
+          "parameters": {"world_size": 4, ...},              # the values the lab ran with
+          "counts": {"passed": 7, "failed": 0, "blocked": 1},
+          "checks": [
+            {"name": "...", "kind": "check" | "step", "status": "passed" | "failed" | "blocked",
+             "seconds": 0.12, "message": "...", "detail": "full traceback", "needs": null | "gpu" | "gpu:4",
+             "rank": null | 1, "cell": 9, "execution_count": 7, "first_line": "check(...)", "tags": []}
+          ],
+          "error": null | {"cell", "execution_count", "first_line", "tags", "ename", "evalue", "traceback", "rank"}
+        }
+      ]
+    }
+
+`cell` is the index in the notebook that ran (the source lab in solution mode, the learner version in learner mode;
+papermill's injected-parameters cell is not counted); `execution_count` is the In [n] shown in the executed notebook.
+`error` is set when a cell raised outside a check (or the lab timed out); when summary() raised only because checks
+failed, the failed checks are the explanation and `error` is null.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import os
+from pathlib import Path
+
+SCHEMA = "pylib.labs.report/1"
+_MARK = {"passed": "✓", "failed": "✗", "blocked": "⊘", "timeout": "⏱"}
+
+
+def build_report(
+    results: list[dict], *, mode: str, overrides: dict, started: float, seconds: float, machine: dict, out_dir: Path
+) -> dict:
+    checks = {s: sum(r["counts"][s] for r in results) for s in ("passed", "failed", "blocked")}
+    return dict(
+        schema=SCHEMA,
+        mode=mode,
+        passed=all(r["status"] == "passed" for r in results),
+        started=datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
+        seconds=round(seconds, 3),
+        overrides=overrides,
+        machine=machine,
+        out_dir=str(out_dir),
+        totals=dict(labs=len(results), labs_passed=sum(r["status"] == "passed" for r in results), checks=checks),
+        labs=results,
+    )
+
+
+def lab_line(result: dict) -> str:
+    c = result["counts"]
+    return (
+        f"{_MARK.get(result['status'], '?')} {result['lab']}: {result['status']} in {result['seconds']:.1f} s "
+        f"({c['passed']} passed, {c['failed']} failed, {c['blocked']} blocked)"
+    )
+
+
+def _where(d: dict) -> str:
+    """'cell 9 (In [7]) `check("...", ...)` [exercise]' -- the cell a check or an error belongs to."""
+    if d.get("cell") is None and d.get("execution_count") is None:
+        return "cell ?"
+    text = f"cell {d.get('cell')}"
+    if d.get("execution_count") is not None:
+        text += f" (In [{d['execution_count']}])"
+    if d.get("first_line"):
+        line = d["first_line"]
+        text += f" `{line if len(line) <= 70 else line[:67] + '...'}`"
+    if d.get("tags"):
+        text += f" [{', '.join(d['tags'])}]"
+    return text
+
+
+def terminal_table(report: dict) -> str:
+    """A plain-text table: one row per lab, then the totals."""
+    rows = [("lab", "status", "passed", "failed", "blocked", "seconds")]
+    for r in report["labs"]:
+        c = r["counts"]
+        rows.append(
+            (
+                r["lab"],
+                f"{_MARK.get(r['status'], '?')} {r['status']}",
+                str(c["passed"]),
+                str(c["failed"]),
+                str(c["blocked"]),
+                f"{r['seconds']:.1f}",
+            )
+        )
+    t = report["totals"]
+    rows.append(
+        (
+            f"{t['labs_passed']}/{t['labs']} labs passed",
+            "",
+            str(t["checks"]["passed"]),
+            str(t["checks"]["failed"]),
+            str(t["checks"]["blocked"]),
+            f"{report['seconds']:.1f}",
+        )
+    )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+
+    def fmt(row):
+        return "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt(rows[0]), rule, *map(fmt, rows[1:-1]), rule, fmt(rows[-1])])
+
+
+def _indent(text: str, prefix: str = "      ") -> str:
+    return "\n".join(prefix + line for line in text.rstrip().splitlines())
+
+
+def failure_text(report: dict, blocked: bool = True) -> str:
+    """For every lab that did not pass: the lab, each failed check (cell, message, the rank's traceback) and any
+    error outside a check. Blocked checks are listed too (what this machine could not run)."""
+    parts = []
+    for r in report["labs"]:
+        if r["status"] != "passed":
+            parts.append(f"✗ lab {r['lab']} {r['status']} (executed notebook: {r['executed']})")
+            for c in r["checks"]:
+                if c["status"] == "failed":
+                    parts.append(f"  ✗ check {c['name']!r} failed in {_where(c)}:")
+                    parts.append(_indent(c["message"]))
+                    if c.get("rank") is not None and c.get("detail"):
+                        parts.append(f"    rank {c['rank']}'s traceback:")
+                        parts.append(_indent(c["detail"]))
+            e = r.get("error")
+            if e:
+                rank = f" on rank {e['rank']}" if e.get("rank") is not None else ""
+                parts.append(f"  ✗ {e['ename']}{rank} in {_where(e)}:")
+                parts.append(_indent(e["evalue"]))
+                if e.get("traceback") and e.get("rank") is None:
+                    parts.append(_indent("\n".join(e["traceback"].splitlines()[-12:])))
+        if blocked:
+            for c in r["checks"]:
+                if c["status"] == "blocked":
+                    parts.append(f"  ⊘ {r['lab']}: check {c['name']!r} blocked: {c['message']}")
+    return "\n".join(parts)
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; padding: 0 1em;
+       color: #333; background: #fff; }
+@media (prefers-color-scheme: dark) { body { color: #ddd; background: #1e1e1e; } pre { background: #2a2a2a; } }
+table { border-collapse: collapse; margin: 1em 0; }
+th, td { border-bottom: 1px solid #8884; padding: .3em .8em; text-align: left; vertical-align: top; }
+td.n { text-align: right; }
+.passed { color: #2a8a3a; } .failed, .timeout { color: #c0392b; } .blocked { color: #b7791f; }
+pre { background: #f4f4f4; padding: .6em; overflow-x: auto; font-size: 85%; }
+summary { cursor: pointer; }
+"""
+
+
+def html_page(report: dict) -> str:
+    """A self-contained page (inline CSS, no scripts): summary table, then each lab's checks and errors."""
+    e = html.escape
+    t = report["totals"]
+    out = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>Labs report ({e(report['mode'])})</title><style>{_CSS}</style></head><body>",
+        f"<h1>Labs report: {t['labs_passed']}/{t['labs']} labs passed ({e(report['mode'])} mode)</h1>",
+        f"<p>{e(report['started'])}, {report['seconds']:.1f} s. Checks: {t['checks']['passed']} passed, "
+        f"{t['checks']['failed']} failed, {t['checks']['blocked']} blocked (need hardware this machine lacks). "
+        f"Machine: Python {e(str(report['machine'].get('python')))}, torch {e(str(report['machine'].get('torch')))}, "
+        f"{report['machine'].get('cpus')} CPUs, {report['machine'].get('cuda_gpus')} CUDA GPUs. "
+        f"Overrides: {e(json.dumps(report['overrides']))}.</p>",
+        "<table><tr><th>lab</th><th>status</th><th>passed</th><th>failed</th><th>blocked</th><th>seconds</th></tr>",
+    ]
+    for r in report["labs"]:
+        c = r["counts"]
+        out.append(
+            f"<tr><td><a href='#{e(r['lab'])}'>{e(r['lab'])}</a></td>"
+            f"<td class='{e(r['status'])}'>{_MARK.get(r['status'], '?')} {e(r['status'])}</td>"
+            f"<td class='n'>{c['passed']}</td><td class='n'>{c['failed']}</td><td class='n'>{c['blocked']}</td>"
+            f"<td class='n'>{r['seconds']:.1f}</td></tr>"
+        )
+    out.append("</table>")
+    for r in report["labs"]:
+        out.append(f"<h2 id='{e(r['lab'])}' class='{e(r['status'])}'>{_MARK.get(r['status'], '?')} {e(r['lab'])}</h2>")
+        out.append(
+            f"<p>Executed notebook: <a href='{e(os.path.relpath(r['executed'], report['out_dir']))}'>"
+            f"<code>{e(r['executed'])}</code></a>. Parameters: "
+            f"<code>{e(json.dumps(r['parameters']))}</code></p>"
+        )
+        if r.get("error"):
+            err = r["error"]
+            rank = f" on rank {err['rank']}" if err.get("rank") is not None else ""
+            out.append(f"<p class='failed'>{e(err['ename'])}{e(rank)} in {e(_where(err))}</p>")
+            out.append(f"<pre>{e(err['evalue'])}</pre>")
+            if err.get("traceback"):
+                out.append(f"<details><summary>traceback</summary><pre>{e(err['traceback'])}</pre></details>")
+        out.append("<table><tr><th></th><th>check</th><th>cell</th><th>seconds</th><th>message</th></tr>")
+        for c in r["checks"]:
+            msg = f"<pre>{e(c['message'])}</pre>" if c["message"] else ""
+            if c["status"] == "failed" and c.get("detail"):
+                msg += f"<details><summary>details</summary><pre>{e(c['detail'])}</pre></details>"
+            out.append(
+                f"<tr><td class='{e(c['status'])}'>{_MARK[c['status']]}</td><td>{e(c['name'])}"
+                f"{' <small>(step)</small>' if c.get('kind') == 'step' else ''}</td><td>{e(_where(c))}</td>"
+                f"<td class='n'>{c['seconds']:.2f}</td><td>{msg}</td></tr>"
+            )
+        out.append("</table>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def write_report(report: dict, out_dir: Path) -> tuple[Path, Path]:
+    """Write report.json and report.html into `out_dir`; return their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, html_path = out_dir / "report.json", out_dir / "report.html"
+    json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    html_path.write_text(html_page(report))
+    return json_path, html_path

@@ -1,0 +1,305 @@
+"""Run labs headlessly with papermill and collect, per lab, what every check and every failing cell said.
+
+    report = run_labs(find_labs(), mode="solution", overrides={"world_size": 4}, out_dir=Path("labs/_runs/solution"))
+
+Each lab runs in a fresh kernel of *this* Python (the interpreter running the harness, with this checkout's pylib
+first on the kernel's path), in the lab's own folder, with the parameters cell overridden by papermill:
+`checks_report` (a JSON-lines file the checks append to), `solution` (True in solution mode; the learner version
+already says False), and the caller's overrides. A per-lab deadline covers kernel start and every cell. The executed
+notebook is saved to `out_dir/<lab>.ipynb` whatever happens, so a failure can be opened and read.
+
+A lab *passes* when every cell ran and no check failed (blocked checks do not fail a lab). Otherwise it *failed*
+(a check failed, or a cell raised outside a check) or hit its *timeout*; the result names the cell (index in the
+notebook that ran, its first line and tags, and In [n]) and, when a rank raised inside `launch`, the rank and its
+traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from jupyter_client.manager import AsyncKernelManager
+
+from .notebook import Lab, first_line, learner_version, parameters, tags
+
+MODES = ("solution", "learner")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RANK = re.compile(r"\brank (\d+) failed first\b")
+
+
+class CurrentPythonKernelManager(AsyncKernelManager):
+    """Start kernels with the interpreter running the harness (not whatever a `python3` kernelspec points to)."""
+
+    def format_kernel_cmd(self, extra_arguments=None):
+        return [sys.executable, "-m", "ipykernel_launcher", "-f", self.connection_file, *(extra_arguments or [])]
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+@contextlib.contextmanager
+def _kernel_environment():
+    """The kernel imports the same pylib as the harness: put its checkout first on PYTHONPATH for the run."""
+    root = str(Path(__file__).resolve().parents[2])
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "PYDEVD_DISABLE_FILE_VALIDATION")}
+    parts = [root] + [p for p in (saved["PYTHONPATH"] or "").split(os.pathsep) if p and p != root]
+    os.environ["PYTHONPATH"] = os.pathsep.join(parts)
+    os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"  # silence the debugger's frozen-modules warning
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _cell_index(ran_nb) -> dict[str, int]:
+    return {c.get("id"): i for i, c in enumerate(ran_nb.cells)}
+
+
+def _describe_cell(executed, ran_ids: dict[str, int], *, execution_count=None, executed_index=None) -> dict:
+    """Where a cell is: its index in the notebook that ran (papermill's injected cells not counted), In [n],
+    first line and tags. Found by execution count or by index in the executed notebook."""
+    cell = None
+    if execution_count is not None:
+        cell = next((c for c in executed.cells if c.get("execution_count") == execution_count), None)
+    elif executed_index is not None and 0 <= executed_index < len(executed.cells):
+        cell = executed.cells[executed_index]
+    if cell is None:
+        return dict(cell=None, execution_count=execution_count, first_line="", tags=[])
+    return dict(
+        cell=ran_ids.get(cell.get("id")),
+        execution_count=cell.get("execution_count"),
+        first_line=first_line(cell),
+        tags=[t for t in tags(cell) if t != "injected-parameters"],
+    )
+
+
+def _read_checks(path: Path) -> list[dict]:
+    """The check records, the last one per name (a re-run check replaces its result), in first-seen order."""
+    if not path.exists():
+        return []
+    by_name: dict[str, dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            if rec.get("kind") in ("check", "step"):
+                by_name[rec["name"]] = rec
+    return list(by_name.values())
+
+
+def _read_kernel_info(path: Path) -> dict:
+    """The "begin" line the checks write: what the lab's kernel ran on (python, torch, cuda_gpus)."""
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                if rec.get("kind") == "begin":
+                    return {k: v for k, v in rec.items() if k != "kind"}
+    return {}
+
+
+def _last_started_cell(executed) -> int | None:
+    started = [i for i, c in enumerate(executed.cells) if c.get("metadata", {}).get("papermill", {}).get("start_time")]
+    return started[-1] if started else None
+
+
+def run_lab(
+    lab: Lab,
+    *,
+    mode: str = "solution",
+    overrides: dict | None = None,
+    out_dir: Path,
+    timeout: float = 300.0,
+    progress: bool = False,
+) -> dict:
+    """Execute one lab; return its report entry (see pylib.labs.report for the shape)."""
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = lab.read()
+    ran_nb = learner_version(source) if mode == "learner" else source
+    checks_file = out_dir / "checks" / f"{lab.name}.jsonl"
+    checks_file.parent.mkdir(parents=True, exist_ok=True)
+    checks_file.unlink(missing_ok=True)
+    executed_path = out_dir / f"{lab.name}.ipynb"
+    params = dict(overrides or {})
+    if mode == "solution":
+        params["solution"] = True
+    params["checks_report"] = str(checks_file.resolve())
+    effective = {**parameters(ran_nb), **params}
+    effective.pop("checks_report", None)
+
+    start = time.monotonic()
+    deadline = start + timeout
+    error, status = None, "passed"
+    bar = {"desc": lab.name, "position": 1, "leave": False, "unit": "cell"} if progress else False
+    with _kernel_environment():
+        try:
+            pm.execute_notebook(
+                ran_nb,
+                str(executed_path),
+                parameters=params,
+                kernel_name="python3",
+                progress_bar=bar,
+                cwd=str(lab.path.parent),
+                start_timeout=max(1, int(min(60.0, timeout) + 0.999)),
+                kernel_manager_class=CurrentPythonKernelManager,
+                timeout_func=lambda cell: max(1, int(deadline - time.monotonic() + 0.999)),
+                shutdown_kernel="immediate",
+                extra_arguments=["--IPKernelApp.log_level=ERROR"],
+            )
+        except PapermillExecutionError as exc:
+            status = "failed"
+            error = dict(
+                exec_count=exc.exec_count,
+                ename=exc.ename,
+                evalue=strip_ansi(exc.evalue),
+                traceback=strip_ansi("\n".join(exc.traceback)),
+            )
+        except Exception as exc:  # noqa: BLE001 - a timeout, a dead kernel, a kernel that never started
+            timed_out = isinstance(exc, TimeoutError) or time.monotonic() >= deadline
+            status = "timeout" if timed_out else "failed"
+            what = f"the lab ran past its timeout of {timeout:g} s" if timed_out else f"{type(exc).__name__}: {exc}"
+            error = dict(
+                ename="Timeout" if timed_out else type(exc).__name__, evalue=what, traceback=strip_ansi(str(exc))
+            )
+    seconds = time.monotonic() - start
+
+    executed = nbformat.read(executed_path, as_version=4) if executed_path.exists() else ran_nb
+    ran_ids = _cell_index(ran_nb)
+    checks = []
+    for rec in _read_checks(checks_file):
+        where = _describe_cell(executed, ran_ids, execution_count=rec.get("execution_count"))
+        checks.append({**rec, **where})
+    counts = {s: sum(c["status"] == s for c in checks) for s in ("passed", "failed", "blocked")}
+
+    if error is not None:
+        exec_count = error.pop("exec_count", None)
+        if exec_count is not None:
+            where = _describe_cell(executed, ran_ids, execution_count=exec_count)
+        else:
+            where = _describe_cell(executed, ran_ids, executed_index=_last_started_cell(executed))
+        m = _RANK.search(error["evalue"])
+        error = {**where, **error, "rank": int(m.group(1)) if m else None}
+        if error["ename"] == "ChecksFailed" and counts["failed"]:
+            error = None  # summary() raised because checks failed: the failed checks are the explanation
+    if status == "passed" and counts["failed"]:
+        status = "failed"
+    if status == "passed" and not checks:
+        status = "failed"
+        error = dict(
+            cell=None,
+            execution_count=None,
+            first_line="",
+            tags=[],
+            ename="NoChecks",
+            evalue="the lab recorded no check (does a cell call begin(checks_report)?)",
+            traceback="",
+            rank=None,
+        )
+    return dict(
+        lab=lab.name,
+        path=str(lab.path),
+        mode=mode,
+        status=status,
+        seconds=round(seconds, 3),
+        executed=str(executed_path),
+        kernel=_read_kernel_info(checks_file),
+        parameters=effective,
+        counts=counts,
+        checks=checks,
+        error=error,
+    )
+
+
+def resolve_overrides(labs: list[Lab], overrides: dict) -> dict[str, dict]:
+    """Per lab, the overrides that lab declares. A name that no selected lab declares is an error (a typo would
+    otherwise be ignored); `solution` is the harness's own switch (--solution / --learner)."""
+    if "solution" in overrides:
+        raise ValueError("do not pass -p solution=...: run with --solution (default) or --learner")
+    if "checks_report" in overrides:
+        raise ValueError("checks_report is the harness's own parameter")
+    declared = {lab.name: set(parameters(lab.read())) for lab in labs}
+    unknown = [k for k in overrides if not any(k in names for names in declared.values())]
+    if unknown:
+        every = sorted(set().union(*declared.values())) if declared else []
+        raise ValueError(f"no selected lab has parameter(s) {unknown} (their parameters: {every})")
+    return {lab.name: {k: v for k, v in overrides.items() if k in declared[lab.name]} for lab in labs}
+
+
+def machine() -> dict:
+    """What the labs ran on (recorded in the report; the GPU count comes from the labs' kernels, see run_labs)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = None
+    return dict(
+        python=platform.python_version(),
+        executable=sys.executable,
+        torch=torch_version,
+        platform=platform.platform(),
+        cpus=os.cpu_count(),
+        cuda_gpus=None,
+    )
+
+
+def run_labs(
+    labs: list[Lab],
+    *,
+    mode: str = "solution",
+    overrides: dict | None = None,
+    out_dir: Path,
+    timeout: float = 300.0,
+    progress: bool | None = None,
+    echo=print,
+) -> dict:
+    """Run every lab in order (a progress bar over labs and, inside each, over cells); return the whole report.
+
+    progress: None shows bars only when stderr is a terminal. `echo` prints one line per finished lab."""
+    from tqdm.auto import tqdm
+
+    from .report import build_report, lab_line
+
+    per_lab = resolve_overrides(labs, dict(overrides or {}))
+    if progress is None:
+        progress = sys.stderr.isatty()
+    started = time.time()
+    results = []
+    with tqdm(total=len(labs), desc=f"labs ({mode})", unit="lab", position=0, disable=not progress) as bar:
+        for lab in labs:
+            bar.set_postfix_str(lab.name)
+            result = run_lab(
+                lab, mode=mode, overrides=per_lab[lab.name], out_dir=out_dir, timeout=timeout, progress=progress
+            )
+            results.append(result)
+            (bar.write if progress else echo)(lab_line(result))
+            bar.update(1)
+    host = machine()
+    host["cuda_gpus"] = next((r["kernel"]["cuda_gpus"] for r in results if "cuda_gpus" in r["kernel"]), None)
+    return build_report(
+        results,
+        mode=mode,
+        overrides=dict(overrides or {}),
+        started=started,
+        seconds=time.time() - started,
+        machine=host,
+        out_dir=Path(out_dir),
+    )
