@@ -32,11 +32,10 @@ _build/.pylib-stamp: $(shell find pylib -name '*.py' 2>/dev/null) requirements.t
 	rm -rf _build/.jupyter_cache
 	mkdir -p _build && touch $@
 
-# The lab harness (pylib/labs) is not written yet; once it lands this step becomes unconditional.
+# Build and execute the book, then run every lab in solution mode through the harness (report in labs/_runs/).
 book: $(STAMP) _build/.pylib-stamp
 	jupyter-book build . --all --builder html -W -n
-	@if [ -f pylib/labs/__main__.py ]; then python -m pylib.labs run --all; \
-	 else echo "pylib/labs not present yet: no labs to run"; fi
+	python -m pylib.labs run --all
 
 clean:
 	rm -rf _build labs/_runs .pytest_cache .ruff_cache .hypothesis
