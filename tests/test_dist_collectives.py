@@ -223,7 +223,7 @@ def test_indivisible_sizes_are_refused_with_the_numbers():
 def _async_collectives():
     from pylib.dist import tag
 
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     a = torch.arange(8, dtype=torch.float64) + 10 * rank
     b, c = a.clone(), a.clone()
     with trace() as tr, tag("bucket"):
@@ -237,13 +237,13 @@ def _async_collectives():
     sync = C.all_reduce_(torch.arange(8, dtype=torch.float64) + 10 * rank)  # the blocking op, same input
     rows = [(e.op, e.phase, e.tag, e.payload_bytes, e.bytes_sent, e.extra.get("is_async")) for e in tr.events]
     times = [(w.t_launch, w.t_done, e.t_start, e.t_end) for w, e in zip((w_sum, w_avg, w_rs), tr.events)]
-    return got, sync, rows, times, w_sum.is_completed(), n
+    return got, sync, rows, times, w_sum.is_completed()
 
 
 def test_async_all_reduce_and_reduce_scatter_match_the_blocking_ops_and_are_traced_at_launch():
     results = launch(_async_collectives, N)
     full = sum(torch.arange(8, dtype=torch.float64) + 10 * r for r in range(N))  # sum over ranks, built here
-    for rank, ((s, avg, rs), sync, rows, times, completed, n) in enumerate(results):
+    for rank, ((s, avg, rs), sync, rows, times, completed) in enumerate(results):
         torch.testing.assert_close(s, full, rtol=0, atol=0)
         torch.testing.assert_close(sync, full, rtol=0, atol=0)
         torch.testing.assert_close(avg, full / N, rtol=0, atol=1e-12)
