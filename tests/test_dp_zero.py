@@ -128,3 +128,25 @@ def _refusals(what):
 def test_impossible_requests_are_refused_with_the_reason(what, message):
     with pytest.raises(Exception, match=message):
         launch(_refusals, 2, what)
+
+
+def _zero2_peak(max_in_flight):
+    rank, d = dist.get_rank(), dist.get_world_size()
+    model = build_model(CFG)
+    zero = ZeroDataParallel(model, 2, bucket_bytes=512, max_buckets_in_flight=max_in_flight)
+    ids, targets = random_tokens(CFG, BATCH, SEQ, seed=0)
+    model.loss(micro_batch(ids, rank, d), micro_batch(targets, rank, d)).backward()
+    zero.finish_gradient_sync()
+    mem = zero.memory()
+    return mem.grads, mem.peak_grads, [lay.padded_bytes for lay in zero.layouts]
+
+
+def test_zero2_holds_its_gradient_slices_and_only_a_few_full_buckets_at_once():
+    k = 1
+    for grads, peak, buckets in launch(_zero2_peak, 2, k):
+        assert grads * 2 == sum(buckets)  # after the sync: the slices, 1/d of the padded gradient
+        assert len(buckets) > 8
+        # during backward: at most k buckets on the wire, plus the ones still filling (one, or two where a layer's
+        # gradients arrive out of registration order)
+        assert grads < peak <= grads + (k + 2) * max(buckets)
+        assert peak < grads + sum(buckets) / 2

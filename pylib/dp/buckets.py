@@ -65,12 +65,26 @@ class GradientBuckets:
 
     mode: "all_reduce" or "reduce_scatter"; keep_full_grad: whether the full gradient buffer persists (always True
     for "all_reduce"). Buckets hold at most `bucket_bytes` of parameters; for "reduce_scatter" each is padded to a
-    multiple of its group size so every rank's slice has the same size.
+    multiple of its group size so every rank's slice has the same size. max_in_flight: launching one more bucket
+    first waits for the oldest when this many are on the wire -- without full buffers (ZeRO-2) that bounds the
+    gradient memory to the slices plus max_in_flight + 1 buckets, at the price of some overlap.
     """
 
-    def __init__(self, param_sets, *, bucket_bytes: int, mode: str, keep_full_grad: bool = True, tag_prefix: str):
+    def __init__(
+        self,
+        param_sets,
+        *,
+        bucket_bytes: int,
+        mode: str,
+        keep_full_grad: bool = True,
+        tag_prefix: str,
+        max_in_flight: int | None = None,
+    ):
         if mode not in ("all_reduce", "reduce_scatter"):
             raise ValueError(f"mode={mode!r} must be 'all_reduce' or 'reduce_scatter'")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight={max_in_flight} must be >= 1 (or None for no limit)")
+        self.max_in_flight = max_in_flight
         self.mode, self.keep_full_grad, self.tag_prefix = mode, keep_full_grad or mode == "all_reduce", tag_prefix
         self.buckets: list[Bucket] = []
         self._by_group: dict[tuple, list[Bucket]] = {}
@@ -225,6 +239,8 @@ class GradientBuckets:
         if b.grad is None:  # ZeRO-2, and none of this bucket's parameters got a gradient
             b.grad = torch.zeros(b.layout.padded_numel, dtype=b.dtype, device=b.params[0].device)
             self._note_grad_memory()
+        if self.max_in_flight is not None and len(self._in_flight) >= self.max_in_flight:
+            self._retire(self._in_flight.pop(0))  # wait for the oldest: bounds the buckets alive at once
         tag = f"{self.tag_prefix}.{b.layout.key}"
         if self.mode == "all_reduce":
             b.work = C.all_reduce_async(b.grad, b.group, op="avg", phase="backward", tag=tag)

@@ -42,6 +42,8 @@ class ZeroDataParallel(nn.Module):
 
     The wrapper owns the sharded optimizer: `optimizer(list_of_slices, **optim_kwargs)`, torch.optim.Adam unless
     another elementwise optimizer is given. After backward call `finish_gradient_sync()`, then `step()`.
+    max_buckets_in_flight (stage 2): at most this many full buckets on the wire at once (DeepSpeed double-buffers,
+    hence 2); None lets every bucket overlap backward and, on a slow network, be alive at once.
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class ZeroDataParallel(nn.Module):
         *,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         group_for: GroupFor | None = None,
+        max_buckets_in_flight: int | None = 2,
         optimizer=torch.optim.Adam,
         **optim_kwargs,
     ):
@@ -69,6 +72,7 @@ class ZeroDataParallel(nn.Module):
             mode="reduce_scatter",
             keep_full_grad=stage == 1,
             tag_prefix=self.tag_prefix,
+            max_in_flight=max_buckets_in_flight if stage == 2 else None,
         )
         self.flats: list[torch.Tensor] = []  # one padded parameter buffer per bucket
         self.shards: list[torch.Tensor] = []  # this rank's slice of each, what the optimizer updates
