@@ -153,7 +153,8 @@ def _per_parameter_groups():
         else:
             held = {k: v.clone() for k, v in dp.gradient_shards().items()}
         axes = {(e["axis"], e["group"]) for e in (ev.as_dict() for ev in tr.events)}
-        out[kind] = (dp.layouts, held, axes)
+        specs = {sp.name: sp.axis for sp in dp.shard_specs() if sp.kind == "replicated"}
+        out[kind] = (dp.layouts, held, axes, specs)
     return out
 
 
@@ -169,7 +170,8 @@ def test_group_for_averages_each_parameter_over_its_own_group():
     dp_pairs = {0: (0, 2), 2: (0, 2), 1: (1, 3), 3: (1, 3)}  # ParallelConfig(dp=2, cp=2): rank = i_cp + 2 i_dp
     for kind in ("ddp", "zero2"):
         for rank in range(4):
-            layouts, _, axes = results[rank][kind]
+            layouts, _, axes, specs = results[rank][kind]
+            assert specs == {n: ("dp" if ".mlp." in n else "dp-cp") for n in local[rank]}  # the layout, as data
             assert axes == {("dp", dp_pairs[rank]), ("dp-cp", (0, 1, 2, 3))}
             for lay in layouts:
                 members = lay.group

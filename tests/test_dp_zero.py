@@ -33,7 +33,9 @@ def _forward_then_backward():
     live = {s.data_ptr(): s.nbytes() for s in saved if s.nbytes()}
     meta = model.layers[0].attn.q_proj.weight.is_meta
     loss.backward()
+    specs = [(sp.name, sp.kind, sp.axis, sp.local_shape[0]) for sp in fsdp.shard_specs()]
     return dict(
+        specs=specs,
         shards=shards,
         resident=resident,
         saved_after_forward=sum(live.values()),
@@ -54,6 +56,13 @@ def test_zero3_keeps_no_full_parameter_between_forward_and_backward():
     for r in results:
         assert r["resident"] == r["shards"] == r["after_backward"]
         assert r["meta"]  # module attributes are shape-only between uses
+    # the sharding specs say which elements of each parameter each rank holds: together, every element once
+    held = {}
+    for r in results:
+        for name, kind, axis, n in r["specs"]:
+            assert (kind, axis) == ("zero", "world")
+            held[name] = held.get(name, 0) + n
+    assert held == {n: p.numel() for n, p in ref.named_parameters()}
     # what autograd keeps alive after forward is exactly the activations: every saved view of a full parameter
     # now points at an emptied storage
     assert results[0]["saved_after_forward"] == acts.bytes

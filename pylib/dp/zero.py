@@ -106,6 +106,9 @@ class ZeroDataParallel(nn.Module):
         """Update this rank's slices, then all-gather every bucket so all ranks hold the new parameters
         (traced with phase "optimizer")."""
         self.buckets.finish()
+        for b, shard in zip(self.buckets.buckets, self.shards):  # even if someone set them to None meanwhile
+            lo, hi = b.shard_range
+            shard.grad = b.grad[lo:hi] if self.stage == 1 else b.shard_grad
         with tracer.phase("optimizer"):
             self.optimizer.step()
             with torch.no_grad():
