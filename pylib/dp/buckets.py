@@ -67,7 +67,8 @@ class GradientBuckets:
     for "all_reduce"). Buckets hold at most `bucket_bytes` of parameters; for "reduce_scatter" each is padded to a
     multiple of its group size so every rank's slice has the same size. max_in_flight: launching one more bucket
     first waits for the oldest when this many are on the wire -- without full buffers (ZeRO-2) that bounds the
-    gradient memory to the slices plus max_in_flight + 1 buckets, at the price of some overlap.
+    gradient memory to the slices, max_in_flight buckets on the wire and the one (or two, where a layer's gradients
+    arrive out of registration order) still filling, at the price of some overlap.
     """
 
     def __init__(

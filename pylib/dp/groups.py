@@ -6,6 +6,10 @@ parameters over the expert-data-parallel group ("edp"), and a parameter that TP 
 TP reduction (done by TP, not here). So every wrapper in `pylib.dp` takes a default `group` and an optional
 `group_for(name, param) -> group` that overrides it per parameter; parameters are then handled one reduction group
 (and one dtype) at a time.
+
+An extra reduction that another mode owns (SP's TP all-reduce of LayerNorm gradients) composes if it is a tensor
+hook on the parameter (`p.register_hook`): autograd runs those before accumulating the gradient, and the bucket
+hooks here (`register_post_accumulate_grad_hook`) after, so the buckets receive the already TP-reduced gradient.
 """
 
 from __future__ import annotations
