@@ -204,6 +204,9 @@ def _unused_parameter():
     rank = dist.get_rank()
     model = _WithUnused()
     ddp = DistributedDataParallel(model, bucket_bytes=160)  # weight + bias of one layer per bucket
+    # another mode's reduction as a tensor hook (as SP's TP all-reduce of a replicated weight would be): it runs
+    # before the gradient is accumulated, so the bucket gets its result (x3 stands for a sum over 3 replicas)
+    model.c.weight.register_hook(lambda g: 3 * g)
     x = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     with trace() as tr:
         model(x.chunk(2)[rank]).pow(2).sum().backward()
@@ -213,6 +216,7 @@ def _unused_parameter():
 
 
 def test_a_bucket_with_an_unused_parameter_is_reduced_at_the_end_and_order_is_kept():
+    """Also: a gradient hook another mode put on a parameter has run before its bucket is reduced."""
     results = launch(_unused_parameter, 2)
     tags0, keys, _ = results[0]
     assert len(keys) == 4
@@ -226,4 +230,5 @@ def test_a_bucket_with_an_unused_parameter_is_reduced_at_the_end_and_order_is_ke
             if n.startswith("unused"):
                 assert grads[n] is None
             else:
-                torch.testing.assert_close(grads[n], p.grad, rtol=1e-10, atol=1e-12)
+                expected = 3 * p.grad if n == "c.weight" else p.grad
+                torch.testing.assert_close(grads[n], expected, rtol=1e-10, atol=1e-12)
