@@ -264,3 +264,56 @@ def test_uneven_all_gather_and_reduce_scatter_are_conjugate_with_ring_byte_count
                 (rs[0], "backward", *rs[1:]),
             ]
         )
+
+
+def _async_collectives():
+    from pylib.dist import tag
+
+    rank = dist.get_rank()
+    a = torch.arange(8, dtype=torch.float64) + 10 * rank
+    b, c = a.clone(), a.clone()
+    with trace() as tr, tag("bucket"):
+        w_sum = C.all_reduce_async(a, phase="backward")
+        w_avg = C.all_reduce_async(b, op="avg", phase="backward")
+        w_rs = C.reduce_scatter_async(c, phase="backward", tag="rs")
+        busy = torch.randn(64, 64, dtype=torch.float64)  # this rank computes while the three are in flight
+        for _ in range(8):
+            busy = torch.tanh(busy @ busy)
+        got = (w_sum.wait(), w_avg.wait(), w_rs.wait())
+    sync = C.all_reduce_(torch.arange(8, dtype=torch.float64) + 10 * rank)  # the blocking op, same input
+    rows = [(e.op, e.phase, e.tag, e.payload_bytes, e.bytes_sent, e.extra.get("is_async")) for e in tr.events]
+    times = [(w.t_launch, w.t_done, e.t_start, e.t_end) for w, e in zip((w_sum, w_avg, w_rs), tr.events)]
+    return got, sync, rows, times, w_sum.is_completed()
+
+
+def test_async_all_reduce_and_reduce_scatter_match_the_blocking_ops_and_are_traced_at_launch():
+    results = launch(_async_collectives, N)
+    full = sum(torch.arange(8, dtype=torch.float64) + 10 * r for r in range(N))  # sum over ranks, built here
+    for rank, ((s, avg, rs), sync, rows, times, completed) in enumerate(results):
+        torch.testing.assert_close(s, full, rtol=0, atol=0)
+        torch.testing.assert_close(sync, full, rtol=0, atol=0)
+        torch.testing.assert_close(avg, full / N, rtol=0, atol=1e-12)
+        torch.testing.assert_close(rs, full.chunk(N)[rank], rtol=0, atol=0)
+        assert rows == [
+            ("all_reduce", "backward", "bucket", 64, 2 * 3 * 64 // 4, True),
+            ("all_reduce", "backward", "bucket", 64, 2 * 3 * 64 // 4, True),
+            ("reduce_scatter", "backward", "rs", 64, 3 * 64 // 4, True),
+        ]
+        for t_launch, t_done, t_start, t_end in times:
+            # the trace keeps the launch and the backend's completion, which the wait has seen by now
+            assert t_start == t_launch and t_end == t_done and t_done >= t_launch
+        assert completed
+
+
+def test_async_ops_on_a_group_of_one_rank_return_the_tensor_at_once():
+    def fn():
+        from pylib.dist import Mesh, ParallelConfig
+
+        mesh = Mesh(ParallelConfig(tp=1, dp=2))
+        x = torch.ones(4)
+        with trace() as tr:
+            w = C.all_reduce_async(x, mesh.tp, op="avg")
+            r = C.reduce_scatter_async(x, 0, mesh.tp)
+        return w.is_completed(), w.wait() is x, r.wait() is x, len(tr.events)
+
+    assert launch(fn, 2) == [(True, True, True, 0)] * 2

@@ -28,7 +28,8 @@ gradient is then already identical everywhere), all_gather when each rank's comp
 
 Raw (non-autograd) ops for gradients and point-to-point: `all_reduce_`, `all_gather_tensor`,
 `reduce_scatter_tensor`, `all_gather_rows`, `reduce_scatter_rows`, `send`, `recv`, `isend`, `irecv`,
-`batch_isend_irecv`.
+`batch_isend_irecv`; asynchronous `all_reduce_async` and `reduce_scatter_async` return a `CollectiveWork` to wait
+on (DDP's gradient buckets overlap with backward).
 
 `group` is an `AxisGroup` from `Mesh` or None for the whole world. A group of one rank is the identity and
 records nothing. pylib never calls torch.distributed collectives anywhere else, so the tracer sees everything.
@@ -37,6 +38,7 @@ records nothing. pylib never calls torch.distributed collectives anywhere else, 
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 import torch.distributed as dist
@@ -172,8 +174,9 @@ def all_to_all_tensor(t, scatter_dim: int, gather_dim: int, group=None, *, phase
     out = torch.cat(recv.unbind(0), dim=gather_dim)
     s = _nbytes(t)
     moved = (g.size - 1) * s // g.size
-    _record("all_to_all", g, s, moved, moved, [t], t0, phase=phase, tag=tag, scatter_dim=scatter_dim,
-            gather_dim=gather_dim)
+    _record(
+        "all_to_all", g, s, moved, moved, [t], t0, phase=phase, tag=tag, scatter_dim=scatter_dim, gather_dim=gather_dim
+    )
     return out
 
 
@@ -183,7 +186,9 @@ def all_to_all_rows(t, output_splits, input_splits, group=None, *, phase=None, t
     g = resolve_group(group)
     input_splits, output_splits = [int(v) for v in input_splits], [int(v) for v in output_splits]
     if len(input_splits) != g.size or len(output_splits) != g.size:
-        raise ValueError(f"all-to-all needs {g.size} split sizes, got {len(input_splits)} in / {len(output_splits)} out")
+        raise ValueError(
+            f"all-to-all needs {g.size} split sizes, got {len(input_splits)} in / {len(output_splits)} out"
+        )
     if sum(input_splits) != t.shape[0]:
         raise ValueError(f"input split sizes {input_splits} sum to {sum(input_splits)}, tensor has {t.shape[0]} rows")
     if g.size == 1:
@@ -196,8 +201,19 @@ def all_to_all_rows(t, output_splits, input_splits, group=None, *, phase=None, t
     me = g.rank
     sent = row * (sum(input_splits) - input_splits[me])
     recv = row * (sum(output_splits) - output_splits[me])
-    _record("all_to_all", g, _nbytes(t_c), sent, recv, [t], t0, phase=phase, tag=tag, input_splits=input_splits,
-            output_splits=output_splits)
+    _record(
+        "all_to_all",
+        g,
+        _nbytes(t_c),
+        sent,
+        recv,
+        [t],
+        t0,
+        phase=phase,
+        tag=tag,
+        input_splits=input_splits,
+        output_splits=output_splits,
+    )
     return out
 
 
@@ -302,8 +318,16 @@ class P2PWork:
 
 def _post(kind: str, t: torch.Tensor, peer: int, g: AxisGroup, phase, tag, work):
     ev = _record(
-        kind, g, _nbytes(t), _nbytes(t) if kind == "send" else 0, _nbytes(t) if kind == "recv" else 0, [t],
-        tracer.now(), peer=g.global_of(peer), phase=phase, tag=tag,
+        kind,
+        g,
+        _nbytes(t),
+        _nbytes(t) if kind == "send" else 0,
+        _nbytes(t) if kind == "recv" else 0,
+        [t],
+        tracer.now(),
+        peer=g.global_of(peer),
+        phase=phase,
+        tag=tag,
     )
     return P2PWork(work, ev, t)
 
@@ -332,6 +356,92 @@ def batch_isend_irecv(ops, group=None, *, phase=None, tag=None) -> list[P2PWork]
     if len(works) != len(p2p):  # some backends return one work for the whole batch
         works = [works[0]] + [None] * (len(p2p) - 1) if works else [None] * len(p2p)
     return [_post(kind, t, peer, g, phase, tag, w) for (kind, t, peer), w in zip(ops, works)]
+
+
+# --------------------------------------------------------------------------------------------------- async ops
+
+
+class CollectiveWork:
+    """A collective launched with `async_op=True`: the backend moves the data on its own thread while this rank
+    keeps computing (the overlap that DDP's gradient buckets rely on).
+
+    `wait()` blocks until the data has arrived, runs the local epilogue (e.g. the division of an average) and
+    returns the result. `t_launch` is when it was issued, `t_done` when the backend reported completion (its
+    future's callback; the wait itself when the backend offers none). The trace record gets the same two times,
+    so a timeline drawn from the trace shows when the bytes really moved, not when somebody waited for them."""
+
+    def __init__(self, work, event, result, epilogue=None, t_launch=None):
+        self._work, self.event, self._result, self._epilogue = work, event, result, epilogue
+        self.t_launch = tracer.now() if t_launch is None else t_launch
+        self.t_done = None if work is not None else self.t_launch
+        self._lock = threading.Lock()
+        if work is not None:
+            try:
+                work.get_future().add_done_callback(lambda _: self._mark_done())
+            except (AttributeError, RuntimeError):  # a backend without futures: completion is seen at wait()
+                pass
+
+    def _mark_done(self) -> None:
+        with self._lock:
+            if self.t_done is None:
+                self.t_done = tracer.now()
+                if self.event is not None:
+                    self.event.t_end = self.t_done
+
+    def is_completed(self) -> bool:
+        return self._work is None or self._work.is_completed()
+
+    def wait(self) -> torch.Tensor:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+            self._mark_done()
+            if self._epilogue is not None:
+                self._result = self._epilogue()
+                self._epilogue = None
+        return self._result
+
+
+def all_reduce_async(t: torch.Tensor, group=None, *, op: str = "sum", phase=None, tag=None) -> CollectiveWork:
+    """`all_reduce_` without blocking: returns a `CollectiveWork`; `wait()` returns `t` reduced in place.
+    Do not touch `t` until then. Payload S = bytes of t; moves 2(n-1)/n*S (recorded at launch)."""
+    g = resolve_group(group)
+    if g.size == 1:
+        return CollectiveWork(None, None, t)
+    if not t.is_contiguous():
+        raise ValueError(f"all_reduce_async works in place and needs a contiguous tensor (shape {tuple(t.shape)})")
+    if op not in ("sum", "avg", "max"):
+        raise ValueError(f"all_reduce_async: op={op!r} must be 'sum', 'avg' or 'max'")
+    t0 = tracer.now()
+    reduce_op = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM  # avg = sum, then divide after the wait
+    work = dist.all_reduce(t, op=reduce_op, group=g.pg, async_op=True)
+    s = _nbytes(t)
+    moved = 2 * (g.size - 1) * s // g.size
+    ev = _record("all_reduce", g, s, moved, moved, [t], t0, phase=phase, tag=tag, reduce_op=op, is_async=True)
+    epilogue = (lambda: t.div_(g.size)) if op == "avg" else None
+    return CollectiveWork(work, ev, t, epilogue, t0)
+
+
+def reduce_scatter_async(t: torch.Tensor, dim: int = 0, group=None, *, phase=None, tag=None) -> CollectiveWork:
+    """`reduce_scatter_tensor` without blocking: `wait()` returns this rank's chunk of `dim` of the group's sum.
+    Do not touch `t` until then. Payload S = input bytes; moves (n-1)/n*S (recorded at launch)."""
+    g = resolve_group(group)
+    if g.size == 1:
+        return CollectiveWork(None, None, t)
+    _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
+    t0 = tracer.now()
+    if dim == 0 and t.is_contiguous():
+        stacked = t.view(g.size, -1)  # chunk j of dim 0 is row j already: no copy
+        chunk_shape = (t.shape[0] // g.size, *t.shape[1:])
+    else:
+        stacked = torch.stack(t.chunk(g.size, dim=dim)).contiguous()  # [n, ...]: chunk j goes to member j
+        chunk_shape = stacked.shape[1:]
+    out = torch.empty(chunk_shape, dtype=t.dtype, device=t.device)
+    work = dist.reduce_scatter_single(out.view(-1), stacked.reshape(-1), group=g.pg, async_op=True)
+    s = _nbytes(t)
+    moved = (g.size - 1) * s // g.size
+    ev = _record("reduce_scatter", g, s, moved, moved, [t], t0, phase=phase, tag=tag, dim=dim, is_async=True)
+    return CollectiveWork(work, ev, out, None, t0)
 
 
 # --------------------------------------------------------------------------------------------------- autograd ops

@@ -1,0 +1,119 @@
+"""Data parallelism on paper: bytes each rank sends per step, and model-state bytes each rank holds.
+
+Symbols: d = data-parallel group size; Phi = number of parameter elements; e = bytes per element; Psi = Phi * e,
+the parameter bytes. ZeRO splits flat buffers into d equal slices, so it works on Phi_pad >= Phi (each buffer
+padded to a multiple of d; `pylib.dp.layout` says exactly how much) and moves Psi_pad = Phi_pad * e.
+
+Traffic per rank per step (ring algorithms, the tracer's convention; ZeRO paper section 7):
+
+    DDP      all-reduce of the gradients                   2(d-1)/d * Psi
+    ZeRO-1   reduce-scatter of the gradients                (d-1)/d * Psi_pad
+             + all-gather of the updated parameters         (d-1)/d * Psi_pad      = 2(d-1)/d * Psi_pad
+    ZeRO-2   the same as ZeRO-1                                                    = 2(d-1)/d * Psi_pad
+    ZeRO-3   all-gather before each forward                 (d-1)/d * Psi_pad
+             + all-gather again before its backward         (d-1)/d * Psi_pad
+             + reduce-scatter of its gradient               (d-1)/d * Psi_pad      = 3(d-1)/d * Psi_pad
+
+Memory per rank. The ZeRO paper counts mixed-precision Adam: fp16 parameters (2 bytes) and gradients (2 bytes),
+and K = 12 bytes of optimizer state per parameter (fp32 master copy, momentum, variance):
+
+    paper     DDP (2 + 2 + K) Psi   ZeRO-1 2Psi + 2Psi + K Psi/d   ZeRO-2 2Psi + (2 + K) Psi/d   ZeRO-3 (2+2+K) Psi/d
+                                                                                          (Psi = parameter count)
+What pylib runs: one dtype throughout (float32, or float64 in the tests), no master copy, Adam's two moments:
+
+    ours      DDP  e Phi + e Phi + 2e Phi          ZeRO-1 e Phi_pad + e Phi_pad + 2e Phi_pad/d
+              ZeRO-2 e Phi_pad + (e + 2e) Phi_pad/d          ZeRO-3 (e + e + 2e) Phi_pad/d
+                                                   (+ while a unit runs, its full parameters: see zero3_peak)
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+STAGES = ("ddp", "zero1", "zero2", "zero3")
+PAPER_K = 12  # bytes of optimizer state per parameter in mixed-precision Adam (fp32 copy, momentum, variance)
+
+
+def _check(stage: str, d: int) -> None:
+    if stage not in STAGES:
+        raise ValueError(f"stage={stage!r} must be one of {STAGES}")
+    if d < 1:
+        raise ValueError(f"d={d} must be >= 1")
+
+
+def _exact(x: Fraction):
+    return int(x) if x.denominator == 1 else float(x)
+
+
+def padded_numel(numel: int, d: int) -> int:
+    """The smallest multiple of d that is >= numel (a flat buffer that splits into d equal slices)."""
+    return -(-numel // d) * d
+
+
+def traffic_by_op(psi_bytes: int, d: int, stage: str) -> dict[str, int | float]:
+    """Bytes one rank sends per training step, by collective. `psi_bytes` is Psi for DDP and Psi_pad for ZeRO."""
+    _check(stage, d)
+    one = Fraction(d - 1, d) * psi_bytes  # one all-gather or one reduce-scatter of every parameter
+    if stage == "ddp":
+        return {"all_reduce": _exact(2 * one)}
+    if stage in ("zero1", "zero2"):
+        return {"reduce_scatter": _exact(one), "all_gather": _exact(one)}
+    return {"all_gather": _exact(2 * one), "reduce_scatter": _exact(one)}
+
+
+def traffic_per_step(psi_bytes: int, d: int, stage: str) -> int | float:
+    """Total bytes one rank sends per step: 2(d-1)/d Psi (DDP, ZeRO-1, ZeRO-2) or 3(d-1)/d Psi (ZeRO-3)."""
+    return _exact(sum(Fraction(v) for v in traffic_by_op(psi_bytes, d, stage).values()))
+
+
+def held_bytes(
+    n_params: int, element_size: int, d: int, stage: str, *, padded_params: int | None = None, optimizer_states: int = 2
+) -> dict[str, int | float]:
+    """Parameter, gradient and optimizer-state bytes one rank holds in pylib's runs (one dtype, no master copy).
+
+    n_params: Phi; padded_params: Phi_pad, the elements of ZeRO's padded flat buffers (default Phi);
+    optimizer_states: tensors of state per parameter (Adam 2, SGD with momentum 1)."""
+    _check(stage, d)
+    e = element_size
+    full = n_params * e if stage == "ddp" else (n_params if padded_params is None else padded_params) * e
+    part = Fraction(full, d)
+    params = full if stage in ("ddp", "zero1", "zero2") else part
+    grads = full if stage in ("ddp", "zero1") else part
+    optim = optimizer_states * (full if stage == "ddp" else part)
+    return {"params": _exact(Fraction(params)), "grads": _exact(Fraction(grads)), "optim": _exact(Fraction(optim))}
+
+
+def paper_bytes(n_params: int, d: int, stage: str, *, k: int = PAPER_K) -> dict[str, int | float]:
+    """The ZeRO paper's per-rank bytes for mixed-precision Adam: 2 Psi parameters, 2 Psi gradients, K Psi state,
+    the parts each stage shards divided by d (Psi = parameter count)."""
+    _check(stage, d)
+    psi = Fraction(n_params)
+    params = 2 * psi if stage != "zero3" else 2 * psi / d
+    grads = 2 * psi if stage in ("ddp", "zero1") else 2 * psi / d
+    optim = k * psi if stage == "ddp" else k * psi / d
+    return {"params": _exact(params), "grads": _exact(grads), "optim": _exact(optim)}
+
+
+def zero3_peak_param_bytes(shard_bytes: int, unit_bytes: list[int], resident_units: int = 1) -> int:
+    """ZeRO-3's most parameter bytes resident at once: this rank's shards plus the `resident_units` largest units
+    gathered in full (1 when each unit is freed before the next gathers; backward can hand over with 2)."""
+    return shard_bytes + sum(sorted(unit_bytes, reverse=True)[:resident_units])
+
+
+def memory_rows(n_params: int, element_size: int, d: int, padded: dict[str, int] | None = None) -> list[dict]:
+    """For each stage, ours (`held_bytes`) beside the paper's (`paper_bytes`): one row per stage, for the book.
+    padded: Phi_pad per stage (from the real layouts), Phi where missing."""
+    rows = []
+    for stage in STAGES:
+        ours = held_bytes(n_params, element_size, d, stage, padded_params=(padded or {}).get(stage))
+        paper = paper_bytes(n_params, d, stage)
+        rows.append(
+            dict(
+                stage=stage,
+                **{f"ours_{k}": v for k, v in ours.items()},
+                ours_total=sum(ours.values()),
+                **{f"paper_{k}": v for k, v in paper.items()},
+                paper_total=sum(paper.values()),
+            )
+        )
+    return rows

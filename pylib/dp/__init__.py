@@ -1,0 +1,67 @@
+"""Data parallelism: bucketed DDP whose all-reduces overlap backward, and ZeRO stages 1, 2 and 3.
+
+    DistributedDataParallel(module, group=None, *, bucket_bytes=..., group_for=None)   .finish_gradient_sync()
+    ZeroDataParallel(module, stage=1|2, group=None, *, bucket_bytes=..., group_for=None, optimizer=Adam, **kw)
+    FullyShardedDataParallel(module, group=None, *, units=None, group_for=None, optimizer=Adam, **kw)   # ZeRO-3
+    wrap(module, "ddp" | "zero1" | "zero2" | "zero3", group, ...)   # any of them behind one training API
+
+`group` is the gradient-averaging group (Megatron's "dp-cp" when CP is on); `group_for(name, param)` overrides it
+per parameter (expert parameters over "edp"). Layouts of the flat buffers are data (`FlatLayout`), memory is
+measured (`HeldBytes`), overlap of communication with backward is measured (`OverlapReport`).
+"""
+
+# torch.optim imports torch._dynamo the first time an optimizer is built: seconds, in every process that does it.
+# Import it here, in the process that forks the ranks, so that each rank inherits it instead of paying again.
+import torch._dynamo  # noqa: F401
+
+from .buckets import DEFAULT_BUCKET_BYTES, Bucket, GradientBuckets
+from .ddp import DistributedDataParallel
+from .experiment import STAGES, DDPTrainer, micro_batch, train_data_parallel, train_reference, wrap
+from .fsdp import FullyShardedDataParallel, default_units
+from .groups import split_by_group
+from .layout import (
+    FlatEntry,
+    FlatLayout,
+    assemble,
+    join_shards,
+    layout_table,
+    padded_numel,
+    plan_buckets,
+    single_flat,
+    unflatten,
+)
+from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
+from .overlap import BucketTiming, OverlapReport, overlap_from_trace
+from .zero import ZeroDataParallel
+
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "STAGES",
+    "Bucket",
+    "BucketTiming",
+    "DDPTrainer",
+    "DistributedDataParallel",
+    "FlatEntry",
+    "FlatLayout",
+    "FullyShardedDataParallel",
+    "GradientBuckets",
+    "HeldBytes",
+    "OverlapReport",
+    "ZeroDataParallel",
+    "assemble",
+    "default_units",
+    "join_shards",
+    "layout_table",
+    "micro_batch",
+    "optimizer_state_tensors",
+    "overlap_from_trace",
+    "padded_numel",
+    "plan_buckets",
+    "single_flat",
+    "split_by_group",
+    "storage_bytes",
+    "train_data_parallel",
+    "train_reference",
+    "unflatten",
+    "wrap",
+]

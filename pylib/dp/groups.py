@@ -1,0 +1,52 @@
+"""Which gradient-reduction group each parameter belongs to.
+
+Plain data parallelism averages every gradient over one group. Composed with other modes it does not: in
+Megatron-Core dense parameters are averaged over the data-parallel group with CP folded in ("dp-cp"), expert
+parameters over the expert-data-parallel group ("edp"), and a parameter that TP replicates under SP needs an extra
+TP reduction (done by TP, not here). So every wrapper in `pylib.dp` takes a default `group` and an optional
+`group_for(name, param) -> group` that overrides it per parameter; parameters are then handled one reduction group
+(and one dtype) at a time.
+
+An extra reduction that another mode owns (SP's TP all-reduce of LayerNorm gradients) composes if it is a tensor
+hook on the parameter (`p.register_hook`): autograd runs those before accumulating the gradient, and the bucket
+hooks here (`register_post_accumulate_grad_hook`) after, so the buckets receive the already TP-reduced gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+
+from ..dist.collectives import resolve_group
+from ..dist.mesh import AxisGroup
+
+GroupFor = Callable[[str, nn.Parameter], object]
+
+
+def group_key(g: AxisGroup) -> tuple[str, tuple[int, ...]]:
+    return g.name, g.ranks
+
+
+def split_by_group(
+    named_params: list[tuple[str, nn.Parameter]], group=None, group_for: GroupFor | None = None
+) -> list[tuple[AxisGroup, torch.dtype, list[tuple[str, nn.Parameter]]]]:
+    """Partition parameters into (reduction group, dtype) sets, keeping the given order inside each set and
+    ordering the sets by first appearance. Parameters that do not require grad are left out (nothing to reduce)."""
+    default = resolve_group(group)
+    sets: dict[tuple, tuple[AxisGroup, torch.dtype, list]] = {}
+    for name, p in named_params:
+        if not p.requires_grad:
+            continue
+        g = default if group_for is None else group_for(name, p)
+        g = default if g is None else resolve_group(g)
+        key = (*group_key(g), p.dtype)
+        if key not in sets:
+            sets[key] = (g, p.dtype, [])
+        sets[key][2].append((name, p))
+    return list(sets.values())
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
