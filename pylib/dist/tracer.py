@@ -26,7 +26,6 @@ from the tensors and the group actually used. Ops on a group of one rank move no
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -121,12 +120,20 @@ class Tracer:
         return dict(out)
 
 
-_state = threading.local()
+class _State:
+    """Process-wide, not per thread: on CUDA the autograd engine runs backward on a device thread, and the
+    collectives issued there (every conjugate backward, DDP's bucket hooks) must reach the same tracers."""
+
+    def __init__(self):
+        self.tracers: list[Tracer] = []
+        self.tags: list[str] = []
+        self.phases: list[str] = []
+
+
+_state = _State()
 
 
 def _tracers() -> list[Tracer]:
-    if not hasattr(_state, "tracers"):
-        _state.tracers, _state.tags, _state.phases = [], [], []
     return _state.tracers
 
 
@@ -144,7 +151,6 @@ def trace():
 @contextlib.contextmanager
 def tag(name: str):
     """Name the ops issued inside the block; nested tags join with dots ("layers.0" + "mlp")."""
-    _tracers()
     _state.tags.append(name)
     try:
         yield
@@ -155,7 +161,6 @@ def tag(name: str):
 @contextlib.contextmanager
 def phase(name: str):
     """Label the ops issued inside the block with a phase other than forward/backward (e.g. "optimizer")."""
-    _tracers()
     _state.phases.append(name)
     try:
         yield
@@ -164,13 +169,11 @@ def phase(name: str):
 
 
 def current_tag() -> str:
-    _tracers()
     return ".".join(t for t in _state.tags if t)
 
 
 def current_phase() -> str:
     """An explicit `phase(...)` wins; otherwise "backward" inside the autograd engine, else "forward"."""
-    _tracers()
     if _state.phases:
         return _state.phases[-1]
     return "backward" if torch._C._current_graph_task_id() != -1 else "forward"

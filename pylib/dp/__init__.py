@@ -10,10 +10,6 @@ per parameter (expert parameters over "edp"). Layouts of the flat buffers are da
 measured (`HeldBytes`), overlap of communication with backward is measured (`OverlapReport`).
 """
 
-# torch.optim imports torch._dynamo the first time an optimizer is built: seconds, in every process that does it.
-# Import it here, in the process that forks the ranks, so that each rank inherits it instead of paying again.
-import torch._dynamo  # noqa: F401
-
 from .buckets import DEFAULT_BUCKET_BYTES, Bucket, GradientBuckets
 from .ddp import DistributedDataParallel
 from .experiment import STAGES, DDPTrainer, micro_batch, train_data_parallel, train_reference, wrap
