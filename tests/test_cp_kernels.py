@@ -150,18 +150,26 @@ def test_flash_backward_call_adapts_to_each_flash_attn_signature():
     ):
         pass
 
+    def v20(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale, causal, rng_state=None):
+        pass
+
     class CustomOp:  # flash-attn >= 2.6 wraps the function in a torch.library custom op
         _init_fn = staticmethod(v26)
 
         def __call__(self, *args, **kwargs):
             pass
 
-    for fn in (v25, v26, CustomOp()):
+    class Opaque:  # a signature that says nothing: the newest call is assumed
+        def __call__(self, *args, **kwargs):
+            pass
+
+    for fn in (v20, v25, v26, CustomOp()):
         kw = _flash_backward_kwargs(fn, 0.5, True)
         bound = inspect.signature(getattr(fn, "_init_fn", fn)).bind(*range(9), **kw)  # raises on a bad call
         assert bound.arguments["causal"] is True and bound.arguments["softmax_scale"] == 0.5
     assert _flash_backward_kwargs(v25, 0.5, True)["window_size"] == (-1, -1)
     assert _flash_backward_kwargs(v26, 0.5, False)["window_size_left"] == -1
+    assert _flash_backward_kwargs(Opaque(), 0.5, False) == _flash_backward_kwargs(v26, 0.5, False)
 
 
 def test_causal_block_must_be_square():

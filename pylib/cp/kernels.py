@@ -152,15 +152,17 @@ def _flash_backward_kwargs(fn, scale: float, causal: bool) -> dict:
     """Keyword arguments for the installed flash-attn's `_flash_attn_backward` (no dropout, no window)."""
     target = getattr(fn, "_init_fn", fn)  # flash-attn >= 2.6 wraps it in a torch.library custom op
     try:
-        params = set(inspect.signature(target).parameters)
+        sig = inspect.signature(target).parameters
+        readable = not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.values())
+        params = set(sig)
     except (TypeError, ValueError):
-        params = set()
-    if not params & {"window_size", "window_size_left"}:  # unreadable: assume the newest (2.6+) signature
+        readable = False
+    if not readable:  # assume the newest (2.6+) signature
         params = {"window_size_left", "softcap", "alibi_slopes", "deterministic", "rng_state"}
     kw = dict(dropout_p=0.0, softmax_scale=scale, causal=causal)
     if "window_size_left" in params:
         kw.update(window_size_left=-1, window_size_right=-1)
-    else:
+    elif "window_size" in params:
         kw["window_size"] = (-1, -1)
     optional = dict(softcap=0.0, alibi_slopes=None, deterministic=False, rng_state=None)
     kw.update({k: v for k, v in optional.items() if k in params})
