@@ -189,3 +189,32 @@ def test_ring_attention_runs_without_launch_as_a_group_of_one():
     q, k, v, _ = _full("gqa")
     out = ring_attention(q, k, v, causal=True)
     torch.testing.assert_close(out, attention_core(q, k, v, causal=True), rtol=0, atol=1e-13)
+
+
+def _rank_mesh(full, w):
+    from pylib.cp import ulysses_attention
+    from pylib.dist import Mesh, ParallelConfig
+
+    mesh = Mesh(ParallelConfig(tp=2, cp=2))  # cp groups are {0, 2} and {1, 3}: global ranks != cp ranks
+    g = mesh.cp
+    results = []
+    for fn in (ring_attention, ulysses_attention):
+        q, k, v = (shard_sequence(x, 2, g.rank, g.size, "zigzag").requires_grad_() for x in full)
+        with trace() as tr:
+            out = fn(q, k, v, group=g, causal=True)
+            (out * shard_sequence(w, 2, g.rank, g.size, "zigzag")).sum().backward()
+        results.append((out.detach(), q.grad, k.grad, v.grad))
+        assert all(e.group == g.ranks and e.axis == "cp" for e in tr.events)
+    return g.ranks, results
+
+
+def test_ring_and_ulysses_run_over_a_cp_subgroup_of_a_mesh():
+    q, k, v, w = _full("gqa")
+    expected = _reference(q, k, v, w, True)
+    per_rank = launch(_rank_mesh, 4, (q, k, v), w)
+    for members in ([0, 2], [1, 3]):
+        assert all(per_rank[m][0] == tuple(members) for m in members)
+        for kind in range(2):
+            for j in range(4):
+                got = unshard_sequence([per_rank[m][1][kind][j] for m in members], 2, "zigzag")
+                torch.testing.assert_close(got, expected[j], rtol=0, atol=1e-12)

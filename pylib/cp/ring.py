@@ -246,7 +246,7 @@ class RingAttention(torch.autograd.Function):
                 _rows(block[0], cols).add_(dk_b)
                 _rows(block[1], cols).add_(dv_b)
             compute = tracer.now() - t0
-            if dkv_pending is not None or dkv_incoming is not None:  # the accumulator of this same block
+            if step > 0:  # add the accumulator of this same block, arriving from the previous rank
                 waited += _wait(dkv_pending)
                 block += dkv_incoming
             dkv = block
