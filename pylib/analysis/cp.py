@@ -1,0 +1,138 @@
+"""Context parallelism as formulas: traffic per rank for ring attention and Ulysses, and causal work per rank.
+
+Symbols: b batch, s sequence length (whole), n_head, n_kv_head, d_head, cp the context-parallel size, B bytes per
+element. Each rank holds s/cp tokens. The tests check every formula against the tracer and the ring's own work
+records on real runs; the book evaluates them at real sizes.
+"""
+
+from __future__ import annotations
+
+
+def _local(seq_len: int, cp: int) -> int:
+    if cp < 1 or seq_len % cp:
+        raise ValueError(f"cp={cp} does not divide s={seq_len}")
+    return seq_len // cp
+
+
+# --------------------------------------------------------------------------------------------------- ring
+
+
+def ring_kv_message_bytes(batch: int, seq_len: int, n_kv_head: int, d_head: int, cp: int, bytes_per_elem: int) -> int:
+    """One ring transfer: K and V of one rank's shard, 2 * b * n_kv_head * (s/cp) * d_head * B bytes."""
+    return 2 * batch * n_kv_head * _local(seq_len, cp) * d_head * bytes_per_elem
+
+
+def ring_traffic(
+    batch: int,
+    seq_len: int,
+    n_kv_head: int,
+    d_head: int,
+    cp: int,
+    bytes_per_elem: int,
+    grad_bytes_per_elem: int | None = None,
+) -> dict:
+    """Per-rank point-to-point traffic of one ring-attention call.
+
+    Forward: cp-1 K/V transfers (each rank sends as many as it receives). Backward: the K/V blocks go round
+    again (cp-1 transfers) and the dK/dV accumulators make a full circle (cp transfers: cp-1 while gathering
+    contributions, one last hop home), in the accumulation dtype (`grad_bytes_per_elem`, default float32's 4
+    for half inputs, else `bytes_per_elem`)."""
+    if grad_bytes_per_elem is None:
+        grad_bytes_per_elem = max(bytes_per_elem, 4)
+    kv = ring_kv_message_bytes(batch, seq_len, n_kv_head, d_head, cp, bytes_per_elem)
+    dkv = ring_kv_message_bytes(batch, seq_len, n_kv_head, d_head, cp, grad_bytes_per_elem)
+    fwd_n = cp - 1
+    dkv_n = cp if cp > 1 else 0
+    return dict(
+        forward_kv_transfers=fwd_n,
+        kv_message_bytes=kv,
+        forward_bytes_sent=fwd_n * kv,
+        backward_kv_transfers=fwd_n,
+        backward_dkv_transfers=dkv_n,
+        dkv_message_bytes=dkv,
+        backward_bytes_sent=fwd_n * kv + dkv_n * dkv,
+    )
+
+
+# --------------------------------------------------------------------------------------------------- Ulysses
+
+
+def ulysses_traffic(
+    batch: int, seq_len: int, n_head: int, n_kv_head: int, d_head: int, cp: int, bytes_per_elem: int
+) -> dict:
+    """Per-rank all-to-all traffic of one Ulysses call.
+
+    Forward: q, k, v in (scatter heads, gather sequence) and out back; each all-to-all keeps 1/cp of its input
+    local and sends (cp-1)/cp of it. The local tensors are q and out [b, n_head, s/cp, d_head] (out after
+    attention is [b, n_head/cp, s, d_head], the same size) and k, v [b, n_kv_head, s/cp, d_head]. Backward moves
+    the same four sizes back (dout in; dq, dk, dv out)."""
+    n = _local(seq_len, cp)
+    q = batch * n_head * n * d_head * bytes_per_elem
+    kv = batch * n_kv_head * n * d_head * bytes_per_elem
+    sent = {name: (cp - 1) * size // cp for name, size in (("q", q), ("k", kv), ("v", kv), ("out", q))}
+    total = sum(sent.values())
+    return dict(
+        all_to_alls_forward=4 if cp > 1 else 0,
+        all_to_alls_backward=4 if cp > 1 else 0,
+        local_bytes=dict(q=q, k=kv, v=kv, out=q),
+        sent_bytes=sent,
+        forward_bytes_sent=total if cp > 1 else 0,
+        backward_bytes_sent=total if cp > 1 else 0,
+    )
+
+
+# --------------------------------------------------------------------------------------------------- causal work
+
+
+def causal_work_per_rank(seq_len: int, cp: int, layout: str) -> list[int]:
+    """Score entries left unmasked by the causal mask in each rank's rows (per batch row and head).
+
+    Token i attends i+1 keys. contiguous: rank r holds tokens [r n, (r+1) n), n = s/cp, so
+    sum_{i} (i+1) = r n^2 + n(n+1)/2 -- linear in r. zigzag: rank r holds chunks r and 2cp-1-r of c = s/(2cp)
+    tokens; the two chunks' costs add to c (2 cp c + 1) -- the same for every r."""
+    if layout == "contiguous":
+        n = _local(seq_len, cp)
+        return [r * n * n + n * (n + 1) // 2 for r in range(cp)]
+    if layout == "zigzag":
+        if seq_len % (2 * cp):
+            raise ValueError(f"zigzag needs 2*cp={2 * cp} to divide s={seq_len}")
+        c = seq_len // (2 * cp)
+
+        def chunk(i):  # sum over tokens i*c .. (i+1)*c - 1 of (token + 1)
+            return c * (2 * i * c + c + 1) // 2
+
+        return [chunk(r) + chunk(2 * cp - 1 - r) for r in range(cp)]
+    raise ValueError(f"layout={layout!r} must be 'contiguous' or 'zigzag'")
+
+
+def ring_work_per_rank(seq_len: int, cp: int, layout: str, causal: bool = True, what: str = "computed") -> list[int]:
+    """Score entries each rank's ring evaluates (per batch row and head), from the block schedule.
+
+    what="computed": what a dense block kernel evaluates (a causal diagonal block counts whole);
+    what="unmasked": only the entries that count (equals `causal_work_per_rank` when causal).
+    Non-causal: cp full blocks of n^2 (n = s/cp). Causal contiguous: the diagonal block plus r full blocks from
+    earlier ranks (later ranks' blocks are skipped). Causal zigzag: the diagonal block plus cp-1 half blocks."""
+    n = _local(seq_len, cp)
+    if what not in ("computed", "unmasked"):
+        raise ValueError(f"what={what!r} must be 'computed' or 'unmasked'")
+    diag = n * n if what == "computed" else n * (n + 1) // 2
+    if not causal:
+        return [cp * n * n] * cp
+    if layout == "contiguous":
+        return [diag + r * n * n for r in range(cp)]
+    if layout == "zigzag":
+        if n % 2:
+            raise ValueError(f"zigzag needs 2*cp={2 * cp} to divide s={seq_len}")
+        return [diag + (cp - 1) * n * n // 2] * cp
+    raise ValueError(f"layout={layout!r} must be 'contiguous' or 'zigzag'")
+
+
+def balance_ratio(work) -> float:
+    """max / min of per-rank work: 1.0 is perfect balance; the slowest rank sets the step time."""
+    work = list(work)
+    return max(work) / min(work)
+
+
+def attention_flops(score_entries: int, d_head: int) -> int:
+    """Forward FLOPs for that many score entries: q.k and p.v, one multiply-add (2 FLOPs) per d_head each."""
+    return 4 * d_head * score_entries

@@ -1,0 +1,80 @@
+"""Context parallelism: every activation split along the sequence over the cp group; attention made whole again
+by ring attention (K/V blocks passed around a ring, merged with the log-sum-exp) or by Ulysses (all-to-all from
+sequence-sharded to head-sharded and back).
+
+    shard_sequence(x, dim, cp_rank, cp_size, layout="zigzag")       # this rank's part of x along dim
+    unshard_sequence(parts, dim, layout="zigzag")                   # every rank's part -> original order
+    sequence_positions(seq_len, cp_rank, cp_size, layout="zigzag")  # global token positions of a rank's rows
+    ring_attention(q, k, v, *, group=None, causal=False, layout="zigzag", softmax_scale=None)
+    ulysses_attention(q, k, v, *, group=None, causal=False, layout="zigzag", softmax_scale=None)
+        q [b, n_head, s/cp, d_head]; k, v [b, n_kv_head, s/cp, d_head] -> out [b, n_head, s/cp, d_head]
+    CPAttentionCore(group, layout=, kind="ring"|"ulysses", causal=)  # core(q, k, v, positions)
+    CPAttention.from_full(attn, group=, layout=, kind=); cp_block(block, ...); CPTransformer.from_full(model, ...)
+    ring_rounds(events_by_rank)                                     # seed A's round table from the trace
+
+Files: layout.py (the shardings), kernels.py (the block kernel: torch, flash-attn), merge.py (the LSE merge),
+ring.py, ulysses.py, layer.py (drop-in modules), rounds.py, pitfalls.py.
+"""
+
+from .kernels import (
+    FlashKernel,
+    TorchKernel,
+    block_attention,
+    block_attention_backward,
+    choose_kernel,
+    flash_available,
+    kernel_attention,
+    select_kernel,
+)
+from .layer import CPAttention, CPAttentionCore, CPTransformer, cp_block
+from .layout import (
+    LAYOUTS,
+    check_sequence,
+    layout_chunks,
+    layout_order,
+    sequence_positions,
+    sequence_shard_spec,
+    shard_sequence,
+    unshard_sequence,
+)
+from .merge import merge_all, merge_block
+from .pitfalls import merge_precision_drift
+from .ring import BlockPlan, RingAttention, RingStats, RingStep, ring_attention, ring_block_plan
+from .rounds import format_round_table, ring_rounds
+from .ulysses import check_heads, ulysses_attention
+
+__all__ = [
+    "LAYOUTS",
+    "BlockPlan",
+    "CPAttention",
+    "CPAttentionCore",
+    "CPTransformer",
+    "FlashKernel",
+    "RingAttention",
+    "RingStats",
+    "RingStep",
+    "TorchKernel",
+    "block_attention",
+    "block_attention_backward",
+    "check_heads",
+    "check_sequence",
+    "choose_kernel",
+    "cp_block",
+    "flash_available",
+    "format_round_table",
+    "kernel_attention",
+    "layout_chunks",
+    "layout_order",
+    "merge_all",
+    "merge_block",
+    "merge_precision_drift",
+    "ring_attention",
+    "ring_block_plan",
+    "ring_rounds",
+    "select_kernel",
+    "sequence_positions",
+    "sequence_shard_spec",
+    "shard_sequence",
+    "ulysses_attention",
+    "unshard_sequence",
+]

@@ -1,0 +1,108 @@
+"""How context parallelism lays a sequence out over the cp ranks: contiguous, or the load-balanced zig-zag.
+
+    contiguous   the sequence cut into cp chunks; rank r holds chunk r
+    zigzag       the sequence cut into 2*cp chunks; rank r holds chunks r and 2*cp-1-r (in that order)
+
+    s = 16, cp = 4              chunk:  0  1  2  3  4  5  6  7
+      contiguous  rank:                 0  0  1  1  2  2  3  3
+      zigzag      rank:                 0  1  2  3  3  2  1  0
+
+Under a causal mask the token at position i attends to i+1 keys, so later tokens cost more. Contiguous gives the
+last rank the most expensive tokens; zig-zag pairs an early (cheap) chunk with a late (dear) one so every rank
+does the same work (`pylib.analysis.cp.causal_work_per_rank`).
+
+Every activation of a CP layer is [b, s/cp, h] on each rank, its rows being this rank's chunks in this order;
+`sequence_positions` gives their global token indices (RoPE and causal masks need them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pylib.dist.sharding import ShardSpec
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} must be one of {LAYOUTS}")
+
+
+def n_chunks(cp_size: int, layout: str) -> int:
+    """How many equal chunks the sequence is cut into: cp (contiguous) or 2*cp (zigzag)."""
+    check_layout(layout)
+    return cp_size if layout == "contiguous" else 2 * cp_size
+
+
+def check_sequence(seq_len: int, cp_size: int, layout: str) -> None:
+    """Raise when `seq_len` cannot be cut into the layout's equal chunks, naming the numbers."""
+    check_layout(layout)
+    if cp_size < 1:
+        raise ValueError(f"cp={cp_size} must be >= 1")
+    parts = n_chunks(cp_size, layout)
+    if seq_len % parts:
+        what = f"2*cp={parts} chunks" if layout == "zigzag" else f"cp={cp_size} chunks"
+        raise ValueError(
+            f"{layout} layout cuts the sequence into {what}: sequence length s={seq_len} is not divisible by {parts}"
+        )
+
+
+def layout_chunks(cp_rank: int, cp_size: int, layout: str = "zigzag") -> tuple[int, ...]:
+    """Indices of the chunks rank `cp_rank` holds, in the order it stores them."""
+    if not 0 <= cp_rank < cp_size:
+        raise ValueError(f"cp_rank={cp_rank} is outside 0..{cp_size - 1}")
+    check_layout(layout)
+    return (cp_rank,) if layout == "contiguous" else (cp_rank, 2 * cp_size - 1 - cp_rank)
+
+
+def sequence_positions(seq_len: int, cp_rank: int, cp_size: int, layout: str = "zigzag", device=None) -> torch.Tensor:
+    """Global token positions [s/cp] (int64) of the rows rank `cp_rank` holds, in its storage order."""
+    check_sequence(seq_len, cp_size, layout)
+    c = seq_len // n_chunks(cp_size, layout)
+    return torch.cat([torch.arange(i * c, (i + 1) * c, device=device) for i in layout_chunks(cp_rank, cp_size, layout)])
+
+
+def layout_order(seq_len: int, cp_size: int, layout: str = "zigzag", device=None) -> torch.Tensor:
+    """Positions [s] of the sequence as the ranks' shards concatenate in rank order (what an all-gather over the
+    cp group, or Ulysses' all-to-all, produces)."""
+    return torch.cat([sequence_positions(seq_len, r, cp_size, layout, device) for r in range(cp_size)])
+
+
+def shard_sequence(x: torch.Tensor, dim: int, cp_rank: int, cp_size: int, layout: str = "zigzag") -> torch.Tensor:
+    """This rank's part of `x` along `dim` (the sequence dimension): [.., s, ..] -> [.., s/cp, ..].
+
+    Autograd flows through it. Shard every per-token tensor the same way (ids, targets, positions, hidden states);
+    next-token targets must be formed *before* sharding, since under zig-zag a chunk's successor lives elsewhere."""
+    check_sequence(x.shape[dim], cp_size, layout)
+    chunks = x.chunk(n_chunks(cp_size, layout), dim=dim)
+    return torch.cat([chunks[i] for i in layout_chunks(cp_rank, cp_size, layout)], dim=dim)
+
+
+def unshard_sequence(parts, dim: int, layout: str = "zigzag") -> torch.Tensor:
+    """Every rank's part (a list in cp-rank order) -> the full tensor in the original token order."""
+    parts = list(parts)
+    cp_size = len(parts)
+    if cp_size == 0:
+        raise ValueError("unshard_sequence needs at least one part")
+    check_layout(layout)
+    if layout == "contiguous":
+        return torch.cat(parts, dim=dim)
+    for r, p in enumerate(parts):
+        if p.shape[dim] % 2:
+            raise ValueError(f"zigzag parts hold two equal chunks: rank {r}'s part has odd length {p.shape[dim]}")
+    halves = [p.chunk(2, dim=dim) for p in parts]
+    ordered = [h[0] for h in halves] + [h[1] for h in reversed(halves)]
+    return torch.cat(ordered, dim=dim)
+
+
+def sequence_shard_spec(name: str, full_shape, dim: int, cp_rank: int, cp_size: int, layout: str = "zigzag"):
+    """A `ShardSpec` saying that activation `name` is split along its sequence dimension over the cp axis."""
+    full_shape = tuple(full_shape)
+    check_sequence(full_shape[dim], cp_size, layout)
+    local = list(full_shape)
+    local[dim] //= cp_size
+    chunks = layout_chunks(cp_rank, cp_size, layout)
+    held = ", ".join(map(str, chunks))
+    note = f"rank {cp_rank} holds chunk{'s' if len(chunks) > 1 else ''} {held} of {n_chunks(cp_size, layout)}"
+    return ShardSpec(name, "cp", dim, f"sequence-{layout}", full_shape, tuple(local), note)

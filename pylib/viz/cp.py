@@ -1,0 +1,130 @@
+"""Figures for the context-parallelism chapter, drawn from real runs.
+
+    ring_rounds_figure(rows)              seed A's round table as a picture (rows from pylib.cp.ring_rounds)
+    zigzag_balance_figure(work)           measured per-rank attention work, contiguous vs zig-zag
+    causal_ownership_figure(seq_len, cp)  the causal score matrix coloured by the rank that computes each row
+
+Readable on light and dark pages: transparent background, mid-tone fills, grey text and lines.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import ListedColormap
+
+INK = "#8a8a8a"  # grey: legible on white and on near-black
+PALETTE = ["#4c8bd6", "#e0803a", "#4aa96c", "#c9544d", "#9370c9", "#b08a4a", "#d16fb0", "#5fb3b3"]
+CELL_TEXT = "#1e1e1e"  # on the mid-tone fills, which are opaque in either theme
+
+
+def _style(ax):
+    ax.set_facecolor("none")
+    for spine in ax.spines.values():
+        spine.set_color(INK)
+    ax.tick_params(colors=INK)
+    ax.xaxis.label.set_color(INK)
+    ax.yaxis.label.set_color(INK)
+    ax.title.set_color(INK)
+
+
+def _figure(*args, **kw):
+    fig, axes = plt.subplots(*args, **kw)
+    fig.patch.set_alpha(0.0)
+    return fig, axes
+
+
+def ring_rounds_figure(rows, *, title: str = "Ring attention: the K/V block each rank holds, round by round"):
+    """A grid: one row per round, one column per rank; each cell is the K/V block that rank attends to, coloured
+    by the block's owner, with arrows for the transfers between rounds (who received from whom)."""
+    n = len(rows[0]["holds"])
+    fig, ax = _figure(figsize=(1.6 * n + 1.4, 0.9 * len(rows) + 1.0))
+    _style(ax)
+    for i, row in enumerate(rows):
+        y = -i
+        for r, block in enumerate(row["holds"]):
+            ax.add_patch(plt.Rectangle((r - 0.38, y - 0.3), 0.76, 0.6, color=PALETTE[block % len(PALETTE)], zorder=2))
+            ax.text(r, y, f"K{block}V{block}", ha="center", va="center", color=CELL_TEXT, fontsize=10, zorder=3)
+        if row["recv_from"] is not None:
+            for r, src in enumerate(row["recv_from"]):
+                start = (src, y + 1 - 0.32)
+                end = (r, y + 0.32)
+                if src == n - 1 and r == 0 and n > 2:  # the wrap-around hop of the ring
+                    ax.annotate(
+                        "",
+                        xy=end,
+                        xytext=start,
+                        arrowprops=dict(
+                            arrowstyle="->", color=INK, lw=1.0, linestyle="--", connectionstyle="arc3,rad=0.15"
+                        ),
+                        zorder=1,
+                    )
+                else:
+                    ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="->", color=INK, lw=1.0), zorder=1)
+    ax.set_xlim(-0.6, n - 0.4)
+    ax.set_ylim(-len(rows) + 0.4, 0.6)
+    ax.set_xticks(range(n), [f"rank {r}\n(keeps Q{r})" for r in range(n)])
+    ax.set_yticks([-i for i in range(len(rows))], [f"round {row['round']}" for row in rows])
+    ax.xaxis.tick_top()
+    ax.set_title(title, pad=28)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.tick_params(length=0)
+    fig.tight_layout()
+    return fig
+
+
+def zigzag_balance_figure(work, *, what: str = "score entries computed", title: str | None = None):
+    """Grouped bars of per-rank attention work for each layout. `work`: {"contiguous": [w_0, ..], "zigzag":
+    [..]} measured on real rings (e.g. `RingStats.work()` per rank). Each layout's max/min ratio is in the
+    legend."""
+    layouts = list(work)
+    n = len(work[layouts[0]])
+    fig, ax = _figure(figsize=(1.1 * n + 3.0, 3.2))
+    _style(ax)
+    width = 0.8 / len(layouts)
+    for j, layout in enumerate(layouts):
+        vals = np.asarray(work[layout], dtype=float)
+        ratio = vals.max() / vals.min()
+        ax.bar(
+            np.arange(n) + (j - (len(layouts) - 1) / 2) * width,
+            vals,
+            width * 0.95,
+            color=PALETTE[j],
+            label=f"{layout}  (max/min = {ratio:.2f})",
+        )
+    ax.set_xticks(range(n), [f"rank {r}" for r in range(n)])
+    ax.set_ylabel(what)
+    ax.set_title(title or f"Causal attention work per rank, cp = {n}")
+    legend = ax.legend(frameon=False, loc="upper left")
+    for text in legend.get_texts():
+        text.set_color(INK)
+    fig.tight_layout()
+    return fig
+
+
+def causal_ownership_figure(seq_len: int, cp: int, layouts=("contiguous", "zigzag")):
+    """The causal score matrix (query rows x key columns) for each layout, each unmasked entry coloured by the
+    rank that owns its query row: contiguous piles the big rows on the last rank, zig-zag spreads them."""
+    from pylib.cp.layout import sequence_positions
+
+    fig, axes = _figure(1, len(layouts), figsize=(3.4 * len(layouts) + 1.2, 3.4))
+    axes = np.atleast_1d(axes)
+    cmap = ListedColormap(PALETTE[:cp])
+    for ax, layout in zip(axes, layouts):
+        _style(ax)
+        owner = np.full(seq_len, -1)
+        for r in range(cp):
+            owner[sequence_positions(seq_len, r, cp, layout).numpy()] = r
+        grid = np.where(np.tril(np.ones((seq_len, seq_len), dtype=bool)), owner[:, None], np.nan)
+        ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-0.5, vmax=cp - 0.5, interpolation="nearest")
+        ax.set_title(layout)
+        ax.set_xlabel("key position")
+        ax.set_ylabel("query position")
+    fig.tight_layout(rect=(0, 0, 0.82, 0.92))
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PALETTE[r]) for r in range(cp)]
+    legend = fig.legend(handles, [f"rank {r}" for r in range(cp)], loc="center right", frameon=False)
+    for text in legend.get_texts():
+        text.set_color(INK)
+    fig.suptitle(f"Who computes which scores (causal, s = {seq_len}, cp = {cp})", color=INK)
+    return fig
