@@ -170,11 +170,16 @@ def _dtype_bytes(dtype: str) -> int:
 
 @dataclass(frozen=True)
 class MemoryRow:
-    """One saved tensor (or group of them) of one layer, per rank: the paper's bytes, ours, and why they differ."""
+    """One saved tensor (or group of them) of one layer, per rank: the paper's bytes, ours, how they relate and why.
+
+    relation: "same" (the same tensor; ours = paper * e / 2, the paper counting 2-byte elements),
+    "paper only" (the paper keeps it, we do not: dropout), "ours only" (we keep it, the paper neglects it or
+    has no such tensor), "different" (the same role, a different size: see `why`)."""
 
     item: str
     paper_bytes: float
     ours_bytes: int
+    relation: str
     why: str
 
 
@@ -182,12 +187,14 @@ def compare_with_korthikanti(
     cfg, b: int, s: int, t: int = 1, *, sequence_parallel: bool = False, regather: bool = False
 ) -> list[MemoryRow]:
     """Activation bytes one TP rank keeps for backward in one layer: Korthikanti et al.'s terms (2-byte
-    activations, 1-byte dropout masks, a = n_head, h_ffn = 4h assumed) beside what our `TPBlock` saves.
+    activations, 1-byte dropout masks, a = n_head, GELU with h_ffn = 4h) beside what our `TPBlock` saves.
 
-    Ours is exact for float32/float64 (`saved_activations` measures it, the tests assert equality); e is the
-    element size of cfg.dtype. s_o = s/t under SP (outside the TP region), else s. With SP and regather=False
-    the QKV and MLP inputs are kept gathered ([b, s, h] on every rank); with regather=True only the slice is kept
-    and gathered again in backward, as Megatron does and as the paper's TP+SP formula assumes."""
+    Ours is exact for float32/float64 (`saved_activations` measures it; the tests assert equality); e is the
+    element size of cfg.dtype. Outside the TP region a rank holds s/t tokens under SP, else s. With SP and
+    regather=False the QKV and MLP inputs are kept gathered ([b, s, h] on every rank); with regather=True only the
+    slice is kept and gathered again in backward, as Megatron does and as the paper's TP+SP formula assumes.
+    Sizes follow from autograd's rules: a matmul keeps both inputs, LayerNorm keeps its input, mean and 1/std,
+    GELU and SiLU keep their input, a product keeps both factors, masked_fill keeps the mask, softmax its output."""
     e = _dtype_bytes(cfg.dtype)
     h, a, dh, ff = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_ff
     sp = sequence_parallel and t > 1
@@ -195,78 +202,87 @@ def compare_with_korthikanti(
     s_in = so if (sp and regather) else s  # tokens of the QKV / MLP input kept for backward
     p_out = 1 / t if sequence_parallel else 1.0  # the paper's SP divides everything outside the region by t
     sbh = s * b * h
-    a_l = a // t
-    ff_l = ff // t
-    swiglu = cfg.mlp == "swiglu"
-    rows = [
+    a_l, ff_l = a // t, ff // t
+    gathered = sp and not regather
+    input_rel, input_why = (
+        (
+            "different",
+            "SP without regather keeps the gathered [b, s, h]; Megatron keeps the s/t slice and "
+            "all-gathers it again in backward (regather=True)",
+        )
+        if gathered
+        else ("same", "the input of the column-parallel linears")
+    )
+    swiglu, ratio = cfg.mlp == "swiglu", ff / h
+    hidden_rel = "same" if not swiglu and ff == 4 * h else "different"
+    hidden_why = (
+        "SwiGLU keeps gate x, silu(gate x), up x and their product" if swiglu else "GELU keeps its input and output"
+    ) + f", each [b, s, h_ffn/t]; the paper: GELU, h_ffn = 4h (here h_ffn = {ratio:g}h)"
+    return [
         MemoryRow(
             "LayerNorm inputs (LN1, LN2)",
             4 * sbh * p_out,
             2 * e * b * so * h,
-            "same tensors; e-byte instead of 2-byte elements",
+            "same",
+            "outside the TP region: s/t tokens under SP",
         ),
         MemoryRow(
             "LayerNorm mean and 1/std",
             0,
             2 * 2 * e * b * so,
+            "ours only",
             "2 numbers per token per LayerNorm; the paper neglects them (O(sb), not O(sbh))",
         ),
-        MemoryRow(
-            "QKV input (LN1 output)",
-            2 * sbh * p_out,
-            e * b * s_in * h,
-            "SP without regather keeps the gathered [b, s, h]; Megatron keeps the s/t slice and all-gathers "
-            "again in backward"
-            if sp and not regather
-            else "same tensor",
-        ),
+        MemoryRow("QKV input (LN1 output)", 2 * sbh * p_out, e * b * s_in * h, input_rel, input_why),
         MemoryRow(
             "Q and K",
             4 * sbh / t,
             2 * e * b * s * a_l * dh,
-            "same; with GQA our core expands K to n_head heads before the matmul, so K costs as in MHA",
+            "same",
+            "under GQA our core expands K to n_head/t heads before the matmul, so K costs as in MHA",
         ),
-        MemoryRow("V", 2 * sbh / t, e * b * s * a_l * dh, "same (expanded to n_head heads under GQA)"),
-        MemoryRow("softmax output", 2 * a * s * s * b / t, e * b * a_l * s * s, "same tensor"),
-        MemoryRow("softmax dropout mask", a * s * s * b / t, 0, "no dropout in our model"),
+        MemoryRow("V", 2 * sbh / t, e * b * s * a_l * dh, "same", "expanded to n_head/t heads under GQA, as K"),
+        MemoryRow(
+            "softmax output",
+            2 * a * s * s * b / t,
+            e * b * a_l * s * s,
+            "same",
+            "[b, n_head/t, s, s]: the 5as/h term is this, the dropout mask and the dropout output",
+        ),
+        MemoryRow("softmax dropout mask", a * s * s * b / t, 0, "paper only", "no dropout in our model"),
         MemoryRow(
             "attention probabilities after dropout",
             2 * a * s * s * b / t,
             0,
+            "paper only",
             "no dropout: the softmax output itself feeds the matmul with V",
         ),
         MemoryRow(
             "causal mask",
             0,
             s * s if cfg.causal else 0,
-            "our core builds an [s, s] bool mask (1 byte each); fused kernels apply it without storing it",
+            "ours only",
+            "our core keeps an [s, s] bool mask (1 byte each); the paper's fused kernel builds it on the fly",
         ),
         MemoryRow(
             "RoPE cos and sin",
             0,
             4 * e * s * dh if cfg.position == "rope" else 0,
-            "GPT-3 has learned positions; RoPE keeps cos and sin [s, d_head] for Q and for K",
-        ),
-        MemoryRow("W_O input (attention output)", 2 * sbh / t, e * b * s * a_l * dh, "same tensor"),
-        MemoryRow("attention residual dropout mask", sbh * p_out, 0, "no dropout"),
-        MemoryRow(
-            "MLP input (LN2 output)",
-            2 * sbh * p_out,
-            e * b * s_in * h,
-            "as for the QKV input" if sp and not regather else "same tensor",
+            "ours only",
+            "GPT-3 has learned positions; RoPE keeps cos and sin [s, d_head] for Q and again for K",
         ),
         MemoryRow(
-            "MLP hidden",
-            16 * sbh / t,
-            (4 if swiglu else 2) * e * b * s * ff_l,
-            ("SwiGLU keeps gate, silu(gate), up and their product" if swiglu else "GELU input and output")
-            + f" [b, s, h_ffn/t]; the paper assumes GELU with h_ffn = 4h (here h_ffn = {ff // h}h"
-            + (f" + {ff % h}" if ff % h else "")
-            + ")",
+            "W_O input (attention output)",
+            2 * sbh / t,
+            e * b * s * a_l * dh,
+            "same",
+            "a copy: heads transposed back to [b, s, h/t]",
         ),
-        MemoryRow("MLP residual dropout mask", sbh * p_out, 0, "no dropout"),
+        MemoryRow("attention residual dropout mask", sbh * p_out, 0, "paper only", "no dropout in our model"),
+        MemoryRow("MLP input (LN2 output)", 2 * sbh * p_out, e * b * s_in * h, input_rel, input_why),
+        MemoryRow("MLP hidden", 16 * sbh / t, (4 if swiglu else 2) * e * b * s * ff_l, hidden_rel, hidden_why),
+        MemoryRow("MLP residual dropout mask", sbh * p_out, 0, "paper only", "no dropout in our model"),
     ]
-    return rows
 
 
 def saved_activation_bytes(
