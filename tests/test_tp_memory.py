@@ -28,12 +28,12 @@ def _cfg(mlp="gelu", kv=None, position="none", causal=True, dtype="float64", d_f
     )
 
 
-def _measure(cases):
+def _measure(cases, b=B):
     """Saved bytes of one TPBlock forward (weights excluded), and of its first LayerNorm alone."""
     out = []
     for cfg, sp, regather in cases:
         block = TPBlock.from_full(build_model(cfg).layers[0], sequence_parallel=sp, regather=regather)
-        x = random_hidden(B, S, cfg.d_model, dtype=cfg.torch_dtype)
+        x = random_hidden(b, S, cfg.d_model, dtype=cfg.torch_dtype)
         x = (scatter_to_sequence_parallel_region(x) if sp else x).detach().requires_grad_()
         params = list(block.parameters())
         with saved_activations(exclude=params) as layer:
@@ -65,6 +65,15 @@ def test_saved_activations_per_layer_equal_the_derived_formula(t):
         for (cfg, sp, regather), (layer_bytes, _) in zip(CASES, measured):
             derived = saved_activation_bytes(cfg, B, S, t, sequence_parallel=sp, regather=regather)
             assert layer_bytes == derived, f"t={t} rank {rank} sp={sp} regather={regather} {cfg}"
+
+
+def test_a_single_sequence_slice_owns_its_memory():
+    """b = 1: the sequence slice of [1, s, h] is contiguous, and a view of it would keep all of [1, s, h] alive;
+    the measurement would show it. scatter_to_sequence_parallel_region gives the slice its own storage."""
+    cases = [(_cfg(), True, False), (_cfg(), True, True)]
+    for t in (2, 4):
+        for (cfg, sp, regather), (layer_bytes, _) in zip(cases, launch(_measure, t, cases, 1)[0]):
+            assert layer_bytes == saved_activation_bytes(cfg, 1, S, t, sequence_parallel=sp, regather=regather)
 
 
 def test_sequence_parallel_cuts_the_layernorm_activations_to_one_over_t():
