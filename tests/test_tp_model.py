@@ -24,7 +24,7 @@ TOL = 1e-11
 B, S = 2, 8
 
 
-def _cfg(mlp="gelu", kv=None, position="none", causal=True, heads=4):
+def _cfg(mlp="gelu", kv=None, position="none", causal=True, heads=4, tie=False):
     return ModelConfig(
         vocab_size=32,
         d_model=16,
@@ -35,6 +35,7 @@ def _cfg(mlp="gelu", kv=None, position="none", causal=True, heads=4):
         mlp=mlp,
         position=position,
         causal=causal,
+        tie_embeddings=tie,
         dtype="float64",
         seed=3,
     )
@@ -54,6 +55,8 @@ CONFIGS = [
     ("gqa2-swiglu-rope-sp-regather", _cfg("swiglu", kv=2, position="rope"), True, True, 3, ALL),
     ("mqa-gelu", _cfg(kv=1), False, False, 3, SOME),
     ("mqa-swiglu-rope-sp", _cfg("swiglu", kv=1, position="rope"), True, False, 0, ALL),
+    ("tied-embeddings-sp", _cfg(tie=True), True, False, 3, SOME),  # embedding and LM head share [V/t, h]
+    ("tied-embeddings-sp", _cfg(tie=True), True, False, 3, SOME),  # embedding and LM head share [V/t, h]
 ]
 
 

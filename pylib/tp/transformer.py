@@ -22,7 +22,7 @@ import torch.nn as nn
 from pylib.dist import ShardSpec, require_divisible, tag
 from pylib.dist import collectives as C
 
-from .attention import TPAttention
+from .attention import TPAttention, head_layout
 from .cross_entropy import vocab_parallel_cross_entropy
 from .embedding import VocabParallelEmbedding
 from .grads import finalize_grads, mark_sequence_parallel
@@ -54,8 +54,6 @@ def _layernorm_specs(ln: nn.LayerNorm, prefix: str, sequence_parallel: bool) -> 
 
 def check_tp_config(cfg, tp: int) -> None:
     """Raise naming the first size TP cannot split: heads, K/V heads, h_ffn, vocabulary."""
-    from .attention import head_layout
-
     head_layout(cfg.n_heads, cfg.kv_heads, tp, 0)
     require_divisible(cfg.d_ff, tp, "tp", "d_ff")
     require_divisible(cfg.vocab_size, tp, "tp", "vocab_size")
