@@ -1,0 +1,62 @@
+"""Vocab-parallel embedding: rank r owns the rows of token ids [r*V/t, (r+1)*V/t) of the table [V, h].
+
+Every rank sees all ids [b, s]. It looks up the ids it owns, writes zeros for the others, and the sum over the
+TP group puts every token's row in place (exactly one rank contributed a non-zero row for it):
+
+    TP only   all-reduce      -> x [b, s, h] on every rank        backward: identity
+    TP + SP   reduce-scatter  -> x [b, s/t, h], my sequence slice  backward: all-gather
+
+The gradient of the table is local: rank r's rows receive gradient only from the tokens it owns.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from pylib.dist import ShardSpec, require_divisible
+from pylib.dist import collectives as C
+from pylib.dist.tracer import current_tag
+
+from .regions import check_sequence_divisible, leave_tp_region
+
+
+class VocabParallelEmbedding(nn.Module):
+    """ids [b, s] (the same on every TP rank) -> x [b, s, h] (TP) or [b, s/t, h] (SP). Holds weight [V/t, h]."""
+
+    def __init__(self, weight: torch.Tensor, vocab_size: int, group, *, sequence_parallel: bool = False):
+        super().__init__()
+        self.group = C.resolve_group(group)
+        self.weight = nn.Parameter(weight.detach().clone().contiguous())
+        self.vocab_size = vocab_size
+        per_rank = weight.shape[0]
+        self.vocab_start, self.vocab_end = self.group.rank * per_rank, (self.group.rank + 1) * per_rank
+        self.sequence_parallel = sequence_parallel
+
+    @classmethod
+    def from_full(cls, embedding: nn.Embedding, *, group=None, sequence_parallel: bool = False):
+        g = C.resolve_group(group)
+        V = embedding.weight.shape[0]
+        require_divisible(V, g.size, "tp", "vocab_size")
+        rows = embedding.weight[g.rank * V // g.size : (g.rank + 1) * V // g.size]
+        return cls(rows, V, g, sequence_parallel=sequence_parallel)
+
+    def partial(self, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's contribution [b, s, h]: its own rows for the ids it owns, zeros elsewhere."""
+        mine = (ids >= self.vocab_start) & (ids < self.vocab_end)
+        local_ids = torch.where(mine, ids - self.vocab_start, torch.zeros_like(ids))
+        return F.embedding(local_ids, self.weight).masked_fill(~mine.unsqueeze(-1), 0.0)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.sequence_parallel:
+            check_sequence_divisible(ids.shape[1], self.group.size)
+        return leave_tp_region(self.partial(ids), self.group, self.sequence_parallel, tag=current_tag())
+
+    def shard_specs(self, prefix: str = "") -> list[ShardSpec]:
+        note = f"rank r owns token ids [r*V/t, (r+1)*V/t); here [{self.vocab_start}, {self.vocab_end})"
+        full = (self.vocab_size, self.weight.shape[1])
+        return [ShardSpec(prefix + "weight", "tp", 0, "vocab", full, tuple(self.weight.shape), note)]
+
+    def extra_repr(self) -> str:
+        return f"vocab=[{self.vocab_start}, {self.vocab_end}) of {self.vocab_size}, h={self.weight.shape[1]}"

@@ -1,0 +1,165 @@
+"""The tensor-parallel Transformer layer and model, assembled from the reference model's modules.
+
+Per layer (Pre-LN), with t TP ranks:
+
+    x ─ LN1 ─[enter]─ Q,K,V (column) ─ attention (my heads) ─ W_O (row) ─[leave]─ + x
+      ─ LN2 ─[enter]─ W_up (column) ─ GELU ─ W_down (row) ─[leave]─ + x
+
+TP only: x is [b, s, h] on every rank; enter = identity (all-reduce in backward), leave = all-reduce.
+TP + SP: x is my sequence slice [b, s/t, h]; enter = all-gather, leave = reduce-scatter. LayerNorm and the
+residual adds run on s/t tokens (seed A's green zone cut to 1/t); the LayerNorm gradients need
+`allreduce_sequence_parallel_grads` (see grads.py).
+
+Model: vocab-parallel embedding, the layers, final LayerNorm, column-parallel LM head giving my vocabulary
+slice of the logits [b, s, V/t], vocab-parallel cross-entropy. The full logits are never formed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from pylib.dist import ShardSpec, require_divisible, tag
+from pylib.dist import collectives as C
+
+from .attention import TPAttention, head_layout
+from .cross_entropy import vocab_parallel_cross_entropy
+from .embedding import VocabParallelEmbedding
+from .grads import finalize_grads, mark_sequence_parallel
+from .linear import ColumnParallelLinear
+from .mlp import TPMLP
+
+
+def _copy_layernorm(ln: nn.LayerNorm, sequence_parallel: bool) -> nn.LayerNorm:
+    out = nn.LayerNorm(
+        ln.normalized_shape,
+        eps=ln.eps,
+        elementwise_affine=ln.elementwise_affine,
+        dtype=ln.weight.dtype if ln.weight is not None else None,
+    )
+    out.load_state_dict(ln.state_dict())
+    if sequence_parallel:
+        for p in out.parameters():
+            mark_sequence_parallel(p)
+    return out
+
+
+def _layernorm_specs(ln: nn.LayerNorm, prefix: str, sequence_parallel: bool) -> list[ShardSpec]:
+    note = "SP: sees s/t tokens, gradient all-reduced over TP" if sequence_parallel else "whole on every TP rank"
+    return [
+        ShardSpec(f"{prefix}{n}", "tp", None, "replicated", tuple(p.shape), tuple(p.shape), note)
+        for n, p in ln.named_parameters()
+    ]
+
+
+def check_tp_config(cfg, tp: int) -> None:
+    """Raise naming the first size TP cannot split: heads, K/V heads, h_ffn, vocabulary."""
+    head_layout(cfg.n_heads, cfg.kv_heads, tp, 0)
+    require_divisible(cfg.d_ff, tp, "tp", "d_ff")
+    require_divisible(cfg.vocab_size, tp, "tp", "vocab_size")
+
+
+class TPBlock(nn.Module):
+    """One Pre-LN layer. x [b, s, h] (TP) or my slice [b, s/t, h] (SP) -> the same shape.
+    `positions` [s]: global positions of the whole sequence inside the TP region (as for the reference)."""
+
+    def __init__(self, ln1, attn, ln2, mlp, group, sequence_parallel):
+        super().__init__()
+        self.ln1, self.attn, self.ln2, self.mlp = ln1, attn, ln2, mlp
+        self.group, self.sequence_parallel = group, sequence_parallel
+
+    @classmethod
+    def from_full(cls, block, *, group=None, sequence_parallel: bool = False, regather: bool = False, core=None):
+        g = C.resolve_group(group)
+        kw = dict(group=g, sequence_parallel=sequence_parallel, regather=regather)
+        return cls(
+            _copy_layernorm(block.ln1, sequence_parallel),
+            TPAttention.from_full(block.attn, core=core, **kw),
+            _copy_layernorm(block.ln2, sequence_parallel),
+            TPMLP.from_full(block.mlp, **kw),
+            g,
+            sequence_parallel,
+        )
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        with tag("attn"):
+            x = x + self.attn(self.ln1(x), positions)
+        with tag("mlp"):
+            return x + self.mlp(self.ln2(x))
+
+    def shard_specs(self, prefix: str = "") -> list[ShardSpec]:
+        return (
+            _layernorm_specs(self.ln1, f"{prefix}ln1.", self.sequence_parallel)
+            + self.attn.shard_specs(f"{prefix}attn.")
+            + _layernorm_specs(self.ln2, f"{prefix}ln2.", self.sequence_parallel)
+            + self.mlp.shard_specs(f"{prefix}mlp.")
+        )
+
+
+class TPTransformer(nn.Module):
+    """ids [b, s] (the same on every TP rank) -> my vocabulary slice of the logits [b, s, V/t].
+
+    `loss(ids, targets)` equals the reference model's mean cross-entropy; after backward call
+    `finalize_grads()` (SP LayerNorm gradients, replicated K/V gradients) before the optimizer step."""
+
+    def __init__(self, cfg, embed, layers, ln_f, lm_head, group, sequence_parallel):
+        super().__init__()
+        self.cfg = cfg
+        self.embed, self.layers, self.ln_f, self.lm_head = embed, nn.ModuleList(layers), ln_f, lm_head
+        self.group, self.sequence_parallel = group, sequence_parallel
+
+    @classmethod
+    def from_full(cls, model, *, group=None, sequence_parallel: bool = False, regather: bool = False, core=None):
+        """Shard a reference `pylib.model.Transformer`. `core` replaces every layer's attention core."""
+        cfg = model.cfg
+        g = C.resolve_group(group)
+        check_tp_config(cfg, g.size)
+        if cfg.moe is not None:
+            raise ValueError(
+                "TPTransformer shards dense layers; a model with MoE layers needs expert parallelism "
+                "(pylib.ep) for its experts"
+            )
+        embed = VocabParallelEmbedding.from_full(model.embed, group=g, sequence_parallel=sequence_parallel)
+        layers = [
+            TPBlock.from_full(b, group=g, sequence_parallel=sequence_parallel, regather=regather, core=core)
+            for b in model.layers
+        ]
+        ln_f = _copy_layernorm(model.ln_f, sequence_parallel)
+        lm_head = ColumnParallelLinear.from_full(
+            model.lm_head, group=g, sequence_parallel=sequence_parallel, regather=regather, what="vocab_size"
+        )
+        if cfg.tie_embeddings:  # the embedding's vocab rows and the head's output rows are the same slice
+            lm_head.weight = embed.weight
+        return cls(cfg, embed, layers, ln_f, lm_head, g, sequence_parallel)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        with tag("embed"):
+            x = self.embed(ids)  # [b, s, h] or [b, s/t, h]
+        for i, layer in enumerate(self.layers):
+            with tag(f"layers.{i}"):
+                x = layer(x, positions)
+        with tag("lm_head"):
+            return self.lm_head(self.ln_f(x))  # [b, s, V/t]
+
+    def loss(self, ids: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean next-token cross-entropy, the same value on every TP rank."""
+        local_logits = self(ids, positions)
+        with tag("cross_entropy"):
+            return vocab_parallel_cross_entropy(local_logits, targets, self.group).mean()
+
+    def full_logits(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Gather the whole logits [b, s, V] (for checks only: this is what vocab parallelism avoids)."""
+        with tag("full_logits"):
+            return C.gather_from_group(self(ids, positions), -1, self.group)
+
+    def finalize_grads(self) -> None:
+        finalize_grads(self, self.group)
+
+    def shard_specs(self, prefix: str = "") -> list[ShardSpec]:
+        specs = self.embed.shard_specs(f"{prefix}embed.")
+        for i, layer in enumerate(self.layers):
+            specs += layer.shard_specs(f"{prefix}layers.{i}.")
+        specs += _layernorm_specs(self.ln_f, f"{prefix}ln_f.", self.sequence_parallel)
+        if not self.cfg.tie_embeddings:
+            specs += self.lm_head.shard_specs(f"{prefix}lm_head.")
+        return specs
