@@ -474,7 +474,8 @@ class _SplitToGroup(torch.autograd.Function):
     def forward(ctx, x, dim, g, tag):
         ctx.dim, ctx.g, ctx.tag = dim, g, tag
         _check_divisible(x.shape[dim], g.size, f"split along dim {dim} of shape {tuple(x.shape)}")
-        return x.chunk(g.size, dim=dim)[g.rank].contiguous()
+        # a copy, not a view: a contiguous chunk would keep the whole unsplit tensor alive for as long as it lives
+        return x.chunk(g.size, dim=dim)[g.rank].clone(memory_format=torch.contiguous_format)
 
     @staticmethod
     def backward(ctx, dy):
