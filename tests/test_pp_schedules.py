@@ -42,7 +42,7 @@ def _configs():
 CONFIGS = _configs()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _build(cfg, cost_f=1.0, cost_b=2.0):
     name, p, m, v, n = cfg
     return build(name, p, m, v, group_size=n, cost_f=cost_f, cost_b=cost_b)

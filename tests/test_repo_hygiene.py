@@ -50,9 +50,7 @@ def test_every_page_in_the_toc_exists():
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     pages = _toc_files(toc)
     assert pages, "_toc.yml names no page"
-    missing = [
-        p for p in pages if not any((ROOT / p).with_suffix(s).exists() for s in (".md", ".ipynb", ".rst"))
-    ]
+    missing = [p for p in pages if not any((ROOT / p).with_suffix(s).exists() for s in (".md", ".ipynb", ".rst"))]
     assert not missing, f"_toc.yml names pages that do not exist: {missing}"
 
 

@@ -109,3 +109,28 @@ def idle_intervals(timeline, rank: int) -> list[tuple[float, float]]:
     if t < t1:
         gaps.append((t, t1))
     return gaps
+
+
+def replay(timeline, cost_f: float = 1.0, cost_b: float = 2.0) -> list[Event]:
+    """Re-time a recorded run in logical units: each rank's forwards and backwards in the order it actually ran
+    them, a forward costing `cost_f` and a backward `cost_b`, each starting as soon as its rank is free and its
+    input exists (messages free). Wall-clock noise drops out; the order the executor really followed stays, so
+    the bubble of the replay is the schedule's own."""
+    from .schedules import Action, logical_times
+
+    compute = [e for e in as_events(timeline) if e.is_compute]
+    ranks = sorted({e.rank for e in compute})
+    orders = [
+        [
+            Action(e.kind, e.mb, e.chunk, e.stage)
+            for e in sorted((e for e in compute if e.rank == r), key=lambda e: e.start)
+        ]
+        for r in ranks
+    ]
+    n_stages = max(e.stage for e in compute) + 1
+    times = logical_times(orders, n_stages, cost_f, cost_b)
+    return [
+        Event(r, a.op, a.mb, a.chunk, a.stage, *times[(a.op, a.mb, a.stage)])
+        for r, order in zip(ranks, orders)
+        for a in order
+    ]
