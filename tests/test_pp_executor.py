@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from pylib.analysis import pp as A
-from pylib.dist import AxisGroup, launch, trace
+from pylib.dist import AxisGroup, Mesh, ParallelConfig, launch, trace
 from pylib.model import ModelConfig, build_model, random_tokens
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.pipeline import PipelineParallel
@@ -272,3 +272,29 @@ def test_executor_names_what_is_missing():
         run_pipeline(sched, [nn.Linear(2, 2)], group=pp_group, inputs=[torch.zeros(1, 2)] * 3, act_shape=(1, 2))
     with pytest.raises(ValueError, match="m=5 microbatches do not divide the batch size b=12"):
         microbatches(torch.zeros(12, 3), 5)
+
+
+def _two_pipelines():
+    mesh = Mesh(ParallelConfig(dp=2, pp=2))
+    ids, targets = random_tokens(CFG, 4, S, seed=100 + mesh.dp.rank)  # each data-parallel replica its own batch
+    pipe = PipelineParallel(build_model(CFG), group=mesh.pp, v=2)
+    run = pipe.step(ids, targets, schedule="interleaved", n_microbatches=2)
+    peers = {e.peer for e in run.timeline if e.peer is not None}
+    grads = {k: p.grad for k, p in pipe.named_parameters()}
+    return mesh.dp.rank, mesh.pp.ranks, run.loss, grads, peers, mesh.pp.rank
+
+
+def test_two_pipelines_side_by_side_on_a_mesh_each_match_the_reference_on_their_batch():
+    results = launch(_two_pipelines, 4, timeout=60)
+    for d in range(2):
+        ref = build_model(CFG)
+        ids, targets = random_tokens(CFG, 4, S, seed=100 + d)
+        loss = ref.loss(ids, targets)
+        loss.backward()
+        mine = [r for r in results if r[0] == d]
+        assert {r[1] for r in mine} == {(d, d + 2)}  # Megatron's layout: pp groups [0, 2] and [1, 3]
+        assert [r[2] for r in mine if r[2] is not None] == [pytest.approx(loss.item(), abs=1e-12)]
+        assert all(r[4] == {1 - r[5]} for r in mine)  # peers are named by their index in the pp group
+        grads = _merge([r[3] for r in mine])
+        for k, p in ref.named_parameters():
+            torch.testing.assert_close(grads[k], p.grad, rtol=0, atol=1e-12, msg=k)

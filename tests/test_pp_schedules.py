@@ -21,7 +21,7 @@ from pylib.pp.schedules import (
     place_communication,
 )
 from pylib.pp.simulate import DeadlockError, simulate
-from pylib.pp.split import check_split, split_model, stage_layers
+from pylib.pp.split import check_split, shard_specs, split_model, stage_layers
 from pylib.pp.timeline import bubble, peak_in_flight
 
 pytestmark = pytest.mark.timeout(60)
@@ -248,3 +248,12 @@ def test_placement_puts_each_message_where_both_ends_are_between_computes():
     # rank 1 takes microbatch 1's activation *before* its first backward (rank 0 finished it at the same moment),
     # so rank 0's second send and rank 1's first gradient send never face each other as in the naive order
     assert [str(a) for a in actions[1][:5]] == ["recv act 0 <- 0", "F0", "recv act 1 <- 0", "B0", "send grad 0 -> 0"]
+
+
+def test_shard_specs_give_every_reference_weight_to_exactly_one_rank_whole():
+    model = build_model(ModelConfig(n_layers=8))
+    specs = [s for r in range(2) for s in shard_specs(model, r, 2, 2)]
+    assert sorted(s.name for s in specs) == sorted(n for n, _ in model.named_parameters())
+    assert all(s.axis == "pp" and s.kind == "stage" and s.dim is None and s.fraction == 1.0 for s in specs)
+    rank1 = {s.name.split(".")[1] for s in shard_specs(model, 1, 2, 2) if s.name.startswith("layers.")}
+    assert rank1 == {"2", "3", "6", "7"}
