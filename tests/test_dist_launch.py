@@ -237,3 +237,9 @@ def _alive(pid: int) -> bool:
             return "State:\tZ" not in f.read()
     except OSError:
         return False
+
+
+def test_ranks_compute_on_the_cpu_under_gloo():
+    from pylib.dist import current_device
+
+    assert launch(lambda: str(current_device()), 2, backend="gloo") == ["cpu", "cpu"]

@@ -7,7 +7,7 @@
 """
 
 from . import collectives
-from .launch import LaunchTimeout, RankFailedError, launch
+from .launch import LaunchTimeout, RankFailedError, current_device, launch
 from .mesh import AxisGroup, Mesh, ParallelConfig, coordinates, rank_groups
 from .sharding import ShardSpec, require_divisible, shard
 from .tracer import CommEvent, Tracer, phase, tag, trace
@@ -23,6 +23,7 @@ __all__ = [
     "Tracer",
     "collectives",
     "coordinates",
+    "current_device",
     "launch",
     "phase",
     "rank_groups",

@@ -300,3 +300,13 @@ def _kill(procs) -> None:
     for p in procs:
         if p.pid is not None:
             p.join(2.0)
+
+
+def current_device() -> torch.device:
+    """The device this rank computes on: its GPU under NCCL (one GPU per rank), else the CPU.
+
+    Code that runs inside ranks creates its tensors with `device=current_device()`, so the same function runs on
+    gloo here and on NCCL on a GPU node."""
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
