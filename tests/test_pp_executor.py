@@ -48,6 +48,7 @@ ONE_STEP = {
     4: [("gpipe", 4, 1, None), ("1f1b", 2, 1, None), ("1f1b", 8, 1, None), ("interleaved", 4, 2, None)],
 }
 TRAIN = {2: [("gpipe", 2, 1), ("interleaved", 2, 2)], 4: [("1f1b", 4, 1), ("interleaved", 4, 2)]}
+BLOCKING = {2: [("1f1b", 4, 1), ("interleaved", 4, 2)], 4: [("gpipe", 2, 1), ("interleaved", 4, 2)]}
 PITFALL_M = 4
 
 
@@ -73,6 +74,11 @@ def _suite(pp):
             losses.append(pipe.step(step_ids, step_targets, schedule=name, n_microbatches=m).loss)
             opt.step()
         out["train"].append((losses, {k: p.detach().clone() for k, p in pipe.named_parameters()}))
+    out["blocking"] = []
+    for name, m, v in BLOCKING[pp]:
+        pipe = PipelineParallel(model, v=v)
+        run = pipe.step(ids, targets, schedule=name, n_microbatches=m, blocking_sends=True)
+        out["blocking"].append((run.loss, {k: p.grad for k, p in pipe.named_parameters()}))
     pipe = PipelineParallel(model)
     pipe.step(ids, targets, schedule="1f1b", n_microbatches=PITFALL_M, scale_loss=False)
     out["unscaled"] = {k: p.grad for k, p in pipe.named_parameters()}
@@ -124,6 +130,15 @@ def test_pipeline_loss_and_every_gradient_equal_the_reference_for_every_schedule
         assert set(grads) == set(reference["grads"]), (name, m, v)
         for k, g in reference["grads"].items():
             torch.testing.assert_close(grads[k], g, rtol=0, atol=1e-12, msg=f"{name} m={m} v={v} N={n}: {k}")
+
+
+def test_blocking_sends_run_the_same_schedules_without_deadlock_and_with_the_same_gradients(suite, reference):
+    pp, results = suite
+    for i, (name, m, v) in enumerate(BLOCKING[pp]):
+        assert results[-1]["blocking"][i][0] == pytest.approx(reference["loss"], abs=1e-12), name
+        grads = _merge([r["blocking"][i][1] for r in results])
+        for k, g in reference["grads"].items():
+            torch.testing.assert_close(grads[k], g, rtol=0, atol=1e-12, msg=f"{name} m={m} v={v}: {k}")
 
 
 def test_five_adam_steps_give_the_reference_parameters(suite, reference):

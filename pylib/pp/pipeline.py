@@ -12,6 +12,8 @@ ids, targets: the whole batch [b, s] (only the ranks holding the first and the l
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..dist import collectives as C
@@ -19,6 +21,11 @@ from ..model import Transformer
 from .executor import PipelineRun, microbatches, run_pipeline
 from .schedules import build
 from .split import rank_chunks, shard_specs
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_schedule(name: str, p: int, m: int, v: int, group_size: int | None):
+    return build(name, p, m, v, group_size=group_size)  # pure: the same arguments give the same lists
 
 
 class PipelineParallel:
@@ -58,7 +65,7 @@ class PipelineParallel:
         """Forward and backward of the whole batch [b, s] as m microbatches under `schedule`; gradients
         accumulate in .grad. Extra keywords go to `run_pipeline` (scale_loss, blocking_sends, compute_delay)."""
         m = n_microbatches
-        sched = build(schedule, self.p, m, self.v, group_size=group_size)
+        sched = _cached_schedule(schedule, self.p, m, self.v, group_size)
         b, s = ids.shape
         if b % m:
             raise ValueError(f"m={m} microbatches do not divide the batch size b={b}")
