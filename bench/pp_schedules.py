@@ -35,11 +35,10 @@ from pylib.pp.timeline import bubble, replay
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=8, n_heads=4, d_ff=64, dtype="float32")
 SEQ = 16
-T_F, T_B = 0.012, 0.024  # padded seconds per whole stage and microbatch
 SWEEP = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)]
 
 
-def _sweep(ms, repeats):
+def _sweep(ms, repeats, t_f, t_b):
     model = build_model(CFG)
     out = []
     for name, v in SWEEP:
@@ -60,7 +59,7 @@ def _sweep(ms, repeats):
                     schedule=name,
                     n_microbatches=m,
                     measure_memory=False,
-                    compute_delay=(T_F / v, T_B / v),
+                    compute_delay=(t_f / v, t_b / v),
                 )
                 runs.append(dict(raw=run, padded=padded.timeline, sent=sent))
             out.append(dict(name=name, v=v, m=m, runs=runs))
@@ -106,16 +105,18 @@ def main():
     ap.add_argument("--p", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10, help="timed steps for the PyTorch comparison")
+    ap.add_argument("--t-f", type=float, default=0.04, help="padded forward seconds per stage and microbatch")
+    ap.add_argument("--t-b", type=float, default=0.08, help="padded backward seconds per stage and microbatch")
     args = ap.parse_args()
     p = args.p
     ms = [p, 2 * p, 4 * p]  # multiples of p, as the interleaved schedule needs
     nbytes = torch.finfo(CFG.torch_dtype).bits // 8
     print(
         f"pipeline p={p}, model h={CFG.d_model} L={CFG.n_layers} {CFG.dtype}, microbatch b=1 s={SEQ}; "
-        f"padded compute t_f={T_F * 1e3:.0f} ms, t_b={T_B * 1e3:.0f} ms per stage"
+        f"padded compute t_f={args.t_f * 1e3:.0f} ms, t_b={args.t_b * 1e3:.0f} ms per stage"
     )
     t0 = time.time()
-    results = launch(_sweep, p, ms, args.repeats, timeout=900)
+    results = launch(_sweep, p, ms, args.repeats, args.t_f, args.t_b, timeout=900)
     print(f"(sweep ran in {time.time() - t0:.1f} s)\n")
 
     print("Bubble (idle / compute), mean over ranks")
