@@ -25,10 +25,10 @@ interleaved schedule when a forward and a backward cost different times (`pylib.
 
 Timing. Every forward, backward, send and receive is recorded as an `Event` with start and end in seconds since
 a common start (the ranks meet in a one-element all-reduce first). A receive's interval includes the time spent
-waiting for the sender; a posted send's interval is just the posting (a blocking send's includes its wait). `compute_delay=(t_f, t_b)` pads each forward
-of one chunk to at least t_f seconds and each backward to t_b (sleeping after the real compute): a measurement
-aid that makes every compute cost a known, noise-free amount, so the measured bubble can be compared with the
-formula on a busy 2-core machine; it changes nothing else.
+waiting for the sender; a posted send's interval is just the posting (a blocking send's includes its wait).
+`compute_delay=(t_f, t_b)` pads each forward of one chunk to at least t_f seconds and each backward to t_b
+(sleeping after the real compute): a measurement aid that makes every compute cost a known, noise-free amount, so
+the measured bubble can be compared with the formula on a busy 2-core machine; it changes nothing else.
 """
 
 from __future__ import annotations
