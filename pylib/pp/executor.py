@@ -39,7 +39,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
-import torch.fx.experimental.symbolic_shapes  # noqa: F401  (see the note below)
 import torch.nn as nn
 
 from ..dist import collectives as C
@@ -48,9 +47,6 @@ from ..model.memory import saved_activations
 from .schedules import Action, Schedule
 from .timeline import Event
 
-# torch.autograd.backward(y, grad_tensors=g) imports torch.fx.experimental.symbolic_shapes (and sympy) the first
-# time it runs in a process: about a second. Importing it here, in the process that later forks the ranks, pays
-# that once instead of once per rank per launch.
 
 
 @dataclass
