@@ -48,7 +48,6 @@ from .schedules import Action, Schedule
 from .timeline import Event
 
 
-
 @dataclass
 class PipelineRun:
     """What one rank saw in one step.
