@@ -157,25 +157,22 @@ def test_page_requests_nothing_from_another_host(page, visit):
 
 def test_math_is_typeset_and_no_raw_tex_is_left(page, visit):
     d = visit.data
-    assert not d["mathUntypeset"], f"{page}: {len(d['mathUntypeset'])} of {d['math']} math elements not typeset"
-    assert d["mathErrors"] == 0, f"{page}: MathJax reported {d['mathErrors']} TeX errors"
-    raw = [m.group(0)[:60] for m in RAW_TEX.finditer(d["text"])]
-    assert not raw, f"{page}: raw TeX left in the text (a $ or \\( that MathJax did not get): {raw}"
+    problems = [f"not typeset: {m!r}" for m in d["mathUntypeset"]]
+    if d["mathErrors"]:
+        problems.append(f"{d['mathErrors']} TeX errors (MathJax error boxes: an undefined macro or a syntax error)")
+    problems += [f"raw TeX in the text: {m.group(0)[:60]!r}" for m in RAW_TEX.finditer(d["text"])]
+    assert not problems, f"{page} ({d['math']} math elements):\n  " + "\n  ".join(problems)
 
 
 def test_every_image_loads_and_says_what_it_shows(page, visit):
-    images = visit.data["images"]
-    broken = [i["src"] for i in images if not i["loaded"]]
-    assert not broken, f"{page}: images that did not load: {broken}"
+    problems = [f"did not load: {i['src']}" for i in visit.data["images"] if not i["loaded"]]
     # With no alt text Sphinx writes the image's path as its alt: that says nothing to a reader either.
-    mute = [
-        i["src"]
-        for i in images
-        if not (i["alt"] or "").strip() or i["alt"] == i["src"] or IMAGE_FILE.search((i["alt"] or "").strip())
-    ]
-    assert not mute, f"{page}: images without alt text (give each figure `alt`; see pylib/viz/style.py): {mute}"
-    empty = [f["id"] or "(no id)" for f in visit.data["figures"] if not f["hasImage"]]
-    assert not empty, f"{page}: figures that show nothing: {empty}"
+    for i in visit.data["images"]:
+        alt = (i["alt"] or "").strip()
+        if not alt or alt == i["src"] or IMAGE_FILE.search(alt):
+            problems.append(f"no alt text (give the figure `alt`, see pylib/viz/style.py): {i['src']} alt={i['alt']!r}")
+    problems += [f"figure shows nothing: {f['id'] or '(no id)'}" for f in visit.data["figures"] if not f["hasImage"]]
+    assert not problems, f"{page}:\n  " + "\n  ".join(problems)
 
 
 def test_sidebar_reaches_every_chapter_in_the_toc(page, visit, base_url):
@@ -206,8 +203,7 @@ def test_screenshot_key_page_in_light_and_dark_theme(browser, base_url, key_page
             page.screenshot(path=screenshots / f"{stem}-{theme}.png")
             first = page.locator("article figure, article .cell_output img, article .widget-subarea").first
             if first.count():
-                first.scroll_into_view_if_needed()
-                page.evaluate("() => window.scrollBy(0, -120)")
+                first.evaluate("e => e.scrollIntoView({block: 'center'})")
                 page.wait_for_timeout(200)
                 page.screenshot(path=screenshots / f"{stem}-{theme}-figure.png")
         light, dark = (screenshots / f"{stem}-{t}.png" for t in ("light", "dark"))
