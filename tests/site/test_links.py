@@ -142,7 +142,10 @@ def test_notebook_page_has_a_jupyterhub_launch_button_for_its_own_source(site, d
 def test_notebook_page_offers_the_executed_notebook_for_download(site, docname):
     page = f"{docname}.html"
     downloads = [h for h in sitemap.parse(page, site).links if h.endswith(".ipynb") and not sitemap.is_external(h)]
-    assert downloads, f"{page}: no download link to an .ipynb"
+    assert downloads, (
+        f"{page}: no download link to an .ipynb (sphinx-book-theme offers the executed notebook only when a launch "
+        "button is configured: launch_buttons.jupyterhub_url in _config.yml)"
+    )
     for href in downloads:
         target, _ = sitemap.resolve(page, href)
         notebook = site / target
