@@ -149,7 +149,8 @@ def vendor(dest: Path = DEST, force: bool = False) -> bool:
         return False
     if shutil.which("npm") is None:
         raise SystemExit("npm is needed to vendor MathJax and the widget manager (apt-get install npm)")
-    staging = dest.with_name(dest.name + ".staging")
+    # A dotted sibling: Sphinx copies no dotfile into the site, and the next run removes one left by an interruption.
+    staging = dest.with_name(f".{dest.name}.staging")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     with tempfile.TemporaryDirectory() as tmp:
