@@ -24,10 +24,10 @@ B, S, N, M = 4, 16, 2, 2  # batch, sequence, ranks per mode, pipeline micro-batc
 PLANS = {
     "TP": (CFG, ParallelConfig(tp=N), B, False, "ring"),
     "SP": (CFG, ParallelConfig(tp=N), B, True, "ring"),
-    "CP": (CFG, ParallelConfig(cp=N), B, False, "ring"),
+    "CP": (MOE, ParallelConfig(cp=N), B, False, "ring"),
     "CP ulysses": (CFG, ParallelConfig(cp=N), B, False, "ulysses"),
-    "DP": (CFG, ParallelConfig(dp=N), B, False, "ring"),
-    "PP": (CFG, ParallelConfig(pp=N), B, False, "ring"),
+    "DP": (MOE, ParallelConfig(dp=N), B, False, "ring"),
+    "PP": (MOE, ParallelConfig(pp=N), B, False, "ring"),
     "EP": (MOE, ParallelConfig(dp=N, ep=N), N * B, False, "ring"),  # EP folds over DP: each rank its own b
     "ETP": (MOE, ParallelConfig(tp=2, dp=N // 2, ep=N // 2, etp=2), N // 2 * B, False, "ring"),
     "TP kv-replicated": (MQA, ParallelConfig(tp=N), B, False, "ring"),

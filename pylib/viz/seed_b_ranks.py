@@ -271,10 +271,11 @@ def probe_modes(
     ulysses: bool = False,
 ) -> dict:
     """Inside each of n launched ranks: every mode alone on the whole world group (N = n for each), one training
-    step each, under the tracer, with the probe's hooks. `cfg` is the dense model (TP, SP, CP, DP, PP), `moe_cfg`
-    an MoE model (EP; and ETP = 2 with EP = n/2 on a tp2 x dp(n/2) mesh when n is even). Every rank starts
-    from the same reference weights and batch (ids [b, s], or [m b, s] as m micro-batches for PP); EP ranks
-    route different sequences (seeded by rank), as the data-parallel ranks EP is folded over would.
+    step each, under the tracer, with the probe's hooks. `cfg` is a dense model (TP, SP: pylib's TP model shards
+    dense layers), `moe_cfg` the same with MoE layers (CP, DP, PP, EP; and ETP = 2 with EP = n/2 on a
+    tp2 x dp(n/2) mesh when n is even). Every rank starts from the same reference weights and batch (ids
+    [b, s], or [m b, s] as m micro-batches for PP); EP ranks route different sequences (seeded by rank), as the
+    data-parallel ranks EP is folded over would.
     ulysses: also CP with Ulysses (mode "CP ulysses"); kv_replicated_cfg: also TP on a model whose K/V heads
     are fewer than the ranks (mode "TP kv-replicated").
 
@@ -291,9 +292,9 @@ def probe_modes(
         "reference": dict(params=_params(build_model(cfg)), moe_params=_params(build_model(moe_cfg))),
         "TP": _tp(build_model(cfg), ids, targets, None, False),
         "SP": _tp(build_model(cfg), ids, targets, None, True),
-        "CP": _cp(build_model(cfg), ids, targets, None, layout),
-        "DP": _dp(build_model(cfg), ids, targets, None),
-        "PP": _pp(build_model(cfg), ids, targets, None, microbatches),
+        "CP": _cp(build_model(moe_cfg), ids, targets, None, layout),
+        "DP": _dp(build_model(moe_cfg), ids, targets, None),
+        "PP": _pp(build_model(moe_cfg), ids, targets, None, microbatches),
     }
     ep_ids, ep_targets = random_tokens(moe_cfg, b, s, seed=100 + rank)
     out["EP"] = _ep(build_model(moe_cfg), ep_ids, ep_targets, None)
