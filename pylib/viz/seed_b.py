@@ -512,7 +512,7 @@ SEED_WEIGHT_CUT = {
     },
     "MoE expert W_1, W_2": {
         "TP": ("(可选) 切 h_ffn，称 moe_tp", "[h, h_ffn_e/N] & [h_ffn_e/N, h]"),
-        "SP": ("不切", "full"),
+        "SP": ("不切", "as TP"),
         "CP": ("不切", "full"),
         "DP": ("完整副本", "full"),
         "PP": ("按层归属 stage", "by layer"),

@@ -8,6 +8,7 @@ step under the tracer, with hooks recording the local shape of every weight and 
 The activations are recorded where seed B names them, in the first layer a rank holds:
 
     input hidden       the block's input                          (forward pre-hook on the layer)
+    LN output          the first LayerNorm's output               (forward hook on ln1; not in seed B's list)
     Q, K, V            the attention core's arguments             (the core wrapped for the call)
     attention scores   every score block the core materialises   (a TorchFunctionMode inside the core: the
                                                                    outputs of its 1st, 3rd, ... matmul)
@@ -75,6 +76,8 @@ class ActivationProbe:
         """Hook a Block / TPBlock (or any module with .attn and .mlp)."""
         self._handles.append(layer.register_forward_pre_hook(self._pre("input hidden")))
         self._handles.append(layer.register_forward_hook(self._post("block output")))
+        if hasattr(layer, "ln1"):
+            self._handles.append(layer.ln1.register_forward_hook(self._post("LN output")))
         attn = layer.attn
         self._handles.append(attn.o_proj.register_forward_pre_hook(self._pre("attention output")))
         self._wrap_core(attn)
