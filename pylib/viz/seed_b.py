@@ -211,10 +211,11 @@ class WeightRow:
         return self.shape == self.expected
 
 
-def weight_rows(model) -> list[WeightRow]:
+def weight_rows(model, cfg: ModelConfig | None = None) -> list[WeightRow]:
     """Seed B's weight list from a (meta) model's real parameters: the first layer (or first MoE layer) stands
-    for every layer; per_model counts the tensors of that kind in the whole model."""
-    cfg = model.cfg
+    for every layer; per_model counts the tensors of that kind in the whole model `cfg` (default: the model's own
+    config; pass the full config when the model was built with fewer of its identical layers)."""
+    cfg = cfg or model.cfg
     params = dict(model.named_parameters())
     sizes = symbol_sizes(cfg)
     moe_layer = next((i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)), None)
@@ -279,6 +280,7 @@ def meta_activations(cfg: ModelConfig, b: int, s: int) -> dict:
 
 MODES = ("TP", "SP", "CP", "DP", "PP", "EP")
 DIMS = ("b", "s", "h", "n_head", "h_ffn", "V", "L", "E")
+DIM_TICKS = {"h": "h\n(residual)", "n_head": "n_head\n(heads)", "L": "L\n(layers)", "E": "E\n(experts)"}
 DIM_LABELS = {
     "b": "b (batch)",
     "s": "s (sequence)",
@@ -402,11 +404,15 @@ def fig_dim_orth(cuts: dict[str, dict[str, float]], modes=MODES, dims=DIMS):
                         color="white",
                         fontweight="bold",
                     )
-        ax.set_xticks(np.arange(len(dims)) + 0.5, [d for d in dims])
+        ax.set_xticks(np.arange(len(dims)) + 0.5, [DIM_TICKS.get(d, d) for d in dims])
         ax.set_yticks(np.arange(len(modes)) + 0.5, modes)
         ax.tick_params(length=0)
         ax.xaxis.tick_top()
-        ax.set_title("share of each dimension one rank holds (measured on 2 ranks per mode)", fontsize=9, pad=26)
+        ax.set_title(
+            "share of each dimension one rank holds, measured on 2 ranks per mode (SP: beyond TP's cuts)",
+            fontsize=9,
+            pad=34,
+        )
         fig.tight_layout()
     return fig
 
@@ -425,6 +431,7 @@ def fig_col_row(example):
         for ax in fig.axes:
             ax.set_facecolor(style.CARD)
         for text in fig.findobj(plt.Text):
+            text.set_path_effects([])  # dark text on light cells and on the card reads without a halo
             if text.get_color() == GREY:
                 text.set_color(style.TEXT)
     return fig
@@ -727,8 +734,8 @@ def judge_activation(runs, row: str, mode: str, cfg, moe_cfg, b: int, s: int) ->
         k, E = moe_cfg.moe.top_k, moe_cfg.moe.n_experts
         ok = sum(rows) == N * b * s * k
         text = (
-            f"rows per local expert: {rows} (data-dependent); all {E} experts together get N·b·s·K = "
-            f"{N * b * s * k} rows, [T_e, h_ffn_e/1] each"
+            f"expert e holds [T_e, h_ffn_e]; T_e per local expert: {rows} (data-dependent); the {E} experts "
+            f"together get N·b·s·K = {N * b * s * k} rows"
         )
         return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
     if claim in ("stage full", "stage L-1"):
@@ -853,7 +860,8 @@ def fig_superposition(runs: list[dict], b: int, s: int, d_ff: int, tp: int, cp: 
             ax.set_ylim(b * s, 0)
             ax.grid(False)
             ax.set_xticks([0, d_ff], ["0", f"h_ffn = {d_ff}"])
-            ax.set_yticks([i * s for i in range(b)] + [b * s], [f"seq {i}" for i in range(b)] + [""], fontsize=7)
+            ax.set_yticks([i * s + s / 2 for i in range(b)], [f"seq {i}" for i in range(b)], fontsize=8)
+            ax.tick_params(axis="y", length=0)
             held = 0
             for i in range(b):
                 for t in range(s):
