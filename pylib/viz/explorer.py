@@ -54,8 +54,15 @@ def _seed_shape(t: shapes.TensorShape, local: bool = True) -> str:
 
 
 def _split(t: shapes.TensorShape) -> str:
-    names = {0: "dim 0", 1: "dim 1", 2: "dim 2", 3: "dim 3", -1: "experts"}
-    return ", ".join(f"{a}: {names.get(d, d)}/{n}" for a, d, n in t.splits) or "—"
+    """Which axis cuts which dimension, by name: "tp: out/8" for a linear weight's output features (torch dim 0),
+    "dp: b/4, tp: s/8" for an activation, "ep: E/8" for the experts."""
+    syms = [x.strip() for x in t.symbol.strip("[]").split(",")]
+    names = ["out", "in"] if t.linear else syms
+    parts = []
+    for axis, dim, n in t.splits:
+        name = "E" if dim == -1 else names[dim] if dim < len(names) else f"dim {dim}"
+        parts.append(f"{axis}: {name}/{n}")
+    return ", ".join(parts) or "—"
 
 
 def tables(summary: shapes.Summary) -> dict[str, tuple[list[str], list[list[str]]]]:

@@ -59,7 +59,7 @@ def gpt_style_70b() -> ModelConfig:
 def deepseek_v3_like() -> ModelConfig:
     """A DeepSeek-V3-class MoE in the reference model's terms: h = 7168, 61 layers, 128 heads, V = 129280,
     256 routed experts with h_ffn = 2048, top-8, sigmoid router. Not modelled: its multi-head latent attention
-    (written here as MHA, 128 x 128 = 16384 wide), the shared expert and the 3 dense first layers."""
+    (written here as MHA: 128 heads of h/128 = 56), the shared expert and the 3 dense first layers."""
     return ModelConfig(
         vocab_size=129280,
         d_model=7168,
@@ -455,6 +455,44 @@ class Cell:
 
 MARK = {"agrees": "✓", "imprecise": "≈", "wrong": "✗"}
 
+# Seed B's words in its cut tables, in English (the tables print these; the Chinese stays in the data).
+SEED_WORDS = {
+    "切 V 或 h (vocab parallel / TP)": "cut V or h (vocab parallel / TP)",
+    "切 V 或 h": "cut V or h",
+    "不切": "not cut",
+    "完整副本": "full replica",
+    "完整副本 (轻量)": "full replica (light)",
+    "在 stage 0": "on stage 0",
+    "在 stage L-1": "on stage L-1",
+    "列切，按 head 维": "column split, by head",
+    "行切": "row split",
+    "列切": "column split",
+    "按层归属 stage": "to the stage of its layer",
+    "不切 (dense FFN)": "not cut (dense FFN)",
+    "(可选) 切 h_ffn，称 moe_tp": "(optional) cut h_ffn: moe_tp",
+    "切 E，不同 expert 在不同卡": "cut E: experts on different ranks",
+    "切 h → [b, s, h/N_TP]": "cut h → [b, s, h/N_TP]",
+    "切 s → [b, s/N_TP, h] (TP 不需完整 s 的区段)": "cut s → [b, s/N_TP, h] (where TP needs no whole s)",
+    "切 s → [b, s/N_CP, h]": "cut s → [b, s/N_CP, h]",
+    "切 b → [b/N_DP, s, h]": "cut b → [b/N_DP, s, h]",
+    "不切，在某个 stage 上": "not cut, on one stage",
+    "切 n_head → 每卡 n_h/N_TP 个 head": "cut n_head → n_head/N_TP heads per rank",
+    "(与 input hidden 同 s)": "(the same s as the input hidden)",
+    "切 s → 每卡 s/N_CP 个 token": "cut s → s/N_CP tokens per rank",
+    "切 b": "cut b",
+    "切 n_kv_head": "cut n_kv_head",
+    "(同上)": "(as above)",
+    "切 s, attention 时需跨卡看全部 KV": "cut s; attention needs every rank's K/V",
+    "切 n_head": "cut n_head",
+    "不出现完整 (TP 内独立算)": "never whole (computed within TP)",
+    "不显式持有 (Ring 增量算)": "not held explicitly (the ring computes it step by step)",
+    "切 h_ffn → 每卡 h_ffn/N_TP": "cut h_ffn → h_ffn/N_TP per rank",
+    "切 s (TP 协同)": "cut s (with TP)",
+    "切 s": "cut s",
+    "(MoE) 不同 token 在不同 expert 卡": "(MoE) different tokens on different experts' ranks",
+    "(可选) vocab parallel 切 V": "(optional) vocab parallel: cut V",
+}
+
 # Seed B's tbl-mat-weight-cut, cell by cell: (its words, the claim they make in checkable form). Claims:
 # a shape in seed B's symbols and orientation with N the column's degree ("|" between alternatives); "full":
 # every rank holds it whole; "as TP": what TP alone holds (SP adds no cut); "stage 0" / "stage L-1": held whole
@@ -619,13 +657,12 @@ def judge_weight(runs, row: str, mode: str, cfg, moe_cfg) -> Cell:
         if claim == "by layer":
             want = [r for r in range(N) if int(layer) in stage_layers[r]]
             ok = whole and list(stages) == want
-            text = f"whole, on stage {stages[0]} of {N} (layers {stage_layers[stages[0]]}); absent elsewhere"
+            held = stage_layers[stages[0]]
+            text = f"whole, on stage {stages[0]} only (layers {held[0]}–{held[-1]})"
         else:
             target = 0 if claim == "stage 0" else sizes["L"] - 1
             ok = whole and list(stages) == [target]
-            text = f"whole, on stage {stages[0]} only" + (
-                "" if claim == "stage 0" else f" = N_PP−1 (L−1 = {sizes['L'] - 1} is a layer, not a stage)"
-            )
+            text = f"whole, on stage {stages[0]} only" + ("" if claim == "stage 0" else " = N_PP − 1")
         return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
     locs = {p: [_local(run[rec_mode], p) for run in runs] for p in params}
     for p in params:
@@ -744,12 +781,9 @@ def judge_activation(runs, row: str, mode: str, cfg, moe_cfg, b: int, s: int) ->
         ok = shapes_ == {full}
         if claim == "stage L-1":
             ok = ok and holders == [cfg.n_layers - 1]
-            text = (
-                f"whole {fmt_shape(full)}, on stage {holders[0]} = N_PP−1 only (L−1 = {cfg.n_layers - 1} "
-                "is a layer, not a stage)"
-            )
+            text = f"whole {fmt_shape(full)}, on stage {holders[0]} = N_PP − 1 only"
         else:
-            text = f"whole {fmt_shape(full)} on every stage, for the layers it holds (micro-batch b)"
+            text = f"whole {fmt_shape(full)}, on the stage of its layer"
         return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
     locs = [run[mode]["acts"].get(key) for run in runs]
     if claim == "blocks":
@@ -758,7 +792,7 @@ def judge_activation(runs, row: str, mode: str, cfg, moe_cfg, b: int, s: int) ->
         per_rank = "; ".join(
             f"rank {r}: " + ", ".join(fmt_shape(x) for x in run["CP"]["scores"]) for r, run in enumerate(runs)
         )
-        text = f"one score block per ring step, never [b, n_head, s/N, s]: {per_rank}"
+        text = f"a block per ring step, never [b, n_head, s/N, s]: {per_rank}"
         return Cell(row, mode, seed, claim, "imprecise" if never_row else "wrong", text)
     if len(set(locs)) != 1:
         raise AssertionError(f"{mode} {row}: ranks hold different shapes {locs}")
@@ -787,7 +821,9 @@ def cut_table_rows(cells: list[Cell], with_seed: bool = True) -> list[list[str]]
         line = [row]
         for mode in MODES:
             c = cols[mode]
-            line.append(f"{MARK[c.verdict]} {c.measured}" + (f"<br>*seed: {c.seed}*" if with_seed else ""))
+            line.append(
+                f"{MARK[c.verdict]} {c.measured}" + (f"<br>*seed B: {SEED_WORDS[c.seed]}*" if with_seed else "")
+            )
         out.append(line)
     return out
 
