@@ -83,6 +83,9 @@ def test_axis_cuts_find_one_dimension_per_mode(runs):
     found = {m: B.cut_dims(cuts[m]) for m in B.MODES}
     found["SP"] -= found["TP"]
     assert found == B.SEED_AXIS_DIMS
+    said = {m: B.spec_dims(runs[0][m]["specs"]) for m in B.MODES}
+    said["SP"] -= said["TP"]
+    assert said == {**B.SEED_AXIS_DIMS, "DP": set()}  # each module's shard_specs() declare what its ranks hold
     assert B.fig_dim_orth(cuts).axes
 
 

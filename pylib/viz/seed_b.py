@@ -355,6 +355,33 @@ SEED_AXIS = {
 SEED_AXIS_DIMS = {"TP": {"n_head", "h_ffn", "V"}, "SP": {"s"}, "CP": {"s"}, "DP": {"b"}, "PP": {"L"}, "EP": {"E"}}
 
 
+def spec_dims(specs: list[dict]) -> set[str]:
+    """The dimensions a mode's own `shard_specs()` say it splits, named with seed B's symbols: a TP column/row split
+    of an attention weight cuts the heads, of an MLP weight h_ffn, the vocabulary-parallel embedding and LM head V;
+    a CP sequence spec cuts s; a PP stage spec the layers L; an EP expert spec the experts E; a TP LayerNorm noted as
+    seeing s/t tokens under SP, s."""
+    out = set()
+    for sp in specs:
+        kind, name = sp["kind"], sp["name"]
+        if sp["axis"] == "tp" and kind in ("column", "row", "vocab", "kv-replicated"):
+            out.add("V" if ("embed" in name or "lm_head" in name) else "n_head" if ".attn." in name else "h_ffn")
+        elif kind.startswith("sequence"):
+            out.add("s")
+        elif kind == "stage":
+            out.add("L")
+        elif kind == "expert":
+            out.add("E")
+        elif sp["axis"] == "tp" and "sees s/t tokens" in sp["note"]:
+            out.add("s")
+    return out
+
+
+def spec_summary(specs: list[dict]) -> str:
+    """'tp column ×21, tp row ×8, ...': how many of a mode's ShardSpecs have each (axis, kind)."""
+    counts = Counter((sp["axis"], sp["kind"]) for sp in specs)
+    return ", ".join(f"{axis} {kind} ×{n}" for (axis, kind), n in counts.items())
+
+
 def cut_dims(shares: dict[str, float]) -> set[str]:
     return {d for d, v in shares.items() if v < 1}
 
