@@ -1,12 +1,14 @@
 # The README's two commands. Each sets up .venv on first use (Python >= 3.11), then:
 #   make test   lint + format check, then pytest
 #   make book   build and execute the whole book (warnings are errors), then run every lab
-.PHONY: test book clean
+# and, for CI after `make book`:
+#   make site-test   the built site in a real browser (chromium), plus its link and label checks
+.PHONY: test book clean vendor site-test
 
 VENV   := .venv
 STAMP  := $(VENV)/.installed
 PYTHON := $(shell command -v python3.11 2>/dev/null || command -v python3)
-LINTED := $(wildcard pylib tests labs bench)
+LINTED := $(wildcard pylib tests labs bench tools)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 $(VENV)/bin/python:
@@ -33,9 +35,26 @@ _build/.pylib-stamp: $(shell find pylib -name '*.py' 2>/dev/null) requirements.t
 	mkdir -p _build && touch $@
 
 # Build and execute the book, then run every lab in solution mode through the harness (report in labs/_runs/).
-book: $(STAMP) _build/.pylib-stamp
+book: $(STAMP) _build/.pylib-stamp vendor
 	jupyter-book build . --all --builder html -W -n
 	python -m pylib.labs run --all
+
+# --- The site as readers see it (tools/site, tests/site) ------------------------------------------------------------
+# vendor: MathJax, require.js and the widget manager from the npm registry into book/_static/vendor/ (git-ignored),
+# so the built site loads nothing from another host. A no-op once the pinned versions are there.
+VENDORED := book/_static/vendor/.vendored.json
+$(VENDORED): tools/site/vendor.py
+	$(PYTHON) tools/site/vendor.py
+vendor: $(VENDORED)
+
+# site-test: run after `make book` (it checks _build/html as built). Needs Debian's chromium (apt-get install
+# chromium); Playwright, from requirements-site.txt, drives it and never downloads a browser.
+$(VENV)/.site-installed: requirements-site.txt $(STAMP)
+	$(VENV)/bin/python -m pip install -r requirements-site.txt
+	touch $@
+site-test: $(VENV)/.site-installed
+	@test -f _build/html/index.html || { echo "no built site in _build/html: run make book first" >&2; exit 1; }
+	python -m pytest tests/site -p no:cacheprovider
 
 clean:
 	rm -rf _build labs/_runs .pytest_cache .ruff_cache .hypothesis

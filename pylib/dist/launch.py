@@ -191,8 +191,9 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 6
         raise RuntimeError("launch() starts its own ranks; call it from a plain process, not from inside a rank")
     backend = _pick_backend(backend, world_size)
     if backend == "gloo":
-        # torch.optim imports torch._dynamo when the first optimizer is built (~2.5 s of CPU). Import it once here,
-        # before forking, so that ranks inherit it instead of each paying again.
+        # torch.optim imports torch._dynamo when the first optimizer is built, and the first
+        # autograd.backward(y, grad_tensors=g) imports torch.fx's symbolic shapes and sympy (~2.5 s of CPU in all).
+        # torch._dynamo brings both. Import it once here, before forking, so ranks inherit it instead of each paying.
         import torch._dynamo  # noqa: F401
     ctx = mp.get_context("spawn" if backend == "nccl" else "fork")
     job = cloudpickle.dumps((fn, args, kwargs)) if backend == "nccl" else (fn, args, kwargs)

@@ -1,0 +1,174 @@
+"""Pipeline parallelism, measured: bubble, point-to-point traffic and activation memory against their formulas,
+and our 1F1B step time against PyTorch's Schedule1F1B on the same ranks.
+
+    PYTHONPATH=$PWD python bench/pp_schedules.py [--p 4] [--repeats 3]
+
+Bubble, four ways (idle time / compute time, averaged over ranks):
+  formula     (p-1)/m for GPipe and 1F1B, (p-1)/(v·m) for interleaved
+  schedule    the pure schedule simulated in logical time (forward 1, backward 2, posted sends)
+  replay      the order the ranks really ran, re-timed in logical units (what the tests assert on)
+  padded      wall clock, every forward of a chunk padded to t_f/v and every backward to t_b/v seconds with a
+              sleep (the executor's `compute_delay`): compute costs a known amount, so the timing noise of a
+              shared 2-core machine is small against it; communication and scheduling overheads remain
+  raw         wall clock of the tiny model as is (dominated by per-op overhead and noise on a CPU)
+The median over `--repeats` runs is printed for the wall-clock columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from pylib.analysis import pp as A
+from pylib.dist import collectives as C
+from pylib.dist import launch, trace
+from pylib.model import ModelConfig, build_model, random_tokens
+from pylib.pp.pipeline import PipelineParallel
+from pylib.pp.schedules import build
+from pylib.pp.simulate import simulate
+from pylib.pp.split import lm_loss, rank_chunks
+from pylib.pp.timeline import bubble, replay
+
+CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=8, n_heads=4, d_ff=64, dtype="float32")
+SEQ = 16
+SWEEP = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)]
+
+
+def _sweep(ms, repeats, t_f, t_b):
+    model = build_model(CFG)
+    out = []
+    for name, v in SWEEP:
+        pipe = PipelineParallel(model, v=v)
+        for m in ms:
+            ids, targets = random_tokens(CFG, m, SEQ, seed=m)  # microbatch size 1
+            pipe.step(ids, targets, schedule=name, n_microbatches=m, measure_memory=False)  # warm-up
+            runs = []
+            for _ in range(repeats):
+                pipe.zero_grad()
+                with trace() as tr:
+                    run = pipe.step(ids, targets, schedule=name, n_microbatches=m)
+                sent = sum(e.bytes_sent for e in tr.select(op="send"))
+                pipe.zero_grad()
+                padded = pipe.step(
+                    ids,
+                    targets,
+                    schedule=name,
+                    n_microbatches=m,
+                    measure_memory=False,
+                    compute_delay=(t_f / v, t_b / v),
+                )
+                runs.append(dict(raw=run, padded=padded.timeline, sent=sent))
+            out.append(dict(name=name, v=v, m=m, runs=runs))
+    return out
+
+
+def _torch_1f1b(m, steps):
+    rank, p = dist.get_rank(), dist.get_world_size()
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    model = build_model(CFG)
+    ids, targets = random_tokens(CFG, m, SEQ, seed=0)
+    chunk = rank_chunks(model, rank, p)[0]
+    schedule = Schedule1F1B(PipelineStage(chunk, rank, p, torch.device("cpu")), m, loss_fn=lm_loss)
+    pipe = PipelineParallel(model)
+
+    def theirs():
+        if rank == 0:
+            schedule.step(ids)
+        elif rank == p - 1:
+            schedule.step(target=targets)
+        else:
+            schedule.step()
+
+    def ours():
+        pipe.step(ids, targets, schedule="1f1b", n_microbatches=m, measure_memory=False)
+
+    times = {"ours": [], "torch": []}
+    for fn in (ours, theirs):  # warm-up
+        fn()
+    for _ in range(steps):
+        for who, fn in (("ours", ours), ("torch", theirs)):
+            C.all_reduce_(torch.zeros(1))  # a barrier
+            t = time.perf_counter()
+            fn()
+            C.all_reduce_(torch.zeros(1))
+            times[who].append(time.perf_counter() - t)
+    return times
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--p", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10, help="timed steps for the PyTorch comparison")
+    ap.add_argument("--t-f", type=float, default=0.04, help="padded forward seconds per stage and microbatch")
+    ap.add_argument("--t-b", type=float, default=0.08, help="padded backward seconds per stage and microbatch")
+    args = ap.parse_args()
+    p = args.p
+    ms = [p, 2 * p, 4 * p]  # multiples of p, as the interleaved schedule needs
+    nbytes = torch.finfo(CFG.torch_dtype).bits // 8
+    print(
+        f"pipeline p={p}, model h={CFG.d_model} L={CFG.n_layers} {CFG.dtype}, microbatch b=1 s={SEQ}; "
+        f"padded compute t_f={args.t_f * 1e3:.0f} ms, t_b={args.t_b * 1e3:.0f} ms per stage"
+    )
+    t0 = time.time()
+    results = launch(_sweep, p, ms, args.repeats, args.t_f, args.t_b, timeout=900)
+    print(f"(sweep ran in {time.time() - t0:.1f} s)\n")
+
+    print("Bubble (idle / compute), mean over ranks")
+    print(f"{'schedule':<12} {'v':>2} {'m':>3} {'formula':>8} {'schedule':>9} {'replay':>7} {'padded':>7} {'raw':>7}")
+    for i, row in enumerate(results[0]):
+        name, v, m = row["name"], row["v"], row["m"]
+        runs = [[results[r][i]["runs"][k] for r in range(p)] for k in range(args.repeats)]
+        raw_tl = [[e for rank in rep for e in rank["raw"].timeline] for rep in runs]
+        padded_tl = [[e for rank in rep for e in rank["padded"]] for rep in runs]
+        logical = bubble(simulate(build(name, p, m, v), 1, 2, sends="eager")).mean_relative
+        replayed = bubble(replay(raw_tl[0], 1, 2)).mean_relative
+        padded = statistics.median(bubble(tl).mean_relative for tl in padded_tl)
+        raw = statistics.median(bubble(tl).mean_relative for tl in raw_tl)
+        print(
+            f"{name:<12} {v:>2} {m:>3} {A.bubble_fraction(p, m, v):>8.3f} {logical:>9.3f} {replayed:>7.3f} "
+            f"{padded:>7.3f} {raw:>7.3f}"
+        )
+
+    print("\nPoint-to-point bytes per step (all ranks, both directions), traced vs formula 2(pv-1)·m·b·s·h·bytes")
+    print(f"{'schedule':<12} {'v':>2} {'m':>3} {'traced':>10} {'formula':>10} {'equal':>6}")
+    for i, row in enumerate(results[0]):
+        name, v, m = row["name"], row["v"], row["m"]
+        traced = sum(results[r][i]["runs"][0]["sent"] for r in range(p))
+        formula = A.p2p_bytes_per_step(1, SEQ, CFG.d_model, nbytes, p, m, v)
+        print(f"{name:<12} {v:>2} {m:>3} {traced:>10} {formula:>10} {str(traced == formula):>6}")
+
+    print(
+        "\nPeak activation memory per rank (bytes autograd saved), measured vs in-flight x bytes per microbatch-chunk"
+    )
+    print(f"{'schedule':<12} {'v':>2} {'m':>3} {'rank':>4} {'in flight':>9} {'measured':>9} {'formula':>9}")
+    for i, row in enumerate(results[0]):
+        name, v, m = row["name"], row["v"], row["m"]
+        if m != ms[-1]:
+            continue
+        for r in range(p):
+            run = results[r][i]["runs"][0]["raw"]
+            per_chunk = max(run.activation_bytes[(0, c)] for c in range(v))
+            formula = A.activation_memory(name, p, m, r, per_chunk, v)
+            print(
+                f"{name:<12} {v:>2} {m:>3} {r:>4} {run.peak_in_flight:>9} {run.peak_activation_bytes:>9} "
+                f"{formula:>9}" + ("  (chunks differ: bound)" if v > 1 and r in (0, p - 1) else "")
+            )
+
+    m = 2 * p
+    times = launch(_torch_1f1b, p, m, args.steps, timeout=600)[0]
+    ours, theirs = statistics.median(times["ours"]), statistics.median(times["torch"])
+    print(f"\n1F1B step time, p={p}, m={m}, median of {args.steps} alternating steps on the same ranks")
+    print(
+        f"  ours {ours * 1e3:8.1f} ms   PyTorch Schedule1F1B {theirs * 1e3:8.1f} ms   "
+        f"ratio ours/PyTorch {ours / theirs:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Pipeline-parallel formulas: bubble, microbatches in flight, activation memory, point-to-point traffic.
+
+Symbols: p pipeline ranks, m microbatches per step, v model chunks per rank (interleaving; v = 1 otherwise),
+N microbatches per group in the interleaved schedule (Megatron's microbatch_group_size_per_vp_stage, default p),
+b microbatch size, s sequence length, h hidden size, t_f / t_b the forward / backward time of one rank's whole
+stage for one microbatch (a chunk takes t_f / v).
+
+Bubble. A rank computes for m·(t_f + t_b) per step; GPipe and 1F1B both leave each rank idle for (p-1)·(t_f + t_b)
+(the pipeline fills and drains once), so idle / ideal = (p-1)/m. Interleaving makes each fill-and-drain step a
+chunk, v times shorter: (p-1)/(v·m). As a share of the whole step the same idle time is (p-1)/(v·m + p - 1).
+
+In flight (activations a rank holds at its peak, counted in (microbatch, chunk) pairs):
+    GPipe          m                                   every forward runs before any backward
+    1F1B           min(p - r, m)                       the warm-up depth p - r - 1, plus the one in 1F1B
+    interleaved    min(2(p-r-1) + (v-1)·N + 1, v·m)    Megatron's warm-up, plus one
+A chunk's activations are 1/v of a stage's, so interleaving rank 0 holds (v·p + p - 1)/v = p + (p-1)/v stage
+microbatches with N = p (Korthikanti et al. 2022) -- slightly more than 1F1B's p.
+
+P2P traffic. Each of the p·v - 1 stage boundaries carries, per microbatch, one activation forward and its gradient
+backward, each b·s·h elements of the activation dtype (divide s by the TP size with sequence parallelism and by the
+CP size with context parallelism: the caller passes the local shape).
+"""
+
+from __future__ import annotations
+
+
+def bubble_fraction(p: int, m: int, v: int = 1) -> float:
+    """Idle time relative to the ideal (compute-only) time: (p-1)/(v·m)."""
+    return (p - 1) / (v * m)
+
+
+def bubble_share(p: int, m: int, v: int = 1) -> float:
+    """Idle time as a share of the step: (p-1)/(v·m + p - 1)."""
+    return (p - 1) / (v * m + p - 1)
+
+
+def bubble_time(p: int, t_f: float, t_b: float, v: int = 1) -> float:
+    """Idle time per rank per step: (p-1)·(t_f + t_b)/v (t_f, t_b: one whole stage, one microbatch)."""
+    return (p - 1) * (t_f + t_b) / v
+
+
+def step_time(p: int, m: int, t_f: float, t_b: float, v: int = 1) -> float:
+    """Ideal pipelined step time: m·(t_f + t_b) of compute plus the bubble."""
+    return m * (t_f + t_b) + bubble_time(p, t_f, t_b, v)
+
+
+def peak_in_flight(schedule: str, p: int, m: int, rank: int, v: int = 1, group_size: int | None = None) -> int:
+    """Most (microbatch, chunk) activations rank `rank` holds at once under `schedule`."""
+    if schedule == "gpipe":
+        return m * v
+    if schedule == "1f1b":
+        return min(p - rank, m)
+    if schedule == "interleaved":
+        n = p if group_size is None else group_size
+        return min(2 * (p - rank - 1) + (v - 1) * n + 1, v * m)
+    raise ValueError(f"unknown schedule {schedule!r}: 'gpipe', '1f1b' or 'interleaved'")
+
+
+def peak_in_flight_stages(schedule: str, p: int, m: int, rank: int, v: int = 1, group_size: int | None = None) -> float:
+    """The same peak in units of one whole stage's microbatch activations (a chunk holds 1/v of them)."""
+    return peak_in_flight(schedule, p, m, rank, v, group_size) / v
+
+
+def activation_memory(
+    schedule: str, p: int, m: int, rank: int, bytes_per_microbatch: float, v: int = 1, group_size: int | None = None
+) -> float:
+    """Peak activation bytes of rank `rank`: in-flight (microbatch, chunk) pairs x the bytes one chunk saves for
+    one microbatch (`bytes_per_microbatch`, e.g. measured with `pylib.model.saved_activations`)."""
+    return peak_in_flight(schedule, p, m, rank, v, group_size) * bytes_per_microbatch
+
+
+def p2p_message_bytes(b: int, s: int, h: int, dtype_bytes: int) -> int:
+    """One activation (or its gradient) crossing one stage boundary: b·s·h elements."""
+    return b * s * h * dtype_bytes
+
+
+def p2p_bytes_per_step(b: int, s: int, h: int, dtype_bytes: int, p: int, m: int, v: int = 1) -> int:
+    """Bytes sent over all links in one step, both directions: 2·(p·v - 1)·m·b·s·h·dtype_bytes."""
+    return 2 * (p * v - 1) * m * p2p_message_bytes(b, s, h, dtype_bytes)
+
+
+def p2p_bytes_per_rank(b: int, s: int, h: int, dtype_bytes: int, p: int, m: int, rank: int, v: int = 1) -> int:
+    """Bytes rank `rank` sends in one step (it receives the same amount): for each of its chunks, m activations
+    forward unless it holds the last stage, and m gradients backward unless it holds the first."""
+    n_stages = p * v
+    messages = 0
+    for c in range(v):
+        k = c * p + rank
+        messages += (k < n_stages - 1) + (k > 0)
+    return messages * m * p2p_message_bytes(b, s, h, dtype_bytes)

@@ -1,0 +1,79 @@
+"""Pipeline parallelism: the model cut into stages, schedules as data, a pure simulator, and the executor.
+
+stage_layers(n_layers, pp, v)            # which layers chunk c of rank r holds (Megatron's layout)
+sched = build("1f1b", p, m)              # or gpipe(p, m), one_f_one_b(p, m), interleaved_1f1b(p, m, v)
+sched[r]                                 # rank r's plain list of Actions: F / B / send / recv
+simulate(sched)                          # run the lists against each other: deadlocks, timeline
+bubble(timeline), peak_in_flight(timeline)
+
+# inside launched ranks:
+pipe = PipelineParallel(build_model(cfg), group=mesh.pp, v=1)
+run = pipe.step(ids, targets, schedule="1f1b", n_microbatches=8)     # run.loss, run.timeline
+run_pipeline(sched, chunks, group=..., inputs=..., targets=..., act_shape=...)   # any stage modules
+"""
+
+from .executor import PipelineRun, microbatches, run_pipeline
+from .pipeline import PipelineParallel
+from .schedules import (
+    SCHEDULES,
+    Action,
+    Schedule,
+    ScheduleError,
+    build,
+    check_interleaved,
+    compute_order,
+    gpipe,
+    interleaved_1f1b,
+    interleaved_table,
+    one_f_one_b,
+    place_communication,
+    warmup_forwards,
+)
+from .simulate import DeadlockError, simulate
+from .split import (
+    PipelineChunk,
+    check_split,
+    lm_loss,
+    rank_chunks,
+    shard_specs,
+    split_model,
+    stage_layers,
+    virtual_stage,
+)
+from .timeline import Bubble, Event, bubble, idle_intervals, peak_in_flight, replay
+
+__all__ = [
+    "SCHEDULES",
+    "Action",
+    "Bubble",
+    "DeadlockError",
+    "Event",
+    "PipelineChunk",
+    "PipelineParallel",
+    "PipelineRun",
+    "Schedule",
+    "ScheduleError",
+    "bubble",
+    "build",
+    "check_interleaved",
+    "check_split",
+    "compute_order",
+    "gpipe",
+    "idle_intervals",
+    "interleaved_1f1b",
+    "interleaved_table",
+    "lm_loss",
+    "microbatches",
+    "one_f_one_b",
+    "peak_in_flight",
+    "place_communication",
+    "rank_chunks",
+    "replay",
+    "run_pipeline",
+    "shard_specs",
+    "simulate",
+    "split_model",
+    "stage_layers",
+    "virtual_stage",
+    "warmup_forwards",
+]

@@ -1,0 +1,81 @@
+"""The reference model run as a pipeline: this rank's chunks of it, and one call for a training step.
+
+Inside a launched rank:
+
+    pipe = PipelineParallel(build_model(cfg), group=mesh.pp, v=2)      # keeps only this rank's chunks
+    run = pipe.step(ids, targets, schedule="interleaved", n_microbatches=4)
+    opt = torch.optim.SGD(pipe.parameters(), lr=0.1); opt.step()
+    dict(pipe.named_parameters())          # reference names: "layers.3.mlp.up_proj.weight", ...
+
+ids, targets: the whole batch [b, s] (only the ranks holding the first and the last stage read them).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..dist import collectives as C
+from ..model import Transformer
+from .executor import PipelineRun, microbatches, run_pipeline
+from .schedules import build
+from .split import rank_chunks, shard_specs
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_schedule(name: str, p: int, m: int, v: int, group_size: int | None):
+    return build(name, p, m, v, group_size=group_size)  # pure: the same arguments give the same lists
+
+
+class PipelineParallel:
+    """This rank's v chunks of the reference model on the pp group `group` (p = group size)."""
+
+    def __init__(self, model: Transformer, group=None, *, v: int = 1):
+        g = C.resolve_group(group)
+        self.group, self.p, self.rank, self.v = g, g.size, g.rank, v
+        self.cfg = model.cfg
+        self.chunks = rank_chunks(model, g.rank, g.size, v)
+        self._specs = shard_specs(model, g.rank, g.size, v)
+
+    def parameters(self):
+        return [p for chunk in self.chunks for p in chunk.parameters()]
+
+    def named_parameters(self):
+        """(reference name, parameter) for every parameter this rank holds."""
+        return [(n, p) for chunk in self.chunks for n, p in chunk.named_parameters()]
+
+    def zero_grad(self) -> None:
+        for chunk in self.chunks:
+            chunk.zero_grad(set_to_none=True)
+
+    def shard_specs(self):
+        return list(self._specs)
+
+    def step(
+        self,
+        ids: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        schedule: str = "1f1b",
+        n_microbatches: int,
+        group_size: int | None = None,
+        **run_kw,
+    ) -> PipelineRun:
+        """Forward and backward of the whole batch [b, s] as m microbatches under `schedule`; gradients
+        accumulate in .grad. Extra keywords go to `run_pipeline` (scale_loss, blocking_sends, compute_delay)."""
+        m = n_microbatches
+        sched = _cached_schedule(schedule, self.p, m, self.v, group_size)
+        b, s = ids.shape
+        if b % m:
+            raise ValueError(f"m={m} microbatches do not divide the batch size b={b}")
+        return run_pipeline(
+            sched,
+            self.chunks,
+            group=self.group,
+            inputs=microbatches(ids, m),
+            targets=microbatches(targets, m),
+            act_shape=(b // m, s, self.cfg.d_model),
+            act_dtype=self.cfg.torch_dtype,
+            **run_kw,
+        )

@@ -1,0 +1,175 @@
+"""Cut the reference model into pipeline stages: which layers each rank holds, and the stage modules themselves.
+
+With p pipeline ranks and v virtual chunks per rank there are K = p·v *virtual stages*, each holding
+L / K consecutive layers. Virtual stage k lives on rank k % p as its chunk k // p -- Megatron's interleaved
+layout: chunk c of rank r holds layer block c·p + r. With v = 1 that is the plain split (rank r holds block r).
+
+    p = 2, v = 2, L = 8:   rank 0: chunk 0 = layers 0-1 (+ embedding),  chunk 1 = layers 4-5
+                           rank 1: chunk 0 = layers 2-3,                chunk 1 = layers 6-7 (+ ln_f, lm_head, loss)
+
+A forward pass visits the virtual stages in order 0, 1, ..., K-1, so an activation goes round the ring of ranks v
+times. Virtual stage 0 also embeds the token ids; virtual stage K-1 also applies ln_f and the LM head and, given
+targets, returns the microbatch's mean cross-entropy loss.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..dist.sharding import ShardSpec
+from ..model import Transformer
+
+
+def check_split(n_layers: int, pp: int, v: int = 1) -> None:
+    """Raise a ValueError naming the numbers when L layers cannot be cut into pp·v equal blocks."""
+    for name, value in (("pp", pp), ("v", v)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    if n_layers % (pp * v):
+        raise ValueError(
+            f"n_layers={n_layers} is not divisible by pp × v = {pp} × {v} = {pp * v} "
+            f"(every virtual stage must hold the same number of layers)"
+        )
+
+
+def virtual_stage(rank: int, chunk: int, pp: int) -> int:
+    """Index k of the virtual stage held by `rank` as its chunk `chunk`: k = chunk·pp + rank."""
+    return chunk * pp + rank
+
+
+def stage_layers(n_layers: int, pp: int, v: int = 1) -> list[list[range]]:
+    """layers[r][c]: the range of layer indices that chunk c of rank r holds (pure; the book prints it)."""
+    check_split(n_layers, pp, v)
+    per = n_layers // (pp * v)
+    return [
+        [range(virtual_stage(r, c, pp) * per, (virtual_stage(r, c, pp) + 1) * per) for c in range(v)] for r in range(pp)
+    ]
+
+
+class PipelineChunk(nn.Module):
+    """One virtual stage of the reference model: a run of consecutive layers, plus the embedding on the first
+    stage and ln_f + lm_head on the last.
+
+    forward(x, targets=None):
+        first stage:  x = ids [b, s] (int64)      -> hidden [b, s, h]
+        middle stage: x = hidden [b, s, h]         -> hidden [b, s, h]
+        last stage:   x = hidden [b, s, h]         -> logits [b, s, V], or, with targets [b, s], the mean
+                                                    next-token cross-entropy of this microbatch (a scalar)
+    Parameter names are the reference model's own ("layers.5.attn.q_proj.weight"), so gradients and weights can
+    be compared with the reference by name.
+    """
+
+    def __init__(
+        self,
+        layers: dict[int, nn.Module],
+        *,
+        stage: int,
+        n_stages: int,
+        embed=None,
+        ln_f=None,
+        lm_head=None,
+        vocab_size: int | None = None,
+    ):
+        super().__init__()
+        self.stage, self.n_stages = stage, n_stages
+        self.is_first, self.is_last = stage == 0, stage == n_stages - 1
+        self.embed = embed
+        self.layers = nn.ModuleDict({str(i): layer for i, layer in layers.items()})
+        self.ln_f, self.lm_head = ln_f, lm_head
+        self.vocab_size = vocab_size
+
+    @classmethod
+    def from_full(cls, model: Transformer, stage: int, n_stages: int) -> PipelineChunk:
+        """Virtual stage `stage` of `n_stages`, with copies of the reference model's weights."""
+        cfg = model.cfg
+        check_split(cfg.n_layers, n_stages)
+        if not 0 <= stage < n_stages:
+            raise ValueError(f"stage={stage} is outside 0..{n_stages - 1}")
+        if cfg.tie_embeddings and n_stages > 1:
+            raise ValueError(
+                "tie_embeddings=True puts the shared embedding on the first and the last stage; pipeline stages "
+                "here need untied embeddings (Megatron all-reduces the two copies' gradients in an embedding group)"
+            )
+        per = cfg.n_layers // n_stages
+        ids = range(stage * per, (stage + 1) * per)
+        first, last = stage == 0, stage == n_stages - 1
+        return cls(
+            {i: copy.deepcopy(model.layers[i]) for i in ids},
+            stage=stage,
+            n_stages=n_stages,
+            embed=copy.deepcopy(model.embed) if first else None,
+            ln_f=copy.deepcopy(model.ln_f) if last else None,
+            lm_head=copy.deepcopy(model.lm_head) if last else None,
+            vocab_size=cfg.vocab_size,
+        )
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return [int(k) for k in self.layers]
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for layer in self.layers.values():
+            x = layer(x)
+        if self.lm_head is None:
+            return x
+        logits = self.lm_head(self.ln_f(x))
+        if targets is None:
+            return logits
+        return lm_loss(logits, targets)
+
+    def extra_repr(self) -> str:
+        parts = [f"stage {self.stage}/{self.n_stages}", f"layers {self.layer_ids}"]
+        if self.is_first:
+            parts.append("+embed")
+        if self.is_last:
+            parts.append("+ln_f+lm_head")
+        return ", ".join(parts)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy, as `Transformer.loss`: logits [b, s, V], targets [b, s] -> scalar."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    if flat.dtype in (torch.bfloat16, torch.float16):
+        flat = flat.float()
+    return F.cross_entropy(flat, targets.reshape(-1))
+
+
+def split_model(model: Transformer, pp: int, v: int = 1) -> list[list[PipelineChunk]]:
+    """chunks[r][c]: the module for chunk c of rank r (virtual stage c·pp + r), copied from the full model."""
+    check_split(model.cfg.n_layers, pp, v)
+    return [[PipelineChunk.from_full(model, virtual_stage(r, c, pp), pp * v) for c in range(v)] for r in range(pp)]
+
+
+def rank_chunks(model: Transformer, rank: int, pp: int, v: int = 1) -> list[PipelineChunk]:
+    """This rank's chunks only (what a launched rank keeps), in chunk order."""
+    check_split(model.cfg.n_layers, pp, v)
+    if not 0 <= rank < pp:
+        raise ValueError(f"rank={rank} is outside 0..{pp - 1}")
+    return [PipelineChunk.from_full(model, virtual_stage(rank, c, pp), pp * v) for c in range(v)]
+
+
+def shard_specs(model: Transformer, rank: int, pp: int, v: int = 1) -> list[ShardSpec]:
+    """How `rank` holds the reference weights under pp (and v chunks): whole tensors of its stages, none of the
+    others. Every spec has axis "pp", dim None (a stage holds a parameter entirely) and kind "stage"."""
+    out = []
+    full = dict(model.named_parameters())
+    for c, chunk in enumerate(rank_chunks(model, rank, pp, v)):
+        for name, p in chunk.named_parameters():
+            out.append(
+                ShardSpec(
+                    name,
+                    "pp",
+                    None,
+                    "stage",
+                    tuple(full[name].shape),
+                    tuple(p.shape),
+                    note=f"rank {rank} chunk {c} = virtual stage {chunk.stage} of {pp * v}",
+                )
+            )
+    return out

@@ -1,0 +1,136 @@
+"""Timelines and what is measured from them: the bubble and the microbatches in flight.
+
+A timeline is a list of `Event`s, one per forward, backward, send and receive of every rank. `simulate` makes one
+in logical time units from a pure schedule; the executor records one in seconds from a real run. The same
+functions measure both, so the book can set the formula, the simulation and the real run side by side.
+
+Bubble: with T the step time (first compute start to last compute end, over all ranks) and busy_r the time rank r
+spent computing, rank r idled T - busy_r. The textbook figure is that idle time *relative to the ideal* time,
+(T - busy_r) / busy_r, which is (p-1)/m for GPipe and 1F1B and (p-1)/(v·m) for interleaved 1F1B (see
+`pylib.analysis.pp`); as a share of the step it is (T - busy_r) / T = (p-1)/(m+p-1) for GPipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Event:
+    """One interval of one rank's timeline (logical units from `simulate`, seconds from the executor).
+
+    rank: pp-group index; kind: "F", "B", "send" or "recv"; mb, chunk, stage: the microbatch, this rank's chunk and
+    its virtual stage; what: "act" / "grad" for communication; peer: the other rank. A communication interval runs
+    from the moment the rank reached the op to the moment it completed (so it includes waiting for the peer)."""
+
+    rank: int
+    kind: str
+    mb: int
+    chunk: int
+    stage: int
+    start: float
+    end: float
+    what: str = ""
+    peer: int | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind in ("F", "B")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def as_events(timeline) -> list[Event]:
+    """Accept Events or their dicts (what a launched rank returns after pickling)."""
+    return [e if isinstance(e, Event) else Event(**e) for e in timeline]
+
+
+@dataclass(frozen=True)
+class Bubble:
+    """Bubble measured from a timeline. Per-rank lists are indexed by rank."""
+
+    step_time: float
+    busy: list[float]  # compute time of each rank
+    idle: list[float]  # step_time - busy
+    relative: list[float]  # idle / busy: the bubble relative to the ideal time, the textbook's (p-1)/m
+    share: list[float]  # idle / step_time: the share of the step the rank idles
+
+    @property
+    def mean_relative(self) -> float:
+        return sum(self.relative) / len(self.relative)
+
+    @property
+    def mean_share(self) -> float:
+        return sum(self.share) / len(self.share)
+
+
+def bubble(timeline) -> Bubble:
+    """Step time, busy and idle time per rank, and the bubble fraction (relative to ideal, and as a share)."""
+    compute = [e for e in as_events(timeline) if e.is_compute]
+    if not compute:
+        raise ValueError("the timeline has no forward or backward")
+    t0, t1 = min(e.start for e in compute), max(e.end for e in compute)
+    step = t1 - t0
+    ranks = sorted({e.rank for e in compute})
+    if ranks != list(range(len(ranks))):
+        raise ValueError(f"the timeline covers ranks {ranks}; every rank 0..{ranks[-1]} must be present")
+    busy = [sum(e.duration for e in compute if e.rank == r) for r in ranks]
+    idle = [step - b for b in busy]
+    return Bubble(step, busy, idle, [i / b for i, b in zip(idle, busy)], [i / step for i in idle])
+
+
+def peak_in_flight(timeline) -> list[int]:
+    """Per rank: the most (microbatch, chunk) activations held at once -- forwards done whose backward is not."""
+    events = sorted((e for e in as_events(timeline) if e.is_compute), key=lambda e: (e.rank, e.start))
+    peak: dict[int, int] = {}
+    live: dict[int, int] = {}
+    for e in events:
+        live[e.rank] = live.get(e.rank, 0) + (1 if e.kind == "F" else -1)
+        peak[e.rank] = max(peak.get(e.rank, 0), live[e.rank])
+    return [peak[r] for r in sorted(peak)]
+
+
+def idle_intervals(timeline, rank: int) -> list[tuple[float, float]]:
+    """The gaps between rank `rank`'s computes inside the step (what a figure shades as bubble)."""
+    events = as_events(timeline)
+    compute = [e for e in events if e.is_compute]
+    t0, t1 = min(e.start for e in compute), max(e.end for e in compute)
+    mine = sorted((e for e in compute if e.rank == rank), key=lambda e: e.start)
+    gaps, t = [], t0
+    for e in mine:
+        if e.start > t:
+            gaps.append((t, e.start))
+        t = max(t, e.end)
+    if t < t1:
+        gaps.append((t, t1))
+    return gaps
+
+
+def replay(timeline, cost_f: float = 1.0, cost_b: float = 2.0) -> list[Event]:
+    """Re-time a recorded run in logical units: each rank's forwards and backwards in the order it actually ran
+    them, a forward costing `cost_f` and a backward `cost_b`, each starting as soon as its rank is free and its
+    input exists (messages free). Wall-clock noise drops out; the order the executor really followed stays, so
+    the bubble of the replay is the schedule's own."""
+    from .schedules import Action, logical_times
+
+    compute = [e for e in as_events(timeline) if e.is_compute]
+    ranks = sorted({e.rank for e in compute})
+    orders = [
+        [
+            Action(e.kind, e.mb, e.chunk, e.stage)
+            for e in sorted((e for e in compute if e.rank == r), key=lambda e: e.start)
+        ]
+        for r in ranks
+    ]
+    n_stages = max(e.stage for e in compute) + 1
+    times = logical_times(orders, n_stages, cost_f, cost_b)
+    return [
+        Event(r, a.op, a.mb, a.chunk, a.stage, *times[(a.op, a.mb, a.stage)])
+        for r, order in zip(ranks, orders)
+        for a in order
+    ]

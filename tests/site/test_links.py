@@ -1,0 +1,155 @@
+"""The built site's links, anchors and assets, read from its HTML files (no browser): every internal link and
+cross-reference lands on an existing page and anchor, every label of book/labels.yml is defined by its chapter, no
+page loads an asset from another host, and the launch and download buttons point where they should."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections import Counter
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from tests.site import sitemap
+
+
+def _broken_links(site, page: str) -> list[str]:
+    broken = []
+    for href in sitemap.parse(page, site).links:
+        if sitemap.is_external(href):
+            continue
+        target, fragment = sitemap.resolve(page, href)
+        if not (site / target).is_file():
+            broken.append(f"{href!r}: no file {target}")
+        elif fragment and target.endswith(".html") and fragment not in sitemap.parse(target, site).ids:
+            broken.append(f"{href!r}: {target} has no anchor #{fragment}")
+    return broken
+
+
+def test_every_internal_link_and_cross_reference_resolves(site, page):
+    broken = _broken_links(site, page)
+    assert not broken, f"{page}: {len(broken)} broken internal links:\n  " + "\n  ".join(broken)
+
+
+def test_page_loads_no_asset_from_another_host(site, page):
+    parsed = sitemap.parse(page, site)
+    external = [src for src, _ in parsed.scripts if sitemap.is_external(src)]
+    external += [f"{href} ({rel})" for href, rel in parsed.stylesheets if sitemap.is_external(href)]
+    external += [src for src, _ in parsed.images if sitemap.is_external(src) and not src.startswith("data:")]
+    assert not external, f"{page} loads from other hosts (vendor them, see tools/site/vendor.py): {external}"
+    missing = []
+    for url in [s for s, _ in parsed.scripts] + [h for h, _ in parsed.stylesheets] + [s for s, _ in parsed.images]:
+        if url.startswith("data:"):
+            continue
+        target, _ = sitemap.resolve(page, url)
+        if not (site / target).is_file():
+            missing.append(f"{url} (no file {target})")
+    assert not missing, f"{page} names assets that are not in the site: {missing}"
+
+
+def test_page_loads_each_script_once_and_only_the_vendored_entry_points(site, page):
+    scripts = [sitemap.resolve(page, sitemap.strip_query(src))[0] for src, _ in sitemap.parse(page, site).scripts]
+    repeated = [s for s, n in Counter(scripts).items() if n > 1]
+    assert not repeated, f"{page} loads these scripts more than once: {repeated}"
+    # _static/vendor/fontawesome/ is the pydata theme's own; the rest of _static/vendor/ is book/_static/vendor/.
+    vendored = {s for s in scripts if s.startswith("_static/vendor/") and "/fontawesome/" not in s}
+    unexpected = vendored - sitemap.VENDOR_ENTRY_POINTS
+    assert not unexpected, (
+        f"{page} loads vendored files directly: {sorted(unexpected)}. Is there a _static/ folder at the book root? "
+        "Jupyter Book then adds every script of every static path to every page."
+    )
+
+
+def test_saved_widget_state_covers_every_widget_view(site, page):
+    """A page that shows widgets carries their state (one state script) and the widget manager that renders it."""
+    parsed = sitemap.parse(page, site)
+    views = parsed.script_types.count(sitemap.WIDGET_VIEW)
+    states = parsed.script_types.count(sitemap.WIDGET_STATE)
+    if views == 0:
+        return
+    assert states == 1, f"{page}: {views} widget views but {states} saved widget-state scripts"
+    scripts = {sitemap.resolve(page, sitemap.strip_query(s))[0] for s, _ in parsed.scripts}
+    needed = {"_static/vendor/requirejs/require.js", "_static/vendor/html-manager/embed-amd.js"}
+    assert needed <= scripts, f"{page} shows widgets but does not load {sorted(needed - scripts)}"
+
+
+def test_every_chapter_in_the_toc_was_built(site):
+    missing = [d for d in sitemap.toc_docnames() if not (site / f"{d}.html").is_file()]
+    assert not missing, f"chapters of _toc.yml with no page in the site: {missing}"
+
+
+# ------------------------------------------------------------------------------------------------ labels
+
+
+def test_labels_of_chapters_in_the_toc_are_defined_by_their_chapter(site):
+    in_toc = set(sitemap.toc_docnames())
+    missing = []
+    for chapter, labels in sitemap.label_map().items():
+        if chapter not in in_toc:
+            continue
+        ids = sitemap.parse(f"{chapter}.html", site).ids
+        missing += [f"{label} (in {chapter})" for label in labels if label not in ids]
+    assert not missing, (
+        "labels of book/labels.yml whose chapter is in the TOC but defines no such anchor "
+        f"(add `(label)=` or `name: label` in the chapter, or fix book/labels.yml): {missing}"
+    )
+
+
+def test_pending_labels_are_not_defined_on_another_page(site):
+    """A label listed under a chapter that is not in the TOC yet must not already live on some other page: if it
+    does, book/labels.yml names the wrong chapter and the label would stay unchecked."""
+    in_toc = set(sitemap.toc_docnames())
+    pending = {
+        label: chapter for chapter, labels in sitemap.label_map().items() if chapter not in in_toc for label in labels
+    }
+    elsewhere = []
+    for page in sitemap.site_pages(site):
+        for label in pending.keys() & sitemap.parse(page, site).ids:
+            elsewhere.append(f"{label}: listed under {pending[label]} but defined in {page}")
+    assert not elsewhere, "fix book/labels.yml:\n  " + "\n  ".join(elsewhere)
+
+
+# ------------------------------------------------------------------------------- launch and download buttons
+
+
+def _notebook_chapters() -> list[str]:
+    return [d for d in sitemap.toc_docnames() if sitemap.is_notebook_source(d)]
+
+
+@pytest.mark.parametrize("docname", _notebook_chapters())
+def test_notebook_page_has_a_jupyterhub_launch_button_for_its_own_source(site, docname):
+    cfg = sitemap.config()
+    hub = (cfg.get("launch_buttons") or {}).get("jupyterhub_url", "").rstrip("/")
+    if not hub:
+        pytest.skip("launch_buttons.jupyterhub_url is empty: no launch buttons")
+    launches = [h for h in sitemap.parse(f"{docname}.html", site).links if h.startswith(hub + "/")]
+    assert len(launches) == 1, f"{docname}.html: expected one link to {hub}, found {launches}"
+    url = urlsplit(launches[0])
+    assert url.path.endswith("/hub/user-redirect/git-pull"), launches[0]
+    query = {k: v[0] for k, v in parse_qs(url.query).items()}
+    repo = cfg["repository"]["url"].rstrip("/")
+    assert query["repo"] == repo and query["branch"] == cfg["repository"]["branch"], query
+    # nbgitpuller clones into a folder named after the repository; the rest is the chapter's source path.
+    interface, _, path = query["urlpath"].partition("/tree/")
+    assert interface == "lab", query["urlpath"]
+    clone, _, source = path.partition("/")
+    assert clone == posixpath.basename(repo), query["urlpath"]
+    assert source == sitemap.source_of(docname).relative_to(sitemap.ROOT).as_posix(), query["urlpath"]
+
+
+@pytest.mark.parametrize("docname", _notebook_chapters())
+def test_notebook_page_offers_the_executed_notebook_for_download(site, docname):
+    page = f"{docname}.html"
+    downloads = [h for h in sitemap.parse(page, site).links if h.endswith(".ipynb") and not sitemap.is_external(h)]
+    assert downloads, (
+        f"{page}: no download link to an .ipynb (sphinx-book-theme offers the executed notebook only when a launch "
+        "button is configured: launch_buttons.jupyterhub_url in _config.yml)"
+    )
+    for href in downloads:
+        target, _ = sitemap.resolve(page, href)
+        notebook = site / target
+        assert notebook.is_file(), f"{page}: {href} -> missing {target}"
+        cells = json.loads(notebook.read_text())["cells"]
+        code = [c for c in cells if c["cell_type"] == "code"]
+        assert any(c.get("outputs") for c in code), f"{target}: no outputs, so not the executed notebook"

@@ -1,0 +1,70 @@
+"""The pipeline figures draw what the timeline holds: one bar per forward/backward, the idle time hatched."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+
+from pylib.analysis import pp as A  # noqa: E402
+from pylib.dist import launch  # noqa: E402
+from pylib.model import ModelConfig, build_model, random_tokens  # noqa: E402
+from pylib.pp.pipeline import PipelineParallel  # noqa: E402
+from pylib.pp.schedules import build  # noqa: E402
+from pylib.pp.simulate import simulate  # noqa: E402
+from pylib.pp.timeline import bubble, idle_intervals  # noqa: E402
+from pylib.viz.pp import plot_bubble_sweep, plot_schedule, plot_timeline  # noqa: E402
+
+pytestmark = pytest.mark.timeout(90)
+
+CFG = ModelConfig(vocab_size=32, d_model=16, n_layers=4, n_heads=4, d_ff=32, dtype="float64")
+
+
+def _patches(fig, gid):
+    return [p for ax in fig.axes for p in ax.patches if p.get_gid() == gid]
+
+
+@pytest.mark.parametrize("name, v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
+def test_schedule_figure_draws_every_compute_and_shades_exactly_the_bubble(name, v):
+    sched = build(name, 4, 8, v)
+    fig = plot_schedule(sched)
+    events = simulate(sched, sends="eager")
+    assert len(_patches(fig, "compute")) == 2 * 4 * 8 * v
+    shaded = sum(p.get_width() for p in _patches(fig, "bubble"))
+    assert shaded == pytest.approx(sum(bubble(events).idle))
+    assert f"{A.bubble_fraction(4, 8, v):.3f}" in fig.axes[0].get_title()
+
+
+def _timeline():
+    pipe = PipelineParallel(build_model(CFG))
+    ids, targets = random_tokens(CFG, 4, 8)
+    return [e.as_dict() for e in pipe.step(ids, targets, schedule="1f1b", n_microbatches=4).timeline]
+
+
+def test_timeline_figure_from_a_real_run_draws_its_events_and_idle_time():
+    timeline = [e for rank in launch(_timeline, 2, timeout=60) for e in rank]
+    fig = plot_timeline(timeline, title="1F1B, measured")
+    assert len(_patches(fig, "compute")) == 2 * 2 * 4
+    idle = sum(t1 - t0 for r in range(2) for t0, t1 in idle_intervals(timeline, r))
+    assert sum(p.get_width() for p in _patches(fig, "bubble")) == pytest.approx(idle)
+    assert len(_patches(fig, "comm")) == sum(
+        1 for e in timeline if e["kind"] in ("send", "recv") and e["end"] > e["start"]
+    )
+
+
+def test_bubble_sweep_figure_plots_formula_and_measurements():
+    rows = [
+        dict(
+            schedule=name,
+            m=m,
+            formula=A.bubble_fraction(4, m, v),
+            measured=bubble(simulate(build(name, 4, m, v))).mean_relative,
+        )
+        for name, v in [("1f1b", 1), ("interleaved", 2)]
+        for m in (4, 8, 16)
+    ]
+    fig = plot_bubble_sweep(rows)
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == 4
+    formula_1f1b = [ln for ln in lines if ln.get_label() == "1f1b: formula"][0]
+    assert list(formula_1f1b.get_ydata()) == pytest.approx([0.75, 0.375, 0.1875])

@@ -1,0 +1,65 @@
+"""A small Sphinx extension for the site (loaded through _config.yml's `sphinx: local_extensions`). It fixes two
+faults of the Jupyter Book 1 stack that the site test found:
+
+- Repeated scripts. Sphinx 7 adds a body-only script twice when an extension registers it after the builder
+  started (once as `None`, once as `""`); sphinx-thebe does that with `const THEBE_JS_URL = ...`, so every page
+  threw "Identifier 'THEBE_JS_URL' has already been declared". `drop_repeated_scripts` keeps the first of any
+  repeated script (same file or body, same attributes).
+- An empty download. With `execute_notebooks: cache`, myst-nb writes the notebook it was given to
+  _build/jupyter_execute/, and when the outputs come from the cache they went into a copy, so the download button
+  (which serves that file) gave a notebook without outputs on every rebuild. `restore_executed_notebook` merges
+  the cached outputs (and widget state) back in before the theme copies the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+
+def _script_key(script: Any) -> tuple:
+    attributes = getattr(script, "attributes", {}) or {}
+    return (getattr(script, "filename", None) or "", tuple(sorted(attributes.items())))
+
+
+def drop_repeated_scripts(app, pagename: str, templatename: str, context: dict, doctree) -> None:
+    scripts = context.get("script_files")
+    if not scripts:
+        return
+    seen: set[tuple] = set()
+    kept = []
+    for script in scripts:
+        key = _script_key(script)
+        if key not in seen:
+            seen.add(key)
+            kept.append(script)
+    scripts[:] = kept  # the builder's own list (reset before each page), so modify it in place
+
+
+def restore_executed_notebook(app, pagename: str, templatename: str, context: dict, doctree) -> None:
+    if app.config.nb_execution_mode != "cache":
+        return
+    path = Path(app.outdir).parent / "jupyter_execute" / f"{pagename}.ipynb"
+    if not path.is_file():
+        return
+    notebook = nbformat.read(path, as_version=4)
+    if any(cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"):
+        return
+    from jupyter_cache import get_cache
+
+    cache_path = app.config.nb_execution_cache_path or str(Path(app.outdir).parent / ".jupyter_cache")
+    try:
+        _, merged = get_cache(cache_path).merge_match_into_notebook(notebook)
+    except KeyError:
+        return  # nothing cached for this code (a page with no code cells, or one that was not executed)
+    nbformat.write(merged, path)
+
+
+def setup(app) -> dict:
+    # Before sphinx-book-theme copies the notebook for its download button (html-page-context, priority 501).
+    app.connect("html-page-context", restore_executed_notebook, priority=400)
+    # After the extensions that add per-page scripts in html-page-context (myst-nb's widgets: priority 500).
+    app.connect("html-page-context", drop_repeated_scripts, priority=900)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
