@@ -85,18 +85,22 @@ def test_ring_saves_q_k_v_out_and_lse_and_nothing_quadratic():
 
     b, s, h, h_kv, d = 2, 32, 4, 2, 8
 
-    def rank(dtype):
+    def rank(dtypes):
         r, n = dist.get_rank(), dist.get_world_size()
-        g = torch.Generator().manual_seed(0)
-        q = torch.randn(b, h, s, d, generator=g).to(dtype)
-        k, v = (torch.randn(b, h_kv, s, d, generator=g).to(dtype) for _ in range(2))
-        q, k, v = (shard_sequence(x, 2, r, n, "zigzag").requires_grad_() for x in (q, k, v))
-        with saved_activations() as saved:
-            ring_attention(q, k, v, causal=True)
-        return saved.bytes
+        result = []
+        for dtype in dtypes:
+            g = torch.Generator().manual_seed(0)
+            q = torch.randn(b, h, s, d, generator=g).to(dtype)
+            k, v = (torch.randn(b, h_kv, s, d, generator=g).to(dtype) for _ in range(2))
+            q, k, v = (shard_sequence(x, 2, r, n, "zigzag").requires_grad_() for x in (q, k, v))
+            with saved_activations() as saved:
+                ring_attention(q, k, v, causal=True)
+            result.append(saved.bytes)
+        return result
 
+    sizes = {torch.float64: 8, torch.bfloat16: 2}
     for cp in (1, 2, 4):
-        for dtype, size in ((torch.float64, 8), (torch.bfloat16, 2)):
-            got = launch(rank, cp, dtype)
-            assert got == [ring_attention_saved_bytes(b, s, h, h_kv, d, cp, size)] * cp, (cp, dtype, got)
+        for r, got in enumerate(launch(rank, cp, list(sizes))):
+            want = [ring_attention_saved_bytes(b, s, h, h_kv, d, cp, size) for size in sizes.values()]
+            assert got == want, (cp, r, got, want)
     assert ring_attention_saved_bytes(b, s, h, h_kv, d, 4, 2) * 4 == ring_attention_saved_bytes(b, s, h, h_kv, d, 1, 2)

@@ -117,6 +117,9 @@ def causal_ownership_figure(seq_len: int, cp: int, layouts=("contiguous", "zigza
             owner[sequence_positions(seq_len, r, cp, layout).numpy()] = r
         grid = np.where(np.tril(np.ones((seq_len, seq_len), dtype=bool)), owner[:, None], np.nan)
         ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-0.5, vmax=cp - 0.5, interpolation="nearest")
+        ticks = range(0, seq_len, max(1, seq_len // 4))
+        ax.set_xticks(ticks)
+        ax.set_yticks(ticks)
         ax.set_title(layout)
         ax.set_xlabel("key position")
         ax.set_ylabel("query position")
