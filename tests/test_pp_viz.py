@@ -89,3 +89,14 @@ def test_stage_map_refuses_specs_that_cut_a_tensor():
     cut = ShardSpec("layers.0.mlp.up_proj.weight", "tp", 0, "column", (32, 16), (16, 16))
     with pytest.raises(ValueError, match="is cut on rank 0"):
         plot_stage_map([[cut]])
+
+
+def test_timelines_share_one_time_axis_when_given_xlim_and_label_only_bars_wide_enough():
+    sched = build("interleaved", 4, 8, 2)
+    squeezed = plot_schedule(sched, xlim=(0, 100))
+    assert squeezed.axes[0].get_xlim() == (0, 100)
+
+    def drawn(fig):
+        return sum(len(t.get_text()) for t in fig.axes[0].texts)
+
+    assert 0 < drawn(squeezed) < drawn(plot_schedule(sched))  # narrower bars: shorter labels ("3" for "3.1")
