@@ -1,0 +1,53 @@
+"""All of it at once: the reference Transformer on a TP x SP x CP x EP x DP x PP mesh, trained exactly like the
+reference on one device.
+
+    ParallelTransformer.from_full(model, mesh, *, sequence_parallel=True, cp_layout="zigzag", cp_kind="ring",
+                                  schedule="1f1b", n_microbatches=1, v=1, zero_stage=0, lr=...)
+        .step(ids, targets) -> StepResult      # the global batch [B, S]; .loss = the reference's mean loss
+        .reduction_table()                     # which group completes each parameter's gradient, as rows
+        .memory(), .parameter_pieces(), .layouts, .shard_specs()
+    compose_problems(cfg, ParallelConfig, world, batch=, seq=, ...) -> [every violated constraint]
+    train(cfg, ParallelConfig, steps=, batch=, seq=, **model_kw)   # inside launched ranks: losses, report
+    train_reference(cfg, steps=, batch=, seq=)                     # one device, the same data and optimizer
+
+Files: checks.py (every constraint, all reported), stage.py (one pipeline stage built from TP, CP and EP modules),
+reductions.py (the gradient-reduction table and the reductions after DP's), model.py (the composed model and one
+training step), train.py (the loops), report.py (per-rank memory and traffic tables).
+"""
+
+from .checks import ComposeConfigError, check_compose, compose_problems
+from .model import ParallelTransformer, StepResult, local_batch
+from .reductions import (
+    ParamInfo,
+    Reduction,
+    finalize_gradients,
+    held_gradient_pieces,
+    held_parameter_pieces,
+    parameter_map,
+    reduction_table,
+)
+from .stage import ParallelStage, build_layer
+from .train import batches, compare_with_reference, pattern_tokens, train, train_reference
+
+__all__ = [
+    "ComposeConfigError",
+    "ParallelStage",
+    "ParallelTransformer",
+    "ParamInfo",
+    "Reduction",
+    "StepResult",
+    "batches",
+    "build_layer",
+    "check_compose",
+    "compare_with_reference",
+    "compose_problems",
+    "finalize_gradients",
+    "held_gradient_pieces",
+    "held_parameter_pieces",
+    "local_batch",
+    "parameter_map",
+    "pattern_tokens",
+    "reduction_table",
+    "train",
+    "train_reference",
+]
