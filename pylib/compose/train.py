@@ -81,7 +81,7 @@ def train(
     model = ParallelTransformer.from_full(build_model(model_cfg), mesh, batch=batch, seq=seq, lr=lr, **model_kw)
     out = dict(
         rank=mesh.global_rank,
-        coords={k: mesh[k].rank for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp")},
+        coords={k: mesh[k].rank for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp", "dp-cp")},
         losses=[],
         local_losses=[],
         traffic=[],
