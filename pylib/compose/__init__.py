@@ -12,11 +12,13 @@ reference on one device.
 
 Files: checks.py (every constraint, all reported), stage.py (one pipeline stage built from TP, CP and EP modules),
 reductions.py (the gradient-reduction table and the reductions after DP's), model.py (the composed model and one
-training step), train.py (the loops), report.py (per-rank memory and traffic tables).
+training step), train.py (the loops), probe.py (the FFN activation probe), report.py (per-rank memory and traffic
+tables).
 """
 
 from .checks import ComposeConfigError, check_compose, compose_problems
 from .model import ParallelTransformer, StepResult, local_batch
+from .probe import ffn_probe
 from .reductions import (
     ParamInfo,
     Reduction,
@@ -26,8 +28,9 @@ from .reductions import (
     parameter_map,
     reduction_table,
 )
+from .report import format_reduction_table, format_report, reference_ffn_bytes, report_rows
 from .stage import ParallelStage, build_layer
-from .train import batches, compare_with_reference, pattern_tokens, train, train_reference
+from .train import batches, compare_with_reference, holder_labels, pattern_tokens, train, train_reference
 
 __all__ = [
     "ComposeConfigError",
@@ -41,13 +44,19 @@ __all__ = [
     "check_compose",
     "compare_with_reference",
     "compose_problems",
+    "ffn_probe",
     "finalize_gradients",
+    "format_reduction_table",
+    "format_report",
     "held_gradient_pieces",
     "held_parameter_pieces",
+    "holder_labels",
     "local_batch",
     "parameter_map",
     "pattern_tokens",
+    "reference_ffn_bytes",
     "reduction_table",
+    "report_rows",
     "train",
     "train_reference",
 ]

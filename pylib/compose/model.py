@@ -152,6 +152,7 @@ class ParallelTransformer:
                 sequence_parallel=sequence_parallel,
                 cp_layout=cp_layout,
                 cp_kind=cp_kind,
+                n_microbatches=n_microbatches,
             )
             for c in range(v)
         ]
@@ -159,6 +160,8 @@ class ParallelTransformer:
         table = [r for s in stages for r in reduction_table(s, mesh)]
         infos = [i for s in stages for i in parameter_map(s)]
         kv = {n: k for s in stages for n, k in kv_replica_counts(s).items()}
+        specs = [spec for s in stages for spec in s.shard_specs()]
+        stage_of = {n: s.stage for s in stages for n, _ in s.named_parameters()}
         expert = {r.name for r in table if r.dp_group == "edp"}
         dense_group, expert_group = mesh["dp-cp"], mesh["edp"]
 
@@ -177,7 +180,9 @@ class ParallelTransformer:
             )
             for s in stages
         ]
-        return cls(cfg, mesh, stages, wrappers, table, infos, kv, opts | dict(bucket_bytes=bucket_bytes))
+        model = cls(cfg, mesh, stages, wrappers, table, infos, kv, opts | dict(bucket_bytes=bucket_bytes))
+        model._stage_specs, model._stage_of = specs, stage_of
+        return model
 
     def _log_routing(self, layer: int):
         def hook(module, args, output):
@@ -324,22 +329,28 @@ class ParallelTransformer:
         return [r.as_dict() for r in self.table]
 
     def shard_specs(self) -> list[ShardSpec]:
-        """How this rank holds each parameter: the TP / EP / ETP split of the stage modules (read before the DP
-        wrappers took over), plus one "pp" row per parameter naming its stage and one DP row naming its group."""
-        specs = []
+        """How this rank holds each parameter: the TP / EP / ETP splits of its stage modules (read before the DP
+        wrappers took over), then one "pp" row per parameter (its virtual stage) and one row for the data-parallel
+        axis (replicated under DDP; optimizer state, gradients, parameters sharded as the ZeRO stage says)."""
+        specs = list(self._stage_specs)
         by_name = {r.name: r for r in self.table}
+        zero = DP_STAGES[self.zero_stage]
         for info in self.infos:
             r = by_name[info.name]
+            shape = info.local_shape
             specs.append(
                 ShardSpec(
                     info.name,
-                    r.dp_group,
+                    "pp",
                     None,
-                    DP_STAGES[self.zero_stage],
-                    info.local_shape,
-                    info.local_shape,
-                    f"{info.kind}; gradient: {r.why}",
+                    "stage",
+                    shape,
+                    shape,
+                    f"virtual stage {self._stage_of[info.name]} of {self.mesh.pp.size * self.v}",
                 )
+            )
+            specs.append(
+                ShardSpec(info.name, r.dp_group, None, "replicated" if zero == "ddp" else zero, shape, shape, r.why)
             )
         return specs
 

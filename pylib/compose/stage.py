@@ -19,6 +19,9 @@ which are numbered locally ("layers.3.mlp.experts.experts.0.up_proj.weight"; `re
 
 from __future__ import annotations
 
+from dataclasses import replace
+from fractions import Fraction
+
 import torch
 import torch.nn as nn
 
@@ -54,8 +57,15 @@ def _layernorm_specs(ln: nn.LayerNorm, prefix: str, sequence_parallel: bool) -> 
     ]
 
 
-def build_layer(block, mesh, *, sequence_parallel: bool, cp_layout: str, cp_kind: str) -> TPBlock:
-    """One reference `Block` on this rank: attention over TP x CP, the MLP over TP (dense) or EP x ETP (MoE)."""
+def build_layer(
+    block, mesh, *, sequence_parallel: bool, cp_layout: str, cp_kind: str, n_microbatches: int = 1
+) -> TPBlock:
+    """One reference `Block` on this rank: attention over TP x CP, the MLP over TP (dense) or EP x ETP (MoE).
+
+    MoE auxiliary losses (load balancing, z-loss) are taken, as in Megatron, over the tokens of one microbatch of
+    one data-parallel replica (the tp-cp group). Their coefficients are scaled by cp / m here, so that after the
+    gradient average over dp-cp and the sum over m microbatches the objective is the *mean* over (replica,
+    microbatch) of each group's aux loss (`train_reference(..., like=...)` computes exactly that on one device)."""
     cfg = block.attn.cfg
     tp = mesh.tp
     core = None
@@ -67,6 +77,11 @@ def build_layer(block, mesh, *, sequence_parallel: bool, cp_layout: str, cp_kind
         mlp = ExpertParallelMoE.from_full(
             block.mlp, ep_group=mesh.ep, etp_group=mesh.etp, aux_group=mesh["tp-cp"] if aux else None
         )
+        if aux:
+            k = Fraction(mesh.cp.size, n_microbatches)
+            mlp.cfg = replace(
+                mlp.cfg, aux_loss_coef=float(mlp.cfg.aux_loss_coef * k), z_loss_coef=float(mlp.cfg.z_loss_coef * k)
+            )
         if sequence_parallel and tp.size > 1:  # every TP rank routes its own s/(cp*tp) tokens
             mark_sequence_parallel(mlp.router.gate.weight)
     else:
@@ -103,12 +118,23 @@ class ParallelStage(nn.Module):
 
     @classmethod
     def from_full(
-        cls, model, mesh, stage: int, n_stages: int, *, sequence_parallel=True, cp_layout="zigzag", cp_kind="ring"
+        cls,
+        model,
+        mesh,
+        stage: int,
+        n_stages: int,
+        *,
+        sequence_parallel=True,
+        cp_layout="zigzag",
+        cp_kind="ring",
+        n_microbatches: int = 1,
     ) -> ParallelStage:
         cfg = model.cfg
         per = cfg.n_layers // n_stages
         ids = range(stage * per, (stage + 1) * per)
-        kw = dict(sequence_parallel=sequence_parallel, cp_layout=cp_layout, cp_kind=cp_kind)
+        kw = dict(
+            sequence_parallel=sequence_parallel, cp_layout=cp_layout, cp_kind=cp_kind, n_microbatches=n_microbatches
+        )
         layers = {i: build_layer(model.layers[i], mesh, **kw) for i in ids}
         first, last = stage == 0, stage == n_stages - 1
         tp = mesh.tp

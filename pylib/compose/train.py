@@ -13,14 +13,18 @@ step with a zero gradient in both, as ZeRO's flat shards do.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
+from dataclasses import replace
 
 import torch
 
+from pylib.cp.layout import sequence_positions
 from pylib.dist import Mesh, ParallelConfig
 from pylib.dist.tracer import trace
-from pylib.model import build_model, random_tokens
+from pylib.model import MoE, build_model, random_tokens
 
 from .model import ParallelTransformer
+from .probe import ffn_probe
 
 DATASETS = ("random", "pattern")
 
@@ -68,6 +72,7 @@ def train(
     data: str = "random",
     data_seed: int = 0,
     keep_events: bool = False,
+    probe_ffn: bool = False,
     **model_kw,
 ) -> dict:
     """Inside a launched rank: `steps` optimizer steps of the composed model on the global batches.
@@ -76,7 +81,8 @@ def train(
     n_microbatches, v, zero_stage, ...). Returns this rank's record: losses (global, per step), local_losses
     (its replica's, last-stage ranks), params (`parameter_pieces()` after the last step), memory (held bytes
     after step 0), activation bytes (step 0), traffic per axis per step (from the tracer), step times, the
-    reduction table, the routing of step 0 (MoE), and the layouts of the data-parallel buffers."""
+    reduction table, the routing of step 0 (MoE), and the layouts of the data-parallel buffers; with
+    probe_ffn, the FFN hidden bytes per held layer in step 0 (`ffn_probe`)."""
     mesh = Mesh(pc)
     model = ParallelTransformer.from_full(build_model(model_cfg), mesh, batch=batch, seq=seq, lr=lr, **model_kw)
     out = dict(
@@ -90,10 +96,13 @@ def train(
     )
     for step in range(steps):
         ids, targets = batches(model_cfg, batch, seq, step, data=data, seed=data_seed)
-        with trace() as tr:
+        probe = ffn_probe([("", s) for s in model.stages]) if probe_ffn and step == 0 else nullcontext({})
+        with trace() as tr, probe as ffn:
             t0 = time.perf_counter()
             res = model.step(ids, targets, measure_memory=step == 0)
             out["times"].append(time.perf_counter() - t0)
+        if step == 0 and probe_ffn:
+            out["ffn_hidden_bytes"] = dict(ffn)
         out["losses"].append(res.loss)
         out["local_losses"].append(res.local_loss)
         out["traffic"].append(_traffic(tr))
@@ -115,6 +124,17 @@ def train(
     return out
 
 
+def holder_labels(seq: int, cp: int, tp: int, layout: str = "zigzag") -> torch.Tensor:
+    """[S] int64: for each position of a sequence, the index (cp_rank * tp + tp_rank) of the rank of one replica
+    that holds it in the composed model (CP's layout, then SP's contiguous split of the CP rank's tokens)."""
+    labels = torch.empty(seq, dtype=torch.int64)
+    per = seq // (cp * tp)
+    for c in range(cp):
+        for k, p in enumerate(sequence_positions(seq, c, cp, layout).tolist()):
+            labels[p] = c * tp + k // per
+    return labels
+
+
 def train_reference(
     model_cfg,
     *,
@@ -125,24 +145,51 @@ def train_reference(
     data: str = "random",
     data_seed: int = 0,
     optimizer=torch.optim.Adam,
+    like: dict | None = None,
 ) -> dict:
     """The same steps on one device: the whole global batch, the reference model, `optimizer(lr=lr)`.
-    Returns losses (per step) and params (name -> tensor after the last step)."""
-    model = build_model(model_cfg)
+    Returns losses (per step) and params (name -> tensor after the last step).
+
+    like=dict(pc=ParallelConfig, n_microbatches=m, cp_layout=..., sequence_parallel=...): for MoE models with
+    auxiliary losses or a capacity factor, reproduce the composed run's grouping on one device -- the batch is run
+    as dp*m groups (a data-parallel replica's microbatch each), each group's aux loss weighted 1/(dp*m), each
+    token's capacity counted among the tokens of the rank that holds it (`MoE.drop_groups`). The mean
+    cross-entropy, and without aux losses and dropping the gradients too, are those of the plain reference."""
+    groups, labels = 1, None
+    cfg = model_cfg
+    if like is not None:
+        pc = like["pc"]
+        groups = pc.dp * like.get("n_microbatches", 1)
+        tp = pc.tp if like.get("sequence_parallel", True) else 1
+        labels = holder_labels(seq, pc.cp, tp, like.get("cp_layout", "zigzag"))
+        if cfg.moe is not None:
+            moe = cfg.moe
+            cfg = cfg.with_(
+                moe=replace(moe, aux_loss_coef=moe.aux_loss_coef / groups, z_loss_coef=moe.z_loss_coef / groups)
+            )
+    model = build_model(cfg)
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
     opt = optimizer(model.parameters(), lr=lr)
     out = dict(losses=[], times=[])
     for step in range(steps):
         ids, targets = batches(model_cfg, batch, seq, step, data=data, seed=data_seed)
         t0 = time.perf_counter()
-        loss = model.loss(ids, targets)
-        loss.backward()
+        b = batch // groups
+        total = 0.0
+        for g in range(groups):
+            rows = slice(g * b, (g + 1) * b)
+            for moe in moes:
+                moe.drop_groups = None if labels is None else labels.expand(b, seq)
+            loss = model.loss(ids[rows], targets[rows])
+            (loss / groups).backward()
+            total += loss.item() / groups
         for p in model.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         opt.step()
         opt.zero_grad(set_to_none=False)
         out["times"].append(time.perf_counter() - t0)
-        out["losses"].append(loss.item())
+        out["losses"].append(total)
     out["params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
     return out
 
