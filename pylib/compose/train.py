@@ -50,14 +50,16 @@ def batches(cfg, batch: int, seq: int, step: int, *, data: str = "random", seed:
 
 
 def _traffic(tr) -> dict:
-    """Per axis: bytes sent, payload bytes, and op counts by op name, from one step's trace."""
+    """Per axis: bytes sent, payload bytes, op counts by op name, and op counts by phase and op, from a trace."""
     out: dict[str, dict] = {}
     for e in tr.events:
-        row = out.setdefault(e.axis, dict(bytes_sent=0, bytes_recv=0, payload_bytes=0, ops={}))
+        row = out.setdefault(e.axis, dict(bytes_sent=0, bytes_recv=0, payload_bytes=0, ops={}, phases={}))
         row["bytes_sent"] += e.bytes_sent
         row["bytes_recv"] += e.bytes_recv
         row["payload_bytes"] += e.payload_bytes
         row["ops"][e.op] = row["ops"].get(e.op, 0) + 1
+        by_phase = row["phases"].setdefault(e.phase, {})
+        by_phase[e.op] = by_phase.get(e.op, 0) + 1
     return out
 
 
@@ -154,7 +156,18 @@ def train_reference(
     auxiliary losses or a capacity factor, reproduce the composed run's grouping on one device -- the batch is run
     as dp*m groups (a data-parallel replica's microbatch each), each group's aux loss weighted 1/(dp*m), each
     token's capacity counted among the tokens of the rank that holds it (`MoE.drop_groups`). The mean
-    cross-entropy, and without aux losses and dropping the gradients too, are those of the plain reference."""
+    cross-entropy, and without aux losses and dropping the gradients too, are those of the plain reference.
+
+    Runs on one intra-op thread (restored afterwards): at these sizes more threads only contend with the ranks."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_reference(model_cfg, steps, batch, seq, lr, data, data_seed, optimizer, like)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_reference(model_cfg, steps, batch, seq, lr, data, data_seed, optimizer, like) -> dict:
     groups, labels = 1, None
     cfg = model_cfg
     if like is not None:
