@@ -244,6 +244,21 @@ def test_reduction_table_names_the_group_and_weight_of_every_parameter():
     assert "layers.*.mlp.router.gate.weight" in text and "edp (4)" in text
 
 
+def test_shard_specs_say_how_each_rank_holds_every_parameter_on_every_axis():
+    results, *_ = run("five16")
+    for r in results:
+        specs = r["shard_specs"]
+        names = {t["name"] for t in r["reduction_table"]}
+        for axis_kind in (("pp", "stage"), (None, "zero3")):
+            covered = {s.name for s in specs if s.kind == axis_kind[1] and axis_kind[0] in (None, s.axis)}
+            assert covered == names
+        q = [s for s in specs if s.name.endswith("attn.q_proj.weight")]
+        assert q and all(s.full_shape == (16, 16) and s.local_shape == (8, 16) for s in q if s.axis == "tp")
+        experts = [s for s in specs if s.axis == "ep" and s.kind == "expert"]
+        assert all(s.full_shape[0] == 4 and s.local_shape[0] == 2 for s in experts)  # 4 experts over ep=2
+        assert bool(experts) == (r["coords"]["pp"] == 1)  # interleaved: pp rank 1 holds the MoE layers 1 and 3
+
+
 def test_superposition_tp4_cp2_dp2_ffn_activation_is_one_sixteenth_per_rank():
     """Seed B: TP splits h_ffn, CP the sequence, DP the batch -- orthogonal axes, so each rank's FFN hidden
     activation [b/dp, s/cp, h_ffn/tp] is 1/16 of [b, s, h_ffn]. Measured on the real tensors (a hook on every
@@ -277,3 +292,24 @@ def test_the_per_rank_report_prints_every_rank_and_axis():
     assert len(lines) == 17
     for axis in ("tp", "cp", "ep", "pp", "dp-cp", "edp", "tp-cp"):
         assert axis in lines[0].split()
+
+
+def _probes_and_zero_stages():
+    kw = dict(steps=1, batch=BATCH, seq=SEQ, data=DATA, n_microbatches=2)
+    pc = ParallelConfig(tp=2, dp=2, pp=2)
+    return [
+        train(DENSE, pc, zero_stage=1, activation_probe="pipeline", **kw)["activation_bytes"],
+        train(DENSE, pc, zero_stage=1, **kw)["activation_bytes"],
+        train(DENSE, pc, zero_stage=3, **kw)["activation_bytes"],
+        train(DENSE, pc, zero_stage=3, activation_probe="pipeline", **kw)["activation_bytes"],
+    ]
+
+
+@pytest.mark.timeout(120)
+def test_saved_activations_are_measured_alike_by_both_probes_and_do_not_depend_on_the_zero_stage():
+    """The stage probe equals pylib.pp's probe under ZeRO-1. ZeRO-3 gathers each unit's parameters for its
+    forward and autograd saves views of them; they are freed right after and gathered again for backward, so the
+    stage probe leaves them out (and gives ZeRO-1's numbers) where the pipeline's probe counts them."""
+    for pipeline1, stage1, stage3, pipeline3 in launch(_probes_and_zero_stages, 8):
+        assert pipeline1 == stage1 == stage3 and min(stage1.values()) > 0
+        assert all(pipeline3[k] > stage3[k] for k in stage3)

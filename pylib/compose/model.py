@@ -38,6 +38,7 @@ from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.schedules import build
 
 from .checks import ComposeConfigError, check_compose, compose_problems
+from .probe import SavedProbe
 from .reductions import (
     finalize_gradients,
     held_gradient_pieces,
@@ -57,7 +58,8 @@ class StepResult:
 
     loss: the mean cross-entropy over the whole global batch (every rank). local_loss: this rank's dp-cp replica's
     loss (last-stage ranks; None elsewhere), losses: its per-microbatch losses. activation_bytes: bytes autograd
-    saved per (microbatch, chunk) forward; peak_activation_bytes: the most held at once (`pylib.pp`'s probe).
+    saved per (microbatch, chunk) forward, parameters excluded (`probe.SavedProbe`; under ZeRO-3 also the gathered
+    parameter buffers; see `step`'s activation_probe); peak_activation_bytes: the most held at once over the schedule.
     reduced: element counts of the TP gradient sums. moe_routing: per MoE forward, (layer, send_counts,
     recv_counts, etp_rows) of the dispatch -- what the EP traffic formulas need."""
 
@@ -98,6 +100,9 @@ class ParallelTransformer:
         for stage in stages:
             for i, moe in stage.moe_layers().items():
                 moe.register_forward_hook(self._log_routing(i))
+        self.saved = SavedProbe(self._parameter_storages)
+        for c, stage in enumerate(stages):
+            stage.chunk = c
         # the last backward of each chunk on this rank: the one that reduces (Megatron's no_sync for the others)
         self._last_backward = {}
         for a in self.schedule[mesh.pp.rank]:
@@ -184,6 +189,18 @@ class ParallelTransformer:
         model._stage_specs, model._stage_of = specs, stage_of
         return model
 
+    def _parameter_storages(self) -> set[int]:
+        """data_ptrs of every parameter storage this rank holds now: the modules' parameters (views of ZeRO-1/2's
+        flat buffers included) and, under ZeRO-3, the shards and the full buffers gathered at this moment."""
+        ptrs = {p.untyped_storage().data_ptr() for s in self.stages for p in s.parameters()}
+        for w in self.wrappers:
+            if self.zero_stage == 3:
+                ptrs |= {s.data_ptr() for s in w._live.values()}
+                ptrs |= {p.untyped_storage().data_ptr() for p in w.shards}
+            elif self.zero_stage in (1, 2):
+                ptrs |= {f.untyped_storage().data_ptr() for f in w.flats}
+        return ptrs
+
     def _log_routing(self, layer: int):
         def hook(module, args, output):
             st = module.last_state
@@ -242,8 +259,18 @@ class ParallelTransformer:
             s //= self.mesh.tp.size
         return (b, s, self.cfg.d_model)
 
-    def step(self, ids: torch.Tensor, targets: torch.Tensor, *, measure_memory: bool = True) -> StepResult:
-        """One training step on the global batch ids, targets [B, S] (the same on every rank)."""
+    def step(
+        self, ids: torch.Tensor, targets: torch.Tensor, *, measure_memory: bool = True, activation_probe: str = "stage"
+    ) -> StepResult:
+        """One training step on the global batch ids, targets [B, S] (the same on every rank).
+
+        activation_probe: "stage" (`probe.SavedProbe` inside each stage forward; parameters and ZeRO-3's gathered
+        buffers excluded) or "pipeline" (`pylib.pp.run_pipeline`'s own probe, which excludes the modules'
+        parameters only -- right except under ZeRO-3). autograd applies only the innermost saved-tensor hooks, so
+        one probe runs per step."""
+        if activation_probe not in ("stage", "pipeline"):
+            raise ValueError(f"activation_probe={activation_probe!r} must be 'stage' or 'pipeline'")
+        stage_probe = measure_memory and activation_probe == "stage"
         B, S = ids.shape
         self.check_batch(B, S)
         mesh = self.mesh
@@ -252,6 +279,9 @@ class ParallelTransformer:
         m = self.m
         self.zero_grad()
         self._moe_log = []
+        self.saved.reset()
+        for stage in self.stages:
+            stage.saved_probe = self.saved if stage_probe else None
         run = run_pipeline(
             self.schedule,
             self.stages,
@@ -261,8 +291,10 @@ class ParallelTransformer:
             act_shape=self.act_shape(B // (mesh.dp.size * m), S),
             act_dtype=self.cfg.torch_dtype,
             backward_context=self._backward_context,
-            measure_memory=measure_memory,
+            measure_memory=measure_memory and not stage_probe,
         )
+        for stage in self.stages:
+            stage.saved_probe = None
         for w in self.wrappers:
             w.finish_gradient_sync()
         pieces = self.gradient_pieces()
@@ -274,8 +306,10 @@ class ParallelTransformer:
             loss=loss,
             local_loss=run.loss,
             losses=list(run.losses),
-            activation_bytes=dict(run.activation_bytes),
-            peak_activation_bytes=run.peak_activation_bytes,
+            activation_bytes=dict(self.saved.bytes) if stage_probe else dict(run.activation_bytes),
+            peak_activation_bytes=self.saved.peak(self.schedule[mesh.pp.rank])
+            if stage_probe
+            else run.peak_activation_bytes,
             peak_in_flight=run.peak_in_flight,
             reduced=reduced,
             moe_routing=list(self._moe_log),

@@ -115,6 +115,8 @@ class ParallelStage(nn.Module):
         self.tp_group, self.cp_group, self.cp_layout = tp_group, cp_group, cp_layout
         self.sequence_parallel = sequence_parallel
         self._positions: dict[tuple, torch.Tensor] = {}
+        self.saved_probe = None  # a `probe.SavedProbe`: measures what each forward saves for backward
+        self.chunk = 0  # this stage's chunk index on its rank
 
     @classmethod
     def from_full(
@@ -173,6 +175,12 @@ class ParallelStage(nn.Module):
         return [int(k) for k in self.layers]
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if self.saved_probe is None:
+            return self._forward(x, targets)
+        with self.saved_probe.measure(self.chunk):
+            return self._forward(x, targets)
+
+    def _forward(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
         if self.embed is not None:
             s_cp = x.shape[1]  # ids [b, s/cp]
             with tag("embed"):

@@ -75,6 +75,7 @@ def train(
     data_seed: int = 0,
     keep_events: bool = False,
     probe_ffn: bool = False,
+    activation_probe: str = "stage",
     **model_kw,
 ) -> dict:
     """Inside a launched rank: `steps` optimizer steps of the composed model on the global batches.
@@ -101,7 +102,7 @@ def train(
         probe = ffn_probe([("", s) for s in model.stages]) if probe_ffn and step == 0 else nullcontext({})
         with trace() as tr, probe as ffn:
             t0 = time.perf_counter()
-            res = model.step(ids, targets, measure_memory=step == 0)
+            res = model.step(ids, targets, measure_memory=step == 0, activation_probe=activation_probe)
             out["times"].append(time.perf_counter() - t0)
         if step == 0 and probe_ffn:
             out["ffn_hidden_bytes"] = dict(ffn)
@@ -119,6 +120,7 @@ def train(
             out["moe_routing"] = res.moe_routing
     out["params"] = model.parameter_pieces()
     out["reduction_table"] = model.reduction_table()
+    out["shard_specs"] = model.shard_specs()
     out["layouts"] = model.layouts
     out["stage_layers"] = [s.layer_ids for s in model.stages]
     out["holds_first"] = any(s.is_first for s in model.stages)
