@@ -50,6 +50,7 @@ from .reductions import (
 from .stage import ParallelStage
 
 DP_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+MODEL_OPTIONS = ("sequence_parallel", "cp_layout", "cp_kind", "schedule", "n_microbatches", "v", "zero_stage")
 
 
 @dataclass
@@ -213,24 +214,9 @@ class ParallelTransformer:
     def check_batch(self, batch: int, seq: int) -> None:
         key = (batch, seq)
         if key not in self._problems:
+            options = {k: self.options[k] for k in MODEL_OPTIONS}
             self._problems[key] = compose_problems(
-                self.cfg,
-                self.mesh.config,
-                self.mesh.world_size,
-                batch=batch,
-                seq=seq,
-                **{
-                    k: self.options[k]
-                    for k in (
-                        "sequence_parallel",
-                        "cp_layout",
-                        "cp_kind",
-                        "schedule",
-                        "n_microbatches",
-                        "v",
-                        "zero_stage",
-                    )
-                },
+                self.cfg, self.mesh.config, self.mesh.world_size, batch=batch, seq=seq, **options
             )
         if self._problems[key]:
             raise ComposeConfigError(self._problems[key], f"a global batch [{batch}, {seq}]")
