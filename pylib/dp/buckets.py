@@ -43,8 +43,16 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb=25
 class Bucket:
     """One bucket at run time: its layout, group, parameters, gradient buffer and the collective in flight."""
 
-    def __init__(self, layout: FlatLayout, group: AxisGroup, params: list[nn.Parameter], dtype: torch.dtype):
+    def __init__(
+        self,
+        layout: FlatLayout,
+        group: AxisGroup,
+        params: list[nn.Parameter],
+        dtype: torch.dtype,
+        divide_by: int | float | None = None,
+    ):
         self.layout, self.group, self.params, self.dtype = layout, group, params, dtype
+        self.divide_by = group.size if divide_by is None else divide_by  # the sum over the group is divided by it
         self.grad: torch.Tensor | None = None  # [padded_numel]
         self.shard_grad: torch.Tensor | None = None  # [shard_numel] (ZeRO-2)
         self.ready: set[int] = set()
@@ -68,7 +76,8 @@ class GradientBuckets:
     multiple of its group size so every rank's slice has the same size. max_in_flight: launching one more bucket
     first waits for the oldest when this many are on the wire -- without full buffers (ZeRO-2) that bounds the
     gradient memory to the slices, max_in_flight buckets on the wire and the one (or two, where a layer's gradients
-    arrive out of registration order) still filling, at the price of some overlap.
+    arrive out of registration order) still filling, at the price of some overlap. divide_by: what every bucket's
+    sum is divided by (None: its group's size, an average; see `groups` for why expert parameters differ).
     """
 
     def __init__(
@@ -80,6 +89,7 @@ class GradientBuckets:
         keep_full_grad: bool = True,
         tag_prefix: str,
         max_in_flight: int | None = None,
+        divide_by: int | float | None = None,
     ):
         if mode not in ("all_reduce", "reduce_scatter"):
             raise ValueError(f"mode={mode!r} must be 'all_reduce' or 'reduce_scatter'")
@@ -108,7 +118,7 @@ class GradientBuckets:
             for lay in layouts:
                 params = [p for _, p in named[start : start + len(lay.entries)]]
                 start += len(lay.entries)
-                b = Bucket(lay, g, params, dtype)
+                b = Bucket(lay, g, params, dtype, divide_by)
                 for i, p in enumerate(params):
                     self._where[id(p)] = (b, i)
                 self.buckets.append(b)
@@ -244,7 +254,8 @@ class GradientBuckets:
             self._retire(self._in_flight.pop(0))  # wait for the oldest: bounds the buckets alive at once
         tag = f"{self.tag_prefix}.{b.layout.key}"
         if self.mode == "all_reduce":
-            b.work = C.all_reduce_async(b.grad, b.group, op="avg", phase="backward", tag=tag)
+            op = "avg" if b.divide_by == b.group.size else "sum"  # "sum": divided by divide_by once it is done
+            b.work = C.all_reduce_async(b.grad, b.group, op=op, phase="backward", tag=tag)
         else:
             b.work = C.reduce_scatter_async(b.grad, 0, b.group, phase="backward", tag=tag)
         self._in_flight.append(b)
@@ -266,10 +277,12 @@ class GradientBuckets:
             work.t_done,
         )
         if self.mode == "all_reduce":
-            return  # averaged in place; every p.grad views it
+            if b.divide_by != b.group.size:  # summed in place (or a group of one): divide here
+                b.grad.div_(b.divide_by)
+            return  # every p.grad views the bucket
         lo, hi = b.shard_range
-        if b.group.size > 1:
-            out = out.div_(b.group.size)
+        if b.divide_by != 1:
+            out = out.div_(b.divide_by)
         if self.keep_full_grad:
             if b.group.size > 1:
                 b.grad[lo:hi].copy_(out)  # ZeRO-1: this rank's slice of the bucket now holds the average

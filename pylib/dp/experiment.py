@@ -79,6 +79,7 @@ def wrap(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     group_for: GroupFor | None = None,
     units: list[str] | None = None,
+    gradient_divide_factor: int | float | None = None,
     optimizer=torch.optim.Adam,
     **optim_kwargs,
 ):
@@ -87,7 +88,9 @@ def wrap(
     Every returned object has finish_gradient_sync(), step(), zero_grad(), memory(), layouts, gradient_shards(),
     parameter_shards() and .module; the model's own forward (or `module.loss`) runs unchanged."""
     if stage == "ddp":
-        ddp = DistributedDataParallel(module, group, bucket_bytes=bucket_bytes, group_for=group_for)
+        ddp = DistributedDataParallel(
+            module, group, bucket_bytes=bucket_bytes, group_for=group_for, gradient_divide_factor=gradient_divide_factor
+        )
         return DDPTrainer(ddp, optimizer(module.parameters(), **optim_kwargs))
     if stage in ("zero1", "zero2"):
         return ZeroDataParallel(
@@ -96,12 +99,19 @@ def wrap(
             group,
             bucket_bytes=bucket_bytes,
             group_for=group_for,
+            gradient_divide_factor=gradient_divide_factor,
             optimizer=optimizer,
             **optim_kwargs,
         )
     if stage == "zero3":
         return FullyShardedDataParallel(
-            module, group, units=units, group_for=group_for, optimizer=optimizer, **optim_kwargs
+            module,
+            group,
+            units=units,
+            group_for=group_for,
+            gradient_divide_factor=gradient_divide_factor,
+            optimizer=optimizer,
+            **optim_kwargs,
         )
     raise ValueError(f"stage={stage!r} must be one of {STAGES}")
 

@@ -35,7 +35,7 @@ import torch.nn as nn
 from ..dist import collectives as C
 from ..dist import tracer
 from ..dist.sharding import ShardSpec
-from .groups import GroupFor, dtype_name, split_by_group
+from .groups import GroupFor, check_divide_factor, dtype_name, split_by_group
 from .layout import FlatLayout, single_flat
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
 
@@ -108,6 +108,7 @@ class FullyShardedDataParallel(nn.Module):
     not inside any unit form a root unit gathered for the whole forward. A parameter shared by two units (tied
     embeddings) must sit in one: leave both modules out of `units` so it falls to the root unit.
     Forward is the module's own; every rank must run the same units in the same order.
+    gradient_divide_factor: None averages each gradient over its group; a number divides every group's sum by it.
     """
 
     tag_prefix = "zero3"
@@ -119,11 +120,13 @@ class FullyShardedDataParallel(nn.Module):
         *,
         units: list[str] | None = None,
         group_for: GroupFor | None = None,
+        gradient_divide_factor: int | float | None = None,
         optimizer=torch.optim.Adam,
         **optim_kwargs,
     ):
         super().__init__()
         self.module = module
+        self.divide_by = check_divide_factor(gradient_divide_factor)
         unit_names = default_units(module) if units is None else list(units)
         modules = dict(module.named_modules())
         missing = [u for u in unit_names if u not in modules]
@@ -212,8 +215,10 @@ class FullyShardedDataParallel(nn.Module):
         call = _Gathered(unit)
         for flat in unit.flats:
             full = C.all_gather(flat.shard, 0, flat.group, tag=f"{self.tag_prefix}.{flat.layout.key}")
+            divide_by = flat.group.size if self.divide_by is None else self.divide_by
+            if divide_by != 1:  # backward: the all-gather's reduce-scatter sums, this turns the sum into the mean
+                full = _ScaleGrad.apply(full, 1.0 / divide_by)
             if flat.group.size > 1:
-                full = _ScaleGrad.apply(full, 1.0 / flat.group.size)
                 storage = full.untyped_storage()
                 call.storages.append((flat, storage))
                 self._live[id(storage)] = storage
