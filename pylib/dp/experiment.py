@@ -139,12 +139,13 @@ def train_data_parallel(
 ) -> dict:
     """Inside a launched rank: `steps` Adam steps of the reference model under `stage`, this rank on its slice.
 
-    Returns losses (this rank's, per step), grad_shards (what this rank holds of the averaged gradient after step
-    0, by layout key), param_shards (what it holds of the parameters after the last step; `params`, the module's
-    named parameters, too, except at ZeRO-3 where the module holds none), layouts, events (traced
-    ops of each step, as dicts), memory (HeldBytes after step 0's optimizer step, as a dict), overlap (step 0's
-    OverlapReport from the trace, for the bucketed stages), unit_bytes (ZeRO-3: full bytes of each unit), times
-    (forward+backward, gradient sync wait, optimizer step, per step)."""
+        Returns losses (this rank's, per step), grad_shards (what this rank holds of the averaged gradient after step
+        0, by layout key), param_shards (what it holds of the parameters after the last step; `params`, the module's
+        named parameters, too, except at ZeRO-3 where the module holds none), layouts, events (traced
+        ops of each step, as dicts), memory (HeldBytes after step 0's optimizer step, as a dict), overlap (step 0's
+        OverlapReport from the trace, for the bucketed stages), unit_bytes and timeline (ZeRO-3: full bytes of each unit,
+    and the resident parameter bytes after each gather and free of step 0 -- `FullyShardedDataParallel.timeline`), times
+        (forward+backward, gradient sync wait, optimizer step, per step)."""
     g = resolve_group(group)
     model = build_model(cfg)
     dp = wrap(model, stage, g, bucket_bytes=bucket_bytes, units=units, lr=lr)
@@ -171,6 +172,7 @@ def train_data_parallel(
                     out["overlap"] = overlap_from_trace(tr.events, end, backward_start=t_backward, tag=stage)
                 else:
                     out["unit_bytes"] = dp.unit_bytes()
+                    out["timeline"] = list(dp.timeline)  # resident parameter bytes through step 0
             dp.zero_grad()
         out["losses"].append(loss.item())
         out["times"].append(dict(forward_backward=t1 - t0, sync_wait=t2 - t1, step=t3 - t2, total=t3 - t0))
