@@ -21,6 +21,12 @@ Rules that keep every rank issuing the same collectives in the same order (a mis
 buckets of one group are launched strictly in index order (a ready bucket waits for the ones before it), and when
 backward ends every bucket not yet launched (a parameter that got no gradient) is launched, in order. The end of
 backward is seen by a callback queued on the autograd engine.
+
+A parameter that got no gradient on this rank (a branch its samples did not take) contributes zeros; if another
+rank used it, the average is not zero and becomes its gradient here too, so every replica takes the same step. If
+no rank used it the average is exactly zero and its gradient stays None, as on one device. (A parameter used
+somewhere whose gradients cancel to exactly 0.0 would stay None as well; PyTorch's DDP tells the two cases apart
+with an extra all-reduce of "used" flags when `find_unused_parameters=True`.)
 """
 
 from __future__ import annotations
@@ -279,6 +285,11 @@ class GradientBuckets:
         if self.mode == "all_reduce":
             if b.divide_by != b.group.size:  # summed in place (or a group of one): divide here
                 b.grad.div_(b.divide_by)
+            for i, p in enumerate(b.params):
+                if p.grad is None:  # no gradient here, but other ranks may have used it: take the average
+                    view = b.grad_view(i)
+                    if bool(view.any()):
+                        p.grad = view
             return  # every p.grad views the bucket
         lo, hi = b.shard_range
         if b.divide_by != 1:

@@ -139,13 +139,13 @@ def train_data_parallel(
 ) -> dict:
     """Inside a launched rank: `steps` Adam steps of the reference model under `stage`, this rank on its slice.
 
-        Returns losses (this rank's, per step), grad_shards (what this rank holds of the averaged gradient after step
-        0, by layout key), param_shards (what it holds of the parameters after the last step; `params`, the module's
-        named parameters, too, except at ZeRO-3 where the module holds none), layouts, events (traced
-        ops of each step, as dicts), memory (HeldBytes after step 0's optimizer step, as a dict), overlap (step 0's
-        OverlapReport from the trace, for the bucketed stages), unit_bytes and timeline (ZeRO-3: full bytes of each unit,
-    and the resident parameter bytes after each gather and free of step 0 -- `FullyShardedDataParallel.timeline`), times
-        (forward+backward, gradient sync wait, optimizer step, per step)."""
+    Returns losses (this rank's, per step), grad_shards (what this rank holds of the averaged gradient after step
+    0, by layout key), param_shards (what it holds of the parameters after the last step; `params`, the module's
+    named parameters, too, except at ZeRO-3 where the module holds none), layouts, events (traced ops of each
+    step, as dicts), memory (HeldBytes after step 0's optimizer step, as a dict), overlap (step 0's OverlapReport
+    from the trace, for the bucketed stages), unit_bytes and timeline (ZeRO-3: full bytes of each unit, and the
+    resident parameter bytes after each gather and free of step 0, `FullyShardedDataParallel.timeline`), times
+    (forward+backward, gradient sync wait, optimizer step, per step)."""
     g = resolve_group(group)
     model = build_model(cfg)
     dp = wrap(model, stage, g, bucket_bytes=bucket_bytes, units=units, lr=lr)
