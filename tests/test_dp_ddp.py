@@ -281,3 +281,26 @@ def test_a_parameter_used_on_one_rank_only_gets_the_average_on_every_rank(stage)
         for n, p in ref.named_parameters():
             assert got[n] is not None, f"rank {rank}: {n} has no gradient"
             torch.testing.assert_close(got[n], p.grad, rtol=1e-12, atol=1e-15)
+
+
+def _reduce_every_micro_batch():
+    """Two micro-batches, each backward reducing (no no_sync) and no finish() in between; a probe hook registered
+    after the wrapper's checks, when the second backward computes its first gradient, that nothing is on the wire."""
+    rank, d = dist.get_rank(), dist.get_world_size()
+    model = build_model(CFG)
+    ddp = DistributedDataParallel(model, bucket_bytes=1024)
+    on_the_wire = []
+    model.lm_head.weight.register_hook(lambda g: on_the_wire.append(len(ddp.buckets._in_flight)))
+    ids, targets = random_tokens(CFG, BATCH, SEQ, seed=0)
+    ids, targets = micro_batch(ids, rank, d), micro_batch(targets, rank, d)
+    for i in range(2):
+        (model.loss(micro_batch(ids, i, 2), micro_batch(targets, i, 2)) / 2).backward()
+    ddp.finish_gradient_sync()
+    return on_the_wire, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_reducing_every_micro_batch_waits_before_accumulating_into_a_bucket_on_the_wire(reference):
+    for on_the_wire, grads in launch(_reduce_every_micro_batch, 2):
+        assert on_the_wire == [0, 0]
+        for name, g in reference["grads"].items():
+            torch.testing.assert_close(grads[name], g, rtol=1e-10, atol=1e-12)

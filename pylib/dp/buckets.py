@@ -144,7 +144,12 @@ class GradientBuckets:
         self.backward_end: float | None = None
         self.peak_grad_bytes = 0
         self._note_grad_memory()
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for b in self.buckets for p in b.params]
+        self._handles = []
+        for b in self.buckets:
+            for p in b.params:
+                # before autograd accumulates into a bucket view: the previous backward's buckets must be off the wire
+                self._handles.append(p.register_hook(self._before_accumulate))
+                self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
 
     # -------------------------------------------------------------------------------------------- public
 
@@ -200,6 +205,13 @@ class GradientBuckets:
         self._handles = []
 
     # -------------------------------------------------------------------------------------------- hooks
+
+    def _before_accumulate(self, grad: torch.Tensor) -> None:
+        """A parameter's gradient is computed, not yet accumulated. The first one of a backward pass waits for every
+        bucket still on the wire: a bucket being all-reduced in place must not be accumulated into (gradient
+        accumulation that reduces every micro-batch without a `finish()` in between would otherwise race)."""
+        if not self._in_backward:
+            self._begin_backward()
 
     def _on_grad(self, p: torch.Tensor) -> None:
         if not self._in_backward:
