@@ -90,6 +90,6 @@ def test_zero3_resident_curve_is_the_measured_timeline(runs):
     fig = plot_zero3_resident(r["timeline"], shards, unit="B")
     ax = fig.axes[0]
     (curve,) = [line for line in ax.lines if line.get_gid() == "resident"]
-    assert list(curve.get_ydata()) == [b for _, b, _ in r["timeline"]]
+    assert list(curve.get_ydata())[:-1] == [b for _, b, _ in r["timeline"]]  # one step per gather or free
     assert max(curve.get_ydata()) == r["memory"]["peak_params"]
     plt.close(fig)

@@ -85,7 +85,8 @@ def plot_zero_memory(
                         gid="transient",
                     )
                 )
-        ax.text(i, bottom, f"{bottom:,.1f}", ha="center", va="bottom", color=TEXT, fontsize=8)
+        above = bottom + (extra / scale if show_peak and extra > 0 else 0)  # the label sits above any hatching
+        ax.text(i, above, f"{bottom:,.1f}", ha="center", va="bottom", color=TEXT, fontsize=8)
         if formula is not None and stage in formula:
             total = sum(formula[stage][k] for k in ("params", "grads", "optim")) / scale
             ax.plot(
@@ -375,34 +376,37 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
 # ------------------------------------------------------------------------------------------------ ZeRO-3 resident bytes
 
 
-def plot_zero3_resident(timeline, shard_bytes: int, *, unit: str = "KiB", time_unit: str = "ms", ax=None):
-    """Resident parameter bytes of one ZeRO-3 rank through a forward and backward: `timeline` is
-    `FullyShardedDataParallel.timeline` ((time, bytes, what) after every gather and free). The dashed line is
-    the rank's own shards, what it keeps between uses."""
-    scale, tscale = _UNITS[unit], {"s": 1.0, "ms": 1e3, "us": 1e6}[time_unit]
+def plot_zero3_resident(timeline, shard_bytes: int, *, unit: str = "KiB", ax=None):
+    """Resident parameter bytes of one ZeRO-3 rank through a forward and backward, one step per gather or free:
+    `timeline` is `FullyShardedDataParallel.timeline` ((time, bytes, what) after every gather and free; the times
+    are not used, so short gathers stay visible). The dashed line is the rank's own shards, what it keeps between
+    uses; the shaded part is backward."""
+    scale = _UNITS[unit]
     rows = list(timeline)
-    t0 = rows[0][0]
-    ts = [(t - t0) * tscale for t, _, _ in rows]
+    xs = list(range(len(rows)))
     bs = [b / scale for _, b, _ in rows]
     if ax is None:
         fig, ax = plt.subplots(figsize=(9, 3.4))
     else:
         fig = ax.figure
     _style(ax)
-    ax.step(ts, bs, where="post", color=PARAMS, linewidth=1.6, gid="resident")
+    ax.step(xs + [len(rows)], bs + [bs[-1]], where="post", color=PARAMS, linewidth=1.8, gid="resident")
     ax.axhline(shard_bytes / scale, linestyle="--", color=TEXT, linewidth=1, gid="shards")
-    first_bwd = next((t for t, (_, _, w) in zip(ts, rows) if "backward" in w), None)
+    top = max(bs)
+    first_bwd = next((x for x, (_, _, w) in zip(xs, rows) if "backward" in w), None)
     if first_bwd is not None:
-        ax.axvspan(first_bwd, ts[-1], color=BACKWARD, alpha=0.15, linewidth=0, gid="backward")
-        ax.text(first_bwd, max(bs) * 1.04, " backward", color=TEXT, fontsize=8, va="bottom")
-    ax.text(ts[0], max(bs) * 1.04, " forward", color=TEXT, fontsize=8, va="bottom")
-    for t, b, (_, _, what) in zip(ts, bs, rows):
+        ax.axvspan(first_bwd, len(rows), color=BACKWARD, alpha=0.15, linewidth=0, gid="backward")
+        ax.text(first_bwd + 0.2, top * 1.2, "backward", color=TEXT, fontsize=8, va="bottom")
+    ax.text(0.2, top * 1.2, "forward", color=TEXT, fontsize=8, va="bottom")
+    for x, b, (_, _, what) in zip(xs, bs, rows):
         if what.startswith("gather"):
-            ax.text(t, b, what.split()[1], fontsize=7, color=TEXT, rotation=90, va="bottom", ha="right")
-    ax.text(ts[-1], shard_bytes / scale, "own shards ", color=TEXT, fontsize=8, ha="right", va="bottom")
-    ax.set_ylim(0, max(bs) * 1.3)
-    ax.set_xlabel(f"time ({time_unit})")
+            ax.text(x + 0.5, b + top * 0.02, what.split()[1], fontsize=7, color=TEXT, ha="center", va="bottom")
+    ax.text(len(rows), shard_bytes / scale, "own shards ", color=TEXT, fontsize=8, ha="right", va="bottom")
+    ax.set_xlim(0, len(rows))
+    ax.set_ylim(0, top * 1.32)
+    ax.set_xticks([])
+    ax.set_xlabel("gathers and frees, in the order they happened")
     ax.set_ylabel(f"parameters resident ({unit})")
-    ax.set_title(f"ZeRO-3: one unit gathered at a time, peak {max(bs):,.1f} {unit}", color=TEXT)
+    ax.set_title(f"ZeRO-3: one unit gathered at a time, peak {top:,.1f} {unit}", color=TEXT)
     fig.tight_layout()
     return fig
