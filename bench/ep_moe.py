@@ -22,81 +22,12 @@ import torch.distributed as dist
 from pylib.analysis.ep import alltoall_bytes, dispatch_matrix, expected_alltoall_bytes
 from pylib.dist import launch, trace
 from pylib.ep import ExpertParallelMoE
+from pylib.ep.balance import dropped_share, moe_input, moe_layers, train_balance
 from pylib.ep.traffic import traffic_matrix
-from pylib.model.config import ModelConfig, MoEConfig
-from pylib.model.moe import MoE, grouped_keep_mask
-from pylib.model.transformer import build_model
+from pylib.model.config import MoEConfig
+from pylib.model.moe import MoE
 
 EP = 4
-
-
-def structured_tokens(cfg: ModelConfig, batch: int, seq: int, seed: int):
-    """A learnable stream: Zipf-like unigram starts, then each next token = (3 * prev + 1) mod V with prob 0.8."""
-    g = torch.Generator().manual_seed(seed)
-    V = cfg.vocab_size
-    weights = 1.0 / torch.arange(1, V + 1, dtype=torch.float64)
-    ids = torch.empty(batch, seq + 1, dtype=torch.int64)
-    ids[:, 0] = torch.multinomial(weights, batch, replacement=True, generator=g)
-    for t in range(1, seq + 1):
-        follow = (3 * ids[:, t - 1] + 1) % V
-        rand = torch.multinomial(weights, batch, replacement=True, generator=g)
-        ids[:, t] = torch.where(torch.rand(batch, generator=g) < 0.8, follow, rand)
-    return ids[:, :-1], ids[:, 1:]
-
-
-def moe_layers(model):
-    return [layer.mlp for layer in model.layers if isinstance(layer.mlp, MoE)]
-
-
-def imbalance(model, ids) -> list[float]:
-    """max / mean assignments per expert, per MoE layer, on `ids`."""
-    with torch.no_grad():
-        model(ids)
-    out = []
-    for moe in moe_layers(model):
-        load = torch.bincount(moe.last_routing.experts.reshape(-1), minlength=moe.cfg.n_experts).double()
-        out.append((load.max() / load.mean()).item())
-    return out
-
-
-def train(moe_cfg: MoEConfig, steps: int, seed: int = 0):
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64, moe=moe_cfg, seed=seed)
-    model = build_model(cfg)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    held_out, _ = structured_tokens(cfg, 16, 32, seed=999)
-    before = imbalance(model, held_out)
-    for step in range(steps):
-        ids, targets = structured_tokens(cfg, 16, 32, seed=step)
-        loss = model.loss(ids, targets)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if moe_cfg.bias_update_rate:
-            for moe in moe_layers(model):
-                moe.update_expert_bias()
-    return model, before, imbalance(model, held_out), loss.item(), held_out
-
-
-def moe_input(model, moe: MoE, ids) -> dict:
-    """{"x": the hidden states entering `moe`} for one forward of `model` on `ids`."""
-    seen = {}
-    handle = moe.register_forward_pre_hook(lambda mod, a: seen.setdefault("x", a[0].detach()))
-    with torch.no_grad():
-        model(ids)
-    handle.remove()
-    return seen
-
-
-def dropped(moe: MoE, x: torch.Tensor, capacity_factor: float, policy: str) -> tuple[float, float]:
-    """(share of assignments dropped, share of the router's combine weight dropped)."""
-    cfg = MoEConfig(**{**moe.cfg.__dict__, "capacity_factor": capacity_factor, "drop_policy": policy})
-    with torch.no_grad():
-        routing = moe.router(x.reshape(-1, x.shape[-1]))
-    T = routing.experts.shape[0]
-    groups = torch.arange(T) // (T // EP)  # capacity per rank, as an EP = 4 run computes it
-    keep = grouped_keep_mask(routing, cfg, groups)
-    w = routing.weights
-    return 1.0 - keep.float().mean().item(), (w * ~keep).sum().item() / w.sum().item()
 
 
 def _traced_ep_run(tokens: int, h: int, cfg: MoEConfig):
@@ -129,21 +60,22 @@ def main():
     print(f"   {'variant':<18} {'before L0':>9} {'before L1':>9} {'after L0':>9} {'after L1':>9} {'final loss':>10}")
     trained = {}
     for name, mcfg in variants.items():
-        model, before, after, loss, held_out = train(mcfg, args.steps)
-        trained[name] = (model, held_out)
-        print(f"   {name:<18} {before[0]:9.2f} {before[1]:9.2f} {after[0]:9.2f} {after[1]:9.2f} {loss:10.3f}")
+        run = train_balance(mcfg, args.steps)
+        trained[name] = run
+        (b0, b1), (a0, a1) = run.before, run.after
+        print(f"   {name:<18} {b0:9.2f} {b1:9.2f} {a0:9.2f} {a1:9.2f} {run.losses[-1]:10.3f}")
 
     print("\n2. dropped (%) vs capacity factor, capacity per rank (EP=4), layer 0 of the trained models")
     factors = [0.5, 0.75, 1.0, 1.25, 1.5, 2.0]
     print(f"   {'router':<18} {'dropped':<17}" + "".join(f"{f'cf={f}':>9}" for f in factors))
     for name in ("no balancing", "aux loss 0.1", "expert bias 1e-2"):
-        model, held_out = trained[name]
-        moe = moe_layers(model)[0]
-        seen = moe_input(model, moe, held_out)
-        cells = "".join(f"{100 * dropped(moe, seen['x'], f, 'probs')[0]:9.1f}" for f in factors)
+        run = trained[name]
+        moe = moe_layers(run.model)[0]
+        x = moe_input(run.model, moe, run.held_out)
+        cells = "".join(f"{100 * dropped_share(moe, x, f, 'probs', EP)[0]:9.1f}" for f in factors)
         print(f"   {name:<18} {'assignments':<17}" + cells)
         for policy in ("probs", "position"):
-            cells = "".join(f"{100 * dropped(moe, seen['x'], f, policy)[1]:9.1f}" for f in factors)
+            cells = "".join(f"{100 * dropped_share(moe, x, f, policy, EP)[1]:9.1f}" for f in factors)
             print(f"   {'':<18} {'weight, ' + policy:<17}" + cells)
 
     print("\n3. all-to-all bytes per rank, real EP=4 run (float32, h=64, 128 tokens per rank, 8 experts, top-2)")

@@ -19,6 +19,7 @@ from pylib.viz.seed_a import (  # noqa: E402
     format_rows,
     layer_flow,
     markdown_table,
+    primitive_names,
     record_block_calls,
     round_half_up,
     split_check,
@@ -169,3 +170,37 @@ def test_format_rows_prints_labelled_rows_with_fixed_decimals():
     assert text.splitlines() == ["          d1      d2", "cat  [ 0.500, -1.250]", "here [ 1.000,  2.000]"]
     with pytest.raises(ValueError, match="2 rows"):
         format_rows([[1.0]], ["a", "b"])
+
+
+def test_primitive_names_give_seed_a_names_of_traced_ops_once_each_in_a_fixed_order():
+    assert primitive_names(["recv", "send", "send", "recv"]) == ["P2P"]
+    assert primitive_names(["reduce_scatter", "all_gather", "all_gather"]) == ["All-Gather", "Reduce-Scatter"]
+    assert primitive_names(["all_to_all", "all_reduce"]) == ["All-Reduce", "All-to-All"]
+    assert primitive_names([]) == []
+    with pytest.raises(ValueError, match=r"no seed A name for traced ops \['broadcast'\]"):
+        primitive_names(["all_reduce", "broadcast"])
+
+
+def test_primitive_names_of_a_traced_tensor_parallel_layer_with_and_without_sp():
+    """The dimensions chapter's reading of a trace, on a real 2-rank TP layer."""
+
+    def rank():
+        from pylib.dist import trace
+        from pylib.tp import TPBlock, scatter_to_sequence_parallel_region
+
+        cfg = ModelConfig.seed_a().with_(n_heads=2, dtype="float64")
+        x = torch.randn(1, 8, 4, dtype=torch.float64)
+        out = {}
+        for sp in (False, True):
+            block = TPBlock.from_full(build_model(cfg).layers[0], sequence_parallel=sp)
+            xin = (scatter_to_sequence_parallel_region(x) if sp else x).requires_grad_()
+            with trace() as tr:
+                block(xin).sum().backward()
+            out[sp] = [e.op for e in tr.events]
+        return out
+
+    from pylib.dist import launch
+
+    ops = launch(rank, 2)[0]
+    assert primitive_names(ops[False]) == ["All-Reduce"]
+    assert primitive_names(ops[True]) == ["All-Gather", "Reduce-Scatter"]

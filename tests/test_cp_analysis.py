@@ -11,7 +11,7 @@ from pylib.analysis.cp import (
     ring_work_per_rank,
     ulysses_traffic,
 )
-from pylib.cp import merge_precision_drift, ring_block_plan, sequence_positions
+from pylib.cp import merge_precision_drift, ring_block_plan, sequence_positions, shard_sequence
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
@@ -73,3 +73,34 @@ def test_bf16_merge_error_grows_with_cp_while_float32_merge_stays_flat():
     assert bf16[0] < bf16[1] < bf16[2] < bf16[3]  # every extra block rounds the running out and lse again
     assert max(fp32[1:]) < 1.5 * min(fp32[1:])  # float32 accumulation: only the blocks' own bf16 rounding
     assert bf16[3] > 3 * fp32[3]
+
+
+def test_ring_saves_q_k_v_out_and_lse_and_nothing_quadratic():
+    import torch.distributed as dist
+
+    from pylib.analysis.cp import ring_attention_saved_bytes
+    from pylib.cp import ring_attention
+    from pylib.dist import launch
+    from pylib.model import saved_activations
+
+    b, s, h, h_kv, d = 2, 32, 4, 2, 8
+
+    def rank(dtypes):
+        r, n = dist.get_rank(), dist.get_world_size()
+        result = []
+        for dtype in dtypes:
+            g = torch.Generator().manual_seed(0)
+            q = torch.randn(b, h, s, d, generator=g).to(dtype)
+            k, v = (torch.randn(b, h_kv, s, d, generator=g).to(dtype) for _ in range(2))
+            q, k, v = (shard_sequence(x, 2, r, n, "zigzag").requires_grad_() for x in (q, k, v))
+            with saved_activations() as saved:
+                ring_attention(q, k, v, causal=True)
+            result.append(saved.bytes)
+        return result
+
+    sizes = {torch.float64: 8, torch.bfloat16: 2}
+    for cp in (1, 2, 4):
+        for r, got in enumerate(launch(rank, cp, list(sizes))):
+            want = [ring_attention_saved_bytes(b, s, h, h_kv, d, cp, size) for size in sizes.values()]
+            assert got == want, (cp, r, got, want)
+    assert ring_attention_saved_bytes(b, s, h, h_kv, d, 4, 2) * 4 == ring_attention_saved_bytes(b, s, h, h_kv, d, 1, 2)

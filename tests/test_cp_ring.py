@@ -218,3 +218,42 @@ def test_ring_and_ulysses_run_over_a_cp_subgroup_of_a_mesh():
             for j in range(4):
                 got = unshard_sequence([per_rank[m][1][kind][j] for m in members], 2, "zigzag")
                 torch.testing.assert_close(got, expected[j], rtol=0, atol=1e-12)
+
+
+def _rank_dkv_reduce_scatter(full, w):
+    from pylib.dist import collectives as C
+    from pylib.model import expand_kv
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    q, k, v = full
+    ql, kl, vl = (shard_sequence(x, 2, r, n, "contiguous").requires_grad_() for x in (q, k, v))
+    with trace() as ring_tr:
+        out = ring_attention(ql, kl, vl, causal=False, layout="contiguous")
+        (out * shard_sequence(w, 2, r, n, "contiguous")).sum().backward()
+    # The same gradient the textbook way: my rows' partial dK/dV for *every* block, then one reduce-scatter.
+    scale = D**-0.5
+    lse = torch.logsumexp(ql.detach() @ expand_kv(k, q.shape[1]).transpose(-1, -2) * scale, dim=-1)
+    dout = shard_sequence(w, 2, r, n, "contiguous")
+    kernel = TorchKernel()
+    partial = torch.stack(
+        [
+            torch.stack(kernel.backward(dout, ql.detach(), kj, vj, out.detach(), lse, causal=False, scale=scale)[1:])
+            for kj, vj in zip(k.chunk(n, 2), v.chunk(n, 2))
+        ]
+    )  # [cp, 2, b, n_kv_head, s/cp, d_head]
+    with trace() as rs_tr:
+        summed = C.reduce_scatter_tensor(partial, 0)[0]
+    ring_dkv = sum(e.bytes_sent for e in ring_tr.events if e.op == "send" and ".dkv." in e.tag)
+    return torch.stack([kl.grad, vl.grad]), summed, ring_dkv, rs_tr.events[0].bytes_sent
+
+
+def test_ring_dkv_equals_a_reduce_scatter_of_every_ranks_partial_dkv_and_moves_one_block_more():
+    from pylib.analysis.cp import dkv_reduce_scatter_bytes
+
+    q, k, v, w = _full("gqa")
+    for cp in (2, 4):
+        block = ring_traffic(B, S, HEADS["gqa"][1], D, cp, 8)["kv_message_bytes"]
+        for ring_grad, summed, ring_bytes, rs_bytes in launch(_rank_dkv_reduce_scatter, cp, (q, k, v), w):
+            torch.testing.assert_close(ring_grad, summed, rtol=0, atol=1e-12)
+            assert rs_bytes == dkv_reduce_scatter_bytes(B, S, HEADS["gqa"][1], D, cp, 8) == (cp - 1) * block
+            assert ring_bytes == cp * block == rs_bytes + block

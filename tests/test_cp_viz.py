@@ -38,3 +38,45 @@ def test_figures_draw_from_a_real_trace_and_measured_work():
     fig3 = causal_ownership_figure(16, 4)
     assert len(fig3.axes) == 2
     plt.close("all")
+
+
+def test_sequence_split_figure_colours_rows_by_the_owner_named_in_the_shard_specs():
+    from pylib.cp import CPTransformer, sequence_positions
+    from pylib.dist.mesh import AxisGroup
+    from pylib.model import ModelConfig, build_model
+    from pylib.viz.cp import sequence_split_figure
+
+    model = build_model(ModelConfig(vocab_size=16, d_model=8, n_layers=1, n_heads=2, d_ff=16, dtype="float64"))
+    s, cp = 16, 4
+    for layout in ("contiguous", "zigzag"):
+        specs = [
+            CPTransformer.from_full(model, group=AxisGroup("cp", tuple(range(cp)), r, None), layout=layout).shard_specs(
+                2, s
+            )
+            for r in range(cp)
+        ]
+        fig = sequence_split_figure(specs, s)
+        x_img, score_img = (ax.get_images()[0].get_array() for ax in fig.axes[:2])
+        for r in range(cp):
+            rows = sequence_positions(s, r, cp, layout)
+            colour = x_img[rows.tolist(), 0, :3]
+            assert (colour == colour[0]).all()  # one colour per rank ...
+            others = [i for i in range(s) if i not in rows.tolist()]
+            assert not (x_img[others, 0, :3] == colour[0]).all(axis=-1).any()  # ... no other rank's
+            # solid (alpha 1) exactly where query and key live on the same rank, below the diagonal
+            for i in rows.tolist():
+                solid = [j for j in range(i + 1) if score_img[i, j, 3] == 1.0]
+                assert solid == [j for j in rows.tolist() if j <= i]
+        assert (score_img[0, 1:, 3] == 0).all()  # causal: the first query sees only itself
+    plt.close("all")
+
+
+def test_merge_drift_figure_plots_the_measured_rows():
+    from pylib.viz.cp import merge_drift_figure
+
+    rows = [dict(cp=c, bf16_merge=1e-3 * c, fp32_merge=2e-4) for c in (1, 2, 4, 8)]
+    fig = merge_drift_figure(rows)
+    lines = fig.axes[0].get_lines()
+    assert list(lines[0].get_ydata()) == [1e-3, 2e-3, 4e-3, 8e-3] and list(lines[1].get_ydata()) == [2e-4] * 4
+    assert fig.patch.get_alpha() == 0.0
+    plt.close("all")

@@ -199,6 +199,7 @@ def test_two_launches_at_once_do_not_collide(tmp_path):
         assert float(out.strip().splitlines()[-1]) == pytest.approx(4 * 2.5)
 
 
+@pytest.mark.timeout(400)
 def test_no_rank_survives_when_the_caller_is_interrupted_or_killed(tmp_path):
     script = _script(
         tmp_path,
@@ -217,15 +218,15 @@ def test_no_rank_survives_when_the_caller_is_interrupted_or_killed(tmp_path):
             [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
         pid = int(p.stdout.readline())
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120  # generous: the caller imports torch first, slow on a loaded machine
         while len(_children_of(pid)) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         ranks = _children_of(pid)
         assert len(ranks) >= 3
         time.sleep(0.3)  # let the ranks reach their sleep
         p.send_signal(sig)
-        p.wait(timeout=20)
-        deadline = time.monotonic() + 5
+        p.wait(timeout=60)
+        deadline = time.monotonic() + 10
         while any(os.path.exists(f"/proc/{r}") and _alive(r) for r in ranks) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not [r for r in ranks if _alive(r)], f"ranks outlived a {sig.name} of their caller"

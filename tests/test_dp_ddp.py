@@ -232,3 +232,75 @@ def test_a_bucket_with_an_unused_parameter_is_reduced_at_the_end_and_order_is_ke
             else:
                 expected = 3 * p.grad if n == "c.weight" else p.grad
                 torch.testing.assert_close(grads[n], expected, rtol=1e-10, atol=1e-12)
+
+
+class _TwoHeads(nn.Module):
+    """A trunk and two heads; a sample goes through head A or head B as `use_b` says (a Python branch, so a head
+    no sample takes is not in the graph at all)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.trunk, self.head_a, self.head_b, self.out = (nn.Linear(4, 4).double() for _ in range(4))
+
+    def forward(self, x, use_b):
+        h = torch.tanh(self.trunk(x))
+        parts = [head(h[m]) for head, m in ((self.head_a, ~use_b), (self.head_b, use_b)) if m.any()]
+        return self.out(torch.cat(parts)).pow(2).mean()
+
+
+def _heads_by_rank(stage):
+    rank = dist.get_rank()
+    model = _TwoHeads()
+    dp = DistributedDataParallel(model, bucket_bytes=160) if stage == "ddp" else ZeroDataParallel(model, 2)
+    x = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    use_b = torch.arange(8) >= 4  # rank 0: head A only; rank 1: head B only
+    with trace() as tr:
+        model(x.chunk(2)[rank], use_b.chunk(2)[rank]).backward()
+        dp.finish_gradient_sync()
+    if stage == "ddp":
+        grads = {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+    else:
+        grads = dp.gradient_shards()
+    return [e.tag for e in tr.events], dp.layouts, grads
+
+
+@pytest.mark.parametrize("stage", ["ddp", "zero2"])
+def test_a_parameter_used_on_one_rank_only_gets_the_average_on_every_rank(stage):
+    results = launch(_heads_by_rank, 2, stage)
+    assert results[0][0] == results[1][0]  # the same collectives in the same order on both ranks
+    ref = _TwoHeads()
+    x = torch.randn(8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    use_b = torch.arange(8) >= 4
+    (0.5 * (ref(x[:4], use_b[:4]) + ref(x[4:], use_b[4:]))).backward()
+    for rank, (_, layouts, grads) in enumerate(results):
+        if stage == "ddp":
+            got = grads
+        else:
+            got = assemble(layouts, [r[2] for r in results])
+        for n, p in ref.named_parameters():
+            assert got[n] is not None, f"rank {rank}: {n} has no gradient"
+            torch.testing.assert_close(got[n], p.grad, rtol=1e-12, atol=1e-15)
+
+
+def _reduce_every_micro_batch():
+    """Two micro-batches, each backward reducing (no no_sync) and no finish() in between; a probe hook registered
+    after the wrapper's checks, when the second backward computes its first gradient, that nothing is on the wire."""
+    rank, d = dist.get_rank(), dist.get_world_size()
+    model = build_model(CFG)
+    ddp = DistributedDataParallel(model, bucket_bytes=1024)
+    on_the_wire = []
+    model.lm_head.weight.register_hook(lambda g: on_the_wire.append(len(ddp.buckets._in_flight)))
+    ids, targets = random_tokens(CFG, BATCH, SEQ, seed=0)
+    ids, targets = micro_batch(ids, rank, d), micro_batch(targets, rank, d)
+    for i in range(2):
+        (model.loss(micro_batch(ids, i, 2), micro_batch(targets, i, 2)) / 2).backward()
+    ddp.finish_gradient_sync()
+    return on_the_wire, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_reducing_every_micro_batch_waits_before_accumulating_into_a_bucket_on_the_wire(reference):
+    for on_the_wire, grads in launch(_reduce_every_micro_batch, 2):
+        assert on_the_wire == [0, 0]
+        for name, g in reference["grads"].items():
+            torch.testing.assert_close(grads[name], g, rtol=1e-10, atol=1e-12)

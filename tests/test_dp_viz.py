@@ -11,7 +11,13 @@ from pylib.analysis.dp import held_bytes  # noqa: E402
 from pylib.dist import launch  # noqa: E402
 from pylib.dp import STAGES, train_data_parallel  # noqa: E402
 from pylib.model import ModelConfig  # noqa: E402
-from pylib.viz.dp import plot_bucket_overlap, plot_zero_memory  # noqa: E402
+from pylib.viz.dp import (  # noqa: E402
+    plot_bucket_overlap,
+    plot_dp_matrix,
+    plot_flat_layout,
+    plot_zero3_resident,
+    plot_zero_memory,
+)
 
 CFG = ModelConfig(vocab_size=37, d_model=9, n_heads=3, d_ff=22, n_layers=2, dtype="float64")
 
@@ -51,4 +57,39 @@ def test_overlap_timeline_has_one_bar_per_bucket_and_rank(runs):
     widths = sorted(p.get_width() for p in ax.patches if p.get_gid() == "bucket")
     expected = sorted((b.t_done - b.t_launch) * 1e3 for r in reports for b in r.buckets)
     assert widths == pytest.approx(expected)
+    plt.close(fig)
+
+
+def test_matrix_picture_splits_tokens_over_ranks_and_refuses_a_sharded_weight():
+    fig = plot_dp_matrix(4, 8, 9, 22)
+    ax = fig.axes[0]
+    # X, Y, X^T and dY in 4 rank bands each; W replicated; dW as 4 partial sums
+    assert len([p for p in ax.patches if p.get_gid() == "rank"]) == 4 * 4
+    assert len([p for p in ax.patches if p.get_gid() == "weight"]) == 1
+    assert len([p for p in ax.patches if p.get_gid() == "partial"]) == 4
+    plt.close(fig)
+    with pytest.raises(ValueError, match="replicates every weight; the spec for W says 'zero'"):
+        plot_dp_matrix(2, 4, 8, 8, kind="zero")
+
+
+def test_flat_layout_draws_every_parameter_the_padding_and_one_slice_per_rank(runs):
+    lay = runs[0]["zero2"]["layouts"][0]
+    fig = plot_flat_layout(lay)
+    ax = fig.axes[0]
+    params = [p for p in ax.patches if p.get_gid() == "param"]
+    assert [(p.get_x(), p.get_width()) for p in params] == [(e.offset, e.numel) for e in lay.entries]
+    slices = [p for p in ax.patches if p.get_gid() == "slice"]
+    assert [(p.get_x(), p.get_x() + p.get_width()) for p in slices] == [lay.shard_range(r) for r in range(lay.parts)]
+    assert len([p for p in ax.patches if p.get_gid() == "padding"]) == (1 if lay.padding else 0)
+    plt.close(fig)
+
+
+def test_zero3_resident_curve_is_the_measured_timeline(runs):
+    r = runs[0]["zero3"]
+    shards = sum(r["unit_bytes"].values()) // 2  # d = 2: each rank keeps half of every padded unit
+    fig = plot_zero3_resident(r["timeline"], shards, unit="B")
+    ax = fig.axes[0]
+    (curve,) = [line for line in ax.lines if line.get_gid() == "resident"]
+    assert list(curve.get_ydata())[:-1] == [b for _, b, _ in r["timeline"]]  # one step per gather or free
+    assert max(curve.get_ydata()) == r["memory"]["peak_params"]
     plt.close(fig)

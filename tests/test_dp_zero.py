@@ -33,6 +33,7 @@ def _forward_then_backward():
     live = {s.data_ptr(): s.nbytes() for s in saved if s.nbytes()}
     meta = model.layers[0].attn.q_proj.weight.is_meta
     loss.backward()
+    fsdp.finish_gradient_sync()
     specs = [(sp.name, sp.kind, sp.axis, sp.local_shape[0]) for sp in fsdp.shard_specs()]
     return dict(
         specs=specs,
@@ -43,6 +44,9 @@ def _forward_then_backward():
         after_backward=fsdp.resident_param_bytes(),
         grads=fsdp.gradient_shards(),
         layouts=fsdp.layouts,
+        timeline=list(fsdp.timeline),
+        unit_bytes=fsdp.unit_bytes(),
+        peak=fsdp.peak_param_bytes,
     )
 
 
@@ -72,6 +76,25 @@ def test_zero3_keeps_no_full_parameter_between_forward_and_backward():
     grads = assemble(results[0]["layouts"], [r["grads"] for r in results])
     for n, p in full.named_parameters():
         torch.testing.assert_close(grads[n], p.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_zero3_timeline_gathers_each_unit_before_use_and_frees_it_after():
+    from pylib.analysis.dp import zero3_peak_param_bytes
+
+    for r in launch(_forward_then_backward, 2):
+        units = list(r["unit_bytes"])
+        whats = [what for _, _, what in r["timeline"]]
+        forward = [w for u in units for w in (f"gather {u}", f"free {u}")]
+        backward = [w for u in reversed(units) for w in (f"gather {u} (backward)", f"free {u} (backward)")]
+        assert whats == ["start", *forward, *backward]
+        for (_, held, what), (_, before, _) in zip(r["timeline"][1:], r["timeline"]):
+            unit = what.split()[1]
+            if what.startswith("gather"):
+                assert held == r["shards"] + r["unit_bytes"][unit]  # exactly this unit in full, on top of the shards
+            else:
+                assert held == r["shards"] and before - held == r["unit_bytes"][unit]
+        peak = max(held for _, held, _ in r["timeline"])
+        assert peak == r["peak"] == zero3_peak_param_bytes(r["shards"], list(r["unit_bytes"].values()))
 
 
 def _tied(units):

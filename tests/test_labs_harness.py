@@ -69,7 +69,7 @@ def runs(tmp_path_factory):
         "solution": ["run", "--all", "--out", str(tmp / "solution")],
         "learner": ["run", "--all", "--learner", "--out", str(tmp / "learner")],
         "rank": ["run", str(rank_lab), "--out", str(tmp / "rank")],
-        "timeout": ["run", str(slow_lab), "--timeout", "10", "--out", str(tmp / "timeout")],
+        "timeout": ["run", str(slow_lab), "--timeout", "40", "--out", str(tmp / "timeout")],
     }
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     procs = {
@@ -199,6 +199,6 @@ def test_a_lab_past_its_timeout_is_stopped_and_reported(runs):
     run = runs["timeout"]
     assert run["rc"] == 1, run["stdout"] + run["stderr"]
     lab = run["report"]["labs"][0]
-    assert lab["status"] == "timeout" and lab["seconds"] < 30
-    assert lab["error"]["cell"] == 1 and "timeout of 10 s" in lab["error"]["evalue"]
+    assert lab["status"] == "timeout" and lab["seconds"] < 120  # 40 s deadline, generous under load
+    assert lab["error"]["cell"] == 1 and "timeout of 40 s" in lab["error"]["evalue"]
     assert "03_hangs" in run["stderr"] and "time.sleep(600)" in run["stderr"]

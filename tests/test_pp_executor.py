@@ -313,3 +313,44 @@ def test_two_pipelines_side_by_side_on_a_mesh_each_match_the_reference_on_their_
         grads = _merge([r[3] for r in mine])
         for k, p in ref.named_parameters():
             torch.testing.assert_close(grads[k], p.grad, rtol=0, atol=1e-12, msg=k)
+
+
+def _loose_interleaved():
+    from pylib.pp.split import rank_chunks
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    ids, targets = random_tokens(CFG, 6, S, seed=4)
+    sched = build("interleaved", p, 3, 2, group_size=2, strict=False)  # m % N = 1 < p: Megatron rejects it
+    chunks = rank_chunks(build_model(CFG), rank, p, 2)
+    run = run_pipeline(
+        sched, chunks, inputs=microbatches(ids, 3), targets=microbatches(targets, 3), act_shape=(2, S, CFG.d_model)
+    )
+    return run.loss, {k: q.grad for c in chunks for k, q in c.named_parameters()}
+
+
+def test_an_interleaved_order_megatron_rejects_still_trains_like_the_reference():
+    ref = build_model(CFG)
+    ids, targets = random_tokens(CFG, 6, S, seed=4)
+    loss = ref.loss(ids, targets)
+    loss.backward()
+    results = launch(_loose_interleaved, 2, timeout=60)
+    assert results[-1][0] == pytest.approx(loss.item(), abs=1e-12)
+    grads = _merge([r[1] for r in results])
+    for k, q in ref.named_parameters():
+        torch.testing.assert_close(grads[k], q.grad, rtol=0, atol=1e-12, msg=k)
+
+
+def _both_send_first(n):
+    from pylib.dist import collectives as C
+
+    other = 1 - dist.get_rank()
+    C.send(torch.zeros(n, dtype=torch.float64), other)  # both ranks send first (the executor's blocking_sends=True)
+    C.recv(torch.empty(n, dtype=torch.float64), other)
+
+
+def test_a_blocking_gloo_send_waits_for_its_receiver_even_for_a_tiny_message():
+    # the rendezvous semantics `simulate(..., sends="rendezvous")` models: two ranks that both send first hang
+    from pylib.dist import LaunchTimeout
+
+    with pytest.raises(LaunchTimeout, match=r"ranks \[0, 1\] never returned"):
+        launch(_both_send_first, 2, 2, backend="gloo", timeout=3)

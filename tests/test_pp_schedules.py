@@ -257,3 +257,38 @@ def test_shard_specs_give_every_reference_weight_to_exactly_one_rank_whole():
     assert all(s.axis == "pp" and s.kind == "stage" and s.dim is None and s.fraction == 1.0 for s in specs)
     rank1 = {s.name.split(".")[1] for s in shard_specs(model, 1, 2, 2) if s.name.startswith("layers.")}
     assert rank1 == {"2", "3", "6", "7"}
+
+
+def test_weights_per_rank_from_shard_specs_equal_the_formula():
+    cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=8, n_heads=4, d_ff=32)
+    model = build_model(cfg)
+    layer = sum(q.numel() for q in model.layers[0].parameters())
+    embed = model.embed.weight.numel()
+    head = sum(q.numel() for q in model.ln_f.parameters()) + model.lm_head.weight.numel()
+    for p, v in [(1, 1), (2, 1), (4, 1), (2, 2), (4, 2), (8, 1)]:
+        held = [sum(torch.Size(s.local_shape).numel() for s in shard_specs(model, r, p, v)) for r in range(p)]
+        assert held == [A.params_per_rank(p, r, cfg.n_layers, layer, embed, head, v) for r in range(p)], (p, v)
+        assert sum(held) == sum(q.numel() for q in model.parameters())
+    with pytest.raises(ValueError, match="n_layers=8 is not divisible by pp × v = 3 × 1 = 3"):
+        A.params_per_rank(3, 0, 8, layer, embed, head)
+
+
+def test_an_interleaved_order_megatron_rejects_still_runs_but_its_bubble_exceeds_the_formula():
+    # p=4, v=2, m=6 in groups of N=4: the last group holds 2 < p microbatches
+    with pytest.raises(ScheduleError, match="m divisible by p: m=6, p=4"):
+        build("interleaved", 4, 6, 2)
+    loose = build("interleaved", 4, 6, 2, strict=False)
+    for r in range(4):
+        done = sorted((a.op, a.mb, a.chunk) for a in loose.compute(r))
+        assert done == sorted((op, i, c) for op in "FB" for i in range(6) for c in range(2))
+    for sends in ("rendezvous", "eager"):
+        simulate(loose, sends=sends)  # no deadlock
+    short = bubble(simulate(loose, 1, 2, sends="eager")).mean_relative
+    assert short > 1.5 * A.bubble_fraction(4, 6, 2)
+    # a group size Megatron accepts (N = 6: p <= N <= m, m % N == 0) gives the formula back
+    fine = bubble(simulate(build("interleaved", 4, 6, 2, group_size=6), 1, 2, sends="eager")).mean_relative
+    assert fine == pytest.approx(A.bubble_fraction(4, 6, 2), abs=1e-12)
+    # strict=True orders are unchanged by the switch
+    assert build("interleaved", 4, 8, 2, strict=False).actions == build("interleaved", 4, 8, 2).actions
+    with pytest.raises(ScheduleError, match="v >= 2"):
+        build("interleaved", 4, 6, 1, strict=False)

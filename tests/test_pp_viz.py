@@ -13,7 +13,7 @@ from pylib.pp.pipeline import PipelineParallel  # noqa: E402
 from pylib.pp.schedules import build  # noqa: E402
 from pylib.pp.simulate import simulate  # noqa: E402
 from pylib.pp.timeline import bubble, idle_intervals  # noqa: E402
-from pylib.viz.pp import plot_bubble_sweep, plot_schedule, plot_timeline  # noqa: E402
+from pylib.viz.pp import plot_bubble_sweep, plot_schedule, plot_stage_map, plot_timeline  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -68,3 +68,35 @@ def test_bubble_sweep_figure_plots_formula_and_measurements():
     assert len(lines) == 4
     formula_1f1b = [ln for ln in lines if ln.get_label() == "1f1b: formula"][0]
     assert list(formula_1f1b.get_ydata()) == pytest.approx([0.75, 0.375, 0.1875])
+
+
+def test_stage_map_draws_one_cell_per_block_and_one_arrow_per_stage_boundary():
+    from pylib.pp.split import shard_specs
+
+    model = build_model(ModelConfig(vocab_size=32, d_model=16, n_layers=8, n_heads=4, d_ff=32))
+    for p, v in [(4, 1), (2, 2), (2, 4)]:
+        fig = plot_stage_map([shard_specs(model, r, p, v) for r in range(p)])
+        assert len(_patches(fig, "stage-cell")) == 8 + 2  # embedding, 8 layers, ln_f + LM head
+        arrows = [t for t in fig.axes[0].texts if t.get_gid() == "p2p"]
+        assert len(arrows) == p * v - 1
+        assert f"{p * v - 1} stage boundaries" in fig.axes[0].get_title()
+        matplotlib.pyplot.close(fig)
+
+
+def test_stage_map_refuses_specs_that_cut_a_tensor():
+    from pylib.dist.sharding import ShardSpec
+
+    cut = ShardSpec("layers.0.mlp.up_proj.weight", "tp", 0, "column", (32, 16), (16, 16))
+    with pytest.raises(ValueError, match="is cut on rank 0"):
+        plot_stage_map([[cut]])
+
+
+def test_timelines_share_one_time_axis_when_given_xlim_and_label_only_bars_wide_enough():
+    sched = build("interleaved", 4, 8, 2)
+    squeezed = plot_schedule(sched, xlim=(0, 100))
+    assert squeezed.axes[0].get_xlim() == (0, 100)
+
+    def drawn(fig):
+        return sum(len(t.get_text()) for t in fig.axes[0].texts)
+
+    assert 0 < drawn(squeezed) < drawn(plot_schedule(sched))  # narrower bars: shorter labels ("3" for "3.1")

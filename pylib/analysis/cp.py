@@ -54,6 +54,39 @@ def ring_traffic(
     )
 
 
+def dkv_reduce_scatter_bytes(
+    batch: int, seq_len: int, n_kv_head: int, d_head: int, cp: int, bytes_per_elem: int
+) -> int:
+    """Bytes each rank sends in a bandwidth-optimal (ring) reduce-scatter of the partial dK/dV.
+
+    In backward every rank holds a partial dK/dV for *every* rank's block (cp blocks of
+    2 * b * n_kv_head * (s/cp) * d_head elements); a reduce-scatter leaves each rank the sum for its own block and
+    sends (cp-1)/cp of the cp blocks: cp-1 blocks. Ring attention's dK/dV ring (`ring_traffic`) sends cp blocks:
+    its accumulator starts at the block's owner, so it needs one hop more to come home."""
+    return (cp - 1) * ring_kv_message_bytes(batch, seq_len, n_kv_head, d_head, cp, bytes_per_elem)
+
+
+def ring_attention_saved_bytes(
+    batch: int,
+    seq_len: int,
+    n_head: int,
+    n_kv_head: int,
+    d_head: int,
+    cp: int,
+    bytes_per_elem: int,
+    lse_bytes_per_elem: int | None = None,
+) -> int:
+    """Bytes ring attention keeps for backward on each rank: q and out [b, n_head, s/cp, d_head], k and v
+    [b, n_kv_head, s/cp, d_head] in the input dtype, and the rows' LSE [b, n_head, s/cp] in the accumulation dtype
+    (`lse_bytes_per_elem`, default float32's 4 for half inputs, else `bytes_per_elem`). No score matrix is kept
+    (backward recomputes each block's probabilities from the LSE), so it is linear in s/cp: 1/cp of cp=1."""
+    if lse_bytes_per_elem is None:
+        lse_bytes_per_elem = max(bytes_per_elem, 4)
+    n = _local(seq_len, cp)
+    tensors = batch * n * d_head * (2 * n_head + 2 * n_kv_head) * bytes_per_elem
+    return tensors + batch * n_head * n * lse_bytes_per_elem
+
+
 # --------------------------------------------------------------------------------------------------- Ulysses
 
 

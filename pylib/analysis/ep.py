@@ -116,3 +116,17 @@ def expert_params_per_rank(h: int, d_ff: int, n_experts: int, ep: int, etp: int 
 def router_params(h: int, n_experts: int) -> int:
     """The replicated router: one [E, h] matrix on every rank."""
     return n_experts * h
+
+
+def dropped_assignments(counts_per_group: Sequence[Sequence[int]], capacity: int | Sequence[int] | None) -> int:
+    """Assignments a capacity limit drops: sum over drop groups g and experts e of max(0, N_ge - C_g).
+
+    counts_per_group [G][E]: assignments each group's tokens make to each expert (before dropping); capacity: C for
+    every group, or one C_g per group (None: nothing is dropped). With Megatron-Core's rule a group is one rank's
+    tokens and C_g = expert_capacity_tokens(T_g, k, E, capacity_factor)."""
+    if capacity is None:
+        return 0
+    caps = [capacity] * len(counts_per_group) if isinstance(capacity, int) else list(capacity)
+    if len(caps) != len(counts_per_group):
+        raise ValueError(f"{len(caps)} capacities for {len(counts_per_group)} drop groups")
+    return sum(max(0, int(n) - c) for counts, c in zip(counts_per_group, caps) for n in counts)

@@ -1,4 +1,4 @@
-"""Pipeline-parallel formulas: bubble, microbatches in flight, activation memory, point-to-point traffic.
+"""Pipeline-parallel formulas: bubble, microbatches in flight, activation memory, point-to-point traffic, weights.
 
 Symbols: p pipeline ranks, m microbatches per step, v model chunks per rank (interleaving; v = 1 otherwise),
 N microbatches per group in the interleaved schedule (Megatron's microbatch_group_size_per_vp_stage, default p),
@@ -88,3 +88,14 @@ def p2p_bytes_per_rank(b: int, s: int, h: int, dtype_bytes: int, p: int, m: int,
         k = c * p + rank
         messages += (k < n_stages - 1) + (k > 0)
     return messages * m * p2p_message_bytes(b, s, h, dtype_bytes)
+
+
+def params_per_rank(
+    p: int, rank: int, n_layers: int, layer_params: int, embed_params: int, head_params: int, v: int = 1
+) -> int:
+    """Parameters rank `rank` holds: its L/p layers (v chunks of L/(p·v)), plus the embedding on rank 0 (virtual
+    stage 0) and the final norm and LM head (`head_params`) on rank p-1 (virtual stage p·v-1). Every tensor is held
+    whole: PP distributes the weights, it does not cut them."""
+    if n_layers % (p * v):
+        raise ValueError(f"n_layers={n_layers} is not divisible by pp × v = {p} × {v} = {p * v}")
+    return n_layers // p * layer_params + (rank == 0) * embed_params + (rank == p - 1) * head_params

@@ -1,13 +1,14 @@
 """Data parallelism: bucketed DDP whose all-reduces overlap backward, and ZeRO stages 1, 2 and 3.
 
-    DistributedDataParallel(module, group=None, *, bucket_bytes=..., group_for=None)   .finish_gradient_sync()
+    DistributedDataParallel(module, group=None, *, bucket_bytes=..., group_for=None, gradient_divide_factor=None)
     ZeroDataParallel(module, stage=1|2, group=None, *, bucket_bytes=..., group_for=None, optimizer=Adam, **kw)
     FullyShardedDataParallel(module, group=None, *, units=None, group_for=None, optimizer=Adam, **kw)   # ZeRO-3
     wrap(module, "ddp" | "zero1" | "zero2" | "zero3", group, ...)   # any of them behind one training API
 
 `group` is the gradient-averaging group (Megatron's "dp-cp" when CP is on); `group_for(name, param)` overrides it
-per parameter (expert parameters over "edp"). Layouts of the flat buffers are data (`FlatLayout`), memory is
-measured (`HeldBytes`), overlap of communication with backward is measured (`OverlapReport`).
+per parameter (expert parameters over "edp", with `gradient_divide_factor=` the dp x cp size, since an expert's
+gradient already sums its EP group's tokens). Layouts of the flat buffers are data (`FlatLayout`), memory is
+measured (`HeldBytes`, ZeRO-3's `timeline`), overlap of communication with backward is measured (`OverlapReport`).
 """
 
 from .buckets import DEFAULT_BUCKET_BYTES, Bucket, GradientBuckets

@@ -21,6 +21,12 @@ Rules that keep every rank issuing the same collectives in the same order (a mis
 buckets of one group are launched strictly in index order (a ready bucket waits for the ones before it), and when
 backward ends every bucket not yet launched (a parameter that got no gradient) is launched, in order. The end of
 backward is seen by a callback queued on the autograd engine.
+
+A parameter that got no gradient on this rank (a branch its samples did not take) contributes zeros; if another
+rank used it, the average is not zero and becomes its gradient here too, so every replica takes the same step. If
+no rank used it the average is exactly zero and its gradient stays None, as on one device. (A parameter used
+somewhere whose gradients cancel to exactly 0.0 would stay None as well; PyTorch's DDP tells the two cases apart
+with an extra all-reduce of "used" flags when `find_unused_parameters=True`.)
 """
 
 from __future__ import annotations
@@ -43,8 +49,16 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb=25
 class Bucket:
     """One bucket at run time: its layout, group, parameters, gradient buffer and the collective in flight."""
 
-    def __init__(self, layout: FlatLayout, group: AxisGroup, params: list[nn.Parameter], dtype: torch.dtype):
+    def __init__(
+        self,
+        layout: FlatLayout,
+        group: AxisGroup,
+        params: list[nn.Parameter],
+        dtype: torch.dtype,
+        divide_by: int | float | None = None,
+    ):
         self.layout, self.group, self.params, self.dtype = layout, group, params, dtype
+        self.divide_by = group.size if divide_by is None else divide_by  # the sum over the group is divided by it
         self.grad: torch.Tensor | None = None  # [padded_numel]
         self.shard_grad: torch.Tensor | None = None  # [shard_numel] (ZeRO-2)
         self.ready: set[int] = set()
@@ -68,7 +82,8 @@ class GradientBuckets:
     multiple of its group size so every rank's slice has the same size. max_in_flight: launching one more bucket
     first waits for the oldest when this many are on the wire -- without full buffers (ZeRO-2) that bounds the
     gradient memory to the slices, max_in_flight buckets on the wire and the one (or two, where a layer's gradients
-    arrive out of registration order) still filling, at the price of some overlap.
+    arrive out of registration order) still filling, at the price of some overlap. divide_by: what every bucket's
+    sum is divided by (None: its group's size, an average; see `groups` for why expert parameters differ).
     """
 
     def __init__(
@@ -80,6 +95,7 @@ class GradientBuckets:
         keep_full_grad: bool = True,
         tag_prefix: str,
         max_in_flight: int | None = None,
+        divide_by: int | float | None = None,
     ):
         if mode not in ("all_reduce", "reduce_scatter"):
             raise ValueError(f"mode={mode!r} must be 'all_reduce' or 'reduce_scatter'")
@@ -108,7 +124,7 @@ class GradientBuckets:
             for lay in layouts:
                 params = [p for _, p in named[start : start + len(lay.entries)]]
                 start += len(lay.entries)
-                b = Bucket(lay, g, params, dtype)
+                b = Bucket(lay, g, params, dtype, divide_by)
                 for i, p in enumerate(params):
                     self._where[id(p)] = (b, i)
                 self.buckets.append(b)
@@ -128,7 +144,12 @@ class GradientBuckets:
         self.backward_end: float | None = None
         self.peak_grad_bytes = 0
         self._note_grad_memory()
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for b in self.buckets for p in b.params]
+        self._handles = []
+        for b in self.buckets:
+            for p in b.params:
+                # before autograd accumulates into a bucket view: the previous backward's buckets must be off the wire
+                self._handles.append(p.register_hook(self._before_accumulate))
+                self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
 
     # -------------------------------------------------------------------------------------------- public
 
@@ -184,6 +205,13 @@ class GradientBuckets:
         self._handles = []
 
     # -------------------------------------------------------------------------------------------- hooks
+
+    def _before_accumulate(self, grad: torch.Tensor) -> None:
+        """A parameter's gradient is computed, not yet accumulated. The first one of a backward pass waits for every
+        bucket still on the wire: a bucket being all-reduced in place must not be accumulated into (gradient
+        accumulation that reduces every micro-batch without a `finish()` in between would otherwise race)."""
+        if not self._in_backward:
+            self._begin_backward()
 
     def _on_grad(self, p: torch.Tensor) -> None:
         if not self._in_backward:
@@ -244,7 +272,8 @@ class GradientBuckets:
             self._retire(self._in_flight.pop(0))  # wait for the oldest: bounds the buckets alive at once
         tag = f"{self.tag_prefix}.{b.layout.key}"
         if self.mode == "all_reduce":
-            b.work = C.all_reduce_async(b.grad, b.group, op="avg", phase="backward", tag=tag)
+            op = "avg" if b.divide_by == b.group.size else "sum"  # "sum": divided by divide_by once it is done
+            b.work = C.all_reduce_async(b.grad, b.group, op=op, phase="backward", tag=tag)
         else:
             b.work = C.reduce_scatter_async(b.grad, 0, b.group, phase="backward", tag=tag)
         self._in_flight.append(b)
@@ -266,10 +295,17 @@ class GradientBuckets:
             work.t_done,
         )
         if self.mode == "all_reduce":
-            return  # averaged in place; every p.grad views it
+            if b.divide_by != b.group.size:  # summed in place (or a group of one): divide here
+                b.grad.div_(b.divide_by)
+            for i, p in enumerate(b.params):
+                if p.grad is None:  # no gradient here, but other ranks may have used it: take the average
+                    view = b.grad_view(i)
+                    if bool(view.any()):
+                        p.grad = view
+            return  # every p.grad views the bucket
         lo, hi = b.shard_range
-        if b.group.size > 1:
-            out = out.div_(b.group.size)
+        if b.divide_by != 1:
+            out = out.div_(b.divide_by)
         if self.keep_full_grad:
             if b.group.size > 1:
                 b.grad[lo:hi].copy_(out)  # ZeRO-1: this rank's slice of the bucket now holds the average

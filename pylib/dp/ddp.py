@@ -17,7 +17,8 @@ Traffic per step and rank: one all-reduce of every gradient, 2(d-1)/d * Psi byte
 is a view into one), optimizer state K*Psi.
 
 Composition: `group_for(name, param) -> group` sends a parameter's gradient to another group (expert parameters to
-"edp"); parameters already sharded by another mode are just smaller tensors here.
+"edp", with `gradient_divide_factor` = the dp x cp size: see `pylib.dp.groups`); parameters already sharded by
+another mode are just smaller tensors here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch.nn as nn
 
 from ..dist.sharding import ShardSpec
 from .buckets import DEFAULT_BUCKET_BYTES, GradientBuckets
-from .groups import GroupFor, split_by_group
+from .groups import GroupFor, check_divide_factor, split_by_group
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
 from .overlap import OverlapReport
 
@@ -39,6 +40,7 @@ class DistributedDataParallel(nn.Module):
     Gradients are reduced in buckets of at most `bucket_bytes`, in reverse parameter order, each launched as an
     asynchronous all-reduce the moment its last gradient is ready; call `finish_gradient_sync()` after backward.
     Forward is the module's own (`ddp(x)` or `ddp.module.loss(...)` alike): DDP touches only gradients.
+    gradient_divide_factor: None averages each gradient over its group; a number divides every group's sum by it.
     """
 
     tag_prefix = "ddp"
@@ -50,12 +52,18 @@ class DistributedDataParallel(nn.Module):
         *,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         group_for: GroupFor | None = None,
+        gradient_divide_factor: int | float | None = None,
     ):
         super().__init__()
         self.module = module
+        divide_by = check_divide_factor(gradient_divide_factor)
         self.param_sets = split_by_group(list(module.named_parameters()), group, group_for)
         self.buckets = GradientBuckets(
-            self.param_sets, bucket_bytes=bucket_bytes, mode="all_reduce", tag_prefix=self.tag_prefix
+            self.param_sets,
+            bucket_bytes=bucket_bytes,
+            mode="all_reduce",
+            tag_prefix=self.tag_prefix,
+            divide_by=divide_by,
         )
 
     def forward(self, *args, **kwargs):

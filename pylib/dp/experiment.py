@@ -79,6 +79,7 @@ def wrap(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     group_for: GroupFor | None = None,
     units: list[str] | None = None,
+    gradient_divide_factor: int | float | None = None,
     optimizer=torch.optim.Adam,
     **optim_kwargs,
 ):
@@ -87,7 +88,9 @@ def wrap(
     Every returned object has finish_gradient_sync(), step(), zero_grad(), memory(), layouts, gradient_shards(),
     parameter_shards() and .module; the model's own forward (or `module.loss`) runs unchanged."""
     if stage == "ddp":
-        ddp = DistributedDataParallel(module, group, bucket_bytes=bucket_bytes, group_for=group_for)
+        ddp = DistributedDataParallel(
+            module, group, bucket_bytes=bucket_bytes, group_for=group_for, gradient_divide_factor=gradient_divide_factor
+        )
         return DDPTrainer(ddp, optimizer(module.parameters(), **optim_kwargs))
     if stage in ("zero1", "zero2"):
         return ZeroDataParallel(
@@ -96,12 +99,19 @@ def wrap(
             group,
             bucket_bytes=bucket_bytes,
             group_for=group_for,
+            gradient_divide_factor=gradient_divide_factor,
             optimizer=optimizer,
             **optim_kwargs,
         )
     if stage == "zero3":
         return FullyShardedDataParallel(
-            module, group, units=units, group_for=group_for, optimizer=optimizer, **optim_kwargs
+            module,
+            group,
+            units=units,
+            group_for=group_for,
+            gradient_divide_factor=gradient_divide_factor,
+            optimizer=optimizer,
+            **optim_kwargs,
         )
     raise ValueError(f"stage={stage!r} must be one of {STAGES}")
 
@@ -131,9 +141,10 @@ def train_data_parallel(
 
     Returns losses (this rank's, per step), grad_shards (what this rank holds of the averaged gradient after step
     0, by layout key), param_shards (what it holds of the parameters after the last step; `params`, the module's
-    named parameters, too, except at ZeRO-3 where the module holds none), layouts, events (traced
-    ops of each step, as dicts), memory (HeldBytes after step 0's optimizer step, as a dict), overlap (step 0's
-    OverlapReport from the trace, for the bucketed stages), unit_bytes (ZeRO-3: full bytes of each unit), times
+    named parameters, too, except at ZeRO-3 where the module holds none), layouts, events (traced ops of each
+    step, as dicts), memory (HeldBytes after step 0's optimizer step, as a dict), overlap (step 0's OverlapReport
+    from the trace, for the bucketed stages), unit_bytes and timeline (ZeRO-3: full bytes of each unit, and the
+    resident parameter bytes after each gather and free of step 0, `FullyShardedDataParallel.timeline`), times
     (forward+backward, gradient sync wait, optimizer step, per step)."""
     g = resolve_group(group)
     model = build_model(cfg)
@@ -161,6 +172,7 @@ def train_data_parallel(
                     out["overlap"] = overlap_from_trace(tr.events, end, backward_start=t_backward, tag=stage)
                 else:
                     out["unit_bytes"] = dp.unit_bytes()
+                    out["timeline"] = list(dp.timeline)  # resident parameter bytes through step 0
             dp.zero_grad()
         out["losses"].append(loss.item())
         out["times"].append(dict(forward_backward=t1 - t0, sync_wait=t2 - t1, step=t3 - t2, total=t3 - t0))

@@ -12,6 +12,8 @@ the rank keeps, and what its optimizer updates. Around each unit:
                       forward used `collectives.all_gather`, whose backward is reduce-scatter -- scaled by 1/d
     after backward    free full's storage again                   (a hook on full's gradient)
 
+`timeline` records the resident parameter bytes after every gather and free, so a run can draw them.
+
 Per step and rank that is all-gather + all-gather + reduce-scatter, 3(d-1)/d * Psi bytes: 1.5x DDP's traffic
 for 1/d of the parameter memory (ZeRO paper, section 7.2.2). At any moment one unit (sometimes two, where
 backward hands over from one to the next) is resident in full; `peak_param_bytes` measures it.
@@ -27,6 +29,7 @@ backward without the graph noticing. Between uses a module's parameter attribute
 
 from __future__ import annotations
 
+import collections
 import functools
 
 import torch
@@ -35,11 +38,12 @@ import torch.nn as nn
 from ..dist import collectives as C
 from ..dist import tracer
 from ..dist.sharding import ShardSpec
-from .groups import GroupFor, dtype_name, split_by_group
+from .groups import GroupFor, check_divide_factor, dtype_name, split_by_group
 from .layout import FlatLayout, single_flat
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+TIMELINE_LENGTH = 4096  # resident-bytes records kept (a few per unit and step)
 
 
 def default_units(module: nn.Module) -> list[str]:
@@ -108,6 +112,7 @@ class FullyShardedDataParallel(nn.Module):
     not inside any unit form a root unit gathered for the whole forward. A parameter shared by two units (tied
     embeddings) must sit in one: leave both modules out of `units` so it falls to the root unit.
     Forward is the module's own; every rank must run the same units in the same order.
+    gradient_divide_factor: None averages each gradient over its group; a number divides every group's sum by it.
     """
 
     tag_prefix = "zero3"
@@ -119,11 +124,13 @@ class FullyShardedDataParallel(nn.Module):
         *,
         units: list[str] | None = None,
         group_for: GroupFor | None = None,
+        gradient_divide_factor: int | float | None = None,
         optimizer=torch.optim.Adam,
         **optim_kwargs,
     ):
         super().__init__()
         self.module = module
+        self.divide_by = check_divide_factor(gradient_divide_factor)
         unit_names = default_units(module) if units is None else list(units)
         modules = dict(module.named_modules())
         missing = [u for u in unit_names if u not in modules]
@@ -212,16 +219,18 @@ class FullyShardedDataParallel(nn.Module):
         call = _Gathered(unit)
         for flat in unit.flats:
             full = C.all_gather(flat.shard, 0, flat.group, tag=f"{self.tag_prefix}.{flat.layout.key}")
+            divide_by = flat.group.size if self.divide_by is None else self.divide_by
+            if divide_by != 1:  # backward: the all-gather's reduce-scatter sums, this turns the sum into the mean
+                full = _ScaleGrad.apply(full, 1.0 / divide_by)
             if flat.group.size > 1:
-                full = _ScaleGrad.apply(full, 1.0 / flat.group.size)
                 storage = full.untyped_storage()
                 call.storages.append((flat, storage))
                 self._live[id(storage)] = storage
                 if full.requires_grad:
-                    full.register_hook(functools.partial(self._after_backward, storage))
+                    full.register_hook(functools.partial(self._after_backward, storage, unit.name or "root"))
             flat.set_views(full)
         self._calls[id(unit)] = call
-        self._note_params()
+        self._note_params(f"gather {unit.name or 'root'}")
 
     def _after_forward(self, unit: _Unit, module, args, output):
         call = self._calls.pop(id(unit))
@@ -233,6 +242,7 @@ class FullyShardedDataParallel(nn.Module):
             self._free(storage)
         for flat in unit.flats:
             flat.set_views(None)
+        self._note_params(f"free {unit.name or 'root'}")
 
     def _before_backward(self, call: _Gathered, grad):
         if call.regathered:
@@ -248,24 +258,29 @@ class FullyShardedDataParallel(nn.Module):
             )
             storage.copy_(again.untyped_storage())
             self._live[id(storage)] = storage
-        self._note_params()
+        self._note_params(f"gather {call.unit.name or 'root'} (backward)")
 
-    def _after_backward(self, storage: torch.UntypedStorage, grad):
+    def _after_backward(self, storage: torch.UntypedStorage, name: str, grad):
         # the whole gradient of this unit's full buffer exists now (next: scaled, reduce-scattered into the shard)
         self.peak_grad_bytes = max(self.peak_grad_bytes, self._grad_bytes() + grad.numel() * grad.element_size())
         self._free(storage)
+        self._note_params(f"free {name} (backward)")
 
     def _end_backward(self):
         self._callback_queued = False
-        for storage in list(self._live.values()):  # a unit whose parameters got no gradient
-            self._free(storage)
+        if self._live:
+            for storage in list(self._live.values()):  # a unit whose parameters got no gradient
+                self._free(storage)
+            self._note_params("free at the end of backward")
 
     def _free(self, storage: torch.UntypedStorage) -> None:
         storage.resize_(0)
         self._live.pop(id(storage), None)
 
-    def _note_params(self) -> None:
-        self.peak_param_bytes = max(self.peak_param_bytes, self.resident_param_bytes())
+    def _note_params(self, what: str) -> None:
+        resident = self.resident_param_bytes()
+        self.peak_param_bytes = max(self.peak_param_bytes, resident)
+        self.timeline.append((tracer.now(), resident, what))
 
     def _grad_bytes(self) -> int:
         return storage_bytes(p.grad for p in self.shards)
@@ -301,8 +316,11 @@ class FullyShardedDataParallel(nn.Module):
         return storage_bytes(self.shards) + sum(s.nbytes() for s in self._live.values())
 
     def reset_peaks(self) -> None:
+        """Measure afresh from now: peaks from what is held now, and a new `timeline` of resident parameter bytes
+        -- (time, bytes, what just happened) after every gather and free, the last TIMELINE_LENGTH of them."""
         self.peak_param_bytes = self.resident_param_bytes()
         self.peak_grad_bytes = self._grad_bytes()
+        self.timeline = collections.deque([(tracer.now(), self.peak_param_bytes, "start")], maxlen=TIMELINE_LENGTH)
 
     def memory(self) -> HeldBytes:
         params = self.resident_param_bytes()

@@ -10,6 +10,14 @@ TP reduction (done by TP, not here). So every wrapper in `pylib.dp` takes a defa
 An extra reduction that another mode owns (SP's TP all-reduce of LayerNorm gradients) composes if it is a tensor
 hook on the parameter (`p.register_hook`): autograd runs those before accumulating the gradient, and the bucket
 hooks here (`register_post_accumulate_grad_hook`) after, so the buckets receive the already TP-reduced gradient.
+
+What the reduction divides by. By default every gradient is *averaged* over its group: summed, then divided by the
+group's size. That is right when each member of the group computed the gradient of its own equal share of the
+batch. It is wrong for expert parameters under EP: an expert's gradient on a rank already sums the contributions
+of the tokens of every rank in its EP group (the all-to-all brought them there), so over "edp" it must be summed
+and divided by the *dense* data-parallel size dp x cp, not by edp. Megatron-Core divides every gradient by the
+dp x cp size (`gradient_scaling_factor = 1 / dp_cp_size`, for dense and expert buffers alike); the wrappers here
+take `gradient_divide_factor` (PyTorch FSDP2's name for the same knob) for that.
 """
 
 from __future__ import annotations
@@ -50,3 +58,12 @@ def split_by_group(
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+def check_divide_factor(factor) -> int | float | None:
+    """None (average over each group) or a positive number to divide every summed gradient by."""
+    if factor is None:
+        return None
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+        raise ValueError(f"gradient_divide_factor={factor!r} must be a positive number (or None: average per group)")
+    return factor

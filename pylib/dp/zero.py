@@ -32,7 +32,7 @@ from ..dist import collectives as C
 from ..dist import tracer
 from ..dist.sharding import ShardSpec
 from .buckets import DEFAULT_BUCKET_BYTES, GradientBuckets
-from .groups import GroupFor, split_by_group
+from .groups import GroupFor, check_divide_factor, split_by_group
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
 from .overlap import OverlapReport
 
@@ -44,6 +44,7 @@ class ZeroDataParallel(nn.Module):
     another elementwise optimizer is given. After backward call `finish_gradient_sync()`, then `step()`.
     max_buckets_in_flight (stage 2): at most this many full buckets on the wire at once (DeepSpeed double-buffers,
     hence 2); None lets every bucket overlap backward and, on a slow network, be alive at once.
+    gradient_divide_factor: None averages each gradient over its group; a number divides every group's sum by it.
     """
 
     def __init__(
@@ -55,6 +56,7 @@ class ZeroDataParallel(nn.Module):
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         group_for: GroupFor | None = None,
         max_buckets_in_flight: int | None = 2,
+        gradient_divide_factor: int | float | None = None,
         optimizer=torch.optim.Adam,
         **optim_kwargs,
     ):
@@ -64,6 +66,7 @@ class ZeroDataParallel(nn.Module):
                 f"ZeroDataParallel does stages 1 and 2, got stage={stage} (stage 3: FullyShardedDataParallel)"
             )
         self.module, self.stage = module, stage
+        divide_by = check_divide_factor(gradient_divide_factor)
         self.tag_prefix = f"zero{stage}"
         self.param_sets = split_by_group(list(module.named_parameters()), group, group_for)
         self.buckets = GradientBuckets(
@@ -73,6 +76,7 @@ class ZeroDataParallel(nn.Module):
             keep_full_grad=stage == 1,
             tag_prefix=self.tag_prefix,
             max_in_flight=max_buckets_in_flight if stage == 2 else None,
+            divide_by=divide_by,
         )
         self.flats: list[torch.Tensor] = []  # one padded parameter buffer per bucket
         self.shards: list[torch.Tensor] = []  # this rank's slice of each, what the optimizer updates

@@ -15,8 +15,10 @@ union; the gradients are too, provided:
     full model the data-parallel / sequence-parallel gradient reduction does this) -- each rank only sees its
     own tokens' contribution;
   * expert gradients need nothing inside the EP x ETP group: every token that chose expert e reached e's ranks,
-    so each slice's gradient is already complete (ranks holding the same slice for other tokens -- the expert
-    data-parallel group, EDP -- still average as DP does).
+    so each slice's gradient is already complete for the tokens of this EP group. Ranks holding the same slice for
+    other tokens -- the expert data-parallel group, EDP -- sum those gradients and divide by dp*cp, the number of
+    batch shards the loss averages over (Megatron's rule; `pylib.dp`'s `gradient_divide_factor`). Averaging over
+    EDP alone would leave expert gradients too large by dp*cp/edp.
 
 Capacity and dropping follow Megatron-Core's default: each rank computes C from its own token count and drops
 among its own tokens before sending (reference: `MoE.forward(x, drop_groups=rank_of_each_token)`).

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -106,13 +106,18 @@ def run_pipeline(
     blocking_sends: bool = False,
     compute_delay: tuple[float, float] | None = None,
     measure_memory: bool = True,
+    backward_context: Callable[[int, int], AbstractContextManager] | None = None,
 ) -> PipelineRun:
     """Run this rank's actions of `schedule` (one training step's forwards and backwards, no optimizer step).
 
     group: the pipeline AxisGroup (None = every rank); its size must be schedule.p and this rank's index in it
     picks the action list. chunks: this rank's v stage modules. inputs / targets: the m microbatches' inputs and
     targets (needed only on the ranks holding the first / the last virtual stage). Gradients accumulate into the
-    chunks' parameters' .grad (zero them before the step)."""
+    chunks' parameters' .grad (zero them before the step).
+
+    backward_context(mb, chunk), if given, returns a context manager each backward runs inside: how a data-parallel
+    wrapper is told to only accumulate (`no_sync()`) in every backward of a chunk but its last, so its gradients
+    are reduced once per step, after the last microbatch (as Megatron's schedules do with their no_sync_func)."""
     g = C.resolve_group(group)
     p, m, v = schedule.p, schedule.m, schedule.v
     if g.size != p:
@@ -194,10 +199,11 @@ def run_pipeline(
                 pad(start, compute_delay[0])
         elif a.op == "B":
             y = stage_out.pop(key)
-            if a.stage == n_stages - 1:
-                torch.autograd.backward(y)
-            else:
-                torch.autograd.backward(y, grad_tensors=grad_out.pop(key))
+            with backward_context(a.mb, a.chunk) if backward_context is not None else nullcontext():
+                if a.stage == n_stages - 1:
+                    torch.autograd.backward(y)
+                else:
+                    torch.autograd.backward(y, grad_tensors=grad_out.pop(key))
             if a.stage > 0:
                 x = stage_in.pop(key)
                 grad_in[key] = x.grad

@@ -187,6 +187,16 @@ def interleaved_table(m: int, v: int, group_size: int) -> list[tuple[int, int]]:
     return out
 
 
+def _loose_group_size(p: int, v: int, group_size: int | None) -> int:
+    """N for an interleaved order built without Megatron's microbatch conditions (only v >= 2 and N >= 1)."""
+    if v < 2:
+        raise ScheduleError(f"interleaved 1F1B needs v >= 2 chunks per rank, got v={v} (v=1 is plain 1F1B)")
+    n = p if group_size is None else group_size
+    if not isinstance(n, int) or n < 1:
+        raise ScheduleError(f"the group size N={n!r} must be a positive integer")
+    return n
+
+
 def warmup_forwards(name: str, p: int, m: int, rank: int, v: int = 1, group_size: int | None = None) -> int:
     """Forwards a rank runs before its first backward (capped at its total number of forwards)."""
     if name == "gpipe":
@@ -199,8 +209,13 @@ def warmup_forwards(name: str, p: int, m: int, rank: int, v: int = 1, group_size
     raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
 
 
-def compute_order(name: str, p: int, m: int, rank: int, v: int = 1, group_size: int | None = None) -> list[Action]:
-    """Rank `rank`'s forwards and backwards, in the order the schedule runs them (no communication yet)."""
+def compute_order(
+    name: str, p: int, m: int, rank: int, v: int = 1, group_size: int | None = None, *, strict: bool = True
+) -> list[Action]:
+    """Rank `rank`'s forwards and backwards, in the order the schedule runs them (no communication yet).
+
+    strict=False skips Megatron's microbatch conditions for the interleaved schedule (`check_interleaved`) other
+    than v >= 2 and 1 <= N, so that the book can measure what a short last group of microbatches costs."""
 
     def f(mb, c):
         return Action("F", mb, c, virtual_stage(rank, c, p))
@@ -214,7 +229,7 @@ def compute_order(name: str, p: int, m: int, rank: int, v: int = 1, group_size: 
         fwd = [(i, 0) for i in range(m)]
         bwd = fwd
     elif name == "interleaved":
-        n = check_interleaved(p, m, v, group_size)
+        n = check_interleaved(p, m, v, group_size) if strict else _loose_group_size(p, v, group_size)
         fwd = interleaved_table(m, v, n)
         bwd = [(mb, v - 1 - c) for mb, c in fwd]
     else:
@@ -366,18 +381,26 @@ def build(
     cost_f: float = 1.0,
     cost_b: float = 2.0,
     policy: str = "ordered",
+    strict: bool = True,
 ) -> Schedule:
-    """The schedule `name` ("gpipe", "1f1b" or "interleaved") for p ranks, m microbatches, v chunks per rank."""
+    """The schedule `name` ("gpipe", "1f1b" or "interleaved") for p ranks, m microbatches, v chunks per rank.
+
+    strict=False builds an interleaved schedule that Megatron would reject (m not a multiple of N, a short last
+    group): it still runs and is still correct, but its bubble exceeds (p-1)/(v·m) -- which is why Megatron
+    rejects it."""
     _check_sizes(p, m, v)
     if name not in SCHEDULES:
         raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
     if name == "interleaved":
-        group_size = check_interleaved(p, m, v, group_size)
+        if strict:
+            group_size = check_interleaved(p, m, v, group_size)
+        else:
+            group_size = _loose_group_size(p, v, group_size)
     elif v != 1:
         raise ScheduleError(f"{name} runs one chunk per rank (v=1), got v={v}; use 'interleaved' for v > 1")
     elif group_size is not None:
         raise ScheduleError(f"group_size applies to the interleaved schedule only, not {name}")
-    orders = [compute_order(name, p, m, r, v, group_size) for r in range(p)]
+    orders = [compute_order(name, p, m, r, v, group_size, strict=strict) for r in range(p)]
     actions, times = place_communication(orders, p, v, cost_f, cost_b, policy)
     return Schedule(name, p, m, v, actions, group_size, cost_f, cost_b, times)
 

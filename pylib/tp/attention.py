@@ -9,8 +9,9 @@ GQA (n_kv_head < n_head; query head i reads K/V head i // (n_head / n_kv_head)):
     those its query heads read.
   * n_kv_head divides t (t > n_kv_head): every rank's query heads fall in one K/V group, so rank r holds that
     one K/V head, j = r // (t / n_kv_head), and t / n_kv_head ranks hold a copy of it. Each copy gets gradient
-    only from its rank's query heads: `grads.allreduce_replicated_kv_grads` sums them (Megatron and vLLM
-    replicate K/V heads the same way).
+    only from its rank's query heads: `grads.allreduce_replicated_kv_grads` sums them. (vLLM replicates K/V
+    heads the same way, `num_kv_head_replicas`; Megatron-Core instead splits the fused QKV weight evenly and
+    all-gathers the QKV activations, whose conjugate reduce-scatter sums the copies' gradients.)
   * otherwise some rank's query heads would need K/V heads held by two ranks: refused.
 
 Attention itself goes through a replaceable `core(q, k, v, positions)` with the reference signature

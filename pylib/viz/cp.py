@@ -1,8 +1,11 @@
 """Figures for the context-parallelism chapter, drawn from real runs.
 
+    sequence_split_figure(specs, seq_len) the matrix picture: x [s, h] split along s, and the score matrix each
+                                          rank must fill (from the CP model's shard specs)
     ring_rounds_figure(rows)              seed A's round table as a picture (rows from pylib.cp.ring_rounds)
     zigzag_balance_figure(work)           measured per-rank attention work, contiguous vs zig-zag
     causal_ownership_figure(seq_len, cp)  the causal score matrix coloured by the rank that computes each row
+    merge_drift_figure(rows)              error of bf16 ring attention vs cp, bf16 vs float32 merge (measured)
 
 Readable on light and dark pages: transparent background, mid-tone fills, grey text and lines.
 """
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.colors import ListedColormap
+from matplotlib.colors import ListedColormap, to_rgba
 
 INK = "#8a8a8a"  # grey: legible on white and on near-black
 PALETTE = ["#4c8bd6", "#e0803a", "#4aa96c", "#c9544d", "#9370c9", "#b08a4a", "#d16fb0", "#5fb3b3"]
@@ -49,19 +52,15 @@ def ring_rounds_figure(rows, *, title: str = "Ring attention: the K/V block each
             for r, src in enumerate(row["recv_from"]):
                 start = (src, y + 1 - 0.32)
                 end = (r, y + 0.32)
-                if src == n - 1 and r == 0 and n > 2:  # the wrap-around hop of the ring
+                if src == n - 1 and r == 0 and n > 2:  # the wrap-around hop: out at the right edge, in at the left
+                    dashed = dict(color=INK, lw=1.0, linestyle="--")
+                    ax.plot([src + 0.38, n - 0.45], [y + 1 - 0.1, y + 0.5], zorder=1, **dashed)
                     ax.annotate(
-                        "",
-                        xy=end,
-                        xytext=start,
-                        arrowprops=dict(
-                            arrowstyle="->", color=INK, lw=1.0, linestyle="--", connectionstyle="arc3,rad=0.15"
-                        ),
-                        zorder=1,
+                        "", xy=(-0.38, y + 0.1), xytext=(-0.55, y + 0.5), arrowprops=dict(arrowstyle="->", **dashed)
                     )
                 else:
                     ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="->", color=INK, lw=1.0), zorder=1)
-    ax.set_xlim(-0.6, n - 0.4)
+    ax.set_xlim(-0.62, n - 0.38)
     ax.set_ylim(-len(rows) + 0.4, 0.6)
     ax.set_xticks(range(n), [f"rank {r}\n(keeps Q{r})" for r in range(n)])
     ax.set_yticks([-i for i in range(len(rows))], [f"round {row['round']}" for row in rows])
@@ -118,6 +117,9 @@ def causal_ownership_figure(seq_len: int, cp: int, layouts=("contiguous", "zigza
             owner[sequence_positions(seq_len, r, cp, layout).numpy()] = r
         grid = np.where(np.tril(np.ones((seq_len, seq_len), dtype=bool)), owner[:, None], np.nan)
         ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-0.5, vmax=cp - 0.5, interpolation="nearest")
+        ticks = range(0, seq_len, max(1, seq_len // 4))
+        ax.set_xticks(ticks)
+        ax.set_yticks(ticks)
         ax.set_title(layout)
         ax.set_xlabel("key position")
         ax.set_ylabel("query position")
@@ -127,4 +129,82 @@ def causal_ownership_figure(seq_len: int, cp: int, layouts=("contiguous", "zigza
     for text in legend.get_texts():
         text.set_color(INK)
     fig.suptitle(f"Who computes which scores (causal, s = {seq_len}, cp = {cp})", color=INK)
+    return fig
+
+
+def _chunk_owner(note: str) -> tuple[int, list[int], int]:
+    """(rank, chunks, n_chunks) from a sequence ShardSpec note: "rank 1 holds chunks 1, 6 of 8"."""
+    words = note.replace(",", " ").split()
+    rank = int(words[1])
+    of = words.index("of")
+    return rank, [int(w) for w in words[4:of]], int(words[of + 1])
+
+
+def sequence_split_figure(specs_by_rank, seq_len: int, *, name: str = "x", causal: bool = True):
+    """Seed B's matrix picture of CP, from each rank's `shard_specs()` (a list per cp rank, rank order).
+
+    Left: the activation `name` [s, h] with its rows coloured by the rank that holds them (split along s; every
+    column on every rank). Right: the score matrix q k^T [s, s] (under the causal mask if `causal`): row i is
+    computed by the rank holding token i; a cell is solid where the key's K/V already lives on that rank and pale
+    where it must arrive from another rank -- the only communication CP needs."""
+    cp = len(specs_by_rank)
+    owner = np.full(seq_len, -1)
+    width = None
+    for specs in specs_by_rank:
+        spec = next(s for s in specs if s.name == name)
+        width = spec.full_shape[-1]
+        rank, chunks, n_chunks = _chunk_owner(spec.note)
+        c = seq_len // n_chunks
+        for i in chunks:
+            owner[i * c : (i + 1) * c] = rank
+    if (owner < 0).any():
+        raise ValueError(f"the specs leave tokens {np.flatnonzero(owner < 0).tolist()} without an owner")
+    colours = np.array([to_rgba(PALETTE[r % len(PALETTE)]) for r in range(cp)])
+    fig, (ax_x, ax_s) = _figure(1, 2, figsize=(8.6, 4.0), gridspec_kw=dict(width_ratios=[1, 2.2]))
+    for ax in (ax_x, ax_s):
+        _style(ax)
+    shown_h = min(width, 8)
+    ax_x.imshow(colours[owner][:, None, :].repeat(shown_h, axis=1), aspect="auto", interpolation="nearest")
+    ax_x.set_title(f"{name} [s, h]: rows split over cp = {cp}")
+    ax_x.set_xlabel(f"feature (h = {width}{', first 8 shown' if width > shown_h else ''})")
+    ax_x.set_ylabel("token position (s)")
+    ax_x.set_xticks([])
+    local = owner[:, None] == owner[None, :]
+    rgba = colours[owner][:, None, :].repeat(seq_len, axis=1).copy()
+    rgba[..., 3] = np.where(local, 1.0, 0.28)
+    if causal:
+        rgba[~np.tril(np.ones((seq_len, seq_len), dtype=bool)), 3] = 0.0
+    ax_s.imshow(rgba, interpolation="nearest")
+    ticks = range(0, seq_len, max(1, seq_len // 8))
+    ax_s.set_xticks(ticks)
+    ax_s.set_yticks(ticks)
+    ax_x.set_yticks(ticks)
+    ax_s.set_title("scores q k^T [s, s]: row i computed by token i's rank")
+    ax_s.set_xlabel("key position (its K/V: solid = on the same rank, pale = from another rank)")
+    ax_s.set_ylabel("query position")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PALETTE[r % len(PALETTE)]) for r in range(cp)]
+    legend = ax_s.legend(handles, [f"rank {r}" for r in range(cp)], frameon=False, loc="upper right")
+    for text in legend.get_texts():
+        text.set_color(INK)
+    fig.tight_layout()
+    return fig
+
+
+def merge_drift_figure(rows, *, title: str = "bf16 ring attention: error against float64 attention"):
+    """RMS error vs cp for the two merge accumulators, from `pylib.cp.merge_precision_drift` rows (measured)."""
+    cps = [r["cp"] for r in rows]
+    fig, ax = _figure(figsize=(5.6, 3.3))
+    _style(ax)
+    for j, (key, label) in enumerate((("bf16_merge", "merge accumulated in bf16"), ("fp32_merge", "in float32"))):
+        ax.plot(cps, [r[key] for r in rows], marker="o", color=PALETTE[j + 1], label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(cps, [str(c) for c in cps])
+    ax.set_xlabel("cp (ring size = number of merged blocks)")
+    ax.set_ylabel("RMS error")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    legend = ax.legend(frameon=False)
+    for text in legend.get_texts():
+        text.set_color(INK)
+    fig.tight_layout()
     return fig

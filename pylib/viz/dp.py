@@ -1,7 +1,11 @@
-"""Data-parallel figures, drawn from real runs: ZeRO's per-rank memory bars and the bucket / backward overlap.
+"""Data-parallel figures, drawn from real runs: seed B's matrix picture, the flat buffers, ZeRO's per-rank memory
+bars, the bucket / backward overlap and ZeRO-3's resident parameters.
 
+    fig = plot_dp_matrix(d, tokens_per_rank, h_in, h_out, kind=spec.kind)     # which axis is split, which collective
+    fig = plot_flat_layout(layout)                                            # a FlatLayout: params, padding, slices
     fig = plot_zero_memory({"ddp": mem, "zero1": mem1, ...}, formula={...})   # HeldBytes dicts, measured
     fig = plot_bucket_overlap([report_rank0, report_rank1])                   # OverlapReports from traces
+    fig = plot_zero3_resident(fsdp.timeline, shard_bytes)                      # gathered before use, freed after
 
 Colours are mid-tones on a transparent background, so the figures read on light and dark pages.
 """
@@ -81,7 +85,8 @@ def plot_zero_memory(
                         gid="transient",
                     )
                 )
-        ax.text(i, bottom, f"{bottom:,.1f}", ha="center", va="bottom", color=TEXT, fontsize=8)
+        above = bottom + (extra / scale if show_peak and extra > 0 else 0)  # the label sits above any hatching
+        ax.text(i, above, f"{bottom:,.1f}", ha="center", va="bottom", color=TEXT, fontsize=8)
         if formula is not None and stage in formula:
             total = sum(formula[stage][k] for k in ("params", "grads", "optim")) / scale
             ax.plot(
@@ -174,5 +179,234 @@ def plot_bucket_overlap(reports, *, title: str | None = None, unit: str = "ms", 
     ax.set_xlabel(f"time since backward began ({unit})")
     hidden = sum(r.hidden_fraction for r in reports) / len(reports)
     ax.set_title(title or f"Gradient buckets during backward: {hidden:.0%} of communication hidden", color=TEXT)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ the matrix picture
+
+RANKS = ("#5b8fd0", "#d8884a", "#6ab06a", "#b07cc6", "#c9a23a", "#4fa5a5", "#d0697a", "#8c8c4a")  # seed A's first 4
+REPLICATED = "#8f96a3"
+
+
+def rank_colour(r: int) -> str:
+    return RANKS[r % len(RANKS)]
+
+
+def _matrix(ax, x, y, w, h, *, strips=None, axis="rows", label="", shape="", colour=REPLICATED, gid=None):
+    """A matrix drawn as a w x h box with its top-left at (x, y); strips: split it into that many bands (rank
+    colours) along "rows" (horizontal bands) or "cols" (vertical bands)."""
+    if strips is None:
+        ax.add_patch(Rectangle((x, y - h), w, h, facecolor=colour, edgecolor="none", gid=gid or "replicated"))
+    else:
+        for r in range(strips):
+            if axis == "rows":
+                box = (x, y - (r + 1) * h / strips), w, h / strips
+            else:
+                box = (x + r * w / strips, y - h), w / strips, h
+            ax.add_patch(Rectangle(*box, facecolor=rank_colour(r), edgecolor="white", linewidth=0.6, gid=gid or "rank"))
+    ax.text(x + w / 2, y + 0.12, label, ha="center", va="bottom", color=TEXT, fontsize=10)
+    if shape:
+        ax.text(x + w / 2, y - h - 0.12, shape, ha="center", va="top", color=TEXT, fontsize=8)
+
+
+def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weight: str = "W", kind: str = "replicated"):
+    """Seed B's rule for data parallelism, as two matrix products of one linear layer Y = X W (W as [in, out]).
+
+    d ranks each hold `tokens_per_rank` rows (b/d * s tokens) of X and dY and, as `kind` says ("replicated", from
+    the wrapper's `shard_specs()`), all of W. Forward contracts over h_in, which every rank holds whole: no
+    communication. The weight gradient dW = X^tall dY contracts over the tokens, which are split: each rank holds a
+    partial sum, and only an all-reduce over the d ranks completes it."""
+    if kind != "replicated":
+        raise ValueError(f"data parallelism replicates every weight; the spec for {weight} says {kind!r}")
+    tokens = d * tokens_per_rank
+    u = 2.6 / max(tokens, h_in, h_out)  # one element's size
+    tall, wide_in, wide_out = tokens * u, h_in * u, h_out * u
+    fig, ax = plt.subplots(figsize=(10.5, 3.6))
+    _style(ax)
+    ax.set_axis_off()
+    top, gap = 0.0, 0.45
+    # forward: X [tokens, h_in] . W [h_in, h_out] = Y [tokens, h_out]
+    x = 0.0
+    _matrix(ax, x, top, wide_in, tall, strips=d, label="X", shape=f"[b·s, {h_in}]")
+    ax.text(x + wide_in + gap / 2, top - tall / 2, "·", ha="center", va="center", color=TEXT, fontsize=16)
+    x += wide_in + gap
+    _matrix(ax, x, top, wide_out, wide_in, label=weight, shape=f"[{h_in}, {h_out}] on every rank", gid="weight")
+    ax.text(x + wide_out + gap / 2, top - tall / 2, "=", ha="center", va="center", color=TEXT, fontsize=14)
+    x += wide_out + gap
+    _matrix(ax, x, top, wide_out, tall, strips=d, label="Y", shape=f"[b·s, {h_out}]")
+    ax.text(
+        (x + wide_out) / 2,
+        top - tall - 0.55,
+        f"forward: contracts over h_in = {h_in}, whole on every rank\n"
+        "→ each rank's rows of Y are final: no communication",
+        ha="center",
+        va="top",
+        color=TEXT,
+        fontsize=9,
+    )
+    # weight gradient: X^tall [h_in, tokens] . dY [tokens, h_out] = sum_r partial_r
+    x0 = x + wide_out + 1.3
+    x = x0
+    _matrix(ax, x, top, tall, wide_in, strips=d, axis="cols", label="Xᵀ", shape=f"[{h_in}, b·s]")
+    ax.text(x + tall + gap / 2, top - wide_in / 2, "·", ha="center", va="center", color=TEXT, fontsize=16)
+    x += tall + gap
+    _matrix(ax, x, top, wide_out, tall, strips=d, label="dY", shape=f"[b·s, {h_out}]")
+    ax.text(x + wide_out + gap / 2, top - wide_in / 2, "=", ha="center", va="center", color=TEXT, fontsize=14)
+    x += wide_out + gap
+    off = 0.07
+    for r in reversed(range(d)):  # d stacked partial sums, rank 0 in front
+        ax.add_patch(
+            Rectangle(
+                (x + r * off, top - wide_in + r * off),
+                wide_out,
+                wide_in,
+                facecolor=rank_colour(r),
+                edgecolor="white",
+                linewidth=0.6,
+                alpha=0.9,
+                gid="partial",
+            )
+        )
+    ax.text(
+        x + wide_out / 2,
+        top + 0.12 + d * off,
+        f"d{weight} = Σ partials",
+        ha="center",
+        va="bottom",
+        color=TEXT,
+        fontsize=10,
+    )
+    ax.text(x + wide_out / 2, top - wide_in - 0.12, f"[{h_in}, {h_out}]", ha="center", va="top", color=TEXT, fontsize=8)
+    ax.text(
+        (x0 + x + wide_out) / 2,
+        top - tall - 0.55,
+        f"weight gradient: contracts over b·s, split over d = {d}\n→ every rank holds a partial sum: all-reduce",
+        ha="center",
+        va="top",
+        color=TEXT,
+        fontsize=9,
+    )
+    ax.set_xlim(-0.2, x + wide_out + d * off + 0.3)
+    ax.set_ylim(top - tall - 1.35, top + 0.6)
+    ax.set_aspect("equal")
+    handles = [Patch(color=rank_colour(r), label=f"rank {r}") for r in range(d)]
+    handles.append(Patch(color=REPLICATED, label="replicated"))
+    ax.legend(
+        handles=handles,
+        frameon=False,
+        labelcolor=TEXT,
+        fontsize=8,
+        loc="lower center",
+        ncol=d + 1,
+        bbox_to_anchor=(0.5, -0.08),
+    )
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ flat buffers
+
+SEGMENTS = ("#7f9cc8", "#a8b8d8")
+PADDING = "#c8691e"
+
+
+def plot_flat_layout(layout, *, title: str | None = None, ax=None):
+    """One flat buffer (a `FlatLayout`): its parameters end to end, the padding that makes it split into
+    `layout.parts` equal slices, and which rank owns which slice (ZeRO's layout)."""
+    n = layout.padded_numel
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(10, 2.3))
+    else:
+        fig = ax.figure
+    _style(ax)
+    ax.set_axis_off()
+    for k, e in enumerate(layout.entries):
+        ax.add_patch(
+            Rectangle(
+                (e.offset, 1.0), e.numel, 1.0, facecolor=SEGMENTS[k % 2], edgecolor="white", linewidth=0.8, gid="param"
+            )
+        )
+        if e.numel / n > 0.07:
+            name = e.name if e.numel / n > 0.25 else ".".join(e.name.split(".")[-2:])  # short name in a narrow box
+            ax.text(
+                e.offset + e.numel / 2,
+                1.5,
+                f"{name}\n{list(e.shape)}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="#1c1c1c",
+            )
+    if layout.padding:
+        ax.add_patch(
+            Rectangle(
+                (layout.numel, 1.0),
+                layout.padding,
+                1.0,
+                facecolor="none",
+                edgecolor=PADDING,
+                hatch="///",
+                linewidth=0.8,
+                gid="padding",
+            )
+        )
+    for r in range(layout.parts):
+        lo, hi = layout.shard_range(r)
+        ax.add_patch(
+            Rectangle(
+                (lo, 0.35), hi - lo, 0.45, facecolor=rank_colour(r), edgecolor="white", linewidth=0.8, gid="slice"
+            )
+        )
+        ax.text((lo + hi) / 2, 0.575, f"rank {r}: [{lo}, {hi})", ha="center", va="center", fontsize=8, color="#1c1c1c")
+    ax.set_xlim(-0.01 * n, 1.01 * n)
+    ax.set_ylim(0.2, 2.45)
+    pad = f", {layout.padding} padding" if layout.padding else ", no padding"
+    ax.set_title(
+        title
+        or f"{layout.key}: {len(layout.entries)} parameters, {layout.numel} elements{pad}, "
+        f"{layout.parts} slices of {layout.shard_numel}",
+        color=TEXT,
+        fontsize=10,
+    )
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ ZeRO-3 resident bytes
+
+
+def plot_zero3_resident(timeline, shard_bytes: int, *, unit: str = "KiB", ax=None):
+    """Resident parameter bytes of one ZeRO-3 rank through a forward and backward, one step per gather or free:
+    `timeline` is `FullyShardedDataParallel.timeline` ((time, bytes, what) after every gather and free; the times
+    are not used, so short gathers stay visible). The dashed line is the rank's own shards, what it keeps between
+    uses; the shaded part is backward."""
+    scale = _UNITS[unit]
+    rows = list(timeline)
+    xs = list(range(len(rows)))
+    bs = [b / scale for _, b, _ in rows]
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(9, 3.4))
+    else:
+        fig = ax.figure
+    _style(ax)
+    ax.step(xs + [len(rows)], bs + [bs[-1]], where="post", color=PARAMS, linewidth=1.8, gid="resident")
+    ax.axhline(shard_bytes / scale, linestyle="--", color=TEXT, linewidth=1, gid="shards")
+    top = max(bs)
+    first_bwd = next((x for x, (_, _, w) in zip(xs, rows) if "backward" in w), None)
+    if first_bwd is not None:
+        ax.axvspan(first_bwd, len(rows), color=BACKWARD, alpha=0.15, linewidth=0, gid="backward")
+        ax.text(first_bwd + 0.2, top * 1.2, "backward", color=TEXT, fontsize=8, va="bottom")
+    ax.text(0.2, top * 1.2, "forward", color=TEXT, fontsize=8, va="bottom")
+    for x, b, (_, _, what) in zip(xs, bs, rows):
+        if what.startswith("gather"):
+            ax.text(x + 0.5, b + top * 0.02, what.split()[1], fontsize=7, color=TEXT, ha="center", va="bottom")
+    ax.text(len(rows), shard_bytes / scale, "own shards ", color=TEXT, fontsize=8, ha="right", va="bottom")
+    ax.set_xlim(0, len(rows))
+    ax.set_ylim(0, top * 1.32)
+    ax.set_xticks([])
+    ax.set_xlabel("gathers and frees, in the order they happened")
+    ax.set_ylabel(f"parameters resident ({unit})")
+    ax.set_title(f"ZeRO-3: one unit gathered at a time, peak {top:,.1f} {unit}", color=TEXT)
     fig.tight_layout()
     return fig

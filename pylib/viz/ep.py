@@ -1,4 +1,5 @@
-"""Expert-parallel figures: the routing table, the all-to-all traffic matrix, and the folding layout.
+"""Expert-parallel figures: the routing table, the all-to-all traffic matrix, the folding layout, load balance
+under training and drops vs capacity factor.
 
 Each takes data from real runs (`pylib.ep.example.routing_table`, `pylib.ep.traffic.traffic_matrix` of a trace,
 `pylib.ep.folding.folding_groups` of the rank generator) and returns a matplotlib Figure with a transparent
@@ -7,11 +8,8 @@ background and mid-tone colours, so it reads on light and dark pages alike.
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg", force=False)
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
+import matplotlib.pyplot as plt  # no backend is forced: a notebook keeps its inline backend, so figures can be glued
+from matplotlib.patches import Rectangle
 
 INK = "#7f8c9a"  # mid grey-blue: readable on white and on near-black
 PALETTE = ["#4c9be8", "#e8844c", "#5bb77a", "#c46ad1", "#d6b341", "#4fc1c0", "#e0607e", "#8d8fe0"]
@@ -120,5 +118,77 @@ def plot_folding(groups: dict, world_size: int):
         ax.set_xticks([])
         ax.set_title(f"{layout} layers: " + " x ".join(a.upper() for a in axes), fontsize=9)
     fig.suptitle("the same ranks, two groupings (same colour = same group)", color=INK, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_load_balance(
+    histories: dict, title: str = "load imbalance while training (max / mean assignments per expert)"
+):
+    """One line per training variant: the imbalance at each step (`pylib.ep.balance.BalanceRun.worst()`), with
+    perfect balance (1.0) marked. `histories`: {label: [imbalance per step]}."""
+    fig, ax = _figure(6.4, 3.6)
+    _style(ax)
+    steps = 0
+    for i, (label, values) in enumerate(histories.items()):
+        ax.plot(range(len(values)), values, color=PALETTE[i % len(PALETTE)], lw=1.8, label=label)
+        steps = max(steps, len(values))
+    ax.axhline(1.0, color=INK, lw=1, ls=":")
+    ax.text(steps - 1, 1.0, "perfect balance ", color=INK, fontsize=8, va="bottom", ha="right")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("max / mean load")
+    ax.set_title(title, fontsize=9)
+    legend = ax.legend(frameon=False, fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    for text in legend.get_texts():
+        text.set_color(INK)
+    fig.tight_layout()
+    return fig
+
+
+def plot_dropped(factors, dropped: dict, title: str = "assignments dropped vs capacity factor"):
+    """One line per router: the share of assignments (in %) a capacity limit drops at each capacity factor.
+    `dropped`: {label: [share in 0..1 per factor]} from `pylib.ep.balance.dropped_share`."""
+    fig, ax = _figure(6.4, 3.0)
+    _style(ax)
+    for i, (label, values) in enumerate(dropped.items()):
+        ax.plot(factors, [100 * v for v in values], marker="o", color=PALETTE[i % len(PALETTE)], lw=1.8, label=label)
+    ax.set_xlabel("capacity factor")
+    ax.set_ylabel("dropped (%)")
+    ax.set_title(title, fontsize=9)
+    legend = ax.legend(frameon=False, fontsize=8)
+    for text in legend.get_texts():
+        text.set_color(INK)
+    fig.tight_layout()
+    return fig
+
+
+def expert_holdings(param_map) -> list[tuple[int, int, int]]:
+    """(expert id, first, stop) of the expert hidden units (h_ffn) a rank holds, from its
+    `ExpertParallelMoE.param_map()`: the rows of each expert's up_proj it keeps."""
+    out = []
+    for _, _, ref, index in param_map:
+        parts = ref.split(".")
+        if parts[0] == "experts" and parts[2] == "up_proj":
+            cut = index[0]
+            out.append((int(parts[1]), cut.start, cut.stop))
+    return out
+
+
+def plot_expert_placement(holdings_per_rank, n_experts: int, d_ff: int, title: str | None = None):
+    """The expert weights as one plane, experts (columns) x hidden units h_ffn (rows), each block filled in the
+    colour of the rank that holds it. `holdings_per_rank[r]` = `expert_holdings(param_map)` of rank r."""
+    fig, ax = _figure(1.2 + 0.75 * n_experts, 2.6)
+    _style(ax)
+    for rank, held in enumerate(holdings_per_rank):
+        color = PALETTE[rank % len(PALETTE)]
+        for e, lo, hi in held:
+            ax.add_patch(Rectangle((e + 0.05, lo), 0.9, hi - lo, color=color, alpha=0.8, lw=0))
+            ax.text(e + 0.5, (lo + hi) / 2, f"rank {rank}", ha="center", va="center", fontsize=7, color="#1d232b")
+    ax.set_xlim(0, n_experts)
+    ax.set_ylim(d_ff, 0)
+    ax.set_xticks([e + 0.5 for e in range(n_experts)])
+    ax.set_xticklabels([f"E{e}" for e in range(n_experts)], fontsize=8)
+    ax.set_ylabel("expert hidden unit (h_ffn)")
+    ax.set_title(title or "who holds which expert weights", fontsize=9)
     fig.tight_layout()
     return fig

@@ -44,12 +44,20 @@ def _shade(color: str, chunk: int, n_chunks: int) -> tuple:
 
 
 def plot_timeline(
-    timeline, *, title: str | None = None, unit: str = "s", show_comm: bool = True, shade_bubble: bool = True, ax=None
+    timeline,
+    *,
+    title: str | None = None,
+    unit: str = "s",
+    show_comm: bool = True,
+    shade_bubble: bool = True,
+    xlim: tuple[float, float] | None = None,
+    ax=None,
 ):
     """Draw a timeline (Events from `simulate` or from the executor, or their dicts); returns the Figure.
 
     The drawn bars are exactly the compute events; the hatched spans are exactly `timeline.idle_intervals`, so the
-    shaded area per rank is the rank's idle time and the title's bubble is `timeline.bubble(...)`."""
+    shaded area per rank is the rank's idle time and the title's bubble is `timeline.bubble(...)`. `xlim` fixes
+    the time axis (to stack several timelines on one scale); labels are drawn only on bars wide enough for them."""
     events = as_events(timeline)
     compute = [e for e in events if e.is_compute]
     ranks = sorted({e.rank for e in events})
@@ -61,7 +69,14 @@ def plot_timeline(
     fig.patch.set_alpha(0)
     _style(ax)
     height = 0.8
-    span = max(e.end for e in compute) - min(e.start for e in compute)
+    t_min = min(e.start for e in events)
+    t_max = max(e.end for e in events)
+    if xlim is None:
+        xlim = (t_min, t_max + 0.01 * (t_max - t_min))
+    span = xlim[1] - xlim[0]
+    # a label is drawn only where it fits: about 0.6 of the font size per character, in data units
+    axis_inches = ax.get_position().width * fig.get_figwidth()
+    per_char = 0.6 * 7 / 72 * span / axis_inches
     for e in compute:
         y = -e.rank
         color = _shade(FORWARD if e.kind == "F" else BACKWARD, e.chunk, n_chunks)
@@ -76,8 +91,9 @@ def plot_timeline(
                 gid="compute",
             )
         )
-        if e.duration > span / 60:
-            label = f"{e.mb}" if n_chunks == 1 else f"{e.mb}.{e.chunk}"
+        labels = [f"{e.mb}"] if n_chunks == 1 else [f"{e.mb}.{e.chunk}", f"{e.mb}"]
+        label = next((x for x in labels if e.duration > (len(x) + 0.5) * per_char), None)
+        if label is not None:
             ax.text(e.start + e.duration / 2, y, label, ha="center", va="center", fontsize=7, color="#1E1E1E")
     if shade_bubble:
         for r in ranks:
@@ -108,16 +124,21 @@ def plot_timeline(
                         gid="comm",
                     )
                 )
-    t_min = min(e.start for e in events)
-    t_max = max(e.end for e in events)
-    ax.set_xlim(t_min, t_max + 0.01 * (t_max - t_min))
+    ax.set_xlim(*xlim)
     ax.set_ylim(-len(ranks) + 0.4, 0.6)
     ax.set_yticks([-r for r in ranks], [f"rank {r}" for r in ranks])
     ax.set_xlabel("time" + (f" ({unit})" if unit else ""))
     b = bubble(events)
     head = f"{title}: " if title else ""
     ax.set_title(f"{head}bubble {b.mean_relative:.3f} of ideal ({b.mean_share:.1%} of the step)", fontsize=10)
-    handles = [Patch(facecolor=FORWARD, label="forward"), Patch(facecolor=BACKWARD, label="backward")]
+    if n_chunks == 1:
+        handles = [Patch(facecolor=FORWARD, label="forward"), Patch(facecolor=BACKWARD, label="backward")]
+    else:
+        handles = [
+            Patch(facecolor=_shade(color, c, n_chunks), label=f"{kind} chunk {c}")
+            for kind, color in (("F", FORWARD), ("B", BACKWARD))
+            for c in range(n_chunks)
+        ]
     if shade_bubble:
         handles.append(Patch(facecolor=BUBBLE, alpha=0.3, hatch="///", label="bubble"))
     if show_comm:
@@ -132,12 +153,19 @@ def plot_timeline(
 
 
 def plot_schedule(
-    schedule, *, cost_f: float = 1.0, cost_b: float = 2.0, sends: str = "eager", title: str | None = None, ax=None
+    schedule,
+    *,
+    cost_f: float = 1.0,
+    cost_b: float = 2.0,
+    sends: str = "eager",
+    title: str | None = None,
+    xlim: tuple[float, float] | None = None,
+    ax=None,
 ):
     """Draw a pure schedule (`pylib.pp.schedules`) from its simulated logical timeline."""
     events = simulate(schedule, cost_f, cost_b, sends=sends)
     name = title or f"{schedule.name}, p={schedule.p}, m={schedule.m}" + (f", v={schedule.v}" if schedule.v > 1 else "")
-    return plot_timeline(events, title=name, unit="time steps", show_comm=False, ax=ax)
+    return plot_timeline(events, title=name, unit="units", show_comm=False, xlim=xlim, ax=ax)
 
 
 def plot_bubble_sweep(rows, *, title: str = "Bubble vs microbatches", ax=None):
@@ -157,22 +185,105 @@ def plot_bubble_sweep(rows, *, title: str = "Bubble vs microbatches", ax=None):
         ms = [r["m"] for r in mine]
         ax.plot(ms, [r["formula"] for r in mine], color=colors[i % 4], label=f"{name}: formula")
         keys = [k for k in mine[0] if k.startswith("measured")]
-        for j, k in enumerate(keys):
+        for j, k in enumerate(keys):  # later keys drawn smaller, so markers on the same spot stay visible
             ax.plot(
                 ms,
                 [r[k] for r in mine],
                 linestyle="none",
                 marker=markers[j % 4],
+                markersize=max(10 - 3.5 * j, 3),
+                markerfacecolor="none" if j == 0 else colors[i % 4],
+                markeredgewidth=1.4,
                 color=colors[i % 4],
-                alpha=0.8,
+                alpha=0.85,
                 label=f"{name}: {k}",
             )
     ax.set_xscale("log", base=2)
+    all_m = sorted({r["m"] for r in rows})
+    ax.set_xticks(all_m, [str(m) for m in all_m])
+    ax.minorticks_off()
     ax.set_xlabel("microbatches m")
     ax.set_ylabel("bubble / ideal time")
     ax.set_title(title, fontsize=10)
     legend = ax.legend(frameon=False, fontsize=7)
     for text in legend.get_texts():
         text.set_color(TEXT)
+    fig.tight_layout()
+    return fig
+
+
+def _block_of(name: str) -> str:
+    """The model block a parameter belongs to: "embed", "layer i", or "head" (ln_f and lm_head)."""
+    if name.startswith("layers."):
+        return f"layer {name.split('.')[1]}"
+    if name.startswith("embed."):
+        return "embed"
+    return "head"
+
+
+def plot_stage_map(specs_per_rank, *, title: str | None = None, ax=None):
+    """Who holds which block of the model under pipeline parallelism, drawn from `pylib.pp.shard_specs`.
+
+    specs_per_rank[r]: rank r's ShardSpecs. One column per block in forward order (embedding, layer 0 .. L-1,
+    ln_f + LM head), one row per rank; a filled cell is a block the rank holds, labelled with its parameter count
+    (every tensor whole: PP distributes weights, it does not cut them). The forward path runs left to right through
+    the filled cells; every step that changes rank is a stage boundary, drawn as an arrow: one point-to-point send
+    of the activation [b, s, h] per microbatch (and its gradient back)."""
+    owner: dict[str, int] = {}
+    size: dict[str, int] = {}
+    for r, specs in enumerate(specs_per_rank):
+        for spec in specs:
+            if spec.dim is not None or spec.local_shape != spec.full_shape:
+                raise ValueError(f"{spec.name} is cut on rank {r} ({spec.local_shape} of {spec.full_shape})")
+            block = _block_of(spec.name)
+            if owner.setdefault(block, r) != r:
+                raise ValueError(f"{block} is held by ranks {owner[block]} and {r}")
+            n = 1
+            for d in spec.full_shape:
+                n *= d
+            size[block] = size.get(block, 0) + n
+    layers = sorted((b for b in owner if b.startswith("layer ")), key=lambda b: int(b.split()[1]))
+    blocks = [b for b in ["embed", *layers, "head"] if b in owner]
+    p = len(specs_per_rank)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(blocks) + 1.5), 0.6 * p + 1.3))
+    else:
+        fig = ax.figure
+    fig.patch.set_alpha(0)
+    _style(ax)
+    colors = ["#4E79A7", "#E8903C", "#59A14F", "#B07AA1", "#76B7B2", "#EDC948", "#FF9DA7", "#9C755F"]
+    for x, block in enumerate(blocks):
+        r = owner[block]
+        ax.add_patch(
+            Rectangle(
+                (x - 0.42, -r - 0.38), 0.84, 0.76, facecolor=colors[r % len(colors)], edgecolor="none", gid="stage-cell"
+            )
+        )
+        count = size[block]
+        text = f"{count / 1000:.1f}k" if count >= 1000 else str(count)
+        ax.text(x, -r, text, ha="center", va="center", fontsize=7, color="#1E1E1E")
+    boundaries = 0
+    for x, (a, b) in enumerate(zip(blocks, blocks[1:])):
+        ra, rb = owner[a], owner[b]
+        if ra == rb:
+            ax.plot([x + 0.42, x + 0.58], [-ra, -ra], color=TEXT, linewidth=1)
+            continue
+        boundaries += 1
+        ax.annotate(
+            "",
+            xy=(x + 1 - 0.3, -rb + (0.3 if rb > ra else -0.3)),
+            xytext=(x + 0.3, -ra - (0.3 if rb > ra else -0.3)),
+            arrowprops=dict(arrowstyle="-|>", color=BUBBLE, linewidth=1.6),
+            gid="p2p",
+        )
+    ax.set_xlim(-0.6, len(blocks) - 0.4)
+    ax.set_ylim(-p + 0.4, 0.6)
+    ax.set_xticks(
+        range(len(blocks)), ["embed" if b == "embed" else "ln_f+head" if b == "head" else b.split()[1] for b in blocks]
+    )
+    ax.set_yticks([-r for r in range(p)], [f"rank {r}" for r in range(p)])
+    ax.set_xlabel("model blocks in forward order (embedding, layers, final LayerNorm + LM head)")
+    head = f"{title}: " if title else ""
+    ax.set_title(f"{head}{boundaries} stage boundaries, each one P2P of [b, s, h] per microbatch", fontsize=10)
     fig.tight_layout()
     return fig

@@ -5,6 +5,7 @@
     split_check(fn, [x], seq_dims=[1])               # run fn on the whole sequence and on halves on 2 real ranks
     compare_printed(values, printed, decimals=3)     # is each printed number the value rounded, or a slip?
     draw_three_axes(holdings, ...)                   # which elements of [batch, seq, d] each rank holds
+    primitive_names(ops)                             # traced op names -> seed A's names ("All-Reduce", "P2P")
     markdown_table(header, rows, caption=, name=)    # a labelled MyST table, printed by a cell
 
 Shapes use the seeds' names: x [b, s, h]; q, k, v [b, n_head, s, d_head]. Torch stores nn.Linear weights as
@@ -458,6 +459,34 @@ def draw_three_axes(
     )
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
+
+
+# ------------------------------------------------------------------------------------------------ primitives
+
+# The tracer's op names, and the names seed A gives the primitives (a send and its receive are one P2P transfer).
+PRIMITIVE_NAMES = {
+    "all_reduce": "All-Reduce",
+    "all_gather": "All-Gather",
+    "reduce_scatter": "Reduce-Scatter",
+    "all_to_all": "All-to-All",
+    "send": "P2P",
+    "recv": "P2P",
+}
+
+
+def primitive_names(ops) -> list[str]:
+    """Seed A's names for a collection of traced op names (`CommEvent.op`), each once, in a fixed order.
+
+    >>> primitive_names(["recv", "send", "send"])
+    ['P2P']
+    >>> primitive_names(["reduce_scatter", "all_gather"])
+    ['All-Gather', 'Reduce-Scatter']
+    """
+    ops = set(ops)
+    unknown = sorted(ops - PRIMITIVE_NAMES.keys())
+    if unknown:
+        raise ValueError(f"no seed A name for traced ops {unknown}; known: {sorted(PRIMITIVE_NAMES)}")
+    return list(dict.fromkeys(PRIMITIVE_NAMES[op] for op in PRIMITIVE_NAMES if op in ops))
 
 
 # ------------------------------------------------------------------------------------------------ tables

@@ -1,0 +1,62 @@
+"""All of it at once: the reference Transformer on a TP x SP x CP x EP x DP x PP mesh, trained exactly like the
+reference on one device.
+
+    ParallelTransformer.from_full(model, mesh, *, sequence_parallel=True, cp_layout="zigzag", cp_kind="ring",
+                                  schedule="1f1b", n_microbatches=1, v=1, zero_stage=0, lr=...)
+        .step(ids, targets) -> StepResult      # the global batch [B, S]; .loss = the reference's mean loss
+        .reduction_table()                     # which group completes each parameter's gradient, as rows
+        .memory(), .parameter_pieces(), .layouts, .shard_specs()
+    compose_problems(cfg, ParallelConfig, world, batch=, seq=, ...) -> [every violated constraint]
+    train(cfg, ParallelConfig, steps=, batch=, seq=, **model_kw)   # inside launched ranks: losses, report
+    train_reference(cfg, steps=, batch=, seq=)                     # one device, the same data and optimizer
+
+Files: checks.py (every constraint, all reported), stage.py (one pipeline stage built from TP, CP and EP modules),
+reductions.py (the gradient-reduction table and the reductions after DP's), model.py (the composed model and one
+training step), train.py (the loops), probe.py (the FFN activation probe), report.py (per-rank memory and traffic
+tables).
+"""
+
+from .checks import ComposeConfigError, check_compose, compose_problems
+from .model import ParallelTransformer, StepResult, local_batch
+from .probe import ffn_probe
+from .reductions import (
+    ParamInfo,
+    Reduction,
+    finalize_gradients,
+    held_gradient_pieces,
+    held_parameter_pieces,
+    parameter_map,
+    reduction_table,
+)
+from .report import format_reduction_table, format_report, reference_ffn_bytes, report_rows
+from .stage import ParallelStage, build_layer
+from .train import batches, compare_with_reference, holder_labels, pattern_tokens, train, train_reference
+
+__all__ = [
+    "ComposeConfigError",
+    "ParallelStage",
+    "ParallelTransformer",
+    "ParamInfo",
+    "Reduction",
+    "StepResult",
+    "batches",
+    "build_layer",
+    "check_compose",
+    "compare_with_reference",
+    "compose_problems",
+    "ffn_probe",
+    "finalize_gradients",
+    "format_reduction_table",
+    "format_report",
+    "held_gradient_pieces",
+    "held_parameter_pieces",
+    "holder_labels",
+    "local_batch",
+    "parameter_map",
+    "pattern_tokens",
+    "reference_ffn_bytes",
+    "reduction_table",
+    "report_rows",
+    "train",
+    "train_reference",
+]

@@ -1,0 +1,382 @@
+"""The composed model: the reference Transformer on a TP x SP x CP x EP x DP x PP mesh, trained step by step.
+
+    mesh = Mesh(ParallelConfig(tp=2, cp=2, dp=2, pp=2))
+    model = ParallelTransformer.from_full(build_model(cfg), mesh, schedule="1f1b", n_microbatches=2, zero_stage=1)
+    result = model.step(ids, targets)           # the GLOBAL batch [B, S], the same on every rank
+    result.loss                                  # the reference's mean cross-entropy over the whole batch
+
+Who holds what (each rank keeps only its shards):
+    PP   this rank's v chunks (virtual stages c*pp + pp_rank), `pylib.pp`'s layer split
+    TP   heads, h_ffn and vocabulary rows of its TP index; SP: LayerNorm and residual on s/(cp*tp) tokens
+    CP   its zig-zag part of the sequence; attention over CP by ring or Ulysses at the true positions
+    EP   E/ep experts of every MoE layer (h_ffn/etp of each), on the folded expert groups
+    DP   rows [d*B/dp, (d+1)*B/dp) of the batch; the optimizer (ZeRO-1/2: its state, ZeRO-3: also the parameters
+         and gradients) sharded over dp-cp (dense) or edp (experts) by `pylib.dp`
+
+One step: the rank's batch part is cut into m microbatches; `pylib.pp.run_pipeline` runs the schedule's
+forwards and backwards (each microbatch's loss / m, so the accumulated gradients are those of the mean); the
+data-parallel wrapper of each chunk reduces once, after that chunk's last backward; `finalize_gradients` completes
+what DP cannot (TP sums, expert scaling; `reductions.py`); each wrapper's optimizer steps. The loss reported is
+the dp-cp average of the last stage's loss (phase "loss": two tiny all-reduces, not part of training).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from pylib.cp.layout import shard_sequence
+from pylib.dist import collectives as C
+from pylib.dist.sharding import ShardSpec
+from pylib.dist.tracer import phase, tag
+from pylib.dp.buckets import DEFAULT_BUCKET_BYTES
+from pylib.dp.experiment import wrap
+from pylib.dp.memory import HeldBytes
+from pylib.pp.executor import microbatches, run_pipeline
+from pylib.pp.schedules import build
+
+from .checks import ComposeConfigError, check_compose, compose_problems
+from .probe import SavedProbe
+from .reductions import (
+    finalize_gradients,
+    held_gradient_pieces,
+    held_parameter_pieces,
+    kv_replica_counts,
+    parameter_map,
+    reduction_table,
+)
+from .stage import ParallelStage
+
+DP_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+MODEL_OPTIONS = ("sequence_parallel", "cp_layout", "cp_kind", "schedule", "n_microbatches", "v", "zero_stage")
+
+
+@dataclass
+class StepResult:
+    """What one rank saw in one step.
+
+    loss: the mean cross-entropy over the whole global batch (every rank). local_loss: this rank's dp-cp replica's
+    loss (last-stage ranks; None elsewhere), losses: its per-microbatch losses. activation_bytes: bytes autograd
+    saved per (microbatch, chunk) forward, parameters excluded (`probe.SavedProbe`; under ZeRO-3 also the gathered
+    parameter buffers; see `step`'s activation_probe); peak_activation_bytes: the most held at once over the schedule.
+    reduced: element counts of the TP gradient sums. moe_routing: per MoE forward, (layer, send_counts,
+    recv_counts, etp_rows) of the dispatch -- what the EP traffic formulas need."""
+
+    loss: float
+    local_loss: float | None
+    losses: list[float]
+    activation_bytes: dict
+    peak_activation_bytes: int
+    peak_in_flight: int
+    reduced: dict
+    moe_routing: list = field(default_factory=list)
+    timeline: list = field(default_factory=list)
+
+
+def local_batch(x: torch.Tensor, mesh, layout: str = "zigzag") -> torch.Tensor:
+    """This rank's part of a global [B, S] tensor: rows [d*B/dp, (d+1)*B/dp) of its DP index, then its CP part of
+    the sequence (`pylib.cp.shard_sequence`, zig-zag by default). The same on every TP rank (SP splits the sequence
+    further inside the model, after the embedding)."""
+    dp, cp = mesh.dp, mesh.cp
+    rows = x.chunk(dp.size, dim=0)[dp.rank]
+    return shard_sequence(rows, 1, cp.rank, cp.size, layout).contiguous()
+
+
+class ParallelTransformer:
+    """This rank's part of the reference model, the data-parallel wrappers around it and the pipeline schedule."""
+
+    def __init__(self, cfg, mesh, stages, wrappers, table, infos, kv, options):
+        self.cfg, self.mesh = cfg, mesh
+        self.stages, self.wrappers = stages, wrappers
+        self.table, self.infos, self.kv_replicas = table, infos, kv
+        self.options = options
+        self.schedule_name = options["schedule"]
+        self.m, self.v = options["n_microbatches"], options["v"]
+        self.zero_stage = options["zero_stage"]
+        self.schedule = build(self.schedule_name, mesh.pp.size, self.m, self.v)
+        self._problems: dict[tuple, list[str]] = {}
+        self._moe_log: list = []
+        for stage in stages:
+            for i, moe in stage.moe_layers().items():
+                moe.register_forward_hook(self._log_routing(i))
+        self.saved = SavedProbe(self._parameter_storages)
+        for c, stage in enumerate(stages):
+            stage.chunk = c
+        # the last backward of each chunk on this rank: the one that reduces (Megatron's no_sync for the others)
+        self._last_backward = {}
+        for a in self.schedule[mesh.pp.rank]:
+            if a.op == "B":
+                self._last_backward[a.chunk] = a.mb
+
+    # -------------------------------------------------------------------------------------------- construction
+
+    @classmethod
+    def from_full(
+        cls,
+        model,
+        mesh,
+        *,
+        sequence_parallel: bool = True,
+        cp_layout: str = "zigzag",
+        cp_kind: str = "ring",
+        schedule: str = "1f1b",
+        n_microbatches: int = 1,
+        v: int = 1,
+        zero_stage: int = 0,
+        batch: int | None = None,
+        seq: int | None = None,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        optimizer=torch.optim.Adam,
+        **optim_kwargs,
+    ) -> ParallelTransformer:
+        """Shard the reference `model` (every rank passes the same full model) onto `mesh`.
+
+        Raises `ComposeConfigError` listing every constraint the configuration breaks (batch / seq, if given, are
+        checked too; otherwise at the first step). optimizer(**optim_kwargs) is built on the parameters each
+        rank updates (the whole local parameters under DDP, its shards under ZeRO)."""
+        cfg = model.cfg
+        opts = dict(
+            sequence_parallel=sequence_parallel,
+            cp_layout=cp_layout,
+            cp_kind=cp_kind,
+            schedule=schedule,
+            n_microbatches=n_microbatches,
+            v=v,
+            zero_stage=zero_stage,
+        )
+        check_compose(cfg, mesh.config, mesh.world_size, batch=batch, seq=seq, **opts)
+        pp = mesh.pp
+        n_stages = pp.size * v
+        stages = [
+            ParallelStage.from_full(
+                model,
+                mesh,
+                c * pp.size + pp.rank,
+                n_stages,
+                sequence_parallel=sequence_parallel,
+                cp_layout=cp_layout,
+                cp_kind=cp_kind,
+                n_microbatches=n_microbatches,
+            )
+            for c in range(v)
+        ]
+        # read the layout before the DP wrappers take the parameters over (ZeRO-3 removes them from the modules)
+        table = [r for s in stages for r in reduction_table(s, mesh)]
+        infos = [i for s in stages for i in parameter_map(s)]
+        kv = {n: k for s in stages for n, k in kv_replica_counts(s).items()}
+        specs = [spec for s in stages for spec in s.shard_specs()]
+        stage_of = {n: s.stage for s in stages for n, _ in s.named_parameters()}
+        expert = {r.name for r in table if r.dp_group == "edp"}
+        dense_group, expert_group = mesh["dp-cp"], mesh["edp"]
+
+        def group_for(name, p):
+            return expert_group if name in expert else dense_group
+
+        wrappers = [
+            wrap(
+                s,
+                DP_STAGES[zero_stage],
+                dense_group,
+                bucket_bytes=bucket_bytes,
+                group_for=group_for,
+                optimizer=optimizer,
+                **optim_kwargs,
+            )
+            for s in stages
+        ]
+        model = cls(cfg, mesh, stages, wrappers, table, infos, kv, opts | dict(bucket_bytes=bucket_bytes))
+        model._stage_specs, model._stage_of = specs, stage_of
+        return model
+
+    def _parameter_storages(self) -> set[int]:
+        """data_ptrs of every parameter storage this rank holds now: the modules' parameters (views of ZeRO-1/2's
+        flat buffers included) and, under ZeRO-3, the shards and the full buffers gathered at this moment."""
+        ptrs = {p.untyped_storage().data_ptr() for s in self.stages for p in s.parameters()}
+        for w in self.wrappers:
+            if self.zero_stage == 3:
+                ptrs |= {s.data_ptr() for s in w._live.values()}
+                ptrs |= {p.untyped_storage().data_ptr() for p in w.shards}
+            elif self.zero_stage in (1, 2):
+                ptrs |= {f.untyped_storage().data_ptr() for f in w.flats}
+        return ptrs
+
+    def _log_routing(self, layer: int):
+        def hook(module, args, output):
+            st = module.last_state
+            self._moe_log.append((layer, st.send_counts.clone(), st.recv_counts.clone(), list(st.etp_rows)))
+
+        return hook
+
+    # -------------------------------------------------------------------------------------------- training
+
+    def check_batch(self, batch: int, seq: int) -> None:
+        key = (batch, seq)
+        if key not in self._problems:
+            options = {k: self.options[k] for k in MODEL_OPTIONS}
+            self._problems[key] = compose_problems(
+                self.cfg, self.mesh.config, self.mesh.world_size, batch=batch, seq=seq, **options
+            )
+        if self._problems[key]:
+            raise ComposeConfigError(self._problems[key], f"a global batch [{batch}, {seq}]")
+
+    def _backward_context(self, mb: int, chunk: int):
+        if mb == self._last_backward[chunk]:
+            return nullcontext()
+        w = self.wrappers[chunk]
+        if self.zero_stage == 0:
+            return w.ddp.no_sync()
+        if self.zero_stage == 1:
+            return w.no_sync()
+        return nullcontext()  # ZeRO-2 keeps no full gradient to accumulate in; ZeRO-3 reduces in every backward
+
+    def zero_grad(self) -> None:
+        for w in self.wrappers:
+            if self.zero_stage == 0:
+                w.ddp.zero_grad(set_to_none=False)  # zero the buckets: each p.grad stays a view into one
+            else:
+                w.zero_grad()
+
+    def act_shape(self, b: int, seq: int):
+        """Shape of the activation crossing a stage boundary: [b, s/(cp*tp), h] under SP, [b, s/cp, h] without."""
+        s = seq // self.mesh.cp.size
+        if self.options["sequence_parallel"]:
+            s //= self.mesh.tp.size
+        return (b, s, self.cfg.d_model)
+
+    def step(
+        self, ids: torch.Tensor, targets: torch.Tensor, *, measure_memory: bool = True, activation_probe: str = "stage"
+    ) -> StepResult:
+        """One training step on the global batch ids, targets [B, S] (the same on every rank).
+
+        activation_probe: "stage" (`probe.SavedProbe` inside each stage forward; parameters and ZeRO-3's gathered
+        buffers excluded) or "pipeline" (`pylib.pp.run_pipeline`'s own probe, which excludes the modules'
+        parameters only -- right except under ZeRO-3). autograd applies only the innermost saved-tensor hooks, so
+        one probe runs per step."""
+        if activation_probe not in ("stage", "pipeline"):
+            raise ValueError(f"activation_probe={activation_probe!r} must be 'stage' or 'pipeline'")
+        stage_probe = measure_memory and activation_probe == "stage"
+        B, S = ids.shape
+        self.check_batch(B, S)
+        mesh = self.mesh
+        layout = self.options["cp_layout"]
+        my_ids, my_targets = local_batch(ids, mesh, layout), local_batch(targets, mesh, layout)
+        m = self.m
+        self.zero_grad()
+        self._moe_log = []
+        self.saved.reset()
+        for stage in self.stages:
+            stage.saved_probe = self.saved if stage_probe else None
+        run = run_pipeline(
+            self.schedule,
+            self.stages,
+            group=mesh.pp,
+            inputs=microbatches(my_ids, m),
+            targets=microbatches(my_targets, m),
+            act_shape=self.act_shape(B // (mesh.dp.size * m), S),
+            act_dtype=self.cfg.torch_dtype,
+            backward_context=self._backward_context,
+            measure_memory=measure_memory and not stage_probe,
+        )
+        for stage in self.stages:
+            stage.saved_probe = None
+        for w in self.wrappers:
+            w.finish_gradient_sync()
+        pieces = self.gradient_pieces()
+        reduced = finalize_gradients(pieces, self.table, mesh, self.kv_replicas)
+        for w in self.wrappers:
+            w.step()
+        loss = self._global_loss(run.loss)
+        return StepResult(
+            loss=loss,
+            local_loss=run.loss,
+            losses=list(run.losses),
+            activation_bytes=dict(self.saved.bytes) if stage_probe else dict(run.activation_bytes),
+            peak_activation_bytes=self.saved.peak(self.schedule[mesh.pp.rank])
+            if stage_probe
+            else run.peak_activation_bytes,
+            peak_in_flight=run.peak_in_flight,
+            reduced=reduced,
+            moe_routing=list(self._moe_log),
+            timeline=list(run.timeline),
+        )
+
+    def _global_loss(self, local: float | None) -> float:
+        """The dp-cp average of the last stage's loss, then handed to every pipeline stage (phase "loss")."""
+        holds_last = local is not None
+        t = torch.tensor([local if holds_last else 0.0], dtype=torch.float64)
+        with phase("loss"), tag("loss"):
+            if holds_last:
+                C.all_reduce_(t, self.mesh["dp-cp"], op="sum")
+                t /= self.mesh["dp-cp"].size
+            C.all_reduce_(t, self.mesh.pp, op="sum")
+        return float(t)
+
+    # -------------------------------------------------------------------------------------------- what a rank holds
+
+    def gradient_pieces(self) -> dict[str, list]:
+        out = {}
+        for w in self.wrappers:
+            out.update(held_gradient_pieces(w))
+        return out
+
+    def parameter_pieces(self) -> list[tuple[str, tuple, int, int, torch.Tensor]]:
+        """(reference name, index into the reference tensor, lo, hi, values): reference[index].reshape(-1)[lo:hi]
+        is what this rank holds (for checks against the single-device model)."""
+        held = {}
+        for w in self.wrappers:
+            held.update(held_parameter_pieces(w))
+        out = []
+        for info in self.infos:
+            for lo, hi, t in held.get(info.name, []):
+                out.append((info.ref_name, info.ref_index, lo, hi, t.detach().clone()))
+        return out
+
+    def memory(self) -> HeldBytes:
+        """Parameter, gradient and optimizer-state bytes this rank holds (every chunk's wrapper, by storage)."""
+        parts = [w.memory() for w in self.wrappers]
+        return HeldBytes(
+            *(sum(getattr(p, f) for p in parts) for f in ("params", "grads", "optim", "peak_params", "peak_grads"))
+        )
+
+    @property
+    def layouts(self):
+        """The flat buffers of every wrapper (bucket / shard layouts as data)."""
+        return [lay for w in self.wrappers for lay in w.layouts]
+
+    def reduction_table(self) -> list[dict]:
+        return [r.as_dict() for r in self.table]
+
+    def shard_specs(self) -> list[ShardSpec]:
+        """How this rank holds each parameter: the TP / EP / ETP splits of its stage modules (read before the DP
+        wrappers took over), then one "pp" row per parameter (its virtual stage) and one row for the data-parallel
+        axis (replicated under DDP; optimizer state, gradients, parameters sharded as the ZeRO stage says)."""
+        specs = list(self._stage_specs)
+        by_name = {r.name: r for r in self.table}
+        zero = DP_STAGES[self.zero_stage]
+        for info in self.infos:
+            r = by_name[info.name]
+            shape = info.local_shape
+            specs.append(
+                ShardSpec(
+                    info.name,
+                    "pp",
+                    None,
+                    "stage",
+                    shape,
+                    shape,
+                    f"virtual stage {self._stage_of[info.name]} of {self.mesh.pp.size * self.v}",
+                )
+            )
+            specs.append(
+                ShardSpec(info.name, r.dp_group, None, "replicated" if zero == "ddp" else zero, shape, shape, r.why)
+            )
+        return specs
+
+    def __repr__(self) -> str:
+        stages = ", ".join(s.extra_repr() for s in self.stages)
+        return (
+            f"ParallelTransformer({self.mesh.config.describe()}, rank {self.mesh.global_rank}: {stages}; "
+            f"{self.schedule_name} m={self.m} v={self.v}, {DP_STAGES[self.zero_stage]})"
+        )

@@ -1,0 +1,232 @@
+"""One pipeline stage of the composed model: the layers a rank holds, each already split by TP, CP and EP.
+
+A stage is what `pylib.pp.run_pipeline` runs (it is generic over stage modules). Inside it every mode plays its
+part on the same activations:
+
+    ids [b, s/cp]      this rank's DP rows, its CP (zig-zag) part of the sequence; the same on every TP rank
+      embed            VocabParallelEmbedding, reduce-scatter -> x [b, s/(cp*tp), h]   (SP: TP's sequence split)
+      per layer        TPBlock: LN on s/(cp*tp) tokens, all-gather -> [b, s/cp, h], Q/K/V for n_head/tp heads,
+                       attention core = ring / Ulysses over CP at the zig-zag positions, W_O, reduce-scatter
+                       dense MLP:  TPMLP (h_ffn/tp), the same SP crossings
+                       MoE:        ExpertParallelMoE on this rank's s/(cp*tp) tokens (router replicated; experts
+                                   over the folded EP x ETP groups: all-to-all dispatch and combine)
+      ln_f, lm_head    all-gather -> logits [b, s/cp, V/tp]
+      loss             vocab-parallel cross-entropy, mean over this rank's b * s/cp tokens (same on every TP rank)
+
+Parameter names are the reference model's ("layers.3.attn.q_proj.weight"), except the experts a rank holds,
+which are numbered locally ("layers.3.mlp.experts.experts.0.up_proj.weight"; `reference_index` maps them back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from fractions import Fraction
+
+import torch
+import torch.nn as nn
+
+from pylib.cp.layer import CPAttentionCore
+from pylib.cp.layout import sequence_positions
+from pylib.dist import ShardSpec, tag
+from pylib.ep.layer import ExpertParallelMoE
+from pylib.tp.attention import TPAttention
+from pylib.tp.cross_entropy import vocab_parallel_cross_entropy
+from pylib.tp.embedding import VocabParallelEmbedding
+from pylib.tp.grads import mark_sequence_parallel
+from pylib.tp.linear import ColumnParallelLinear
+from pylib.tp.mlp import TPMLP
+from pylib.tp.transformer import TPBlock
+
+
+def copy_layernorm(ln: nn.LayerNorm, sequence_parallel: bool) -> nn.LayerNorm:
+    """A copy of a reference LayerNorm; under SP its weight and bias are flagged (gradient summed over TP)."""
+    out = nn.LayerNorm(ln.normalized_shape, eps=ln.eps, elementwise_affine=ln.elementwise_affine)
+    out.to(dtype=ln.weight.dtype, device=ln.weight.device)
+    out.load_state_dict(ln.state_dict())
+    if sequence_parallel:
+        for p in out.parameters():
+            mark_sequence_parallel(p)
+    return out
+
+
+def _layernorm_specs(ln: nn.LayerNorm, prefix: str, sequence_parallel: bool) -> list[ShardSpec]:
+    note = "SP: sees s/(cp*tp) tokens, gradient summed over TP" if sequence_parallel else "whole on every TP rank"
+    return [
+        ShardSpec(f"{prefix}{n}", "tp", None, "replicated", tuple(p.shape), tuple(p.shape), note)
+        for n, p in ln.named_parameters()
+    ]
+
+
+def build_layer(
+    block, mesh, *, sequence_parallel: bool, cp_layout: str, cp_kind: str, n_microbatches: int = 1
+) -> TPBlock:
+    """One reference `Block` on this rank: attention over TP x CP, the MLP over TP (dense) or EP x ETP (MoE).
+
+    MoE auxiliary losses (load balancing, z-loss) are taken, as in Megatron, over the tokens of one microbatch of
+    one data-parallel replica (the tp-cp group). Their coefficients are scaled by cp / m here, so that after the
+    gradient average over dp-cp and the sum over m microbatches the objective is the *mean* over (replica,
+    microbatch) of each group's aux loss (`train_reference(..., like=...)` computes exactly that on one device)."""
+    cfg = block.attn.cfg
+    tp = mesh.tp
+    core = None
+    if mesh.cp.size > 1:
+        core = CPAttentionCore(mesh.cp, layout=cp_layout, kind=cp_kind, causal=cfg.causal)
+    attn = TPAttention.from_full(block.attn, group=tp, sequence_parallel=sequence_parallel, core=core)
+    if hasattr(block.mlp, "router"):
+        aux = cfg.moe.aux_loss_coef or cfg.moe.z_loss_coef
+        mlp = ExpertParallelMoE.from_full(
+            block.mlp, ep_group=mesh.ep, etp_group=mesh.etp, aux_group=mesh["tp-cp"] if aux else None
+        )
+        if aux:
+            k = Fraction(mesh.cp.size, n_microbatches)
+            mlp.cfg = replace(
+                mlp.cfg, aux_loss_coef=float(mlp.cfg.aux_loss_coef * k), z_loss_coef=float(mlp.cfg.z_loss_coef * k)
+            )
+        if sequence_parallel and tp.size > 1:  # every TP rank routes its own s/(cp*tp) tokens
+            mark_sequence_parallel(mlp.router.gate.weight)
+    else:
+        mlp = TPMLP.from_full(block.mlp, group=tp, sequence_parallel=sequence_parallel)
+    return TPBlock(
+        copy_layernorm(block.ln1, sequence_parallel),
+        attn,
+        copy_layernorm(block.ln2, sequence_parallel),
+        mlp,
+        tp,
+        sequence_parallel,
+    )
+
+
+class ParallelStage(nn.Module):
+    """Virtual stage `stage` of `n_stages` on this rank (see the module docstring).
+
+    forward(x, targets=None): first stage x = ids [b, s/cp]; otherwise x = hidden [b, s/(cp*tp), h] (SP) or
+    [b, s/cp, h]. Returns the hidden state for the next stage, or on the last stage the vocabulary slice of the
+    logits [b, s/cp, V/tp], or with targets [b, s/cp] the mean cross-entropy of this rank's tokens (a scalar)."""
+
+    def __init__(
+        self, *, stage, n_stages, layers, embed, ln_f, lm_head, tp_group, cp_group, cp_layout, sequence_parallel
+    ):
+        super().__init__()
+        self.stage, self.n_stages = stage, n_stages
+        self.is_first, self.is_last = stage == 0, stage == n_stages - 1
+        self.embed = embed
+        self.layers = nn.ModuleDict({str(i): layer for i, layer in layers.items()})
+        self.ln_f, self.lm_head = ln_f, lm_head
+        self.tp_group, self.cp_group, self.cp_layout = tp_group, cp_group, cp_layout
+        self.sequence_parallel = sequence_parallel
+        self._positions: dict[tuple, torch.Tensor] = {}
+        self.saved_probe = None  # a `probe.SavedProbe`: measures what each forward saves for backward
+        self.chunk = 0  # this stage's chunk index on its rank
+
+    @classmethod
+    def from_full(
+        cls,
+        model,
+        mesh,
+        stage: int,
+        n_stages: int,
+        *,
+        sequence_parallel=True,
+        cp_layout="zigzag",
+        cp_kind="ring",
+        n_microbatches: int = 1,
+    ) -> ParallelStage:
+        cfg = model.cfg
+        per = cfg.n_layers // n_stages
+        ids = range(stage * per, (stage + 1) * per)
+        kw = dict(
+            sequence_parallel=sequence_parallel, cp_layout=cp_layout, cp_kind=cp_kind, n_microbatches=n_microbatches
+        )
+        layers = {i: build_layer(model.layers[i], mesh, **kw) for i in ids}
+        first, last = stage == 0, stage == n_stages - 1
+        tp = mesh.tp
+        embed = None
+        if first:
+            embed = VocabParallelEmbedding.from_full(model.embed, group=tp, sequence_parallel=sequence_parallel)
+        ln_f = copy_layernorm(model.ln_f, sequence_parallel) if last else None
+        lm_head = None
+        if last:
+            lm_head = ColumnParallelLinear.from_full(
+                model.lm_head, group=tp, sequence_parallel=sequence_parallel, what="vocab_size"
+            )
+        return cls(
+            stage=stage,
+            n_stages=n_stages,
+            layers=layers,
+            embed=embed,
+            ln_f=ln_f,
+            lm_head=lm_head,
+            tp_group=tp,
+            cp_group=mesh.cp,
+            cp_layout=cp_layout,
+            sequence_parallel=sequence_parallel,
+        )
+
+    def positions(self, s_cp: int, device) -> torch.Tensor:
+        """[s/cp] global positions of this CP rank's tokens (zig-zag: two ranges), for a CP-local length s_cp."""
+        key = (s_cp, str(device))
+        if key not in self._positions:
+            g = self.cp_group
+            self._positions[key] = sequence_positions(s_cp * g.size, g.rank, g.size, self.cp_layout, device)
+        return self._positions[key]
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return [int(k) for k in self.layers]
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if self.saved_probe is None:
+            return self._forward(x, targets)
+        with self.saved_probe.measure(self.chunk):
+            return self._forward(x, targets)
+
+    def _forward(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+        if self.embed is not None:
+            s_cp = x.shape[1]  # ids [b, s/cp]
+            with tag("embed"):
+                x = self.embed(x)
+        else:  # hidden [b, s/(cp*tp), h] under SP
+            s_cp = x.shape[1] * (self.tp_group.size if self.sequence_parallel else 1)
+        positions = self.positions(s_cp, x.device)
+        for i, layer in self.layers.items():
+            with tag(f"layers.{i}"):
+                x = layer(x, positions)
+        if self.lm_head is None:
+            return x
+        with tag("lm_head"):
+            logits = self.lm_head(self.ln_f(x))  # [b, s/cp, V/tp]
+        if targets is None:
+            return logits
+        with tag("cross_entropy"):
+            return vocab_parallel_cross_entropy(logits, targets, self.tp_group).mean()
+
+    def moe_layers(self) -> dict[int, ExpertParallelMoE]:
+        return {int(i): layer.mlp for i, layer in self.layers.items() if isinstance(layer.mlp, ExpertParallelMoE)}
+
+    def shard_specs(self) -> list[ShardSpec]:
+        """How this rank holds each of its parameters over TP / EP / ETP (DP and PP are added by the model)."""
+        sp = self.sequence_parallel
+        specs = self.embed.shard_specs("embed.") if self.embed is not None else []
+        for i, layer in self.layers.items():
+            p = f"layers.{i}."
+            specs += _layernorm_specs(layer.ln1, p + "ln1.", sp) + layer.attn.shard_specs(p + "attn.")
+            specs += _layernorm_specs(layer.ln2, p + "ln2.", sp)
+            if isinstance(layer.mlp, ExpertParallelMoE):
+                for s in layer.mlp.shard_specs():
+                    specs.append(
+                        ShardSpec(p + "mlp." + s.name, s.axis, s.dim, s.kind, s.full_shape, s.local_shape, s.note)
+                    )
+            else:
+                specs += layer.mlp.shard_specs(p + "mlp.")
+        if self.ln_f is not None:
+            specs += _layernorm_specs(self.ln_f, "ln_f.", sp)
+            specs += self.lm_head.shard_specs("lm_head.")
+        return specs
+
+    def extra_repr(self) -> str:
+        parts = [f"stage {self.stage}/{self.n_stages}", f"layers {self.layer_ids}"]
+        if self.is_first:
+            parts.append("+embed")
+        if self.is_last:
+            parts.append("+ln_f+lm_head+loss")
+        return ", ".join(parts)

@@ -1,0 +1,222 @@
+"""Training loops: the composed model inside launched ranks, and the single-device reference it must equal.
+
+    results = launch(train, 16, cfg, ParallelConfig(tp=2, cp=2, dp=2, pp=2), steps=5, batch=8, seq=16)
+    ref = train_reference(cfg, steps=5, batch=8, seq=16)
+    results[r]["losses"] == ref["losses"]; results[r]["params"] are pieces of ref["params"]
+
+Both take the same global batches (`batches`: the synthetic uniform tokens of `pylib.model.random_tokens`, or a
+generated "pattern" language whose next token is predictable, so a few steps visibly lower the loss) and the same
+optimizer (Adam by default). A parameter that gets no gradient in a step (an expert no token chose) takes an Adam
+step with a zero gradient in both, as ZeRO's flat shards do.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import replace
+
+import torch
+
+from pylib.cp.layout import sequence_positions
+from pylib.dist import Mesh, ParallelConfig
+from pylib.dist.tracer import trace
+from pylib.model import MoE, build_model, random_tokens
+
+from .model import ParallelTransformer
+from .probe import ffn_probe
+
+DATASETS = ("random", "pattern")
+
+
+def pattern_tokens(cfg, batch: int, seq: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A generated toy language: each row counts through the vocabulary with its own start and stride
+    (token[i+1] = token[i] + stride mod V), so the next token follows from the last two. ids, targets [b, s]."""
+    g = torch.Generator().manual_seed(seed)
+    V = cfg.vocab_size
+    start = torch.randint(0, V, (batch, 1), generator=g)
+    stride = torch.randint(1, 4, (batch, 1), generator=g)
+    stream = (start + stride * torch.arange(seq + 1)[None, :]) % V
+    return stream[:, :-1].contiguous(), stream[:, 1:].contiguous()
+
+
+def batches(cfg, batch: int, seq: int, step: int, *, data: str = "random", seed: int = 0):
+    """The global batch [B, S] of training step `step` (ids, targets), the same on every rank and in the reference."""
+    if data == "random":
+        return random_tokens(cfg, batch, seq, seed=seed + step)
+    if data == "pattern":
+        return pattern_tokens(cfg, batch, seq, seed=seed + step)
+    raise ValueError(f"data={data!r} must be one of {DATASETS}")
+
+
+def _traffic(tr) -> dict:
+    """Per axis: bytes sent, payload bytes, op counts by op name, and op counts by phase and op, from a trace."""
+    out: dict[str, dict] = {}
+    for e in tr.events:
+        row = out.setdefault(e.axis, dict(bytes_sent=0, bytes_recv=0, payload_bytes=0, ops={}, phases={}))
+        row["bytes_sent"] += e.bytes_sent
+        row["bytes_recv"] += e.bytes_recv
+        row["payload_bytes"] += e.payload_bytes
+        row["ops"][e.op] = row["ops"].get(e.op, 0) + 1
+        by_phase = row["phases"].setdefault(e.phase, {})
+        by_phase[e.op] = by_phase.get(e.op, 0) + 1
+    return out
+
+
+def train(
+    model_cfg,
+    pc: ParallelConfig,
+    *,
+    steps: int = 5,
+    batch: int = 8,
+    seq: int = 16,
+    lr: float = 1e-2,
+    data: str = "random",
+    data_seed: int = 0,
+    keep_events: bool = False,
+    probe_ffn: bool = False,
+    activation_probe: str = "stage",
+    **model_kw,
+) -> dict:
+    """Inside a launched rank: `steps` optimizer steps of the composed model on the global batches.
+
+    model_kw go to `ParallelTransformer.from_full` (sequence_parallel, cp_layout, cp_kind, schedule,
+    n_microbatches, v, zero_stage, ...). Returns this rank's record: losses (global, per step), local_losses
+    (its replica's, last-stage ranks), params (`parameter_pieces()` after the last step), memory (held bytes
+    after step 0), activation bytes (step 0), traffic per axis per step (from the tracer), step times, the
+    reduction table, the routing of step 0 (MoE), and the layouts of the data-parallel buffers; with
+    probe_ffn, the FFN hidden bytes per held layer in step 0 (`ffn_probe`)."""
+    mesh = Mesh(pc)
+    model = ParallelTransformer.from_full(build_model(model_cfg), mesh, batch=batch, seq=seq, lr=lr, **model_kw)
+    out = dict(
+        rank=mesh.global_rank,
+        coords={k: mesh[k].rank for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp", "dp-cp")},
+        losses=[],
+        local_losses=[],
+        traffic=[],
+        times=[],
+        events=[],
+    )
+    for step in range(steps):
+        ids, targets = batches(model_cfg, batch, seq, step, data=data, seed=data_seed)
+        probe = ffn_probe([("", s) for s in model.stages]) if probe_ffn and step == 0 else nullcontext({})
+        with trace() as tr, probe as ffn:
+            t0 = time.perf_counter()
+            res = model.step(ids, targets, measure_memory=step == 0, activation_probe=activation_probe)
+            out["times"].append(time.perf_counter() - t0)
+        if step == 0 and probe_ffn:
+            out["ffn_hidden_bytes"] = dict(ffn)
+        out["losses"].append(res.loss)
+        out["local_losses"].append(res.local_loss)
+        out["traffic"].append(_traffic(tr))
+        if keep_events:
+            out["events"].append([e.as_dict() for e in tr.events])
+        if step == 0:
+            out["memory"] = model.memory().as_dict()
+            out["activation_bytes"] = res.activation_bytes
+            out["peak_activation_bytes"] = res.peak_activation_bytes
+            out["peak_in_flight"] = res.peak_in_flight
+            out["reduced"] = res.reduced
+            out["moe_routing"] = res.moe_routing
+    out["params"] = model.parameter_pieces()
+    out["reduction_table"] = model.reduction_table()
+    out["shard_specs"] = model.shard_specs()
+    out["layouts"] = model.layouts
+    out["stage_layers"] = [s.layer_ids for s in model.stages]
+    out["holds_first"] = any(s.is_first for s in model.stages)
+    out["holds_last"] = any(s.is_last for s in model.stages)
+    return out
+
+
+def holder_labels(seq: int, cp: int, tp: int, layout: str = "zigzag") -> torch.Tensor:
+    """[S] int64: for each position of a sequence, the index (cp_rank * tp + tp_rank) of the rank of one replica
+    that holds it in the composed model (CP's layout, then SP's contiguous split of the CP rank's tokens)."""
+    labels = torch.empty(seq, dtype=torch.int64)
+    per = seq // (cp * tp)
+    for c in range(cp):
+        for k, p in enumerate(sequence_positions(seq, c, cp, layout).tolist()):
+            labels[p] = c * tp + k // per
+    return labels
+
+
+def train_reference(
+    model_cfg,
+    *,
+    steps: int = 5,
+    batch: int = 8,
+    seq: int = 16,
+    lr: float = 1e-2,
+    data: str = "random",
+    data_seed: int = 0,
+    optimizer=torch.optim.Adam,
+    like: dict | None = None,
+) -> dict:
+    """The same steps on one device: the whole global batch, the reference model, `optimizer(lr=lr)`.
+    Returns losses (per step) and params (name -> tensor after the last step).
+
+    like=dict(pc=ParallelConfig, n_microbatches=m, cp_layout=..., sequence_parallel=...): for MoE models with
+    auxiliary losses or a capacity factor, reproduce the composed run's grouping on one device -- the batch is run
+    as dp*m groups (a data-parallel replica's microbatch each), each group's aux loss weighted 1/(dp*m), each
+    token's capacity counted among the tokens of the rank that holds it (`MoE.drop_groups`). The mean
+    cross-entropy, and without aux losses and dropping the gradients too, are those of the plain reference.
+
+    Runs on one intra-op thread (restored afterwards): at these sizes more threads only contend with the ranks."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_reference(model_cfg, steps, batch, seq, lr, data, data_seed, optimizer, like)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_reference(model_cfg, steps, batch, seq, lr, data, data_seed, optimizer, like) -> dict:
+    groups, labels = 1, None
+    cfg = model_cfg
+    if like is not None:
+        pc = like["pc"]
+        groups = pc.dp * like.get("n_microbatches", 1)
+        tp = pc.tp if like.get("sequence_parallel", True) else 1
+        labels = holder_labels(seq, pc.cp, tp, like.get("cp_layout", "zigzag"))
+        if cfg.moe is not None:
+            moe = cfg.moe
+            cfg = cfg.with_(
+                moe=replace(moe, aux_loss_coef=moe.aux_loss_coef / groups, z_loss_coef=moe.z_loss_coef / groups)
+            )
+    model = build_model(cfg)
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    opt = optimizer(model.parameters(), lr=lr)
+    out = dict(losses=[], times=[])
+    for step in range(steps):
+        ids, targets = batches(model_cfg, batch, seq, step, data=data, seed=data_seed)
+        t0 = time.perf_counter()
+        b = batch // groups
+        total = 0.0
+        for g in range(groups):
+            rows = slice(g * b, (g + 1) * b)
+            for moe in moes:
+                moe.drop_groups = None if labels is None else labels.expand(b, seq)
+            loss = model.loss(ids[rows], targets[rows])
+            (loss / groups).backward()
+            total += loss.item() / groups
+        for p in model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        out["times"].append(time.perf_counter() - t0)
+        out["losses"].append(total)
+    out["params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return out
+
+
+def compare_with_reference(results: list[dict], ref: dict) -> dict:
+    """Largest differences of the ranks' losses and held parameter pieces from the reference run."""
+    loss_err = max(abs(a - b) for r in results for a, b in zip(r["losses"], ref["losses"]))
+    param_err, covered = 0.0, {}
+    for r in results:
+        for name, index, lo, hi, t in r["params"]:
+            want = ref["params"][name][index].reshape(-1)[lo:hi]
+            param_err = max(param_err, float((t - want).abs().max()) if t.numel() else 0.0)
+            covered.setdefault(name, set()).add((str(index), lo, hi))
+    missing = sorted(set(ref["params"]) - set(covered))
+    return dict(loss_err=loss_err, param_err=param_err, missing=missing)

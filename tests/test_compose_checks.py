@@ -1,0 +1,141 @@
+"""The composed model refuses configurations that cannot run, naming every violated constraint at once; and the
+data layout helpers agree with the modes' own sharding (no processes needed)."""
+
+import pytest
+import torch
+
+from pylib.compose import ComposeConfigError, check_compose, compose_problems, holder_labels
+from pylib.cp import shard_sequence
+from pylib.dist import ParallelConfig, launch
+from pylib.model import ModelConfig, MoEConfig
+
+DENSE = ModelConfig(vocab_size=32, d_model=16, n_layers=4, n_heads=4, d_ff=32, dtype="float64")
+MOE = DENSE.with_(moe=MoEConfig(n_experts=4, top_k=2, every=2))
+
+
+def test_every_violated_constraint_is_listed_not_only_the_first():
+    cfg = ModelConfig(
+        vocab_size=30,
+        d_model=18,
+        n_layers=3,
+        n_heads=6,
+        n_kv_heads=3,
+        d_ff=30,
+        moe=MoEConfig(n_experts=6, top_k=2, d_ff=10, every=3),
+    )
+    pc = ParallelConfig(tp=4, cp=3, dp=2, pp=2, ep=4, etp=3)
+    problems = compose_problems(
+        cfg,
+        pc,
+        32,
+        batch=9,
+        seq=20,
+        sequence_parallel=False,
+        cp_kind="ulysses",
+        schedule="interleaved",
+        n_microbatches=3,
+        v=2,
+        zero_stage=4,
+    )
+    expected = [
+        "world_size=32 != tp*cp*dp*pp = 4*3*2*2 = 48",  # sizes vs world
+        "etp*ep*pp = 3*4*2 = 24 does not divide world_size=32",  # folding
+        "zero_stage=4",
+        "tp=4 does not divide n_heads=6",  # heads vs tp
+        "tp=4 does not divide d_ff=30",  # dense h_ffn vs tp
+        "tp=4 does not divide vocab_size=30",
+        "ep=4 does not divide n_experts=6",  # experts vs ep
+        "etp=3 does not divide expert h_ffn=10",  # expert h_ffn vs etp
+        "needs sequence_parallel=True",  # EP with TP > 1 without SP
+        "n_layers=3 is not divisible by pp × v = 2 × 2 = 4",  # layers vs pp*v
+        "interleaved 1F1B needs m divisible by p: m=3, p=2",  # microbatches vs schedule
+        "dp=2 does not divide the global batch size B=9",  # batch vs dp
+        "sequence length s=20 is not divisible by 6",  # sequence vs 2*cp (zig-zag)
+    ]
+    for text in expected:
+        assert any(text in p for p in problems), (text, problems)
+    assert len(problems) >= len(expected)
+    with pytest.raises(ComposeConfigError) as info:
+        check_compose(
+            cfg,
+            pc,
+            32,
+            batch=9,
+            seq=20,
+            sequence_parallel=False,
+            cp_kind="ulysses",
+            schedule="interleaved",
+            n_microbatches=3,
+            v=2,
+            zero_stage=4,
+        )
+    assert info.value.problems == problems
+    assert f"({len(problems)} problem(s))" in str(info.value)
+
+
+def test_sequence_must_split_over_cp_zigzag_then_tp_and_batch_over_dp_then_microbatches():
+    pc = ParallelConfig(tp=4, cp=2, dp=2)
+    problems = compose_problems(DENSE, pc, 16, batch=8, seq=12, n_microbatches=3)
+    assert any("tp does not divide 6" in p for p in problems), problems  # s/cp = 6 tokens over tp=4 (SP)
+    assert any(
+        "n_microbatches=3 does not divide the batch per data-parallel rank B/dp = 8/2 = 4" in p for p in problems
+    ), problems
+    assert compose_problems(DENSE, pc, 16, batch=8, seq=16, n_microbatches=2) == []
+    # without SP the CP rank's sequence need not split over tp
+    assert not any("tp does not divide" in p for p in compose_problems(DENSE, pc, 16, seq=12, sequence_parallel=False))
+
+
+def test_ulysses_needs_whole_heads_per_rank_after_tp():
+    gqa = DENSE.with_(n_kv_heads=2)
+    problems = compose_problems(gqa, ParallelConfig(tp=2, cp=2), 4, cp_kind="ulysses")
+    assert len(problems) == 1 and "n_kv_head=1" in problems[0] and "after tp=2" in problems[0], problems
+    assert compose_problems(gqa, ParallelConfig(tp=2, cp=2), 4, cp_kind="ring") == []
+
+
+@pytest.mark.parametrize(
+    "cfg, pc, world, kw",
+    [
+        (DENSE, ParallelConfig(tp=2, cp=2, dp=2, pp=2), 16, dict(schedule="1f1b", n_microbatches=2)),
+        (MOE, ParallelConfig(tp=2, cp=2, dp=2, pp=2, ep=2), 16, dict(schedule="interleaved", n_microbatches=2, v=2)),
+        (MOE, ParallelConfig(tp=2, dp=4, ep=4), 8, dict(zero_stage=3)),
+        (MOE, ParallelConfig(tp=4, cp=2, dp=2, ep=4), 16, dict(cp_kind="ring", zero_stage=2)),
+    ],
+)
+def test_the_configurations_the_tests_run_are_valid(cfg, pc, world, kw):
+    assert compose_problems(cfg, pc, world, batch=8, seq=16, **kw) == []
+
+
+def test_a_dense_model_with_expert_axes_is_refused():
+    problems = compose_problems(DENSE, ParallelConfig(tp=2, dp=2, ep=2, etp=2), 4)
+    assert any("ep=2 but the model has no MoE layers" in p for p in problems)
+    assert any("etp=2 but the model has no MoE layers" in p for p in problems)
+
+
+def test_holder_labels_follow_the_cp_layout_then_the_sp_split():
+    S, cp, tp = 16, 2, 2
+    labels = holder_labels(S, cp, tp, "zigzag")
+    pos = torch.arange(S)
+    for c in range(cp):
+        mine = shard_sequence(pos, 0, c, cp, "zigzag")  # what local_batch gives CP rank c
+        for t, part in enumerate(mine.chunk(tp)):  # SP: contiguous pieces of the CP rank's tokens
+            assert (labels[part] == c * tp + t).all()
+
+
+def _build_refused():
+    from pylib.compose import ParallelTransformer
+    from pylib.dist import Mesh
+    from pylib.model import build_model
+
+    try:
+        ParallelTransformer.from_full(build_model(DENSE.with_(n_heads=2, d_ff=30)), Mesh(ParallelConfig(tp=4)))
+    except ComposeConfigError as exc:
+        return exc.problems
+    return []
+
+
+@pytest.mark.timeout(60)
+def test_from_full_inside_ranks_raises_with_every_problem():
+    problems = launch(_build_refused, 4)
+    assert problems[0] == problems[3]
+    assert any("tp=4 does not divide n_heads=2" in p for p in problems[0])
+    assert any("tp=4 does not divide d_ff=30" in p for p in problems[0])

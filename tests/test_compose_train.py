@@ -1,0 +1,315 @@
+"""The composed TP x SP x CP x EP x DP x PP model trains exactly like the single-device reference.
+
+Five real runs (module-scoped, one launch each) cover the axes, the ZeRO stages, the schedules and both CP kernels:
+
+    run        ranks  axes                       model                         DP      schedule          CP
+    dense16    16     tp2 cp2 dp2 pp2            SwiGLU, GQA, RoPE, float64    ZeRO-1  1f1b m=2          ring
+    moe8        8     tp2 dp4 ep4 etp1 (folded)  MoE every 2nd layer, float64  DDP     m=2               -
+    five16     16     tp2 cp2 dp2 pp2 ep2        MoE + aux/z loss + capacity   ZeRO-3  interleaved v=2   Ulysses
+    mqa8        8     tp2 dp2 pp2, SP off        MQA (replicated K/V), float32 ZeRO-2  gpipe m=2         -
+    super16    16     tp4 cp2 dp2 ep4            MoE every 2nd layer, float64  ZeRO-2  m=1               ring
+
+Each test states one claim and checks it on the runs it concerns: the loss curve and the final parameters against
+the reference, the traffic per axis against the modes' formulas, the held bytes against the DP formulas, the
+reduction table, and seed B's 1/(tp*cp*dp) superposition of the FFN activation.
+"""
+
+import pytest
+import torch
+
+from pylib.analysis.compose import dp_held_bytes, per_axis, step_traffic
+from pylib.compose import (
+    compare_with_reference,
+    format_reduction_table,
+    format_report,
+    reference_ffn_bytes,
+    train,
+    train_reference,
+)
+from pylib.dist import ParallelConfig, launch
+from pylib.model import ModelConfig, MoEConfig
+
+pytestmark = pytest.mark.timeout(240)
+
+BATCH, SEQ, STEPS = 8, 16, 5
+DATA = "pattern"  # a generated toy language (pylib.compose.pattern_tokens): a few steps visibly lower the loss
+DENSE = ModelConfig(
+    vocab_size=32,
+    d_model=16,
+    n_layers=4,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=32,
+    mlp="swiglu",
+    position="rope",
+    dtype="float64",
+)
+MOE = ModelConfig(
+    vocab_size=32,
+    d_model=16,
+    n_layers=2,
+    n_heads=4,
+    d_ff=32,
+    position="rope",
+    dtype="float64",
+    moe=MoEConfig(n_experts=4, top_k=2, every=2),
+)
+MOE_AUX = ModelConfig(
+    vocab_size=32,
+    d_model=16,
+    n_layers=4,
+    n_heads=4,
+    d_ff=32,
+    position="rope",
+    dtype="float64",
+    moe=MoEConfig(n_experts=4, top_k=2, every=2, aux_loss_coef=0.1, z_loss_coef=0.01, capacity_factor=1.0),
+)
+MQA = ModelConfig(
+    vocab_size=32, d_model=16, n_layers=2, n_heads=4, n_kv_heads=1, d_ff=32, position="rope", dtype="float32"
+)
+
+RUNS = {
+    "dense16": (
+        DENSE,
+        ParallelConfig(tp=2, cp=2, dp=2, pp=2),
+        16,
+        dict(zero_stage=1, schedule="1f1b", n_microbatches=2, cp_kind="ring", bucket_bytes=4096),
+    ),
+    "moe8": (
+        MOE,
+        ParallelConfig(tp=2, dp=4, ep=4, etp=1),
+        8,
+        dict(zero_stage=0, n_microbatches=2, optimizer=torch.optim.SGD, lr=0.5),
+    ),
+    "five16": (
+        MOE_AUX,
+        ParallelConfig(tp=2, cp=2, dp=2, pp=2, ep=2),
+        16,
+        dict(zero_stage=3, schedule="interleaved", v=2, n_microbatches=2, cp_kind="ulysses"),
+    ),
+    "mqa8": (
+        MQA,
+        ParallelConfig(tp=2, dp=2, pp=2),
+        8,
+        dict(zero_stage=2, schedule="gpipe", n_microbatches=2, sequence_parallel=False),
+    ),
+    "super16": (MOE, ParallelConfig(tp=4, cp=2, dp=2, ep=4), 16, dict(zero_stage=2, n_microbatches=1)),
+}
+MODEL_KEYS = ("sequence_parallel", "cp_kind", "n_microbatches", "v", "zero_stage")
+_cache: dict[str, tuple] = {}
+
+
+def run(name: str):
+    """(results per rank, reference, the run's spec): launched once per test session."""
+    if name not in _cache:
+        cfg, pc, world, kw = RUNS[name]
+        steps = 1 if name == "super16" else STEPS
+        results = launch(
+            train, world, cfg, pc, steps=steps, batch=BATCH, seq=SEQ, data=DATA, probe_ffn=True, timeout=200, **kw
+        )
+        ref_kw = {k: kw[k] for k in ("optimizer", "lr") if k in kw}
+        like = None
+        if cfg.moe is not None and (cfg.moe.aux_loss_coef or cfg.moe.capacity_factor):
+            like = dict(pc=pc, n_microbatches=kw.get("n_microbatches", 1), sequence_parallel=True)
+        ref = train_reference(cfg, steps=steps, batch=BATCH, seq=SEQ, data=DATA, like=like, **ref_kw)
+        _cache[name] = (results, ref, (cfg, pc, world, kw))
+    return _cache[name]
+
+
+def _assert_trains_like_reference(name, tol):
+    results, ref, _ = run(name)
+    err = compare_with_reference(results, ref)
+    assert err["missing"] == [], err  # every reference parameter is held somewhere
+    assert err["loss_err"] <= tol and err["param_err"] <= tol, err
+    assert ref["losses"][-1] < ref["losses"][0]  # it did train
+
+
+def test_tp2_cp2_dp2_pp2_on_16_ranks_trains_like_the_reference():
+    _assert_trains_like_reference("dense16", 1e-12)
+
+
+def test_moe_tp2_ep4_etp1_on_8_ranks_folded_trains_like_the_reference():
+    """SGD, not Adam: Adam is nearly blind to a gradient's scale, SGD checks the experts' edp/(dp*cp) = 1/2."""
+    _assert_trains_like_reference("moe8", 1e-12)
+    results, _, _ = run("moe8")
+    r0 = results[0]
+    # the folding: rank 0's EP group mixes TP and DP ranks of the dense layout
+    assert r0["coords"]["ep"] == 0 and r0["coords"]["edp"] == 0
+    experts = [r for r in r0["reduction_table"] if r["kind"] == "expert"]
+    assert experts and all(r["dp_group"] == "edp" and r["dp_size"] == 2 and r["scale"] == "1/2" for r in experts)
+
+
+def test_all_five_axes_tp2_cp2_dp2_pp2_ep2_train_like_the_reference():
+    """MoE with load-balancing and z losses and a capacity factor, ZeRO-3, interleaved 1F1B, Ulysses: equal to the
+    reference run with the composed run's grouping (aux loss per replica microbatch, capacity per holding rank)."""
+    _assert_trains_like_reference("five16", 1e-12)
+    results, ref, (cfg, *_rest) = run("five16")
+    plain = train_reference(cfg, steps=STEPS, batch=BATCH, seq=SEQ, data=DATA)  # one group, capacity over all
+    differs = compare_with_reference(results, plain)
+    assert differs["loss_err"] > 1e-6 and differs["param_err"] > 1e-6  # the grouping is what makes them equal
+
+
+def test_float32_mqa_gpipe_zero2_without_sp_trains_like_the_reference():
+    _assert_trains_like_reference("mqa8", 2e-6)
+
+
+def test_every_rank_reports_the_global_loss_and_the_replicas_average_to_it():
+    for name in ("dense16", "five16", "moe8"):
+        results, ref, (cfg, pc, world, kw) = run(name)
+        for step in range(STEPS):
+            losses = {r["losses"][step] for r in results}
+            assert max(losses) - min(losses) < 1e-12
+            local = [r["local_losses"][step] for r in results if r["holds_last"]]
+            assert len(local) == pc.tp * pc.cp * pc.dp
+            assert abs(sum(local) / len(local) - ref["losses"][step]) < 1e-12
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_traffic_per_axis_equals_the_sum_of_the_per_mode_formulas(name):
+    results, _, (cfg, pc, world, kw) = run(name)
+    for r in results:
+        c = r["coords"]
+        rows = step_traffic(
+            cfg,
+            pc,
+            batch=BATCH,
+            seq=SEQ,
+            pp_rank=c["pp"],
+            layouts=r["layouts"],
+            dp_index=c["dp-cp"],
+            edp_index=c["edp"],
+            etp_index=c["etp"],
+            ep_index=c["ep"],
+            moe_routing=r["moe_routing"],
+            **{k: kw[k] for k in MODEL_KEYS if k in kw},
+        )
+        got = {a: dict(bytes_sent=t["bytes_sent"], ops=t["ops"]) for a, t in r["traffic"][0].items()}
+        assert got == per_axis(rows), (name, r["rank"])
+    axes = set().union(*(r["traffic"][0] for r in results))
+    expected = {
+        "tp" if pc.tp > 1 else None,
+        "cp" if pc.cp > 1 else None,
+        "pp" if pc.pp > 1 else None,
+        "ep" if pc.ep > 1 else None,
+        "dp-cp" if pc.dp * pc.cp > 1 else None,
+    } - {None}
+    assert expected <= axes
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_held_parameter_gradient_and_optimizer_bytes_equal_the_dp_formulas(name):
+    results, _, (cfg, pc, world, kw) = run(name)
+    for r in results:
+        states = 0 if kw.get("optimizer") is torch.optim.SGD else 2  # plain SGD keeps no state, Adam two moments
+        want = dp_held_bytes(r["layouts"], kw.get("zero_stage", 0), optimizer_states=states)
+        got = {k: r["memory"][k] for k in ("params", "grads", "optim")}
+        assert got == want, (name, r["rank"])
+        assert r["peak_activation_bytes"] > 0
+
+
+def test_each_gradient_reduction_runs_once_per_step_whatever_the_microbatches():
+    """m = 2 microbatches, yet the DP wrapper reduces each bucket once (no_sync before a chunk's last backward)
+    and the TP sums are one all-reduce each, after the DP reduction."""
+    for name in ("dense16", "moe8"):
+        results, _, (cfg, pc, world, kw) = run(name)
+        for r in results:
+            n_buckets = {}
+            for lay in r["layouts"]:
+                n_buckets[lay.axis] = n_buckets.get(lay.axis, 0) + 1
+            t = r["traffic"][0]
+            op = "reduce_scatter" if kw["zero_stage"] == 1 else "all_reduce"
+            assert t["dp-cp"]["phases"]["backward"] == {op: n_buckets["dp-cp"]}
+            if "edp" in n_buckets:
+                assert t["edp"]["phases"]["backward"] == {op: n_buckets["edp"]}
+            assert t["tp"]["phases"]["sp_grads"] == {"all_reduce": 1}
+            assert r["reduced"]["sp_elements"] > 0
+    results, *_ = run("dense16")
+    assert len(results[0]["layouts"]) > 1  # several buckets (bucket_bytes=4096), each reduced once
+
+
+def test_reduction_table_names_the_group_and_weight_of_every_parameter():
+    results, _, _ = run("dense16")
+    table = {r["name"]: r for r in results[0]["reduction_table"]}
+    assert table["layers.0.ln1.weight"]["pre"] == "tp" and table["layers.0.ln1.weight"]["dp_group"] == "dp-cp"
+    assert table["layers.0.attn.q_proj.weight"]["pre"] is None and table["embed.weight"]["dp_size"] == 4
+    results, _, _ = run("mqa8")  # MQA: one K/V head copied on both TP ranks; without SP no LayerNorm sum
+    table = {r["name"]: r for r in results[0]["reduction_table"]}
+    assert table["layers.0.attn.k_proj.weight"]["pre"] == "tp/kv"
+    assert table["layers.0.ln1.weight"]["pre"] is None
+    results, _, _ = run("five16")  # interleaved: the last rank's chunks hold layers 1 and 3, both MoE
+    table = {r["name"]: r for r in results[-1]["reduction_table"]}
+    assert table["layers.1.mlp.router.gate.weight"]["pre"] == "tp"
+    assert table["layers.3.mlp.experts.experts.0.up_proj.weight"]["dp_group"] == "edp"
+    text = format_reduction_table(results[-1]["reduction_table"])
+    assert "layers.*.mlp.router.gate.weight" in text and "edp (4)" in text
+
+
+def test_shard_specs_say_how_each_rank_holds_every_parameter_on_every_axis():
+    results, *_ = run("five16")
+    for r in results:
+        specs = r["shard_specs"]
+        names = {t["name"] for t in r["reduction_table"]}
+        for axis_kind in (("pp", "stage"), (None, "zero3")):
+            covered = {s.name for s in specs if s.kind == axis_kind[1] and axis_kind[0] in (None, s.axis)}
+            assert covered == names
+        q = [s for s in specs if s.name.endswith("attn.q_proj.weight")]
+        assert q and all(s.full_shape == (16, 16) and s.local_shape == (8, 16) for s in q if s.axis == "tp")
+        experts = [s for s in specs if s.axis == "ep" and s.kind == "expert"]
+        assert all(s.full_shape[0] == 4 and s.local_shape[0] == 2 for s in experts)  # 4 experts over ep=2
+        assert bool(experts) == (r["coords"]["pp"] == 1)  # interleaved: pp rank 1 holds the MoE layers 1 and 3
+
+
+def test_superposition_tp4_cp2_dp2_ffn_activation_is_one_sixteenth_per_rank():
+    """Seed B: TP splits h_ffn, CP the sequence, DP the batch -- orthogonal axes, so each rank's FFN hidden
+    activation [b/dp, s/cp, h_ffn/tp] is 1/16 of [b, s, h_ffn]. Measured on the real tensors (a hook on every
+    down_proj). A MoE layer's experts take whatever tokens are routed to them: per rank the bytes vary, but they
+    add up to the reference's, so the mean is still 1/16 -- EP changes which experts a rank holds, not the ratio."""
+    results, _, (cfg, pc, world, kw) = run("super16")
+    ref = reference_ffn_bytes(cfg, batch=BATCH, seq=SEQ, data=DATA)
+    n = pc.tp * pc.cp * pc.dp
+    assert n == 16 and world == 16
+    for r in results:
+        assert r["ffn_hidden_bytes"][0] * 16 == ref[0]  # layer 0 is dense: exactly 1/16 on every rank
+    moe_total = sum(r["ffn_hidden_bytes"][1] for r in results)
+    assert moe_total == ref[1] and moe_total / 16 == ref[1] / 16
+    assert len({r["ffn_hidden_bytes"][1] for r in results}) > 1  # routing makes the per-rank share uneven
+
+
+def test_pipeline_changes_which_layers_a_rank_holds_not_the_ratio():
+    results, _, (cfg, pc, world, kw) = run("dense16")
+    ref = reference_ffn_bytes(cfg, batch=BATCH, seq=SEQ, data=DATA)
+    for r in results:
+        held = r["ffn_hidden_bytes"]
+        assert sorted(held) == [2 * r["coords"]["pp"], 2 * r["coords"]["pp"] + 1]  # L/pp = 2 layers of 4
+        for layer, nbytes in held.items():
+            assert nbytes * (pc.tp * pc.cp * pc.dp) == ref[layer]  # each at 1/8 (no pp in the ratio)
+
+
+def test_the_per_rank_report_prints_every_rank_and_axis():
+    results, *_ = run("five16")
+    text = format_report(results)
+    lines = text.splitlines()
+    assert len(lines) == 17
+    for axis in ("tp", "cp", "ep", "pp", "dp-cp", "edp", "tp-cp"):
+        assert axis in lines[0].split()
+
+
+def _probes_and_zero_stages():
+    kw = dict(steps=1, batch=BATCH, seq=SEQ, data=DATA, n_microbatches=2)
+    pc = ParallelConfig(tp=2, dp=2, pp=2)
+    return [
+        train(DENSE, pc, zero_stage=1, activation_probe="pipeline", **kw)["activation_bytes"],
+        train(DENSE, pc, zero_stage=1, **kw)["activation_bytes"],
+        train(DENSE, pc, zero_stage=3, **kw)["activation_bytes"],
+        train(DENSE, pc, zero_stage=3, activation_probe="pipeline", **kw)["activation_bytes"],
+    ]
+
+
+@pytest.mark.timeout(120)
+def test_saved_activations_are_measured_alike_by_both_probes_and_do_not_depend_on_the_zero_stage():
+    """The stage probe equals pylib.pp's probe under ZeRO-1. ZeRO-3 gathers each unit's parameters for its
+    forward and autograd saves views of them; they are freed right after and gathered again for backward, so the
+    stage probe leaves them out (and gives ZeRO-1's numbers) where the pipeline's probe counts them."""
+    for pipeline1, stage1, stage3, pipeline3 in launch(_probes_and_zero_stages, 8):
+        assert pipeline1 == stage1 == stage3 and min(stage1.values()) > 0
+        assert all(pipeline3[k] > stage3[k] for k in stage3)
