@@ -1,9 +1,7 @@
 """pylib.analysis.shapes predicts, from sizes alone, what the real sharded modules hold and move: every local
 parameter shape, every activation seed B lists, every score block of ring attention, and the traced bytes of one
-training step -- for each mode alone (TP, SP, CP ring and Ulysses, DP, PP, EP, ETP) and for TP x CP x DP composed
-on one mesh."""
-
-from collections import Counter
+training step -- for each mode alone (TP, SP, CP ring and Ulysses, DP, PP, EP, ETP) and for the composed model of
+pylib.compose (TP x SP x CP x DP, and TP x SP x PP x EP x DP with MoE layers and micro-batches)."""
 
 import pytest
 import torch
@@ -11,7 +9,7 @@ import torch
 from pylib.analysis import shapes
 from pylib.dist import ParallelConfig, launch
 from pylib.model import ModelConfig, MoEConfig
-from pylib.viz.seed_b_ranks import probe_composed, probe_modes
+from pylib.viz.seed_b_ranks import probe_compose, probe_modes
 
 CFG = ModelConfig(
     vocab_size=64, d_model=48, n_layers=4, n_heads=8, n_kv_heads=4, d_ff=128, mlp="swiglu", position="rope"
@@ -133,28 +131,64 @@ def test_traffic_equals_the_traced_bytes_of_one_step(modes, mode):
             assert {e["payload_bytes"] for e in dispatch} == {ep_row.message}  # B * K * h * dtype, no dropping
 
 
-@pytest.fixture(scope="module")
-def composed():
-    return launch(probe_composed, 8, CFG, 4, S, tp=2, cp=2, dp=2, sequence_parallel=True)
+# The composed model (pylib.compose): every mode on one mesh. (name, model, plan, micro-batches, global batch)
+COMPOSED = {
+    "tp2 cp2 dp2 + SP": (CFG, ParallelConfig(tp=2, cp=2, dp=2), 1, 4),
+    "tp2 pp2 dp2 ep2 + SP, MoE": (MOE, ParallelConfig(tp=2, pp=2, dp=2, ep=2), 2, 8),
+}
 
 
-def test_tp_cp_dp_composed_shapes_and_traffic_equal_the_prediction(composed):
-    par = ParallelConfig(tp=2, cp=2, dp=2)
+@pytest.fixture(scope="module", params=list(COMPOSED))
+def composed(request):
+    cfg, pc, m, batch = COMPOSED[request.param]
+    runs = launch(probe_compose, pc.world_size, cfg, pc, batch, S, sequence_parallel=True, n_microbatches=m)
+    return cfg, pc, m, batch, [r["model"] for r in runs]
+
+
+def test_composed_model_holds_and_moves_what_shapes_predicts(composed):
+    """Parameters, activations, score blocks and the traffic of every axis of one training step of
+    pylib.compose's model equal shapes.py's prediction on every rank (b = the micro-batch across DP)."""
+    cfg, pc, m, batch, runs = composed
+    b = batch // m
     kw = dict(sequence_parallel=True, cp_kind="ring")
-    for run in composed:
-        cp_rank = run["coords"]["cp"]
-        assert {n: s for n, s in run["params"].items()} == shapes.local_parameters(CFG, par)
-        for a in shapes.activation_shapes(CFG, par, 4, S, cp_rank=cp_rank, **kw):
-            if a.local is not None and a.name in run["acts"]:
-                assert run["acts"][a.name] == a.local, (a.name, run["coords"])
-        assert run["scores"] == shapes.score_blocks(CFG, par, 4, S, cp_rank=cp_rank)
-        rows = shapes.traffic(CFG, par, 4, S, **kw)
-        by_mode, ev = shapes.traffic_by_mode(rows), run["events"]
-        assert _sent(ev, axis="tp") == by_mode["SP"]
-        assert _sent(ev, "send", axis="cp") == by_mode["CP"]
-        assert _sent(ev, axis="dp-cp") == by_mode["DP"]
-    holdings = Counter((tuple(r["rows"]), tuple(r["positions"]), tuple(r["hidden_cols"])) for r in composed)
-    assert len(holdings) == 8 and set(holdings.values()) == {1}  # 8 ranks, 8 different pieces
+    for run in runs:
+        c = run["coords"]
+        held = {_normalise(n): s for n, s in run["params"].items()}
+        assert held == shapes.local_parameters(cfg, pc, pp_rank=c["pp"]), c
+        compared = 0
+        for a in shapes.activation_shapes(cfg, pc, b, S, pp_rank=c["pp"], cp_rank=c["cp"], **kw):
+            if a.local is not None and a.name in run["acts"] and not a.expected:
+                assert run["acts"][a.name] == a.local, (a.name, c)
+                compared += 1
+        assert compared >= 7
+        assert run["scores"] == shapes.score_blocks(cfg, pc, b, S, cp_rank=c["cp"])
+        rows = shapes.traffic(cfg, pc, b, S, microbatches=m, pp_rank=c["pp"], **kw)
+        ev = [e for e in run["events"] if e["phase"] != "loss"]  # the reported loss's two scalar all-reduces
+        by_mode = shapes.traffic_by_mode(rows)
+        assert _sent(ev, axis="tp") == by_mode["SP"], c
+        assert _sent(ev, "send", axis="cp") == by_mode.get("CP", 0), c
+        assert _sent(ev, "send", axis="pp") == by_mode.get("PP", 0), c
+        dense, expert = (
+            [r for r in rows if r.mode == "DP" and "dense" in r.when],
+            [r for r in rows if r.mode == "DP" and "expert" in r.when],
+        )
+        assert _sent(ev, axis="dp-cp") == sum(r.sent for r in dense), c
+        assert _sent(ev, axis="edp") == sum(r.sent for r in expert), c
+        if cfg.moe is not None:
+            (ep_row,) = [r for r in rows if r.mode == "EP"]
+            forward = [e for e in ev if e["axis"] == "ep" and e["phase"] == "forward"]
+            dispatch = [e for e in forward if e["tag"].endswith("dispatch")]
+            assert {e["payload_bytes"] for e in dispatch} == {ep_row.message}, c
+
+
+def test_composed_model_computes_the_reference_loss(composed):
+    from pylib.model import build_model, random_tokens
+
+    cfg, _, _, batch, runs = composed
+    ids, targets = random_tokens(cfg, batch, S, seed=0)
+    with torch.no_grad():
+        want = build_model(cfg).loss(ids, targets).item()
+    assert all(abs(r["loss"] - want) < 1e-5 for r in runs)
 
 
 # ------------------------------------------------------------------------------------------------ pure

@@ -709,19 +709,22 @@ def traffic(
     out: list[Traffic] = []
     if t > 1:
         mode = "SP" if sp else "TP"
+        # Every layer crosses into and out of the TP region around attention; a dense MLP is a second region, an
+        # MoE layer's experts are not (they run on the rank's own tokens, the EP dispatcher moves them).
         per_layer = tp_analysis.layer_collectives(loc.b, loc.s_c, h, t, e, sequence_parallel=sp)
         for op in ("all_reduce", "all_gather", "reduce_scatter"):
-            ops = [c for c in per_layer if c.op == op]
+            ops = [(c, n_here if c.where == "attn" else n_here - n_moe) for c in per_layer if c.op == op]
+            ops = [(c, n) for c, n in ops if n]
             if ops:
-                when = "entering / leaving attention and MLP, forward and backward"
+                when = "entering / leaving attention" + (" and the MLP" if n_here > n_moe else "")
                 out.append(
                     Traffic(
                         mode,
                         op,
-                        when,
-                        len(ops) * n_here * m,
-                        ops[0].payload_bytes,
-                        sum(c.bytes_sent for c in ops) * n_here * m,
+                        when + ", forward and backward",
+                        sum(n for _, n in ops) * m,
+                        ops[0][0].payload_bytes,
+                        sum(c.bytes_sent * n for c, n in ops) * m,
                     )
                 )
         edge = []
@@ -733,13 +736,14 @@ def traffic(
         for c in edge:
             out.append(Traffic(mode, c.op, c.where, m, c.payload_bytes, c.bytes_sent * m))
         # after backward, once per step: SP's LayerNorm gradients, replicated K/V heads' gradients (tp.grad_collectives)
-        if sp:
-            payload = (4 * n_here + 2 * int(last)) * h * ge
+        if sp:  # LayerNorms (and MoE routers) see only the rank's s/(cp tp) tokens: their gradients are summed
+            routers = n_moe * cfg.moe.n_experts if n_moe else 0
+            payload = ((4 * n_here + 2 * int(last)) * h + routers * h) * ge
             out.append(
                 Traffic(
                     mode,
                     "all_reduce",
-                    "LayerNorm gradients (sequence-parallel replicas)",
+                    "LayerNorm" + (" and router" if routers else "") + " gradients (sequence-parallel replicas)",
                     1,
                     payload,
                     tp_analysis.ring_bytes_sent("all_reduce", payload, t),

@@ -2,7 +2,7 @@
 step under the tracer, with hooks recording the local shape of every weight and activation seed B lists.
 
     launch(probe_modes, n, cfg, moe_cfg, b=8, s=16)      # -> per rank: {mode: ModeRecord-as-dict}
-    launch(probe_composed, tp*cp*dp, cfg, b, s, tp=, cp=, dp=, sequence_parallel=)   # TP x CP x DP on one mesh
+    launch(probe_compose, world, cfg, ParallelConfig(...), b, s, **model_kw)   # every mode on one mesh (compose)
     launch(sp_without_tp, n, cfg, b, s)                  # seed B's FAQ: sequence parallelism with no TP
 
 The activations are recorded where seed B names them, in the first layer a rank holds:
@@ -316,102 +316,52 @@ def probe_modes(
 # ------------------------------------------------------------------------------------------------ composed
 
 
-def probe_composed(
-    cfg,
-    b: int,
-    s: int,
-    *,
-    tp: int,
-    cp: int,
-    dp: int,
-    sequence_parallel: bool = False,
-    layout: str = "zigzag",
-    step: bool = True,
-) -> dict:
-    """TP x CP x DP on one mesh (order tp-cp-dp): the TP model with a CP attention core, this rank's batch slice
-    (dp) and sequence shard (cp), gradients averaged over dp x cp by DDP. One training step under the tracer
-    (forward only with step=False), hooks on the first layer. Also returns what this rank holds of the batch
-    (rows, positions, hidden columns) and its output rows, for checking against the reference."""
-    from pylib.cp import CPAttentionCore, shard_sequence
-    from pylib.dist import Mesh, ParallelConfig, trace
-    from pylib.dp import DistributedDataParallel, micro_batch
+def probe_compose(cfg, pc, batch: int, seq: int, *, variants=None, **model_kw) -> dict:
+    """Inside each rank of `pc`'s world: the composed model (`pylib.compose.ParallelTransformer`, every mode on
+    one mesh) takes one training step on the global batch [batch, seq] under the tracer, with the probe's hooks on
+    the first layer this rank holds (and on the LM head on the last stage) and `pylib.compose.ffn_probe` on every
+    layer it holds. `variants` {name: model keyword overrides} runs several models one after the other (each on a
+    mesh of its own); the default is one, named "model".
+
+    Returns {variant: record}: params (local parameter shapes, the reference's names; experts numbered locally),
+    acts and scores of that first layer, ffn (FFN intermediate bytes per held layer), events (the trace), loss (the
+    global batch's mean loss), coords (index along each axis), layers (the layers it holds), and its
+    positions (CP) and rows (DP) of the global batch."""
+    from pylib.compose import ParallelTransformer, ffn_probe
+    from pylib.cp.layout import sequence_positions
+    from pylib.dist import Mesh, trace
     from pylib.model import build_model, random_tokens
-    from pylib.tp import TPTransformer
 
-    mesh = Mesh(ParallelConfig(tp=tp, cp=cp, dp=dp))
-    model = build_model(cfg)
-    core = CPAttentionCore(mesh.cp, layout=layout, kind="ring", causal=cfg.causal) if cp > 1 else None
-    par = TPTransformer.from_full(model, group=mesh.tp, sequence_parallel=sequence_parallel, core=core)
-    ids, targets = random_tokens(cfg, b, s, seed=0)
-    mine = [micro_batch(t, mesh.dp.rank, dp) for t in (ids, targets)]
-    if cp > 1:
-        mine = [shard_sequence(t, 1, mesh.cp.rank, cp, layout) for t in mine]
-        positions = core.positions(s // cp)
-    else:
-        positions = torch.arange(s)
-    probe = ActivationProbe().watch_layer(par.layers[0]).watch_head(par.lm_head)
-    ddp = DistributedDataParallel(par, group=mesh["dp-cp"]) if step else None
-    with trace() as tr:
-        if step:
-            par.loss(*mine, positions=positions).backward()
-            par.finalize_grads()
-            ddp.finish_gradient_sync()
-        else:
-            with torch.no_grad():
-                par(mine[0], positions=positions)
-    probe.remove()
-    hidden_cols = list(range(mesh.tp.rank * cfg.d_ff // tp, (mesh.tp.rank + 1) * cfg.d_ff // tp))
-    rows = list(range(mesh.dp.rank * b // dp, (mesh.dp.rank + 1) * b // dp))
-    return dict(
-        _record(_params(par), probe, tr, par.shard_specs()),
-        coords=dict(tp=mesh.tp.rank, cp=mesh.cp.rank, dp=mesh.dp.rank),
-        rows=rows,
-        positions=positions.tolist(),
-        hidden_cols=hidden_cols,
-    )
-
-
-def superposition(cfg, b: int, s: int, *, tp: int, cp: int, dp: int, layout: str = "zigzag") -> dict:
-    """Seed B's superposition on tp x cp x dp ranks, with sequence parallelism off and on: one layer's forward
-    on this rank's piece of x [b, s, h] (its dp rows, its cp positions, its SP slice), the FFN intermediate
-    recorded by a hook, and the layer output returned so the caller can compare it with the reference."""
-    from pylib.cp import CPAttentionCore, shard_sequence
-    from pylib.dist import Mesh, ParallelConfig
-    from pylib.dp import micro_batch
-    from pylib.model import build_model, random_hidden
-    from pylib.tp import TPBlock, scatter_to_sequence_parallel_region
-
-    mesh = Mesh(ParallelConfig(tp=tp, cp=cp, dp=dp))
-    block = build_model(cfg).layers[0]
-    x = random_hidden(b, s, cfg.d_model, seed=1, dtype=cfg.torch_dtype)
-    x = micro_batch(x, mesh.dp.rank, dp)
-    core = CPAttentionCore(mesh.cp, layout=layout, kind="ring", causal=cfg.causal)
-    x = shard_sequence(x, 1, mesh.cp.rank, cp, layout)
-    positions = core.positions(s // cp)
-    out = dict(
-        coords=dict(tp=mesh.tp.rank, cp=mesh.cp.rank, dp=mesh.dp.rank),
-        positions=positions.tolist(),
-        rows=list(range(mesh.dp.rank * b // dp, (mesh.dp.rank + 1) * b // dp)),
-        hidden_cols=list(range(mesh.tp.rank * cfg.d_ff // tp, (mesh.tp.rank + 1) * cfg.d_ff // tp)),
-    )
-    for sp in (False, True):
-        layer = TPBlock.from_full(block, group=mesh.tp, sequence_parallel=sp, core=core)
-        probe = ActivationProbe().watch_layer(layer)
-        x_in = scatter_to_sequence_parallel_region(x, mesh.tp) if sp else x
-        with torch.no_grad():
-            y = layer(x_in, positions)
+    ids, targets = random_tokens(cfg, batch, seq, seed=0)
+    out = {}
+    for name, overrides in (variants or {"model": {}}).items():
+        mesh = Mesh(pc)
+        kw = dict(model_kw) | dict(overrides)
+        model = ParallelTransformer.from_full(build_model(cfg), mesh, batch=batch, seq=seq, **kw)
+        first = model.stages[0]
+        probe = ActivationProbe().watch_layer(next(iter(first.layers.values())))
+        last = model.stages[-1]
+        if last.lm_head is not None:
+            probe.watch_head(last.lm_head)
+        params = {n: tuple(p.shape) for s in model.stages for n, p in s.named_parameters()}
+        with trace() as tr, ffn_probe([("", s) for s in model.stages]) as ffn:
+            result = model.step(ids, targets, measure_memory=False)
         probe.remove()
-        key = "sp" if sp else "tp"
-        out[key] = dict(
-            acts=dict(probe.shapes),
-            element_size=x.element_size(),
-            output=y,
-            sp_rows=(
-                list(range(mesh.tp.rank * s // cp // tp, (mesh.tp.rank + 1) * s // cp // tp))
-                if sp
-                else list(range(s // cp))
+        coords = {k: mesh[k].rank for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp")}
+        dp = mesh.dp
+        out[name] = dict(
+            _record(params, probe, tr, model.shard_specs()),
+            ffn=dict(ffn),
+            loss=result.loss,
+            coords=coords,
+            layers=[i for s in model.stages for i in s.layer_ids],
+            rows=list(range(dp.rank * batch // dp.size, (dp.rank + 1) * batch // dp.size)),
+            positions=sequence_positions(seq, mesh.cp.rank, mesh.cp.size, kw.get("cp_layout", "zigzag")).tolist(),
+            hidden_cols=list(
+                range(mesh.tp.rank * cfg.d_ff // mesh.tp.size, (mesh.tp.rank + 1) * cfg.d_ff // mesh.tp.size)
             ),
         )
+    out["rank"] = mesh.global_rank
     return out
 
 
