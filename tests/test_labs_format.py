@@ -2,6 +2,8 @@
 exercises paired with solutions, begin/summary; the learner version carries no solution; the linter can fail."""
 
 import argparse
+import copy
+import logging
 
 import nbformat
 import pytest
@@ -66,7 +68,7 @@ def test_learner_version_has_every_exercise_and_no_solution(lab):
 
 def test_lab_problems_reports_each_broken_rule(tmp_path):
     nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell("world_size = 2\nb, s = 2, 4\nsolution = False")
+    params = nbformat.v4.new_code_cell('world_size = 2\nb, s = 2, 4\ndevice = "cpu"  # device="cuda"\nsolution = False')
     params.metadata["tags"] = ["parameters"]
     stray = nbformat.v4.new_code_cell("if solution:\n    pass")
     stray.metadata["tags"] = ["solution"]
@@ -80,7 +82,8 @@ def test_lab_problems_reports_each_broken_rule(tmp_path):
         "NN_name.ipynb",
         "carry outputs",
         "only `name = literal` assignments",
-        "lacks ['backend', 'device', 'checks_report']",
+        "line 3: one '=' per line",
+        "lacks ['backend', 'checks_report']",
         "solution cell 1 must come right after an exercise cell",
         "at least one exercise cell",
         "begin(checks_report)",
@@ -96,6 +99,31 @@ def test_new_lab_skeleton_follows_the_format(tmp_path):
         new_lab(path)
     with pytest.raises(ValueError, match="NN_name"):
         new_lab(tmp_path / "my topic.ipynb")
+
+
+def _papermill_inspect(nb, caplog) -> tuple[list[str], list[str]]:
+    """(names papermill's own parameter parser finds in the parameters cell, the warnings it logged)."""
+    from papermill.translators import PythonTranslator
+
+    cell = nb.cells[[i for i, c in enumerate(nb.cells) if "parameters" in tags(c)][0]]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="papermill"):
+        found = [p.name for p in PythonTranslator.inspect(cell)]
+    return found, [r.getMessage() for r in caplog.records]
+
+
+def test_skeleton_and_every_lab_parameters_cell_parse_in_papermill_without_warnings(tmp_path, caplog):
+    """papermill's parser skips, with "Unable to parse line n", a line holding two '=' (one in a comment)."""
+    skeleton = nbformat.read(new_lab(tmp_path / "07_my_topic.ipynb"), as_version=4)
+    for name, nb in [("skeleton", skeleton)] + [(lab.name, lab.read()) for lab in LABS]:
+        found, warnings = _papermill_inspect(nb, caplog)
+        assert warnings == [], (name, warnings)
+        assert found == list(parameters(nb)), name
+    broken = copy.deepcopy(skeleton)
+    cell = next(c for c in broken.cells if "parameters" in tags(c))
+    cell.source = cell.source.replace('"cpu"  # "cpu"', '"cpu"  # device="cpu"')
+    found, warnings = _papermill_inspect(broken, caplog)
+    assert "device" not in found and any("Unable to parse line 3" in w for w in warnings), warnings
 
 
 def test_select_labs_by_number_name_short_name_and_path():

@@ -137,6 +137,7 @@ class ParallelTransformer:
         checked too; otherwise at the first step). optimizer(**optim_kwargs) is built on the parameters each
         rank updates (the whole local parameters under DDP, its shards under ZeRO)."""
         cfg = model.cfg
+        device = next(model.parameters()).device  # this rank's device (its GPU under NCCL): batches go there
         opts = dict(
             sequence_parallel=sequence_parallel,
             cp_layout=cp_layout,
@@ -188,6 +189,7 @@ class ParallelTransformer:
         ]
         model = cls(cfg, mesh, stages, wrappers, table, infos, kv, opts | dict(bucket_bytes=bucket_bytes))
         model._stage_specs, model._stage_of = specs, stage_of
+        model.device = device
         return model
 
     def _parameter_storages(self) -> set[int]:
@@ -248,7 +250,8 @@ class ParallelTransformer:
     def step(
         self, ids: torch.Tensor, targets: torch.Tensor, *, measure_memory: bool = True, activation_probe: str = "stage"
     ) -> StepResult:
-        """One training step on the global batch ids, targets [B, S] (the same on every rank).
+        """One training step on the global batch ids, targets [B, S] (the same on every rank; moved to the model's
+        device).
 
         activation_probe: "stage" (`probe.SavedProbe` inside each stage forward; parameters and ZeRO-3's gathered
         buffers excluded) or "pipeline" (`pylib.pp.run_pipeline`'s own probe, which excludes the modules'
@@ -261,6 +264,7 @@ class ParallelTransformer:
         self.check_batch(B, S)
         mesh = self.mesh
         layout = self.options["cp_layout"]
+        ids, targets = ids.to(self.device), targets.to(self.device)
         my_ids, my_targets = local_batch(ids, mesh, layout), local_batch(targets, mesh, layout)
         m = self.m
         self.zero_grad()
@@ -305,7 +309,7 @@ class ParallelTransformer:
     def _global_loss(self, local: float | None) -> float:
         """The dp-cp average of the last stage's loss, then handed to every pipeline stage (phase "loss")."""
         holds_last = local is not None
-        t = torch.tensor([local if holds_last else 0.0], dtype=torch.float64)
+        t = torch.tensor([local if holds_last else 0.0], dtype=torch.float64, device=self.device)
         with phase("loss"), tag("loss"):
             if holds_last:
                 C.all_reduce_(t, self.mesh["dp-cp"], op="sum")

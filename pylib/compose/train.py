@@ -19,7 +19,7 @@ from dataclasses import replace
 import torch
 
 from pylib.cp.layout import sequence_positions
-from pylib.dist import Mesh, ParallelConfig
+from pylib.dist import Mesh, ParallelConfig, current_device
 from pylib.dist.tracer import trace
 from pylib.model import MoE, build_model, random_tokens
 
@@ -87,7 +87,8 @@ def train(
     reduction table, the routing of step 0 (MoE), and the layouts of the data-parallel buffers; with
     probe_ffn, the FFN hidden bytes per held layer in step 0 (`ffn_probe`)."""
     mesh = Mesh(pc)
-    model = ParallelTransformer.from_full(build_model(model_cfg), mesh, batch=batch, seq=seq, lr=lr, **model_kw)
+    full = build_model(model_cfg).to(current_device())  # the rank's GPU under NCCL, else the CPU
+    model = ParallelTransformer.from_full(full, mesh, batch=batch, seq=seq, lr=lr, **model_kw)
     out = dict(
         rank=mesh.global_rank,
         coords={k: mesh[k].rank for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp", "dp-cp")},

@@ -6,7 +6,7 @@
     python -m pylib.labs learner /srv/course/labs         # write the learner versions for a JupyterHub
     python -m pylib.labs list                            # labs, their parameters and exercises
     python -m pylib.labs lint                            # check every lab's format (--strip clears outputs)
-    python -m pylib.labs new labs/07_my_topic.ipynb      # a skeleton lab in the format
+    python -m pylib.labs new labs/08_my_topic.ipynb      # a skeleton lab in the format
 
 `run` exits 0 when every lab passed, 1 when any lab failed (the failures are printed: lab, cell, check, rank and
 traceback), 2 on a usage error.

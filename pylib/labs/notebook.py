@@ -2,8 +2,9 @@
 
 A lab is `labs/NN_name.ipynb`, stored with outputs stripped. Its cells carry tags (cell metadata "tags"):
 
-    parameters   exactly one code cell; one `name = literal  # comment` per line; papermill injects overrides
-                 after it. Every lab has REQUIRED_PARAMETERS; sizes are the lab's own names.
+    parameters   exactly one code cell; one `name = literal  # comment` per line, no "=" in the comment (papermill's
+                 parser skips such a line: "Unable to parse line n"); papermill injects overrides after it.
+                 Every lab has REQUIRED_PARAMETERS; sizes are the lab's own names.
     exercise     a cell the learner completes. Its placeholder raises ExerciseNotDone(n, "what to write").
     solution     right after its exercise: the same definitions, complete, under `if solution:`. The source lab
                  is therefore the solved lab (solution=True); the learner version drops these cells.
@@ -111,6 +112,12 @@ def _parameter_problems(source: str) -> list[str]:
     except SyntaxError as exc:
         return [f"the parameters cell does not parse: {exc}"]
     problems = []
+    for n, line in enumerate(source.splitlines(), 1):
+        if line.count("=") > 1:  # papermill's parameter parser (its `inspect`) skips such a line with a warning
+            problems.append(
+                f"parameters cell line {n}: one '=' per line (keep '=' out of the comments; papermill cannot parse "
+                f"{line.strip()!r})"
+            )
     for node in body:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             problems.append(
@@ -236,7 +243,7 @@ _TEMPLATE = [
         "code",
         ["parameters"],
         'world_size = 2  # ranks\nbackend = "gloo"  # "gloo" on CPU; "nccl" with one GPU per rank\n'
-        'device = "cpu"  # "cpu", or "cuda" with backend="nccl"\nh = 16  # sizes: tiny on CPU\n'
+        'device = "cpu"  # "cpu", or "cuda" (with the nccl backend)\nh = 16  # sizes: tiny on CPU\n'
         "solution = True  # the harness runs the solved lab; the learner version sets False\n"
         "checks_report = None  # the harness passes a file; checks append one JSON line each",
     ),
