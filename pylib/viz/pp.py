@@ -18,7 +18,7 @@ from ..pp.timeline import as_events, bubble, idle_intervals
 from . import style
 
 
-def _shade(color: str, chunk: int, n_chunks: int) -> tuple:
+def _shade(color: str, chunk: int, n_chunks: int) -> str:
     """Chunk 0 in the full colour, later chunks lighter."""
     return style.tint(color, 0.45 * chunk / max(n_chunks - 1, 1))
 

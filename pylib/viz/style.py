@@ -32,13 +32,18 @@ One meaning, one colour, in every figure:
     rank_colour(r)            rank r (PALETTE in order; groups of ranks, the modes of Part II likewise)
     FORWARD, BACKWARD         forward and backward compute (pipeline timelines, DP's backward pass)
     PARAMS, GRADS, OPTIM      model state: parameters, gradients (born in backward: BACKWARD's colour), optimizer
-    COMM                      communication on a timeline (a send/recv wait, a gradient bucket in flight)
+    COMM                      communication (a collective's name, a P2P arrow, a send/recv wait, a bucket in flight)
     WASTE                     what is spent on nothing: the pipeline bubble, a flat buffer's padding
     REPLICATED                a tensor every rank holds whole (no rank's colour)
     GREEN, AMBER, RED         seed A's traffic lights (AMBER: a fill only, too light for lines on the card)
 
+A figure function of pylib.viz: decorate it with `@styled` (its body runs under the style, so its text and legends
+need no colour), make its axes with `subplots(...)`, or `figure_axes(ax, ...)` when it takes an `ax=`, colour by
+meaning from the names above, return the Figure (no `plt.show()`, no backend switch).
+
 tests/test_viz_style.py checks the contrast ratios (WCAG 2 relative luminance) and the helpers;
-tests/test_viz_card.py checks that every public figure function of pylib.viz draws on the card.
+tests/test_viz_card.py checks that every public figure function of pylib.viz draws on the card (a new one needs a
+case there).
 """
 
 from __future__ import annotations
