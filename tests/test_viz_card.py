@@ -2,6 +2,7 @@
 the small inputs of its own tests, returns a Figure whose background (and every axes' background) is `style.CARD`,
 opaque, and leaves matplotlib's rcParams as it found them."""
 
+import ast
 import importlib
 import inspect
 import pkgutil
@@ -239,3 +240,19 @@ def test_figure_is_drawn_on_the_card(name, runs):
         assert ax.get_facecolor() == card, f"{name}: axes {ax.get_title()!r} background {ax.get_facecolor()}"
     assert dict(matplotlib.rcParams) == before, f"{name} left rcParams changed"
     plt.close(fig)
+
+
+def test_figure_modules_return_figures_and_leave_showing_and_the_backend_to_the_notebook():
+    """A figure function returns its Figure: showing it, or choosing a backend, is the caller's (a chapter glues the
+    figure through the inline backend; a test draws with Agg). No module of pylib.viz calls show(), ion(),
+    switch_backend() or matplotlib.use()."""
+    for info in pkgutil.iter_modules(pylib.viz.__path__):
+        tree = ast.parse(inspect.getsource(importlib.import_module(f"pylib.viz.{info.name}")))
+        calls = [n.func for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+        found = [
+            ast.unparse(f)
+            for f in calls
+            if f.attr in ("show", "ion", "switch_backend")
+            or (f.attr == "use" and isinstance(f.value, ast.Name) and f.value.id in ("matplotlib", "mpl"))
+        ]
+        assert not found, f"pylib/viz/{info.name}.py calls {found}"
