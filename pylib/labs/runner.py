@@ -20,7 +20,9 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,7 +37,22 @@ _RANK = re.compile(r"\brank (\d+) failed first\b")
 
 
 class CurrentPythonKernelManager(AsyncKernelManager):
-    """Start kernels with the interpreter running the harness (not whatever a `python3` kernelspec points to)."""
+    """Start kernels with the interpreter running the harness (not whatever a `python3` kernelspec points to),
+    talking over Unix sockets in a private folder rather than TCP ports: with TCP, a port chosen free can be taken
+    by another process before the kernel binds it ("Address already in use"), which happened here when several
+    harness runs started kernels at once."""
+
+    def __init__(self, *args, **kwargs):
+        if sys.platform.startswith("linux") or sys.platform == "darwin":
+            self._socket_dir = tempfile.mkdtemp(prefix="pylib-lab-kernel-")
+            kwargs.setdefault("transport", "ipc")
+            kwargs.setdefault("ip", os.path.join(self._socket_dir, "kernel"))
+        super().__init__(*args, **kwargs)
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        if not restart and getattr(self, "_socket_dir", None):
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     def format_kernel_cmd(self, extra_arguments=None):
         return [sys.executable, "-m", "ipykernel_launcher", "-f", self.connection_file, *(extra_arguments or [])]
