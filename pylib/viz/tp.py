@@ -47,8 +47,11 @@ class ColumnRowExample:
 
 
 def _column_row_rank(x, up, down):
+    from pylib.dist import current_device
     from pylib.tp import ColumnParallelLinear, RowParallelLinear
 
+    device = current_device()  # the rank's GPU under NCCL
+    x, up, down = x.to(device), up.to(device), down.to(device)
     col = ColumnParallelLinear.from_full(up)
     row = RowParallelLinear.from_full(down)
     with torch.no_grad():
@@ -63,12 +66,12 @@ def column_row_example(t: int = 2, n: int = 4, d_in: int = 4, d_out: int = 8, se
     from pylib.dist import launch
 
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d_in, generator=g).round(decimals=1)
+    x = torch.randn(n, d_in, generator=g, device="cpu").round(decimals=1)
     up = torch.nn.Linear(d_in, d_out, bias=False)
     down = torch.nn.Linear(d_out, d_in, bias=False)
     with torch.no_grad():
-        up.weight.copy_(torch.randn(d_out, d_in, generator=g).round(decimals=1))
-        down.weight.copy_(torch.randn(d_in, d_out, generator=g).round(decimals=1))
+        up.weight.copy_(torch.randn(d_out, d_in, generator=g, device="cpu").round(decimals=1))
+        down.weight.copy_(torch.randn(d_in, d_out, generator=g, device="cpu").round(decimals=1))
     ranks = launch(_column_row_rank, t, x, up, down)
     with torch.no_grad():
         ref_y, ref_z = up(x), down(up(x))
@@ -142,14 +145,15 @@ def fig_column_vs_row(ex: ColumnRowExample):
 
 
 def _layer_trace_rank(cfg, b, s, modes):
-    from pylib.dist import trace
+    from pylib.dist import current_device, trace
     from pylib.model import build_model, random_hidden
     from pylib.tp import TPBlock, scatter_to_sequence_parallel_region
 
+    device = current_device()  # the rank's GPU under NCCL
     out = {}
     for name, sp, regather in modes:
-        block = TPBlock.from_full(build_model(cfg).layers[0], sequence_parallel=sp, regather=regather)
-        x = random_hidden(b, s, cfg.d_model, dtype=cfg.torch_dtype)
+        block = TPBlock.from_full(build_model(cfg).to(device).layers[0], sequence_parallel=sp, regather=regather)
+        x = random_hidden(b, s, cfg.d_model, dtype=cfg.torch_dtype).to(device)
         x = (scatter_to_sequence_parallel_region(x) if sp else x).detach().requires_grad_()
         with trace() as tr:
             block(x).square().sum().backward()
