@@ -29,7 +29,7 @@ from pylib.model import ModelConfig, build_model  # noqa: E402
 from pylib.pp.schedules import build  # noqa: E402
 from pylib.pp.simulate import simulate  # noqa: E402
 from pylib.pp.timeline import bubble  # noqa: E402
-from pylib.viz import cp, dp, ep, pp, seed_a, seed_b, style, tp  # noqa: E402
+from pylib.viz import compose, cp, dp, ep, pp, seed_a, seed_b, style, tp  # noqa: E402
 
 # A figure function, by its name: fig_*, plot_*, draw_*, *_figure. Each one needs a case in CASES below.
 FIGURE_NAME = re.compile(r"^(fig|plot|draw)_|_figure$")
@@ -164,6 +164,14 @@ def _superposition():
     return seed_b.fig_superposition(pieces, 2, 2, 4, 1, 1, 2)
 
 
+def _report_rows():
+    """compose.report_rows' shape for two ranks: bytes held by kind, and (bytes sent, ops) per mesh axis."""
+    return [
+        dict(rank=r, params=100 + r, grads=100, optim=200, activations=50, traffic={"tp": (64, 64), "dp": (32, 32)})
+        for r in range(2)
+    ]
+
+
 def _schedules_on_chapter_axes():
     """pp.md's use: the chapter makes the axes with style.subplots and hands each to a pp figure function."""
     fig, axes = style.subplots(2, 1, figsize=(9, 5))
@@ -214,6 +222,11 @@ CASES = {
     "seed_b.fig_dim_orth": lambda runs: _dim_orth(),
     "seed_b.fig_col_row": lambda runs: seed_b.fig_col_row(runs["tp"]),
     "seed_b.fig_superposition": lambda runs: _superposition(),
+    "compose.plot_rank_mesh": lambda runs: compose.plot_rank_mesh(ParallelConfig(tp=2, cp=2, dp=2, pp=2, ep=4), 16),
+    "compose.plot_token_placement": lambda runs: compose.plot_token_placement(
+        torch.arange(8).repeat_interleave(4).reshape(4, 8), microbatch_rows=1, dp_rows=2
+    ),
+    "compose.plot_rank_report": lambda runs: compose.plot_rank_report(_report_rows(), unit="B"),
 }
 # Figures a chapter assembles itself from axes it made (not a public function of pylib.viz).
 ASSEMBLED = {"pp.plot_schedule on style.subplots axes": lambda runs: _schedules_on_chapter_axes()}
