@@ -1,5 +1,6 @@
 """Repository hygiene: clean committed notebooks, a whole table of contents, a CPU path that stays CPU."""
 
+import ast
 import json
 import re
 import subprocess
@@ -63,3 +64,47 @@ def test_cpu_requirements_pin_torch_and_jupyter_book_1():
 def test_cpu_requirements_never_install_flash_attn():
     text = (ROOT / "requirements.txt").read_text().lower()
     assert not re.search(r"flash[-_]?attn", text), "flash-attn belongs in requirements-gpu.txt only"
+
+
+# torch.distributed's communication calls. pylib issues them only from pylib/dist/collectives.py, so the tracer sees
+# every byte; process-group setup (init_process_group, new_group, destroy_process_group) may live elsewhere.
+COMMUNICATION = {
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv",
+    "batch_isend_irecv", "P2POp", "broadcast", "broadcast_object_list", "reduce", "gather", "scatter", "barrier",
+}  # fmt: skip
+
+
+def _untraced_communication(source: str) -> list[str]:
+    """`line: name` for each use of a torch.distributed communication function in `source`, however imported."""
+    tree = ast.parse(source)
+    aliases = {"torch.distributed"}  # names bound to the torch.distributed module
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases |= {a.asname or a.name for a in node.names if a.name == "torch.distributed" and a.asname}
+        elif isinstance(node, ast.ImportFrom) and node.module == "torch":
+            aliases |= {a.asname or a.name for a in node.names if a.name == "distributed"}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch.distributed"):
+            found += [f"{node.lineno}: {a.name}" for a in node.names if a.name in COMMUNICATION]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in COMMUNICATION and ast.unparse(node.value) in aliases:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_untraced_communication_finder_sees_every_import_style():
+    source = "import torch.distributed as d\nfrom torch import distributed\nfrom torch.distributed import isend\n"
+    source += "d.all_reduce(x)\ndistributed.barrier()\ntorch.distributed.send(x, 1)\nd.new_group([0])\n"
+    assert _untraced_communication(source) == ["3: isend", "4: d.all_reduce", "5: distributed.barrier",
+                                               "6: torch.distributed.send"]  # fmt: skip
+
+
+def test_pylib_communicates_only_through_the_traced_collectives():
+    allowed = ROOT / "pylib" / "dist" / "collectives.py"
+    offenders = {
+        str(path.relative_to(ROOT)): hits
+        for path in sorted((ROOT / "pylib").rglob("*.py"))
+        if path != allowed and (hits := _untraced_communication(path.read_text()))
+    }
+    assert not offenders, f"torch.distributed communication outside pylib/dist/collectives.py: {offenders}"
