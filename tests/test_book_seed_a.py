@@ -11,6 +11,7 @@ from matplotlib.patches import FancyBboxPatch  # noqa: E402
 
 from pylib.dist import collectives  # noqa: E402
 from pylib.model import Block, ModelConfig, build_model  # noqa: E402
+from pylib.viz import style  # noqa: E402
 from pylib.viz.seed_a import (  # noqa: E402
     COLOURS,
     compare_printed,
@@ -133,14 +134,14 @@ def test_seed_a_config_reproduces_the_seed_printed_embedding_and_w_up_row(seed_a
     assert [c.status for c in compare_printed(up[0, 1:2], printed)] == ["exact"] * 8
 
 
-def test_draw_layer_flow_draws_a_transparent_box_per_stage_in_the_given_colours(seed_a):
+def test_draw_layer_flow_draws_a_box_per_stage_in_the_given_colours_on_the_card(seed_a):
     model, x = seed_a
     flow = layer_flow(model.layers[0], x)
     fig = draw_layer_flow(flow, colours={3: "red"}, legend={"red": "token-global"})
     ax = fig.axes[0]
     boxes = [p for p in ax.patches if isinstance(p, FancyBboxPatch)]
     assert len(boxes) == 8  # the input, six stages, the output
-    assert fig.patch.get_alpha() == 0
+    assert fig.get_facecolor() == matplotlib.colors.to_rgba(style.CARD)
     red = matplotlib.colors.to_rgba(COLOURS["red"])
     assert [b.get_facecolor() for b in boxes].count(red) == 1
     texts = [t.get_text() for t in ax.texts]

@@ -10,6 +10,7 @@ import torch.distributed as dist  # noqa: E402
 
 from pylib.cp import RingStats, ring_attention, ring_rounds, shard_sequence  # noqa: E402
 from pylib.dist import launch, trace  # noqa: E402
+from pylib.viz import style  # noqa: E402
 from pylib.viz.cp import causal_ownership_figure, ring_rounds_figure, zigzag_balance_figure  # noqa: E402
 
 
@@ -29,7 +30,7 @@ def test_figures_draw_from_a_real_trace_and_measured_work():
     fig = ring_rounds_figure(rows)
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert texts[:4] == ["K0V0", "K1V1", "K2V2", "K3V3"] and texts[4:8] == ["K3V3", "K0V0", "K1V1", "K2V2"]
-    assert fig.patch.get_alpha() == 0.0
+    assert fig.get_facecolor() == matplotlib.colors.to_rgba(style.CARD)
     work = {layout: [w for _, w in runs[layout]] for layout in runs}
     fig2 = zigzag_balance_figure(work)
     heights = [p.get_height() for p in fig2.axes[0].patches]
@@ -78,5 +79,5 @@ def test_merge_drift_figure_plots_the_measured_rows():
     fig = merge_drift_figure(rows)
     lines = fig.axes[0].get_lines()
     assert list(lines[0].get_ydata()) == [1e-3, 2e-3, 4e-3, 8e-3] and list(lines[1].get_ydata()) == [2e-4] * 4
-    assert fig.patch.get_alpha() == 0.0
+    assert fig.get_facecolor() == matplotlib.colors.to_rgba(style.CARD)
     plt.close("all")

@@ -163,3 +163,16 @@ def test_overrides_go_to_the_labs_that_declare_them_and_typos_are_rejected():
         resolve_overrides(LABS, {"wrold_size": 2})
     with pytest.raises(ValueError, match="--learner"):
         resolve_overrides(LABS, {"solution": False})
+
+
+def test_backend_and_device_must_go_together_nccl_with_cuda_and_gloo_with_cpu():
+    assert resolve_overrides(LABS, {"backend": "nccl", "device": "cuda"})  # the instructors' GPU command
+    assert resolve_overrides(LABS, {})  # every lab's defaults: gloo on the CPU
+    with pytest.raises(
+        ValueError, match=r"backend='nccl' runs its ranks on 'cuda', not device='cpu': pass -p device=cuda"
+    ):
+        resolve_overrides(LABS, {"backend": "nccl"})
+    with pytest.raises(ValueError, match=r"pass -p device=cpu \(or -p backend=nccl\)"):
+        resolve_overrides(LABS, {"device": "cuda"})
+    with pytest.raises(ValueError, match="must be 'gloo' or 'nccl'"):
+        resolve_overrides(LABS, {"backend": "mpi"})

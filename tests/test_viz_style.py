@@ -74,3 +74,93 @@ def test_apply_sets_the_style_globally():
         style.apply()
         for key, value in style.RC.items():
             assert matplotlib.rcParams[key] == matplotlib.rcParams.validate[key](value), key
+
+
+def test_semantic_colours_are_palette_colours_and_tell_apart_what_one_figure_shows_together():
+    for name in ("FORWARD", "BACKWARD", "PARAMS", "GRADS", "OPTIM", "COMM", "WASTE"):
+        assert getattr(style, name) in style.PALETTE, name
+    timeline = [style.FORWARD, style.BACKWARD, style.COMM, style.WASTE]  # a pipeline timeline shows all four
+    assert len(set(timeline)) == len(timeline)
+    state = [style.PARAMS, style.GRADS, style.OPTIM]  # DP's memory bars stack all three
+    assert len(set(state)) == len(state)
+    assert style.GRADS == style.BACKWARD  # gradients are what backward makes
+    assert style.contrast_ratio(style.REPLICATED, style.CARD) >= 3.0
+
+
+def test_rank_colour_walks_the_palette_in_order_and_repeats():
+    assert [style.rank_colour(r) for r in range(len(style.PALETTE))] == list(style.PALETTE)
+    assert style.rank_colour(len(style.PALETTE) + 2) == style.PALETTE[2]
+
+
+def test_tint_mixes_towards_the_card():
+    assert style.tint(style.BLUE, 0.0) == style.BLUE
+    assert style.tint(style.BLUE, 1.0) == style.CARD
+    lighter = [style.relative_luminance(style.tint(style.BLUE, a)) for a in (0.0, 0.3, 0.6, 0.9)]
+    assert lighter == sorted(lighter) and len(set(lighter)) == 4
+    with pytest.raises(ValueError, match=r"tint amount must be in \[0, 1\], got 1.5"):
+        style.tint(style.BLUE, 1.5)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.9, 0.8, 0.6, 0.35, 0.1])
+@pytest.mark.parametrize("fill", style.PALETTE)
+def test_text_on_a_palette_fill_reads_at_any_alpha(fill, alpha):
+    seen = style.tint(fill, 1.0 - alpha)  # what the fill looks like over the card
+    ink = style.ink_on(fill, alpha)
+    assert ink in (style.INK, style.CARD)
+    assert style.contrast_ratio(ink, seen) >= 4.0, f"{ink} on {fill} at alpha {alpha}"
+    assert style.contrast_ratio(ink, seen) >= style.contrast_ratio(({style.INK, style.CARD} - {ink}).pop(), seen)
+
+
+def test_ink_is_dark_but_not_black():
+    assert style.contrast_ratio(style.INK, style.CARD) >= 12
+    assert style.relative_luminance(style.INK) > 0
+
+
+def test_subplots_styles_every_axes_and_keeps_ticks_made_later_in_the_text_colour():
+    before = dict(matplotlib.rcParams)
+    fig, (a, b) = style.subplots(1, 2, grid="y")
+    assert dict(matplotlib.rcParams) == before
+    assert fig.get_facecolor() == matplotlib.colors.to_rgba(style.CARD)
+    for ax in (a, b):
+        assert ax.get_facecolor() == matplotlib.colors.to_rgba(style.CARD)
+        assert not ax.spines["top"].get_visible() and ax.spines["left"].get_visible()
+        ax.set_xticks(range(12))  # new ticks, created outside the style's rc_context
+        tick = ax.xaxis.get_major_ticks()[-1]
+        assert matplotlib.colors.to_hex(tick.label1.get_color()) == style.TEXT
+        assert ax.yaxis.get_gridlines()[0].get_visible() and not ax.xaxis.get_gridlines()[0].get_visible()
+    plt.close(fig)
+
+
+def test_figure_axes_styles_a_callers_axes_and_its_figure():
+    fig, ax = plt.subplots()  # a chapter's own axes, made without the style
+    got_fig, got_ax = style.figure_axes(ax, grid=False)
+    assert (got_fig, got_ax) == (fig, ax)
+    assert fig.get_facecolor() == ax.get_facecolor() == matplotlib.colors.to_rgba(style.CARD)
+    assert not any(line.get_visible() for line in ax.get_xgridlines() + ax.get_ygridlines())
+    new_fig, new_ax = style.figure_axes(figsize=(3, 2))
+    assert tuple(new_fig.get_size_inches()) == (3, 2) and new_ax.figure is new_fig
+    plt.close(fig)
+    plt.close(new_fig)
+
+
+def test_styled_runs_a_figure_function_under_the_style_and_keeps_its_signature():
+    import inspect
+
+    def draw(label: str, *, size: float = 1.0):
+        fig, ax = plt.subplots()
+        ax.text(0, 0, label)
+        return fig
+
+    wrapped = style.styled(draw)
+    assert inspect.signature(wrapped) == inspect.signature(draw) and wrapped.__name__ == "draw"
+    before = dict(matplotlib.rcParams)
+    fig = wrapped("hi")
+    assert dict(matplotlib.rcParams) == before
+    assert matplotlib.colors.to_hex(fig.axes[0].texts[0].get_color()) == style.TEXT
+    assert fig.get_facecolor() == matplotlib.colors.to_rgba(style.CARD)
+    plt.close(fig)
+
+
+def test_amber_is_a_fill_that_takes_ink():
+    assert style.ink_on(style.AMBER) == style.INK
+    assert style.contrast_ratio(style.INK, style.AMBER) >= 7.0

@@ -282,6 +282,7 @@ class ParallelTransformer:
             act_dtype=self.cfg.torch_dtype,
             backward_context=self._backward_context,
             measure_memory=measure_memory and not stage_probe,
+            device=self.device,  # under ZeRO-3 the stages hold no parameters to read it from
         )
         for stage in self.stages:
             stage.saved_probe = None

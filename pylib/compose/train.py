@@ -34,9 +34,9 @@ def pattern_tokens(cfg, batch: int, seq: int, seed: int = 0) -> tuple[torch.Tens
     (token[i+1] = token[i] + stride mod V), so the next token follows from the last two. ids, targets [b, s]."""
     g = torch.Generator().manual_seed(seed)
     V = cfg.vocab_size
-    start = torch.randint(0, V, (batch, 1), generator=g)
-    stride = torch.randint(1, 4, (batch, 1), generator=g)
-    stream = (start + stride * torch.arange(seq + 1)[None, :]) % V
+    start = torch.randint(0, V, (batch, 1), generator=g, device="cpu")  # on the CPU: the same tokens everywhere
+    stride = torch.randint(1, 4, (batch, 1), generator=g, device="cpu")
+    stream = (start + stride * torch.arange(seq + 1, device="cpu")[None, :]) % V
     return stream[:, :-1].contiguous(), stream[:, 1:].contiguous()
 
 
@@ -132,7 +132,7 @@ def train(
 def holder_labels(seq: int, cp: int, tp: int, layout: str = "zigzag") -> torch.Tensor:
     """[S] int64: for each position of a sequence, the index (cp_rank * tp + tp_rank) of the rank of one replica
     that holds it in the composed model (CP's layout, then SP's contiguous split of the CP rank's tokens)."""
-    labels = torch.empty(seq, dtype=torch.int64)
+    labels = torch.empty(seq, dtype=torch.int64, device="cpu")
     per = seq // (cp * tp)
     for c in range(cp):
         for k, p in enumerate(sequence_positions(seq, c, cp, layout).tolist()):

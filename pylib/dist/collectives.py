@@ -33,6 +33,10 @@ on (DDP's gradient buckets overlap with backward).
 
 `group` is an `AxisGroup` from `Mesh` or None for the whole world. A group of one rank is the identity and
 records nothing. pylib never calls torch.distributed collectives anywhere else, so the tracer sees everything.
+
+Devices: every tensor an op sends or receives must be on `pylib.dist.current_device()` -- the rank's GPU under
+NCCL, the CPU under gloo -- and each op checks it before communicating, naming the op and both devices. Buffers
+the ops allocate take the device of the tensor they were given.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from . import tracer
+from .launch import current_device
 from .mesh import AxisGroup
 
 # --------------------------------------------------------------------------------------------------- groups
@@ -101,6 +106,20 @@ def _record(op, g: AxisGroup, payload, sent, recv, tensors, t0, peer=None, phase
     return ev
 
 
+def _on_rank_device(op: str, *tensors: torch.Tensor) -> None:
+    """Every tensor a collective touches must be on this rank's device (its GPU under NCCL, else the CPU).
+
+    NCCL's own error for a CPU tensor ("No backend type associated with device type cpu") does not say which
+    tensor; this says which op, which device and where it should be. Checked only when the op communicates."""
+    want = current_device()
+    for t in tensors:
+        if t.device != want:
+            raise ValueError(
+                f"{op}: a tensor {tuple(t.shape)} is on {t.device}, but this rank computes on {want} "
+                f"({dist.get_backend()}): create it with device=pylib.dist.current_device() or move it with .to()"
+            )
+
+
 def _check_divisible(size: int, n: int, what: str):
     if size % n:
         raise ValueError(f"{what}: size {size} is not divisible by the group size {n}")
@@ -116,6 +135,7 @@ def all_reduce_(t: torch.Tensor, group=None, *, op: str = "sum", phase=None, tag
         return t
     if not t.is_contiguous():
         raise ValueError(f"all_reduce_ works in place and needs a contiguous tensor (shape {tuple(t.shape)})")
+    _on_rank_device("all_reduce_", t)
     t0 = tracer.now()
     if op == "avg":
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=g.pg)
@@ -133,6 +153,7 @@ def all_gather_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=None, 
     g = resolve_group(group)
     if g.size == 1:
         return t
+    _on_rank_device("all_gather_tensor", t)
     t0 = tracer.now()
     t_c = t.contiguous()
     flat = torch.empty(g.size * t_c.numel(), dtype=t.dtype, device=t.device)
@@ -150,6 +171,7 @@ def reduce_scatter_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=No
     if g.size == 1:
         return t
     _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
+    _on_rank_device("reduce_scatter_tensor", t)
     t0 = tracer.now()
     stacked = torch.stack(t.chunk(g.size, dim=dim)).contiguous()  # [n, ...]: chunk j goes to member j
     out = torch.empty(stacked.shape[1:], dtype=t.dtype, device=t.device)
@@ -167,6 +189,7 @@ def all_to_all_tensor(t, scatter_dim: int, gather_dim: int, group=None, *, phase
     if g.size == 1:
         return t
     _check_divisible(t.shape[scatter_dim], g.size, f"all-to-all scatter dim {scatter_dim} of shape {tuple(t.shape)}")
+    _on_rank_device("all_to_all_tensor", t)
     t0 = tracer.now()
     send = torch.stack(t.chunk(g.size, dim=scatter_dim)).contiguous()  # [n, ...]: chunk j goes to member j
     recv = torch.empty_like(send)
@@ -193,6 +216,7 @@ def all_to_all_rows(t, output_splits, input_splits, group=None, *, phase=None, t
         raise ValueError(f"input split sizes {input_splits} sum to {sum(input_splits)}, tensor has {t.shape[0]} rows")
     if g.size == 1:
         return t
+    _on_rank_device("all_to_all_rows", t)
     t0 = tracer.now()
     t_c = t.contiguous()
     out = torch.empty((sum(output_splits), *t.shape[1:]), dtype=t.dtype, device=t.device)
@@ -244,6 +268,7 @@ def all_gather_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=None)
         raise ValueError(f"all_gather_rows: this member holds {t.shape[0]} rows but sizes[{g.rank}] = {sizes[g.rank]}")
     if g.size == 1:
         return t
+    _on_rank_device("all_gather_rows", t)
     t0 = tracer.now()
     most = max(sizes)
     flat = torch.empty((g.size * most, *t.shape[1:]), dtype=t.dtype, device=t.device)
@@ -270,6 +295,7 @@ def reduce_scatter_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=N
         raise ValueError(f"reduce_scatter_rows: input has {t.shape[0]} rows but sizes {sizes} sum to {sum(sizes)}")
     if g.size == 1:
         return t
+    _on_rank_device("reduce_scatter_rows", t)
     t0 = tracer.now()
     most = max(sizes)
     stacked = torch.stack([_padded_rows(b, most) for b in t.split(sizes)]).contiguous()  # [n, most, ...]
@@ -287,6 +313,7 @@ def reduce_scatter_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=N
 def send(t: torch.Tensor, dst: int, group=None, *, phase=None, tag=None) -> None:
     """Blocking send of `t` to group member `dst` (an index into the group)."""
     g = resolve_group(group)
+    _on_rank_device("send", t)
     t0 = tracer.now()
     dist.send(t.contiguous(), dst=g.global_of(dst))
     _record("send", g, _nbytes(t), _nbytes(t), 0, [t], t0, peer=g.global_of(dst), phase=phase, tag=tag)
@@ -295,6 +322,7 @@ def send(t: torch.Tensor, dst: int, group=None, *, phase=None, tag=None) -> None
 def recv(t: torch.Tensor, src: int, group=None, *, phase=None, tag=None) -> torch.Tensor:
     """Blocking receive into `t` from group member `src`; returns `t`."""
     g = resolve_group(group)
+    _on_rank_device("recv", t)
     t0 = tracer.now()
     dist.recv(t, src=g.global_of(src))
     _record("recv", g, _nbytes(t), 0, _nbytes(t), [t], t0, peer=g.global_of(src), phase=phase, tag=tag)
@@ -334,11 +362,13 @@ def _post(kind: str, t: torch.Tensor, peer: int, g: AxisGroup, phase, tag, work)
 
 def isend(t: torch.Tensor, dst: int, group=None, *, phase=None, tag=None) -> P2PWork:
     g = resolve_group(group)
+    _on_rank_device("isend", t)
     return _post("send", t, dst, g, phase, tag, dist.isend(t.contiguous(), dst=g.global_of(dst)))
 
 
 def irecv(t: torch.Tensor, src: int, group=None, *, phase=None, tag=None) -> P2PWork:
     g = resolve_group(group)
+    _on_rank_device("irecv", t)
     return _post("recv", t, src, g, phase, tag, dist.irecv(t, src=g.global_of(src)))
 
 
@@ -348,6 +378,7 @@ def batch_isend_irecv(ops, group=None, *, phase=None, tag=None) -> list[P2PWork]
     Posting both directions at once is what lets a ring (or a pipeline) exchange without deadlock: no rank
     blocks in a send while its neighbour blocks in its own send."""
     g = resolve_group(group)
+    _on_rank_device("batch_isend_irecv", *(t for _, t, _ in ops))
     p2p = []
     for kind, t, peer in ops:
         fn = dist.isend if kind == "send" else dist.irecv
@@ -412,6 +443,7 @@ def all_reduce_async(t: torch.Tensor, group=None, *, op: str = "sum", phase=None
         raise ValueError(f"all_reduce_async works in place and needs a contiguous tensor (shape {tuple(t.shape)})")
     if op not in ("sum", "avg", "max"):
         raise ValueError(f"all_reduce_async: op={op!r} must be 'sum', 'avg' or 'max'")
+    _on_rank_device("all_reduce_async", t)
     t0 = tracer.now()
     reduce_op = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM  # avg = sum, then divide after the wait
     work = dist.all_reduce(t, op=reduce_op, group=g.pg, async_op=True)
@@ -429,6 +461,7 @@ def reduce_scatter_async(t: torch.Tensor, dim: int = 0, group=None, *, phase=Non
     if g.size == 1:
         return CollectiveWork(None, None, t)
     _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
+    _on_rank_device("reduce_scatter_async", t)
     t0 = tracer.now()
     if dim == 0 and t.is_contiguous():
         stacked = t.view(g.size, -1)  # chunk j of dim 0 is row j already: no copy

@@ -23,6 +23,7 @@ For multi-node runs the same worker functions run under torchrun; see `pylib.dis
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import datetime
 import faulthandler
@@ -70,11 +71,18 @@ class LaunchTimeout(RuntimeError):
 
 
 def _to_cpu(obj):
+    """Tensors in a rank's result, detached and on the CPU (a GPU tensor unpickled in the caller would start CUDA
+    there), looking into dicts (and their subclasses), lists, tuples and named tuples."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu()
     if isinstance(obj, dict):
-        return type(obj)((k, _to_cpu(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        out = copy.copy(obj)  # the same type (a Counter stays a Counter, a defaultdict keeps its factory)
+        for k, v in obj.items():
+            out[k] = _to_cpu(v)
+        return out
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple: its fields are positional arguments
+        return type(obj)(*(_to_cpu(v) for v in obj))
+    if isinstance(obj, (list, tuple)):
         return type(obj)(_to_cpu(v) for v in obj)
     return obj
 

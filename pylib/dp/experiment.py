@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from ..dist import tracer
 from ..dist.collectives import resolve_group
+from ..dist.launch import current_device
 from ..model import ModelConfig, build_model, random_tokens
 from .buckets import DEFAULT_BUCKET_BYTES
 from .ddp import DistributedDataParallel
@@ -145,14 +146,16 @@ def train_data_parallel(
     step, as dicts), memory (HeldBytes after step 0's optimizer step, as a dict), overlap (step 0's OverlapReport
     from the trace, for the bucketed stages), unit_bytes and timeline (ZeRO-3: full bytes of each unit, and the
     resident parameter bytes after each gather and free of step 0, `FullyShardedDataParallel.timeline`), times
-    (forward+backward, gradient sync wait, optimizer step, per step)."""
+    (forward+backward, gradient sync wait, optimizer step, per step). The model and the batches live on the
+    rank's device (`current_device()`: its GPU under NCCL); the returned tensors come back to the CPU."""
     g = resolve_group(group)
-    model = build_model(cfg)
+    device = current_device()
+    model = build_model(cfg).to(device)
     dp = wrap(model, stage, g, bucket_bytes=bucket_bytes, units=units, lr=lr)
     out = dict(stage=stage, d=g.size, rank=g.rank, losses=[], events=[], times=[])
     for step in range(steps):
         ids, targets = random_tokens(cfg, global_batch, seq, seed=data_seed + step)
-        ids, targets = micro_batch(ids, g.rank, g.size), micro_batch(targets, g.rank, g.size)
+        ids, targets = (micro_batch(t, g.rank, g.size).to(device) for t in (ids, targets))
         with tracer.trace() as tr:
             t0 = tracer.now()
             loss = model.loss(ids, targets)

@@ -53,15 +53,15 @@ class DispatchState:
 
     @property
     def rows_per_local_expert(self) -> list[int]:
-        return [int(c) for c in self.chunk_counts.sum(0)]
+        return self.chunk_counts.sum(0).tolist()  # one device sync for the list (all_to_all needs ints)
 
     @property
     def input_splits(self) -> list[int]:
-        return [int(c) for c in self.send_counts.sum(1)]
+        return self.send_counts.sum(1).tolist()
 
     @property
     def output_splits(self) -> list[int]:
-        return [int(c) for c in self.recv_counts.sum(1)]
+        return self.recv_counts.sum(1).tolist()
 
 
 class AllToAllDispatcher:
@@ -85,7 +85,7 @@ class AllToAllDispatcher:
                 chunk_counts = gathered.view(self.etp * self.ep, self.n_local)
             else:
                 chunk_counts = recv_counts
-        etp_rows = [int(c) for c in chunk_counts.view(self.etp, -1).sum(1)]
+        etp_rows = chunk_counts.view(self.etp, -1).sum(1).tolist()
         state = DispatchState(plan, send_counts, recv_counts, chunk_counts, etp_rows)
         with tag("dispatch"):
             rows = collectives.all_to_all_uneven(rows, state.output_splits, state.input_splits, self.ep_group)

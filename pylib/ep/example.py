@@ -84,7 +84,7 @@ def seed_a_ep_worker(ep_group=None) -> dict:
     """Inside a launched rank of a 4-rank run: route seed A's tokens with the real router, dispatch them over
     EP = 4 with the all-to-all, and return this rank's view: the tokens it holds (2 of the 8), their routing
     rows, the experts it holds, the rows its experts received from each rank, and the trace of the forward."""
-    from pylib.dist import trace
+    from pylib.dist import current_device, trace
     from pylib.dist.collectives import resolve_group
 
     from .layer import ExpertParallelMoE
@@ -92,6 +92,8 @@ def seed_a_ep_worker(ep_group=None) -> dict:
     g = resolve_group(ep_group)
     cfg = seed_a_moe_config()
     x, moe = seed_a_moe_input(cfg)
+    device = current_device()  # the rank's GPU under NCCL: the counts and rows the all-to-alls move live there
+    x, moe = x.to(device), moe.to(device)
     layer = ExpertParallelMoE.from_full(moe, ep_group=g)
     xt = x.reshape(-1, x.shape[-1])
     per = xt.shape[0] // g.size

@@ -80,7 +80,7 @@ def sort_chunks(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     counts = torch.as_tensor(counts)
     if counts.dim() != 2:
         raise ValueError(f"counts must be a 2-D block-count matrix, got shape {tuple(counts.shape)}")
-    sizes = [int(c) for c in counts.reshape(-1)]
+    sizes = counts.reshape(-1).tolist()  # host-side split sizes: one device sync on a GPU
     if sum(sizes) != rows.shape[0]:
         raise ValueError(f"block counts sum to {sum(sizes)} but there are {rows.shape[0]} rows")
     A, B = counts.shape

@@ -250,7 +250,7 @@ _TEMPLATE = [
     (
         "code",
         [],
-        "import torch\nimport torch.distributed as dist\n\nfrom pylib.dist import launch\n"
+        "import torch\nimport torch.distributed as dist\n\nfrom pylib.dist import current_device, launch\n"
         "from pylib.labs.checks import ExerciseNotDone, begin, check, step, summary\n\nbegin(checks_report)",
     ),
     ("markdown", [], "## Exercise 1\n\nWhat to write, and the idea behind it."),
@@ -268,7 +268,8 @@ _TEMPLATE = [
     (
         "code",
         [],
-        "def worker(h):\n    return exercise_1(torch.ones(h) * dist.get_rank())\n\n\n"
+        "def worker(h):\n    x = torch.ones(h, device=current_device())  # the rank's GPU under NCCL, else the CPU\n"
+        "    return exercise_1(x * dist.get_rank())\n\n\n"
         'out = step(f"exercise 1 runs on {world_size} ranks", lambda: launch(worker, world_size, h, backend=backend))\n'
         'check("every rank returns its own rank", lambda: [float(o[0]) for o in out] == list(range(world_size)))',
     ),

@@ -20,7 +20,9 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,7 +37,22 @@ _RANK = re.compile(r"\brank (\d+) failed first\b")
 
 
 class CurrentPythonKernelManager(AsyncKernelManager):
-    """Start kernels with the interpreter running the harness (not whatever a `python3` kernelspec points to)."""
+    """Start kernels with the interpreter running the harness (not whatever a `python3` kernelspec points to),
+    talking over Unix sockets in a private folder rather than TCP ports: with TCP, a port chosen free can be taken
+    by another process before the kernel binds it ("Address already in use"), which happened here when several
+    harness runs started kernels at once."""
+
+    def __init__(self, *args, **kwargs):
+        if sys.platform.startswith("linux") or sys.platform == "darwin":
+            self._socket_dir = tempfile.mkdtemp(prefix="pylib-lab-kernel-")
+            kwargs.setdefault("transport", "ipc")
+            kwargs.setdefault("ip", os.path.join(self._socket_dir, "kernel"))
+        super().__init__(*args, **kwargs)
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        if not restart and getattr(self, "_socket_dir", None):
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
 
     def format_kernel_cmd(self, extra_arguments=None):
         return [sys.executable, "-m", "ipykernel_launcher", "-f", self.connection_file, *(extra_arguments or [])]
@@ -234,12 +251,34 @@ def resolve_overrides(labs: list[Lab], overrides: dict) -> dict[str, dict]:
         raise ValueError("do not pass -p solution=...: run with --solution (default) or --learner")
     if "checks_report" in overrides:
         raise ValueError("checks_report is the harness's own parameter")
-    declared = {lab.name: set(parameters(lab.read())) for lab in labs}
+    defaults = {lab.name: parameters(lab.read()) for lab in labs}
+    declared = {name: set(values) for name, values in defaults.items()}
     unknown = [k for k in overrides if not any(k in names for names in declared.values())]
     if unknown:
         every = sorted(set().union(*declared.values())) if declared else []
         raise ValueError(f"no selected lab has parameter(s) {unknown} (their parameters: {every})")
-    return {lab.name: {k: v for k, v in overrides.items() if k in declared[lab.name]} for lab in labs}
+    per_lab = {lab.name: {k: v for k, v in overrides.items() if k in declared[lab.name]} for lab in labs}
+    for name, values in defaults.items():
+        check_backend_device({**values, **per_lab[name]}, name)
+    return per_lab
+
+
+BACKEND_DEVICE = {"gloo": "cpu", "nccl": "cuda"}
+
+
+def check_backend_device(values: dict, lab: str = "the lab") -> None:
+    """A lab's `backend` and `device` must go together: gloo ranks compute on the CPU, NCCL ranks on their GPU.
+    (NCCL refuses CPU tensors; gloo cannot run every collective on CUDA tensors.) Raises naming the fix."""
+    backend, device = values.get("backend"), values.get("device")
+    if backend is None or device is None:
+        return
+    if backend not in BACKEND_DEVICE:
+        raise ValueError(f"{lab}: backend={backend!r} must be 'gloo' or 'nccl'")
+    want = BACKEND_DEVICE[backend]
+    if device != want:
+        other = next(b for b, d in BACKEND_DEVICE.items() if d == device) if device in BACKEND_DEVICE.values() else None
+        fix = f"-p device={want}" + (f" (or -p backend={other})" if other else "")
+        raise ValueError(f"{lab}: backend={backend!r} runs its ranks on {want!r}, not device={device!r}: pass {fix}")
 
 
 def machine() -> dict:

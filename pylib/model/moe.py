@@ -49,7 +49,8 @@ class Router(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.gate = nn.Linear(d_model, cfg.n_experts, bias=False)
-        self.register_buffer("expert_bias", torch.zeros(cfg.n_experts), persistent=True)
+        bias = torch.zeros(cfg.n_experts, device=self.gate.weight.device)  # where the gate is (moves with .to())
+        self.register_buffer("expert_bias", bias, persistent=True)
 
     def forward(self, x: torch.Tensor) -> Routing:
         cfg, k = self.cfg, self.cfg.top_k
@@ -206,7 +207,8 @@ class MoE(nn.Module):
         self.cfg = cfg
         self.router = Router(d_model, cfg)
         self.experts = nn.ModuleList(MLP(d_model, cfg.d_ff or d_ff, kind) for _ in range(cfg.n_experts))
-        self.register_buffer("routed_counts", torch.zeros(cfg.n_experts, dtype=torch.int64), persistent=False)
+        counts = torch.zeros(cfg.n_experts, dtype=torch.int64, device=self.router.gate.weight.device)
+        self.register_buffer("routed_counts", counts, persistent=False)
         self.drop_groups: torch.Tensor | None = None
         self.last_routing: Routing | None = None
         self.last_keep: torch.Tensor | None = None

@@ -12,7 +12,7 @@ run = pipe.step(ids, targets, schedule="1f1b", n_microbatches=8)     # run.loss,
 run_pipeline(sched, chunks, group=..., inputs=..., targets=..., act_shape=...)   # any stage modules
 """
 
-from .executor import PipelineRun, microbatches, run_pipeline
+from .executor import PipelineRun, microbatches, pipeline_device, run_pipeline
 from .pipeline import PipelineParallel
 from .schedules import (
     SCHEDULES,
@@ -66,6 +66,7 @@ __all__ = [
     "microbatches",
     "one_f_one_b",
     "peak_in_flight",
+    "pipeline_device",
     "place_communication",
     "rank_chunks",
     "replay",

@@ -43,6 +43,7 @@ import torch.nn as nn
 
 from ..dist import collectives as C
 from ..dist import tracer
+from ..dist.launch import current_device
 from ..model.memory import saved_activations
 from .schedules import Action, Schedule
 from .timeline import Event
@@ -85,11 +86,18 @@ def _first_float_dtype(chunks: Sequence[nn.Module]) -> torch.dtype:
     return torch.get_default_dtype()
 
 
-def _device(chunks: Sequence[nn.Module]) -> torch.device:
+def pipeline_device(chunks: Sequence[nn.Module], device=None) -> torch.device:
+    """Where this rank's receive buffers go: `device` if given, else the device of the chunks' first parameter
+    (or buffer), else the rank's device (`pylib.dist.current_device()`: its GPU under NCCL).
+
+    A chunk may hold no parameters at all: under ZeRO-3 (`pylib.dp.FullyShardedDataParallel`) the wrapper owns
+    them and the modules keep only placeholders, so the caller that knows the device should pass it."""
+    if device is not None:
+        return torch.device(device)
     for chunk in chunks:
-        for p in chunk.parameters():
-            return p.device
-    return torch.device("cpu")
+        for t in (*chunk.parameters(), *chunk.buffers()):
+            return t.device
+    return current_device()
 
 
 def run_pipeline(
@@ -107,6 +115,7 @@ def run_pipeline(
     compute_delay: tuple[float, float] | None = None,
     measure_memory: bool = True,
     backward_context: Callable[[int, int], AbstractContextManager] | None = None,
+    device: torch.device | str | None = None,
 ) -> PipelineRun:
     """Run this rank's actions of `schedule` (one training step's forwards and backwards, no optimizer step).
 
@@ -117,7 +126,10 @@ def run_pipeline(
 
     backward_context(mb, chunk), if given, returns a context manager each backward runs inside: how a data-parallel
     wrapper is told to only accumulate (`no_sync()`) in every backward of a chunk but its last, so its gradients
-    are reduced once per step, after the last microbatch (as Megatron's schedules do with their no_sync_func)."""
+    are reduced once per step, after the last microbatch (as Megatron's schedules do with their no_sync_func).
+
+    device: where received activations and gradients are allocated (`pipeline_device`; pass it when the chunks
+    hold no parameters of their own, as under ZeRO-3)."""
     g = C.resolve_group(group)
     p, m, v = schedule.p, schedule.m, schedule.v
     if g.size != p:
@@ -133,7 +145,7 @@ def run_pipeline(
         raise ValueError(f"rank {me} holds the last stage and needs m={m} microbatch targets")
     shape_of = act_shape if callable(act_shape) else (lambda mb, stage: tuple(act_shape))
     dtype = act_dtype or _first_float_dtype(chunks)
-    device = _device(chunks)
+    device = pipeline_device(chunks, device)
     excluded = [list(chunk.parameters()) for chunk in chunks]
 
     stage_in: dict[tuple[int, int], torch.Tensor] = {}  # (mb, chunk) -> received activation (requires grad)

@@ -31,11 +31,13 @@ from .mlp import TPMLP
 
 
 def _copy_layernorm(ln: nn.LayerNorm, sequence_parallel: bool) -> nn.LayerNorm:
+    """A copy of a reference LayerNorm on the reference's device and dtype (the rank's GPU under NCCL)."""
     out = nn.LayerNorm(
         ln.normalized_shape,
         eps=ln.eps,
         elementwise_affine=ln.elementwise_affine,
         dtype=ln.weight.dtype if ln.weight is not None else None,
+        device=ln.weight.device if ln.weight is not None else None,
     )
     out.load_state_dict(ln.state_dict())
     if sequence_parallel:

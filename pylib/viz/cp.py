@@ -7,7 +7,7 @@
     causal_ownership_figure(seq_len, cp)  the causal score matrix coloured by the rank that computes each row
     merge_drift_figure(rows)              error of bf16 ring attention vs cp, bf16 vs float32 merge (measured)
 
-Readable on light and dark pages: transparent background, mid-tone fills, grey text and lines.
+Drawn in the book's style (`pylib.viz.style`): each rank, and the K/V block it owns, in its rank colour.
 """
 
 from __future__ import annotations
@@ -16,50 +16,39 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap, to_rgba
 
-INK = "#8a8a8a"  # grey: legible on white and on near-black
-PALETTE = ["#4c8bd6", "#e0803a", "#4aa96c", "#c9544d", "#9370c9", "#b08a4a", "#d16fb0", "#5fb3b3"]
-CELL_TEXT = "#1e1e1e"  # on the mid-tone fills, which are opaque in either theme
+from . import style
 
 
-def _style(ax):
-    ax.set_facecolor("none")
-    for spine in ax.spines.values():
-        spine.set_color(INK)
-    ax.tick_params(colors=INK)
-    ax.xaxis.label.set_color(INK)
-    ax.yaxis.label.set_color(INK)
-    ax.title.set_color(INK)
+def _rank_handles(n: int) -> list:
+    return [plt.Rectangle((0, 0), 1, 1, color=style.rank_colour(r)) for r in range(n)]
 
 
-def _figure(*args, **kw):
-    fig, axes = plt.subplots(*args, **kw)
-    fig.patch.set_alpha(0.0)
-    return fig, axes
-
-
+@style.styled
 def ring_rounds_figure(rows, *, title: str = "Ring attention: the K/V block each rank holds, round by round"):
     """A grid: one row per round, one column per rank; each cell is the K/V block that rank attends to, coloured
     by the block's owner, with arrows for the transfers between rounds (who received from whom)."""
     n = len(rows[0]["holds"])
-    fig, ax = _figure(figsize=(1.6 * n + 1.4, 0.9 * len(rows) + 1.0))
-    _style(ax)
+    fig, ax = style.subplots(figsize=(1.6 * n + 1.4, 0.9 * len(rows) + 1.0), grid=False)
     for i, row in enumerate(rows):
         y = -i
         for r, block in enumerate(row["holds"]):
-            ax.add_patch(plt.Rectangle((r - 0.38, y - 0.3), 0.76, 0.6, color=PALETTE[block % len(PALETTE)], zorder=2))
-            ax.text(r, y, f"K{block}V{block}", ha="center", va="center", color=CELL_TEXT, fontsize=10, zorder=3)
+            colour = style.rank_colour(block)
+            ax.add_patch(plt.Rectangle((r - 0.38, y - 0.3), 0.76, 0.6, color=colour, zorder=2))
+            ink = style.ink_on(colour)
+            ax.text(r, y, f"K{block}V{block}", ha="center", va="center", color=ink, fontsize=10, zorder=3)
         if row["recv_from"] is not None:
             for r, src in enumerate(row["recv_from"]):
                 start = (src, y + 1 - 0.32)
                 end = (r, y + 0.32)
                 if src == n - 1 and r == 0 and n > 2:  # the wrap-around hop: out at the right edge, in at the left
-                    dashed = dict(color=INK, lw=1.0, linestyle="--")
+                    dashed = dict(color=style.MUTED, lw=1.0, linestyle="--")
                     ax.plot([src + 0.38, n - 0.45], [y + 1 - 0.1, y + 0.5], zorder=1, **dashed)
                     ax.annotate(
                         "", xy=(-0.38, y + 0.1), xytext=(-0.55, y + 0.5), arrowprops=dict(arrowstyle="->", **dashed)
                     )
                 else:
-                    ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="->", color=INK, lw=1.0), zorder=1)
+                    arrow = dict(arrowstyle="->", color=style.MUTED, lw=1.0)
+                    ax.annotate("", xy=end, xytext=start, arrowprops=arrow, zorder=1)
     ax.set_xlim(-0.62, n - 0.38)
     ax.set_ylim(-len(rows) + 0.4, 0.6)
     ax.set_xticks(range(n), [f"rank {r}\n(keeps Q{r})" for r in range(n)])
@@ -73,14 +62,14 @@ def ring_rounds_figure(rows, *, title: str = "Ring attention: the K/V block each
     return fig
 
 
+@style.styled
 def zigzag_balance_figure(work, *, what: str = "score entries computed", title: str | None = None):
     """Grouped bars of per-rank attention work for each layout. `work`: {"contiguous": [w_0, ..], "zigzag":
     [..]} measured on real rings (e.g. `RingStats.work()` per rank). Each layout's max/min ratio is in the
     legend."""
     layouts = list(work)
     n = len(work[layouts[0]])
-    fig, ax = _figure(figsize=(1.1 * n + 3.0, 3.2))
-    _style(ax)
+    fig, ax = style.subplots(figsize=(1.1 * n + 3.0, 3.2), grid="y")
     width = 0.8 / len(layouts)
     for j, layout in enumerate(layouts):
         vals = np.asarray(work[layout], dtype=float)
@@ -89,29 +78,27 @@ def zigzag_balance_figure(work, *, what: str = "score entries computed", title: 
             np.arange(n) + (j - (len(layouts) - 1) / 2) * width,
             vals,
             width * 0.95,
-            color=PALETTE[j],
+            color=style.PALETTE[j],
             label=f"{layout}  (max/min = {ratio:.2f})",
         )
     ax.set_xticks(range(n), [f"rank {r}" for r in range(n)])
     ax.set_ylabel(what)
     ax.set_title(title or f"Causal attention work per rank, cp = {n}")
-    legend = ax.legend(frameon=False, loc="upper left")
-    for text in legend.get_texts():
-        text.set_color(INK)
+    ax.legend(loc="upper left")
     fig.tight_layout()
     return fig
 
 
+@style.styled
 def causal_ownership_figure(seq_len: int, cp: int, layouts=("contiguous", "zigzag")):
     """The causal score matrix (query rows x key columns) for each layout, each unmasked entry coloured by the
     rank that owns its query row: contiguous piles the big rows on the last rank, zig-zag spreads them."""
     from pylib.cp.layout import sequence_positions
 
-    fig, axes = _figure(1, len(layouts), figsize=(3.4 * len(layouts) + 1.2, 3.4))
+    fig, axes = style.subplots(1, len(layouts), figsize=(3.4 * len(layouts) + 1.2, 3.4), grid=False)
     axes = np.atleast_1d(axes)
-    cmap = ListedColormap(PALETTE[:cp])
+    cmap = ListedColormap([style.rank_colour(r) for r in range(cp)])
     for ax, layout in zip(axes, layouts):
-        _style(ax)
         owner = np.full(seq_len, -1)
         for r in range(cp):
             owner[sequence_positions(seq_len, r, cp, layout).numpy()] = r
@@ -124,11 +111,8 @@ def causal_ownership_figure(seq_len: int, cp: int, layouts=("contiguous", "zigza
         ax.set_xlabel("key position")
         ax.set_ylabel("query position")
     fig.tight_layout(rect=(0, 0, 0.82, 0.92))
-    handles = [plt.Rectangle((0, 0), 1, 1, color=PALETTE[r]) for r in range(cp)]
-    legend = fig.legend(handles, [f"rank {r}" for r in range(cp)], loc="center right", frameon=False)
-    for text in legend.get_texts():
-        text.set_color(INK)
-    fig.suptitle(f"Who computes which scores (causal, s = {seq_len}, cp = {cp})", color=INK)
+    fig.legend(_rank_handles(cp), [f"rank {r}" for r in range(cp)], loc="center right")
+    fig.suptitle(f"Who computes which scores (causal, s = {seq_len}, cp = {cp})")
     return fig
 
 
@@ -140,6 +124,7 @@ def _chunk_owner(note: str) -> tuple[int, list[int], int]:
     return rank, [int(w) for w in words[4:of]], int(words[of + 1])
 
 
+@style.styled
 def sequence_split_figure(specs_by_rank, seq_len: int, *, name: str = "x", causal: bool = True):
     """Seed B's matrix picture of CP, from each rank's `shard_specs()` (a list per cp rank, rank order).
 
@@ -159,10 +144,8 @@ def sequence_split_figure(specs_by_rank, seq_len: int, *, name: str = "x", causa
             owner[i * c : (i + 1) * c] = rank
     if (owner < 0).any():
         raise ValueError(f"the specs leave tokens {np.flatnonzero(owner < 0).tolist()} without an owner")
-    colours = np.array([to_rgba(PALETTE[r % len(PALETTE)]) for r in range(cp)])
-    fig, (ax_x, ax_s) = _figure(1, 2, figsize=(8.6, 4.0), gridspec_kw=dict(width_ratios=[1, 2.2]))
-    for ax in (ax_x, ax_s):
-        _style(ax)
+    colours = np.array([to_rgba(style.rank_colour(r)) for r in range(cp)])
+    fig, (ax_x, ax_s) = style.subplots(1, 2, figsize=(8.6, 4.0), gridspec_kw=dict(width_ratios=[1, 2.2]), grid=False)
     shown_h = min(width, 8)
     ax_x.imshow(colours[owner][:, None, :].repeat(shown_h, axis=1), aspect="auto", interpolation="nearest")
     ax_x.set_title(f"{name} [s, h]: rows split over cp = {cp}")
@@ -182,29 +165,24 @@ def sequence_split_figure(specs_by_rank, seq_len: int, *, name: str = "x", causa
     ax_s.set_title("scores q k^T [s, s]: row i computed by token i's rank")
     ax_s.set_xlabel("key position (its K/V: solid = on the same rank, pale = from another rank)")
     ax_s.set_ylabel("query position")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=PALETTE[r % len(PALETTE)]) for r in range(cp)]
-    legend = ax_s.legend(handles, [f"rank {r}" for r in range(cp)], frameon=False, loc="upper right")
-    for text in legend.get_texts():
-        text.set_color(INK)
+    ax_s.legend(_rank_handles(cp), [f"rank {r}" for r in range(cp)], loc="upper right")
     fig.tight_layout()
     return fig
 
 
+@style.styled
 def merge_drift_figure(rows, *, title: str = "bf16 ring attention: error against float64 attention"):
     """RMS error vs cp for the two merge accumulators, from `pylib.cp.merge_precision_drift` rows (measured)."""
     cps = [r["cp"] for r in rows]
-    fig, ax = _figure(figsize=(5.6, 3.3))
-    _style(ax)
+    fig, ax = style.subplots(figsize=(5.6, 3.3))
     for j, (key, label) in enumerate((("bf16_merge", "merge accumulated in bf16"), ("fp32_merge", "in float32"))):
-        ax.plot(cps, [r[key] for r in rows], marker="o", color=PALETTE[j + 1], label=label)
+        ax.plot(cps, [r[key] for r in rows], marker="o", color=style.PALETTE[j + 1], label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(cps, [str(c) for c in cps])
     ax.set_xlabel("cp (ring size = number of merged blocks)")
     ax.set_ylabel("RMS error")
     ax.set_ylim(bottom=0)
     ax.set_title(title)
-    legend = ax.legend(frameon=False)
-    for text in legend.get_texts():
-        text.set_color(INK)
+    ax.legend()
     fig.tight_layout()
     return fig

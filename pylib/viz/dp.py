@@ -7,39 +7,25 @@ bars, the bucket / backward overlap and ZeRO-3's resident parameters.
     fig = plot_bucket_overlap([report_rank0, report_rank1])                   # OverlapReports from traces
     fig = plot_zero3_resident(fsdp.timeline, shard_bytes)                      # gathered before use, freed after
 
-Colours are mid-tones on a transparent background, so the figures read on light and dark pages.
+Colours are the book's (`pylib.viz.style`): PARAMS, GRADS, OPTIM for model state, BACKWARD and COMM on the
+timeline, a rank's slice in its rank colour. Each function draws on `ax` when given one, else on a new figure.
 """
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
-PARAMS = "#3b78c4"
-GRADS = "#c8691e"
-OPTIM = "#2e9467"
-TRANSIENT = "#8a63c6"
-BACKWARD = "#7a818c"
-BUCKETS = ("#3b78c4", "#1b8f9c")
-TEXT = "#7a818c"
+from . import style
+
+TRANSIENT = style.PURPLE  # memory resident only for a while: ZeRO-3's gathered unit, ZeRO-2's buckets on the wire
+BUCKETS = (style.COMM, style.tint(style.COMM, 0.45))  # neighbouring gradient buckets, told apart
 
 STAGE_LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 
-def _style(ax) -> None:
-    ax.set_facecolor("none")
-    ax.figure.patch.set_alpha(0)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    for side in ("left", "bottom"):
-        ax.spines[side].set_color(TEXT)
-    ax.tick_params(colors=TEXT)
-    ax.xaxis.label.set_color(TEXT)
-    ax.yaxis.label.set_color(TEXT)
-    ax.title.set_color(TEXT)
-
-
+@style.styled
 def plot_zero_memory(
     measured: dict,
     *,
@@ -56,17 +42,13 @@ def plot_zero_memory(
     resident only for a while -- ZeRO-3's gathered unit, ZeRO-2's buckets on the wire (peak - held)."""
     scale = _UNITS[unit]
     stages = list(measured)
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(1.6 * len(stages) + 2.5, 4))
-    else:
-        fig = ax.figure
-    _style(ax)
+    fig, ax = style.figure_axes(ax, figsize=(1.6 * len(stages) + 2.5, 4), grid="y")
     width = 0.6
     for i, stage in enumerate(stages):
         m = measured[stage]
         m = m if isinstance(m, dict) else m.as_dict()
         bottom = 0.0
-        for key, color in (("params", PARAMS), ("grads", GRADS), ("optim", OPTIM)):
+        for key, color in (("params", style.PARAMS), ("grads", style.GRADS), ("optim", style.OPTIM)):
             h = m[key] / scale
             ax.add_patch(Rectangle((i - width / 2, bottom), width, h, facecolor=color, edgecolor="none", gid=key))
             bottom += h
@@ -86,14 +68,14 @@ def plot_zero_memory(
                     )
                 )
         above = bottom + (extra / scale if show_peak and extra > 0 else 0)  # the label sits above any hatching
-        ax.text(i, above, f"{bottom:,.1f}", ha="center", va="bottom", color=TEXT, fontsize=8)
+        ax.text(i, above, f"{bottom:,.1f}", ha="center", va="bottom", fontsize=8)
         if formula is not None and stage in formula:
             total = sum(formula[stage][k] for k in ("params", "grads", "optim")) / scale
             ax.plot(
                 [i - width / 2 - 0.06, i + width / 2 + 0.06],
                 [total, total],
                 linestyle="--",
-                color=TEXT,
+                color=style.TEXT,
                 linewidth=1.2,
                 gid="formula",
             )
@@ -106,20 +88,21 @@ def plot_zero_memory(
     ax.set_xticks(range(len(stages)), [STAGE_LABELS.get(s, s) for s in stages])
     ax.set_ylabel(f"held by one rank ({unit})")
     handles = [
-        Patch(color=PARAMS, label="parameters"),
-        Patch(color=GRADS, label="gradients"),
-        Patch(color=OPTIM, label="optimizer state"),
+        Patch(color=style.PARAMS, label="parameters"),
+        Patch(color=style.GRADS, label="gradients"),
+        Patch(color=style.OPTIM, label="optimizer state"),
     ]
     if show_peak:
         handles.append(Patch(facecolor="none", edgecolor=TRANSIENT, hatch="///", label="transient (peak)"))
     if formula is not None:
-        handles.append(plt.Line2D([], [], linestyle="--", color=TEXT, label="formula"))
-    ax.legend(handles=handles, frameon=False, labelcolor=TEXT, fontsize=8, loc="upper right")
-    ax.set_title(title or "Model state per rank, measured", color=TEXT)
+        handles.append(Line2D([], [], linestyle="--", color=style.TEXT, label="formula"))
+    ax.legend(handles=handles, fontsize=8, loc="upper right")
+    ax.set_title(title or "Model state per rank, measured")
     fig.tight_layout()
     return fig
 
 
+@style.styled
 def plot_bucket_overlap(reports, *, title: str | None = None, unit: str = "ms", ax=None):
     """Backward and each gradient bucket's collective, per rank, on one time axis.
 
@@ -130,11 +113,7 @@ def plot_bucket_overlap(reports, *, title: str | None = None, unit: str = "ms", 
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     t0 = min(min([r.backward_start or r.backward_end] + [b.t_launch for b in r.buckets]) for r in reports)
     rows = sum(1 + len(r.buckets) for r in reports)
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(9, 0.28 * rows + 1.4))
-    else:
-        fig = ax.figure
-    _style(ax)
+    fig, ax = style.figure_axes(ax, figsize=(9, 0.28 * rows + 1.4), grid=False)
     y, ticks, labels = 0, [], []
     height = 0.75
     right = 0.0
@@ -146,7 +125,7 @@ def plot_bucket_overlap(reports, *, title: str | None = None, unit: str = "ms", 
                 (start * scale, -y - height / 2),
                 (end - start) * scale,
                 height,
-                facecolor=BACKWARD,
+                facecolor=style.BACKWARD,
                 edgecolor="none",
                 gid="backward",
             )
@@ -171,29 +150,22 @@ def plot_bucket_overlap(reports, *, title: str | None = None, unit: str = "ms", 
             labels.append(b.tag.split(".", 1)[-1])
             right = max(right, z)
             y += 1
-        ax.plot([end * scale] * 2, [-top + 0.5, -y + 0.5], linestyle="--", color=TEXT, linewidth=1)
+        ax.plot([end * scale] * 2, [-top + 0.5, -y + 0.5], linestyle="--", color=style.TEXT, linewidth=1)
         right = max(right, end * scale)
     ax.set_xlim(0, right * 1.03 if right > 0 else 1)
     ax.set_ylim(-y + 0.4, 0.6)
     ax.set_yticks(ticks, labels, fontsize=8)
     ax.set_xlabel(f"time since backward began ({unit})")
     hidden = sum(r.hidden_fraction for r in reports) / len(reports)
-    ax.set_title(title or f"Gradient buckets during backward: {hidden:.0%} of communication hidden", color=TEXT)
+    ax.set_title(title or f"Gradient buckets during backward: {hidden:.0%} of communication hidden")
     fig.tight_layout()
     return fig
 
 
 # ------------------------------------------------------------------------------------------------ the matrix picture
 
-RANKS = ("#5b8fd0", "#d8884a", "#6ab06a", "#b07cc6", "#c9a23a", "#4fa5a5", "#d0697a", "#8c8c4a")  # seed A's first 4
-REPLICATED = "#8f96a3"
 
-
-def rank_colour(r: int) -> str:
-    return RANKS[r % len(RANKS)]
-
-
-def _matrix(ax, x, y, w, h, *, strips=None, axis="rows", label="", shape="", colour=REPLICATED, gid=None):
+def _matrix(ax, x, y, w, h, *, strips=None, axis="rows", label="", shape="", colour=style.REPLICATED, gid=None):
     """A matrix drawn as a w x h box with its top-left at (x, y); strips: split it into that many bands (rank
     colours) along "rows" (horizontal bands) or "cols" (vertical bands)."""
     if strips is None:
@@ -204,12 +176,14 @@ def _matrix(ax, x, y, w, h, *, strips=None, axis="rows", label="", shape="", col
                 box = (x, y - (r + 1) * h / strips), w, h / strips
             else:
                 box = (x + r * w / strips, y - h), w / strips, h
-            ax.add_patch(Rectangle(*box, facecolor=rank_colour(r), edgecolor="white", linewidth=0.6, gid=gid or "rank"))
-    ax.text(x + w / 2, y + 0.12, label, ha="center", va="bottom", color=TEXT, fontsize=10)
+            colour = style.rank_colour(r)
+            ax.add_patch(Rectangle(*box, facecolor=colour, edgecolor=style.CARD, linewidth=0.6, gid=gid or "rank"))
+    ax.text(x + w / 2, y + 0.12, label, ha="center", va="bottom", fontsize=10)
     if shape:
-        ax.text(x + w / 2, y - h - 0.12, shape, ha="center", va="top", color=TEXT, fontsize=8)
+        ax.text(x + w / 2, y - h - 0.12, shape, ha="center", va="top", fontsize=8)
 
 
+@style.styled
 def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weight: str = "W", kind: str = "replicated"):
     """Seed B's rule for data parallelism, as two matrix products of one linear layer Y = X W (W as [in, out]).
 
@@ -222,17 +196,16 @@ def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weigh
     tokens = d * tokens_per_rank
     u = 2.6 / max(tokens, h_in, h_out)  # one element's size
     tall, wide_in, wide_out = tokens * u, h_in * u, h_out * u
-    fig, ax = plt.subplots(figsize=(10.5, 3.6))
-    _style(ax)
+    fig, ax = style.subplots(figsize=(10.5, 3.6), grid=False)
     ax.set_axis_off()
     top, gap = 0.0, 0.45
     # forward: X [tokens, h_in] . W [h_in, h_out] = Y [tokens, h_out]
     x = 0.0
     _matrix(ax, x, top, wide_in, tall, strips=d, label="X", shape=f"[b·s, {h_in}]")
-    ax.text(x + wide_in + gap / 2, top - tall / 2, "·", ha="center", va="center", color=TEXT, fontsize=16)
+    ax.text(x + wide_in + gap / 2, top - tall / 2, "·", ha="center", va="center", fontsize=16)
     x += wide_in + gap
     _matrix(ax, x, top, wide_out, wide_in, label=weight, shape=f"[{h_in}, {h_out}] on every rank", gid="weight")
-    ax.text(x + wide_out + gap / 2, top - tall / 2, "=", ha="center", va="center", color=TEXT, fontsize=14)
+    ax.text(x + wide_out + gap / 2, top - tall / 2, "=", ha="center", va="center", fontsize=14)
     x += wide_out + gap
     _matrix(ax, x, top, wide_out, tall, strips=d, label="Y", shape=f"[b·s, {h_out}]")
     ax.text(
@@ -242,17 +215,16 @@ def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weigh
         "→ each rank's rows of Y are final: no communication",
         ha="center",
         va="top",
-        color=TEXT,
         fontsize=9,
     )
     # weight gradient: X^tall [h_in, tokens] . dY [tokens, h_out] = sum_r partial_r
     x0 = x + wide_out + 1.3
     x = x0
     _matrix(ax, x, top, tall, wide_in, strips=d, axis="cols", label="Xᵀ", shape=f"[{h_in}, b·s]")
-    ax.text(x + tall + gap / 2, top - wide_in / 2, "·", ha="center", va="center", color=TEXT, fontsize=16)
+    ax.text(x + tall + gap / 2, top - wide_in / 2, "·", ha="center", va="center", fontsize=16)
     x += tall + gap
     _matrix(ax, x, top, wide_out, tall, strips=d, label="dY", shape=f"[b·s, {h_out}]")
-    ax.text(x + wide_out + gap / 2, top - wide_in / 2, "=", ha="center", va="center", color=TEXT, fontsize=14)
+    ax.text(x + wide_out + gap / 2, top - wide_in / 2, "=", ha="center", va="center", fontsize=14)
     x += wide_out + gap
     off = 0.07
     for r in reversed(range(d)):  # d stacked partial sums, rank 0 in front
@@ -261,8 +233,8 @@ def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weigh
                 (x + r * off, top - wide_in + r * off),
                 wide_out,
                 wide_in,
-                facecolor=rank_colour(r),
-                edgecolor="white",
+                facecolor=style.rank_colour(r),
+                edgecolor=style.CARD,
                 linewidth=0.6,
                 alpha=0.9,
                 gid="partial",
@@ -274,28 +246,24 @@ def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weigh
         f"d{weight} = Σ partials",
         ha="center",
         va="bottom",
-        color=TEXT,
         fontsize=10,
     )
-    ax.text(x + wide_out / 2, top - wide_in - 0.12, f"[{h_in}, {h_out}]", ha="center", va="top", color=TEXT, fontsize=8)
+    ax.text(x + wide_out / 2, top - wide_in - 0.12, f"[{h_in}, {h_out}]", ha="center", va="top", fontsize=8)
     ax.text(
         (x0 + x + wide_out) / 2,
         top - tall - 0.55,
         f"weight gradient: contracts over b·s, split over d = {d}\n→ every rank holds a partial sum: all-reduce",
         ha="center",
         va="top",
-        color=TEXT,
         fontsize=9,
     )
     ax.set_xlim(-0.2, x + wide_out + d * off + 0.3)
     ax.set_ylim(top - tall - 1.35, top + 0.6)
     ax.set_aspect("equal")
-    handles = [Patch(color=rank_colour(r), label=f"rank {r}") for r in range(d)]
-    handles.append(Patch(color=REPLICATED, label="replicated"))
+    handles = [Patch(color=style.rank_colour(r), label=f"rank {r}") for r in range(d)]
+    handles.append(Patch(color=style.REPLICATED, label="replicated"))
     ax.legend(
         handles=handles,
-        frameon=False,
-        labelcolor=TEXT,
         fontsize=8,
         loc="lower center",
         ncol=d + 1,
@@ -307,24 +275,26 @@ def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weigh
 
 # ------------------------------------------------------------------------------------------------ flat buffers
 
-SEGMENTS = ("#7f9cc8", "#a8b8d8")
-PADDING = "#c8691e"
+SEGMENTS = (style.tint(style.PARAMS, 0.35), style.tint(style.PARAMS, 0.6))  # neighbouring parameters, told apart
 
 
+@style.styled
 def plot_flat_layout(layout, *, title: str | None = None, ax=None):
     """One flat buffer (a `FlatLayout`): its parameters end to end, the padding that makes it split into
     `layout.parts` equal slices, and which rank owns which slice (ZeRO's layout)."""
     n = layout.padded_numel
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(10, 2.3))
-    else:
-        fig = ax.figure
-    _style(ax)
+    fig, ax = style.figure_axes(ax, figsize=(10, 2.3), grid=False)
     ax.set_axis_off()
     for k, e in enumerate(layout.entries):
         ax.add_patch(
             Rectangle(
-                (e.offset, 1.0), e.numel, 1.0, facecolor=SEGMENTS[k % 2], edgecolor="white", linewidth=0.8, gid="param"
+                (e.offset, 1.0),
+                e.numel,
+                1.0,
+                facecolor=SEGMENTS[k % 2],
+                edgecolor=style.CARD,
+                linewidth=0.8,
+                gid="param",
             )
         )
         if e.numel / n > 0.07:
@@ -336,7 +306,7 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
                 ha="center",
                 va="center",
                 fontsize=7,
-                color="#1c1c1c",
+                color=style.ink_on(SEGMENTS[k % 2]),
             )
     if layout.padding:
         ax.add_patch(
@@ -345,7 +315,7 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
                 layout.padding,
                 1.0,
                 facecolor="none",
-                edgecolor=PADDING,
+                edgecolor=style.WASTE,
                 hatch="///",
                 linewidth=0.8,
                 gid="padding",
@@ -353,12 +323,12 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
         )
     for r in range(layout.parts):
         lo, hi = layout.shard_range(r)
+        colour = style.rank_colour(r)
         ax.add_patch(
-            Rectangle(
-                (lo, 0.35), hi - lo, 0.45, facecolor=rank_colour(r), edgecolor="white", linewidth=0.8, gid="slice"
-            )
+            Rectangle((lo, 0.35), hi - lo, 0.45, facecolor=colour, edgecolor=style.CARD, linewidth=0.8, gid="slice")
         )
-        ax.text((lo + hi) / 2, 0.575, f"rank {r}: [{lo}, {hi})", ha="center", va="center", fontsize=8, color="#1c1c1c")
+        ink = style.ink_on(colour)
+        ax.text((lo + hi) / 2, 0.575, f"rank {r}: [{lo}, {hi})", ha="center", va="center", fontsize=8, color=ink)
     ax.set_xlim(-0.01 * n, 1.01 * n)
     ax.set_ylim(0.2, 2.45)
     pad = f", {layout.padding} padding" if layout.padding else ", no padding"
@@ -366,7 +336,6 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
         title
         or f"{layout.key}: {len(layout.entries)} parameters, {layout.numel} elements{pad}, "
         f"{layout.parts} slices of {layout.shard_numel}",
-        color=TEXT,
         fontsize=10,
     )
     fig.tight_layout()
@@ -376,6 +345,7 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
 # ------------------------------------------------------------------------------------------------ ZeRO-3 resident bytes
 
 
+@style.styled
 def plot_zero3_resident(timeline, shard_bytes: int, *, unit: str = "KiB", ax=None):
     """Resident parameter bytes of one ZeRO-3 rank through a forward and backward, one step per gather or free:
     `timeline` is `FullyShardedDataParallel.timeline` ((time, bytes, what) after every gather and free; the times
@@ -385,28 +355,24 @@ def plot_zero3_resident(timeline, shard_bytes: int, *, unit: str = "KiB", ax=Non
     rows = list(timeline)
     xs = list(range(len(rows)))
     bs = [b / scale for _, b, _ in rows]
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(9, 3.4))
-    else:
-        fig = ax.figure
-    _style(ax)
-    ax.step(xs + [len(rows)], bs + [bs[-1]], where="post", color=PARAMS, linewidth=1.8, gid="resident")
-    ax.axhline(shard_bytes / scale, linestyle="--", color=TEXT, linewidth=1, gid="shards")
+    fig, ax = style.figure_axes(ax, figsize=(9, 3.4), grid="y")
+    ax.step(xs + [len(rows)], bs + [bs[-1]], where="post", color=style.PARAMS, linewidth=1.8, gid="resident")
+    ax.axhline(shard_bytes / scale, linestyle="--", color=style.TEXT, linewidth=1, gid="shards")
     top = max(bs)
     first_bwd = next((x for x, (_, _, w) in zip(xs, rows) if "backward" in w), None)
     if first_bwd is not None:
-        ax.axvspan(first_bwd, len(rows), color=BACKWARD, alpha=0.15, linewidth=0, gid="backward")
-        ax.text(first_bwd + 0.2, top * 1.2, "backward", color=TEXT, fontsize=8, va="bottom")
-    ax.text(0.2, top * 1.2, "forward", color=TEXT, fontsize=8, va="bottom")
+        ax.axvspan(first_bwd, len(rows), color=style.BACKWARD, alpha=0.15, linewidth=0, gid="backward")
+        ax.text(first_bwd + 0.2, top * 1.2, "backward", fontsize=8, va="bottom")
+    ax.text(0.2, top * 1.2, "forward", fontsize=8, va="bottom")
     for x, b, (_, _, what) in zip(xs, bs, rows):
         if what.startswith("gather"):
-            ax.text(x + 0.5, b + top * 0.02, what.split()[1], fontsize=7, color=TEXT, ha="center", va="bottom")
-    ax.text(len(rows), shard_bytes / scale, "own shards ", color=TEXT, fontsize=8, ha="right", va="bottom")
+            ax.text(x + 0.5, b + top * 0.02, what.split()[1], fontsize=7, ha="center", va="bottom")
+    ax.text(len(rows), shard_bytes / scale, "own shards ", fontsize=8, ha="right", va="bottom")
     ax.set_xlim(0, len(rows))
     ax.set_ylim(0, top * 1.32)
     ax.set_xticks([])
     ax.set_xlabel("gathers and frees, in the order they happened")
     ax.set_ylabel(f"parameters resident ({unit})")
-    ax.set_title(f"ZeRO-3: one unit gathered at a time, peak {top:,.1f} {unit}", color=TEXT)
+    ax.set_title(f"ZeRO-3: one unit gathered at a time, peak {top:,.1f} {unit}")
     fig.tight_layout()
     return fig

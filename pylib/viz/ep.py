@@ -2,47 +2,33 @@
 under training and drops vs capacity factor.
 
 Each takes data from real runs (`pylib.ep.example.routing_table`, `pylib.ep.traffic.traffic_matrix` of a trace,
-`pylib.ep.folding.folding_groups` of the rank generator) and returns a matplotlib Figure with a transparent
-background and mid-tone colours, so it reads on light and dark pages alike.
+`pylib.ep.folding.folding_groups` of the rank generator) and returns a matplotlib Figure in the book's style
+(`pylib.viz.style`): a rank (or a group of ranks) in its rank colour.
 """
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt  # no backend is forced: a notebook keeps its inline backend, so figures can be glued
+from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.patches import Rectangle
 
-INK = "#7f8c9a"  # mid grey-blue: readable on white and on near-black
-PALETTE = ["#4c9be8", "#e8844c", "#5bb77a", "#c46ad1", "#d6b341", "#4fc1c0", "#e0607e", "#8d8fe0"]
+from . import style
+
+# plot_traffic_matrix's scale: no bytes on the card, the most bytes in the palette's blue
+BYTES = LinearSegmentedColormap.from_list("bytes", [style.CARD, style.BLUE])
 
 
-def _style(ax):
-    ax.set_facecolor("none")
-    for spine in ax.spines.values():
-        spine.set_color(INK)
-    ax.tick_params(colors=INK)
-    ax.xaxis.label.set_color(INK)
-    ax.yaxis.label.set_color(INK)
-    ax.title.set_color(INK)
-
-
-def _figure(w, h, **kw):
-    fig, axes = plt.subplots(figsize=(w, h), **kw)
-    fig.patch.set_alpha(0.0)
-    return fig, axes
-
-
+@style.styled
 def plot_routing_table(rows: list[dict], n_experts: int, ep: int, one_based: bool = False):
     """Tokens (rows) x experts (columns): a chosen expert is a cell filled in its owning rank's colour, labelled
     with its combine weight (hatched when dropped by capacity). Column bands show which rank holds which experts."""
     per = n_experts // ep
     off = 1 if one_based else 0
-    fig, ax = _figure(1.0 + 0.7 * n_experts, 0.9 + 0.45 * len(rows))
-    _style(ax)
+    fig, ax = style.subplots(figsize=(1.0 + 0.7 * n_experts, 0.9 + 0.45 * len(rows)), grid=False)
     for e in range(n_experts):
-        ax.add_patch(Rectangle((e, -0.5), 1, len(rows), color=PALETTE[(e // per) % len(PALETTE)], alpha=0.10, lw=0))
+        ax.add_patch(Rectangle((e, -0.5), 1, len(rows), color=style.rank_colour(e // per), alpha=0.10, lw=0))
     for t, r in enumerate(rows):
         for e, w, rank, kept in zip(r["experts"], r["weights"], r["ranks"], r["kept"]):
-            color = PALETTE[rank % len(PALETTE)]
+            color = style.rank_colour(rank)
             ax.add_patch(
                 Rectangle(
                     (e + 0.06, t - 0.44),
@@ -54,7 +40,8 @@ def plot_routing_table(rows: list[dict], n_experts: int, ep: int, one_based: boo
                     lw=0,
                 )
             )
-            ax.text(e + 0.5, t, f"{w:.2f}", ha="center", va="center", fontsize=8, color="#1d232b" if kept else INK)
+            ink = style.ink_on(color, 0.85) if kept else style.TEXT
+            ax.text(e + 0.5, t, f"{w:.2f}", ha="center", va="center", fontsize=8, color=ink)
     ax.set_xlim(0, n_experts)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xticks([e + 0.5 for e in range(n_experts)])
@@ -66,23 +53,21 @@ def plot_routing_table(rows: list[dict], n_experts: int, ep: int, one_based: boo
     return fig
 
 
+@style.styled
 def plot_traffic_matrix(
     matrix, title: str = "dispatch all-to-all: bytes from rank (row) to rank (column)", labels=None
 ):
     """A rank x rank heat map of bytes, each cell labelled; the diagonal (rows that stay local, never sent) is
     outlined. `matrix` from `pylib.ep.traffic.traffic_matrix` (a trace) or `pylib.analysis.ep.dispatch_matrix`."""
     n = len(matrix)
-    fig, ax = _figure(1.6 + 0.75 * n, 1.2 + 0.7 * n)
-    _style(ax)
-    ax.imshow(matrix, cmap="Blues", alpha=0.85, vmin=0)
+    fig, ax = style.subplots(figsize=(1.6 + 0.75 * n, 1.2 + 0.7 * n), grid=False)
+    ax.imshow(matrix, cmap=BYTES, vmin=0)
     peak = max(max(row) for row in matrix) or 1
     for s in range(n):
         for d in range(n):
             v = matrix[s][d]
-            ax.text(
-                d, s, f"{v}", ha="center", va="center", fontsize=8, color="#f2f5f8" if v > 0.55 * peak else "#33404d"
-            )
-        ax.add_patch(Rectangle((s - 0.5, s - 0.5), 1, 1, fill=False, ec=INK, lw=1.5, ls="--"))
+            ax.text(d, s, f"{v}", ha="center", va="center", fontsize=8, color=style.ink_on(BYTES(v / peak)))
+        ax.add_patch(Rectangle((s - 0.5, s - 0.5), 1, 1, fill=False, ec=style.MUTED, lw=1.5, ls="--"))
     labels = labels or [f"rank {i}" for i in range(n)]
     ax.set_xticks(range(n))
     ax.set_xticklabels(labels, fontsize=8)
@@ -95,69 +80,67 @@ def plot_traffic_matrix(
     return fig
 
 
+@style.styled
 def plot_folding(groups: dict, world_size: int):
     """Two panels, dense layout (TP, CP, DP, PP) and expert layout (ETP, EP, EDP, PP): for each axis a strip of
     the `world_size` ranks, ranks of the same group sharing a colour. `groups` from
     `pylib.ep.folding.folding_groups`."""
     layouts = list(groups.items())
     n_axes = max(len(axes) for _, axes in layouts)
-    fig, axs = _figure(1.2 + 0.42 * world_size * len(layouts), 0.8 + 0.55 * n_axes, ncols=len(layouts))
+    figsize = (1.2 + 0.42 * world_size * len(layouts), 0.8 + 0.55 * n_axes)
+    fig, axs = style.subplots(ncols=len(layouts), figsize=figsize, grid=False)
     for ax, (layout, axes) in zip(axs, layouts):
-        _style(ax)
         for row, gs in enumerate(axes.values()):
             for gi, members in enumerate(gs):
-                color = PALETTE[gi % len(PALETTE)]
+                color = style.rank_colour(gi)
                 alpha = 0.85 if len(members) > 1 else 0.25
+                ink = style.ink_on(color, alpha)
                 for r in members:
                     ax.add_patch(Rectangle((r + 0.05, row + 0.08), 0.9, 0.84, color=color, alpha=alpha, lw=0))
-                    ax.text(r + 0.5, row + 0.5, str(r), ha="center", va="center", fontsize=7, color="#1d232b")
+                    ax.text(r + 0.5, row + 0.5, str(r), ha="center", va="center", fontsize=7, color=ink)
         ax.set_xlim(0, world_size)
         ax.set_ylim(len(axes), 0)
         ax.set_yticks([i + 0.5 for i in range(len(axes))])
         ax.set_yticklabels([f"{a.upper()} ({len(g[0])})" for a, g in axes.items()])
         ax.set_xticks([])
         ax.set_title(f"{layout} layers: " + " x ".join(a.upper() for a in axes), fontsize=9)
-    fig.suptitle("the same ranks, two groupings (same colour = same group)", color=INK, fontsize=10)
+    fig.suptitle("the same ranks, two groupings (same colour = same group)", fontsize=10)
     fig.tight_layout()
     return fig
 
 
+@style.styled
 def plot_load_balance(
     histories: dict, title: str = "load imbalance while training (max / mean assignments per expert)"
 ):
     """One line per training variant: the imbalance at each step (`pylib.ep.balance.BalanceRun.worst()`), with
     perfect balance (1.0) marked. `histories`: {label: [imbalance per step]}."""
-    fig, ax = _figure(6.4, 3.6)
-    _style(ax)
+    fig, ax = style.subplots(figsize=(6.4, 3.6))
     steps = 0
     for i, (label, values) in enumerate(histories.items()):
-        ax.plot(range(len(values)), values, color=PALETTE[i % len(PALETTE)], lw=1.8, label=label)
+        ax.plot(range(len(values)), values, color=style.rank_colour(i), lw=1.8, label=label)
         steps = max(steps, len(values))
-    ax.axhline(1.0, color=INK, lw=1, ls=":")
-    ax.text(steps - 1, 1.0, "perfect balance ", color=INK, fontsize=8, va="bottom", ha="right")
+    ax.axhline(1.0, color=style.MUTED, lw=1, ls=":")
+    ax.text(steps - 1, 1.0, "perfect balance ", color=style.MUTED, fontsize=8, va="bottom", ha="right")
     ax.set_xlabel("training step")
     ax.set_ylabel("max / mean load")
     ax.set_title(title, fontsize=9)
-    legend = ax.legend(frameon=False, fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))
-    for text in legend.get_texts():
-        text.set_color(INK)
+    ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     fig.tight_layout()
     return fig
 
 
+@style.styled
 def plot_dropped(factors, dropped: dict, title: str = "assignments dropped vs capacity factor"):
     """One line per router: the share of assignments (in %) a capacity limit drops at each capacity factor.
     `dropped`: {label: [share in 0..1 per factor]} from `pylib.ep.balance.dropped_share`."""
-    fig, ax = _figure(6.4, 3.0)
-    _style(ax)
+    fig, ax = style.subplots(figsize=(6.4, 3.0))
     for i, (label, values) in enumerate(dropped.items()):
-        ax.plot(factors, [100 * v for v in values], marker="o", color=PALETTE[i % len(PALETTE)], lw=1.8, label=label)
+        ax.plot(factors, [100 * v for v in values], marker="o", color=style.rank_colour(i), lw=1.8, label=label)
     ax.set_xlabel("capacity factor")
     ax.set_ylabel("dropped (%)")
     ax.set_title(title, fontsize=9)
-    legend = ax.legend(frameon=False, fontsize=8)
-    for text in legend.get_texts():
-        text.set_color(INK)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -174,16 +157,17 @@ def expert_holdings(param_map) -> list[tuple[int, int, int]]:
     return out
 
 
+@style.styled
 def plot_expert_placement(holdings_per_rank, n_experts: int, d_ff: int, title: str | None = None):
     """The expert weights as one plane, experts (columns) x hidden units h_ffn (rows), each block filled in the
     colour of the rank that holds it. `holdings_per_rank[r]` = `expert_holdings(param_map)` of rank r."""
-    fig, ax = _figure(1.2 + 0.75 * n_experts, 2.6)
-    _style(ax)
+    fig, ax = style.subplots(figsize=(1.2 + 0.75 * n_experts, 2.6), grid=False)
     for rank, held in enumerate(holdings_per_rank):
-        color = PALETTE[rank % len(PALETTE)]
+        color = style.rank_colour(rank)
+        ink = style.ink_on(color, 0.8)
         for e, lo, hi in held:
             ax.add_patch(Rectangle((e + 0.05, lo), 0.9, hi - lo, color=color, alpha=0.8, lw=0))
-            ax.text(e + 0.5, (lo + hi) / 2, f"rank {rank}", ha="center", va="center", fontsize=7, color="#1d232b")
+            ax.text(e + 0.5, (lo + hi) / 2, f"rank {rank}", ha="center", va="center", fontsize=7, color=ink)
     ax.set_xlim(0, n_experts)
     ax.set_ylim(d_ff, 0)
     ax.set_xticks([e + 0.5 for e in range(n_experts)])

@@ -177,46 +177,14 @@ class Explorer:
         self.out = widgets.HTML()
         self._loading = False
         self.load(preset)
-        controls = [
-            self.h,
-            self.layers,
-            self.heads,
-            self.kv_heads,
-            self.h_ffn,
-            self.vocab,
-            self.experts,
-            self.top_k,
-            self.expert_ffn,
-            self.b,
-            self.s,
-            self.dtype,
-            *self.axes.values(),
-            self.sp,
-            self.cp_kind,
-            self.zero,
-            self.m,
-            self.stage,
-        ]
-        for c in controls:
+        model = [self.h, self.layers, self.heads, self.kv_heads, self.h_ffn, self.vocab, self.experts, self.top_k]
+        model.append(self.expert_ffn)
+        plan = [self.b, self.s, self.dtype, *self.axes.values(), self.sp, self.cp_kind, self.zero, self.m, self.stage]
+        for c in model + plan:
             c.observe(lambda _change: self.update(), names="value")
         self.preset.observe(lambda change: self.load(change["new"]), names="value")
-        model_box = widgets.VBox(
-            [
-                self.h,
-                self.layers,
-                self.heads,
-                self.kv_heads,
-                self.h_ffn,
-                self.vocab,
-                self.experts,
-                self.top_k,
-                self.expert_ffn,
-            ]
-        )
-        plan_box = widgets.VBox(
-            [self.b, self.s, self.dtype, *self.axes.values(), self.sp, self.cp_kind, self.zero, self.m, self.stage]
-        )
-        self.widget = widgets.VBox([self.preset, widgets.HBox([model_box, plan_box]), self.out])
+        columns = widgets.HBox([widgets.VBox(model), widgets.VBox(plan)])
+        self.widget = widgets.VBox([self.preset, columns, self.out])
 
     def load(self, preset: str) -> None:
         """Set every control from a preset, then recompute once."""

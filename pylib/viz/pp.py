@@ -5,44 +5,25 @@
 
 One row per rank (rank 0 on top); forwards and backwards as bars labelled with the microbatch (and the chunk, when
 interleaved: lighter bars for later chunks); the time a rank idles inside the step is hatched -- the bubble.
-Colours are mid-tones and the background transparent, so the figures read on light and dark pages.
+Colours are the book's (`pylib.viz.style`): FORWARD, BACKWARD, COMM, the bubble in WASTE, a stage in its rank's
+colour. Each function draws on `ax` when given one (a chapter's `style.subplots`), else on a figure of its own.
 """
 
 from __future__ import annotations
 
-import matplotlib
-import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
 from ..pp.simulate import simulate
 from ..pp.timeline import as_events, bubble, idle_intervals
-
-FORWARD = "#4E79A7"
-BACKWARD = "#E8903C"
-COMM = "#8C8C8C"
-BUBBLE = "#C44E52"
-TEXT = "#8A8A8A"
+from . import style
 
 
-def _style(ax) -> None:
-    ax.set_facecolor("none")
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    for side in ("left", "bottom"):
-        ax.spines[side].set_color(TEXT)
-    ax.tick_params(colors=TEXT)
-    ax.xaxis.label.set_color(TEXT)
-    ax.yaxis.label.set_color(TEXT)
-    ax.title.set_color(TEXT)
-
-
-def _shade(color: str, chunk: int, n_chunks: int) -> tuple:
+def _shade(color: str, chunk: int, n_chunks: int) -> str:
     """Chunk 0 in the full colour, later chunks lighter."""
-    rgb = matplotlib.colors.to_rgb(color)
-    mix = 0.45 * chunk / max(n_chunks - 1, 1)
-    return tuple(c + (1 - c) * mix for c in rgb)
+    return style.tint(color, 0.45 * chunk / max(n_chunks - 1, 1))
 
 
+@style.styled
 def plot_timeline(
     timeline,
     *,
@@ -62,12 +43,7 @@ def plot_timeline(
     compute = [e for e in events if e.is_compute]
     ranks = sorted({e.rank for e in events})
     n_chunks = max((e.chunk for e in compute), default=0) + 1
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(10, 0.55 * len(ranks) + 1.4))
-    else:
-        fig = ax.figure
-    fig.patch.set_alpha(0)
-    _style(ax)
+    fig, ax = style.figure_axes(ax, figsize=(10, 0.55 * len(ranks) + 1.4), grid=False)
     height = 0.8
     t_min = min(e.start for e in events)
     t_max = max(e.end for e in events)
@@ -79,14 +55,14 @@ def plot_timeline(
     per_char = 0.6 * 7 / 72 * span / axis_inches
     for e in compute:
         y = -e.rank
-        color = _shade(FORWARD if e.kind == "F" else BACKWARD, e.chunk, n_chunks)
+        color = _shade(style.FORWARD if e.kind == "F" else style.BACKWARD, e.chunk, n_chunks)
         ax.add_patch(
             Rectangle(
                 (e.start, y - height / 2),
                 e.duration,
                 height,
                 facecolor=color,
-                edgecolor=(1, 1, 1, 0.7),
+                edgecolor=style.CARD,
                 linewidth=0.6,
                 gid="compute",
             )
@@ -94,7 +70,8 @@ def plot_timeline(
         labels = [f"{e.mb}"] if n_chunks == 1 else [f"{e.mb}.{e.chunk}", f"{e.mb}"]
         label = next((x for x in labels if e.duration > (len(x) + 0.5) * per_char), None)
         if label is not None:
-            ax.text(e.start + e.duration / 2, y, label, ha="center", va="center", fontsize=7, color="#1E1E1E")
+            ink = style.ink_on(color)
+            ax.text(e.start + e.duration / 2, y, label, ha="center", va="center", fontsize=7, color=ink)
     if shade_bubble:
         for r in ranks:
             for t0, t1 in idle_intervals(events, r):
@@ -103,10 +80,10 @@ def plot_timeline(
                         (t0, -r - height / 2),
                         t1 - t0,
                         height,
-                        facecolor=BUBBLE,
+                        facecolor=style.WASTE,
                         alpha=0.18,
                         hatch="///",
-                        edgecolor=BUBBLE,
+                        edgecolor=style.WASTE,
                         linewidth=0,
                         gid="bubble",
                     )
@@ -119,7 +96,7 @@ def plot_timeline(
                         (e.start, -e.rank - height / 2 - 0.08),
                         e.duration,
                         0.06,
-                        facecolor=COMM,
+                        facecolor=style.COMM,
                         edgecolor="none",
                         gid="comm",
                     )
@@ -132,22 +109,18 @@ def plot_timeline(
     head = f"{title}: " if title else ""
     ax.set_title(f"{head}bubble {b.mean_relative:.3f} of ideal ({b.mean_share:.1%} of the step)", fontsize=10)
     if n_chunks == 1:
-        handles = [Patch(facecolor=FORWARD, label="forward"), Patch(facecolor=BACKWARD, label="backward")]
+        handles = [Patch(facecolor=style.FORWARD, label="forward"), Patch(facecolor=style.BACKWARD, label="backward")]
     else:
         handles = [
             Patch(facecolor=_shade(color, c, n_chunks), label=f"{kind} chunk {c}")
-            for kind, color in (("F", FORWARD), ("B", BACKWARD))
+            for kind, color in (("F", style.FORWARD), ("B", style.BACKWARD))
             for c in range(n_chunks)
         ]
     if shade_bubble:
-        handles.append(Patch(facecolor=BUBBLE, alpha=0.3, hatch="///", label="bubble"))
+        handles.append(Patch(facecolor=style.WASTE, edgecolor=style.WASTE, alpha=0.3, hatch="///", label="bubble"))
     if show_comm:
-        handles.append(Patch(facecolor=COMM, label="send / recv wait"))
-    legend = ax.legend(
-        handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(handles), frameon=False, fontsize=8
-    )
-    for text in legend.get_texts():
-        text.set_color(TEXT)
+        handles.append(Patch(facecolor=style.COMM, label="send / recv wait"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(handles), fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -168,22 +141,18 @@ def plot_schedule(
     return plot_timeline(events, title=name, unit="units", show_comm=False, xlim=xlim, ax=ax)
 
 
+@style.styled
 def plot_bubble_sweep(rows, *, title: str = "Bubble vs microbatches", ax=None):
     """rows: dicts with schedule, m, formula and one or more measured values (keys starting with "measured").
     Draws each schedule's formula as a line and the measurements as markers against m."""
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(6, 4))
-    else:
-        fig = ax.figure
-    fig.patch.set_alpha(0)
-    _style(ax)
-    colors = ["#4E79A7", "#E8903C", "#59A14F", "#B07AA1"]
+    fig, ax = style.figure_axes(ax, figsize=(6, 4))
     markers = ["o", "s", "^", "D"]
     names = list(dict.fromkeys(r["schedule"] for r in rows))
     for i, name in enumerate(names):
         mine = sorted((r for r in rows if r["schedule"] == name), key=lambda r: r["m"])
         ms = [r["m"] for r in mine]
-        ax.plot(ms, [r["formula"] for r in mine], color=colors[i % 4], label=f"{name}: formula")
+        colour = style.PALETTE[i % len(style.PALETTE)]
+        ax.plot(ms, [r["formula"] for r in mine], color=colour, label=f"{name}: formula")
         keys = [k for k in mine[0] if k.startswith("measured")]
         for j, k in enumerate(keys):  # later keys drawn smaller, so markers on the same spot stay visible
             ax.plot(
@@ -192,9 +161,9 @@ def plot_bubble_sweep(rows, *, title: str = "Bubble vs microbatches", ax=None):
                 linestyle="none",
                 marker=markers[j % 4],
                 markersize=max(10 - 3.5 * j, 3),
-                markerfacecolor="none" if j == 0 else colors[i % 4],
+                markerfacecolor="none" if j == 0 else colour,
                 markeredgewidth=1.4,
-                color=colors[i % 4],
+                color=colour,
                 alpha=0.85,
                 label=f"{name}: {k}",
             )
@@ -205,9 +174,7 @@ def plot_bubble_sweep(rows, *, title: str = "Bubble vs microbatches", ax=None):
     ax.set_xlabel("microbatches m")
     ax.set_ylabel("bubble / ideal time")
     ax.set_title(title, fontsize=10)
-    legend = ax.legend(frameon=False, fontsize=7)
-    for text in legend.get_texts():
-        text.set_color(TEXT)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -221,6 +188,7 @@ def _block_of(name: str) -> str:
     return "head"
 
 
+@style.styled
 def plot_stage_map(specs_per_rank, *, title: str | None = None, ax=None):
     """Who holds which block of the model under pipeline parallelism, drawn from `pylib.pp.shard_specs`.
 
@@ -245,35 +213,26 @@ def plot_stage_map(specs_per_rank, *, title: str | None = None, ax=None):
     layers = sorted((b for b in owner if b.startswith("layer ")), key=lambda b: int(b.split()[1]))
     blocks = [b for b in ["embed", *layers, "head"] if b in owner]
     p = len(specs_per_rank)
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(blocks) + 1.5), 0.6 * p + 1.3))
-    else:
-        fig = ax.figure
-    fig.patch.set_alpha(0)
-    _style(ax)
-    colors = ["#4E79A7", "#E8903C", "#59A14F", "#B07AA1", "#76B7B2", "#EDC948", "#FF9DA7", "#9C755F"]
+    fig, ax = style.figure_axes(ax, figsize=(max(6.0, 0.75 * len(blocks) + 1.5), 0.6 * p + 1.3), grid=False)
     for x, block in enumerate(blocks):
         r = owner[block]
-        ax.add_patch(
-            Rectangle(
-                (x - 0.42, -r - 0.38), 0.84, 0.76, facecolor=colors[r % len(colors)], edgecolor="none", gid="stage-cell"
-            )
-        )
+        colour = style.rank_colour(r)
+        ax.add_patch(Rectangle((x - 0.42, -r - 0.38), 0.84, 0.76, facecolor=colour, edgecolor="none", gid="stage-cell"))
         count = size[block]
         text = f"{count / 1000:.1f}k" if count >= 1000 else str(count)
-        ax.text(x, -r, text, ha="center", va="center", fontsize=7, color="#1E1E1E")
+        ax.text(x, -r, text, ha="center", va="center", fontsize=7, color=style.ink_on(colour))
     boundaries = 0
     for x, (a, b) in enumerate(zip(blocks, blocks[1:])):
         ra, rb = owner[a], owner[b]
         if ra == rb:
-            ax.plot([x + 0.42, x + 0.58], [-ra, -ra], color=TEXT, linewidth=1)
+            ax.plot([x + 0.42, x + 0.58], [-ra, -ra], color=style.MUTED, linewidth=1)
             continue
         boundaries += 1
         ax.annotate(
             "",
             xy=(x + 1 - 0.3, -rb + (0.3 if rb > ra else -0.3)),
             xytext=(x + 0.3, -ra - (0.3 if rb > ra else -0.3)),
-            arrowprops=dict(arrowstyle="-|>", color=BUBBLE, linewidth=1.6),
+            arrowprops=dict(arrowstyle="-|>", color=style.COMM, linewidth=1.6),
             gid="p2p",
         )
     ax.set_xlim(-0.6, len(blocks) - 0.4)

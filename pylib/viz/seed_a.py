@@ -17,25 +17,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 
-import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch, Rectangle
 
+from . import style
+
 # ------------------------------------------------------------------------------------------------ palette
 
-# Mid-tone fills readable on a light and on a dark page; text on a fill is dark, text on the page is mid-grey.
+# The names a chapter gives draw_layer_flow's boxes and draw_three_axes' ranks, in the book's palette: seed A's
+# traffic lights (a stage that is token-local, needs care, is token-global), a neutral stage, ranks 0 .. 3.
 COLOURS = {
-    "green": "#55a868",
-    "yellow": "#d8a630",
-    "red": "#d0524c",
-    "neutral": "#7f9cc8",
-    "rank0": "#5b8fd0",
-    "rank1": "#d8884a",
-    "rank2": "#6ab06a",
-    "rank3": "#b07cc6",
+    "green": style.GREEN,
+    "yellow": style.AMBER,
+    "red": style.RED,
+    "neutral": style.tint(style.BLUE, 0.45),
+    **{f"rank{r}": style.rank_colour(r) for r in range(4)},
 }
-INK_ON_FILL = "#1c1c1c"
-INK_ON_PAGE = "#8a8a8a"
 
 # ------------------------------------------------------------------------------------------------ the layer flow
 
@@ -177,6 +174,7 @@ def _stage_detail(stage: FlowStage, mlp_kind: str | None = None) -> str:
     return " · ".join(parts)
 
 
+@style.styled
 def draw_layer_flow(
     stages: list[FlowStage],
     colours: dict[int, str] | None = None,
@@ -202,10 +200,8 @@ def draw_layer_flow(
         y -= step[kind]
         ys.append(y)
     top, bottom = 0.0, ys[-1] - 0.6 - (0.6 if legend else 0.0)
-    fig, ax = plt.subplots(figsize=(8.2, 0.85 * (top - bottom)))
-    fig.patch.set_alpha(0)
+    fig, ax = style.subplots(figsize=(8.2, 0.85 * (top - bottom)), grid=False)
     ax.set_axis_off()
-    ax.patch.set_alpha(0)
     ax.set_xlim(0, 9.6)
     ax.set_ylim(bottom, top)
     xm, xr, half = 3.7, 7.7, 0.3  # the main line, the residual line, half a box's height
@@ -218,11 +214,11 @@ def draw_layer_flow(
                 2 * half,
                 boxstyle="round,pad=0.02,rounding_size=0.12",
                 facecolor=fill,
-                edgecolor=INK_ON_PAGE,
+                edgecolor=style.MUTED,
                 linewidth=1.0,
             )
         )
-        ink = INK_ON_PAGE if fill == "none" else INK_ON_FILL
+        ink = style.TEXT if fill == "none" else style.ink_on(fill)
         ax.text(0.7, yc + (0.1 if sub else 0.0), text, ha="left", va="center", fontsize=10.5, color=ink, weight="bold")
         if sub:
             ax.text(0.7, yc - 0.15, sub, ha="left", va="center", fontsize=8.5, color=ink)
@@ -230,7 +226,7 @@ def draw_layer_flow(
     def arrow(p0, p1):
         ax.add_patch(
             FancyArrowPatch(
-                p0, p1, arrowstyle="-|>", mutation_scale=10, color=INK_ON_PAGE, linewidth=1.2, shrinkA=0, shrinkB=0
+                p0, p1, arrowstyle="-|>", mutation_scale=10, color=style.MUTED, linewidth=1.2, shrinkA=0, shrinkB=0
             )
         )
 
@@ -241,9 +237,9 @@ def draw_layer_flow(
         if kind == "add":
             r = 0.17
             arrow((xm, prev_bottom), (xm, yc + r))
-            ax.add_patch(Circle((xm, yc), r, facecolor="none", edgecolor=INK_ON_PAGE, linewidth=1.2))
-            ax.text(xm, yc, "+", ha="center", va="center", fontsize=11, color=INK_ON_PAGE)
-            ax.plot([xm, xr, xr], [branch, branch, yc], color=INK_ON_PAGE, linewidth=1.2)
+            ax.add_patch(Circle((xm, yc), r, facecolor="none", edgecolor=style.MUTED, linewidth=1.2))
+            ax.text(xm, yc, "+", ha="center", va="center", fontsize=11)
+            ax.plot([xm, xr, xr], [branch, branch, yc], color=style.MUTED, linewidth=1.2)
             arrow((xr, yc), (xm + r, yc))
             ax.text(
                 xr + 0.12,
@@ -253,7 +249,6 @@ def draw_layer_flow(
                 ha="left",
                 va="center",
                 fontsize=9,
-                color=INK_ON_PAGE,
             )
             branch = yc - 0.4  # the next residual path leaves the main line just below this (+)
             prev_bottom = yc - r
@@ -271,11 +266,11 @@ def draw_layer_flow(
     if legend:
         x, yl = 0.5, ys[-1] - 0.95
         for key, text in legend.items():
-            ax.add_patch(Rectangle((x, yl - 0.15), 0.35, 0.3, facecolor=COLOURS[key], edgecolor=INK_ON_PAGE))
-            ax.text(x + 0.45, yl, text, ha="left", va="center", fontsize=9, color=INK_ON_PAGE)
+            ax.add_patch(Rectangle((x, yl - 0.15), 0.35, 0.3, facecolor=COLOURS[key], edgecolor=style.MUTED))
+            ax.text(x + 0.45, yl, text, ha="left", va="center", fontsize=9)
             x += 0.75 + 0.092 * len(text)
     if title:
-        ax.set_title(title, color=INK_ON_PAGE, fontsize=11)
+        ax.set_title(title, fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -407,6 +402,7 @@ def compare_printed(values, printed, decimals: int = 3) -> list[PrintedCheck]:
 # ------------------------------------------------------------------------------------------------ three axes
 
 
+@style.styled
 def draw_three_axes(
     holdings: dict[str, list[torch.Tensor]], shape: tuple[int, int, int], token_names: list[list[str]] | None = None
 ):
@@ -417,10 +413,8 @@ def draw_three_axes(
     Returns the Figure; raises ValueError if an element is held by no rank or by two."""
     b, s, d = shape
     panels = list(holdings.items())
-    fig, axes = plt.subplots(
-        len(panels), 1, figsize=(8.2, (1.9 if token_names else 1.35) * len(panels) * b / 2 + 0.5), squeeze=False
-    )
-    fig.patch.set_alpha(0)
+    figsize = (8.2, (1.9 if token_names else 1.35) * len(panels) * b / 2 + 0.5)
+    fig, axes = style.subplots(len(panels), 1, figsize=figsize, squeeze=False, grid=False)
     for ax, (title, per_rank) in zip(axes[:, 0], panels):
         owner = torch.full((b * s * d,), -1, dtype=torch.long)
         for r, idx in enumerate(per_rank):
@@ -431,7 +425,6 @@ def draw_three_axes(
             raise ValueError(f"{title}: {(owner < 0).sum().item()} elements are held by no rank")
         owner = owner.view(b, s, d)
         ax.set_axis_off()
-        ax.patch.set_alpha(0)
         gap, pitch = 0.5, 1.5 if token_names else 1.0  # a sentence row: d squares per token, the words under them
         for i in range(b):
             y0 = (b - 1 - i) * pitch + (pitch - 1.0)
@@ -441,20 +434,16 @@ def draw_three_axes(
                     colour = COLOURS[f"rank{owner[i, t, f].item() % 4}"]
                     ax.add_patch(Rectangle((x0 + f, y0), 0.92, 0.85, facecolor=colour, edgecolor="none"))
                 if token_names:
-                    ax.text(
-                        x0 + d / 2, y0 - 0.08, token_names[i][t], ha="center", va="top", fontsize=9, color=INK_ON_PAGE
-                    )
+                    ax.text(x0 + d / 2, y0 - 0.08, token_names[i][t], ha="center", va="top", fontsize=9)
         ax.set_xlim(-0.2, s * (d + gap))
         ax.set_ylim(-0.15, b * pitch)
-        ax.set_title(title, color=INK_ON_PAGE, fontsize=10, loc="left")
+        ax.set_title(title, fontsize=10, loc="left")
     handles = [Rectangle((0, 0), 1, 1, facecolor=COLOURS[f"rank{r}"]) for r in range(len(panels[0][1]))]
     fig.legend(
         handles,
         [f"rank {r}" for r in range(len(handles))],
         loc="lower center",
         ncol=len(handles),
-        frameon=False,
-        labelcolor=INK_ON_PAGE,
         fontsize=9,
     )
     fig.tight_layout(rect=(0, 0.06, 1, 1))

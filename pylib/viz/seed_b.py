@@ -21,7 +21,6 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.patches import Rectangle
@@ -395,52 +394,51 @@ def objects_cut(run: dict, mode: str, reference: dict) -> dict[str, bool]:
     return dict(weights=partial, layers=len(_layers_held(params)) < len(_layers_held(reference)))
 
 
+@style.styled
 def fig_dim_orth(cuts: dict[str, dict[str, float]], modes=MODES, dims=DIMS):
     """Seed B's fig-mat-dim-orth from measurements: one row per mode, one column per tensor dimension, a filled
     cell where the mode's ranks hold only part of that dimension (the share written in it)."""
-    with style.use():
-        fig, ax = plt.subplots(figsize=(1.05 * len(dims) + 1.6, 0.55 * len(modes) + 1.4))
-        ax.set_xlim(0, len(dims))
-        ax.set_ylim(len(modes), 0)
-        ax.grid(False)
-        for spine in ax.spines.values():
-            spine.set_visible(False)
-        colours = {m: style.PALETTE[i % len(style.PALETTE)] for i, m in enumerate(modes)}
-        for i, mode in enumerate(modes):
-            for j, dim in enumerate(dims):
-                share = cuts[mode].get(dim, 1.0)
-                cut = share < 1
-                ax.add_patch(
-                    Rectangle(
-                        (j + 0.06, i + 0.08),
-                        0.88,
-                        0.84,
-                        facecolor=colours[mode] if cut else style.CARD,
-                        edgecolor=style.GRID,
-                        lw=1.0,
-                    )
+    fig, ax = style.subplots(figsize=(1.05 * len(dims) + 1.6, 0.55 * len(modes) + 1.4), grid=False)
+    ax.set_xlim(0, len(dims))
+    ax.set_ylim(len(modes), 0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    colours = {m: style.rank_colour(i) for i, m in enumerate(modes)}
+    for i, mode in enumerate(modes):
+        for j, dim in enumerate(dims):
+            share = cuts[mode].get(dim, 1.0)
+            cut = share < 1
+            ax.add_patch(
+                Rectangle(
+                    (j + 0.06, i + 0.08),
+                    0.88,
+                    0.84,
+                    facecolor=colours[mode] if cut else style.CARD,
+                    edgecolor=style.GRID,
+                    lw=1.0,
                 )
-                if cut:
-                    ax.text(
-                        j + 0.5,
-                        i + 0.5,
-                        f"1/{round(1 / share)}",
-                        ha="center",
-                        va="center",
-                        fontsize=9,
-                        color="white",
-                        fontweight="bold",
-                    )
-        ax.set_xticks(np.arange(len(dims)) + 0.5, [DIM_TICKS.get(d, d) for d in dims])
-        ax.set_yticks(np.arange(len(modes)) + 0.5, modes)
-        ax.tick_params(length=0)
-        ax.xaxis.tick_top()
-        ax.set_title(
-            "share of each dimension one rank holds, measured on 2 ranks per mode (SP: beyond TP's cuts)",
-            fontsize=9,
-            pad=34,
-        )
-        fig.tight_layout()
+            )
+            if cut:
+                ax.text(
+                    j + 0.5,
+                    i + 0.5,
+                    f"1/{round(1 / share)}",
+                    ha="center",
+                    va="center",
+                    fontsize=9,
+                    color=style.ink_on(colours[mode]),
+                    fontweight="bold",
+                )
+    ax.set_xticks(np.arange(len(dims)) + 0.5, [DIM_TICKS.get(d, d) for d in dims])
+    ax.set_yticks(np.arange(len(modes)) + 0.5, modes)
+    ax.tick_params(length=0)
+    ax.xaxis.tick_top()
+    ax.set_title(
+        "share of each dimension one rank holds, measured on 2 ranks per mode (SP: beyond TP's cuts)",
+        fontsize=9,
+        pad=34,
+    )
+    fig.tight_layout()
     return fig
 
 
@@ -448,20 +446,11 @@ def fig_dim_orth(cuts: dict[str, dict[str, float]], modes=MODES, dims=DIMS):
 
 
 def fig_col_row(example):
-    """`pylib.viz.tp.fig_column_vs_row` (the real shards of a column- and a row-parallel matmul) on the book's
-    card background, its grey labels in the book's text colour."""
-    from .tp import GREY, fig_column_vs_row
+    """Seed B's fig-mat-tp-col-row: `pylib.viz.tp.fig_column_vs_row`, the real shards of a column- and a
+    row-parallel matmul (`pylib.viz.tp.column_row_example`)."""
+    from .tp import fig_column_vs_row
 
-    with style.use():
-        fig = fig_column_vs_row(example)
-        fig.set_facecolor(style.CARD)
-        for ax in fig.axes:
-            ax.set_facecolor(style.CARD)
-        for text in fig.findobj(plt.Text):
-            text.set_path_effects([])  # dark text on light cells and on the card reads without a halo
-            if text.get_color() == GREY:
-                text.set_color(style.TEXT)
-    return fig
+    return fig_column_vs_row(example)
 
 
 # ------------------------------------------------------------------------------------------------ B6 / B7: cut tables
@@ -903,6 +892,7 @@ def superposition_pieces(runs: list[dict], b: int, s: int, d_ff: int) -> np.ndar
     return owner
 
 
+@style.styled
 def fig_superposition(runs: list[dict], b: int, s: int, d_ff: int, tp: int, cp: int, dp: int, rank: int = 0):
     """Seed B's fig-mat-superposition from the 16-rank run: the FFN intermediate [b, s, h_ffn] drawn as b
     stacked sequences (rows: tokens, columns: h_ffn), and the part rank `rank` holds after TP, then CP, then DP:
@@ -915,40 +905,38 @@ def fig_superposition(runs: list[dict], b: int, s: int, d_ff: int, tp: int, cp: 
         (f"+ CP = {cp}: cut s (zig-zag)", lambda i, t, j: j in cols and t in pos, tp * cp),
         (f"+ DP = {dp}: cut b", lambda i, t, j: j in cols and t in pos and i in rows, tp * cp * dp),
     ]
-    with style.use():
-        fig, axes = plt.subplots(1, 4, figsize=(11, 4.2))
-        colour = style.PALETTE[0]
-        for ax, (title, holds, parts) in zip(axes, stages):
-            ax.set_xlim(0, d_ff)
-            ax.set_ylim(b * s, 0)
-            ax.grid(False)
-            ax.set_xticks([0, d_ff], ["0", f"h_ffn = {d_ff}"])
-            ax.set_yticks([i * s + s / 2 for i in range(b)], [f"seq {i}" for i in range(b)], fontsize=8)
-            ax.tick_params(axis="y", length=0)
-            held = 0
-            for i in range(b):
-                for t in range(s):
-                    run_start = None
-                    for j in range(d_ff + 1):
-                        inside = j < d_ff and holds(i, t, j)
-                        if inside and run_start is None:
-                            run_start = j
-                        if not inside and run_start is not None:
-                            ax.add_patch(
-                                Rectangle((run_start, i * s + t), j - run_start, 1, facecolor=colour, edgecolor="none")
-                            )
-                            held += j - run_start
-                            run_start = None
-            for i in range(1, b):
-                ax.axhline(i * s, color=style.MUTED, lw=1.2)
-            if parts > 1:
-                for j in range(1, tp):
-                    ax.axvline(j * d_ff / tp, color=style.MUTED, lw=0.6, ls="--")
-            ax.set_title(f"{title}\nrank {rank} holds 1/{round(b * s * d_ff / held)}", fontsize=9)
-        fig.suptitle(
-            f"FFN intermediate [b, s, h_ffn] = [{b}, {s}, {d_ff}]: the part of it rank {rank} holds "
-            f"(coordinates tp {me['coords']['tp']}, cp {me['coords']['cp']}, dp {me['coords']['dp']})",
-            fontsize=10,
-        )
-        fig.tight_layout()
+    fig, axes = style.subplots(1, 4, figsize=(11, 4.2), grid=False)
+    colour = style.PALETTE[0]
+    for ax, (title, holds, parts) in zip(axes, stages):
+        ax.set_xlim(0, d_ff)
+        ax.set_ylim(b * s, 0)
+        ax.set_xticks([0, d_ff], ["0", f"h_ffn = {d_ff}"])
+        ax.set_yticks([i * s + s / 2 for i in range(b)], [f"seq {i}" for i in range(b)], fontsize=8)
+        ax.tick_params(axis="y", length=0)
+        held = 0
+        for i in range(b):
+            for t in range(s):
+                run_start = None
+                for j in range(d_ff + 1):
+                    inside = j < d_ff and holds(i, t, j)
+                    if inside and run_start is None:
+                        run_start = j
+                    if not inside and run_start is not None:
+                        ax.add_patch(
+                            Rectangle((run_start, i * s + t), j - run_start, 1, facecolor=colour, edgecolor="none")
+                        )
+                        held += j - run_start
+                        run_start = None
+        for i in range(1, b):
+            ax.axhline(i * s, color=style.MUTED, lw=1.2)
+        if parts > 1:
+            for j in range(1, tp):
+                ax.axvline(j * d_ff / tp, color=style.MUTED, lw=0.6, ls="--")
+        ax.set_title(f"{title}\nrank {rank} holds 1/{round(b * s * d_ff / held)}", fontsize=9)
+    fig.suptitle(
+        f"FFN intermediate [b, s, h_ffn] = [{b}, {s}, {d_ff}]: the part of it rank {rank} holds "
+        f"(coordinates tp {me['coords']['tp']}, cp {me['coords']['cp']}, dp {me['coords']['dp']})",
+        fontsize=10,
+    )
+    fig.tight_layout()
     return fig

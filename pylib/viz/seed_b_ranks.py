@@ -286,28 +286,33 @@ def probe_modes(
     scores (every score block), events (the trace), specs (the module's ShardSpecs), and mode extras."""
     import torch.distributed as dist
 
-    from pylib.dist import Mesh, ParallelConfig
+    from pylib.dist import Mesh, ParallelConfig, current_device
     from pylib.model import build_model, random_tokens
 
     rank, n = dist.get_rank(), dist.get_world_size()
-    ids, targets = random_tokens(cfg, b, s, seed=0)
+    device = current_device()  # the rank's GPU under NCCL
+
+    def build(c):
+        return build_model(c).to(device)
+
+    ids, targets = (t.to(device) for t in random_tokens(cfg, b, s, seed=0))
     out = {
-        "reference": dict(params=_params(build_model(cfg)), moe_params=_params(build_model(moe_cfg))),
-        "TP": _tp(build_model(cfg), ids, targets, None, False),
-        "SP": _tp(build_model(cfg), ids, targets, None, True),
-        "CP": _cp(build_model(moe_cfg), ids, targets, None, layout),
-        "DP": _dp(build_model(moe_cfg), ids, targets, None),
-        "PP": _pp(build_model(moe_cfg), ids, targets, None, microbatches),
+        "reference": dict(params=_params(build(cfg)), moe_params=_params(build(moe_cfg))),
+        "TP": _tp(build(cfg), ids, targets, None, False),
+        "SP": _tp(build(cfg), ids, targets, None, True),
+        "CP": _cp(build(moe_cfg), ids, targets, None, layout),
+        "DP": _dp(build(moe_cfg), ids, targets, None),
+        "PP": _pp(build(moe_cfg), ids, targets, None, microbatches),
     }
-    ep_ids, ep_targets = random_tokens(moe_cfg, b, s, seed=100 + rank)
-    out["EP"] = _ep(build_model(moe_cfg), ep_ids, ep_targets, None)
+    ep_ids, ep_targets = (t.to(device) for t in random_tokens(moe_cfg, b, s, seed=100 + rank))
+    out["EP"] = _ep(build(moe_cfg), ep_ids, ep_targets, None)
     if ulysses:
-        out["CP ulysses"] = _cp(build_model(cfg), ids, targets, None, layout, kind="ulysses")
+        out["CP ulysses"] = _cp(build(cfg), ids, targets, None, layout, kind="ulysses")
     if kv_replicated_cfg is not None:
-        out["TP kv-replicated"] = _tp(build_model(kv_replicated_cfg), ids, targets, None, False)
+        out["TP kv-replicated"] = _tp(build(kv_replicated_cfg), ids, targets, None, False)
     if n % 2 == 0:
         mesh = Mesh(ParallelConfig(tp=2, dp=n // 2, ep=n // 2, etp=2))
-        out["ETP"] = _ep(build_model(moe_cfg), ep_ids, ep_targets, mesh.ep, mesh.etp)
+        out["ETP"] = _ep(build(moe_cfg), ep_ids, ep_targets, mesh.ep, mesh.etp)
         out["ETP"]["etp"] = mesh.etp.size
     out["rank"] = rank
     return out
@@ -329,15 +334,16 @@ def probe_compose(cfg, pc, batch: int, seq: int, *, variants=None, **model_kw) -
     positions (CP) and rows (DP) of the global batch."""
     from pylib.compose import ParallelTransformer, ffn_probe
     from pylib.cp.layout import sequence_positions
-    from pylib.dist import Mesh, trace
+    from pylib.dist import Mesh, current_device, trace
     from pylib.model import build_model, random_tokens
 
-    ids, targets = random_tokens(cfg, batch, seq, seed=0)
+    ids, targets = random_tokens(cfg, batch, seq, seed=0)  # `step` moves them to the model's device
     out = {}
     for name, overrides in (variants or {"model": {}}).items():
         mesh = Mesh(pc)
         kw = dict(model_kw) | dict(overrides)
-        model = ParallelTransformer.from_full(build_model(cfg), mesh, batch=batch, seq=seq, **kw)
+        full = build_model(cfg).to(current_device())  # the rank's GPU under NCCL
+        model = ParallelTransformer.from_full(full, mesh, batch=batch, seq=seq, **kw)
         first = model.stages[0]
         probe = ActivationProbe().watch_layer(next(iter(first.layers.values())))
         last = model.stages[-1]
@@ -377,13 +383,14 @@ def sp_without_tp(cfg, b: int, s: int) -> dict:
     import torch.distributed as dist
 
     from pylib.dist import collectives as C
-    from pylib.dist import trace
+    from pylib.dist import current_device, trace
     from pylib.model import build_model, random_hidden, saved_activations
     from pylib.tp import TPBlock, scatter_to_sequence_parallel_region
 
     n = dist.get_world_size()
-    block = build_model(cfg).layers[0]
-    x = random_hidden(b, s, cfg.d_model, seed=2, dtype=cfg.torch_dtype)
+    device = current_device()  # the rank's GPU under NCCL
+    block = build_model(cfg).to(device).layers[0]
+    x = random_hidden(b, s, cfg.d_model, seed=2, dtype=cfg.torch_dtype).to(device)
     with torch.no_grad():
         reference = block(x)
 

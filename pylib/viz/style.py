@@ -1,53 +1,84 @@
 """The book's matplotlib style: figures that read the same in the site's light and dark themes and in JupyterLab.
-
-Call it once per chapter, before drawing, or around one figure::
+Every figure of pylib.viz is drawn with it; a chapter that draws its own figure uses it too::
 
     from pylib.viz import style
 
-    style.apply()                     # for the rest of the notebook
-    with style.use():                 # or only for the figures created inside
-        fig, ax = plt.subplots()
-        ax.plot(x, y, color=style.PALETTE[0])
+    fig, ax = style.subplots(figsize=(6, 3))      # a figure on the card, axes in the book's look
+    ax.plot(x, y, color=style.FORWARD)
+    with style.use():                             # or: everything created inside uses the style
+        ...
+    style.apply()                                 # or: for the rest of the notebook
 
 and give every figure alt text (the site test fails a page with an image whose alt is empty): in a MyST code cell,
-``mystnb: {image: {alt: "..."}, figure: {caption: "...", name: fig-...}}`` in the cell's options.
+``mystnb: {image: {alt: "..."}, figure: {caption: "...", name: fig-...}}`` in the cell's options, or ``:alt:`` on
+the ``{glue:figure}``.
 
 Why a light card and not a transparent background: in its dark theme the pydata theme puts every image of the
-page content on a light grey card (and dims it), so a transparent figure drawn for a dark page would sit on light
+page content on a light background (and dims it), so a transparent figure drawn for a dark page would sit on light
 grey there; and JupyterLab's dark theme puts a transparent figure on near-black. A near-white figure background
 (`CARD`) looks like the page in the light theme, like the theme's own card in the dark theme, and stays a card in
 JupyterLab. On it:
 
-- text and axes are a dark slate grey (`TEXT`, contrast 9:1 on the card), never pure black;
+- text and axes are a dark slate grey (`TEXT`, contrast 9:1 on the card), never pure black; `MUTED` (about 4:1)
+  for secondary text and marks (notes under a label, reference lines, inactive ranks);
 - `PALETTE` holds eight mid-tone colours of distinct hue (the default colour cycle), each at least 3:1 against the
-  card and against a near-black page, so a figure drawn transparent still reads on both; `GRID` and `MUTED` are
-  for background structure (grid lines, shaded bubbles, inactive ranks).
+  card and against a near-black page, so a figure drawn transparent still reads on both; `GRID` is for background
+  structure (grid lines, cell borders, light fills);
+- text written on a filled shape takes `ink_on(fill, alpha)`: `INK` (near-black) on light fills, `CARD` on the
+  full-strength ones, whichever contrasts more (never less than 4:1 on a palette colour at any alpha).
 
-tests/test_viz_style.py checks those contrast ratios (WCAG 2 relative luminance) and that figures made under the
-style render with the card background.
+One meaning, one colour, in every figure:
+
+    rank_colour(r)            rank r (PALETTE in order; groups of ranks, the modes of Part II likewise)
+    FORWARD, BACKWARD         forward and backward compute (pipeline timelines, DP's backward pass)
+    PARAMS, GRADS, OPTIM      model state: parameters, gradients (born in backward: BACKWARD's colour), optimizer
+    COMM                      communication (a collective's name, a P2P arrow, a send/recv wait, a bucket in flight)
+    WASTE                     what is spent on nothing: the pipeline bubble, a flat buffer's padding
+    REPLICATED                a tensor every rank holds whole (no rank's colour)
+    GREEN, AMBER, RED         seed A's traffic lights (AMBER: a fill only, too light for lines on the card)
+
+A figure function of pylib.viz: decorate it with `@styled` (its body runs under the style, so its text and legends
+need no colour), make its axes with `subplots(...)`, or `figure_axes(ax, ...)` when it takes an `ax=`, colour by
+meaning from the names above, return the Figure (no `plt.show()`, no backend switch).
+
+tests/test_viz_style.py checks the contrast ratios (WCAG 2 relative luminance) and the helpers;
+tests/test_viz_card.py checks that every public figure function of pylib.viz draws on the card (a new one needs a
+case there).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import matplotlib as mpl
+import matplotlib.pyplot as plt
 
 CARD = "#fbfbfc"  # figure and axes background: near-white, opaque
 TEXT = "#3d4451"  # labels, titles, ticks, spines
-MUTED = "#7a818c"  # secondary marks (inactive ranks, reference lines)
-GRID = "#d9dde3"  # grid lines, light fills
-PALETTE = (
-    "#3b78c4",  # blue
-    "#c8691e",  # orange
-    "#2e9467",  # green
-    "#d1495b",  # red
-    "#8a63c6",  # purple
-    "#1b8f9c",  # teal
-    "#a67c12",  # ochre
-    "#7a818c",  # grey
-)
+MUTED = "#7a818c"  # secondary text and marks (notes, reference lines, inactive ranks)
+GRID = "#d9dde3"  # grid lines, cell borders, light fills
+INK = "#1b1f25"  # text on a light fill (see ink_on)
+
+BLUE = "#3b78c4"
+ORANGE = "#c8691e"
+GREEN = "#2e9467"
+RED = "#d1495b"
+PURPLE = "#8a63c6"
+TEAL = "#1b8f9c"
+OCHRE = "#a67c12"
+GREY = "#7a818c"
+PALETTE = (BLUE, ORANGE, GREEN, RED, PURPLE, TEAL, OCHRE, GREY)
+# A yellow that looks yellow cannot be dark enough for a line on the card (OCHRE is the palette's yellow): AMBER is a
+# fill only, always with an edge and INK text on it -- seed A's yellow traffic light.
+AMBER = "#e0ae2e"
 DARK_PAGE = "#121212"  # the pydata theme's dark page background, for the contrast checks
+
+FORWARD, BACKWARD = BLUE, ORANGE
+PARAMS, GRADS, OPTIM = BLUE, ORANGE, GREEN
+COMM = TEAL
+WASTE = RED
+REPLICATED = MUTED
 
 RC: dict[str, object] = {
     "figure.facecolor": CARD,
@@ -91,6 +122,81 @@ def use():
     """Use the book's style for the figures created inside the block only; rcParams are restored after."""
     with mpl.rc_context(RC):
         yield
+
+
+def styled(fn):
+    """Decorator for a figure function: its body runs under `use()`, so every text, line, legend and axes it creates
+    takes the book's colours without naming them. The signature is unchanged."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with use():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def style_axes(ax, grid: bool | str = True):
+    """Give an existing axes (and its figure) the book's look: card background, TEXT spines, ticks and labels, no
+    top or right spine. grid: False, True (both axes), "x" or "y". Returns the axes.
+
+    For axes made elsewhere: a chapter's own `plt.subplots`, handed to a figure function as `ax=`. The settings
+    are stored on the axes, so they hold for ticks and labels matplotlib creates later, at draw time."""
+    ax.figure.set_facecolor(CARD)
+    ax.figure.set_edgecolor(CARD)
+    ax.set_facecolor(CARD)
+    for side, spine in ax.spines.items():
+        spine.set_color(TEXT)
+        spine.set_visible(side in ("left", "bottom"))
+    ax.tick_params(colors=TEXT, labelcolor=TEXT)
+    ax.xaxis.label.set_color(TEXT)
+    ax.yaxis.label.set_color(TEXT)
+    ax.title.set_color(TEXT)
+    ax.grid(False)
+    if grid:
+        ax.set_axisbelow(True)
+        ax.grid(True, axis="both" if grid is True else grid, color=GRID, linewidth=0.8)
+    return ax
+
+
+def subplots(*args, grid: bool | str = True, **kwargs):
+    """`plt.subplots(*args, **kwargs)` in the book's style: the figure on the card, every axes through
+    `style_axes(ax, grid)` (grid False for diagrams and images, "y" for bar charts). Returns (fig, axes) as
+    plt.subplots does."""
+    with use():
+        fig, axes = plt.subplots(*args, **kwargs)
+    for ax in fig.axes:
+        style_axes(ax, grid)
+    return fig, axes
+
+
+def figure_axes(ax=None, *, figsize=None, grid: bool | str = True):
+    """(fig, ax) for a figure function with an optional `ax=` argument: the caller's axes (say, one panel of a
+    chapter's `subplots`) put in the book's style, or else a new figure of `figsize` with one styled axes."""
+    if ax is None:
+        return subplots(figsize=figsize, grid=grid)
+    return ax.figure, style_axes(ax, grid)
+
+
+def rank_colour(r: int) -> str:
+    """The colour of rank r (of group r, of mode r): PALETTE in order, repeating after eight."""
+    return PALETTE[r % len(PALETTE)]
+
+
+def tint(colour, amount: float) -> str:
+    """`colour` mixed with the card, as "#rrggbb": amount 0 is the colour, 1 the card (lighter shades of one
+    meaning, e.g. the later chunks of an interleaved pipeline; also what a fill at alpha 1 - amount looks like)."""
+    if not 0 <= amount <= 1:
+        raise ValueError(f"tint amount must be in [0, 1], got {amount}")
+    c, k = mpl.colors.to_rgb(colour), mpl.colors.to_rgb(CARD)
+    return mpl.colors.to_hex([a + (b - a) * amount for a, b in zip(c, k)])
+
+
+def ink_on(fill, alpha: float = 1.0) -> str:
+    """The colour for text written on `fill` drawn at `alpha` over the card: INK or CARD, whichever contrasts
+    more with what the reader sees there."""
+    seen = tint(fill, 1.0 - alpha)
+    return INK if contrast_ratio(INK, seen) >= contrast_ratio(CARD, seen) else CARD
 
 
 def relative_luminance(color) -> float:

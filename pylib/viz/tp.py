@@ -6,9 +6,9 @@
     traces = layer_traces(t=2)              # traces one TPBlock forward + backward, TP and TP + SP
     fig_sp_region(traces)                   # where SP's all-gathers and reduce-scatters sit around the TP region
 
-Matrices are shown in seed B's layout, W [in, out] (torch stores [out, in]; the figures transpose it).
-Colours are mid-tones on opaque cells with dark text, labels in mid-grey, transparent background: readable on
-light and dark pages.
+Matrices are shown in seed B's layout, W [in, out] (torch stores [out, in]; the figures transpose it). Colours and
+background are the book's (`pylib.viz.style`): a rank's cells in its rank colour, what every rank holds in
+`REPLICATED`.
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
-from matplotlib import patheffects
 from matplotlib.patches import FancyBboxPatch
 
-GREY = "#8a8a8a"
-TEXT = "#1c1c1c"
-RANK_COLOURS = ["#5b8fd0", "#e0934a", "#6bb36b", "#c96bb0", "#d0c55b", "#5bc0c0", "#b07a5b", "#9a8ad0"]
-OUTSIDE, INSIDE, COMM = "#7fbf7b", "#7ea6d8", "#e6a35c"
+from . import style
+
+# fig_sp_region's boxes: where the activations live, outside the TP region (LN, residual) or inside it
+OUTSIDE, INSIDE = style.tint(style.GREEN, 0.4), style.tint(style.BLUE, 0.4)
 
 
 # ------------------------------------------------------------------------------------------ column vs row split
@@ -48,8 +47,11 @@ class ColumnRowExample:
 
 
 def _column_row_rank(x, up, down):
+    from pylib.dist import current_device
     from pylib.tp import ColumnParallelLinear, RowParallelLinear
 
+    device = current_device()  # the rank's GPU under NCCL
+    x, up, down = x.to(device), up.to(device), down.to(device)
     col = ColumnParallelLinear.from_full(up)
     row = RowParallelLinear.from_full(down)
     with torch.no_grad():
@@ -64,12 +66,12 @@ def column_row_example(t: int = 2, n: int = 4, d_in: int = 4, d_out: int = 8, se
     from pylib.dist import launch
 
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d_in, generator=g).round(decimals=1)
+    x = torch.randn(n, d_in, generator=g, device="cpu").round(decimals=1)
     up = torch.nn.Linear(d_in, d_out, bias=False)
     down = torch.nn.Linear(d_out, d_in, bias=False)
     with torch.no_grad():
-        up.weight.copy_(torch.randn(d_out, d_in, generator=g).round(decimals=1))
-        down.weight.copy_(torch.randn(d_in, d_out, generator=g).round(decimals=1))
+        up.weight.copy_(torch.randn(d_out, d_in, generator=g, device="cpu").round(decimals=1))
+        down.weight.copy_(torch.randn(d_in, d_out, generator=g, device="cpu").round(decimals=1))
     ranks = launch(_column_row_rank, t, x, up, down)
     with torch.no_grad():
         ref_y, ref_z = up(x), down(up(x))
@@ -96,29 +98,30 @@ def _matrix(ax, m: np.ndarray, title: str, colour: str, fmt: str = "{:.1f}"):
     for i in range(rows):
         for j in range(cols):
             alpha = 0.35 + 0.55 * abs(float(m[i, j])) / span
-            ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=colour, alpha=alpha, edgecolor=GREY, lw=0.5))
-            txt = ax.text(j + 0.5, i + 0.5, fmt.format(m[i, j]), ha="center", va="center", fontsize=7, color=TEXT)
-            txt.set_path_effects([patheffects.withStroke(linewidth=2, foreground="#f2f2f2", alpha=0.6)])
-    ax.set_title(title, fontsize=8, color=GREY)
+            ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=colour, alpha=alpha, edgecolor=style.GRID, lw=0.5))
+            ink = style.ink_on(colour, alpha)
+            ax.text(j + 0.5, i + 0.5, fmt.format(m[i, j]), ha="center", va="center", fontsize=7, color=ink)
+    ax.set_title(title, fontsize=8)
 
 
+@style.styled
 def fig_column_vs_row(ex: ColumnRowExample):
     """Seed B's fig-mat-tp-col-row: the column split's outputs concatenate; the row split's outputs are full-size
     partial sums that must be all-reduced. Every number is from the ranks' real shards."""
     t = len(ex.col_weights)
-    fig, axes = plt.subplots(2, 2 * t + 2, figsize=(2.0 * (2 * t + 2), 5.2), facecolor="none")
+    fig, axes = style.subplots(2, 2 * t + 2, figsize=(2.0 * (2 * t + 2), 5.2), grid=False)
     top, bottom = axes
-    _matrix(top[0], ex.x, "x [n, d_in]\n(whole on every rank)", "#a0a0a0")
+    _matrix(top[0], ex.x, "x [n, d_in]\n(whole on every rank)", style.REPLICATED)
     for r in range(t):
-        c = RANK_COLOURS[r % len(RANK_COLOURS)]
+        c = style.rank_colour(r)
         _matrix(top[1 + r], ex.col_weights[r], f"rank {r}: W_{r}\n[d_in, d_out/t] (columns)", c)
         _matrix(top[1 + t + r], ex.col_outputs[r], f"rank {r}: y_{r} = x W_{r}\n[n, d_out/t]", c)
-    _matrix(top[-1], np.concatenate(ex.col_outputs, axis=1), "concat(y_r) = x W\nno communication", "#a0a0a0")
+    _matrix(top[-1], np.concatenate(ex.col_outputs, axis=1), "concat(y_r) = x W\nno communication", style.REPLICATED)
     for r in range(t):
-        c = RANK_COLOURS[r % len(RANK_COLOURS)]
+        c = style.rank_colour(r)
         _matrix(bottom[r], ex.row_weights[r], f"rank {r}: V_{r}\n[d_out/t, d_in] (rows)", c)
         _matrix(bottom[t + r], ex.partials[r], f"rank {r}: y_{r} V_{r}\npartial sum, full size", c)
-    _matrix(bottom[2 * t], ex.reduced, "all-reduce: sum of\nthe partial sums", "#a0a0a0")
+    _matrix(bottom[2 * t], ex.reduced, "all-reduce: sum of\nthe partial sums", style.REPLICATED)
     bottom[2 * t + 1].axis("off")
     ok_y = np.allclose(np.concatenate(ex.col_outputs, axis=1), ex.reference_y, atol=1e-5)
     ok_z = np.allclose(ex.reduced, ex.reference_z, atol=1e-5)
@@ -127,14 +130,12 @@ def fig_column_vs_row(ex: ColumnRowExample):
         0.5,
         f"one device:\nconcat = x W  {'yes' if ok_y else 'NO'}\nsum = x W V  {'yes' if ok_z else 'NO'}",
         fontsize=8,
-        color=GREY,
         va="center",
     )
     fig.suptitle(
         f"TP on {t} ranks. Column split (top): each rank owns output columns, results concatenate.\n"
         "Row split (bottom): each rank owns input rows, every rank's result is a full-size partial sum: all-reduce.",
         fontsize=9,
-        color=GREY,
     )
     fig.tight_layout()
     return fig
@@ -144,14 +145,15 @@ def fig_column_vs_row(ex: ColumnRowExample):
 
 
 def _layer_trace_rank(cfg, b, s, modes):
-    from pylib.dist import trace
+    from pylib.dist import current_device, trace
     from pylib.model import build_model, random_hidden
     from pylib.tp import TPBlock, scatter_to_sequence_parallel_region
 
+    device = current_device()  # the rank's GPU under NCCL
     out = {}
     for name, sp, regather in modes:
-        block = TPBlock.from_full(build_model(cfg).layers[0], sequence_parallel=sp, regather=regather)
-        x = random_hidden(b, s, cfg.d_model, dtype=cfg.torch_dtype)
+        block = TPBlock.from_full(build_model(cfg).to(device).layers[0], sequence_parallel=sp, regather=regather)
+        x = random_hidden(b, s, cfg.d_model, dtype=cfg.torch_dtype).to(device)
         x = (scatter_to_sequence_parallel_region(x) if sp else x).detach().requires_grad_()
         with trace() as tr:
             block(x).square().sum().backward()
@@ -172,25 +174,25 @@ def layer_traces(t: int = 2, b: int = 1, s: int = 8, cfg=None, regather: bool = 
 
 def _box(ax, x, y, w, text, colour):
     ax.add_patch(
-        FancyBboxPatch((x, y - 0.3), w, 0.6, boxstyle="round,pad=0.02", facecolor=colour, edgecolor=GREY, lw=0.8)
+        FancyBboxPatch((x, y - 0.3), w, 0.6, boxstyle="round,pad=0.02", facecolor=colour, edgecolor=style.MUTED, lw=0.8)
     )
-    ax.text(x + w / 2, y, text, ha="center", va="center", fontsize=7, color=TEXT)
+    ax.text(x + w / 2, y, text, ha="center", va="center", fontsize=7, color=style.ink_on(colour))
 
 
 def _nbytes(n: int) -> str:
     return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
 
 
-def _arrow(ax, x, y, label, below, colour="#b5651d", dashed=False):
+def _arrow(ax, x, y, label, below, colour=style.COMM, dashed=False):
     ax.annotate(
         "",
         xy=(x + 0.9, y),
         xytext=(x, y),
-        arrowprops=dict(arrowstyle="->", color=GREY, lw=1, linestyle="--" if dashed else "-"),
+        arrowprops=dict(arrowstyle="->", color=style.MUTED, lw=1, linestyle="--" if dashed else "-"),
     )
     ax.text(x + 0.45, y + 0.42, label, ha="center", fontsize=6.5, color=colour)
     if below:
-        ax.text(x + 0.45, y - 0.52, below, ha="center", va="top", fontsize=6, color=GREY)
+        ax.text(x + 0.45, y - 0.52, below, ha="center", va="top", fontsize=6, color=style.MUTED)
 
 
 def _inside_label(tag: str, s: int) -> str:
@@ -215,7 +217,7 @@ def _phase_row(ax, y, events, phase, t, s):
     for e in evs:
         regather = e["tag"].endswith("regather")
         if e["op"] != "all_gather" and where == "out":  # TP: the entry that moves nothing
-            _arrow(ax, x, y, "identity", "no communication", colour=GREY, dashed=True)
+            _arrow(ax, x, y, "identity", "no communication", colour=style.MUTED, dashed=True)
             x += 1.0
             _box(ax, x, y, 1.4, _inside_label(e["tag"], s), INSIDE)
             x += 1.5
@@ -237,20 +239,21 @@ def _phase_row(ax, y, events, phase, t, s):
     return x
 
 
+@style.styled
 def fig_sp_region(traces: dict):
     """Rows: TP and TP + SP, forward and backward; boxes are where the activations live (green: outside the TP
     region, s/t tokens under SP; blue: inside, all tokens, heads or h_ffn split), arrows the collectives this
     rank really issued (from the trace), with their payloads. Same payload sum per row: AR = AG + RS."""
     t, s, events = traces["t"], traces["s"], traces["events"]
     rows = [(mode, phase) for mode in events for phase in ("forward", "backward")]
-    fig, ax = plt.subplots(figsize=(13, 1.35 * len(rows) + 0.6), facecolor="none")
+    fig, ax = style.subplots(figsize=(13, 1.35 * len(rows) + 0.6), grid=False)
     width = 0.0
     for i, (mode, phase) in enumerate(rows):
         y = -1.6 * i
-        ax.text(-0.2, y, f"{mode}\n{phase}", ha="right", va="center", fontsize=8, color=GREY)
+        ax.text(-0.2, y, f"{mode}\n{phase}", ha="right", va="center", fontsize=8)
         width = max(width, _phase_row(ax, y, events[mode], phase, t, s))
         total = sum(e["bytes_sent"] for e in events[mode] if e["phase"] == phase)
-        ax.text(width + 0.1, y, f"sent {_nbytes(total)}", va="center", fontsize=7, color=GREY)
+        ax.text(width + 0.1, y, f"sent {_nbytes(total)}", va="center", fontsize=7)
     ax.set_xlim(-1.6, width + 1.5)
     fig.set_size_inches(max(8.0, 0.85 * (width + 3.1)), 1.35 * len(rows) + 0.6)
     ax.set_ylim(-1.6 * (len(rows) - 1) - 1.0, 0.9)
@@ -259,7 +262,6 @@ def fig_sp_region(traces: dict):
         f"One layer, t = {t}, b = {traces['b']}, s = {s}, h = {traces['h']} ({traces['dtype']}): SP turns each "
         "all-reduce into an all-gather into the TP region and a reduce-scatter out of it",
         fontsize=9,
-        color=GREY,
     )
     fig.tight_layout()
     return fig

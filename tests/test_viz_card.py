@@ -1,0 +1,267 @@
+"""Every figure the book draws is on the shared style's card: each public figure function of pylib.viz, driven with
+the small inputs of its own tests, returns a Figure whose background (and every axes' background) is `style.CARD`,
+opaque, and leaves matplotlib's rcParams as it found them."""
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import re
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+import pylib.viz  # noqa: E402
+from pylib.analysis import pp as pp_analysis  # noqa: E402
+from pylib.cp import ring_rounds  # noqa: E402
+from pylib.dist import ParallelConfig, launch  # noqa: E402
+from pylib.dist.mesh import AxisGroup  # noqa: E402
+from pylib.ep.example import seed_a_routing_table  # noqa: E402
+from pylib.ep.folding import folding_groups  # noqa: E402
+from pylib.model import ModelConfig, build_model  # noqa: E402
+from pylib.pp.schedules import build  # noqa: E402
+from pylib.pp.simulate import simulate  # noqa: E402
+from pylib.pp.timeline import bubble  # noqa: E402
+from pylib.viz import compose, cp, dp, ep, pp, seed_a, seed_b, style, tp  # noqa: E402
+
+# A figure function, by its name: fig_*, plot_*, draw_*, *_figure. Each one needs a case in CASES below.
+FIGURE_NAME = re.compile(r"^(fig|plot|draw)_|_figure$")
+
+
+def public_figure_functions() -> set[str]:
+    """ "module.function" for every public figure function of every module in pylib/viz."""
+    found = set()
+    for info in pkgutil.iter_modules(pylib.viz.__path__):
+        module = importlib.import_module(f"pylib.viz.{info.name}")
+        for name, fn in inspect.getmembers(module, inspect.isfunction):
+            if fn.__module__ == module.__name__ and not name.startswith("_") and FIGURE_NAME.search(name):
+                found.add(f"{info.name}.{name}")
+    return found
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+
+
+def _cp_rank():
+    from pylib.cp import RingStats, ring_attention, shard_sequence
+    from pylib.dist import trace
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = torch.randn(1, 2, 16, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    out = {}
+    for layout in ("contiguous", "zigzag"):
+        q = shard_sequence(x, 2, r, n, layout)
+        stats = RingStats()
+        with trace() as tr:
+            ring_attention(q, q, q, causal=True, layout=layout, stats=stats)
+        out[layout] = ([e.as_dict() for e in tr.events], stats.work("forward", "computed"))
+    return out
+
+
+def _dp_rank():
+    from pylib.dp import train_data_parallel
+
+    cfg = ModelConfig(vocab_size=37, d_model=9, n_heads=3, d_ff=22, n_layers=2, dtype="float64")
+    return {s: train_data_parallel(cfg, s, steps=1, bucket_bytes=1024, keep_events=False) for s in ("ddp", "zero3")}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """The real runs some figures draw: a 4-rank causal ring (both layouts), 2-rank DP (DDP and ZeRO-3), the 2-rank
+    column / row TP example."""
+    return dict(cp=launch(_cp_rank, 4), dp=launch(_dp_rank, 2), tp=tp.column_row_example(t=2))
+
+
+def _seed_a_flow():
+    model = build_model(ModelConfig.seed_a())
+    with torch.no_grad():
+        x = model.embed(torch.arange(8).view(2, 4))
+    return seed_a.layer_flow(model.layers[0], x)
+
+
+def _three_axes():
+    idx = torch.arange(2 * 4 * 4).view(2, 4, 4)
+    holdings = {
+        "sequence": [t.reshape(-1) for t in idx.chunk(2, dim=1)],
+        "batch": [t.reshape(-1) for t in idx.chunk(2, dim=0)],
+    }
+    return seed_a.draw_three_axes(holdings, (2, 4, 4), [["the", "cat", "sat", "down"], ["a", "dog", "ran", "off"]])
+
+
+def _expert_holdings():
+    from pylib.ep import ExpertParallelMoE
+    from pylib.model.config import MoEConfig
+    from pylib.model.moe import MoE
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        moe = MoE(8, 16, MoEConfig(n_experts=4, top_k=2)).double()
+    held = []
+    for rank in range(4):  # ep = 2, etp = 2, as in tests/test_ep_balance.py
+        ep_group = AxisGroup("ep", (rank % 2, rank % 2 + 2), rank // 2, None)
+        etp_group = AxisGroup("etp", (rank - rank % 2, rank - rank % 2 + 1), rank % 2, None)
+        held.append(ep.expert_holdings(ExpertParallelMoE(moe, ep_group, etp_group, None).param_map()))
+    return held
+
+
+def _cp_specs():
+    from pylib.cp import CPTransformer
+
+    model = build_model(ModelConfig(vocab_size=16, d_model=8, n_layers=1, n_heads=2, d_ff=16, dtype="float64"))
+    group = [AxisGroup("cp", (0, 1, 2, 3), r, None) for r in range(4)]
+    return [CPTransformer.from_full(model, group=g, layout="zigzag").shard_specs(2, 16) for g in group]
+
+
+def _bubble_rows():
+    rows = []
+    for name, v in [("1f1b", 1), ("interleaved", 2)]:
+        for m in (4, 8, 16):
+            measured = bubble(simulate(build(name, 4, m, v))).mean_relative
+            rows.append(dict(schedule=name, m=m, formula=pp_analysis.bubble_fraction(4, m, v), measured=measured))
+    return rows
+
+
+def _stage_specs(p, v):
+    from pylib.pp.split import shard_specs
+
+    model = build_model(ModelConfig(vocab_size=32, d_model=16, n_layers=8, n_heads=4, d_ff=32))
+    return [shard_specs(model, r, p, v) for r in range(p)]
+
+
+def _flat_layout():
+    from pylib.dp.layout import single_flat
+
+    params = [("c.bias", (3,)), ("c.weight", (3, 5)), ("b.weight", (7, 3)), ("a.bias", (5,)), ("a.weight", (5, 2))]
+    return single_flat("unit", params, element_size=8, parts=3)
+
+
+def _dim_orth():
+    cuts = {m: dict.fromkeys(seed_b.DIMS, 1.0) for m in seed_b.MODES}
+    for mode, dim in [
+        ("TP", "n_head"),
+        ("TP", "h_ffn"),
+        ("SP", "s"),
+        ("CP", "s"),
+        ("DP", "b"),
+        ("PP", "L"),
+        ("EP", "E"),
+    ]:
+        cuts[mode][dim] = 0.5
+    return seed_b.fig_dim_orth(cuts)
+
+
+def _superposition():
+    pieces = [
+        dict(rows=[i], positions=[0, 1], hidden_cols=[0, 1, 2, 3], coords=dict(tp=0, cp=0, dp=i)) for i in range(2)
+    ]
+    return seed_b.fig_superposition(pieces, 2, 2, 4, 1, 1, 2)
+
+
+def _report_rows():
+    """compose.report_rows' shape for two ranks: bytes held by kind, and (bytes sent, ops) per mesh axis."""
+    return [
+        dict(rank=r, params=100 + r, grads=100, optim=200, activations=50, traffic={"tp": (64, 64), "dp": (32, 32)})
+        for r in range(2)
+    ]
+
+
+def _schedules_on_chapter_axes():
+    """pp.md's use: the chapter makes the axes with style.subplots and hands each to a pp figure function."""
+    fig, axes = style.subplots(2, 1, figsize=(9, 5))
+    for ax, name in zip(axes, ("gpipe", "1f1b")):
+        pp.plot_schedule(build(name, 4, 8), ax=ax)
+    return fig
+
+
+CASES = {
+    "tp.fig_column_vs_row": lambda runs: tp.fig_column_vs_row(runs["tp"]),
+    "tp.fig_sp_region": lambda runs: tp.fig_sp_region(tp.layer_traces(t=2, b=1, s=8)),
+    "cp.ring_rounds_figure": lambda runs: cp.ring_rounds_figure(ring_rounds([r["zigzag"][0] for r in runs["cp"]])),
+    "cp.zigzag_balance_figure": lambda runs: cp.zigzag_balance_figure(
+        {layout: [r[layout][1] for r in runs["cp"]] for layout in ("contiguous", "zigzag")}
+    ),
+    "cp.causal_ownership_figure": lambda runs: cp.causal_ownership_figure(16, 4),
+    "cp.sequence_split_figure": lambda runs: cp.sequence_split_figure(_cp_specs(), 16),
+    "cp.merge_drift_figure": lambda runs: cp.merge_drift_figure(
+        [dict(cp=c, bf16_merge=1e-3 * c, fp32_merge=2e-4) for c in (1, 2, 4, 8)]
+    ),
+    "ep.plot_routing_table": lambda runs: ep.plot_routing_table(seed_a_routing_table(), 8, 4),
+    "ep.plot_traffic_matrix": lambda runs: ep.plot_traffic_matrix(
+        [[0, 64, 32, 0], [32, 0, 0, 96], [0, 0, 32, 32], [64, 32, 0, 0]]
+    ),
+    "ep.plot_folding": lambda runs: ep.plot_folding(
+        folding_groups(ParallelConfig(tp=2, cp=2, dp=2, pp=2, ep=4), 16), 16
+    ),
+    "ep.plot_load_balance": lambda runs: ep.plot_load_balance({"a": [2.0, 1.5, 1.2], "b": [1.9, 1.9, 2.0]}),
+    "ep.plot_dropped": lambda runs: ep.plot_dropped([0.5, 1.0], {"r": [0.5, 0.1]}),
+    "ep.plot_expert_placement": lambda runs: ep.plot_expert_placement(_expert_holdings(), 4, 16),
+    "pp.plot_timeline": lambda runs: pp.plot_timeline(simulate(build("1f1b", 2, 4), cost_comm=0.2), title="1F1B"),
+    "pp.plot_schedule": lambda runs: pp.plot_schedule(build("interleaved", 4, 8, 2)),
+    "pp.plot_bubble_sweep": lambda runs: pp.plot_bubble_sweep(_bubble_rows()),
+    "pp.plot_stage_map": lambda runs: pp.plot_stage_map(_stage_specs(2, 2)),
+    "dp.plot_zero_memory": lambda runs: dp.plot_zero_memory(
+        {s: runs["dp"][0][s]["memory"] for s in ("ddp", "zero3")}, unit="B"
+    ),
+    "dp.plot_bucket_overlap": lambda runs: dp.plot_bucket_overlap([r["ddp"]["overlap"] for r in runs["dp"]]),
+    "dp.plot_dp_matrix": lambda runs: dp.plot_dp_matrix(4, 8, 9, 22),
+    "dp.plot_flat_layout": lambda runs: dp.plot_flat_layout(_flat_layout()),
+    "dp.plot_zero3_resident": lambda runs: dp.plot_zero3_resident(
+        runs["dp"][0]["zero3"]["timeline"], sum(runs["dp"][0]["zero3"]["unit_bytes"].values()) // 2, unit="B"
+    ),
+    "seed_a.draw_layer_flow": lambda runs: seed_a.draw_layer_flow(
+        _seed_a_flow(), colours={1: "green", 3: "red", 5: "green"}, legend={"green": "token-local", "red": "global"}
+    ),
+    "seed_a.draw_three_axes": lambda runs: _three_axes(),
+    "seed_b.fig_dim_orth": lambda runs: _dim_orth(),
+    "seed_b.fig_col_row": lambda runs: seed_b.fig_col_row(runs["tp"]),
+    "seed_b.fig_superposition": lambda runs: _superposition(),
+    "compose.plot_rank_mesh": lambda runs: compose.plot_rank_mesh(ParallelConfig(tp=2, cp=2, dp=2, pp=2, ep=4), 16),
+    "compose.plot_token_placement": lambda runs: compose.plot_token_placement(
+        torch.arange(8).repeat_interleave(4).reshape(4, 8), microbatch_rows=1, dp_rows=2
+    ),
+    "compose.plot_rank_report": lambda runs: compose.plot_rank_report(_report_rows(), unit="B"),
+}
+# Figures a chapter assembles itself from axes it made (not a public function of pylib.viz).
+ASSEMBLED = {"pp.plot_schedule on style.subplots axes": lambda runs: _schedules_on_chapter_axes()}
+
+
+def test_every_public_figure_function_has_a_case():
+    found = public_figure_functions()
+    assert not found - set(CASES), f"add a case to CASES in {__file__} for {sorted(found - set(CASES))}"
+    assert not set(CASES) - found, f"CASES names figure functions pylib.viz does not have: {sorted(set(CASES) - found)}"
+
+
+@pytest.mark.parametrize("name", sorted(CASES) + sorted(ASSEMBLED))
+def test_figure_is_drawn_on_the_card(name, runs):
+    before = dict(matplotlib.rcParams)
+    fig = {**CASES, **ASSEMBLED}[name](runs)
+    assert isinstance(fig, Figure), f"{name} returned a {type(fig).__name__}, not a matplotlib Figure"
+    card = matplotlib.colors.to_rgba(style.CARD)
+    assert fig.get_facecolor() == card, f"{name}: figure background {fig.get_facecolor()}"
+    for ax in fig.axes:
+        assert ax.get_facecolor() == card, f"{name}: axes {ax.get_title()!r} background {ax.get_facecolor()}"
+    assert dict(matplotlib.rcParams) == before, f"{name} left rcParams changed"
+    plt.close(fig)
+
+
+def test_figure_modules_return_figures_and_leave_showing_and_the_backend_to_the_notebook():
+    """A figure function returns its Figure: showing it, or choosing a backend, is the caller's (a chapter glues the
+    figure through the inline backend; a test draws with Agg). No module of pylib.viz calls show(), ion(),
+    switch_backend() or matplotlib.use()."""
+    for info in pkgutil.iter_modules(pylib.viz.__path__):
+        tree = ast.parse(inspect.getsource(importlib.import_module(f"pylib.viz.{info.name}")))
+        calls = [n.func for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+        found = [
+            ast.unparse(f)
+            for f in calls
+            if f.attr in ("show", "ion", "switch_backend")
+            or (f.attr == "use" and isinstance(f.value, ast.Name) and f.value.id in ("matplotlib", "mpl"))
+        ]
+        assert not found, f"pylib/viz/{info.name}.py calls {found}"
