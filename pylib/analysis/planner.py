@@ -40,6 +40,7 @@ time; plans that do not, after them, by memory.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from pylib.dist.mesh import AXES, EXPERT_GROUPS, ParallelConfig
@@ -80,6 +81,16 @@ class Cluster:
     inter_node_bandwidth: float = 50e9
     flops: float = 400e12
 
+    def __post_init__(self):
+        for name in ("world_size", "gpus_per_node"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a positive integer")
+        for name in ("gpu_memory", "intra_node_bandwidth", "inter_node_bandwidth", "flops"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be positive")
+        if not 0 < self.usable_fraction <= 1:
+            raise ValueError(f"usable_fraction={self.usable_fraction!r} must be in (0, 1]")
+
     @property
     def usable_memory(self) -> float:
         return self.gpu_memory * self.usable_fraction
@@ -103,6 +114,7 @@ class Workload:
     optimizer_states: int = 2
 
     def __post_init__(self):
+        _positive(batch=self.batch, seq=self.seq)
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision={self.precision!r} must be one of {PRECISIONS}")
         if self.attention not in ATTENTION_KERNELS:
@@ -177,6 +189,12 @@ def canonical(plan: Plan, has_experts: bool = True) -> Plan:
 # ------------------------------------------------------------------------------------------------ enumeration
 
 
+def _positive(**sizes) -> None:
+    for name, n in sizes.items():
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name}={n!r} must be a positive integer")
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -209,6 +227,7 @@ def enumerate_plans(
     once (`canonical`). Candidates: tp cp dp pp = world_size; for an MoE model every ep, etp with ep etp pp
     dividing it (folded onto the dense mesh); m dividing B/dp, restricted to microbatches of `micro_batch_sizes`
     sequences when given; v dividing L/pp (v = 1 without PP), restricted to `virtual_stages` when given."""
+    _positive(world_size=world_size, batch=batch, seq=seq)
     moe = cfg.moe is not None
     out = []
     for tp in _divisors(world_size):
@@ -519,24 +538,41 @@ def expected_routing(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> lis
 
 
 def rank_traffic_rows(
-    cfg, plan: Plan, batch: int, seq: int, pp_rank: int, layouts=None, *, dp_index: int = 0, edp_index: int = 0
+    cfg,
+    plan: Plan,
+    batch: int,
+    seq: int,
+    pp_rank: int,
+    layouts=None,
+    *,
+    dp_index: int = 0,
+    edp_index: int = 0,
+    ep_index: int = 0,
+    etp_index: int = 0,
+    moe_routing: list | None = None,
 ) -> list:
     """Every op one rank issues in one step, as `compose.step_traffic` rows (axis, phase, op, where, count,
-    bytes_sent), on this rank's `flat_layouts` and the `expected_routing`. dp_index / edp_index: which ZeRO shard
-    the rank holds (it decides how many LayerNorm elements its TP all-reduce carries; the planner takes the first)."""
+    bytes_sent), on this rank's `flat_layouts`. dp_index / edp_index: which ZeRO shard the rank holds (it decides
+    how many LayerNorm elements its TP all-reduce carries; the planner takes the first); ep_index / etp_index: its
+    place in the EP and ETP groups. moe_routing: the routing of a real run (`compose.train`'s "moe_routing"); None
+    takes the `expected_routing` (uniform, no dropping), which is what the planner predicts with."""
     layouts = flat_layouts(cfg, plan, pp_rank) if layouts is None else layouts
-    return compose_analysis.step_traffic(
-        cfg,
-        plan.par,
-        batch=batch,
-        seq=seq,
-        pp_rank=pp_rank,
-        layouts=layouts,
-        dp_index=dp_index,
-        edp_index=edp_index,
-        moe_routing=expected_routing(cfg, plan, batch, seq, pp_rank),
-        **{k: v for k, v in plan.options().items() if k != "schedule"},
-    )
+    kw = dict(batch=batch, seq=seq, pp_rank=pp_rank, layouts=layouts, dp_index=dp_index, edp_index=edp_index)
+    kw.update(ep_index=ep_index, etp_index=etp_index)
+    kw.update({k: v for k, v in plan.options().items() if k != "schedule"})
+    if moe_routing is not None:
+        return compose_analysis.step_traffic(cfg, plan.par, moe_routing=moe_routing, **kw)
+    routing = expected_routing(cfg, plan, batch, seq, pp_rank)
+    rows = compose_analysis.step_traffic(cfg, plan.par, moe_routing=routing[:1], **kw)
+    if len(routing) <= 1:
+        return rows
+    # Every expected MoE forward is the same: the rows of one, times their number (m x MoE layers held), instead of
+    # evaluating thousands of identical entries. The rows of one forward = those with it minus those without.
+    extra = Counter(rows) - Counter(compose_analysis.step_traffic(cfg, plan.par, moe_routing=[], **kw))
+    n = len(routing)
+    for row, k in extra.items():
+        rows += [replace(row, count=row.count * (n - 1), bytes_sent=row.bytes_sent * (n - 1))] * k
+    return rows
 
 
 def rank_traffic(cfg, plan: Plan, batch: int, seq: int, pp_rank: int, layouts=None) -> dict[str, dict]:
@@ -616,7 +652,11 @@ def _bandwidths(plan: Plan, cluster: Cluster) -> dict[str, bool]:
 
 
 def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction:
-    """Memory and traffic of the evaluated pipeline ranks, the times of the cost model, and whether it fits."""
+    """Memory and traffic of the evaluated pipeline ranks, the times of the cost model, and whether it fits.
+    Raises ValueError naming every constraint the plan breaks (`problems`) when the composed model cannot run it."""
+    bad = problems(cfg, plan, cluster.world_size, workload.batch, workload.seq)
+    if bad:
+        raise ValueError(f"{plan.describe()} cannot run on {cluster.world_size} GPUs: " + "; ".join(bad))
     par = plan.par
     intra = _bandwidths(plan, cluster)
     ranks = []
@@ -730,6 +770,11 @@ def rank_plans(
     compute + bubble, a lower bound of its step time, can still beat the k-th best found."""
     if plans is None:
         plans = enumerate_plans(cfg, cluster.world_size, workload.batch, workload.seq, **enumerate_kw)
+    if not plans:
+        raise ValueError(
+            f"no plan runs this model on {cluster.world_size} GPUs with batch={workload.batch}, seq={workload.seq}: "
+            "every candidate breaks a constraint of pylib.compose (see `problems`)"
+        )
     plans = most_microbatches(plans)
     compute = compute_time(cfg, workload, cluster)
     screened = []

@@ -46,6 +46,7 @@ def _measure(cfg, plans, batch: int, seq: int) -> list[dict]:
                 activation_bytes=dict(r["activation_bytes"]),
                 peak_activation_bytes=r["peak_activation_bytes"],
                 expert_rows=rows,
+                moe_routing=list(r["moe_routing"]),
                 traffic=traffic,
             )
         )
@@ -83,19 +84,26 @@ class Check:
         return self.predicted == self.measured
 
 
-def compare(cfg, plan: P.Plan, records: list[dict], *, batch: int, seq: int) -> list[Check]:
+def compare(cfg, plan: P.Plan, records: list[dict], *, batch: int, seq: int, routing: str = "measured") -> list[Check]:
     """Predicted vs measured, for every rank: model-state bytes (uniform precision, Adam), the bytes each chunk
     saves for one microbatch (MoE layers at the rank's measured expert rows), the activation peak of the schedule
     (dense models: every microbatch saves the same), and the bytes sent on each axis (with the rank's own ZeRO
-    shard index). The EP axis carries what the routing sends: the planner's number is its expectation."""
+    shard and EP/ETP indices).
+
+    routing: which MoE routing the traffic formulas are evaluated on. "measured" (the run's own send/receive
+    counts): every number is exact. "expected" (uniform, no dropping; what the planner predicts with): the EP and
+    ETP axes carry what a data-dependent router sends, so their checks are marked inexact (`Check.exact`)."""
     from pylib.analysis.activations import chunk_saved_bytes, peak_saved_bytes
 
+    if routing not in ("measured", "expected"):
+        raise ValueError(f"routing={routing!r} must be 'measured' or 'expected'")
     par = plan.par
     work = P.Workload(batch, seq, precision="uniform", attention="math")
     b = plan.micro_batch(batch)
     out: list[Check] = []
     for rec in records:
-        r, pp_rank = rec["rank"], rec["coords"]["pp"]
+        r, co = rec["rank"], rec["coords"]
+        pp_rank = co["pp"]
         mem = P.rank_memory(cfg, plan, work, pp_rank)
         for k in ("params", "grads", "optim"):
             out.append(Check(r, k, mem[k], rec["memory"][k]))
@@ -108,16 +116,50 @@ def compare(cfg, plan: P.Plan, records: list[dict], *, batch: int, seq: int) -> 
             peak = peak_saved_bytes(chunks, plan.schedule, par.pp, plan.n_microbatches, plan.v, pp_rank)
             out.append(Check(r, "activation peak", peak, rec["peak_activation_bytes"]))
         rows = P.rank_traffic_rows(
-            cfg, plan, batch, seq, pp_rank, dp_index=rec["coords"]["dp-cp"], edp_index=rec["coords"]["edp"]
+            cfg,
+            plan,
+            batch,
+            seq,
+            pp_rank,
+            dp_index=co["dp-cp"],
+            edp_index=co["edp"],
+            ep_index=co["ep"],
+            etp_index=co["etp"],
+            moe_routing=rec["moe_routing"] if routing == "measured" else None,
         )
-        predicted: dict[str, dict[str, int]] = {}
+        predicted: dict[str, int] = {}
         for row in rows:
-            by_phase = predicted.setdefault(row.axis, {})
-            by_phase[row.phase] = by_phase.get(row.phase, 0) + row.bytes_sent
+            predicted[row.axis] = predicted.get(row.axis, 0) + row.bytes_sent
         for axis in sorted(set(predicted) | set(rec["traffic"])):
-            want, got = sum(predicted.get(axis, {}).values()), sum(rec["traffic"].get(axis, {}).values())
-            out.append(Check(r, f"sent on {axis}", want, got, exact=axis != "ep"))
+            got = sum(rec["traffic"].get(axis, {}).values())
+            exact = routing == "measured" or axis not in ("ep", "etp")
+            out.append(Check(r, f"sent on {axis}", predicted.get(axis, 0), got, exact=exact))
     return out
+
+
+def compare_table(checks: list[Check]) -> list[list[str]]:
+    """One row per quantity: how many ranks were checked, the largest predicted and measured values, the largest
+    |predicted - measured| over the ranks and whether the formula is exact for it."""
+    by: dict[str, list[Check]] = {}
+    for c in checks:
+        by.setdefault(c.quantity, []).append(c)
+    rows = []
+    for q, cs in by.items():
+        diff = max(abs(c.predicted - c.measured) for c in cs)
+        rows.append(
+            [
+                q,
+                str(len(cs)),
+                f"{max(c.predicted for c in cs):,.0f}",
+                f"{max(c.measured for c in cs):,.0f}",
+                f"{diff:,.0f}",
+                "exact" if all(c.exact for c in cs) else "expectation",
+            ]
+        )
+    return rows
+
+
+COMPARE_HEADER = ["quantity", "ranks", "predicted (max)", "measured (max)", "max |pred − meas|", "formula"]
 
 
 # ------------------------------------------------------------------------------------------------ presets
