@@ -26,15 +26,20 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
   compute   training FLOPs of the whole batch (`step_flops`: 2 FLOPs per multiply-add, backward twice the forward)
             shared equally by the ranks.
 
-The cost model, in one line: step time = compute + bubble + communication, where
+The cost model, in one line: step time = compute + bubble + exposed communication, where
   compute       = step_flops / (world x achieved FLOP/s per GPU)
   bubble        = compute x (pp - 1) / (v m)                      (`pp.bubble_fraction`; 1F1B and interleaved)
-  communication = max over the ranks of sum over axes of (bytes sent on the axis / the axis's bandwidth)
+  communication = max over the evaluated ranks of
+                    sum over the model axes (tp, cp, ep, etp, pp) of bytes sent / the axis's bandwidth
+                  + max(0, DP time - the compute it hides behind)
+  DP time       = bytes sent on the data-parallel axes (dp-cp, edp) / their bandwidth: gradient buckets reduce
+                  while backward runs (2/3 of compute), and ZeRO-3 also prefetches its gathers during forward (all
+                  of compute) -- `Cluster.overlap_dp=False` counts DP in full like the rest
 and an axis's bandwidth is the intra-node link's when every group of that axis sits inside one node (the order
-string decides: `crosses_nodes`), the inter-node link's otherwise. Nothing overlaps (real frameworks hide much of
-DP's and CP's traffic behind compute: read the communication as an upper bound), a microbatch computes at the same
-rate whatever its size, and a plan must fit: peak memory <= usable GPU memory. Plans that fit are ranked by step
-time; plans that do not, after them, by memory.
+string decides: `crosses_nodes`), the inter-node link's otherwise. Only DP overlaps (TP's and EP's collectives sit
+on the critical path; CP's and PP's sends could hide behind compute too: read those as upper bounds), a microbatch
+computes at the same rate whatever its size, and a plan must fit: peak memory <= usable GPU memory. Plans that fit
+are ranked by step time, ties by memory; plans that do not, after them, by memory.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ class Cluster:
     may use (the rest: CUDA context, communication buffers, allocator fragmentation); bandwidths in bytes/s per GPU
     and direction, inside a node and between nodes; `flops` the FLOP/s a GPU achieves on the model's matmuls.
     Defaults: H100 SXM 80 GB, 8 per node, NVLink 4 (900 GB/s both directions), one 400 Gb/s NIC per GPU, 40% of
-    the 989 TFLOP/s bf16 dense peak."""
+    the 989 TFLOP/s bf16 dense peak. overlap_dp: data-parallel traffic hides behind compute (module docstring)."""
 
     world_size: int
     gpus_per_node: int = 8
@@ -80,6 +85,7 @@ class Cluster:
     intra_node_bandwidth: float = 450e9
     inter_node_bandwidth: float = 50e9
     flops: float = 400e12
+    overlap_dp: bool = True
 
     def __post_init__(self):
         for name in ("world_size", "gpus_per_node"):
@@ -222,11 +228,14 @@ def enumerate_plans(
     zero_stages: tuple[int, ...] = ZERO_STAGES,
     cp_kinds: tuple[str, ...] = CP_KINDS,
     sequence_parallel: tuple[bool, ...] = (True, False),
+    expert_tp: tuple[int, ...] | None = None,
 ) -> list[Plan]:
     """Every plan `compose_problems` accepts for `cfg` on `world_size` ranks and a global batch [batch, seq], each
     once (`canonical`). Candidates: tp cp dp pp = world_size; for an MoE model every ep, etp with ep etp pp
     dividing it (folded onto the dense mesh); m dividing B/dp, restricted to microbatches of `micro_batch_sizes`
-    sequences when given; v dividing L/pp (v = 1 without PP), restricted to `virtual_stages` when given."""
+    sequences when given; v dividing L/pp (v = 1 without PP), restricted to `virtual_stages` when given; etp
+    restricted to `expert_tp` when given. The other knobs: ZeRO stages `zero_stages`, CP kinds `cp_kinds`, SP on/off
+    `sequence_parallel`; the rank order `order` is fixed (Megatron's default)."""
     _positive(world_size=world_size, batch=batch, seq=seq)
     moe = cfg.moe is not None
     out = []
@@ -239,7 +248,10 @@ def enumerate_plans(
                 folds = [(1, 1)]
                 if moe:
                     folds = [
-                        (ep, etp) for ep in _divisors(world_size // pp) for etp in _divisors(world_size // (pp * ep))
+                        (ep, etp)
+                        for ep in _divisors(world_size // pp)
+                        for etp in _divisors(world_size // (pp * ep))
+                        if expert_tp is None or etp in expert_tp
                     ]
                 vs = [1] if pp == 1 or cfg.n_layers % pp else [v for v in _divisors(cfg.n_layers // pp)]
                 if virtual_stages is not None:
@@ -659,16 +671,17 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
         raise ValueError(f"{plan.describe()} cannot run on {cluster.world_size} GPUs: " + "; ".join(bad))
     par = plan.par
     intra = _bandwidths(plan, cluster)
+    compute = compute_time(cfg, workload, cluster)
+    hidden = dp_hiding_time(plan, compute, cluster)
     ranks = []
     for r in evaluated_ranks(par.pp):
         mem = rank_memory(cfg, plan, workload, r, cluster.world_size)
         moved = rank_traffic(cfg, plan, workload.batch, workload.seq, r, flat_layouts(cfg, plan, r, cluster.world_size))
-        seconds = sum(
-            t["bytes_sent"] / (cluster.intra_node_bandwidth if intra[a] else cluster.inter_node_bandwidth)
-            for a, t in moved.items()
-        )
-        ranks.append(RankPrediction(r, mem, moved, seconds))
-    compute = compute_time(cfg, workload, cluster)
+        seconds = {"model": 0.0, "dp": 0.0}
+        for a, t in moved.items():
+            bw = cluster.intra_node_bandwidth if intra[a] else cluster.inter_node_bandwidth
+            seconds["dp" if a in DP_AXES else "model"] += t["bytes_sent"] / bw
+        ranks.append(RankPrediction(r, mem, moved, seconds["model"] + max(0.0, seconds["dp"] - hidden)))
     peak = max(r.memory["total"] for r in ranks)
     return Prediction(
         plan=plan,
@@ -680,6 +693,18 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
         comm_time=max(r.comm_time for r in ranks),
         intra_node=intra,
     )
+
+
+DP_AXES = ("dp-cp", "edp")
+
+
+def dp_hiding_time(plan: Plan, compute: float, cluster: Cluster) -> float:
+    """Seconds of compute that data-parallel traffic hides behind: the backward pass (2/3 of compute: backward
+    costs twice the forward) while gradient buckets reduce; for ZeRO-3 all of compute (its gathers prefetch in
+    forward too); none when `cluster.overlap_dp` is False."""
+    if not cluster.overlap_dp:
+        return 0.0
+    return compute if plan.zero_stage == 3 else 2 * compute / 3
 
 
 def compute_time(cfg, workload: Workload, cluster: Cluster) -> float:
@@ -696,10 +721,10 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
     """Seconds of communication the first pipeline rank cannot avoid, from three of the terms `compose.step_traffic`
     adds up (so at most its total): TP's collectives around attention in every held layer (`tp.layer_collectives`),
     CP's ring or Ulysses exchange in every held layer (`cp.ring_traffic` / `cp.ulysses_traffic`), EP's dispatch and
-    combine, forward and backward, in every held MoE layer (`ep.expected_alltoall_bytes`), and DP's
-    reduction of the dense buffers (`dp.traffic_by_op`, once per step; ZeRO-2 and ZeRO-3 reduce in every
-    microbatch). 1% below, for the bytes the ring formulas round down per buffer. Used by `rank_plans` to skip
-    plans that cannot win; never reported."""
+    combine, forward and backward, in every held MoE layer (`ep.expected_alltoall_bytes`), and DP's reduction of
+    the dense buffers (`dp.traffic_by_op`, once per step; ZeRO-2 and ZeRO-3 reduce in every microbatch; less the
+    compute it hides behind, `dp_hiding_time`). 1% below, for the bytes the ring formulas round down per buffer.
+    Used by `rank_plans` to skip plans that cannot win; never reported."""
     par = plan.par
     e = dtype_bytes(cfg.dtype)
     m, b, s_cp = plan.n_microbatches, plan.micro_batch(workload.batch), workload.seq // par.cp
@@ -741,7 +766,8 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
             if lay.axis == "dp-cp"
         )
         times = {0: 2, 1: 2, 2: m + 1, 3: 3 * m}[plan.zero_stage]
-        seconds += times * (d - 1) / d * dense / bw("dp-cp")
+        dp_seconds = times * (d - 1) / d * dense / bw("dp-cp")
+        seconds += max(0.0, dp_seconds - dp_hiding_time(plan, compute_time(cfg, workload, cluster), cluster))
     return 0.99 * seconds
 
 

@@ -4,7 +4,8 @@ selection guide read off its numbers, and an ipywidgets explorer.
     records = measure_plans(cfg, plans, batch=8, seq=16)       # one step of pylib.compose per plan, every rank
     rows = compare(cfg, plan, records[plan], batch=8, seq=16)   # predicted vs measured, per rank and quantity
     ranked = rank_plans(cfg, workload, cluster, top=8)          # pylib.analysis.planner
-    print(plans_text(ranked, cluster))                          # the table, as plain text (also plans_html)
+    print(plans_text(ranked))                                   # the table, as plain text (also plans_html)
+    ex = PlannerExplorer(); ex.widget; print(ex.text())         # choose sizes, see the best plans
 
 Every number comes from `pylib.analysis.planner` (and through it from the per-mode formulas); the measurements from
 `pylib.compose.train` inside launched ranks.
@@ -12,6 +13,7 @@ Every number comes from `pylib.analysis.planner` (and through it from the per-mo
 
 from __future__ import annotations
 
+import functools
 import html
 from dataclasses import dataclass
 
@@ -261,3 +263,89 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
 
 def plans_html(ranked: list[P.Prediction]) -> str:
     return _html_table(PLAN_HEADER, plan_rows(ranked))
+
+
+# ------------------------------------------------------------------------------------------------ the explorer
+
+EXPLORER_SEARCH = dict(micro_batch_sizes=(1,), virtual_stages=(1,), expert_tp=(1,))  # one sequence per microbatch
+EXPLORER_PRESETS = [name for name in PRESETS if not name.startswith("DeepSeek")]  # 256 experts: seconds per update
+WORLD_SIZES = [8, 16, 32, 64, 128, 256]
+GPU_MEMORY = {"40 GB (A100 40G)": 40e9, "80 GB (H100)": 80e9, "141 GB (H200)": 141e9}
+
+
+def explorer_title(name: str, world: int, batch: int, seq: int, memory: float) -> str:
+    return f"{name} on {world} GPUs of {memory / 1e9:.0f} GB, 8 per node; {batch} sequences of {seq} tokens per step"
+
+
+class PlannerExplorer:
+    """Choose a model, the GPUs and the step's batch; see the cost model's best plans with their memory and traffic
+    per GPU (`pylib.analysis.planner.rank_plans` over `EXPLORER_SEARCH`: one sequence per microbatch, no virtual
+    stages, no expert TP, which keeps an update to about a second). The table is an HTML widget, so a page built
+    without a kernel shows the default; `text()` prints the same table."""
+
+    def __init__(self, preset: str = DEFAULT, top: int = 8):
+        import ipywidgets as widgets
+
+        _cfg, world, batch, seq = PRESETS[preset]
+        slider = dict(continuous_update=False, style={"description_width": "initial"})
+        self.top = top
+        self.preset = widgets.Dropdown(options=EXPLORER_PRESETS, value=preset, description="model")
+        self.world = widgets.SelectionSlider(options=WORLD_SIZES, value=world, description="GPUs", **slider)
+        self.memory = widgets.Dropdown(options=list(GPU_MEMORY), value="80 GB (H100)", description="GPU memory")
+        self.batch = widgets.SelectionSlider(
+            options=[2**i for i in range(3, 12)], value=batch, description="global batch (sequences)", **slider
+        )
+        self.seq = widgets.SelectionSlider(
+            options=[2**i for i in range(10, 18)], value=seq, description="sequence length", **slider
+        )
+        self.out = widgets.HTML()
+        self._loading = False
+        for c in (self.world, self.memory, self.batch, self.seq):
+            c.observe(lambda _change: self.update(), names="value")
+        self.preset.observe(lambda change: self.load(change["new"]), names="value")
+        controls = widgets.HBox(
+            [widgets.VBox([self.preset, self.world, self.memory]), widgets.VBox([self.batch, self.seq])]
+        )
+        self.widget = widgets.VBox([controls, self.out])
+        self.update()
+
+    def load(self, preset: str) -> None:
+        """Take the preset's GPUs, batch and sequence length, then recompute once."""
+        _cfg, world, batch, seq = PRESETS[preset]
+        self._loading = True
+        try:
+            self.world.value, self.batch.value, self.seq.value = world, batch, seq
+        finally:
+            self._loading = False
+        self.update()
+
+    def state(self) -> tuple[str, int, int, int, float]:
+        return self.preset.value, self.world.value, self.batch.value, self.seq.value, GPU_MEMORY[self.memory.value]
+
+    def ranked(self) -> list[P.Prediction]:
+        return _ranked(*self.state(), self.top)
+
+    def title(self) -> str:
+        return explorer_title(*self.state())
+
+    def update(self) -> None:
+        if self._loading:
+            return
+        try:
+            body = plans_html(self.ranked())
+        except ValueError as err:  # no plan can run these sizes: say why
+            body = f"<p>{html.escape(str(err))}</p>"
+        self.out.value = f"<p><b>{html.escape(self.title())}</b></p>{body}"
+
+    def text(self) -> str:
+        try:
+            return self.title() + "\n" + plans_text(self.ranked())
+        except ValueError as err:
+            return self.title() + "\n" + str(err)
+
+
+@functools.lru_cache(maxsize=256)
+def _ranked(name: str, world: int, batch: int, seq: int, memory: float, top: int) -> list[P.Prediction]:
+    cfg = PRESETS[name][0]
+    cluster = P.Cluster(world, gpu_memory=memory)
+    return P.rank_plans(cfg, P.Workload(batch, seq), cluster, top=top, **EXPLORER_SEARCH)
