@@ -54,6 +54,14 @@ def _mesh_problems(pc: ParallelConfig, world_size: int) -> tuple[str, ...]:
     return tuple(pc.problems(world_size))
 
 
+@functools.lru_cache(maxsize=256)
+def _layer_kinds(cfg) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(MoE layers, dense layers) of a model config, remembered (the config is immutable; a planner asks about the
+    same model thousands of times)."""
+    moe = tuple(i for i in range(cfg.n_layers) if cfg.is_moe_layer(i))
+    return moe, tuple(i for i in range(cfg.n_layers) if i not in moe)
+
+
 def _divides(out: list[str], part: int, whole: int, sentence: str) -> None:
     if part < 1 or whole % part:
         out.append(sentence)
@@ -95,12 +103,11 @@ def compose_problems(
         )
     # tensor parallelism: heads, K/V heads, h_ffn, vocabulary
     _collect(out, head_layout, cfg.n_heads, cfg.kv_heads, tp, 0)
-    dense_layers = [i for i in range(cfg.n_layers) if not cfg.is_moe_layer(i)]
+    moe_layers, dense_layers = _layer_kinds(cfg)
     if dense_layers:
         _divides(out, tp, cfg.d_ff, f"tp={tp} does not divide d_ff={cfg.d_ff} (h_ffn of the dense MLP layers)")
     _divides(out, tp, cfg.vocab_size, f"tp={tp} does not divide vocab_size={cfg.vocab_size}")
     # expert parallelism
-    moe_layers = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
     if moe_layers:
         d_ff_expert = cfg.moe.d_ff or cfg.d_ff
         out += [p for p in expert_parallel_problems(cfg.moe, ep=ep, etp=etp, d_ff_expert=d_ff_expert) if p not in out]
