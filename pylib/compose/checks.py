@@ -12,13 +12,14 @@ time.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from pylib.cp.layout import LAYOUTS, check_sequence
 from pylib.cp.ulysses import check_heads
 from pylib.dist.mesh import ParallelConfig
 from pylib.ep.checks import expert_parallel_problems
-from pylib.pp.schedules import SCHEDULES, ScheduleError, build
+from pylib.pp.schedules import SCHEDULES, ScheduleError, check_schedule
 from pylib.pp.split import check_split
 from pylib.tp.attention import head_layout
 
@@ -43,6 +44,22 @@ def _collect(out: list[str], fn: Callable, *args, **kwargs) -> None:
         msg = str(exc)
         if msg not in out:
             out.append(msg)
+
+
+@functools.lru_cache(maxsize=4096)
+def _mesh_problems(pc: ParallelConfig, world_size: int) -> tuple[str, ...]:
+    """`pc.problems(world_size)`, remembered: with pp > 1 it lays out the dense and the expert rank grids (O(world
+    size)), and a planner asks about the same mesh once per schedule, ZeRO stage and microbatch count. Both
+    arguments are immutable, so the answer cannot go stale."""
+    return tuple(pc.problems(world_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_kinds(cfg) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(MoE layers, dense layers) of a model config, remembered (the config is immutable; a planner asks about the
+    same model thousands of times)."""
+    moe = tuple(i for i in range(cfg.n_layers) if cfg.is_moe_layer(i))
+    return moe, tuple(i for i in range(cfg.n_layers) if i not in moe)
 
 
 def _divides(out: list[str], part: int, whole: int, sentence: str) -> None:
@@ -71,7 +88,7 @@ def compose_problems(
     tp, cp, ep, dp, pp, etp = pc.tp, pc.cp, pc.ep, pc.dp, pc.pp, pc.etp
     # sizes vs world, folding (ParallelConfig's own check)
     if world_size is not None:
-        out += pc.problems(world_size)
+        out += _mesh_problems(pc, world_size)
     # choices
     if cp_layout not in LAYOUTS:
         out.append(f"cp_layout={cp_layout!r} must be one of {LAYOUTS}")
@@ -86,12 +103,11 @@ def compose_problems(
         )
     # tensor parallelism: heads, K/V heads, h_ffn, vocabulary
     _collect(out, head_layout, cfg.n_heads, cfg.kv_heads, tp, 0)
-    dense_layers = [i for i in range(cfg.n_layers) if not cfg.is_moe_layer(i)]
+    moe_layers, dense_layers = _layer_kinds(cfg)
     if dense_layers:
         _divides(out, tp, cfg.d_ff, f"tp={tp} does not divide d_ff={cfg.d_ff} (h_ffn of the dense MLP layers)")
     _divides(out, tp, cfg.vocab_size, f"tp={tp} does not divide vocab_size={cfg.vocab_size}")
     # expert parallelism
-    moe_layers = [i for i in range(cfg.n_layers) if cfg.is_moe_layer(i)]
     if moe_layers:
         d_ff_expert = cfg.moe.d_ff or cfg.d_ff
         out += [p for p in expert_parallel_problems(cfg.moe, ep=ep, etp=etp, d_ff_expert=d_ff_expert) if p not in out]
@@ -124,7 +140,7 @@ def compose_problems(
     if schedule not in SCHEDULES:
         out.append(f"schedule={schedule!r} must be one of {SCHEDULES}")
     elif isinstance(n_microbatches, int) and n_microbatches >= 1:
-        _collect(out, build, schedule, pp, n_microbatches, v)
+        _collect(out, check_schedule, schedule, pp, n_microbatches, v)  # what build() checks, unbuilt
     else:
         out.append(f"n_microbatches={n_microbatches!r} must be a positive integer")
     # data: batch over dp and microbatches, sequence over cp (zig-zag: 2*cp chunks) and tp (SP)

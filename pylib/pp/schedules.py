@@ -371,6 +371,26 @@ def place_communication(
 # --------------------------------------------------------------------------------------------- the schedules
 
 
+def check_schedule(
+    name: str, p: int, m: int, v: int = 1, *, group_size: int | None = None, strict: bool = True
+) -> int | None:
+    """Everything `build` checks before it builds, without building (a schedule of p*m*v actions and its timing
+    take seconds for thousands of microbatches; this is instant). Raises the ScheduleError `build` would raise;
+    returns the interleaved group size N (None for the other schedules)."""
+    _check_sizes(p, m, v)
+    if name not in SCHEDULES:
+        raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
+    if name == "interleaved":
+        if strict:
+            return check_interleaved(p, m, v, group_size)
+        return _loose_group_size(p, v, group_size)
+    if v != 1:
+        raise ScheduleError(f"{name} runs one chunk per rank (v=1), got v={v}; use 'interleaved' for v > 1")
+    if group_size is not None:
+        raise ScheduleError(f"group_size applies to the interleaved schedule only, not {name}")
+    return None
+
+
 def build(
     name: str,
     p: int,
@@ -388,18 +408,7 @@ def build(
     strict=False builds an interleaved schedule that Megatron would reject (m not a multiple of N, a short last
     group): it still runs and is still correct, but its bubble exceeds (p-1)/(v·m) -- which is why Megatron
     rejects it."""
-    _check_sizes(p, m, v)
-    if name not in SCHEDULES:
-        raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
-    if name == "interleaved":
-        if strict:
-            group_size = check_interleaved(p, m, v, group_size)
-        else:
-            group_size = _loose_group_size(p, v, group_size)
-    elif v != 1:
-        raise ScheduleError(f"{name} runs one chunk per rank (v=1), got v={v}; use 'interleaved' for v > 1")
-    elif group_size is not None:
-        raise ScheduleError(f"group_size applies to the interleaved schedule only, not {name}")
+    group_size = check_schedule(name, p, m, v, group_size=group_size, strict=strict)
     orders = [compute_order(name, p, m, r, v, group_size, strict=strict) for r in range(p)]
     actions, times = place_communication(orders, p, v, cost_f, cost_b, policy)
     return Schedule(name, p, m, v, actions, group_size, cost_f, cost_b, times)

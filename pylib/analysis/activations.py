@@ -1,0 +1,240 @@
+"""What a rank of the composed model keeps for backward: saved-activation bytes per layer, per pipeline chunk and at
+the peak of the schedule, as pure functions of sizes.
+
+The layer is `pylib.tp.TPBlock` (what `pylib.compose` runs), so the dense rows are `tp.compare_with_korthikanti`'s,
+which the TP tests measure byte for byte. Three things change them inside the composed model:
+
+  attention core   CP replaces the core rows of that table (Q and K, V, the softmax output, the causal mask):
+                   ring attention keeps q, out, k, v and the rows' LSE at s/cp tokens (`cp.ring_attention_saved_bytes`,
+                   no score matrix); Ulysses keeps the same tensors head-split at the whole s, plus two [s] int64
+                   index vectors that put the zig-zag rows in token order for the causal kernel. attention="flash"
+                   asks the same of a fused kernel without CP (FlashAttention keeps exactly q, k, v, out and the LSE);
+                   attention="math" keeps pylib's unfused core, which saves the [b, n_head/tp, s, s] probabilities.
+  MoE layer        the MLP rows give way to the MoE layer's (`moe_saved_rows`): the router's input and scores, the
+                   chosen experts, the permutation indices, the R rows this rank's experts receive, their hidden
+                   activations, and the weighted combine. R depends on the routing: the expected value with uniform
+                   routing and no dropping is T k etp (T = the rank's tokens); pass the measured R to be exact.
+  the stage ends   the first virtual stage keeps the token ids and the vocab-parallel embedding's mask; the last keeps
+                   the final LayerNorm's input and statistics, the LM head's input, one [b, s/cp, V/tp] logits tensor
+                   and the targets with their mask (`stage_end_rows`).
+
+Sizes: b sequences of one microbatch on this rank (B / (dp m)), s the whole sequence, each rank s/cp of it; with
+sequence parallelism the tokens outside the TP region are s/(cp tp). e = bytes per element of cfg.dtype; token ids
+and indices are int64 (8 bytes), masks bool (1 byte).
+
+`peak_saved_bytes` replays a rank's forward/backward order (`pylib.pp.schedules.compute_order`) over the bytes of each
+chunk: the most held at once, which `pylib.compose` measures with its saved-tensor probe (tests/test_analysis_planner.py
+compares every number here with those measurements).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from . import cp as cp_analysis
+from . import tp as tp_analysis
+from .shapes import dtype_bytes, kv_heads_per_rank
+
+ATTENTION_KERNELS = ("flash", "math")
+CORE_ROWS = ("Q and K", "V", "softmax output", "causal mask")
+MLP_ROWS = ("MLP input (LN2 output)", "MLP hidden")
+INT64, BOOL = 8, 1
+
+
+def attention_core_bytes(
+    cfg,
+    b: int,
+    s: int,
+    *,
+    tp: int = 1,
+    cp: int = 1,
+    cp_kind: str = "ring",
+    attention: str = "math",
+    layout: str = "zigzag",
+) -> int:
+    """Bytes the attention core of one layer keeps on one rank (see the module docstring)."""
+    if attention not in ATTENTION_KERNELS:
+        raise ValueError(f"attention={attention!r} must be one of {ATTENTION_KERNELS}")
+    e = dtype_bytes(cfg.dtype)
+    heads, (kv, _) = cfg.n_heads // tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)
+    if cp > 1 and cp_kind == "ulysses":
+        index = 2 * s * INT64 if cfg.causal and layout == "zigzag" else 0
+        return cp_analysis.ring_attention_saved_bytes(b, s, heads // cp, kv // cp, cfg.d_head, 1, e) + index
+    if cp > 1 or attention == "flash":
+        return cp_analysis.ring_attention_saved_bytes(b, s, heads, kv, cfg.d_head, cp, e)
+    rows = tp_analysis.compare_with_korthikanti(cfg, b, s, tp)
+    return sum(r.ours_bytes for r in rows if r.item in CORE_ROWS)
+
+
+def expected_expert_rows(tokens: int, top_k: int, etp: int = 1) -> int:
+    """Rows an EP rank's experts receive in one forward, expected under uniform routing with no dropping: each of
+    the T k assignments of the EP group's ranks lands on a given rank with probability 1/ep, and ep ranks send, so
+    T k; ETP gathers the rows of its etp members: T k etp."""
+    return tokens * top_k * etp
+
+
+def moe_saved_rows(cfg, tokens: int, *, etp: int = 1, expert_rows: int | None = None) -> dict[str, int]:
+    """Bytes one `pylib.ep.ExpertParallelMoE` forward keeps, by tensor, for `tokens` tokens on this rank (softmax
+    router, no auxiliary loss, no dropping; exact then, an estimate for sigmoid routers and ETP).
+    expert_rows: rows this rank's experts received (R); None: `expected_expert_rows`."""
+    e = dtype_bytes(cfg.dtype)
+    moe = cfg.moe
+    T, k, h, E = tokens, moe.top_k, cfg.d_model, moe.n_experts
+    R = expected_expert_rows(T, k, etp) if expert_rows is None else expert_rows
+    ffe = (moe.d_ff or cfg.d_ff) // etp
+    hidden = 4 if cfg.mlp == "swiglu" else 2  # SwiGLU: gate x, silu(gate x), up x, product; GELU: input, output
+    return {
+        "router input [T, h]": T * h * e,
+        "router scores [T, E]": T * E * e,
+        "chosen experts, permutation, un-permutation [T, k] x 3": 3 * T * k * INT64,
+        "expert input rows [R, h]": R * h * e,
+        f"expert hidden x {hidden} [R, h_ffn/etp]": hidden * R * ffe * e,
+        "combine weights [T k, 1]": T * k * e,
+        "expert outputs, weighted [T k, h] x 2": 2 * T * k * h * e,
+    }
+
+
+def layer_saved_rows(
+    cfg,
+    layer: int,
+    b: int,
+    s: int,
+    *,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = False,
+    cp_kind: str = "ring",
+    attention: str = "math",
+    etp: int = 1,
+    expert_rows: int | None = None,
+) -> dict[str, int]:
+    """Bytes one layer keeps for backward on one rank, by tensor: `tp.compare_with_korthikanti` at s/cp tokens, the
+    attention core as `attention_core_bytes`, and for a MoE layer the MLP rows replaced by `moe_saved_rows`."""
+    sp = sequence_parallel and tp > 1
+    s_cp = s // cp
+    rows = {
+        r.item: r.ours_bytes
+        for r in tp_analysis.compare_with_korthikanti(cfg, b, s_cp, tp, sequence_parallel=sp)
+        if r.ours_bytes and r.item not in CORE_ROWS
+    }
+    rows["attention core" + (f" ({cp_kind})" if cp > 1 else f" ({attention})")] = attention_core_bytes(
+        cfg, b, s, tp=tp, cp=cp, cp_kind=cp_kind, attention=attention
+    )
+    if cfg.is_moe_layer(layer):
+        for item in MLP_ROWS:
+            rows.pop(item, None)
+        tokens = b * (s_cp // tp if sp else s_cp)
+        rows.update(moe_saved_rows(cfg, tokens, etp=etp, expert_rows=expert_rows))
+    return rows
+
+
+def stage_end_rows(
+    cfg,
+    b: int,
+    s: int,
+    *,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = False,
+    first: bool = False,
+    last: bool = False,
+) -> dict[str, int]:
+    """What the first stage keeps around the embedding and the last around the head, by tensor."""
+    e = dtype_bytes(cfg.dtype)
+    s_cp = s // cp
+    s_out = s_cp // tp if sequence_parallel and tp > 1 else s_cp
+    h, V = cfg.d_model, cfg.vocab_size // tp
+    rows = {}
+    if first:
+        rows["token ids and vocab mask [b, s/cp]"] = b * s_cp * (INT64 + BOOL)
+    if last:
+        rows["final LayerNorm input and statistics"] = b * s_out * h * e + 2 * b * s_out * e
+        rows["LM head input [b, s/cp, h]"] = b * s_cp * h * e
+        rows["logits [b, s/cp, V/tp]"] = b * s_cp * V * e
+        rows["targets and vocab mask [b, s/cp]"] = b * s_cp * (INT64 + BOOL)
+    return rows
+
+
+def chunk_layers(n_layers: int, pp: int, v: int, pp_rank: int) -> list[range]:
+    """Layers of each chunk c of pipeline rank `pp_rank`: virtual stage c pp + pp_rank of pp v (pylib.pp's split)."""
+    per = n_layers // (pp * v)
+    return [range((c * pp + pp_rank) * per, (c * pp + pp_rank + 1) * per) for c in range(v)]
+
+
+def chunk_saved_bytes(
+    cfg,
+    b: int,
+    s: int,
+    *,
+    pp: int = 1,
+    v: int = 1,
+    pp_rank: int = 0,
+    tp: int = 1,
+    cp: int = 1,
+    sequence_parallel: bool = False,
+    cp_kind: str = "ring",
+    attention: str = "math",
+    etp: int = 1,
+    expert_rows: dict[int, int] | None = None,
+) -> list[int]:
+    """Bytes one microbatch's forward keeps in each chunk of pipeline rank `pp_rank` (a list of v numbers).
+    expert_rows: {layer: R} measured; missing layers take the expectation."""
+    out = []
+    kw = dict(tp=tp, cp=cp, sequence_parallel=sequence_parallel)
+    same: dict[bool, int] = {}  # dense and MoE layers at the expected routing: one sum each
+
+    def layer(i):
+        rows_i = (expert_rows or {}).get(i)
+        if rows_i is None and cfg.is_moe_layer(i) in same:
+            return same[cfg.is_moe_layer(i)]
+        rows = layer_saved_rows(cfg, i, b, s, cp_kind=cp_kind, attention=attention, etp=etp, expert_rows=rows_i, **kw)
+        if rows_i is None:
+            same[cfg.is_moe_layer(i)] = sum(rows.values())
+        return sum(rows.values())
+
+    for c, layers in enumerate(chunk_layers(cfg.n_layers, pp, v, pp_rank)):
+        stage = c * pp + pp_rank
+        total = sum(stage_end_rows(cfg, b, s, first=stage == 0, last=stage == pp * v - 1, **kw).values())
+        out.append(total + sum(layer(i) for i in layers))
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def live_counts(schedule: str, pp: int, m: int, v: int, pp_rank: int) -> tuple[tuple[int, ...], ...]:
+    """The vectors (microbatches alive in chunk 0, ..., chunk v-1) right after each forward of rank `pp_rank`, in
+    the order `pylib.pp.schedules.compute_order` runs them (its warm-up forwards, then one forward and one backward,
+    then the cool-down backwards; the interleaved chunk order from `interleaved_table`), keeping only the vectors no
+    other one dominates. Replayed on chunk indices alone: thousands of microbatches cost milliseconds."""
+    from pylib.pp.schedules import check_schedule, interleaved_table, warmup_forwards
+
+    group = check_schedule(schedule, pp, m, v)
+    if schedule == "interleaved":
+        forwards = [c for _, c in interleaved_table(m, v, group)]
+    else:
+        forwards = [0] * m
+    backwards = forwards if schedule != "interleaved" else [v - 1 - c for c in forwards]
+    warm = warmup_forwards(schedule, pp, m, pp_rank, v, group)
+    alive = [0] * v
+    seen = set()
+
+    def forward(c):
+        alive[c] += 1
+        seen.add(tuple(alive))
+
+    for c in forwards[:warm]:
+        forward(c)
+    for k in range(len(forwards) - warm):
+        forward(forwards[warm + k])
+        alive[backwards[k]] -= 1
+    keep: list[tuple[int, ...]] = []
+    for x in sorted(seen, key=sum, reverse=True):  # a dominating vector has the larger sum: it is already kept
+        if not any(all(p >= q for p, q in zip(y, x)) for y in keep):
+            keep.append(x)
+    return tuple(sorted(keep))
+
+
+def peak_saved_bytes(chunk_bytes: list[int], schedule: str, pp: int, m: int, v: int, pp_rank: int) -> int:
+    """The most bytes rank `pp_rank` holds for backward at once over one step: max over its forwards of
+    sum over chunks (microbatches alive in the chunk x the chunk's bytes). For 1F1B (v = 1) that is
+    min(pp - pp_rank, m) microbatches (`pp.peak_in_flight`)."""
+    return max(sum(n * c for n, c in zip(vec, chunk_bytes)) for vec in live_counts(schedule, pp, m, v, pp_rank))

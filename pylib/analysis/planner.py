@@ -1,0 +1,833 @@
+"""Choosing a plan: every way `pylib.compose` can run a model on a cluster, what each rank would hold and move, and
+a ranking by a simple, stated cost model. Pure functions of sizes: a 671B-parameter model costs nothing here.
+
+    plans = enumerate_plans(cfg, world_size=64, batch=512, seq=4096)          # every Plan compose_problems accepts
+    p = predict(cfg, plan, Workload(batch=512, seq=4096), Cluster(64))         # memory / traffic per rank, times
+    best = rank_plans(cfg, Workload(512, 4096), Cluster(64), top=10)           # the cost model's order
+
+What is enumerated. A `Plan` is a `ParallelConfig` (tp, cp, ep, dp, pp, etp and Megatron's order string) and the
+options of `pylib.compose.ParallelTransformer`: sequence parallelism, ring or Ulysses CP, the ZeRO stage (0 = DDP),
+the microbatch count m and the chunks per pipeline rank v (schedule 1F1B, interleaved 1F1B when v > 1; GPipe is
+left out: the same bubble as 1F1B with more microbatches in flight). A knob that changes nothing is not varied: SP
+needs tp > 1, the CP kind cp > 1, ZeRO a data-parallel group. Validity is `pylib.compose.compose_problems`, asked
+about every candidate: the planner keeps exactly what the composed model would run.
+
+What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1, with fewer microbatches in flight):
+  memory    parameters, gradients, optimizer state: `pylib.analysis.dp` over this rank's parameters (`shapes.
+            weight_shapes`), dense ones sharded over dp x cp, experts over edp, per ZeRO stage; precision "uniform"
+            is what pylib runs (one dtype, Adam's two moments in it: `dp.held_bytes`), "mixed" the ZeRO paper's
+            16-bit weights and gradients with 12 bytes of fp32 state per parameter (`dp.paper_bytes`);
+            activations: the bytes each chunk keeps for backward per microbatch (`activations.chunk_saved_bytes`)
+            at the peak of the schedule (`activations.peak_saved_bytes`); under ZeRO-3 also the two largest
+            layers' gathered parameters (`dp.zero3_peak_param_bytes`, one running and one prefetched).
+  traffic   bytes each rank sends per step on each axis: `compose.step_traffic`, the sum of every mode's formulas,
+            evaluated on this rank's flat buffers as `pylib.dp` would lay them out (one buffer per chunk and group;
+            ZeRO-3 one per layer) and, for MoE layers, the expected routing (uniform, no dropping).
+  compute   training FLOPs of the whole batch (`step_flops`: 2 FLOPs per multiply-add, backward twice the forward)
+            shared equally by the ranks.
+
+The cost model, in one line: step time = compute + bubble + exposed communication, where
+  compute       = step_flops / (world x achieved FLOP/s per GPU)
+  bubble        = compute x (pp - 1) / (v m)                      (`pp.bubble_fraction`; 1F1B and interleaved)
+  communication = max over the evaluated ranks of
+                    sum over the other axes (tp, cp, tp-cp, ep, etp, pp) of bytes sent / the axis's bandwidth
+                  + max(0, DP time - the compute it hides behind)
+  DP time       = bytes sent on the data-parallel axes (dp-cp, edp) / their bandwidth: gradient buckets reduce
+                  while backward runs (2/3 of compute), and ZeRO-3 also prefetches its gathers during forward (all
+                  of compute) -- `Cluster.overlap_dp=False` counts DP in full like the rest
+and an axis's bandwidth is the intra-node link's when every group of that axis sits inside one node (the order
+string decides: `crosses_nodes`), the inter-node link's otherwise. Only DP overlaps (TP's and EP's collectives sit
+on the critical path; CP's and PP's sends could hide behind compute too: read those as upper bounds), a microbatch
+computes at the same rate whatever its size, and a plan must fit: peak memory <= usable GPU memory. Plans that fit
+are ranked by step time, ties by memory; plans that do not, after them, by memory.
+
+How exact. tests/test_analysis_planner.py runs plans of every mode with `pylib.compose` at small sizes and finds
+each predicted number equal to the measured one, byte for byte: parameter, gradient and optimizer bytes, the bytes
+each chunk saves for backward, the schedule's activation peak (dense models) and the bytes sent on every axis. The
+expert axes (ep, etp) are exact on a run's own routing (`rank_traffic_rows(..., moe_routing=...)`) and an
+expectation on the uniform routing the planner ranks with; an MoE's activation peak likewise assumes every
+microbatch routes as expected.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from pylib.dist.mesh import AXES, EXPERT_GROUPS, ParallelConfig
+from pylib.dp.layout import FlatEntry, FlatLayout
+
+from . import compose as compose_analysis
+from . import cp as cp_analysis
+from . import dp as dp_analysis
+from . import ep as ep_analysis
+from . import pp as pp_analysis
+from . import tp as tp_analysis
+from .activations import ATTENTION_KERNELS, chunk_layers, chunk_saved_bytes, expected_expert_rows, peak_saved_bytes
+from .shapes import dtype_bytes, kv_heads_per_rank, weight_shapes
+
+PRECISIONS = ("uniform", "mixed")
+CP_KINDS = ("ring", "ulysses")
+ZERO_STAGES = (0, 1, 2, 3)
+MIXED_STATE_BYTES = dp_analysis.PAPER_K  # fp32 master copy, momentum and variance per parameter
+GB = 1e9
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The machines: `world_size` GPUs, `gpus_per_node` per node; bytes of memory per GPU and the fraction a plan
+    may use (the rest: CUDA context, communication buffers, allocator fragmentation); bandwidths in bytes/s per GPU
+    and direction, inside a node and between nodes; `flops` the FLOP/s a GPU achieves on the model's matmuls.
+    Defaults: H100 SXM 80 GB, 8 per node, NVLink 4 (900 GB/s both directions), one 400 Gb/s NIC per GPU, 40% of
+    the 989 TFLOP/s bf16 dense peak. overlap_dp: data-parallel traffic hides behind compute (module docstring)."""
+
+    world_size: int
+    gpus_per_node: int = 8
+    gpu_memory: float = 80e9
+    usable_fraction: float = 0.9
+    intra_node_bandwidth: float = 450e9
+    inter_node_bandwidth: float = 50e9
+    flops: float = 400e12
+    overlap_dp: bool = True
+
+    def __post_init__(self):
+        for name in ("world_size", "gpus_per_node"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a positive integer")
+        for name in ("gpu_memory", "intra_node_bandwidth", "inter_node_bandwidth", "flops"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be positive")
+        if not 0 < self.usable_fraction <= 1:
+            raise ValueError(f"usable_fraction={self.usable_fraction!r} must be in (0, 1]")
+
+    @property
+    def usable_memory(self) -> float:
+        return self.gpu_memory * self.usable_fraction
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.world_size // self.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One training step: `batch` sequences of `seq` tokens (the global batch), the precision of the model state
+    ("mixed": 16-bit parameters and gradients, 12 bytes of fp32 state per parameter; "uniform": everything in the
+    model's dtype with `optimizer_states` tensors of state, as pylib runs) and the attention kernel outside CP
+    ("flash" keeps no score matrix; "math" is pylib's unfused core)."""
+
+    batch: int
+    seq: int
+    precision: str = "mixed"
+    attention: str = "flash"
+    optimizer_states: int = 2
+
+    def __post_init__(self):
+        _positive(batch=self.batch, seq=self.seq)
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision={self.precision!r} must be one of {PRECISIONS}")
+        if self.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"attention={self.attention!r} must be one of {ATTENTION_KERNELS}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One way to run: the mesh and the composed model's options."""
+
+    par: ParallelConfig
+    sequence_parallel: bool = False
+    cp_kind: str = "ring"
+    zero_stage: int = 0
+    n_microbatches: int = 1
+    v: int = 1
+
+    @property
+    def schedule(self) -> str:
+        return "interleaved" if self.v > 1 else "1f1b"
+
+    def options(self) -> dict:
+        """Keyword arguments of `ParallelTransformer.from_full`, `compose.train` and `compose_problems`."""
+        return dict(
+            sequence_parallel=self.sequence_parallel,
+            cp_kind=self.cp_kind,
+            schedule=self.schedule,
+            n_microbatches=self.n_microbatches,
+            v=self.v,
+            zero_stage=self.zero_stage,
+        )
+
+    def micro_batch(self, batch: int) -> int:
+        """Sequences per microbatch on one rank: B / (dp m)."""
+        return batch // (self.par.dp * self.n_microbatches)
+
+    @property
+    def dp_cp(self) -> int:
+        return self.par.dp * self.par.cp
+
+    @property
+    def edp(self) -> int:
+        return self.par.expert_dp()
+
+    def describe(self) -> str:
+        parts = [self.par.describe()]
+        if self.sequence_parallel:
+            parts.append("SP")
+        if self.par.cp > 1:
+            parts.append(self.cp_kind)
+        if self.zero_stage:
+            parts.append(f"ZeRO-{self.zero_stage}")
+        parts.append(f"m={self.n_microbatches}")
+        if self.v > 1:
+            parts.append(f"v={self.v}")
+        return " ".join(parts)
+
+
+def canonical(plan: Plan, has_experts: bool = True) -> Plan:
+    """The same run with the knobs that change nothing at their defaults: SP without TP, the CP kind without CP,
+    the ZeRO stage without a data-parallel group of more than one rank."""
+    par = plan.par
+    dp_groups = plan.dp_cp > 1 or (has_experts and par.expert_dp() > 1)
+    return replace(
+        plan,
+        sequence_parallel=plan.sequence_parallel and par.tp > 1,
+        cp_kind=plan.cp_kind if par.cp > 1 else "ring",
+        zero_stage=plan.zero_stage if dp_groups else 0,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ enumeration
+
+
+def _positive(**sizes) -> None:
+    for name, n in sizes.items():
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name}={n!r} must be a positive integer")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str]:
+    from pylib.compose.checks import compose_problems
+
+    return compose_problems(cfg, plan.par, world_size, batch=batch, seq=seq, **plan.options())
+
+
+def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str]:
+    """Every constraint `plan` breaks (`pylib.compose.compose_problems`); empty when the composed model runs it."""
+    return _problems(cfg, plan, world_size, batch, seq)
+
+
+def enumerate_plans(
+    cfg,
+    world_size: int,
+    batch: int,
+    seq: int,
+    *,
+    order: str = "tp-cp-ep-dp-pp",
+    micro_batch_sizes: tuple[int, ...] | None = None,
+    virtual_stages: tuple[int, ...] | None = None,
+    zero_stages: tuple[int, ...] = ZERO_STAGES,
+    cp_kinds: tuple[str, ...] = CP_KINDS,
+    sequence_parallel: tuple[bool, ...] = (True, False),
+    expert_tp: tuple[int, ...] | None = None,
+) -> list[Plan]:
+    """Every plan `compose_problems` accepts for `cfg` on `world_size` ranks and a global batch [batch, seq], each
+    once (`canonical`). Candidates: tp cp dp pp = world_size; for an MoE model every ep, etp with ep etp pp
+    dividing it (folded onto the dense mesh); m dividing B/dp, restricted to microbatches of `micro_batch_sizes`
+    sequences when given; v dividing L/pp (v = 1 without PP), restricted to `virtual_stages` when given; etp
+    restricted to `expert_tp` when given. The other knobs: ZeRO stages `zero_stages`, CP kinds `cp_kinds`, SP on/off
+    `sequence_parallel`; the rank order `order` is fixed (Megatron's default)."""
+    _positive(world_size=world_size, batch=batch, seq=seq)
+    moe = cfg.moe is not None
+    out = []
+    for tp in _divisors(world_size):
+        for cp in _divisors(world_size // tp):
+            for pp in _divisors(world_size // (tp * cp)):
+                dp = world_size // (tp * cp * pp)
+                if batch % dp:
+                    continue
+                folds = [(1, 1)]
+                if moe:
+                    folds = [
+                        (ep, etp)
+                        for ep in _divisors(world_size // pp)
+                        for etp in _divisors(world_size // (pp * ep))
+                        if expert_tp is None or etp in expert_tp
+                    ]
+                vs = [1] if pp == 1 or cfg.n_layers % pp else [v for v in _divisors(cfg.n_layers // pp)]
+                if virtual_stages is not None:
+                    vs = [v for v in vs if v in virtual_stages or v == 1]
+                ms = _divisors(batch // dp)
+                if micro_batch_sizes is not None:
+                    ms = [m for m in ms if batch // (dp * m) in micro_batch_sizes]
+                for ep, etp in folds:
+                    par = ParallelConfig(tp=tp, cp=cp, ep=ep, dp=dp, pp=pp, etp=etp, order=order)
+                    has_dp = dp * cp > 1 or (moe and par.expert_dp(world_size) > 1)
+                    for sp in sequence_parallel if tp > 1 else (False,):
+                        for kind in cp_kinds if cp > 1 else ("ring",):
+                            for zero in zero_stages if has_dp else (0,):
+                                for v in vs:
+                                    for m in ms:
+                                        plan = Plan(par, sp, kind, zero, m, v)
+                                        if not _problems(cfg, plan, world_size, batch, seq):
+                                            out.append(plan)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ parameters
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """Local parameter elements of one rank, by tensor (TP / EP / ETP splits applied; `shapes.weight_shapes`)."""
+
+    embed: int
+    lm_head: int
+    q: int  # W_Q, and W_O, of one layer
+    kv: int  # W_K, and W_V
+    dense_mlp: int  # W_gate + W_up + W_down of a dense layer
+    router: int
+    experts: int  # the E/ep local experts of one MoE layer, every matrix
+    h: int
+
+
+@functools.lru_cache(maxsize=1024)
+def _sizes(cfg, tp: int, ep: int, etp: int) -> _Sizes:
+    flat = ParallelConfig(tp=tp, ep=ep, etp=etp, dp=ep * etp)  # every layer on one stage; only tp, ep, etp cut
+    ws = {w.name: w for w in weight_shapes(cfg, flat)}
+
+    def one(name):  # elements of one such tensor on this rank
+        w = ws.get(name)
+        return 0 if w is None else w.local_numel
+
+    n_local = cfg.moe.n_experts // ep if cfg.moe is not None else 0
+    return _Sizes(
+        embed=one("token embedding"),
+        lm_head=one("LM head"),
+        q=one("W_Q"),
+        kv=one("W_K"),
+        dense_mlp=one("W_gate") + one("W_up") + one("W_down"),
+        router=one("router"),
+        experts=(one("expert W_gate") + one("expert W_up") + one("expert W_down")) * n_local,
+        h=cfg.d_model,
+    )
+
+
+def _layer_entries(cfg, sz: _Sizes, i: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(dense, expert) parameters of layer i in the order the composed layer registers them, named as it names the
+    ones whose gradients TP sums after DP (LayerNorms, the router, replicated K/V); the dense MLP and the experts
+    as one block each."""
+    h, p = sz.h, f"layers.{i}."
+    dense = [(p + "ln1.weight", h), (p + "ln1.bias", h)]
+    dense += [(p + f"attn.{w}_proj.weight", sz.q if w in "qo" else sz.kv) for w in "qkvo"]
+    dense += [(p + "ln2.weight", h), (p + "ln2.bias", h)]
+    if cfg.is_moe_layer(i):
+        return dense + [(p + "mlp.router.gate.weight", sz.router)], [(p + "mlp.experts", sz.experts)]
+    return dense + [(p + "mlp", sz.dense_mlp)], []
+
+
+class _Layout(FlatLayout):
+    """A FlatLayout whose element count is computed once (the planner asks for it thousands of times)."""
+
+    @functools.cached_property
+    def numel(self) -> int:
+        return sum(e.numel for e in self.entries)
+
+
+def _entries(pairs) -> tuple[FlatEntry, ...]:
+    out, offset = [], 0
+    for name, n in pairs:
+        if n:
+            out.append(FlatEntry(name, (n,), offset))
+            offset += n
+    return tuple(out)
+
+
+def flat_layouts(cfg, plan: Plan, pp_rank: int, world_size: int | None = None) -> list[FlatLayout]:
+    """This rank's data-parallel flat buffers as `pylib.dp` lays them out, from sizes alone: per chunk one buffer of
+    dense parameters over dp-cp and one of expert parameters over edp (ZeRO-3: one per unit -- the embedding, each
+    layer, the final LayerNorm, the LM head), padded to a multiple of the group size under ZeRO. A real run cuts
+    DDP's and ZeRO-1/2's buffers into 25 MiB buckets: the same bytes, up to that padding."""
+    par = plan.par
+    world = par.world_size if world_size is None else world_size
+    key = (par.tp, par.ep, par.etp, par.pp, plan.v, pp_rank, plan.zero_stage, plan.dp_cp, par.expert_dp(world))
+    return list(_flat_layouts(cfg, *key))
+
+
+@functools.lru_cache(maxsize=16384)
+def _flat_layouts(cfg, tp, ep, etp, pp, v, pp_rank, zero, d_dense, d_expert) -> tuple[FlatLayout, ...]:
+    sz = _sizes(cfg, tp, ep, etp)
+    e = dtype_bytes(cfg.dtype)
+    n_stages = pp * v
+    out: list[FlatLayout] = []
+
+    def add(key, axis, d, pairs):
+        entries = _entries(pairs)
+        if entries:
+            parts = d if zero else 1
+            out.append(_Layout(key, axis, tuple(range(d)), cfg.dtype, e, entries, parts))
+
+    for c, layers in enumerate(chunk_layers(cfg.n_layers, pp, v, pp_rank)):
+        stage = c * pp + pp_rank
+        units: list[tuple[str, list, list]] = []  # (unit, dense, expert) in registration order
+        if stage == 0:
+            units.append(("embed", [("embed.weight", sz.embed)], []))
+        for i in layers:
+            dense, expert = _layer_entries(cfg, sz, i)
+            units.append((f"layers.{i}", dense, expert))
+        if stage == n_stages - 1:
+            units.append(("ln_f", [("ln_f.weight", sz.h), ("ln_f.bias", sz.h)], []))
+            units.append(("lm_head", [("lm_head.weight", sz.lm_head)], []))
+        if zero == 3:  # FSDP-style units, each parameter list in registration order
+            for name, dense, expert in units:
+                add(f"{name}.dp-cp" if expert else name, "dp-cp", d_dense, dense)
+                add(f"{name}.edp", "edp", d_expert, expert)
+        else:  # buckets fill in reverse registration order: gradients appear from the last layer back
+            dense = [x for _, d, _ in units for x in d][::-1]
+            add(f"chunk{c}.dense", "dp-cp", d_dense, dense)
+            add(f"chunk{c}.expert", "edp", d_expert, [x for _, _, e in units for x in e][::-1])
+    return tuple(out)
+
+
+def model_state_bytes(layouts: list[FlatLayout], zero_stage: int, precision: str, optimizer_states: int = 2) -> dict:
+    """Parameter, gradient and optimizer-state bytes one rank holds: `compose.dp_held_bytes` (uniform precision,
+    what pylib runs) or `dp.paper_bytes` per buffer (mixed precision, the ZeRO paper's 16-bit weights and 12 bytes
+    of fp32 state)."""
+    if precision == "uniform":
+        return compose_analysis.dp_held_bytes(layouts, zero_stage, optimizer_states=optimizer_states)
+    if precision != "mixed":
+        raise ValueError(f"precision={precision!r} must be one of {PRECISIONS}")
+    stage = compose_analysis.DP_STAGES[zero_stage]
+    total = dict(params=0, grads=0, optim=0)
+    for lay in layouts:
+        if lay.element_size != 2:
+            raise ValueError(f"precision='mixed' counts 16-bit parameters; the model's dtype is {lay.dtype}")
+        d = lay.parts if zero_stage else 1
+        n = lay.padded_numel if zero_stage else lay.numel
+        for k, v in dp_analysis.paper_bytes(n, d, stage, k=MIXED_STATE_BYTES).items():
+            total[k] += v
+    return total
+
+
+def zero3_gathered_bytes(layouts: list[FlatLayout], zero_stage: int, resident_units: int = 2) -> int:
+    """ZeRO-3's gathered parameters on top of the shards: the `resident_units` largest units in full (the running
+    one and the prefetched next, `dp.zero3_peak_param_bytes`), in the parameters' dtype."""
+    if zero_stage != 3:
+        return 0
+    units: dict[str, int] = {}
+    for lay in layouts:
+        unit = lay.key.rsplit(".", 1)[0] if lay.key.endswith((".edp", ".dp-cp")) else lay.key
+        units[unit] = units.get(unit, 0) + lay.numel * lay.element_size
+    return dp_analysis.zero3_peak_param_bytes(0, list(units.values()), resident_units)
+
+
+# ------------------------------------------------------------------------------------------------ compute, placement
+
+
+def step_flops(cfg, batch: int, seq: int) -> float:
+    """Training FLOPs of one step on the whole batch: forward = 2 FLOPs per multiply-add of every matmul a token
+    passes through (Q, K, V, O; the dense MLP or the router and its top-k experts; the LM head) plus attention's
+    q.k and p.v over the score entries it computes (`cp.attention_flops`: s(s+1)/2 per head when causal);
+    backward twice the forward, so 3x in all. Without activation recomputation."""
+    h, dh, L = cfg.d_model, cfg.d_head, cfg.n_layers
+    attn = h * (2 * cfg.n_heads * dh + 2 * cfg.kv_heads * dh)
+    mats = 3 if cfg.mlp == "swiglu" else 2
+    dense_mlp = mats * h * cfg.d_ff
+    moe_mlp = 0
+    if cfg.moe is not None:
+        moe_mlp = cfg.moe.n_experts * h + cfg.moe.top_k * mats * h * (cfg.moe.d_ff or cfg.d_ff)
+    per_token = sum(attn + (moe_mlp if cfg.is_moe_layer(i) else dense_mlp) for i in range(L)) + h * cfg.vocab_size
+    entries = seq * (seq + 1) // 2 if cfg.causal else seq * seq
+    forward = 2 * per_token * batch * seq + L * batch * cp_analysis.attention_flops(entries * cfg.n_heads, dh)
+    return 3.0 * forward
+
+
+AXIS_GROUP = {
+    "tp": "tp",
+    "cp": "cp",
+    "pp": "pp",
+    "dp-cp": "dp-cp",
+    "tp-cp": "tp-cp",
+    "ep": "ep",
+    "etp": "etp",
+    "edp": "edp",
+}
+
+
+@functools.lru_cache(maxsize=65536)
+def crosses_nodes(par: ParallelConfig, world_size: int, group: str, gpus_per_node: int) -> bool:
+    """Whether some group named `group` ("tp", "dp-cp", "ep", "edp", ...) holds ranks of two nodes, ranks numbered
+    by the order string as `pylib.dist.rank_groups` numbers them (node = rank // gpus_per_node). A group's ranks
+    lie between its smallest and its largest, so it stays in one node iff those two do."""
+    expert = group in EXPERT_GROUPS
+    if expert:
+        sizes = dict(tp=par.etp, cp=1, ep=par.ep, dp=par.expert_dp(world_size), pp=par.pp)
+        axes = EXPERT_GROUPS[group].split("-")
+    else:
+        sizes = dict(tp=par.tp, cp=par.cp, ep=1, dp=par.dp, pp=par.pp)
+        axes = group.split("-")
+    names = par.order.split("-") + [a for a in AXES if a not in par.order.split("-")]
+    strides, s = {}, 1
+    for n in names:
+        strides[n] = s
+        s *= sizes[n]
+    span = sum((sizes[a] - 1) * strides[a] for a in axes)
+    if span == 0:
+        return False
+    others = [n for n in names if n not in axes and sizes[n] > 1]
+    bases = [0]
+    for n in others:
+        bases = [b + k * strides[n] for b in bases for k in range(sizes[n])]
+    return any(b // gpus_per_node != (b + span) // gpus_per_node for b in bases)
+
+
+# ------------------------------------------------------------------------------------------------ prediction
+
+
+@dataclass
+class RankPrediction:
+    """One pipeline rank: bytes held (params, grads, optim, activations, gathered, total), bytes sent per axis in
+    one step ({axis: {"bytes_sent", "ops"}}, the tracer's by-axis form) and the seconds they take."""
+
+    pp_rank: int
+    memory: dict
+    traffic: dict
+    comm_time: float
+
+
+@dataclass
+class Prediction:
+    plan: Plan
+    ranks: list[RankPrediction]
+    peak_memory: float
+    fits: bool
+    compute_time: float
+    bubble_time: float
+    comm_time: float
+    intra_node: dict = field(default_factory=dict)  # axis -> True when its groups stay inside a node
+
+    @property
+    def step_time(self) -> float:
+        return self.compute_time + self.bubble_time + self.comm_time
+
+    @property
+    def bubble_fraction(self) -> float:
+        return pp_analysis.bubble_fraction(self.plan.par.pp, self.plan.n_microbatches, self.plan.v)
+
+    def traffic_by_axis(self) -> dict[str, float]:
+        """Bytes sent per step on each axis by the busiest evaluated rank."""
+        out: dict[str, float] = {}
+        for r in self.ranks:
+            for axis, t in r.traffic.items():
+                out[axis] = max(out.get(axis, 0), t["bytes_sent"])
+        return out
+
+    def worst_rank(self) -> RankPrediction:
+        return max(self.ranks, key=lambda r: r.memory["total"])
+
+
+def evaluated_ranks(pp: int) -> list[int]:
+    """Pipeline ranks that differ: the first (embedding, most microbatches in flight), the second (a middle rank:
+    sends both ways), the last (LM head)."""
+    return sorted({0, min(1, pp - 1), pp - 1})
+
+
+def expected_routing(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> list[tuple]:
+    """The MoE forwards of this rank in one step, (layer, send_counts, recv_counts, etp_rows) as `compose.
+    step_traffic` reads them from a run, filled with their expectation under uniform routing: T k / E rows from each
+    of this rank's T tokens' k choices to each expert, T k rows received per EP rank."""
+    if cfg.moe is None:
+        return []
+    import torch
+
+    par = plan.par
+    b = plan.micro_batch(batch)
+    s_out = seq // par.cp // (par.tp if plan.sequence_parallel and par.tp > 1 else 1)
+    T, k, E = b * s_out, cfg.moe.top_k, cfg.moe.n_experts
+    counts = torch.full((par.ep, E // par.ep), T * k / E, dtype=torch.float64)
+    rows = [expected_expert_rows(T, k)] * par.etp
+    layers = [i for c in chunk_layers(cfg.n_layers, par.pp, plan.v, pp_rank) for i in c if cfg.is_moe_layer(i)]
+    return [(i, counts, counts, rows) for _ in range(plan.n_microbatches) for i in layers]
+
+
+def rank_traffic_rows(
+    cfg,
+    plan: Plan,
+    batch: int,
+    seq: int,
+    pp_rank: int,
+    layouts=None,
+    *,
+    dp_index: int = 0,
+    edp_index: int = 0,
+    ep_index: int = 0,
+    etp_index: int = 0,
+    moe_routing: list | None = None,
+) -> list:
+    """Every op one rank issues in one step, as `compose.step_traffic` rows (axis, phase, op, where, count,
+    bytes_sent), on this rank's `flat_layouts`. dp_index / edp_index: which ZeRO shard the rank holds (it decides
+    how many LayerNorm elements its TP all-reduce carries; the planner takes the first); ep_index / etp_index: its
+    place in the EP and ETP groups. moe_routing: the routing of a real run (`compose.train`'s "moe_routing"); None
+    takes the `expected_routing` (uniform, no dropping), which is what the planner predicts with."""
+    layouts = flat_layouts(cfg, plan, pp_rank) if layouts is None else layouts
+    kw = dict(batch=batch, seq=seq, pp_rank=pp_rank, layouts=layouts, dp_index=dp_index, edp_index=edp_index)
+    kw.update(ep_index=ep_index, etp_index=etp_index)
+    kw.update({k: v for k, v in plan.options().items() if k != "schedule"})
+    if moe_routing is not None:
+        return compose_analysis.step_traffic(cfg, plan.par, moe_routing=moe_routing, **kw)
+    routing = expected_routing(cfg, plan, batch, seq, pp_rank)
+    rows = compose_analysis.step_traffic(cfg, plan.par, moe_routing=routing[:1], **kw)
+    if len(routing) <= 1:
+        return rows
+    # Every expected MoE forward is the same: the rows of one, times their number (m x MoE layers held), instead of
+    # evaluating thousands of identical entries. The rows of one forward = those with it minus those without.
+    extra = Counter(rows) - Counter(compose_analysis.step_traffic(cfg, plan.par, moe_routing=[], **kw))
+    n = len(routing)
+    for row, k in extra.items():
+        rows += [replace(row, count=row.count * (n - 1), bytes_sent=row.bytes_sent * (n - 1))] * k
+    return rows
+
+
+def rank_traffic(cfg, plan: Plan, batch: int, seq: int, pp_rank: int, layouts=None) -> dict[str, dict]:
+    """Bytes one rank sends per step on each axis: `compose.per_axis` of `rank_traffic_rows`."""
+    return compose_analysis.per_axis(rank_traffic_rows(cfg, plan, batch, seq, pp_rank, layouts))
+
+
+def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: int | None = None) -> dict:
+    """Bytes one rank holds: model state (`model_state_bytes` of its `flat_layouts`), the activations at the
+    schedule's peak (`activations.peak_saved_bytes`), ZeRO-3's gathered units (`zero3_gathered_bytes`), the total."""
+    par = plan.par
+    world = par.world_size if world_size is None else world_size
+    key = (par.tp, par.ep, par.etp, par.pp, plan.v, pp_rank, plan.zero_stage, plan.dp_cp, par.expert_dp(world))
+    params, grads, optim, gathered = _state(cfg, key, workload.precision, workload.optimizer_states)
+    acts = _activations(cfg, plan, workload.batch, workload.seq, workload.attention, pp_rank)
+    return dict(
+        params=params,
+        grads=grads,
+        optim=optim,
+        activations=acts,
+        gathered=gathered,
+        total=params + grads + optim + acts + gathered,
+    )
+
+
+@functools.lru_cache(maxsize=65536)
+def _state(cfg, key: tuple, precision: str, optimizer_states: int) -> tuple:
+    layouts = list(_flat_layouts(cfg, *key))
+    state = model_state_bytes(layouts, key[6], precision, optimizer_states)
+    return state["params"], state["grads"], state["optim"], zero3_gathered_bytes(layouts, key[6])
+
+
+def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank: int) -> int:
+    par = plan.par
+    chunks = _chunk_bytes(
+        cfg,
+        plan.micro_batch(batch),
+        seq,
+        par.pp,
+        plan.v,
+        pp_rank,
+        par.tp,
+        par.cp,
+        plan.sequence_parallel,
+        plan.cp_kind if par.cp > 1 else "ring",
+        attention,
+        par.etp,
+    )
+    return peak_saved_bytes(list(chunks), plan.schedule, par.pp, plan.n_microbatches, plan.v, pp_rank)
+
+
+@functools.lru_cache(maxsize=65536)
+def _chunk_bytes(cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, etp) -> tuple[int, ...]:
+    return tuple(
+        chunk_saved_bytes(
+            cfg,
+            b,
+            seq,
+            pp=pp,
+            v=v,
+            pp_rank=pp_rank,
+            tp=tp,
+            cp=cp,
+            sequence_parallel=sp,
+            cp_kind=cp_kind,
+            attention=attention,
+            etp=etp,
+        )
+    )
+
+
+def _bandwidths(plan: Plan, cluster: Cluster) -> dict[str, bool]:
+    return {
+        axis: not crosses_nodes(plan.par, cluster.world_size, group, cluster.gpus_per_node)
+        for axis, group in AXIS_GROUP.items()
+    }
+
+
+def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction:
+    """Memory and traffic of the evaluated pipeline ranks, the times of the cost model, and whether it fits.
+    Raises ValueError naming every constraint the plan breaks (`problems`) when the composed model cannot run it."""
+    bad = problems(cfg, plan, cluster.world_size, workload.batch, workload.seq)
+    if bad:
+        raise ValueError(f"{plan.describe()} cannot run on {cluster.world_size} GPUs: " + "; ".join(bad))
+    par = plan.par
+    intra = _bandwidths(plan, cluster)
+    compute = compute_time(cfg, workload, cluster)
+    hidden = dp_hiding_time(plan, compute, cluster)
+    ranks = []
+    for r in evaluated_ranks(par.pp):
+        mem = rank_memory(cfg, plan, workload, r, cluster.world_size)
+        moved = rank_traffic(cfg, plan, workload.batch, workload.seq, r, flat_layouts(cfg, plan, r, cluster.world_size))
+        seconds = {"model": 0.0, "dp": 0.0}
+        for a, t in moved.items():
+            bw = cluster.intra_node_bandwidth if intra[a] else cluster.inter_node_bandwidth
+            seconds["dp" if a in DP_AXES else "model"] += t["bytes_sent"] / bw
+        ranks.append(RankPrediction(r, mem, moved, seconds["model"] + max(0.0, seconds["dp"] - hidden)))
+    peak = max(r.memory["total"] for r in ranks)
+    return Prediction(
+        plan=plan,
+        ranks=ranks,
+        peak_memory=peak,
+        fits=peak <= cluster.usable_memory,
+        compute_time=compute,
+        bubble_time=compute * pp_analysis.bubble_fraction(par.pp, plan.n_microbatches, plan.v),
+        comm_time=max(r.comm_time for r in ranks),
+        intra_node=intra,
+    )
+
+
+DP_AXES = ("dp-cp", "edp")
+
+
+def dp_hiding_time(plan: Plan, compute: float, cluster: Cluster) -> float:
+    """Seconds of compute that data-parallel traffic hides behind: the backward pass (2/3 of compute: backward
+    costs twice the forward) while gradient buckets reduce; for ZeRO-3 all of compute (its gathers prefetch in
+    forward too); none when `cluster.overlap_dp` is False."""
+    if not cluster.overlap_dp:
+        return 0.0
+    return compute if plan.zero_stage == 3 else 2 * compute / 3
+
+
+def compute_time(cfg, workload: Workload, cluster: Cluster) -> float:
+    """Seconds of compute per step, each GPU doing 1/world of `step_flops` at `cluster.flops`."""
+    return step_flops(cfg, workload.batch, workload.seq) / (cluster.world_size * cluster.flops)
+
+
+def peak_memory(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
+    """The most bytes any pipeline rank holds (`rank_memory` of the evaluated ranks)."""
+    return max(rank_memory(cfg, plan, workload, r, cluster.world_size)["total"] for r in evaluated_ranks(plan.par.pp))
+
+
+def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
+    """Seconds of communication the first pipeline rank cannot avoid, from three of the terms `compose.step_traffic`
+    adds up (so at most its total): TP's collectives around attention in every held layer (`tp.layer_collectives`),
+    CP's ring or Ulysses exchange in every held layer (`cp.ring_traffic` / `cp.ulysses_traffic`), EP's dispatch and
+    combine, forward and backward, in every held MoE layer (`ep.expected_alltoall_bytes`), and DP's reduction of
+    the dense buffers (`dp.traffic_by_op`, once per step; ZeRO-2 and ZeRO-3 reduce in every microbatch; less the
+    compute it hides behind, `dp_hiding_time`). 1% below, for the bytes the ring formulas round down per buffer.
+    Used by `rank_plans` to skip plans that cannot win; never reported."""
+    par = plan.par
+    e = dtype_bytes(cfg.dtype)
+    m, b, s_cp = plan.n_microbatches, plan.micro_batch(workload.batch), workload.seq // par.cp
+    layers = sum(len(c) for c in chunk_layers(cfg.n_layers, par.pp, plan.v, 0))
+    intra = _bandwidths(plan, cluster)
+
+    def bw(axis):
+        return cluster.intra_node_bandwidth if intra[axis] else cluster.inter_node_bandwidth
+
+    seconds = 0.0
+    if par.tp > 1:
+        per_layer = sum(
+            c.bytes_sent
+            for c in tp_analysis.layer_collectives(
+                b, s_cp, cfg.d_model, par.tp, e, sequence_parallel=plan.sequence_parallel
+            )
+            if c.where == "attn"
+        )
+        seconds += m * layers * per_layer / bw("tp")
+    if par.cp > 1:
+        heads, (kv, _) = cfg.n_heads // par.tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, par.tp)
+        if plan.cp_kind == "ring":
+            r = cp_analysis.ring_traffic(b, workload.seq, kv, cfg.d_head, par.cp, e)
+            per_layer = r["forward_bytes_sent"] + r["backward_bytes_sent"]
+        else:
+            u = cp_analysis.ulysses_traffic(b, workload.seq, heads, kv, cfg.d_head, par.cp, e)
+            per_layer = u["forward_bytes_sent"] + u["backward_bytes_sent"]
+        seconds += m * layers * per_layer / bw("cp")
+    if cfg.moe is not None and par.ep > 1:
+        s_out = s_cp // (par.tp if plan.sequence_parallel and par.tp > 1 else 1)
+        moe_layers = sum(cfg.is_moe_layer(i) for c in chunk_layers(cfg.n_layers, par.pp, plan.v, 0) for i in c)
+        per_layer = 4 * ep_analysis.expected_alltoall_bytes(b * s_out, cfg.moe.top_k, cfg.d_model, par.ep, e)
+        seconds += m * moe_layers * per_layer / bw("ep")
+    d = plan.dp_cp
+    if d > 1:
+        dense = sum(
+            lay.padded_bytes if plan.zero_stage else lay.bytes
+            for lay in flat_layouts(cfg, plan, 0, cluster.world_size)
+            if lay.axis == "dp-cp"
+        )
+        times = {0: 2, 1: 2, 2: m + 1, 3: 3 * m}[plan.zero_stage]
+        dp_seconds = times * (d - 1) / d * dense / bw("dp-cp")
+        seconds += max(0.0, dp_seconds - dp_hiding_time(plan, compute_time(cfg, workload, cluster), cluster))
+    return 0.99 * seconds
+
+
+def most_microbatches(plans: list[Plan]) -> list[Plan]:
+    """Drop the plans the cost model cannot prefer: under DDP and ZeRO-1, of plans that differ only in m keep the
+    largest m. More microbatches of fewer sequences move the same bytes (TP, CP, PP and EP traffic is per token;
+    DDP and ZeRO-1 reduce once per step), leave a smaller bubble and keep fewer activations. ZeRO-2 and ZeRO-3
+    communicate in every microbatch: all their m stay."""
+    best: dict[tuple, Plan] = {}
+    out = []
+    for p in plans:
+        if p.zero_stage >= 2:
+            out.append(p)
+            continue
+        key = (p.par, p.sequence_parallel, p.cp_kind, p.zero_stage, p.v)
+        if key not in best or p.n_microbatches > best[key].n_microbatches:
+            best[key] = p
+    return out + list(best.values())
+
+
+def rank_plans(
+    cfg, workload: Workload, cluster: Cluster, *, top: int = 10, plans: list[Plan] | None = None, **enumerate_kw
+) -> list[Prediction]:
+    """The `top` plans by the cost model (module docstring): the plans that fit by step time, then the others by
+    peak memory. Exact top-k with little work: every plan's memory first (cheap), then traffic only while a plan's
+    compute + bubble, a lower bound of its step time, can still beat the k-th best found."""
+    if plans is None:
+        plans = enumerate_plans(cfg, cluster.world_size, workload.batch, workload.seq, **enumerate_kw)
+    if not plans:
+        raise ValueError(
+            f"no plan runs this model on {cluster.world_size} GPUs with batch={workload.batch}, seq={workload.seq}: "
+            "every candidate breaks a constraint of pylib.compose (see `problems`)"
+        )
+    plans = most_microbatches(plans)
+    compute = compute_time(cfg, workload, cluster)
+    screened = []
+    for p in plans:
+        bound = compute * (1 + pp_analysis.bubble_fraction(p.par.pp, p.n_microbatches, p.v))
+        screened.append((peak_memory(cfg, p, workload, cluster), bound, p))
+    usable = cluster.usable_memory
+    screened = [
+        (mem, bound + (comm_lower_bound(cfg, p, workload, cluster) if mem <= usable else 0), p)
+        for mem, bound, p in screened
+    ]
+    fitting = sorted((s for s in screened if s[0] <= usable), key=lambda s: (s[1], s[0]))
+    best: list[Prediction] = []
+    for _, bound, plan in fitting:
+        if len(best) >= top and bound >= best[-1].step_time:
+            break
+        best.append(predict(cfg, plan, workload, cluster))
+        best.sort(key=lambda p: (p.step_time, p.peak_memory))
+        best = best[:top]
+    if len(best) < top:
+        rest = sorted((s for s in screened if s[0] > usable), key=lambda s: s[0])[: top - len(best)]
+        best += [predict(cfg, plan, workload, cluster) for _, _, plan in rest]
+    return best

@@ -1,0 +1,353 @@
+"""The planner on the page: its predictions checked against short real runs, its ranked plans as tables, seed A's
+selection guide read off its numbers, and an ipywidgets explorer.
+
+    records = measure_plans(cfg, plans, batch=8, seq=16)       # one step of pylib.compose per plan, every rank
+    rows = compare(cfg, plan, records[plan], batch=8, seq=16)   # predicted vs measured, per rank and quantity
+    ranked = rank_plans(cfg, workload, cluster, top=8)          # pylib.analysis.planner
+    print(plans_text(ranked))                                   # the table, as plain text (also plans_html)
+    ex = PlannerExplorer(); ex.widget; print(ex.text())         # choose sizes, see the best plans
+
+Every number comes from `pylib.analysis.planner` (and through it from the per-mode formulas); the measurements from
+`pylib.compose.train` inside launched ranks.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+from dataclasses import dataclass
+
+from pylib.analysis import planner as P
+from pylib.model import ModelConfig, MoEConfig
+
+from .seed_b import deepseek_v3_like, fmt_bytes, llama2_70b
+
+# ------------------------------------------------------------------------------------------------ measuring
+
+
+def _measure(cfg, plans, batch: int, seq: int) -> list[dict]:
+    """Inside each launched rank: one training step of every plan (`pylib.compose.train`), what the rank held and
+    moved. Traffic is summed per (axis, phase) from the tracer's events."""
+    from pylib.compose import train
+
+    out = []
+    for plan in plans:
+        r = train(cfg, plan.par, steps=1, batch=batch, seq=seq, keep_events=True, **plan.options())
+        traffic: dict[str, dict[str, int]] = {}
+        for e in r["events"][0]:
+            by_phase = traffic.setdefault(e["axis"], {})
+            by_phase[e["phase"]] = by_phase.get(e["phase"], 0) + e["bytes_sent"]
+        rows: dict[int, int] = {}
+        for layer, _send, _recv, etp_rows in r["moe_routing"]:  # forwards in order: microbatch 0 comes first
+            rows.setdefault(layer, sum(etp_rows))
+        out.append(
+            dict(
+                rank=r["rank"],
+                coords=r["coords"],
+                memory={k: r["memory"][k] for k in ("params", "grads", "optim")},
+                activation_bytes=dict(r["activation_bytes"]),
+                peak_activation_bytes=r["peak_activation_bytes"],
+                expert_rows=rows,
+                moe_routing=list(r["moe_routing"]),
+                traffic=traffic,
+            )
+        )
+    return out
+
+
+def measure_plans(cfg, plans, *, batch: int, seq: int, timeout: float = 240.0) -> dict:
+    """{plan: [one record per rank]}: every plan run for one step by `pylib.compose`, one launch per world size."""
+    from pylib.dist import launch
+
+    by_world: dict[int, list] = {}
+    for plan in plans:
+        by_world.setdefault(plan.par.world_size, []).append(plan)
+    out = {}
+    for world, group in by_world.items():
+        results = launch(_measure, world, cfg, group, batch, seq, backend="gloo", timeout=timeout)
+        for i, plan in enumerate(group):
+            out[plan] = [r[i] for r in results]
+    return out
+
+
+@dataclass
+class Check:
+    """One quantity of one rank: what the planner predicted, what the rank measured, and whether the formula is
+    exact for it (False: an expectation, e.g. expert traffic under data-dependent routing)."""
+
+    rank: int
+    quantity: str
+    predicted: float
+    measured: float
+    exact: bool = True
+
+    @property
+    def equal(self) -> bool:
+        return self.predicted == self.measured
+
+
+def compare(cfg, plan: P.Plan, records: list[dict], *, batch: int, seq: int, routing: str = "measured") -> list[Check]:
+    """Predicted vs measured, for every rank: model-state bytes (uniform precision, Adam), the bytes each chunk
+    saves for one microbatch (MoE layers at the rank's measured expert rows), the activation peak of the schedule
+    (dense models: every microbatch saves the same), and the bytes sent on each axis (with the rank's own ZeRO
+    shard and EP/ETP indices).
+
+    routing: which MoE routing the traffic formulas are evaluated on. "measured" (the run's own send/receive
+    counts): every number is exact. "expected" (uniform, no dropping; what the planner predicts with): the EP and
+    ETP axes carry what a data-dependent router sends, so their checks are marked inexact (`Check.exact`)."""
+    from pylib.analysis.activations import chunk_saved_bytes, peak_saved_bytes
+
+    if routing not in ("measured", "expected"):
+        raise ValueError(f"routing={routing!r} must be 'measured' or 'expected'")
+    par = plan.par
+    work = P.Workload(batch, seq, precision="uniform", attention="math")
+    b = plan.micro_batch(batch)
+    out: list[Check] = []
+    for rec in records:
+        r, co = rec["rank"], rec["coords"]
+        pp_rank = co["pp"]
+        mem = P.rank_memory(cfg, plan, work, pp_rank)
+        for k in ("params", "grads", "optim"):
+            out.append(Check(r, k, mem[k], rec["memory"][k]))
+        kw = dict(pp=par.pp, v=plan.v, pp_rank=pp_rank, tp=par.tp, cp=par.cp, etp=par.etp)
+        kw.update(sequence_parallel=plan.sequence_parallel, cp_kind=plan.cp_kind, attention="math")
+        chunks = chunk_saved_bytes(cfg, b, seq, expert_rows=rec["expert_rows"], **kw)
+        for c, n in enumerate(chunks):
+            out.append(Check(r, f"saved activations, chunk {c}", n, rec["activation_bytes"][(0, c)]))
+        if cfg.moe is None:
+            peak = peak_saved_bytes(chunks, plan.schedule, par.pp, plan.n_microbatches, plan.v, pp_rank)
+            out.append(Check(r, "activation peak", peak, rec["peak_activation_bytes"]))
+        rows = P.rank_traffic_rows(
+            cfg,
+            plan,
+            batch,
+            seq,
+            pp_rank,
+            dp_index=co["dp-cp"],
+            edp_index=co["edp"],
+            ep_index=co["ep"],
+            etp_index=co["etp"],
+            moe_routing=rec["moe_routing"] if routing == "measured" else None,
+        )
+        predicted: dict[str, int] = {}
+        for row in rows:
+            predicted[row.axis] = predicted.get(row.axis, 0) + row.bytes_sent
+        for axis in sorted(set(predicted) | set(rec["traffic"])):
+            got = sum(rec["traffic"].get(axis, {}).values())
+            exact = routing == "measured" or axis not in ("ep", "etp")
+            out.append(Check(r, f"sent on {axis}", predicted.get(axis, 0), got, exact=exact))
+    return out
+
+
+def compare_table(checks: list[Check]) -> list[list[str]]:
+    """One row per quantity: how many ranks were checked, the largest predicted and measured values, the largest
+    |predicted - measured| over the ranks and whether the formula is exact for it."""
+    by: dict[str, list[Check]] = {}
+    for c in checks:
+        by.setdefault(c.quantity, []).append(c)
+    rows = []
+    for q, cs in by.items():
+        diff = max(abs(c.predicted - c.measured) for c in cs)
+        rows.append(
+            [
+                q,
+                str(len(cs)),
+                f"{max(c.predicted for c in cs):,.0f}",
+                f"{max(c.measured for c in cs):,.0f}",
+                f"{diff:,.0f}",
+                "exact" if all(c.exact for c in cs) else "expectation",
+            ]
+        )
+    return rows
+
+
+COMPARE_HEADER = ["quantity", "ranks", "predicted (max)", "measured (max)", "max |pred − meas|", "formula"]
+
+
+# ------------------------------------------------------------------------------------------------ presets
+
+
+def llama2_7b() -> ModelConfig:
+    """Llama-2-7B's shapes: h = 4096, 32 layers, 32 heads (MHA), SwiGLU with h_ffn = 11008, V = 32000."""
+    return ModelConfig(
+        vocab_size=32000,
+        d_model=4096,
+        n_layers=32,
+        n_heads=32,
+        d_ff=11008,
+        mlp="swiglu",
+        position="rope",
+        dtype="bfloat16",
+    )
+
+
+def mixtral_8x7b() -> ModelConfig:
+    """Mixtral-8x7B's shapes: Llama-2-7B-like attention with 8 K/V heads, 8 experts of h_ffn = 14336, top-2."""
+    return ModelConfig(
+        vocab_size=32000,
+        d_model=4096,
+        n_layers=32,
+        n_heads=32,
+        n_kv_heads=8,
+        d_ff=14336,
+        mlp="swiglu",
+        position="rope",
+        dtype="bfloat16",
+        moe=MoEConfig(n_experts=8, top_k=2),
+    )
+
+
+# name -> (model, world size, global batch in sequences, sequence length)
+PRESETS: dict[str, tuple[ModelConfig, int, int, int]] = {
+    "Llama-2-7B-class dense": (llama2_7b(), 8, 256, 4096),
+    "Llama-2-70B-class dense (GQA)": (llama2_70b(), 64, 512, 4096),
+    "Mixtral-8x7B-class MoE": (mixtral_8x7b(), 64, 512, 4096),
+    "DeepSeek-V3-class MoE": (deepseek_v3_like(), 256, 1024, 4096),
+}
+DEFAULT = "Llama-2-70B-class dense (GQA)"
+SEARCH = dict(micro_batch_sizes=(1, 2), virtual_stages=(1, 2))  # the explorer's search (see rank_plans)
+
+
+# ------------------------------------------------------------------------------------------------ tables
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.3g} s" if x >= 0.1 else f"{1000 * x:.3g} ms"
+
+
+PLAN_HEADER = ["#", "plan", "fits", "memory / GPU", "state", "activations", "traffic / GPU / step", "bubble", "step"]
+
+
+def plan_rows(ranked: list[P.Prediction]) -> list[list[str]]:
+    """One row per plan: the plan, whether it fits, the busiest rank's memory (model state = parameters +
+    gradients + optimizer state, activations), bytes sent per axis (the busiest rank's, per axis; ⇄ marks an axis
+    whose groups cross nodes), the bubble and the cost model's step time."""
+    rows = []
+    for i, p in enumerate(ranked, 1):
+        worst = p.worst_rank().memory
+        state = worst["params"] + worst["grads"] + worst["optim"] + worst["gathered"]
+        moved = ", ".join(
+            f"{axis}{'' if p.intra_node.get(axis, True) else ' ⇄'} {fmt_bytes(v)}"
+            for axis, v in sorted(p.traffic_by_axis().items(), key=lambda kv: -kv[1])
+            if v >= 1e6
+        )
+        rows.append(
+            [
+                str(i),
+                p.plan.describe(),
+                "yes" if p.fits else "no",
+                fmt_bytes(p.peak_memory),
+                fmt_bytes(state),
+                fmt_bytes(worst["activations"]),
+                moved or "—",
+                f"{p.bubble_fraction:.1%}",
+                _seconds(p.step_time),
+            ]
+        )
+    return rows
+
+
+def plans_text(ranked: list[P.Prediction]) -> str:
+    rows = [PLAN_HEADER, *plan_rows(ranked)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(PLAN_HEADER))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    th = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
+    )
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def plans_html(ranked: list[P.Prediction]) -> str:
+    return _html_table(PLAN_HEADER, plan_rows(ranked))
+
+
+# ------------------------------------------------------------------------------------------------ the explorer
+
+EXPLORER_SEARCH = dict(micro_batch_sizes=(1,), virtual_stages=(1,), expert_tp=(1,), sequence_parallel=(True,))
+EXPLORER_PRESETS = [name for name in PRESETS if not name.startswith("DeepSeek")]  # 256 experts: seconds per update
+WORLD_SIZES = [8, 16, 32, 64, 128, 256]
+GPU_MEMORY = {"40 GB (A100 40G)": 40e9, "80 GB (H100)": 80e9, "141 GB (H200)": 141e9}
+
+
+def explorer_title(name: str, world: int, batch: int, seq: int, memory: float) -> str:
+    return f"{name} on {world} GPUs of {memory / 1e9:.0f} GB, 8 per node; {batch} sequences of {seq} tokens per step"
+
+
+class PlannerExplorer:
+    """Choose a model, the GPUs and the step's batch; see the cost model's best plans with their memory and traffic
+    per GPU (`pylib.analysis.planner.rank_plans` over `EXPLORER_SEARCH`: one sequence per microbatch, no virtual
+    stages, no expert TP, SP whenever TP > 1 -- the same TP bytes, fewer activations). On a 2-core CPU an update
+    takes under a second for the dense presets and up to about 3 s for the MoE on 256 GPUs (answers are cached, so
+    going back is instant). The table is an HTML widget, so a page built without a kernel shows the default;
+    `text()` prints the same table."""
+
+    def __init__(self, preset: str = DEFAULT, top: int = 8):
+        import ipywidgets as widgets
+
+        _cfg, world, batch, seq = PRESETS[preset]
+        slider = dict(continuous_update=False, style={"description_width": "initial"})
+        self.top = top
+        self.preset = widgets.Dropdown(options=EXPLORER_PRESETS, value=preset, description="model")
+        self.world = widgets.SelectionSlider(options=WORLD_SIZES, value=world, description="GPUs", **slider)
+        self.memory = widgets.Dropdown(options=list(GPU_MEMORY), value="80 GB (H100)", description="GPU memory")
+        self.batch = widgets.SelectionSlider(
+            options=[2**i for i in range(3, 12)], value=batch, description="global batch (sequences)", **slider
+        )
+        self.seq = widgets.SelectionSlider(
+            options=[2**i for i in range(10, 18)], value=seq, description="sequence length", **slider
+        )
+        self.out = widgets.HTML()
+        self._loading = False
+        for c in (self.world, self.memory, self.batch, self.seq):
+            c.observe(lambda _change: self.update(), names="value")
+        self.preset.observe(lambda change: self.load(change["new"]), names="value")
+        controls = widgets.HBox(
+            [widgets.VBox([self.preset, self.world, self.memory]), widgets.VBox([self.batch, self.seq])]
+        )
+        self.widget = widgets.VBox([controls, self.out])
+        self.update()
+
+    def load(self, preset: str) -> None:
+        """Take the preset's GPUs, batch and sequence length, then recompute once."""
+        _cfg, world, batch, seq = PRESETS[preset]
+        self._loading = True
+        try:
+            self.world.value, self.batch.value, self.seq.value = world, batch, seq
+        finally:
+            self._loading = False
+        self.update()
+
+    def state(self) -> tuple[str, int, int, int, float]:
+        return self.preset.value, self.world.value, self.batch.value, self.seq.value, GPU_MEMORY[self.memory.value]
+
+    def ranked(self) -> list[P.Prediction]:
+        return _ranked(*self.state(), self.top)
+
+    def title(self) -> str:
+        return explorer_title(*self.state())
+
+    def update(self) -> None:
+        if self._loading:
+            return
+        try:
+            body = plans_html(self.ranked())
+        except ValueError as err:  # no plan can run these sizes: say why
+            body = f"<p>{html.escape(str(err))}</p>"
+        self.out.value = f"<p><b>{html.escape(self.title())}</b></p>{body}"
+
+    def text(self) -> str:
+        try:
+            return self.title() + "\n" + plans_text(self.ranked())
+        except ValueError as err:
+            return self.title() + "\n" + str(err)
+
+
+@functools.lru_cache(maxsize=256)
+def _ranked(name: str, world: int, batch: int, seq: int, memory: float, top: int) -> list[P.Prediction]:
+    cfg = PRESETS[name][0]
+    cluster = P.Cluster(world, gpu_memory=memory)
+    return P.rank_plans(cfg, P.Workload(batch, seq), cluster, top=top, **EXPLORER_SEARCH)

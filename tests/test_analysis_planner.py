@@ -1,0 +1,225 @@
+"""The planner (pylib.analysis.planner): its predictions equal what short real runs of pylib.compose hold and move,
+byte for byte; its enumeration is exactly the set of plans compose_problems accepts; its ranking is the cost
+model's order; bad inputs are refused with the constraint named."""
+
+import itertools
+import time
+
+import pytest
+
+from pylib.analysis import planner as P
+from pylib.analysis.activations import live_counts, peak_saved_bytes
+from pylib.analysis.pp import peak_in_flight
+from pylib.compose import compose_problems
+from pylib.dist import ParallelConfig, rank_groups
+from pylib.model import ModelConfig, MoEConfig
+from pylib.viz.planner import compare, measure_plans
+
+DENSE = ModelConfig(vocab_size=32, d_model=16, n_layers=4, n_heads=4, d_ff=32, dtype="float64", position="rope")
+MOE = DENSE.with_(moe=MoEConfig(n_experts=4, top_k=2))
+B, S = 8, 16  # global batch [B, S]: 8 sequences of 16 tokens
+
+
+def pc(**kw) -> ParallelConfig:
+    return ParallelConfig(**kw)
+
+
+# One short step of each plan, on 4 and 8 gloo ranks: TP with and without SP, CP ring and Ulysses, PP 1F1B and
+# interleaved, DP with ZeRO 0..3, and for the MoE model EP, ETP and folding.
+DENSE_PLANS = [
+    P.Plan(pc(tp=2, dp=2), sequence_parallel=True, zero_stage=0, n_microbatches=2),
+    P.Plan(pc(tp=2, dp=2), sequence_parallel=False, zero_stage=1),
+    P.Plan(pc(cp=2, dp=2), cp_kind="ring", zero_stage=2, n_microbatches=2),
+    P.Plan(pc(tp=2, cp=2), sequence_parallel=True, cp_kind="ulysses", zero_stage=3),
+    P.Plan(pc(dp=2, pp=2), zero_stage=1, n_microbatches=4),
+    P.Plan(pc(tp=2, pp=2), sequence_parallel=True, n_microbatches=4, v=2),
+    P.Plan(pc(tp=2, cp=2, pp=2), sequence_parallel=True, cp_kind="ring", zero_stage=2, n_microbatches=2),
+]
+MOE_PLANS = [
+    P.Plan(pc(tp=2, dp=2, ep=2), sequence_parallel=True, zero_stage=1, n_microbatches=2),
+    P.Plan(pc(cp=2, dp=2, ep=4), cp_kind="ulysses", zero_stage=3),
+    P.Plan(pc(tp=2, dp=2, ep=2, etp=2), sequence_parallel=True, zero_stage=2, n_microbatches=2),
+    P.Plan(pc(dp=2, pp=2, ep=2), n_microbatches=4, v=2),
+]
+
+
+@pytest.fixture(scope="module")
+def measured():
+    out = {}
+    for cfg, plans in ((DENSE, DENSE_PLANS), (MOE, MOE_PLANS)):
+        for plan in plans:
+            assert not P.problems(cfg, plan, plan.par.world_size, B, S), plan.describe()
+        records = measure_plans(cfg, plans, batch=B, seq=S)
+        out.update({(cfg.moe is not None, plan): (cfg, records[plan]) for plan in plans})
+    return out
+
+
+def _checks(measured, kind: str, routing: str = "measured"):
+    out = []
+    for (_, plan), (cfg, records) in measured.items():
+        out += [(plan, c) for c in compare(cfg, plan, records, batch=B, seq=S, routing=routing) if kind in c.quantity]
+    assert out, kind
+    return out
+
+
+def _unequal(checks):
+    return [(plan.describe(), c) for plan, c in checks if c.predicted != c.measured]
+
+
+def test_predicted_parameter_gradient_and_optimizer_bytes_equal_every_ranks_measurement(measured):
+    for kind in ("params", "grads", "optim"):
+        checks = _checks(measured, kind)
+        assert not _unequal(checks), _unequal(checks)
+        assert all(c.measured > 0 for _, c in checks)
+    # the ZeRO stages really differ: ZeRO-3 holds a dp-cp share of the parameters of ZeRO-0
+    optim = {(p.par, p.zero_stage): c.measured for p, c in _checks(measured, "optim") if c.rank == 0}
+    assert optim[(pc(tp=2, dp=2), 1)] < 0.6 * optim[(pc(tp=2, dp=2), 0)]
+
+
+def test_predicted_saved_activation_bytes_per_chunk_and_schedule_peak_equal_the_probe(measured):
+    chunks = _checks(measured, "saved activations")
+    assert not _unequal(chunks), _unequal(chunks)
+    peaks = _checks(measured, "activation peak")  # dense plans (MoE microbatches route differently)
+    assert not _unequal(peaks), _unequal(peaks)
+    # interleaved: two chunks per rank; 1F1B with m = 4 on pp = 2: rank 0 keeps 2 microbatches, rank 1 one
+    assert any(c.quantity.endswith("chunk 1") for _, c in chunks)
+    one = pc(dp=2, pp=2)
+    chunk = {c.rank: c.measured for p, c in chunks if p.par == one}
+    peak = {c.rank: c.measured for p, c in peaks if p.par == one}
+    assert peak[0] == 2 * chunk[0] and peak[3] == chunk[3]  # rank 3: dp 1, pp 1 (order tp-cp-ep-dp-pp)
+
+
+def test_predicted_bytes_sent_per_axis_equal_the_tracer_for_every_rank_and_axis(measured):
+    checks = _checks(measured, "sent on")
+    assert not _unequal(checks), _unequal(checks)
+    axes = {c.quantity.removeprefix("sent on ") for _, c in checks if c.measured}
+    assert {"tp", "cp", "pp", "dp-cp", "ep", "etp", "edp"} <= axes, axes
+
+
+def test_with_expected_routing_only_the_expert_axes_differ_from_the_run(measured):
+    checks = _checks(measured, "sent on", routing="expected")
+    off = _unequal(checks)
+    assert {c.quantity for _, c in off} <= {"sent on ep", "sent on etp"}, off
+    for _, c in off:  # an expectation under uniform routing: within a quarter of what this seed's router sent
+        assert not c.exact and abs(c.predicted - c.measured) < 0.25 * c.measured, c
+
+
+# ------------------------------------------------------------------------------------------------ enumeration
+
+
+def _brute_force(cfg, world: int, batch: int, seq: int) -> set:
+    """Every combination of every knob, kept when compose_problems accepts it, then written canonically."""
+    divs = [d for d in range(1, world + 1) if world % d == 0]
+    ms = [m for m in range(1, batch + 1) if batch % m == 0]
+    vs = [v for v in range(1, cfg.n_layers + 1) if cfg.n_layers % v == 0]
+    moe = cfg.moe is not None
+    out = set()
+    for tp, cp, dp, pp, ep, etp in itertools.product(divs, repeat=6):
+        if not moe and (ep, etp) != (1, 1):
+            continue  # a dense model has no expert axes
+        par = pc(tp=tp, cp=cp, dp=dp, pp=pp, ep=ep, etp=etp)
+        if par.problems(world):  # the mesh alone fails: compose_problems rejects every option below too
+            continue
+        for sp, kind, zero, v, m in itertools.product((False, True), P.CP_KINDS, P.ZERO_STAGES, vs, ms):
+            plan = P.Plan(par, sp, kind, zero, m, v)
+            if not compose_problems(cfg, par, world, batch=batch, seq=seq, **plan.options()):
+                out.add(P.canonical(plan, has_experts=moe))
+    return out
+
+
+@pytest.mark.parametrize("cfg", [DENSE, MOE], ids=["dense", "moe"])
+def test_enumeration_is_exactly_the_plans_compose_problems_accepts(cfg):
+    plans = P.enumerate_plans(cfg, 4, 8, 16)
+    assert len(plans) == len(set(plans))
+    assert set(plans) == _brute_force(cfg, 4, 8, 16)
+    # and the mesh-pruning shortcut in the brute force is sound: a bad mesh fails whatever the options
+    assert compose_problems(cfg, pc(tp=3), 4, batch=8, seq=16)
+
+
+def test_enumeration_restrictions_keep_only_the_asked_microbatch_sizes_and_virtual_stages():
+    plans = P.enumerate_plans(DENSE, 8, 16, 16, micro_batch_sizes=(2,), virtual_stages=(1,), zero_stages=(0,))
+    assert plans and all(p.micro_batch(16) == 2 and p.v == 1 and p.zero_stage == 0 for p in plans)
+    assert {p.par.pp for p in plans} == {1, 2, 4}
+
+
+# ------------------------------------------------------------------------------------------------ ranking, placement
+
+
+def test_rank_plans_returns_the_cost_models_best_plans_in_order():
+    cfg = ModelConfig(vocab_size=32000, d_model=2048, n_layers=16, n_heads=16, d_ff=8192, dtype="bfloat16")
+    work, cluster = P.Workload(batch=64, seq=2048), P.Cluster(16, gpu_memory=16e9)
+    plans = P.enumerate_plans(cfg, 16, 64, 2048, micro_batch_sizes=(1, 2), virtual_stages=(1, 2))
+    best = P.rank_plans(cfg, work, cluster, top=5, plans=plans)
+    every = sorted(
+        (P.predict(cfg, p, work, cluster) for p in P.most_microbatches(plans)),
+        key=lambda x: (not x.fits, x.step_time if x.fits else 0, x.peak_memory),
+    )
+    assert [x.plan for x in best] == [x.plan for x in every[:5]]
+    assert all(a.step_time <= b.step_time for a, b in zip(best, best[1:]))
+    # most_microbatches drops no plan that could win: every dropped plan is no faster than its kept sibling
+    kept = set(P.most_microbatches(plans))
+    for p in plans[:200]:
+        if p not in kept:
+            sib = next(
+                k
+                for k in kept
+                if (k.par, k.sequence_parallel, k.cp_kind, k.zero_stage, k.v)
+                == (p.par, p.sequence_parallel, p.cp_kind, p.zero_stage, p.v)
+            )
+            assert P.predict(cfg, sib, work, cluster).step_time <= P.predict(cfg, p, work, cluster).step_time
+
+
+def test_crosses_nodes_agrees_with_the_real_rank_groups():
+    for par in (
+        pc(tp=2, cp=2, dp=2, pp=2),
+        pc(tp=4, dp=2, pp=2, ep=2, etp=2),
+        pc(tp=2, dp=4, pp=2, order="dp-tp-cp-ep-pp"),
+    ):
+        groups = rank_groups(par, 16)
+        for name in ("tp", "cp", "dp-cp", "pp", "ep", "etp", "edp"):
+            want = any(len({r // 4 for r in g}) > 1 for g in groups[name])
+            assert P.crosses_nodes(par, 16, name, 4) == want, (par, name)
+
+
+def test_schedule_peak_replays_the_microbatches_in_flight_of_pylib_analysis_pp():
+    for p, m in ((4, 8), (4, 2), (2, 5)):
+        for r in range(p):
+            assert peak_saved_bytes([100], "1f1b", p, m, 1, r) == 100 * peak_in_flight("1f1b", p, m, r)
+            assert live_counts("1f1b", p, m, 1, r) == ((peak_in_flight("1f1b", p, m, r),),)
+    for p, m, v in ((2, 4, 2), (4, 8, 2), (2, 6, 3)):
+        for r in range(p):  # equal chunks: the peak is the count of (microbatch, chunk) pairs alive at once
+            assert peak_saved_bytes([100] * v, "interleaved", p, m, v, r) == 100 * peak_in_flight(
+                "interleaved", p, m, r, v
+            )
+
+
+def test_a_seven_billion_model_on_256_gpus_ranks_in_seconds_and_fits():
+    from pylib.viz.planner import SEARCH, llama2_7b
+
+    t0 = time.perf_counter()
+    best = P.rank_plans(llama2_7b(), P.Workload(512, 4096), P.Cluster(256), top=5, **SEARCH)
+    assert time.perf_counter() - t0 < 20
+    assert len(best) == 5 and all(x.fits for x in best)
+    assert best[0].peak_memory <= P.Cluster(256).usable_memory
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+def test_bad_inputs_are_refused_with_the_constraint_named():
+    with pytest.raises(ValueError, match="precision='fp8' must be one of"):
+        P.Workload(8, 16, precision="fp8")
+    with pytest.raises(ValueError, match="attention='sdpa' must be one of"):
+        P.Workload(8, 16, attention="sdpa")
+    with pytest.raises(ValueError, match="world_size=0"):
+        P.Cluster(0)
+    with pytest.raises(ValueError, match="batch=0"):
+        P.enumerate_plans(DENSE, 4, 0, 16)
+    with pytest.raises(ValueError, match="tp=3 does not divide n_heads=4"):
+        P.predict(DENSE, P.Plan(pc(tp=3)), P.Workload(8, 16, precision="uniform"), P.Cluster(3))
+    with pytest.raises(ValueError, match="precision='mixed' counts 16-bit parameters"):
+        P.predict(DENSE, P.Plan(pc(dp=4)), P.Workload(8, 16), P.Cluster(4))
+    with pytest.raises(ValueError, match="no plan runs"):
+        P.rank_plans(DENSE, P.Workload(3, 16, precision="uniform"), P.Cluster(5))
+    with pytest.raises(ValueError, match="routing='random'"):
+        compare(DENSE, DENSE_PLANS[0], [], batch=B, seq=S, routing="random")

@@ -1,0 +1,49 @@
+"""The planner explorer and tables (pylib.viz.planner): the default view is rank_plans' answer for the default
+sizes, every control recomputes it, a change costs about a second, and the comparison table reports the largest
+difference between prediction and measurement."""
+
+import time
+
+from pylib.analysis import planner as P
+from pylib.viz.planner import (
+    EXPLORER_PRESETS,
+    EXPLORER_SEARCH,
+    PRESETS,
+    Check,
+    PlannerExplorer,
+    compare_table,
+    plans_text,
+)
+
+
+def test_default_view_is_the_cost_models_ranking_for_the_default_sizes():
+    ex = PlannerExplorer()
+    name, world, batch, seq, memory = ex.state()
+    want = P.rank_plans(
+        PRESETS[name][0], P.Workload(batch, seq), P.Cluster(world, gpu_memory=memory), top=8, **EXPLORER_SEARCH
+    )
+    assert ex.text().splitlines()[1:] == plans_text(want).splitlines()
+    assert want[0].plan.describe() in ex.out.value and "memory / GPU" in ex.out.value
+
+
+def test_every_control_recomputes_and_an_update_is_cheap():
+    ex = PlannerExplorer()
+    before = ex.out.value
+    t0 = time.perf_counter()
+    ex.seq.value = 32768
+    assert time.perf_counter() - t0 < 4  # about a second on a 2-core CPU
+    assert ex.out.value != before and "32768 tokens" in ex.text()
+    ex.memory.value = "40 GB (A100 40G)"
+    assert "of 40 GB" in ex.text()
+    ex.world.value = 8
+    assert ex.text().startswith("Llama-2-70B-class dense (GQA) on 8 GPUs") and " no " in ex.text()  # 70B on 8: no fit
+    for name in EXPLORER_PRESETS:
+        ex.preset.value = name
+        assert ex.world.value == PRESETS[name][1] and name in ex.out.value
+
+
+def test_comparison_table_reports_the_largest_difference_per_quantity():
+    checks = [Check(0, "params", 100, 100), Check(1, "params", 80, 80), Check(0, "sent on ep", 90, 100, exact=False)]
+    rows = {r[0]: r for r in compare_table(checks)}
+    assert rows["params"] == ["params", "2", "100", "100", "0", "exact"]
+    assert rows["sent on ep"][4:] == ["10", "expectation"]
