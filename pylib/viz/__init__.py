@@ -7,6 +7,8 @@ the site's light and dark themes.
     seed_b     Part II: meta-device tables, seed B's tables as data, cell-by-cell judging; seed_b_ranks probes
     tp cp ep pp dp   one module per parallelism: the figure that makes each strategy click
     explorer   Part II's per-rank shapes / memory / traffic explorer (ipywidgets, with a static default)
+    compose    the rank mesh, token placement and per-rank report of a composed run
+    planner    plans measured against predictions, plan tables, Part I's plan explorer (ipywidgets)
 
 Import from the module: `from pylib.viz.pp import plot_timeline`.
 """
