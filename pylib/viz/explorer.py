@@ -20,24 +20,13 @@ from pylib.analysis import shapes
 from pylib.dist.mesh import ParallelConfig
 from pylib.model import ModelConfig, MoEConfig
 
-from .seed_b import deepseek_v3_like, fmt_bytes, fmt_shape, gpt_style_70b, llama2_70b, probe_moe_config
+from .seed_b import deepseek_v3_like, fmt_bytes, fmt_shape, gpt_style_70b, llama2_70b, mixtral_8x7b, probe_moe_config
 
 PRESETS: dict[str, tuple[ModelConfig, dict]] = {
     "Llama-2-70B (GQA, SwiGLU)": (llama2_70b(), dict(tp=8, pp=4, dp=4, b=4, s=4096, sp=True, m=8)),
     "GPT-style 70B (MHA, GELU, 4h)": (gpt_style_70b(), dict(tp=8, pp=4, dp=4, b=4, s=4096, sp=True, m=8)),
     "Mixtral-8x7B-class MoE": (
-        ModelConfig(
-            vocab_size=32000,
-            d_model=4096,
-            n_layers=32,
-            n_heads=32,
-            n_kv_heads=8,
-            d_ff=14336,
-            mlp="swiglu",
-            position="rope",
-            dtype="bfloat16",
-            moe=MoEConfig(n_experts=8, top_k=2),
-        ),
+        mixtral_8x7b(),
         dict(tp=2, pp=4, dp=8, ep=8, b=8, s=4096, sp=True, m=8),
     ),
     "DeepSeek-V3-class MoE": (deepseek_v3_like(), dict(dp=64, ep=64, b=64, s=4096, m=1)),
