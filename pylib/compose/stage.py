@@ -35,26 +35,7 @@ from pylib.tp.embedding import VocabParallelEmbedding
 from pylib.tp.grads import mark_sequence_parallel
 from pylib.tp.linear import ColumnParallelLinear
 from pylib.tp.mlp import TPMLP
-from pylib.tp.transformer import TPBlock
-
-
-def copy_layernorm(ln: nn.LayerNorm, sequence_parallel: bool) -> nn.LayerNorm:
-    """A copy of a reference LayerNorm; under SP its weight and bias are flagged (gradient summed over TP)."""
-    out = nn.LayerNorm(ln.normalized_shape, eps=ln.eps, elementwise_affine=ln.elementwise_affine)
-    out.to(dtype=ln.weight.dtype, device=ln.weight.device)
-    out.load_state_dict(ln.state_dict())
-    if sequence_parallel:
-        for p in out.parameters():
-            mark_sequence_parallel(p)
-    return out
-
-
-def _layernorm_specs(ln: nn.LayerNorm, prefix: str, sequence_parallel: bool) -> list[ShardSpec]:
-    note = "SP: sees s/(cp*tp) tokens, gradient summed over TP" if sequence_parallel else "whole on every TP rank"
-    return [
-        ShardSpec(f"{prefix}{n}", "tp", None, "replicated", tuple(p.shape), tuple(p.shape), note)
-        for n, p in ln.named_parameters()
-    ]
+from pylib.tp.transformer import TPBlock, copy_layernorm, layernorm_specs
 
 
 def build_layer(
@@ -209,17 +190,14 @@ class ParallelStage(nn.Module):
         specs = self.embed.shard_specs("embed.") if self.embed is not None else []
         for i, layer in self.layers.items():
             p = f"layers.{i}."
-            specs += _layernorm_specs(layer.ln1, p + "ln1.", sp) + layer.attn.shard_specs(p + "attn.")
-            specs += _layernorm_specs(layer.ln2, p + "ln2.", sp)
+            specs += layernorm_specs(layer.ln1, p + "ln1.", sp, "s/(cp*tp)") + layer.attn.shard_specs(p + "attn.")
+            specs += layernorm_specs(layer.ln2, p + "ln2.", sp, "s/(cp*tp)")
             if isinstance(layer.mlp, ExpertParallelMoE):
-                for s in layer.mlp.shard_specs():
-                    specs.append(
-                        ShardSpec(p + "mlp." + s.name, s.axis, s.dim, s.kind, s.full_shape, s.local_shape, s.note)
-                    )
+                specs += [replace(s, name=p + "mlp." + s.name) for s in layer.mlp.shard_specs()]
             else:
                 specs += layer.mlp.shard_specs(p + "mlp.")
         if self.ln_f is not None:
-            specs += _layernorm_specs(self.ln_f, "ln_f.", sp)
+            specs += layernorm_specs(self.ln_f, "ln_f.", sp, "s/(cp*tp)")
             specs += self.lm_head.shard_specs("lm_head.")
         return specs
 

@@ -30,7 +30,7 @@ from .linear import ColumnParallelLinear
 from .mlp import TPMLP
 
 
-def _copy_layernorm(ln: nn.LayerNorm, sequence_parallel: bool) -> nn.LayerNorm:
+def copy_layernorm(ln: nn.LayerNorm, sequence_parallel: bool) -> nn.LayerNorm:
     """A copy of a reference LayerNorm on the reference's device and dtype (the rank's GPU under NCCL)."""
     out = nn.LayerNorm(
         ln.normalized_shape,
@@ -46,8 +46,9 @@ def _copy_layernorm(ln: nn.LayerNorm, sequence_parallel: bool) -> nn.LayerNorm:
     return out
 
 
-def _layernorm_specs(ln: nn.LayerNorm, prefix: str, sequence_parallel: bool) -> list[ShardSpec]:
-    note = "SP: sees s/t tokens, gradient all-reduced over TP" if sequence_parallel else "whole on every TP rank"
+def layernorm_specs(ln: nn.LayerNorm, prefix: str, sequence_parallel: bool, tokens: str = "s/t") -> list[ShardSpec]:
+    """A replicated LayerNorm's specs; under SP each TP rank normalises only its `tokens` of the sequence."""
+    note = f"SP: sees {tokens} tokens, gradient all-reduced over TP" if sequence_parallel else "whole on every TP rank"
     return [
         ShardSpec(f"{prefix}{n}", "tp", None, "replicated", tuple(p.shape), tuple(p.shape), note)
         for n, p in ln.named_parameters()
@@ -75,9 +76,9 @@ class TPBlock(nn.Module):
         g = C.resolve_group(group)
         kw = dict(group=g, sequence_parallel=sequence_parallel, regather=regather)
         return cls(
-            _copy_layernorm(block.ln1, sequence_parallel),
+            copy_layernorm(block.ln1, sequence_parallel),
             TPAttention.from_full(block.attn, core=core, **kw),
-            _copy_layernorm(block.ln2, sequence_parallel),
+            copy_layernorm(block.ln2, sequence_parallel),
             TPMLP.from_full(block.mlp, **kw),
             g,
             sequence_parallel,
@@ -91,9 +92,9 @@ class TPBlock(nn.Module):
 
     def shard_specs(self, prefix: str = "") -> list[ShardSpec]:
         return (
-            _layernorm_specs(self.ln1, f"{prefix}ln1.", self.sequence_parallel)
+            layernorm_specs(self.ln1, f"{prefix}ln1.", self.sequence_parallel)
             + self.attn.shard_specs(f"{prefix}attn.")
-            + _layernorm_specs(self.ln2, f"{prefix}ln2.", self.sequence_parallel)
+            + layernorm_specs(self.ln2, f"{prefix}ln2.", self.sequence_parallel)
             + self.mlp.shard_specs(f"{prefix}mlp.")
         )
 
@@ -126,7 +127,7 @@ class TPTransformer(nn.Module):
             TPBlock.from_full(b, group=g, sequence_parallel=sequence_parallel, regather=regather, core=core)
             for b in model.layers
         ]
-        ln_f = _copy_layernorm(model.ln_f, sequence_parallel)
+        ln_f = copy_layernorm(model.ln_f, sequence_parallel)
         lm_head = ColumnParallelLinear.from_full(
             model.lm_head, group=g, sequence_parallel=sequence_parallel, regather=regather, what="vocab_size"
         )
@@ -161,7 +162,7 @@ class TPTransformer(nn.Module):
         specs = self.embed.shard_specs(f"{prefix}embed.")
         for i, layer in enumerate(self.layers):
             specs += layer.shard_specs(f"{prefix}layers.{i}.")
-        specs += _layernorm_specs(self.ln_f, f"{prefix}ln_f.", self.sequence_parallel)
+        specs += layernorm_specs(self.ln_f, f"{prefix}ln_f.", self.sequence_parallel)
         if not self.cfg.tie_embeddings:
             specs += self.lm_head.shard_specs(f"{prefix}lm_head.")
         return specs
