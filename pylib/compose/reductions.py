@@ -181,62 +181,30 @@ def reduction_table(stage, mesh) -> list[Reduction]:
         p = params[info.name]
         sp = getattr(p, "sequence_parallel", False) and tp > 1
         replicas = getattr(p, "kv_replicas", 1)
+        dense = ("dp-cp", dpcp, Fraction(1))  # the DP group, its size and the scale after its average
         if info.kind == "expert":
-            out.append(
-                Reduction(
-                    info.name,
-                    info.ref_name,
-                    info.kind,
-                    None,
-                    "edp",
-                    edp,
-                    Fraction(edp, dpcp),
-                    f"complete over its EP x ETP group's tokens; the edp={edp} members hold disjoint tokens: "
-                    f"average over edp, then x edp/(dp*cp) = {edp}/{dpcp}",
-                )
+            pre, (group, size, scale) = None, ("edp", edp, Fraction(edp, dpcp))
+            why = (
+                f"complete over its EP x ETP group's tokens; the edp={edp} members hold disjoint tokens: "
+                f"average over edp, then x edp/(dp*cp) = {edp}/{dpcp}"
             )
         elif replicas > 1:
-            out.append(
-                Reduction(
-                    info.name,
-                    info.ref_name,
-                    info.kind,
-                    "tp/kv",
-                    "dp-cp",
-                    dpcp,
-                    Fraction(1),
-                    f"K/V head copied on {replicas} TP ranks, each with its own query heads' share: sum over them, "
-                    "average over dp-cp",
-                )
+            pre, (group, size, scale) = "tp/kv", dense
+            why = (
+                f"K/V head copied on {replicas} TP ranks, each with its own query heads' share: sum over them, "
+                "average over dp-cp"
             )
         elif sp:
+            pre, (group, size, scale) = "tp", dense
             what = "router" if info.kind == "router" else "replicated under SP"
-            out.append(
-                Reduction(
-                    info.name,
-                    info.ref_name,
-                    info.kind,
-                    "tp",
-                    "dp-cp",
-                    dpcp,
-                    Fraction(1),
-                    f"{what}: each TP rank saw s/(cp*tp) tokens: sum over tp={tp}, average over dp-cp={dpcp}",
-                )
-            )
+            why = f"{what}: each TP rank saw s/(cp*tp) tokens: sum over tp={tp}, average over dp-cp={dpcp}"
         else:
-            out.append(
-                Reduction(
-                    info.name,
-                    info.ref_name,
-                    info.kind,
-                    None,
-                    "dp-cp",
-                    dpcp,
-                    Fraction(1),
-                    "complete over the replica's tokens (TP collectives carried the rest): average over dp-cp "
-                    f"(dp*cp={dpcp} replicas of equal token counts)",
-                )
+            pre, (group, size, scale) = None, dense
+            why = (
+                "complete over the replica's tokens (TP collectives carried the rest): average over dp-cp "
+                f"(dp*cp={dpcp} replicas of equal token counts)"
             )
+        out.append(Reduction(info.name, info.ref_name, info.kind, pre, group, size, scale, why))
     return out
 
 
