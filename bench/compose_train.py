@@ -20,19 +20,18 @@ import time
 
 import torch
 
-from pylib.analysis.compose import dp_held_bytes, per_axis, step_traffic
+from pylib.analysis.compose import dp_held_bytes
 from pylib.compose import (
     compare_with_reference,
     format_reduction_table,
     format_report,
     reference_ffn_bytes,
+    traffic_matches_formulas,
     train,
     train_reference,
 )
 from pylib.dist import ParallelConfig, launch
 from pylib.model import ModelConfig, MoEConfig
-
-MODEL_KEYS = ("sequence_parallel", "cp_kind", "n_microbatches", "v", "zero_stage")
 
 
 def configurations(dense, moe):
@@ -119,23 +118,7 @@ def main():
         err = compare_with_reference(results, ref)
         traffic_ok = memory_ok = True
         for r in results:
-            c = r["coords"]
-            rows = step_traffic(
-                cfg,
-                pc,
-                batch=B,
-                seq=S,
-                pp_rank=c["pp"],
-                layouts=r["layouts"],
-                dp_index=c["dp-cp"],
-                edp_index=c["edp"],
-                etp_index=c["etp"],
-                ep_index=c["ep"],
-                moe_routing=r["moe_routing"],
-                **{k: kw[k] for k in MODEL_KEYS if k in kw},
-            )
-            got = {a: dict(bytes_sent=t["bytes_sent"], ops=t["ops"]) for a, t in r["traffic"][0].items()}
-            traffic_ok &= got == per_axis(rows)
+            traffic_ok &= traffic_matches_formulas(cfg, pc, r, batch=B, seq=S, **kw)
             memory_ok &= dp_held_bytes(r["layouts"], kw["zero_stage"]) == {
                 k: r["memory"][k] for k in ("params", "grads", "optim")
             }

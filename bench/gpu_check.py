@@ -45,13 +45,12 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from pylib.analysis.compose import per_axis, step_traffic
 from pylib.analysis.cp import ring_traffic, ulysses_traffic
 from pylib.analysis.dp import traffic_by_op
 from pylib.analysis.ep import alltoall_bytes, dispatch_matrix
 from pylib.analysis.pp import p2p_bytes_per_rank
 from pylib.analysis.tp import model_collectives
-from pylib.compose import compare_with_reference, compose_problems, train, train_reference
+from pylib.compose import compare_with_reference, compose_problems, traffic_matches_formulas, train, train_reference
 from pylib.cp import (
     TorchKernel,
     kernel_attention,
@@ -480,26 +479,7 @@ def check_compose(row, per_rank, spec):
     if err["missing"]:
         raise ValueError(f"reference parameters no rank holds: {err['missing']}")
     row.error = max(err["loss_err"], err["param_err"])
-    keys = ("sequence_parallel", "cp_kind", "n_microbatches", "v", "zero_stage")
-    ok = True
-    for r in per_rank:
-        co = r["coords"]
-        formula = step_traffic(
-            cfg,
-            pc,
-            batch=c["batch"],
-            seq=c["seq"],
-            pp_rank=co["pp"],
-            layouts=r["layouts"],
-            dp_index=co["dp-cp"],
-            edp_index=co["edp"],
-            etp_index=co["etp"],
-            ep_index=co["ep"],
-            moe_routing=r["moe_routing"],
-            **{k: COMPOSE_OPTIONS[k] for k in keys if k in COMPOSE_OPTIONS},
-        )
-        traced = {a: dict(bytes_sent=t["bytes_sent"], ops=t["ops"]) for a, t in r["traffic"][0].items()}
-        ok = ok and traced == per_axis(formula)
+    ok = all(traffic_matches_formulas(cfg, pc, r, batch=c["batch"], seq=c["seq"], **COMPOSE_OPTIONS) for r in per_rank)
     row.bytes_ok = ok
     row.bytes_note = "every axis, every rank"
     row.seconds = max(sum(r["times"]) / len(r["times"]) for r in per_rank)

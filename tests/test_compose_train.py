@@ -17,12 +17,14 @@ reduction table, and seed B's 1/(tp*cp*dp) superposition of the FFN activation.
 import pytest
 import torch
 
-from pylib.analysis.compose import dp_held_bytes, per_axis, step_traffic
+from pylib.analysis.compose import dp_held_bytes, per_axis
 from pylib.compose import (
     compare_with_reference,
     format_reduction_table,
     format_report,
+    formula_traffic,
     reference_ffn_bytes,
+    traced_traffic,
     train,
     train_reference,
 )
@@ -95,7 +97,6 @@ RUNS = {
     ),
     "super16": (MOE, ParallelConfig(tp=4, cp=2, dp=2, ep=4), 16, dict(zero_stage=2, n_microbatches=1)),
 }
-MODEL_KEYS = ("sequence_parallel", "cp_kind", "n_microbatches", "v", "zero_stage")
 _cache: dict[str, tuple] = {}
 
 
@@ -168,23 +169,8 @@ def test_every_rank_reports_the_global_loss_and_the_replicas_average_to_it():
 def test_traffic_per_axis_equals_the_sum_of_the_per_mode_formulas(name):
     results, _, (cfg, pc, world, kw) = run(name)
     for r in results:
-        c = r["coords"]
-        rows = step_traffic(
-            cfg,
-            pc,
-            batch=BATCH,
-            seq=SEQ,
-            pp_rank=c["pp"],
-            layouts=r["layouts"],
-            dp_index=c["dp-cp"],
-            edp_index=c["edp"],
-            etp_index=c["etp"],
-            ep_index=c["ep"],
-            moe_routing=r["moe_routing"],
-            **{k: kw[k] for k in MODEL_KEYS if k in kw},
-        )
-        got = {a: dict(bytes_sent=t["bytes_sent"], ops=t["ops"]) for a, t in r["traffic"][0].items()}
-        assert got == per_axis(rows), (name, r["rank"])
+        traced = traced_traffic(r)
+        assert traced == per_axis(formula_traffic(cfg, pc, r, batch=BATCH, seq=SEQ, **kw)), (name, r["rank"])
     axes = set().union(*(r["traffic"][0] for r in results))
     expected = {
         "tp" if pc.tp > 1 else None,

@@ -8,8 +8,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from pylib.analysis.compose import dp_held_bytes, per_axis, step_traffic  # noqa: E402
-from pylib.compose import holder_labels, report_rows, train  # noqa: E402
+from pylib.analysis.compose import dp_held_bytes, per_axis  # noqa: E402
+from pylib.compose import formula_traffic, holder_labels, report_rows, train  # noqa: E402
 from pylib.dist import ParallelConfig, coordinates, launch, rank_groups  # noqa: E402
 from pylib.model import ModelConfig  # noqa: E402
 from pylib.viz import style  # noqa: E402
@@ -103,19 +103,7 @@ def test_report_bars_are_the_run_s_bytes_and_the_marks_the_formulas(run):
     memory = [dp_held_bytes(r["layouts"], 1) for r in run]
     traffic = []
     for r in run:
-        c = r["coords"]
-        f = step_traffic(
-            CFG,
-            PC,
-            batch=4,
-            seq=8,
-            pp_rank=c["pp"],
-            layouts=r["layouts"],
-            dp_index=c["dp-cp"],
-            edp_index=c["edp"],
-            n_microbatches=2,
-            zero_stage=1,
-        )
+        f = formula_traffic(CFG, PC, r, batch=4, seq=8, n_microbatches=2, zero_stage=1)
         traffic.append({a: v["bytes_sent"] for a, v in per_axis(f).items()})
     fig = plot_rank_report(rows, traffic_formula=traffic, memory_formula=memory, unit="B")
     mem_ax, net_ax = fig.axes[:2]

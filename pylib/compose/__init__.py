@@ -28,7 +28,16 @@ from .reductions import (
     parameter_map,
     reduction_table,
 )
-from .report import format_reduction_table, format_report, reference_ffn_bytes, report_rows
+from .report import (
+    TRAFFIC_OPTIONS,
+    format_reduction_table,
+    format_report,
+    formula_traffic,
+    reference_ffn_bytes,
+    report_rows,
+    traced_traffic,
+    traffic_matches_formulas,
+)
 from .stage import ParallelStage, build_layer
 from .train import batches, compare_with_reference, holder_labels, pattern_tokens, train, train_reference
 
@@ -48,6 +57,7 @@ __all__ = [
     "finalize_gradients",
     "format_reduction_table",
     "format_report",
+    "formula_traffic",
     "held_gradient_pieces",
     "held_parameter_pieces",
     "holder_labels",
@@ -57,6 +67,9 @@ __all__ = [
     "reference_ffn_bytes",
     "reduction_table",
     "report_rows",
+    "traced_traffic",
+    "traffic_matches_formulas",
+    "TRAFFIC_OPTIONS",
     "train",
     "train_reference",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from pylib.analysis.compose import Traffic, per_axis, step_traffic
 from pylib.model import build_model
 
 from .probe import ffn_probe
@@ -25,6 +26,42 @@ def reference_ffn_bytes(cfg, *, batch: int, seq: int, data: str = "random", step
     with ffn_probe([("", model)]) as found:
         model.loss(ids, targets)
     return dict(found)
+
+
+# The options of `train` / `ParallelTransformer.from_full` that change what a step sends.
+TRAFFIC_OPTIONS = ("sequence_parallel", "cp_kind", "n_microbatches", "v", "zero_stage")
+
+
+def formula_traffic(cfg, pc, record: dict, *, batch: int, seq: int, **options) -> list[Traffic]:
+    """What the per-mode formulas (`pylib.analysis.compose.step_traffic`) say one rank of a `train` run sends in a
+    step: evaluated at the rank's coordinates, on its own flat buffers and, for MoE layers, on the routing its step
+    produced. `options`: the run's model keywords (those outside TRAFFIC_OPTIONS are ignored)."""
+    c = record["coords"]
+    return step_traffic(
+        cfg,
+        pc,
+        batch=batch,
+        seq=seq,
+        pp_rank=c["pp"],
+        layouts=record["layouts"],
+        dp_index=c["dp-cp"],
+        edp_index=c["edp"],
+        etp_index=c["etp"],
+        ep_index=c["ep"],
+        moe_routing=record["moe_routing"],
+        **{k: v for k, v in options.items() if k in TRAFFIC_OPTIONS},
+    )
+
+
+def traced_traffic(record: dict, step: int = 0) -> dict[str, dict]:
+    """{axis: {"bytes_sent", "ops"}} the tracer recorded for one rank of a `train` run in `step`: the shape of
+    `per_axis(formula_traffic(...))`, so the two compare with ==."""
+    return {a: dict(bytes_sent=t["bytes_sent"], ops=t["ops"]) for a, t in record["traffic"][step].items()}
+
+
+def traffic_matches_formulas(cfg, pc, record: dict, *, batch: int, seq: int, **options) -> bool:
+    """Whether the rank's traced step-0 traffic equals the formulas on every axis, bytes and op counts."""
+    return traced_traffic(record) == per_axis(formula_traffic(cfg, pc, record, batch=batch, seq=seq, **options))
 
 
 def _mib(n: float) -> str:
