@@ -16,7 +16,6 @@ Timing on a shared CPU with gloo is noisy; the byte ratios are exact.
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 
@@ -28,38 +27,13 @@ from pylib.analysis.tp import compare_with_korthikanti, korthikanti_bytes, layer
 from pylib.dist import launch, trace
 from pylib.model import ModelConfig, build_model, random_hidden, saved_activations
 from pylib.tp import TPBlock, finalize_grads, scatter_to_sequence_parallel_region
+from pylib.tp.dtensor import dtensor_block
 
 SIZES = [  # (b, s, h, n_heads, d_ff)
     (2, 64, 64, 8, 256),
     (4, 128, 128, 8, 512),
     (1, 256, 256, 16, 1024),
 ]
-
-
-def dtensor_block(block, t: int, sequence_parallel: bool):
-    """The reference block parallelised by PyTorch's own TP styles on a CPU mesh (see tests/test_tp_dtensor.py)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
-
-    mesh = init_device_mesh("cpu", (t,))
-    out = Shard(1) if sequence_parallel else Replicate()
-    plan = {f"attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")}
-    plan["attn.o_proj"] = RowwiseParallel(output_layouts=out)
-    plan["mlp.up_proj"] = ColwiseParallel()
-    plan["mlp.down_proj"] = RowwiseParallel(output_layouts=out)
-    if sequence_parallel:
-        plan["ln1"] = SequenceParallel()
-        plan["ln2"] = SequenceParallel()
-        plan["attn"] = PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None))
-        plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    return parallelize_module(copy.deepcopy(block), mesh, plan)
 
 
 def _step(block, x, finalize):

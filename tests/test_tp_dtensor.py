@@ -4,8 +4,6 @@ gives the same output, input gradient and parameter gradients as our TPBlock, sh
 
 DTensor talks to torch.distributed itself; that is PyTorch's implementation, used here only as a witness."""
 
-import copy
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -14,40 +12,9 @@ import torch.distributed.tensor.parallel  # noqa: F401  (~4 s to import: once he
 from pylib.dist import launch
 from pylib.model import ModelConfig, build_model, random_hidden
 from pylib.tp import TPBlock, finalize_grads
+from pylib.tp.dtensor import dtensor_block
 
 TOL = 1e-12
-
-
-def dtensor_block(block, t: int, sequence_parallel: bool):
-    """A deep copy of a reference `Block`, parallelised by PyTorch's TP styles on a 1-D CPU mesh of t ranks.
-
-    TP: Q, K, V, W_up (and W_gate) colwise, W_O and W_down rowwise. SP adds SequenceParallel on the LayerNorms
-    (input and output sharded along the sequence, dim 1), an all-gather into attention and the MLP, and a
-    reduce-scatter out of W_O and W_down."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
-
-    mesh = init_device_mesh("cpu", (t,))
-    out = Shard(1) if sequence_parallel else Replicate()
-    plan = {f"attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")}
-    plan["attn.o_proj"] = RowwiseParallel(output_layouts=out)
-    for p in ("gate_proj", "up_proj"):
-        if hasattr(block.mlp, p):
-            plan[f"mlp.{p}"] = ColwiseParallel()
-    plan["mlp.down_proj"] = RowwiseParallel(output_layouts=out)
-    if sequence_parallel:
-        plan["ln1"] = SequenceParallel()
-        plan["ln2"] = SequenceParallel()
-        plan["attn"] = PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None))
-        plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-    return parallelize_module(copy.deepcopy(block), mesh, plan)
 
 
 def _local(t):

@@ -12,6 +12,7 @@ says in data how it holds its tensors (`shard_specs()` -> `pylib.dist.ShardSpec`
     transformer.py    TPBlock, TPTransformer
     grads.py          allreduce_sequence_parallel_grads, allreduce_replicated_kv_grads, finalize_grads
     state.py          gather_full: shards back to the reference's names and shapes
+    dtensor.py        dtensor_block: PyTorch's own TP of a reference block, to cross-check against (untraced)
 """
 
 from .attention import HeadLayout, LocalAttention, TPAttention, head_layout
