@@ -88,18 +88,7 @@ def llama2_7b() -> ModelConfig:
 
 def mixtral_8x7b() -> ModelConfig:
     """Mixtral-8x7B's shapes: Llama-2-7B-like attention with 8 K/V heads, 8 experts of h_ffn = 14336, top-2."""
-    return ModelConfig(
-        vocab_size=32000,
-        d_model=4096,
-        n_layers=32,
-        n_heads=32,
-        n_kv_heads=8,
-        d_ff=14336,
-        mlp="swiglu",
-        position="rope",
-        dtype="bfloat16",
-        moe=MoEConfig(n_experts=8, top_k=2),
-    )
+    return llama2_7b().with_(n_kv_heads=8, d_ff=14336, moe=MoEConfig(n_experts=8, top_k=2))
 
 
 def probe_config() -> ModelConfig:
