@@ -24,10 +24,7 @@ def test_every_violated_constraint_is_listed_not_only_the_first():
         moe=MoEConfig(n_experts=6, top_k=2, d_ff=10, every=3),
     )
     pc = ParallelConfig(tp=4, cp=3, dp=2, pp=2, ep=4, etp=3)
-    problems = compose_problems(
-        cfg,
-        pc,
-        32,
+    options = dict(
         batch=9,
         seq=20,
         sequence_parallel=False,
@@ -37,6 +34,7 @@ def test_every_violated_constraint_is_listed_not_only_the_first():
         v=2,
         zero_stage=4,
     )
+    problems = compose_problems(cfg, pc, 32, **options)
     expected = [
         "world_size=32 != tp*cp*dp*pp = 4*3*2*2 = 48",  # sizes vs world
         "etp*ep*pp = 3*4*2 = 24 does not divide world_size=32",  # folding
@@ -56,19 +54,7 @@ def test_every_violated_constraint_is_listed_not_only_the_first():
         assert any(text in p for p in problems), (text, problems)
     assert len(problems) >= len(expected)
     with pytest.raises(ComposeConfigError) as info:
-        check_compose(
-            cfg,
-            pc,
-            32,
-            batch=9,
-            seq=20,
-            sequence_parallel=False,
-            cp_kind="ulysses",
-            schedule="interleaved",
-            n_microbatches=3,
-            v=2,
-            zero_stage=4,
-        )
+        check_compose(cfg, pc, 32, **options)
     assert info.value.problems == problems
     assert f"({len(problems)} problem(s))" in str(info.value)
 
