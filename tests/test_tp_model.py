@@ -56,7 +56,6 @@ CONFIGS = [
     ("mqa-gelu", _cfg(kv=1), False, False, 3, SOME),
     ("mqa-swiglu-rope-sp", _cfg("swiglu", kv=1, position="rope"), True, False, 0, ALL),
     ("tied-embeddings-sp", _cfg(tie=True), True, False, 3, SOME),  # embedding and LM head share [V/t, h]
-    ("tied-embeddings-sp", _cfg(tie=True), True, False, 3, SOME),  # embedding and LM head share [V/t, h]
 ]
 
 
