@@ -71,10 +71,6 @@ def group_size(group=None) -> int:
     return resolve_group(group).size
 
 
-def group_rank(group=None) -> int:
-    return resolve_group(group).rank
-
-
 # --------------------------------------------------------------------------------------------------- tracing
 
 
