@@ -63,10 +63,10 @@ class TorchKernel:
 
     name = "torch"
 
-    def _scores(self, q, k, causal, scale):
-        acc = accumulation_dtype(q.dtype)
-        k_full = expand_kv(k, q.shape[1]).to(acc)
-        s = torch.matmul(q.to(acc), k_full.transpose(-1, -2)) * scale  # [b, n_head, s_q, s_k]
+    def _scores(self, q, k_full, causal, scale):
+        """Scaled, masked scores [b, n_head, s_q, s_k]; q and k_full (K expanded to n_head heads) already in the
+        accumulation dtype, so backward converts and expands them once for the scores and the gradients."""
+        s = torch.matmul(q, k_full.transpose(-1, -2)) * scale  # [b, n_head, s_q, s_k]
         if causal:
             n = q.shape[2]
             keep = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
@@ -75,25 +75,27 @@ class TorchKernel:
 
     def forward(self, q, k, v, *, causal: bool, scale: float):
         _check_shapes(q, k, v, causal)
-        s = self._scores(q, k, causal, scale)
+        acc = accumulation_dtype(q.dtype)
+        s = self._scores(q.to(acc), expand_kv(k, q.shape[1]).to(acc), causal, scale)
         lse = torch.logsumexp(s, dim=-1)  # [b, n_head, s_q]
         p = torch.exp(s - lse.unsqueeze(-1))
-        out = torch.matmul(p, expand_kv(v, q.shape[1]).to(s.dtype))
+        out = torch.matmul(p, expand_kv(v, q.shape[1]).to(acc))
         return out.to(q.dtype), lse
 
     def backward(self, dout, q, k, v, out, lse, *, causal: bool, scale: float):
         _check_shapes(q, k, v, causal)
         acc = accumulation_dtype(q.dtype)
         n_head, n_kv = q.shape[1], k.shape[1]
-        s = self._scores(q, k, causal, scale)
+        q_acc, k_full = q.to(acc), expand_kv(k, n_head).to(acc)
+        s = self._scores(q_acc, k_full, causal, scale)
         p = torch.exp(s - lse.to(acc).unsqueeze(-1))  # the block's share of the *global* softmax
         do = dout.to(acc)
         v_full = expand_kv(v, n_head).to(acc)
         dv_full = torch.matmul(p.transpose(-1, -2), do)  # [b, n_head, s_k, d]
         d_row = (do * out.to(acc)).sum(-1, keepdim=True)  # D = rowsum(dout * out)  [b, n_head, s_q, 1]
         ds = p * (torch.matmul(do, v_full.transpose(-1, -2)) - d_row)
-        dq = torch.matmul(ds, expand_kv(k, n_head).to(acc)) * scale
-        dk_full = torch.matmul(ds.transpose(-1, -2), q.to(acc)) * scale
+        dq = torch.matmul(ds, k_full) * scale
+        dk_full = torch.matmul(ds.transpose(-1, -2), q_acc) * scale
         if n_kv != n_head:  # each K/V head served n_head / n_kv_head query heads: add their gradients
             group = n_head // n_kv
             dk_full = dk_full.unflatten(1, (n_kv, group)).sum(2)

@@ -71,10 +71,6 @@ def group_size(group=None) -> int:
     return resolve_group(group).size
 
 
-def group_rank(group=None) -> int:
-    return resolve_group(group).rank
-
-
 # --------------------------------------------------------------------------------------------------- tracing
 
 
@@ -125,6 +121,16 @@ def _check_divisible(size: int, n: int, what: str):
         raise ValueError(f"{what}: size {size} is not divisible by the group size {n}")
 
 
+def _member_chunks(t: torch.Tensor, dim: int, n: int) -> torch.Tensor:
+    """[n, *chunk shape], contiguous: chunk j of `dim` (the block for group member j) is row j.
+
+    Along dim 0 of a contiguous tensor the chunks already are those rows (a view, no copy); otherwise they are
+    stacked into a new buffer."""
+    if dim == 0 and t.is_contiguous():
+        return t.view(n, t.shape[0] // n, *t.shape[1:])
+    return torch.stack(t.chunk(n, dim=dim)).contiguous()
+
+
 # --------------------------------------------------------------------------------------------------- raw ops
 
 
@@ -173,7 +179,7 @@ def reduce_scatter_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=No
     _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
     _on_rank_device("reduce_scatter_tensor", t)
     t0 = tracer.now()
-    stacked = torch.stack(t.chunk(g.size, dim=dim)).contiguous()  # [n, ...]: chunk j goes to member j
+    stacked = _member_chunks(t, dim, g.size)  # [n, ...]: chunk j goes to member j
     out = torch.empty(stacked.shape[1:], dtype=t.dtype, device=t.device)
     dist.reduce_scatter_single(out.view(-1), stacked.view(-1), group=g.pg)
     s = _nbytes(t)
@@ -191,7 +197,7 @@ def all_to_all_tensor(t, scatter_dim: int, gather_dim: int, group=None, *, phase
     _check_divisible(t.shape[scatter_dim], g.size, f"all-to-all scatter dim {scatter_dim} of shape {tuple(t.shape)}")
     _on_rank_device("all_to_all_tensor", t)
     t0 = tracer.now()
-    send = torch.stack(t.chunk(g.size, dim=scatter_dim)).contiguous()  # [n, ...]: chunk j goes to member j
+    send = _member_chunks(t, scatter_dim, g.size)  # [n, ...]: chunk j goes to member j
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv.view(-1), send.view(-1), group=g.pg)
     out = torch.cat(recv.unbind(0), dim=gather_dim)
@@ -463,14 +469,9 @@ def reduce_scatter_async(t: torch.Tensor, dim: int = 0, group=None, *, phase=Non
     _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
     _on_rank_device("reduce_scatter_async", t)
     t0 = tracer.now()
-    if dim == 0 and t.is_contiguous():
-        stacked = t.view(g.size, -1)  # chunk j of dim 0 is row j already: no copy
-        chunk_shape = (t.shape[0] // g.size, *t.shape[1:])
-    else:
-        stacked = torch.stack(t.chunk(g.size, dim=dim)).contiguous()  # [n, ...]: chunk j goes to member j
-        chunk_shape = stacked.shape[1:]
-    out = torch.empty(chunk_shape, dtype=t.dtype, device=t.device)
-    work = dist.reduce_scatter_single(out.view(-1), stacked.reshape(-1), group=g.pg, async_op=True)
+    stacked = _member_chunks(t, dim, g.size)  # [n, ...]: chunk j goes to member j
+    out = torch.empty(stacked.shape[1:], dtype=t.dtype, device=t.device)
+    work = dist.reduce_scatter_single(out.view(-1), stacked.view(-1), group=g.pg, async_op=True)
     s = _nbytes(t)
     moved = (g.size - 1) * s // g.size
     ev = _record("reduce_scatter", g, s, moved, moved, [t], t0, phase=phase, tag=tag, dim=dim, is_async=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from pylib.model.config import ModelConfig, MoEConfig
-from pylib.model.moe import MoE, Routing, grouped_keep_mask
+from pylib.model.moe import MoE, Routing, grouped_keep_mask, tokens_per_expert
 from pylib.model.transformer import Transformer, build_model
 
 
@@ -43,7 +43,7 @@ def moe_layers(model: Transformer) -> list[MoE]:
 
 def load_imbalance(routing: Routing, n_experts: int) -> float:
     """max / mean assignments per expert: 1.0 is perfect balance; E / k means every token picked the same k."""
-    load = torch.bincount(routing.experts.reshape(-1), minlength=n_experts).to(torch.float64)
+    load = tokens_per_expert(routing.experts, n_experts).to(torch.float64)
     return (load.max() / load.mean()).item()
 
 

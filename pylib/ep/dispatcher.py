@@ -26,6 +26,7 @@ the tokens and applies them at the experts, where we apply them at home in step 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -51,15 +52,17 @@ class DispatchState:
     chunk_counts: torch.Tensor
     etp_rows: list[int]
 
-    @property
+    # Host-side lists (the all-to-alls and the experts' split need ints): each costs one device sync, so each is
+    # computed once per dispatch and reused by the experts, the combine and whoever inspects the state.
+    @cached_property
     def rows_per_local_expert(self) -> list[int]:
-        return self.chunk_counts.sum(0).tolist()  # one device sync for the list (all_to_all needs ints)
+        return self.chunk_counts.sum(0).tolist()
 
-    @property
+    @cached_property
     def input_splits(self) -> list[int]:
         return self.send_counts.sum(1).tolist()
 
-    @property
+    @cached_property
     def output_splits(self) -> list[int]:
         return self.recv_counts.sum(1).tolist()
 

@@ -15,6 +15,8 @@ from pylib.model.config import SEED_A, ModelConfig, MoEConfig
 from pylib.model.moe import Routing
 from pylib.model.transformer import build_model
 
+from .balance import moe_input
+
 SEED_A_TOKENS = ("The", "cat", "sat", "here", "A", "dog", "ran", "fast")
 SEED_A_IDS = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]])
 
@@ -29,12 +31,7 @@ def seed_a_moe_input(cfg: ModelConfig | None = None) -> tuple[torch.Tensor, torc
     cfg = cfg or seed_a_moe_config()
     model = build_model(cfg)
     moe = model.layers[0].mlp
-    seen = {}
-    handle = moe.register_forward_pre_hook(lambda mod, args: seen.setdefault("x", args[0].detach().clone()))
-    with torch.no_grad():
-        model(SEED_A_IDS)
-    handle.remove()
-    return seen["x"], moe
+    return moe_input(model, moe, SEED_A_IDS), moe
 
 
 def routing_table(

@@ -112,10 +112,6 @@ class ExpertParallelMoE(nn.Module):
         """Global ids of the experts this rank holds."""
         return range(self.experts.first, self.experts.first + self.n_local)
 
-    def owner_of(self, expert: int) -> int:
-        """EP-group index of the rank holding `expert`."""
-        return expert // self.n_local
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.d_model:
             raise ValueError(f"x has hidden size h={x.shape[-1]}, the MoE layer expects h={self.d_model}")

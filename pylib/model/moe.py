@@ -153,7 +153,7 @@ def load_balancing_loss(routing: Routing, n_experts: int, top_k: int) -> torch.T
     f_i = share of the T*k assignments that chose expert i (no gradient), P_i = mean router score of expert i.
     Equals 1 when routing is perfectly uniform."""
     T = routing.scores.shape[0]
-    counts = torch.bincount(routing.experts.reshape(-1), minlength=n_experts).to(routing.scores.dtype)
+    counts = tokens_per_expert(routing.experts, n_experts).to(routing.scores.dtype)
     f = counts / (T * top_k)
     P = routing.scores.mean(0)
     return n_experts * (f * P).sum()

@@ -19,7 +19,7 @@ from pylib.dist import ShardSpec, require_divisible
 from pylib.dist import collectives as C
 from pylib.dist.tracer import current_tag
 
-from .regions import check_sequence_divisible, leave_tp_region
+from .regions import leave_tp_region
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -49,8 +49,6 @@ class VocabParallelEmbedding(nn.Module):
         return F.embedding(local_ids, self.weight).masked_fill(~mine.unsqueeze(-1), 0.0)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.sequence_parallel:
-            check_sequence_divisible(ids.shape[1], self.group.size)
         return leave_tp_region(self.partial(ids), self.group, self.sequence_parallel, tag=current_tag())
 
     def shard_specs(self, prefix: str = "") -> list[ShardSpec]:

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pylib.dist import ShardSpec, require_divisible
+from pylib.dist import ShardSpec
 from pylib.dist import collectives as C
 from pylib.dist.tracer import current_tag
 
@@ -39,7 +39,6 @@ class TPMLP(nn.Module):
                 f"TPMLP shards a dense MLP, got {type(mlp).__name__}; an MoE layer's experts are split "
                 "by expert parallelism (pylib.ep)"
             )
-        require_divisible(mlp.up_proj.weight.shape[0], g.size, "tp", "d_ff")
         kw = dict(group=g, sequence_parallel=sequence_parallel, regather=regather)
         up = ColumnParallelLinear.from_full(mlp.up_proj, what="d_ff", **kw)
         gate = ColumnParallelLinear.from_full(mlp.gate_proj, what="d_ff", **kw) if mlp.kind == "swiglu" else None

@@ -56,10 +56,10 @@ def leave_tp_region(partial: torch.Tensor, group=None, sequence_parallel: bool =
 def scatter_to_sequence_parallel_region(x: torch.Tensor, group=None, *, tag=None) -> torch.Tensor:
     """x [b, s, h], the same on every TP rank -> my slice [b, s/t, h] (no communication; backward all-gathers).
 
-    How a test or a notebook hands a sequence-parallel layer its input. The slice gets its own storage: with
-    b = 1 it would otherwise be a view that keeps the whole [b, s, h] alive as long as the slice lives."""
+    How a test or a notebook hands a sequence-parallel layer its input. The slice has its own storage
+    (`split_to_group` copies it), so it does not keep the whole [b, s, h] alive as long as it lives."""
     check_sequence_divisible(x.shape[SEQ_DIM], C.group_size(group))
-    return C.split_to_group(x, SEQ_DIM, group, tag=tag).clone()
+    return C.split_to_group(x, SEQ_DIM, group, tag=tag)
 
 
 def gather_from_sequence_parallel_region(x: torch.Tensor, group=None, *, tag=None) -> torch.Tensor:
