@@ -36,6 +36,7 @@ from pylib.dp.experiment import wrap
 from pylib.dp.memory import HeldBytes
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.schedules import build
+from pylib.pp.split import virtual_stage
 
 from .checks import ComposeConfigError, check_compose, compose_problems
 from .probe import SavedProbe
@@ -154,7 +155,7 @@ class ParallelTransformer:
             ParallelStage.from_full(
                 model,
                 mesh,
-                c * pp.size + pp.rank,
+                virtual_stage(pp.rank, c, pp.size),
                 n_stages,
                 sequence_parallel=sequence_parallel,
                 cp_layout=cp_layout,
