@@ -39,7 +39,7 @@ from ..dist import collectives as C
 from ..dist import tracer
 from ..dist.sharding import ShardSpec
 from .groups import GroupFor, check_divide_factor, dtype_name, split_by_group
-from .layout import FlatLayout, single_flat
+from .layout import FlatLayout, flatten, single_flat
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
@@ -185,9 +185,7 @@ class FullyShardedDataParallel(nn.Module):
                     dtype=dtype_name(dtype),
                 )
                 with torch.no_grad():
-                    full = torch.zeros(layout.padded_numel, dtype=dtype, device=members[0][1].device)
-                    for e, (_, p) in zip(layout.entries, members):
-                        full[e.offset : e.offset + e.numel].copy_(p.reshape(-1))
+                    full = flatten(layout, [p for _, p in members])
                     lo, hi = layout.shard_range(g.rank)
                     shard = nn.Parameter(full[lo:hi].clone())
                 member_homes = [[(m, a) for _, m, a in homes[id(p)]] for _, p in members]

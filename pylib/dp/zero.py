@@ -33,6 +33,7 @@ from ..dist import tracer
 from ..dist.sharding import ShardSpec
 from .buckets import DEFAULT_BUCKET_BYTES, GradientBuckets
 from .groups import GroupFor, check_divide_factor, split_by_group
+from .layout import flatten, unflatten
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
 from .overlap import OverlapReport
 
@@ -82,10 +83,9 @@ class ZeroDataParallel(nn.Module):
         self.shards: list[torch.Tensor] = []  # this rank's slice of each, what the optimizer updates
         with torch.no_grad():
             for b in self.buckets.buckets:
-                flat = torch.zeros(b.layout.padded_numel, dtype=b.dtype, device=b.params[0].device)
-                for e, p in zip(b.layout.entries, b.params):
-                    flat[e.offset : e.offset + e.numel].copy_(p.detach().reshape(-1))
-                    p.data = flat[e.offset : e.offset + e.numel].view(e.shape)  # the module now reads the buffer
+                flat = flatten(b.layout, b.params)
+                for p, view in zip(b.params, unflatten(b.layout, flat).values()):
+                    p.data = view  # the module now reads the buffer
                 lo, hi = b.shard_range
                 shard = flat[lo:hi]
                 shard.grad = b.grad[lo:hi] if stage == 1 else b.shard_grad
