@@ -88,7 +88,7 @@ class ZeroDataParallel(nn.Module):
                     p.data = view  # the module now reads the buffer
                 lo, hi = b.shard_range
                 shard = flat[lo:hi]
-                shard.grad = b.grad[lo:hi] if stage == 1 else b.shard_grad
+                shard.grad = b.held_grad
                 self.flats.append(flat)
                 self.shards.append(shard)
         self.optimizer = optimizer(self.shards, **optim_kwargs)
@@ -111,8 +111,7 @@ class ZeroDataParallel(nn.Module):
         (traced with phase "optimizer")."""
         self.buckets.finish()
         for b, shard in zip(self.buckets.buckets, self.shards):  # even if someone set them to None meanwhile
-            lo, hi = b.shard_range
-            shard.grad = b.grad[lo:hi] if self.stage == 1 else b.shard_grad
+            shard.grad = b.held_grad
         with tracer.phase("optimizer"):
             self.optimizer.step()
             with torch.no_grad():
