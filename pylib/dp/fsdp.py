@@ -202,6 +202,7 @@ class FullyShardedDataParallel(nn.Module):
             self.units.append(unit)
         self.optimizer = optimizer(list(self.shards), **optim_kwargs)
         self._live: dict[int, torch.UntypedStorage] = {}
+        self._shard_bytes = storage_bytes(self.shards)  # fixed: the shards never change size
         self._calls: dict[int, _Gathered] = {}
         self._callback_queued = False
         self.peak_param_bytes = 0
@@ -311,7 +312,7 @@ class FullyShardedDataParallel(nn.Module):
 
     def resident_param_bytes(self) -> int:
         """Parameter bytes alive right now: the shards plus every full buffer currently gathered."""
-        return storage_bytes(self.shards) + sum(s.nbytes() for s in self._live.values())
+        return self._shard_bytes + sum(s.nbytes() for s in self._live.values())
 
     def reset_peaks(self) -> None:
         """Measure afresh from now: peaks from what is held now, and a new `timeline` of resident parameter bytes
