@@ -227,11 +227,8 @@ class ParallelTransformer:
     def _backward_context(self, mb: int, chunk: int):
         if mb == self._last_backward[chunk]:
             return nullcontext()
-        w = self.wrappers[chunk]
-        if self.zero_stage == 0:
-            return w.ddp.no_sync()
-        if self.zero_stage == 1:
-            return w.no_sync()
+        if self.zero_stage in (0, 1):
+            return self.wrappers[chunk].no_sync()
         return nullcontext()  # ZeRO-2 keeps no full gradient to accumulate in; ZeRO-3 reduces in every backward
 
     def zero_grad(self) -> None:
