@@ -32,7 +32,7 @@ from pylib.dist import collectives as C
 from pylib.dist.sharding import ShardSpec
 from pylib.dist.tracer import phase, tag
 from pylib.dp.buckets import DEFAULT_BUCKET_BYTES
-from pylib.dp.experiment import wrap
+from pylib.dp.experiment import micro_batch, wrap
 from pylib.dp.memory import HeldBytes
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.schedules import build
@@ -80,9 +80,8 @@ def local_batch(x: torch.Tensor, mesh, layout: str = "zigzag") -> torch.Tensor:
     """This rank's part of a global [B, S] tensor: rows [d*B/dp, (d+1)*B/dp) of its DP index, then its CP part of
     the sequence (`pylib.cp.shard_sequence`, zig-zag by default). The same on every TP rank (SP splits the sequence
     further inside the model, after the embedding)."""
-    dp, cp = mesh.dp, mesh.cp
-    rows = x.chunk(dp.size, dim=0)[dp.rank]
-    return shard_sequence(rows, 1, cp.rank, cp.size, layout).contiguous()
+    rows = micro_batch(x, mesh.dp.rank, mesh.dp.size)
+    return shard_sequence(rows, 1, mesh.cp.rank, mesh.cp.size, layout).contiguous()
 
 
 class ParallelTransformer:
