@@ -32,10 +32,11 @@ from pylib.dist import collectives as C
 from pylib.dist.sharding import ShardSpec
 from pylib.dist.tracer import phase, tag
 from pylib.dp.buckets import DEFAULT_BUCKET_BYTES
-from pylib.dp.experiment import wrap
+from pylib.dp.experiment import micro_batch, wrap
 from pylib.dp.memory import HeldBytes
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.schedules import build
+from pylib.pp.split import virtual_stage
 
 from .checks import ComposeConfigError, check_compose, compose_problems
 from .probe import SavedProbe
@@ -79,9 +80,8 @@ def local_batch(x: torch.Tensor, mesh, layout: str = "zigzag") -> torch.Tensor:
     """This rank's part of a global [B, S] tensor: rows [d*B/dp, (d+1)*B/dp) of its DP index, then its CP part of
     the sequence (`pylib.cp.shard_sequence`, zig-zag by default). The same on every TP rank (SP splits the sequence
     further inside the model, after the embedding)."""
-    dp, cp = mesh.dp, mesh.cp
-    rows = x.chunk(dp.size, dim=0)[dp.rank]
-    return shard_sequence(rows, 1, cp.rank, cp.size, layout).contiguous()
+    rows = micro_batch(x, mesh.dp.rank, mesh.dp.size)
+    return shard_sequence(rows, 1, mesh.cp.rank, mesh.cp.size, layout).contiguous()
 
 
 class ParallelTransformer:
@@ -154,7 +154,7 @@ class ParallelTransformer:
             ParallelStage.from_full(
                 model,
                 mesh,
-                c * pp.size + pp.rank,
+                virtual_stage(pp.rank, c, pp.size),
                 n_stages,
                 sequence_parallel=sequence_parallel,
                 cp_layout=cp_layout,
@@ -226,11 +226,8 @@ class ParallelTransformer:
     def _backward_context(self, mb: int, chunk: int):
         if mb == self._last_backward[chunk]:
             return nullcontext()
-        w = self.wrappers[chunk]
-        if self.zero_stage == 0:
-            return w.ddp.no_sync()
-        if self.zero_stage == 1:
-            return w.no_sync()
+        if self.zero_stage in (0, 1):
+            return self.wrappers[chunk].no_sync()
         return nullcontext()  # ZeRO-2 keeps no full gradient to accumulate in; ZeRO-3 reduces in every backward
 
     def zero_grad(self) -> None:

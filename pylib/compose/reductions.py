@@ -211,6 +211,15 @@ def reduction_table(stage, mesh) -> list[Reduction]:
 # ------------------------------------------------------------------------------------- held gradient elements
 
 
+def _held_pieces(out: dict, layout, lo: int, hi: int, buf: torch.Tensor) -> None:
+    """Add to `out` the piece of each parameter of `layout` inside elements [lo, hi) of its flat buffer, as
+    (first, last+1 element of the parameter, the matching part of `buf`, which holds elements [lo, hi))."""
+    for e in layout.entries:
+        a, z = max(lo, e.offset), min(hi, e.offset + e.numel)
+        if a < z:
+            out.setdefault(e.name, []).append((a - e.offset, z - e.offset, buf[a - lo : z - lo]))
+
+
 def held_gradient_pieces(dp) -> dict[str, list[tuple[int, int, torch.Tensor]]]:
     """After `finish_gradient_sync()`: for each parameter, the gradient elements this rank holds and the optimizer
     will read, as (lo, hi, view) -- elements [lo, hi) of the flattened parameter, a view into the wrapper's storage
@@ -219,28 +228,15 @@ def held_gradient_pieces(dp) -> dict[str, list[tuple[int, int, torch.Tensor]]]:
     DDP: the whole parameter (a view of its bucket). ZeRO-1: the part of this rank's slice of each bucket.
     ZeRO-2: the part of its kept gradient shard. ZeRO-3: the part of its flat shard's gradient."""
     out: dict[str, list[tuple[int, int, torch.Tensor]]] = {}
-
-    def cut(entries, lo, hi, buf):
-        for e in entries:
-            a, z = max(lo, e.offset), min(hi, e.offset + e.numel)
-            if a < z:
-                out.setdefault(e.name, []).append((a - e.offset, z - e.offset, buf[a - lo : z - lo]))
-
-    if isinstance(dp, DDPTrainer):
-        for b in dp.ddp.buckets.buckets:
-            cut(b.layout.entries, 0, b.layout.padded_numel, b.grad)
-    elif isinstance(dp, ZeroDataParallel):
-        for b in dp.buckets.buckets:
-            lo, hi = b.shard_range
-            buf = b.grad[lo:hi] if dp.stage == 1 else b.shard_grad
-            cut(b.layout.entries, lo, hi, buf)
+    if isinstance(dp, (DDPTrainer, ZeroDataParallel)):
+        for b in (dp.ddp if isinstance(dp, DDPTrainer) else dp).buckets.buckets:
+            _held_pieces(out, b.layout, *b.shard_range, b.held_grad)
     elif isinstance(dp, FullyShardedDataParallel):
         for unit in dp.units:
             for f in unit.flats:
                 if f.shard.grad is None:
                     f.shard.grad = torch.zeros_like(f.shard)
-                lo, hi = f.layout.shard_range(f.group.rank) if f.layout.parts > 1 else (0, f.layout.padded_numel)
-                cut(f.layout.entries, lo, hi, f.shard.grad)
+                _held_pieces(out, f.layout, *f.layout.shard_range(f.group.rank), f.shard.grad)
     else:
         raise TypeError(f"unknown data-parallel wrapper {type(dp).__name__}")
     return out
@@ -253,13 +249,7 @@ def held_parameter_pieces(dp) -> dict[str, list[tuple[int, int, torch.Tensor]]]:
     if isinstance(dp, FullyShardedDataParallel):
         for unit in dp.units:
             for f in unit.flats:
-                lo, hi = f.layout.shard_range(f.group.rank) if f.layout.parts > 1 else (0, f.layout.padded_numel)
-                for e in f.layout.entries:
-                    a, z = max(lo, e.offset), min(hi, e.offset + e.numel)
-                    if a < z:
-                        out.setdefault(e.name, []).append(
-                            (a - e.offset, z - e.offset, f.shard.detach()[a - lo : z - lo])
-                        )
+                _held_pieces(out, f.layout, *f.layout.shard_range(f.group.rank), f.shard.detach())
         return out
     for name, p in dp.module.named_parameters():
         out[name] = [(0, p.numel(), p.detach().reshape(-1))]

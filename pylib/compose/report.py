@@ -10,8 +10,6 @@ superposition claim is that the per-rank bytes are 1/(tp*cp*dp) of the single-de
 
 from __future__ import annotations
 
-import torch.nn as nn
-
 from pylib.analysis.compose import Traffic, per_axis, step_traffic
 from pylib.model import build_model
 
@@ -144,8 +142,3 @@ def format_reduction_table(rows: list[dict]) -> str:
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
-
-
-def stage_modules(model) -> list[tuple[str, nn.Module]]:
-    """(prefix, stage module) pairs of a `ParallelTransformer`, for `ffn_probe`."""
-    return [("", s) for s in model.stages]

@@ -29,6 +29,7 @@ from pylib.cp.layer import CPAttentionCore
 from pylib.cp.layout import sequence_positions
 from pylib.dist import ShardSpec, tag
 from pylib.ep.layer import ExpertParallelMoE
+from pylib.pp.split import layers_of_stage
 from pylib.tp.attention import TPAttention
 from pylib.tp.cross_entropy import vocab_parallel_cross_entropy
 from pylib.tp.embedding import VocabParallelEmbedding
@@ -112,9 +113,7 @@ class ParallelStage(nn.Module):
         cp_kind="ring",
         n_microbatches: int = 1,
     ) -> ParallelStage:
-        cfg = model.cfg
-        per = cfg.n_layers // n_stages
-        ids = range(stage * per, (stage + 1) * per)
+        ids = layers_of_stage(model.cfg.n_layers, stage, n_stages)
         kw = dict(
             sequence_parallel=sequence_parallel, cp_layout=cp_layout, cp_kind=cp_kind, n_microbatches=n_microbatches
         )

@@ -73,6 +73,15 @@ class Bucket:
     def shard_range(self) -> tuple[int, int]:
         return self.layout.shard_range(self.group.rank) if self.layout.parts > 1 else (0, self.layout.padded_numel)
 
+    @property
+    def held_grad(self) -> torch.Tensor:
+        """The gradient elements [shard_range] this rank keeps for its optimizer: ZeRO-2's kept slice, else that
+        range of the full buffer (ZeRO-1: this rank's slice; DDP: the whole bucket)."""
+        if self.shard_grad is not None:
+            return self.shard_grad
+        lo, hi = self.shard_range
+        return self.grad[lo:hi]
+
 
 class GradientBuckets:
     """Hooks on `param_sets` (from `groups.split_by_group`) that reduce gradients bucket by bucket.

@@ -39,6 +39,10 @@ class DDPTrainer:
     def finish_gradient_sync(self) -> None:
         self.ddp.finish_gradient_sync()
 
+    def no_sync(self):
+        """Backward passes inside only accumulate (as `ZeroDataParallel.no_sync`)."""
+        return self.ddp.no_sync()
+
     def step(self) -> None:
         with tracer.phase("optimizer"):
             self.optimizer.step()

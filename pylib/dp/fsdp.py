@@ -39,7 +39,7 @@ from ..dist import collectives as C
 from ..dist import tracer
 from ..dist.sharding import ShardSpec
 from .groups import GroupFor, check_divide_factor, dtype_name, split_by_group
-from .layout import FlatLayout, single_flat
+from .layout import FlatLayout, flatten, single_flat
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
@@ -185,9 +185,7 @@ class FullyShardedDataParallel(nn.Module):
                     dtype=dtype_name(dtype),
                 )
                 with torch.no_grad():
-                    full = torch.zeros(layout.padded_numel, dtype=dtype, device=members[0][1].device)
-                    for e, (_, p) in zip(layout.entries, members):
-                        full[e.offset : e.offset + e.numel].copy_(p.reshape(-1))
+                    full = flatten(layout, [p for _, p in members])
                     lo, hi = layout.shard_range(g.rank)
                     shard = nn.Parameter(full[lo:hi].clone())
                 member_homes = [[(m, a) for _, m, a in homes[id(p)]] for _, p in members]
@@ -204,6 +202,7 @@ class FullyShardedDataParallel(nn.Module):
             self.units.append(unit)
         self.optimizer = optimizer(list(self.shards), **optim_kwargs)
         self._live: dict[int, torch.UntypedStorage] = {}
+        self._shard_bytes = storage_bytes(self.shards)  # fixed: the shards never change size
         self._calls: dict[int, _Gathered] = {}
         self._callback_queued = False
         self.peak_param_bytes = 0
@@ -313,7 +312,7 @@ class FullyShardedDataParallel(nn.Module):
 
     def resident_param_bytes(self) -> int:
         """Parameter bytes alive right now: the shards plus every full buffer currently gathered."""
-        return storage_bytes(self.shards) + sum(s.nbytes() for s in self._live.values())
+        return self._shard_bytes + sum(s.nbytes() for s in self._live.values())
 
     def reset_peaks(self) -> None:
         """Measure afresh from now: peaks from what is held now, and a new `timeline` of resident parameter bytes

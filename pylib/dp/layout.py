@@ -162,6 +162,15 @@ def single_flat(
     return FlatLayout(key, axis, tuple(group), dtype, element_size, tuple(entries), parts)
 
 
+def flatten(layout: FlatLayout, tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The whole flat buffer [padded_numel] holding `tensors` (one per entry, in order; the dtype and device of the
+    first), padding zero: what `unflatten` takes apart."""
+    flat = torch.zeros(layout.padded_numel, dtype=tensors[0].dtype, device=tensors[0].device)
+    for e, t in zip(layout.entries, tensors, strict=True):
+        flat[e.offset : e.offset + e.numel].copy_(t.detach().reshape(-1))
+    return flat
+
+
 def unflatten(layout: FlatLayout, flat: torch.Tensor) -> dict[str, torch.Tensor]:
     """Each parameter's tensor from a whole flat buffer (`flat` has numel or padded_numel elements)."""
     if flat.numel() not in (layout.numel, layout.padded_numel):

@@ -33,6 +33,7 @@ from ..dist import tracer
 from ..dist.sharding import ShardSpec
 from .buckets import DEFAULT_BUCKET_BYTES, GradientBuckets
 from .groups import GroupFor, check_divide_factor, split_by_group
+from .layout import flatten, unflatten
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
 from .overlap import OverlapReport
 
@@ -82,13 +83,12 @@ class ZeroDataParallel(nn.Module):
         self.shards: list[torch.Tensor] = []  # this rank's slice of each, what the optimizer updates
         with torch.no_grad():
             for b in self.buckets.buckets:
-                flat = torch.zeros(b.layout.padded_numel, dtype=b.dtype, device=b.params[0].device)
-                for e, p in zip(b.layout.entries, b.params):
-                    flat[e.offset : e.offset + e.numel].copy_(p.detach().reshape(-1))
-                    p.data = flat[e.offset : e.offset + e.numel].view(e.shape)  # the module now reads the buffer
+                flat = flatten(b.layout, b.params)
+                for p, view in zip(b.params, unflatten(b.layout, flat).values()):
+                    p.data = view  # the module now reads the buffer
                 lo, hi = b.shard_range
                 shard = flat[lo:hi]
-                shard.grad = b.grad[lo:hi] if stage == 1 else b.shard_grad
+                shard.grad = b.held_grad
                 self.flats.append(flat)
                 self.shards.append(shard)
         self.optimizer = optimizer(self.shards, **optim_kwargs)
@@ -111,8 +111,7 @@ class ZeroDataParallel(nn.Module):
         (traced with phase "optimizer")."""
         self.buckets.finish()
         for b, shard in zip(self.buckets.buckets, self.shards):  # even if someone set them to None meanwhile
-            lo, hi = b.shard_range
-            shard.grad = b.grad[lo:hi] if self.stage == 1 else b.shard_grad
+            shard.grad = b.held_grad
         with tracer.phase("optimizer"):
             self.optimizer.step()
             with torch.no_grad():

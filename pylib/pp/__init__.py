@@ -33,6 +33,7 @@ from .simulate import DeadlockError, simulate
 from .split import (
     PipelineChunk,
     check_split,
+    layers_of_stage,
     lm_loss,
     rank_chunks,
     shard_specs,
@@ -62,6 +63,7 @@ __all__ = [
     "idle_intervals",
     "interleaved_1f1b",
     "interleaved_table",
+    "layers_of_stage",
     "lm_loss",
     "microbatches",
     "one_f_one_b",

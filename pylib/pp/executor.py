@@ -163,20 +163,7 @@ def run_pipeline(
     t0 = time.perf_counter()
 
     def record(a: Action, start: float) -> None:
-        end = time.perf_counter()
-        run.timeline.append(
-            Event(
-                me,
-                a.op,
-                a.mb,
-                a.chunk,
-                a.stage,
-                start - t0,
-                end - t0,
-                a.what if a.is_comm else "",
-                a.peer if a.is_comm else None,
-            )
-        )
+        run.timeline.append(Event.of(me, a, start - t0, time.perf_counter() - t0))
 
     def pad(start: float, seconds: float) -> None:
         left = start + seconds - time.perf_counter()

@@ -67,8 +67,6 @@ class PipelineParallel:
         m = n_microbatches
         sched = _cached_schedule(schedule, self.p, m, self.v, group_size)
         b, s = ids.shape
-        if b % m:
-            raise ValueError(f"m={m} microbatches do not divide the batch size b={b}")
         return run_pipeline(
             sched,
             self.chunks,

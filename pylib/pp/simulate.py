@@ -83,19 +83,7 @@ def simulate(
             )
 
     def log(rank: int, a: Action, start: float, end: float) -> None:
-        events.append(
-            Event(
-                rank,
-                a.op,
-                a.mb,
-                a.chunk,
-                a.stage,
-                start,
-                end,
-                a.what if a.is_comm else "",
-                a.peer if a.is_comm else None,
-            )
-        )
+        events.append(Event.of(rank, a, start, end))
 
     def finish_recv(rr: int, rv: Action, arrival: float) -> None:
         done = max(clock[rr], arrival)

@@ -41,13 +41,19 @@ def virtual_stage(rank: int, chunk: int, pp: int) -> int:
     return chunk * pp + rank
 
 
+def layers_of_stage(n_layers: int, stage: int, n_stages: int) -> range:
+    """The layer indices virtual stage `stage` of `n_stages` holds: the stage-th run of L / n_stages layers."""
+    check_split(n_layers, n_stages)
+    if not 0 <= stage < n_stages:
+        raise ValueError(f"stage={stage} is outside 0..{n_stages - 1}")
+    per = n_layers // n_stages
+    return range(stage * per, (stage + 1) * per)
+
+
 def stage_layers(n_layers: int, pp: int, v: int = 1) -> list[list[range]]:
     """layers[r][c]: the range of layer indices that chunk c of rank r holds (pure; the book prints it)."""
     check_split(n_layers, pp, v)
-    per = n_layers // (pp * v)
-    return [
-        [range(virtual_stage(r, c, pp) * per, (virtual_stage(r, c, pp) + 1) * per) for c in range(v)] for r in range(pp)
-    ]
+    return [[layers_of_stage(n_layers, virtual_stage(r, c, pp), pp * v) for c in range(v)] for r in range(pp)]
 
 
 class PipelineChunk(nn.Module):
@@ -86,16 +92,12 @@ class PipelineChunk(nn.Module):
     def from_full(cls, model: Transformer, stage: int, n_stages: int) -> PipelineChunk:
         """Virtual stage `stage` of `n_stages`, with copies of the reference model's weights."""
         cfg = model.cfg
-        check_split(cfg.n_layers, n_stages)
-        if not 0 <= stage < n_stages:
-            raise ValueError(f"stage={stage} is outside 0..{n_stages - 1}")
+        ids = layers_of_stage(cfg.n_layers, stage, n_stages)
         if cfg.tie_embeddings and n_stages > 1:
             raise ValueError(
                 "tie_embeddings=True puts the shared embedding on the first and the last stage; pipeline stages "
                 "here need untied embeddings (Megatron all-reduces the two copies' gradients in an embedding group)"
             )
-        per = cfg.n_layers // n_stages
-        ids = range(stage * per, (stage + 1) * per)
         first, last = stage == 0, stage == n_stages - 1
         return cls(
             {i: copy.deepcopy(model.layers[i]) for i in ids},

@@ -33,6 +33,12 @@ class Event:
     what: str = ""
     peer: int | None = None
 
+    @classmethod
+    def of(cls, rank: int, a, start: float, end: float) -> Event:
+        """The interval rank `rank` spent on action `a` (a `pylib.pp.schedules.Action`)."""
+        comm = a.is_comm
+        return cls(rank, a.op, a.mb, a.chunk, a.stage, start, end, a.what if comm else "", a.peer if comm else None)
+
     @property
     def duration(self) -> float:
         return self.end - self.start
@@ -129,8 +135,4 @@ def replay(timeline, cost_f: float = 1.0, cost_b: float = 2.0) -> list[Event]:
     ]
     n_stages = max(e.stage for e in compute) + 1
     times = logical_times(orders, n_stages, cost_f, cost_b)
-    return [
-        Event(r, a.op, a.mb, a.chunk, a.stage, *times[(a.op, a.mb, a.stage)])
-        for r, order in zip(ranks, orders)
-        for a in order
-    ]
+    return [Event.of(r, a, *times[(a.op, a.mb, a.stage)]) for r, order in zip(ranks, orders) for a in order]
