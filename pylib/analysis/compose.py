@@ -33,7 +33,6 @@ from pylib.analysis import pp as pp_formulas
 from pylib.analysis import tp as tp_formulas
 
 DP_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
-DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -111,7 +110,7 @@ def step_traffic(
     moe_routing: (layer, send_counts [ep, E_local], recv_counts [ep, E_local], etp_rows) per MoE forward."""
     tp, cp, pp, ep, etp = pc.tp, pc.cp, pc.pp, pc.ep, pc.etp
     m = n_microbatches
-    e = DTYPE_BYTES[cfg.dtype]
+    e = tp_formulas.dtype_bytes(cfg.dtype)
     h = cfg.d_model
     b = batch // (pc.dp * m)
     s_cp = seq // cp

@@ -36,15 +36,7 @@ from . import dp as dp_analysis
 from . import ep as ep_analysis
 from . import pp as pp_analysis
 from . import tp as tp_analysis
-
-DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def dtype_bytes(dtype: str) -> int:
-    try:
-        return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype={dtype!r} is not one of {sorted(DTYPE_BYTES)}") from None
+from .tp import dtype_bytes
 
 
 @dataclass(frozen=True)
