@@ -31,6 +31,7 @@ from pylib.analysis import dp as dp_formulas
 from pylib.analysis import ep as ep_formulas
 from pylib.analysis import pp as pp_formulas
 from pylib.analysis import tp as tp_formulas
+from pylib.analysis.activations import chunk_layers
 
 DP_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 
@@ -49,12 +50,6 @@ class Traffic:
 
 def _ring(op: str, payload: int, n: int) -> int:
     return tp_formulas.ring_bytes_sent(op, payload, n)
-
-
-def held_layers(n_layers: int, pp: int, v: int, pp_rank: int) -> list[list[int]]:
-    """Layer ids of each chunk of pipeline rank `pp_rank` (Megatron's interleaved layout, `pylib.pp`)."""
-    per = n_layers // (pp * v)
-    return [list(range((c * pp + pp_rank) * per, (c * pp + pp_rank + 1) * per)) for c in range(v)]
 
 
 def tp_grad_names(cfg, layers: list[int], holds_last: bool, tp: int, sequence_parallel: bool) -> tuple[set, set]:
@@ -114,7 +109,7 @@ def step_traffic(
     h = cfg.d_model
     b = batch // (pc.dp * m)
     s_cp = seq // cp
-    chunks = held_layers(cfg.n_layers, pp, v, pp_rank)
+    chunks = chunk_layers(cfg.n_layers, pp, v, pp_rank)
     n_stages = pp * v
     holds_first = pp_rank == 0
     holds_last = pp_rank == (n_stages - 1) % pp
