@@ -212,15 +212,11 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str]:
+def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str]:
+    """Every constraint `plan` breaks (`pylib.compose.compose_problems`); empty when the composed model runs it."""
     from pylib.compose.checks import compose_problems
 
     return compose_problems(cfg, plan.par, world_size, batch=batch, seq=seq, **plan.options())
-
-
-def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str]:
-    """Every constraint `plan` breaks (`pylib.compose.compose_problems`); empty when the composed model runs it."""
-    return _problems(cfg, plan, world_size, batch, seq)
 
 
 def enumerate_plans(
@@ -275,7 +271,7 @@ def enumerate_plans(
                                 for v in vs:
                                     for m in ms:
                                         plan = Plan(par, sp, kind, zero, m, v)
-                                        if not _problems(cfg, plan, world_size, batch, seq):
+                                        if not problems(cfg, plan, world_size, batch, seq):
                                             out.append(plan)
     return out
 
