@@ -444,16 +444,7 @@ def step_flops(cfg, batch: int, seq: int) -> float:
     return 3.0 * forward
 
 
-AXIS_GROUP = {
-    "tp": "tp",
-    "cp": "cp",
-    "pp": "pp",
-    "dp-cp": "dp-cp",
-    "tp-cp": "tp-cp",
-    "ep": "ep",
-    "etp": "etp",
-    "edp": "edp",
-}
+TRAFFIC_AXES = ("tp", "cp", "pp", "dp-cp", "tp-cp", "ep", "etp", "edp")  # the groups `compose.step_traffic` sends on
 
 
 @functools.lru_cache(maxsize=65536)
@@ -660,10 +651,7 @@ def _chunk_bytes(cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, et
 
 
 def _bandwidths(plan: Plan, cluster: Cluster) -> dict[str, bool]:
-    return {
-        axis: not crosses_nodes(plan.par, cluster.world_size, group, cluster.gpus_per_node)
-        for axis, group in AXIS_GROUP.items()
-    }
+    return {axis: not crosses_nodes(plan.par, cluster.world_size, axis, cluster.gpus_per_node) for axis in TRAFFIC_AXES}
 
 
 def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction:
