@@ -32,6 +32,7 @@ from pylib.analysis import ep as ep_formulas
 from pylib.analysis import pp as pp_formulas
 from pylib.analysis import tp as tp_formulas
 from pylib.analysis.activations import chunk_layers
+from pylib.analysis.shapes import kv_heads_per_rank
 
 DP_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
 
@@ -139,7 +140,7 @@ def step_traffic(
     # ---- CP: per microbatch and layer
     if cp > 1:
         q_heads = cfg.n_heads // tp
-        kv_heads = cfg.kv_heads // tp if cfg.kv_heads >= tp else 1
+        kv_heads = kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)[0]
         for _ in layers:
             if cp_kind == "ring":
                 r = cp_formulas.ring_traffic(b, seq, kv_heads, cfg.d_head, cp, e)
