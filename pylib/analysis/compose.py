@@ -31,9 +31,10 @@ from pylib.analysis import dp as dp_formulas
 from pylib.analysis import ep as ep_formulas
 from pylib.analysis import pp as pp_formulas
 from pylib.analysis import tp as tp_formulas
+from pylib.analysis.activations import chunk_layers
+from pylib.analysis.shapes import kv_heads_per_rank
 
 DP_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
-DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -50,12 +51,6 @@ class Traffic:
 
 def _ring(op: str, payload: int, n: int) -> int:
     return tp_formulas.ring_bytes_sent(op, payload, n)
-
-
-def held_layers(n_layers: int, pp: int, v: int, pp_rank: int) -> list[list[int]]:
-    """Layer ids of each chunk of pipeline rank `pp_rank` (Megatron's interleaved layout, `pylib.pp`)."""
-    per = n_layers // (pp * v)
-    return [list(range((c * pp + pp_rank) * per, (c * pp + pp_rank + 1) * per)) for c in range(v)]
 
 
 def tp_grad_names(cfg, layers: list[int], holds_last: bool, tp: int, sequence_parallel: bool) -> tuple[set, set]:
@@ -111,11 +106,11 @@ def step_traffic(
     moe_routing: (layer, send_counts [ep, E_local], recv_counts [ep, E_local], etp_rows) per MoE forward."""
     tp, cp, pp, ep, etp = pc.tp, pc.cp, pc.pp, pc.ep, pc.etp
     m = n_microbatches
-    e = DTYPE_BYTES[cfg.dtype]
+    e = tp_formulas.dtype_bytes(cfg.dtype)
     h = cfg.d_model
     b = batch // (pc.dp * m)
     s_cp = seq // cp
-    chunks = held_layers(cfg.n_layers, pp, v, pp_rank)
+    chunks = chunk_layers(cfg.n_layers, pp, v, pp_rank)
     n_stages = pp * v
     holds_first = pp_rank == 0
     holds_last = pp_rank == (n_stages - 1) % pp
@@ -145,7 +140,7 @@ def step_traffic(
     # ---- CP: per microbatch and layer
     if cp > 1:
         q_heads = cfg.n_heads // tp
-        kv_heads = cfg.kv_heads // tp if cfg.kv_heads >= tp else 1
+        kv_heads = kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)[0]
         for _ in layers:
             if cp_kind == "ring":
                 r = cp_formulas.ring_traffic(b, seq, kv_heads, cfg.d_head, cp, e)

@@ -212,15 +212,11 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str]:
+def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str]:
+    """Every constraint `plan` breaks (`pylib.compose.compose_problems`); empty when the composed model runs it."""
     from pylib.compose.checks import compose_problems
 
     return compose_problems(cfg, plan.par, world_size, batch=batch, seq=seq, **plan.options())
-
-
-def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str]:
-    """Every constraint `plan` breaks (`pylib.compose.compose_problems`); empty when the composed model runs it."""
-    return _problems(cfg, plan, world_size, batch, seq)
 
 
 def enumerate_plans(
@@ -275,7 +271,7 @@ def enumerate_plans(
                                 for v in vs:
                                     for m in ms:
                                         plan = Plan(par, sp, kind, zero, m, v)
-                                        if not _problems(cfg, plan, world_size, batch, seq):
+                                        if not problems(cfg, plan, world_size, batch, seq):
                                             out.append(plan)
     return out
 
@@ -448,16 +444,7 @@ def step_flops(cfg, batch: int, seq: int) -> float:
     return 3.0 * forward
 
 
-AXIS_GROUP = {
-    "tp": "tp",
-    "cp": "cp",
-    "pp": "pp",
-    "dp-cp": "dp-cp",
-    "tp-cp": "tp-cp",
-    "ep": "ep",
-    "etp": "etp",
-    "edp": "edp",
-}
+TRAFFIC_AXES = ("tp", "cp", "pp", "dp-cp", "tp-cp", "ep", "etp", "edp")  # the groups `compose.step_traffic` sends on
 
 
 @functools.lru_cache(maxsize=65536)
@@ -664,10 +651,7 @@ def _chunk_bytes(cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, et
 
 
 def _bandwidths(plan: Plan, cluster: Cluster) -> dict[str, bool]:
-    return {
-        axis: not crosses_nodes(plan.par, cluster.world_size, group, cluster.gpus_per_node)
-        for axis, group in AXIS_GROUP.items()
-    }
+    return {axis: not crosses_nodes(plan.par, cluster.world_size, axis, cluster.gpus_per_node) for axis in TRAFFIC_AXES}
 
 
 def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction:

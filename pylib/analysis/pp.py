@@ -56,11 +56,6 @@ def peak_in_flight(schedule: str, p: int, m: int, rank: int, v: int = 1, group_s
     raise ValueError(f"unknown schedule {schedule!r}: 'gpipe', '1f1b' or 'interleaved'")
 
 
-def peak_in_flight_stages(schedule: str, p: int, m: int, rank: int, v: int = 1, group_size: int | None = None) -> float:
-    """The same peak in units of one whole stage's microbatch activations (a chunk holds 1/v of them)."""
-    return peak_in_flight(schedule, p, m, rank, v, group_size) / v
-
-
 def activation_memory(
     schedule: str, p: int, m: int, rank: int, bytes_per_microbatch: float, v: int = 1, group_size: int | None = None
 ) -> float:

@@ -28,6 +28,7 @@ Conventions (seed B's symbols; `par` a `pylib.dist.ParallelConfig`):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -36,15 +37,7 @@ from . import dp as dp_analysis
 from . import ep as ep_analysis
 from . import pp as pp_analysis
 from . import tp as tp_analysis
-
-DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def dtype_bytes(dtype: str) -> int:
-    try:
-        return DTYPE_BYTES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype={dtype!r} is not one of {sorted(DTYPE_BYTES)}") from None
+from .tp import dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -165,7 +158,7 @@ def check_plan(
         need(cfg.moe.d_ff or cfg.d_ff, par.etp, "etp", "expert d_ff")
     if cp_kind not in ("ring", "ulysses"):
         problems.append(f"cp_kind={cp_kind!r} must be 'ring' or 'ulysses'")
-    problems += par.problems(par.world_size)
+    problems += _mesh_problems(par)
     if b is not None:
         need(b, par.dp, "dp", "b")
     if s is not None:
@@ -181,6 +174,13 @@ def check_plan(
             need(heads, par.cp, "cp (Ulysses)", "n_heads/tp")
             need(kv, par.cp, "cp (Ulysses)", "K/V heads per TP rank")
     return problems
+
+
+@functools.lru_cache(maxsize=1024)
+def _mesh_problems(par) -> tuple[str, ...]:
+    """`par.problems(world_size)`, once per mesh: it builds every rank group, and `summary` (each explorer update)
+    reaches `check_plan` seven times through `weight_shapes`, `activation_shapes`, `memory` and `traffic`."""
+    return tuple(par.problems(par.world_size))
 
 
 def _check(cfg, par, b=None, s=None, **kw):

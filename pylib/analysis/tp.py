@@ -137,7 +137,7 @@ def grad_collectives(cfg, t: int, *, sequence_parallel=False) -> list[Collective
     zero-padded [n_kv_head, d_head, h] buffer per K and per V, every layer)."""
     if t == 1:
         return []
-    e = _dtype_bytes(cfg.dtype)
+    e = dtype_bytes(cfg.dtype)
     h, L = cfg.d_model, cfg.n_layers
     out = []
     if sequence_parallel:
@@ -150,7 +150,7 @@ def grad_collectives(cfg, t: int, *, sequence_parallel=False) -> list[Collective
 def model_collectives(cfg, b, s, t, *, sequence_parallel=False, regather=False) -> list[Collective]:
     """Every collective of one training step of `TPTransformer` (loss, backward, finalize_grads) on one rank.
     Layer ops are tagged "layers.{i}.attn" / "layers.{i}.mlp"; the order across modules is not implied."""
-    e, h = _dtype_bytes(cfg.dtype), cfg.d_model
+    e, h = dtype_bytes(cfg.dtype), cfg.d_model
     kw = dict(sequence_parallel=sequence_parallel)
     out = embedding_collectives(b, s, h, t, e, **kw)
     for i in range(cfg.n_layers):
@@ -164,8 +164,15 @@ def model_collectives(cfg, b, s, t, *, sequence_parallel=False, regather=False) 
 # --------------------------------------------------------------------------------------------------- memory
 
 
-def _dtype_bytes(dtype: str) -> int:
-    return {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}[dtype]
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of a dtype name ("bfloat16" -> 2): e of the formulas."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype={dtype!r} is not one of {sorted(DTYPE_BYTES)}") from None
 
 
 @dataclass(frozen=True)
@@ -195,7 +202,7 @@ def compare_with_korthikanti(
     slice is kept and gathered again in backward, as Megatron does and as the paper's TP+SP formula assumes.
     Sizes follow from autograd's rules: a matmul keeps both inputs, LayerNorm keeps its input, mean and 1/std,
     GELU and SiLU keep their input, a product keeps both factors, masked_fill keeps the mask, softmax its output."""
-    e = _dtype_bytes(cfg.dtype)
+    e = dtype_bytes(cfg.dtype)
     h, a, dh, ff = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_ff
     sp = sequence_parallel and t > 1
     so = s // t if sp else s  # tokens per rank outside the TP region

@@ -22,7 +22,6 @@ from pylib.dist.mesh import AXES, ParallelConfig, coordinates, rank_groups
 
 from . import style
 
-_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20}
 MEMORY_PARTS = ("params", "grads", "optim", "activations")
 MEMORY_LABELS = {
     "params": "parameters",
@@ -204,7 +203,7 @@ def plot_rank_report(
     {"params", "grads", "optim"}) are drawn as markers at their totals: a traffic bar that ends at its marker, and a
     memory bar whose model-state part (parameters, gradients, optimizer state) ends at its marker, are measurements
     equal to the formulas."""
-    scale = _UNITS[unit]
+    scale = style.BYTE_UNITS[unit]
     n = len(rows)
     axes = sorted({a for r in rows for a in r["traffic"]}, key=_axis_key)
     xs = list(range(n))

@@ -22,7 +22,6 @@ TRANSIENT = style.PURPLE  # memory resident only for a while: ZeRO-3's gathered 
 BUCKETS = (style.COMM, style.tint(style.COMM, 0.45))  # neighbouring gradient buckets, told apart
 
 STAGE_LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
-_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 
 @style.styled
@@ -40,7 +39,7 @@ def plot_zero_memory(
     measured: stage -> `HeldBytes` (or its dict) from a real run. formula: stage -> {"params", "grads", "optim"}
     (e.g. `pylib.analysis.dp.held_bytes`), drawn as a dashed outline at its total. show_peak: hatch on top what is
     resident only for a while -- ZeRO-3's gathered unit, ZeRO-2's buckets on the wire (peak - held)."""
-    scale = _UNITS[unit]
+    scale = style.BYTE_UNITS[unit]
     stages = list(measured)
     fig, ax = style.figure_axes(ax, figsize=(1.6 * len(stages) + 2.5, 4), grid="y")
     width = 0.6
@@ -351,7 +350,7 @@ def plot_zero3_resident(timeline, shard_bytes: int, *, unit: str = "KiB", ax=Non
     `timeline` is `FullyShardedDataParallel.timeline` ((time, bytes, what) after every gather and free; the times
     are not used, so short gathers stay visible). The dashed line is the rank's own shards, what it keeps between
     uses; the shaded part is backward."""
-    scale = _UNITS[unit]
+    scale = style.BYTE_UNITS[unit]
     rows = list(timeline)
     xs = list(range(len(rows)))
     bs = [b / scale for _, b, _ in rows]

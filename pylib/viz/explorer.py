@@ -20,7 +20,17 @@ from pylib.analysis import shapes
 from pylib.dist.mesh import ParallelConfig
 from pylib.model import ModelConfig, MoEConfig
 
-from .seed_b import deepseek_v3_like, fmt_bytes, fmt_shape, gpt_style_70b, llama2_70b, mixtral_8x7b, probe_moe_config
+from .seed_b import (
+    deepseek_v3_like,
+    fmt_bytes,
+    fmt_shape,
+    gpt_style_70b,
+    html_table,
+    llama2_70b,
+    mixtral_8x7b,
+    probe_moe_config,
+    text_table,
+)
 
 PRESETS: dict[str, tuple[ModelConfig, dict]] = {
     "Llama-2-70B (GQA, SwiGLU)": (llama2_70b(), dict(tp=8, pp=4, dp=4, b=4, s=4096, sp=True, m=8)),
@@ -113,13 +123,7 @@ def render_html(summary: shapes.Summary, title: str = "") -> str:
         return f"<div><b>This plan does not fit the model:</b><ul>{items}</ul></div>"
     parts = [f"<p><b>{html.escape(title)}</b></p>"] if title else []
     for name, (head, rows) in tables(summary).items():
-        th = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(h)}</th>" for h in head)
-        body = "".join(
-            "<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
-        )
-        parts.append(
-            f"<p><b>{html.escape(name)}</b></p><table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
-        )
+        parts.append(f"<p><b>{html.escape(name)}</b></p>{html_table(head, rows)}")
     return "".join(parts)
 
 
@@ -128,10 +132,8 @@ def render_text(summary: shapes.Summary, title: str = "") -> str:
         return "This plan does not fit the model:\n  " + "\n  ".join(summary.problems)
     out = [title] if title else []
     for name, (head, rows) in tables(summary).items():
-        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
         out.append(f"\n{name}")
-        out.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
-        out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+        out += text_table(head, rows)
     return "\n".join(out)
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pylib.analysis import planner as P
 from pylib.model import ModelConfig
 
-from .seed_b import deepseek_v3_like, fmt_bytes, llama2_7b, llama2_70b, mixtral_8x7b
+from .seed_b import deepseek_v3_like, fmt_bytes, html_table, llama2_7b, llama2_70b, mixtral_8x7b, text_table
 
 # ------------------------------------------------------------------------------------------------ measuring
 
@@ -218,21 +218,11 @@ def plan_rows(ranked: list[P.Prediction]) -> list[list[str]]:
 
 
 def plans_text(ranked: list[P.Prediction]) -> str:
-    rows = [PLAN_HEADER, *plan_rows(ranked)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(PLAN_HEADER))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
-
-
-def _html_table(header: list[str], rows: list[list[str]]) -> str:
-    th = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
-    )
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
+    return "\n".join(line.rstrip() for line in text_table(PLAN_HEADER, plan_rows(ranked)))
 
 
 def plans_html(ranked: list[P.Prediction]) -> str:
-    return _html_table(PLAN_HEADER, plan_rows(ranked))
+    return html_table(PLAN_HEADER, plan_rows(ranked))
 
 
 # ------------------------------------------------------------------------------------------------ the explorer

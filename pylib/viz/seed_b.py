@@ -16,6 +16,7 @@ orientation (`seed_b_shape`).
 
 from __future__ import annotations
 
+import html
 import math
 import re
 from collections import Counter, defaultdict
@@ -189,6 +190,21 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n:.0f} B"
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """The lines of a plain-text table: the header, then one per row, each column padded to its widest cell."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [header, *rows]]
+
+
+def html_table(header: list[str], rows: list[list[str]]) -> str:
+    """An HTML table of strings (escaped), left-aligned headers, without TeX (the explorers' widgets show it)."""
+    th = "".join(f"<th style='text-align:left;padding:2px 8px'>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td style='padding:2px 8px'>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
+    )
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
 # ------------------------------------------------------------------------------------------------ B2: weights

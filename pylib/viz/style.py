@@ -80,6 +80,8 @@ COMM = TEAL
 WASTE = RED
 REPLICATED = MUTED
 
+BYTE_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}  # the `unit=` of figures that plot bytes
+
 RC: dict[str, object] = {
     "figure.facecolor": CARD,
     "figure.edgecolor": CARD,
