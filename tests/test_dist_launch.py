@@ -148,8 +148,8 @@ def test_a_hanging_rank_is_ended_at_the_deadline_and_listed_as_silent():
 
     t0 = time.monotonic()
     with pytest.raises(LaunchTimeout) as info:
-        launch(fn, 3, timeout=2.0)
-    assert 1.9 < time.monotonic() - t0 < 6
+        launch(fn, 3, timeout=4.0)  # room for ranks 0 and 2 to start and return on a loaded 2-core machine
+    assert 3.9 < time.monotonic() - t0 < 9
     assert info.value.silent_ranks == [1]
     assert "ranks [1] never returned" in str(info.value)
     assert _children_of(os.getpid()) == []
