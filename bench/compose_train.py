@@ -30,8 +30,8 @@ from pylib.compose import (
     train,
     train_reference,
 )
-from pylib.dist import ParallelConfig, launch
 from pylib.model import ModelConfig, MoEConfig
+from pylib.runtime import ParallelConfig, launch
 
 
 def configurations(dense, moe):

@@ -33,7 +33,7 @@ from pylib.cp import (
     ulysses_attention,
     unshard_sequence,
 )
-from pylib.dist import launch
+from pylib.runtime import launch
 
 FAILED = []
 

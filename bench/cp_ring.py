@@ -3,7 +3,7 @@ the bf16-merge drift. Prints tables; asserts nothing about time.
 
     PYTHONPATH=. python bench/cp_ring.py [--quick]
 
-Every number comes from real ring-attention / Ulysses runs over `pylib.dist.launch` ranks (gloo on CPU, NCCL where
+Every number comes from real ring-attention / Ulysses runs over `pylib.runtime.launch` ranks (gloo on CPU, NCCL where
 GPUs are visible), except the rows marked "formula".
 """
 
@@ -33,7 +33,7 @@ from pylib.cp import (
     shard_sequence,
     ulysses_attention,
 )
-from pylib.dist import launch, trace
+from pylib.runtime import launch, trace
 
 
 def _qkv(b, h, h_kv, s, d, dtype=torch.float32, seed=0):

@@ -14,9 +14,9 @@ import argparse
 import statistics
 
 from pylib.analysis.dp import held_bytes, paper_bytes, traffic_per_step, zero3_peak_param_bytes
-from pylib.dist import launch
 from pylib.dp import STAGES, train_data_parallel
 from pylib.model import ModelConfig, build_model
+from pylib.runtime import launch
 
 
 def _all_stages(cfg, steps, batch, seq, bucket_bytes):

@@ -27,7 +27,7 @@ Prints one row per mode -- ranks, what ran (dtype, kernel), the largest error ag
 traced bytes equal the formula, the time of the checked step (the slowest rank) -- and exits with status 1 if any
 mode fails, 2 if it cannot run (no GPU without --cpu).
 
-With --cpu every rank also runs under `pylib.dist.placement.stray_tensors_to_meta`: a tensor that pylib creates
+With --cpu every rank also runs under `pylib.runtime.placement.stray_tensors_to_meta`: a tensor that pylib creates
 without naming its device goes to the meta device, so a mode that would mix a stray CPU tensor with GPU data on
 a GPU node fails here too, with the file and line of the stray tensor.
 """
@@ -60,13 +60,13 @@ from pylib.cp import (
     ulysses_attention,
     unshard_sequence,
 )
-from pylib.dist import ParallelConfig, current_device, launch, trace
-from pylib.dist.placement import stray_tensors_to_meta
 from pylib.dp import STAGES, assemble, train_data_parallel
 from pylib.dp import train_reference as dp_reference
 from pylib.ep import ExpertParallelMoE
 from pylib.model import ModelConfig, MoEConfig, build_model, random_tokens
 from pylib.pp import PipelineParallel
+from pylib.runtime import ParallelConfig, current_device, launch, trace
+from pylib.runtime.placement import stray_tensors_to_meta
 from pylib.tp import TPTransformer, gather_full
 
 MODES = ("tp", "tp+sp", "cp-ring", "cp-ulysses", "ep", "pp", *STAGES, "compose")

@@ -24,14 +24,14 @@ import torch
 import torch.distributed as dist
 
 from pylib.analysis import pp as A
-from pylib.dist import collectives as C
-from pylib.dist import launch, trace
 from pylib.model import ModelConfig, build_model, random_tokens
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.schedules import build
 from pylib.pp.simulate import simulate
 from pylib.pp.split import lm_loss, rank_chunks
 from pylib.pp.timeline import bubble, replay
+from pylib.runtime import collectives as C
+from pylib.runtime import launch, trace
 
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=8, n_heads=4, d_ff=64, dtype="float32")
 SEQ = 16

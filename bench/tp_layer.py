@@ -24,8 +24,8 @@ import torch.distributed as dist
 import torch.distributed.tensor.parallel  # noqa: F401  (slow import: once here, the forked ranks inherit it)
 
 from pylib.analysis.tp import compare_with_korthikanti, korthikanti_bytes, layer_collectives, saved_activation_bytes
-from pylib.dist import launch, trace
 from pylib.model import ModelConfig, build_model, random_hidden, saved_activations
+from pylib.runtime import launch, trace
 from pylib.tp import TPBlock, finalize_grads, scatter_to_sequence_parallel_region
 from pylib.tp.dtensor import dtensor_block
 

@@ -11,8 +11,8 @@ from pylib.analysis import planner as P
 from pylib.analysis.activations import live_counts, peak_saved_bytes
 from pylib.analysis.pp import peak_in_flight
 from pylib.compose import compose_problems
-from pylib.dist import ParallelConfig, rank_groups
 from pylib.model import ModelConfig, MoEConfig
+from pylib.runtime import ParallelConfig, rank_groups
 from pylib.viz.planner import compare, measure_plans
 
 DENSE = ModelConfig(vocab_size=32, d_model=16, n_layers=4, n_heads=4, d_ff=32, dtype="float64", position="rope")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from pylib.analysis import shapes
-from pylib.dist import ParallelConfig, launch
 from pylib.model import ModelConfig, MoEConfig
+from pylib.runtime import ParallelConfig, launch
 from pylib.viz.seed_b_ranks import probe_compose, probe_modes
 
 CFG = ModelConfig(

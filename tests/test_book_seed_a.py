@@ -9,8 +9,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from matplotlib.patches import FancyBboxPatch  # noqa: E402
 
-from pylib.dist import collectives  # noqa: E402
 from pylib.model import Block, ModelConfig, build_model  # noqa: E402
+from pylib.runtime import collectives  # noqa: E402
 from pylib.viz import style  # noqa: E402
 from pylib.viz.seed_a import (  # noqa: E402
     COLOURS,
@@ -186,7 +186,7 @@ def test_primitive_names_of_a_traced_tensor_parallel_layer_with_and_without_sp()
     """The dimensions chapter's reading of a trace, on a real 2-rank TP layer."""
 
     def rank():
-        from pylib.dist import trace
+        from pylib.runtime import trace
         from pylib.tp import TPBlock, scatter_to_sequence_parallel_region
 
         cfg = ModelConfig.seed_a().with_(n_heads=2, dtype="float64")
@@ -200,7 +200,7 @@ def test_primitive_names_of_a_traced_tensor_parallel_layer_with_and_without_sp()
             out[sp] = [e.op for e in tr.events]
         return out
 
-    from pylib.dist import launch
+    from pylib.runtime import launch
 
     ops = launch(rank, 2)[0]
     assert primitive_names(ops[False]) == ["All-Reduce"]

@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from pylib.dist import launch  # noqa: E402
+from pylib.runtime import launch  # noqa: E402
 from pylib.viz import seed_b as B  # noqa: E402
 from pylib.viz.seed_b_ranks import probe_modes  # noqa: E402
 

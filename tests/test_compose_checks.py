@@ -6,8 +6,8 @@ import torch
 
 from pylib.compose import ComposeConfigError, check_compose, compose_problems, holder_labels
 from pylib.cp import shard_sequence
-from pylib.dist import ParallelConfig, launch
 from pylib.model import ModelConfig, MoEConfig
+from pylib.runtime import ParallelConfig, launch
 
 DENSE = ModelConfig(vocab_size=32, d_model=16, n_layers=4, n_heads=4, d_ff=32, dtype="float64")
 MOE = DENSE.with_(moe=MoEConfig(n_experts=4, top_k=2, every=2))
@@ -109,8 +109,8 @@ def test_holder_labels_follow_the_cp_layout_then_the_sp_split():
 
 def _build_refused():
     from pylib.compose import ParallelTransformer
-    from pylib.dist import Mesh
     from pylib.model import build_model
+    from pylib.runtime import Mesh
 
     try:
         ParallelTransformer.from_full(build_model(DENSE.with_(n_heads=2, d_ff=30)), Mesh(ParallelConfig(tp=4)))

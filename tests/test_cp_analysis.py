@@ -80,8 +80,8 @@ def test_ring_saves_q_k_v_out_and_lse_and_nothing_quadratic():
 
     from pylib.analysis.cp import ring_attention_saved_bytes
     from pylib.cp import ring_attention
-    from pylib.dist import launch
     from pylib.model import saved_activations
+    from pylib.runtime import launch
 
     b, s, h, h_kv, d = 2, 32, 4, 2, 8
 

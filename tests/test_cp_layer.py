@@ -8,10 +8,10 @@ import torch
 import torch.distributed as dist
 
 from pylib.cp import CPAttention, CPAttentionCore, CPTransformer, cp_block, sequence_positions, shard_sequence
-from pylib.dist import collectives as C
-from pylib.dist import launch, trace
-from pylib.dist.mesh import AxisGroup
 from pylib.model import ModelConfig, build_model, random_hidden, random_tokens
+from pylib.runtime import collectives as C
+from pylib.runtime import launch, trace
+from pylib.runtime.mesh import AxisGroup
 
 CFG = ModelConfig(
     vocab_size=32,

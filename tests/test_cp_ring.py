@@ -15,9 +15,9 @@ from pylib.cp import (
     shard_sequence,
     unshard_sequence,
 )
-from pylib.dist import launch, tag, trace
-from pylib.dist.mesh import AxisGroup
 from pylib.model import attention_core
+from pylib.runtime import launch, tag, trace
+from pylib.runtime.mesh import AxisGroup
 
 B, S, D = 2, 16, 5  # batch > 1, odd head dim
 HEADS = {"mha": (4, 4), "gqa": (4, 2)}
@@ -193,7 +193,7 @@ def test_ring_attention_runs_without_launch_as_a_group_of_one():
 
 def _rank_mesh(full, w):
     from pylib.cp import ulysses_attention
-    from pylib.dist import Mesh, ParallelConfig
+    from pylib.runtime import Mesh, ParallelConfig
 
     mesh = Mesh(ParallelConfig(tp=2, cp=2))  # cp groups are {0, 2} and {1, 3}: global ranks != cp ranks
     g = mesh.cp
@@ -221,8 +221,8 @@ def test_ring_and_ulysses_run_over_a_cp_subgroup_of_a_mesh():
 
 
 def _rank_dkv_reduce_scatter(full, w):
-    from pylib.dist import collectives as C
     from pylib.model import expand_kv
+    from pylib.runtime import collectives as C
 
     r, n = dist.get_rank(), dist.get_world_size()
     q, k, v = full

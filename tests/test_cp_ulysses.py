@@ -7,9 +7,9 @@ import torch.distributed as dist
 
 from pylib.analysis.cp import ulysses_traffic
 from pylib.cp import shard_sequence, ulysses_attention, unshard_sequence
-from pylib.dist import launch, trace
-from pylib.dist.mesh import AxisGroup
 from pylib.model import attention_core
+from pylib.runtime import launch, trace
+from pylib.runtime.mesh import AxisGroup
 
 B, S, D = 2, 16, 5
 HEADS = {"mha": (4, 4), "gqa": (8, 4)}  # cp=4 needs 4 | n_kv_head

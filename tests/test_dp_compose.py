@@ -8,10 +8,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from pylib.dist import Mesh, ParallelConfig, launch, trace
 from pylib.dp import assemble, micro_batch, wrap
 from pylib.ep import ExpertParallelMoE
 from pylib.model import ModelConfig, MoEConfig, build_model, random_tokens
+from pylib.runtime import Mesh, ParallelConfig, launch, trace
 
 BATCH = 4
 DENSE = ModelConfig(vocab_size=37, d_model=12, n_heads=3, d_ff=20, n_layers=2, position="rope", dtype="float64")

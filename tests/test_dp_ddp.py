@@ -7,7 +7,6 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from pylib.analysis.dp import traffic_per_step
-from pylib.dist import Mesh, ParallelConfig, launch, trace, tracer
 from pylib.dp import (
     DistributedDataParallel,
     ZeroDataParallel,
@@ -17,6 +16,7 @@ from pylib.dp import (
     train_reference,
 )
 from pylib.model import ModelConfig, build_model, random_tokens
+from pylib.runtime import Mesh, ParallelConfig, launch, trace, tracer
 
 CFG = ModelConfig(vocab_size=37, d_model=9, n_heads=3, d_ff=22, n_layers=2, dtype="float64")
 BATCH, SEQ = 8, 8

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from pylib.analysis.dp import held_bytes, padded_numel, traffic_by_op, traffic_per_step, zero3_peak_param_bytes
-from pylib.dist import launch
 from pylib.dp import STAGES, assemble, train_data_parallel, train_reference
 from pylib.model import ModelConfig, build_model
+from pylib.runtime import launch
 
 CFG = ModelConfig(vocab_size=37, d_model=9, n_heads=3, d_ff=22, n_layers=2, dtype="float64")
 STEPS, BATCH, SEQ, LR, BUCKET = 5, 8, 8, 1e-2, 2048

@@ -6,9 +6,9 @@ import torch
 import torch.distributed as dist
 
 from pylib.analysis.dp import traffic_by_op
-from pylib.dist import launch, trace
 from pylib.dp import FullyShardedDataParallel, ZeroDataParallel, assemble, default_units, micro_batch
 from pylib.model import ModelConfig, build_model, random_tokens, saved_activations
+from pylib.runtime import launch, trace
 
 CFG = ModelConfig(vocab_size=37, d_model=9, n_heads=3, d_ff=22, n_layers=2, dtype="float64")
 BATCH, SEQ = 8, 8

@@ -106,7 +106,7 @@ def test_figures_draw_the_runs_they_are_given():
 
 
 def test_expert_placement_is_read_from_each_ranks_param_map():
-    from pylib.dist.mesh import AxisGroup
+    from pylib.runtime.mesh import AxisGroup
 
     cfg = MoEConfig(n_experts=4, top_k=2)
     with torch.random.fork_rng():

@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pylib.dist import Mesh, ParallelConfig, RankFailedError, launch
-from pylib.dist.mesh import AxisGroup
 from pylib.ep import ExpertParallelMoE, expert_parallel_problems
 from pylib.model.config import MoEConfig
 from pylib.model.moe import MoE
+from pylib.runtime import Mesh, ParallelConfig, RankFailedError, launch
+from pylib.runtime.mesh import AxisGroup
 
 
 def _moe(n_experts=8, top_k=2, d_ff=16):

@@ -5,7 +5,6 @@ import matplotlib.pyplot as plt
 import torch
 
 from pylib.analysis.ep import dispatch_matrix
-from pylib.dist import ParallelConfig, launch
 from pylib.ep.example import (
     SEED_A_TOKENS,
     format_routing_table,
@@ -16,6 +15,7 @@ from pylib.ep.example import (
 )
 from pylib.ep.folding import folding_groups
 from pylib.ep.traffic import traffic_matrix
+from pylib.runtime import ParallelConfig, launch
 from pylib.viz.ep import plot_folding, plot_routing_table, plot_traffic_matrix
 
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pylib.dist import Mesh, ParallelConfig, launch
 from pylib.ep import ExpertParallelMoE
 from pylib.model.config import MoEConfig
 from pylib.model.moe import MoE, auxiliary_loss
+from pylib.runtime import Mesh, ParallelConfig, launch
 
 H, F, B = 8, 16, 2
 
@@ -132,7 +132,7 @@ def test_router_gradient_is_partial_on_each_rank_and_its_sum_is_the_reference():
 
 
 def test_shard_specs_and_param_map_describe_exactly_what_a_rank_holds():
-    from pylib.dist.mesh import AxisGroup
+    from pylib.runtime.mesh import AxisGroup
 
     cfg, kind = CASES["top2-mixtral-swiglu-aux"]
     moe = _moe(cfg, kind)

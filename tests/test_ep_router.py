@@ -4,10 +4,10 @@ auxiliary-loss-free bias update, the aux-loss shares, and top-1 sigmoid weights.
 import torch
 import torch.distributed as dist
 
-from pylib.dist import launch
 from pylib.ep import ExpertParallelMoE, group_aux_loss
 from pylib.model.config import MoEConfig
 from pylib.model.moe import MoE, auxiliary_loss, updated_expert_bias
+from pylib.runtime import launch
 
 H, F = 8, 16
 

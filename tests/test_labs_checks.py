@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pylib.dist import launch
 from pylib.labs import checks
 from pylib.labs.checks import ChecksFailed, ExerciseNotDone, assert_close, begin, check, step, summary
+from pylib.runtime import launch
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ def runs(tmp_path_factory):
         [
             PARAMETERS,
             (
-                "import torch.distributed as dist\n\nfrom pylib.dist import launch\n"
+                "import torch.distributed as dist\n\nfrom pylib.runtime import launch\n"
                 "from pylib.labs.checks import begin, check, summary\n\nbegin(checks_report)\n"
                 'check("before the failure", True)',
                 [],

@@ -11,12 +11,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from pylib.analysis import pp as A
-from pylib.dist import AxisGroup, Mesh, ParallelConfig, launch, trace
 from pylib.model import ModelConfig, build_model, random_tokens
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.schedules import build
 from pylib.pp.timeline import bubble, peak_in_flight, replay
+from pylib.runtime import AxisGroup, Mesh, ParallelConfig, launch, trace
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -341,7 +341,7 @@ def test_an_interleaved_order_megatron_rejects_still_trains_like_the_reference()
 
 
 def _both_send_first(n):
-    from pylib.dist import collectives as C
+    from pylib.runtime import collectives as C
 
     other = 1 - dist.get_rank()
     C.send(torch.zeros(n, dtype=torch.float64), other)  # both ranks send first (the executor's blocking_sends=True)
@@ -350,7 +350,7 @@ def _both_send_first(n):
 
 def test_a_blocking_gloo_send_waits_for_its_receiver_even_for_a_tiny_message():
     # the rendezvous semantics `simulate(..., sends="rendezvous")` models: two ranks that both send first hang
-    from pylib.dist import LaunchTimeout
+    from pylib.runtime import LaunchTimeout
 
     with pytest.raises(LaunchTimeout, match=r"ranks \[0, 1\] never returned"):
         launch(_both_send_first, 2, 2, backend="gloo", timeout=3)

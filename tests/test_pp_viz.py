@@ -7,12 +7,12 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 
 from pylib.analysis import pp as A  # noqa: E402
-from pylib.dist import launch  # noqa: E402
 from pylib.model import ModelConfig, build_model, random_tokens  # noqa: E402
 from pylib.pp.pipeline import PipelineParallel  # noqa: E402
 from pylib.pp.schedules import build  # noqa: E402
 from pylib.pp.simulate import simulate  # noqa: E402
 from pylib.pp.timeline import bubble, idle_intervals  # noqa: E402
+from pylib.runtime import launch  # noqa: E402
 from pylib.viz.pp import plot_bubble_sweep, plot_schedule, plot_stage_map, plot_timeline  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
@@ -84,7 +84,7 @@ def test_stage_map_draws_one_cell_per_block_and_one_arrow_per_stage_boundary():
 
 
 def test_stage_map_refuses_specs_that_cut_a_tensor():
-    from pylib.dist.sharding import ShardSpec
+    from pylib.runtime.sharding import ShardSpec
 
     cut = ShardSpec("layers.0.mlp.up_proj.weight", "tp", 0, "column", (32, 16), (16, 16))
     with pytest.raises(ValueError, match="is cut on rank 0"):

@@ -66,7 +66,7 @@ def test_cpu_requirements_never_install_flash_attn():
     assert not re.search(r"flash[-_]?attn", text), "flash-attn belongs in requirements-gpu.txt only"
 
 
-# torch.distributed's communication calls. pylib issues them only from pylib/dist/collectives.py, so the tracer sees
+# torch.distributed's communication calls. pylib issues them only from pylib/runtime/collectives.py, so the tracer sees
 # every byte; process-group setup (init_process_group, new_group, destroy_process_group) may live elsewhere.
 COMMUNICATION = {
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
@@ -101,10 +101,48 @@ def test_untraced_communication_finder_sees_every_import_style():
 
 
 def test_pylib_communicates_only_through_the_traced_collectives():
-    allowed = ROOT / "pylib" / "dist" / "collectives.py"
+    allowed = ROOT / "pylib" / "runtime" / "collectives.py"
     offenders = {
         str(path.relative_to(ROOT)): hits
         for path in sorted((ROOT / "pylib").rglob("*.py"))
         if path != allowed and (hits := _untraced_communication(path.read_text()))
     }
-    assert not offenders, f"torch.distributed communication outside pylib/dist/collectives.py: {offenders}"
+    assert not offenders, f"torch.distributed communication outside pylib/runtime/collectives.py: {offenders}"
+
+
+LINTED_FOLDERS = ("pylib", "tests", "labs", "bench", "tools")
+
+
+def _hidden_from_ruff(root: Path, folders: tuple[str, ...]) -> list[str]:
+    """The `.py` / `.ipynb` files under `folders` of `root` that `ruff check` would not read.
+
+    ruff skips folders it takes for build output (`dist`, `build`, `node_modules`, ...) and whatever the config
+    excludes, silently; the file list it prints (`--show-files`) is what it lints.
+    """
+    present = [f for f in folders if (root / f).exists()]
+    wanted = {
+        str(p.relative_to(root))
+        for f in present
+        for p in (root / f).rglob("*")
+        if p.suffix in (".py", ".ipynb") and "_runs" not in p.parts and "__pycache__" not in p.parts
+    }
+    shown = subprocess.run(
+        ["ruff", "check", "--show-files", *present], cwd=root, capture_output=True, text=True, check=True
+    ).stdout
+    seen = {
+        str(Path(line.strip()).resolve().relative_to(root.resolve())) for line in shown.splitlines() if line.strip()
+    }
+    return sorted(wanted - seen)
+
+
+def test_ruff_lints_every_python_file_of_the_repository():
+    hidden = _hidden_from_ruff(ROOT, LINTED_FOLDERS)
+    assert not hidden, f"ruff never reads {hidden}: rename the folder or stop excluding it"
+
+
+def test_the_ruff_file_check_catches_a_folder_ruff_skips(tmp_path):
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    (tmp_path / "pylib" / "dist").mkdir(parents=True)
+    (tmp_path / "pylib" / "ok.py").write_text("X = 1\n")
+    (tmp_path / "pylib" / "dist" / "hidden.py").write_text("Y = 2\n")
+    assert _hidden_from_ruff(tmp_path, ("pylib",)) == ["pylib/dist/hidden.py"]

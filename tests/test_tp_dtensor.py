@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.tensor.parallel  # noqa: F401  (~4 s to import: once here, the forked ranks inherit it)
 
-from pylib.dist import launch
 from pylib.model import ModelConfig, build_model, random_hidden
+from pylib.runtime import launch
 from pylib.tp import TPBlock, finalize_grads
 from pylib.tp.dtensor import dtensor_block
 

@@ -9,8 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pylib.dist import AxisGroup, launch, trace
 from pylib.model import ModelConfig, build_model, random_hidden, random_tokens
+from pylib.runtime import AxisGroup, launch, trace
 from pylib.tp import (
     TPMLP,
     ColumnParallelLinear,

@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from pylib.analysis.tp import compare_with_korthikanti, korthikanti_bytes, saved_activation_bytes
-from pylib.dist import launch
 from pylib.model import ModelConfig, build_model, random_hidden, saved_activations
+from pylib.runtime import launch
 from pylib.tp import TPBlock, scatter_to_sequence_parallel_region
 
 B, S = 2, 8

@@ -9,9 +9,9 @@ import torch
 import torch._dynamo  # noqa: F401  an optimizer's first step imports it (~5 s); once here, the forked ranks inherit it
 import torch.distributed as dist
 
-from pylib.dist import collectives as C
-from pylib.dist import launch
 from pylib.model import ModelConfig, build_model, random_tokens
+from pylib.runtime import collectives as C
+from pylib.runtime import launch
 from pylib.tp import (
     TPTransformer,
     allreduce_replicated_kv_grads,

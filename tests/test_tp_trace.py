@@ -11,8 +11,8 @@ import pytest
 import torch.distributed as dist
 
 from pylib.analysis.tp import Collective, layer_collectives, model_collectives
-from pylib.dist import launch, tag, trace
 from pylib.model import ModelConfig, build_model, random_hidden, random_tokens
+from pylib.runtime import launch, tag, trace
 from pylib.tp import TPBlock, TPTransformer, scatter_to_sequence_parallel_region
 
 DTYPE_BYTES = {"float32": 4, "float64": 8}

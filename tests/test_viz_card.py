@@ -21,14 +21,14 @@ from matplotlib.figure import Figure  # noqa: E402
 import pylib.viz  # noqa: E402
 from pylib.analysis import pp as pp_analysis  # noqa: E402
 from pylib.cp import ring_rounds  # noqa: E402
-from pylib.dist import ParallelConfig, launch  # noqa: E402
-from pylib.dist.mesh import AxisGroup  # noqa: E402
 from pylib.ep.example import seed_a_routing_table  # noqa: E402
 from pylib.ep.folding import folding_groups  # noqa: E402
 from pylib.model import ModelConfig, build_model  # noqa: E402
 from pylib.pp.schedules import build  # noqa: E402
 from pylib.pp.simulate import simulate  # noqa: E402
 from pylib.pp.timeline import bubble  # noqa: E402
+from pylib.runtime import ParallelConfig, launch  # noqa: E402
+from pylib.runtime.mesh import AxisGroup  # noqa: E402
 from pylib.viz import compose, cp, dp, ep, pp, seed_a, seed_b, style, tp  # noqa: E402
 
 # A figure function, by its name: fig_*, plot_*, draw_*, *_figure. Each one needs a case in CASES below.
@@ -51,7 +51,7 @@ def public_figure_functions() -> set[str]:
 
 def _cp_rank():
     from pylib.cp import RingStats, ring_attention, shard_sequence
-    from pylib.dist import trace
+    from pylib.runtime import trace
 
     r, n = dist.get_rank(), dist.get_world_size()
     x = torch.randn(1, 2, 16, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))

@@ -55,8 +55,8 @@ import functools
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from pylib.dist.mesh import AXES, EXPERT_GROUPS, ParallelConfig
 from pylib.dp.layout import FlatEntry, FlatLayout
+from pylib.runtime.mesh import AXES, EXPERT_GROUPS, ParallelConfig
 
 from . import compose as compose_analysis
 from . import cp as cp_analysis
@@ -450,7 +450,7 @@ TRAFFIC_AXES = ("tp", "cp", "pp", "dp-cp", "tp-cp", "ep", "etp", "edp")  # the g
 @functools.lru_cache(maxsize=65536)
 def crosses_nodes(par: ParallelConfig, world_size: int, group: str, gpus_per_node: int) -> bool:
     """Whether some group named `group` ("tp", "dp-cp", "ep", "edp", ...) holds ranks of two nodes, ranks numbered
-    by the order string as `pylib.dist.rank_groups` numbers them (node = rank // gpus_per_node). A group's ranks
+    by the order string as `pylib.runtime.rank_groups` numbers them (node = rank // gpus_per_node). A group's ranks
     lie between its smallest and its largest, so it stays in one node iff those two do."""
     expert = group in EXPERT_GROUPS
     if expert:

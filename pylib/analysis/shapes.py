@@ -9,7 +9,7 @@ No processes: the tests (tests/test_analysis_shapes.py) compare every prediction
 sharded modules (`pylib.tp`, `pylib.cp`, `pylib.ep`, `pylib.pp`, `pylib.dp`) inside launched ranks and with the
 traced traffic; the book's explorer (`pylib.viz.explorer`) shows them for any model.
 
-Conventions (seed B's symbols; `par` a `pylib.dist.ParallelConfig`):
+Conventions (seed B's symbols; `par` a `pylib.runtime.ParallelConfig`):
   b       the micro-batch of one step *across the data-parallel ranks* (seed B: DP cuts b -> b/N_DP), so a rank
           holds b_r = b / dp sequences; m micro-batches per step per rank (pipelining);
   s       the sequence length; a CP rank holds s_c = s / cp tokens; with sequence parallelism the activations
@@ -435,7 +435,7 @@ def model_parameter_count(cfg) -> int:
 
 
 def _single():
-    from pylib.dist.mesh import ParallelConfig
+    from pylib.runtime.mesh import ParallelConfig
 
     return ParallelConfig()
 

@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 from pylib.cp.layout import LAYOUTS, check_sequence
 from pylib.cp.ulysses import check_heads
-from pylib.dist.mesh import ParallelConfig
 from pylib.ep.checks import expert_parallel_problems
 from pylib.pp.schedules import SCHEDULES, ScheduleError, check_schedule
 from pylib.pp.split import check_split
+from pylib.runtime.mesh import ParallelConfig
 from pylib.tp.attention import head_layout
 
 CP_KINDS = ("ring", "ulysses")

@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 import torch
 
 from pylib.cp.layout import shard_sequence
-from pylib.dist import collectives as C
-from pylib.dist.sharding import ShardSpec
-from pylib.dist.tracer import phase, tag
 from pylib.dp.buckets import DEFAULT_BUCKET_BYTES
 from pylib.dp.experiment import micro_batch, wrap
 from pylib.dp.memory import HeldBytes
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.schedules import build
 from pylib.pp.split import virtual_stage
+from pylib.runtime import collectives as C
+from pylib.runtime.sharding import ShardSpec
+from pylib.runtime.tracer import phase, tag
 
 from .checks import ComposeConfigError, check_compose, compose_problems
 from .probe import SavedProbe

@@ -37,12 +37,12 @@ from fractions import Fraction
 import torch
 import torch.nn as nn
 
-from pylib.dist import collectives as C
-from pylib.dist.tracer import phase, tag
 from pylib.dp.experiment import DDPTrainer
 from pylib.dp.fsdp import FullyShardedDataParallel
 from pylib.dp.zero import ZeroDataParallel
 from pylib.ep.layer import ExpertParallelMoE
+from pylib.runtime import collectives as C
+from pylib.runtime.tracer import phase, tag
 from pylib.tp.mlp import TPMLP
 
 SP_PHASE = "sp_grads"

@@ -27,9 +27,9 @@ import torch.nn as nn
 
 from pylib.cp.layer import CPAttentionCore
 from pylib.cp.layout import sequence_positions
-from pylib.dist import ShardSpec, tag
 from pylib.ep.layer import ExpertParallelMoE
 from pylib.pp.split import layers_of_stage
+from pylib.runtime import ShardSpec, tag
 from pylib.tp.attention import TPAttention
 from pylib.tp.cross_entropy import vocab_parallel_cross_entropy
 from pylib.tp.embedding import VocabParallelEmbedding

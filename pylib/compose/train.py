@@ -19,9 +19,9 @@ from dataclasses import replace
 import torch
 
 from pylib.cp.layout import sequence_positions
-from pylib.dist import Mesh, ParallelConfig, current_device
-from pylib.dist.tracer import trace
 from pylib.model import MoE, build_model, random_tokens
+from pylib.runtime import Mesh, ParallelConfig, current_device
+from pylib.runtime.tracer import trace
 
 from .model import ParallelTransformer
 from .probe import ffn_probe

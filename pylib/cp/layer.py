@@ -23,10 +23,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pylib.dist import collectives as C
-from pylib.dist.sharding import ShardSpec
 from pylib.model.attention import Attention
 from pylib.model.transformer import Block, Transformer
+from pylib.runtime import collectives as C
+from pylib.runtime.sharding import ShardSpec
 
 from .layout import check_layout, check_sequence, sequence_positions, sequence_shard_spec
 from .ring import cp_group, ring_attention

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from pylib.dist.sharding import ShardSpec
+from pylib.runtime.sharding import ShardSpec
 
 LAYOUTS = ("contiguous", "zigzag")
 

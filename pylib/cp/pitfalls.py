@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from pylib.dist import launch
 from pylib.model.attention import attention_core
+from pylib.runtime import launch
 
 from .layout import shard_sequence, unshard_sequence
 from .ring import ring_attention

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from pylib.dist import collectives as C
-from pylib.dist import tracer
-from pylib.dist.mesh import AxisGroup
+from pylib.runtime import collectives as C
+from pylib.runtime import tracer
+from pylib.runtime.mesh import AxisGroup
 
 from .kernels import accumulation_dtype, default_scale, select_kernel
 from .layout import check_layout

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from pylib.dist import collectives as C
-from pylib.dist import tracer
+from pylib.runtime import collectives as C
+from pylib.runtime import tracer
 
 from .kernels import default_scale, kernel_attention
 from .layout import layout_order

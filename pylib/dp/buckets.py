@@ -36,9 +36,9 @@ import contextlib
 import torch
 import torch.nn as nn
 
-from ..dist import collectives as C
-from ..dist import tracer
-from ..dist.mesh import AxisGroup
+from ..runtime import collectives as C
+from ..runtime import tracer
+from ..runtime.mesh import AxisGroup
 from .groups import dtype_name, group_key
 from .layout import FlatLayout, plan_buckets
 from .overlap import BucketTiming, OverlapReport

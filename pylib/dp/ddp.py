@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..dist.sharding import ShardSpec
+from ..runtime.sharding import ShardSpec
 from .buckets import DEFAULT_BUCKET_BYTES, GradientBuckets
 from .groups import GroupFor, check_divide_factor, split_by_group
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes

@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..dist import tracer
-from ..dist.collectives import resolve_group
-from ..dist.launch import current_device
 from ..model import ModelConfig, build_model, random_tokens
+from ..runtime import tracer
+from ..runtime.collectives import resolve_group
+from ..runtime.launch import current_device
 from .buckets import DEFAULT_BUCKET_BYTES
 from .ddp import DistributedDataParallel
 from .fsdp import FullyShardedDataParallel

@@ -35,9 +35,9 @@ import functools
 import torch
 import torch.nn as nn
 
-from ..dist import collectives as C
-from ..dist import tracer
-from ..dist.sharding import ShardSpec
+from ..runtime import collectives as C
+from ..runtime import tracer
+from ..runtime.sharding import ShardSpec
 from .groups import GroupFor, check_divide_factor, dtype_name, split_by_group
 from .layout import FlatLayout, flatten, single_flat
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes

@@ -27,8 +27,8 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from ..dist.collectives import resolve_group
-from ..dist.mesh import AxisGroup
+from ..runtime.collectives import resolve_group
+from ..runtime.mesh import AxisGroup
 
 GroupFor = Callable[[str, nn.Parameter], object]
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..dist import collectives as C
-from ..dist import tracer
-from ..dist.sharding import ShardSpec
+from ..runtime import collectives as C
+from ..runtime import tracer
+from ..runtime.sharding import ShardSpec
 from .buckets import DEFAULT_BUCKET_BYTES, GradientBuckets
 from .groups import GroupFor, check_divide_factor, split_by_group
 from .layout import flatten, unflatten

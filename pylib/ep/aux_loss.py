@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import torch
 
-from pylib.dist import collectives
-from pylib.dist.tracer import tag
 from pylib.model.config import MoEConfig
 from pylib.model.moe import Routing, tokens_per_expert
+from pylib.runtime import collectives
+from pylib.runtime.tracer import tag
 
 
 def group_token_stats(routing: Routing, n_experts: int, group=None) -> tuple[torch.Tensor, torch.Tensor]:

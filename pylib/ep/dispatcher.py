@@ -30,9 +30,9 @@ from functools import cached_property
 
 import torch
 
-from pylib.dist import collectives
-from pylib.dist.mesh import AxisGroup
-from pylib.dist.tracer import tag
+from pylib.runtime import collectives
+from pylib.runtime.mesh import AxisGroup
+from pylib.runtime.tracer import tag
 
 from .permute import PermutePlan, permute, sort_chunks, unpermute
 

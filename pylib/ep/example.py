@@ -81,8 +81,8 @@ def seed_a_ep_worker(ep_group=None) -> dict:
     """Inside a launched rank of a 4-rank run: route seed A's tokens with the real router, dispatch them over
     EP = 4 with the all-to-all, and return this rank's view: the tokens it holds (2 of the 8), their routing
     rows, the experts it holds, the rows its experts received from each rank, and the trace of the forward."""
-    from pylib.dist import current_device, trace
-    from pylib.dist.collectives import resolve_group
+    from pylib.runtime import current_device, trace
+    from pylib.runtime.collectives import resolve_group
 
     from .layer import ExpertParallelMoE
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from pylib.dist.sharding import shard
 from pylib.model.mlp import MLP
+from pylib.runtime.sharding import shard
 
 COLUMN = ("gate_proj", "up_proj")  # split along their output rows
 ROW = ("down_proj",)  # split along their input columns

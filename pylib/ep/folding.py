@@ -2,7 +2,7 @@
 
 Attention (and dense MLP) layers use the dense layout TP x CP x DP x PP; MoE layers use the expert layout
 ETP x EP x EDP x PP, with EDP = world / (ETP * EP * PP). Both come from Megatron's rank generator
-(`pylib.dist.rank_groups`) with the same order string, so they agree on PP: a rank sits in the same pipeline stage
+(`pylib.runtime.rank_groups`) with the same order string, so they agree on PP: a rank sits in the same pipeline stage
 whatever the layer. Inside one stage the dense axes TP x CP x DP and the expert axes ETP x EP x EDP are two
 factorisations of the same ranks -- e.g. tp2 cp2 dp2 pp2 with ep4 etp1 puts the 4 ranks of one (TP x CP) block
 into one EP group, and DP's pairs become EDP's pairs.
@@ -10,7 +10,7 @@ into one EP group, and DP's pairs become EDP's pairs.
 
 from __future__ import annotations
 
-from pylib.dist.mesh import ParallelConfig, rank_groups
+from pylib.runtime.mesh import ParallelConfig, rank_groups
 
 DENSE_AXES = ("tp", "cp", "dp", "pp")
 EXPERT_AXES = ("etp", "ep", "edp", "pp")

@@ -32,10 +32,6 @@ import copy
 import torch
 import torch.nn as nn
 
-from pylib.dist import collectives
-from pylib.dist.mesh import AxisGroup
-from pylib.dist.sharding import ShardSpec
-from pylib.dist.tracer import tag
 from pylib.model.moe import (
     AddAuxiliaryLoss,
     MoE,
@@ -45,6 +41,10 @@ from pylib.model.moe import (
     tokens_per_expert,
     updated_expert_bias,
 )
+from pylib.runtime import collectives
+from pylib.runtime.mesh import AxisGroup
+from pylib.runtime.sharding import ShardSpec
+from pylib.runtime.tracer import tag
 
 from .aux_loss import group_aux_loss
 from .checks import check_expert_parallel, check_orthogonal

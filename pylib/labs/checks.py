@@ -18,7 +18,7 @@ A check is *passed*, *failed*, or *blocked*. Blocked means it needs hardware thi
 for one CUDA device, `needs="gpu:4"` for four); it is recorded and printed, never silently skipped, and it does not
 fail the lab. `condition` is a value (truthy passes) or a callable run inside the check: returning None or a truthy
 value passes, returning False or raising fails, and the failure message is the exception's own (for a rank that
-raised inside `pylib.dist.launch`, the rank and the last line of its traceback, e.g. "rank 1: ExerciseNotDone:
+raised inside `pylib.runtime.launch`, the rank and the last line of its traceback, e.g. "rank 1: ExerciseNotDone:
 Exercise 2 not done yet: ..."; the whole traceback goes to the report).
 
 `step(name, fn)` is a check whose value is used later: it passes when `fn()` returns and gives back the value. If it
@@ -180,8 +180,8 @@ def _cell() -> int | None:
 
 def explain(exc: BaseException) -> tuple[str, str, int | None]:
     """(message, detail, rank) for a failure: a short message for the ✗ line, the full text for the report, and the
-    rank that failed first when the failure came from inside `pylib.dist.launch`."""
-    from pylib.dist.launch import LaunchTimeout, RankFailedError
+    rank that failed first when the failure came from inside `pylib.runtime.launch`."""
+    from pylib.runtime.launch import LaunchTimeout, RankFailedError
 
     if isinstance(exc, RankFailedError):
         first = exc.failures[0] if exc.failures else {}

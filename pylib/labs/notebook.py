@@ -250,7 +250,7 @@ _TEMPLATE = [
     (
         "code",
         [],
-        "import torch\nimport torch.distributed as dist\n\nfrom pylib.dist import current_device, launch\n"
+        "import torch\nimport torch.distributed as dist\n\nfrom pylib.runtime import current_device, launch\n"
         "from pylib.labs.checks import ExerciseNotDone, begin, check, step, summary\n\nbegin(checks_report)",
     ),
     ("markdown", [], "## Exercise 1\n\nWhat to write, and the idea behind it."),

@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from ..dist import collectives as C
-from ..dist import tracer
-from ..dist.launch import current_device
 from ..model.memory import saved_activations
+from ..runtime import collectives as C
+from ..runtime import tracer
+from ..runtime.launch import current_device
 from .schedules import Action, Schedule
 from .timeline import Event
 
@@ -88,7 +88,7 @@ def _first_float_dtype(chunks: Sequence[nn.Module]) -> torch.dtype:
 
 def pipeline_device(chunks: Sequence[nn.Module], device=None) -> torch.device:
     """Where this rank's receive buffers go: `device` if given, else the device of the chunks' first parameter
-    (or buffer), else the rank's device (`pylib.dist.current_device()`: its GPU under NCCL).
+    (or buffer), else the rank's device (`pylib.runtime.current_device()`: its GPU under NCCL).
 
     A chunk may hold no parameters at all: under ZeRO-3 (`pylib.dp.FullyShardedDataParallel`) the wrapper owns
     them and the modules keep only placeholders, so the caller that knows the device should pass it."""

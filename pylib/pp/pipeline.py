@@ -16,8 +16,8 @@ import functools
 
 import torch
 
-from ..dist import collectives as C
 from ..model import Transformer
+from ..runtime import collectives as C
 from .executor import PipelineRun, microbatches, run_pipeline
 from .schedules import build
 from .split import rank_chunks, shard_specs

@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..dist.sharding import ShardSpec
 from ..model import Transformer
+from ..runtime.sharding import ShardSpec
 
 
 def check_split(n_layers: int, pp: int, v: int = 1) -> None:

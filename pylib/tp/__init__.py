@@ -1,7 +1,7 @@
 """Tensor parallelism, and sequence parallelism as its switch (Megatron-LM, Korthikanti et al. 2022).
 
 Every module is built from the reference model's full module (`from_full`) and keeps this rank's slice; each
-says in data how it holds its tensors (`shard_specs()` -> `pylib.dist.ShardSpec`).
+says in data how it holds its tensors (`shard_specs()` -> `pylib.runtime.ShardSpec`).
 
     regions.py        enter / leave the TP region: copy / all-reduce, or all-gather / reduce-scatter under SP
     linear.py         ColumnParallelLinear, RowParallelLinear

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from pylib.dist import ShardSpec, require_divisible
-from pylib.dist import collectives as C
-from pylib.dist.tracer import current_tag
 from pylib.model import attention_core, rope
+from pylib.runtime import ShardSpec, require_divisible
+from pylib.runtime import collectives as C
+from pylib.runtime.tracer import current_tag
 
 from .linear import ColumnParallelLinear, RowParallelLinear
 from .regions import column_parallel_linears

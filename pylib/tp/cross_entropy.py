@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from pylib.dist import collectives as C
-from pylib.dist.tracer import current_tag
+from pylib.runtime import collectives as C
+from pylib.runtime.tracer import current_tag
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):

@@ -15,9 +15,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pylib.dist import ShardSpec, require_divisible
-from pylib.dist import collectives as C
-from pylib.dist.tracer import current_tag
+from pylib.runtime import ShardSpec, require_divisible
+from pylib.runtime import collectives as C
+from pylib.runtime.tracer import current_tag
 
 from .regions import leave_tp_region
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from pylib.dist import collectives as C
+from pylib.runtime import collectives as C
 
 SP_PHASE = "sp_grads"
 KV_PHASE = "kv_grads"

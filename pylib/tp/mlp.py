@@ -13,9 +13,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pylib.dist import ShardSpec
-from pylib.dist import collectives as C
-from pylib.dist.tracer import current_tag
+from pylib.runtime import ShardSpec
+from pylib.runtime import collectives as C
+from pylib.runtime.tracer import current_tag
 
 from .linear import ColumnParallelLinear, RowParallelLinear
 from .regions import column_parallel_linears

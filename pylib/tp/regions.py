@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pylib.dist import collectives as C
-from pylib.dist.tracer import current_tag
+from pylib.runtime import collectives as C
+from pylib.runtime.tracer import current_tag
 
 SEQ_DIM = 1
 

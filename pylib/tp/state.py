@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from pylib.dist import ShardSpec, phase
-from pylib.dist import collectives as C
+from pylib.runtime import ShardSpec, phase
+from pylib.runtime import collectives as C
 
 
 def _unshard(pieces: list[torch.Tensor], spec: ShardSpec) -> torch.Tensor:

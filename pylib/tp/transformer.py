@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from pylib.dist import ShardSpec, require_divisible, tag
-from pylib.dist import collectives as C
+from pylib.runtime import ShardSpec, require_divisible, tag
+from pylib.runtime import collectives as C
 
 from .attention import TPAttention, head_layout
 from .cross_entropy import vocab_parallel_cross_entropy

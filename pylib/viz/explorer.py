@@ -17,8 +17,8 @@ import html
 import ipywidgets as widgets
 
 from pylib.analysis import shapes
-from pylib.dist.mesh import ParallelConfig
 from pylib.model import ModelConfig, MoEConfig
+from pylib.runtime.mesh import ParallelConfig
 
 from .seed_b import (
     deepseek_v3_like,

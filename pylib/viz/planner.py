@@ -57,7 +57,7 @@ def _measure(cfg, plans, batch: int, seq: int) -> list[dict]:
 
 def measure_plans(cfg, plans, *, batch: int, seq: int, timeout: float = 240.0) -> dict:
     """{plan: [one record per rank]}: every plan run for one step by `pylib.compose`, one launch per world size."""
-    from pylib.dist import launch
+    from pylib.runtime import launch
 
     by_world: dict[int, list] = {}
     for plan in plans:

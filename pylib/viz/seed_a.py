@@ -286,7 +286,7 @@ class SplitCheck:
     pieces: torch.Tensor  # the ranks' outputs concatenated along the sequence
     local_in_shapes: list[list[tuple[int, ...]]]  # per rank, the shape of each input it held
     local_out_shapes: list[tuple[int, ...]]
-    comm_events: int  # ops the ranks issued through pylib.dist.collectives while running fn (summed over ranks)
+    comm_events: int  # ops the ranks issued through pylib.runtime.collectives while running fn (summed over ranks)
     atol: float
 
     @property
@@ -305,7 +305,7 @@ class SplitCheck:
 def _split_worker(fn, inputs, seq_dims, out_dim):
     import torch.distributed as dist
 
-    from pylib.dist import trace
+    from pylib.runtime import trace
 
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = [t.chunk(world, dim=d)[rank].contiguous() for t, d in zip(inputs, seq_dims)]
@@ -332,7 +332,7 @@ def split_check(
     reference: the whole-sequence result to compare with, for an `fn` that communicates (and so cannot run
     here, outside a rank); default fn(*inputs).
     The ranks use gloo unless `backend=` says otherwise: the inputs are CPU tensors, on a GPU node too."""
-    from pylib.dist import launch
+    from pylib.runtime import launch
 
     out_dim = seq_dims[0] if out_dim is None else out_dim
     for t, d in zip(inputs, seq_dims):

@@ -184,7 +184,7 @@ def _record(params, probe, tr, specs=(), **extra) -> dict:
 
 
 def _tp(model, ids, targets, group, sequence_parallel):
-    from pylib.dist import trace
+    from pylib.runtime import trace
     from pylib.tp import TPTransformer
 
     tp = TPTransformer.from_full(model, group=group, sequence_parallel=sequence_parallel)
@@ -198,8 +198,8 @@ def _tp(model, ids, targets, group, sequence_parallel):
 
 def _cp(model, ids, targets, group, layout, kind="ring"):
     from pylib.cp import CPTransformer, shard_sequence
-    from pylib.dist import collectives as C
-    from pylib.dist import trace
+    from pylib.runtime import collectives as C
+    from pylib.runtime import trace
 
     g = C.resolve_group(group)
     cp = CPTransformer.from_full(model, group=g, layout=layout, kind=kind)
@@ -213,9 +213,9 @@ def _cp(model, ids, targets, group, layout, kind="ring"):
 
 
 def _dp(model, ids, targets, group):
-    from pylib.dist import collectives as C
-    from pylib.dist import trace
     from pylib.dp import DistributedDataParallel, micro_batch
+    from pylib.runtime import collectives as C
+    from pylib.runtime import trace
 
     g = C.resolve_group(group)
     ddp = DistributedDataParallel(model, group=g)
@@ -229,8 +229,8 @@ def _dp(model, ids, targets, group):
 
 
 def _pp(model, ids, targets, group, microbatches):
-    from pylib.dist import trace
     from pylib.pp import PipelineParallel
+    from pylib.runtime import trace
 
     pipe = PipelineParallel(model, group=group)
     chunk = pipe.chunks[0]
@@ -246,8 +246,8 @@ def _pp(model, ids, targets, group, microbatches):
 
 
 def _ep(moe_model, ids, targets, group, etp_group=None):
-    from pylib.dist import trace
     from pylib.ep import ExpertParallelMoE
+    from pylib.runtime import trace
 
     specs = []
     for layer in moe_model.layers:
@@ -286,8 +286,8 @@ def probe_modes(
     scores (every score block), events (the trace), specs (the module's ShardSpecs), and mode extras."""
     import torch.distributed as dist
 
-    from pylib.dist import Mesh, ParallelConfig, current_device
     from pylib.model import build_model, random_tokens
+    from pylib.runtime import Mesh, ParallelConfig, current_device
 
     rank, n = dist.get_rank(), dist.get_world_size()
     device = current_device()  # the rank's GPU under NCCL
@@ -334,8 +334,8 @@ def probe_compose(cfg, pc, batch: int, seq: int, *, variants=None, **model_kw) -
     positions (CP) and rows (DP) of the global batch."""
     from pylib.compose import ParallelTransformer, ffn_probe
     from pylib.cp.layout import sequence_positions
-    from pylib.dist import Mesh, current_device, trace
     from pylib.model import build_model, random_tokens
+    from pylib.runtime import Mesh, current_device, trace
 
     ids, targets = random_tokens(cfg, batch, seq, seed=0)  # `step` moves them to the model's device
     out = {}
@@ -382,9 +382,9 @@ def sp_without_tp(cfg, b: int, s: int) -> dict:
     ranks. Returns, per variant, the traced bytes, the bytes autograd saves, and the FFN intermediate's shape."""
     import torch.distributed as dist
 
-    from pylib.dist import collectives as C
-    from pylib.dist import current_device, trace
     from pylib.model import build_model, random_hidden, saved_activations
+    from pylib.runtime import collectives as C
+    from pylib.runtime import current_device, trace
     from pylib.tp import TPBlock, scatter_to_sequence_parallel_region
 
     n = dist.get_world_size()

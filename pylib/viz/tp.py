@@ -47,7 +47,7 @@ class ColumnRowExample:
 
 
 def _column_row_rank(x, up, down):
-    from pylib.dist import current_device
+    from pylib.runtime import current_device
     from pylib.tp import ColumnParallelLinear, RowParallelLinear
 
     device = current_device()  # the rank's GPU under NCCL
@@ -63,7 +63,7 @@ def _column_row_rank(x, up, down):
 
 def column_row_example(t: int = 2, n: int = 4, d_in: int = 4, d_out: int = 8, seed: int = 0) -> ColumnRowExample:
     """Run the split on t launched ranks (seed A's sizes by default: 4 tokens, d = 4, d_ff = 8)."""
-    from pylib.dist import launch
+    from pylib.runtime import launch
 
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d_in, generator=g, device="cpu").round(decimals=1)
@@ -145,8 +145,8 @@ def fig_column_vs_row(ex: ColumnRowExample):
 
 
 def _layer_trace_rank(cfg, b, s, modes):
-    from pylib.dist import current_device, trace
     from pylib.model import build_model, random_hidden
+    from pylib.runtime import current_device, trace
     from pylib.tp import TPBlock, scatter_to_sequence_parallel_region
 
     device = current_device()  # the rank's GPU under NCCL
@@ -163,8 +163,8 @@ def _layer_trace_rank(cfg, b, s, modes):
 
 def layer_traces(t: int = 2, b: int = 1, s: int = 8, cfg=None, regather: bool = False) -> dict:
     """Trace one TPBlock forward + backward on t ranks, TP only and TP + SP; rank 0's events per mode, with sizes."""
-    from pylib.dist import launch
     from pylib.model import ModelConfig
+    from pylib.runtime import launch
 
     cfg = cfg or ModelConfig(d_model=16, n_heads=4, d_ff=64, n_layers=1)
     modes = [("TP", False, False), ("TP + SP", True, regather)]

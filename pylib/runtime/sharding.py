@@ -49,7 +49,9 @@ def shard(full: torch.Tensor, dim: int, index: int, parts: int, what: str = "") 
     "tp=3 does not divide n_heads=8"-style messages come from passing `what` ("tp=3 ... n_heads=8")."""
     size = full.shape[dim]
     if parts < 1 or size % parts:
-        raise ValueError(what or f"{parts} parts do not divide dimension {dim} of size {size} (shape {tuple(full.shape)})")
+        raise ValueError(
+            what or f"{parts} parts do not divide dimension {dim} of size {size} (shape {tuple(full.shape)})"
+        )
     return full.chunk(parts, dim=dim)[index].clone()
 
 

@@ -1,4 +1,4 @@
-"""pylib.dist.launch: results, failures, deadlines, output, and no process left behind."""
+"""pylib.runtime.launch: results, failures, deadlines, output, and no process left behind."""
 
 import os
 import signal
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pylib.dist import LaunchTimeout, RankFailedError, launch
+from pylib.runtime import LaunchTimeout, RankFailedError, launch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,7 @@ def test_a_function_defined_in_main_runs_like_a_notebook_cell(tmp_path):
         textwrap.dedent(
             """
             import torch, torch.distributed as dist
-            from pylib.dist import launch
+            from pylib.runtime import launch
             torch.ones(512, 512) @ torch.ones(512, 512)   # the parent already ran a multithreaded op
             def cell_function(k):
                 x = torch.ones(64, 64) @ torch.ones(64, 64)
@@ -176,7 +176,7 @@ def test_two_launches_at_once_do_not_collide(tmp_path):
         tmp_path,
         """
         import torch, torch.distributed as dist
-        from pylib.dist import launch
+        from pylib.runtime import launch
         def fn():
             t = torch.ones(1) * (dist.get_rank() + 1)
             for _ in range(20):
@@ -205,7 +205,7 @@ def test_no_rank_survives_when_the_caller_is_interrupted_or_killed(tmp_path):
         tmp_path,
         """
         import os, sys, time
-        from pylib.dist import launch
+        from pylib.runtime import launch
         def fn():
             time.sleep(120)
         print(os.getpid(), flush=True)
@@ -241,6 +241,6 @@ def _alive(pid: int) -> bool:
 
 
 def test_ranks_compute_on_the_cpu_under_gloo():
-    from pylib.dist import current_device
+    from pylib.runtime import current_device
 
     assert launch(lambda: str(current_device()), 2, backend="gloo") == ["cpu", "cpu"]

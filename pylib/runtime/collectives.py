@@ -34,7 +34,7 @@ on (DDP's gradient buckets overlap with backward).
 `group` is an `AxisGroup` from `Mesh` or None for the whole world. A group of one rank is the identity and
 records nothing. pylib never calls torch.distributed collectives anywhere else, so the tracer sees everything.
 
-Devices: every tensor an op sends or receives must be on `pylib.dist.current_device()` -- the rank's GPU under
+Devices: every tensor an op sends or receives must be on `pylib.runtime.current_device()` -- the rank's GPU under
 NCCL, the CPU under gloo -- and each op checks it before communicating, naming the op and both devices. Buffers
 the ops allocate take the device of the tensor they were given.
 """
@@ -112,7 +112,7 @@ def _on_rank_device(op: str, *tensors: torch.Tensor) -> None:
         if t.device != want:
             raise ValueError(
                 f"{op}: a tensor {tuple(t.shape)} is on {t.device}, but this rank computes on {want} "
-                f"({dist.get_backend()}): create it with device=pylib.dist.current_device() or move it with .to()"
+                f"({dist.get_backend()}): create it with device=pylib.runtime.current_device() or move it with .to()"
             )
 
 

@@ -1,4 +1,4 @@
-"""The tracer: one record per collective or point-to-point op issued through `pylib.dist.collectives`.
+"""The tracer: one record per collective or point-to-point op issued through `pylib.runtime.collectives`.
 
 Usage, inside a rank::
 
@@ -103,8 +103,9 @@ class Tracer:
             key = (e.phase, e.tag, e.op, e.axis)
             r = rows.setdefault(
                 key,
-                dict(phase=e.phase, tag=e.tag, op=e.op, axis=e.axis, count=0, payload_bytes=0, bytes_sent=0,
-                     bytes_recv=0),
+                dict(
+                    phase=e.phase, tag=e.tag, op=e.op, axis=e.axis, count=0, payload_bytes=0, bytes_sent=0, bytes_recv=0
+                ),
             )
             r["count"] += 1
             r["payload_bytes"] += e.payload_bytes
@@ -139,7 +140,7 @@ def _tracers() -> list[Tracer]:
 
 @contextlib.contextmanager
 def trace():
-    """Record every op issued through `pylib.dist.collectives` in this process while the block runs."""
+    """Record every op issued through `pylib.runtime.collectives` in this process while the block runs."""
     tracer = Tracer()
     _tracers().append(tracer)
     try:

@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from pylib.dist import collectives as C
-from pylib.dist import launch
-from pylib.dist.launch import _to_cpu
-from pylib.dist.placement import stray_tensors_to_meta
 from pylib.model import ModelConfig, MoEConfig, Transformer
+from pylib.runtime import collectives as C
+from pylib.runtime import launch
+from pylib.runtime.launch import _to_cpu
+from pylib.runtime.placement import stray_tensors_to_meta
 
 HERE = str(Path(__file__).resolve().parent)
 
@@ -118,9 +118,9 @@ def _built_from_meta():
     """Inside one gloo rank (every group of one): each mode built from a reference model that lives on meta."""
     from pylib.compose import ParallelTransformer
     from pylib.cp import CPTransformer
-    from pylib.dist import Mesh, ParallelConfig
     from pylib.ep import ExpertParallelMoE
     from pylib.pp import PipelineParallel
+    from pylib.runtime import Mesh, ParallelConfig
     from pylib.tp import TPTransformer
 
     out = {

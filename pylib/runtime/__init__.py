@@ -1,9 +1,9 @@
 """The rank runtime: launch ranks, the rank mesh, traced collectives.
 
-    launch(fn, world_size, *args, backend="auto", timeout=60.0, **kwargs) -> list     # one result per rank
-    ParallelConfig(tp, cp, ep, dp, pp, etp, order="tp-cp-ep-dp-pp"); rank_groups(config, world_size)
-    Mesh(config)                      # inside a rank: mesh.tp.size, mesh.tp.rank, mesh["dp-cp"], ...
-    trace(), tag(name), phase(name)   # record every op issued through pylib.dist.collectives
+launch(fn, world_size, *args, backend="auto", timeout=60.0, **kwargs) -> list     # one result per rank
+ParallelConfig(tp, cp, ep, dp, pp, etp, order="tp-cp-ep-dp-pp"); rank_groups(config, world_size)
+Mesh(config)                      # inside a rank: mesh.tp.size, mesh.tp.rank, mesh["dp-cp"], ...
+trace(), tag(name), phase(name)   # record every op issued through pylib.runtime.collectives
 """
 
 from . import collectives

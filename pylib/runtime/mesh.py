@@ -109,7 +109,9 @@ class ParallelConfig:
     def validate(self, world_size: int) -> None:
         problems = self.problems(world_size)
         if problems:
-            raise ValueError(f"ParallelConfig {self.describe()} cannot run on {world_size} ranks: " + "; ".join(problems))
+            raise ValueError(
+                f"ParallelConfig {self.describe()} cannot run on {world_size} ranks: " + "; ".join(problems)
+            )
 
     def describe(self) -> str:
         parts = [f"{a}{getattr(self, a)}" for a in AXES if getattr(self, a) != 1]
@@ -214,7 +216,7 @@ class Mesh:
     """Inside a launched rank: every group of `config` that contains this rank.
 
     `mesh.tp` (or `mesh["tp"]`) is an `AxisGroup` with `.size`, `.rank`, `.ranks` and `.pg`; pass it as the `group=`
-    of any collective in `pylib.dist.collectives`. Every rank must construct the mesh (group creation is
+    of any collective in `pylib.runtime.collectives`. Every rank must construct the mesh (group creation is
     collective). Groups of one rank create no process group; identical groups share one process group.
     """
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pylib.dist import collectives as C
-from pylib.dist import launch, trace
+from pylib.runtime import collectives as C
+from pylib.runtime import launch, trace
 
 N = 4
 
@@ -180,7 +180,7 @@ def test_ring_point_to_point_is_traced_with_peers_and_exact_bytes():
 
 
 def _tags_and_phases():
-    from pylib.dist import phase, tag
+    from pylib.runtime import phase, tag
 
     x = torch.ones(4, dtype=torch.float64, requires_grad=True)
     with trace() as tr:
@@ -200,7 +200,7 @@ def test_tags_follow_ops_into_backward_and_phases_can_be_named():
 
 def test_groups_of_one_rank_are_the_identity_and_record_nothing():
     def fn():
-        from pylib.dist import Mesh, ParallelConfig
+        from pylib.runtime import Mesh, ParallelConfig
 
         mesh = Mesh(ParallelConfig(tp=1, dp=2))
         x = torch.ones(2, requires_grad=True)
@@ -267,7 +267,7 @@ def test_uneven_all_gather_and_reduce_scatter_are_conjugate_with_ring_byte_count
 
 
 def _async_collectives():
-    from pylib.dist import tag
+    from pylib.runtime import tag
 
     rank = dist.get_rank()
     a = torch.arange(8, dtype=torch.float64) + 10 * rank
@@ -307,7 +307,7 @@ def test_async_all_reduce_and_reduce_scatter_match_the_blocking_ops_and_are_trac
 
 def test_async_ops_on_a_group_of_one_rank_return_the_tensor_at_once():
     def fn():
-        from pylib.dist import Mesh, ParallelConfig
+        from pylib.runtime import Mesh, ParallelConfig
 
         mesh = Mesh(ParallelConfig(tp=1, dp=2))
         x = torch.ones(4)

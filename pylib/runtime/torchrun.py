@@ -1,10 +1,10 @@
 """Run a pylib worker function under torchrun (multi-node, or one process per GPU without the notebook launcher).
 
-    torchrun --nproc-per-node 8 -m pylib.dist.torchrun mypackage.module:function [--backend nccl] [--timeout 600]
+    torchrun --nproc-per-node 8 -m pylib.runtime.torchrun mypackage.module:function [--backend nccl] [--timeout 600]
 
 torchrun starts the processes and sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; this entry point
 initialises the process group from them (NCCL with one GPU per local rank when CUDA is there, gloo otherwise),
-calls `function()` -- the same function you would pass to `pylib.dist.launch` -- and prints each rank's result
+calls `function()` -- the same function you would pass to `pylib.runtime.launch` -- and prints each rank's result
 as one line `[rank r] result: ...`. Nothing else about the function changes between the two launchers.
 """
 
@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 
 def resolve(target: str):
-    """"package.module:function" -> the function."""
+    """ "package.module:function" -> the function."""
     module_name, sep, attr = target.partition(":")
     if not sep or not attr:
         raise ValueError(f"expected 'module:function', got {target!r}")

@@ -18,7 +18,7 @@ Failure handling, the part that makes multi-process code teachable:
 Each rank's stdout and stderr come back and are printed labelled by rank, in rank order, when the run ends.
 Ranks meet through a store file in a fresh temporary directory, so two launches on one machine never collide.
 
-For multi-node runs the same worker functions run under torchrun; see `pylib.dist.torchrun`.
+For multi-node runs the same worker functions run under torchrun; see `pylib.runtime.torchrun`.
 """
 
 from __future__ import annotations
@@ -97,8 +97,20 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _rank_main(rank, world, backend, store_path, timeout, result_conn, control_conn, out_path, parent_pid, job, others,
-               deadline_wall):
+def _rank_main(
+    rank,
+    world,
+    backend,
+    store_path,
+    timeout,
+    result_conn,
+    control_conn,
+    out_path,
+    parent_pid,
+    job,
+    others,
+    deadline_wall,
+):
     """Body of one rank process (forked or spawned)."""
     for conn in others:  # forked ranks inherit every pipe; keep only our own so EOFs mean what they say
         conn.close()
@@ -222,9 +234,20 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 6
             others = [c for pair in result_pipes + control_pipes for c in pair if id(c) not in mine]
             p = ctx.Process(
                 target=_rank_main,
-                args=(r, world_size, backend, store_path, timeout, result_pipes[r][1], control_pipes[r][0],
-                      out_paths[r], os.getpid(), job, others if ctx.get_start_method() == "fork" else [],
-                      time.time() + timeout),
+                args=(
+                    r,
+                    world_size,
+                    backend,
+                    store_path,
+                    timeout,
+                    result_pipes[r][1],
+                    control_pipes[r][0],
+                    out_paths[r],
+                    os.getpid(),
+                    job,
+                    others if ctx.get_start_method() == "fork" else [],
+                    time.time() + timeout,
+                ),
                 daemon=True,
                 name=f"pylib-rank-{r}",
             )
@@ -254,8 +277,11 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 6
                     procs[r].join(0.2)
                     code = procs[r].exitcode
                     why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                    failures.append(dict(rank=r, time=time.time(), kind="died",
-                                         traceback=f"rank {r} died without reporting ({why})"))
+                    failures.append(
+                        dict(
+                            rank=r, time=time.time(), kind="died", traceback=f"rank {r} died without reporting ({why})"
+                        )
+                    )
                 else:
                     if msg[0] == "ok":
                         results[r] = msg[3]
@@ -286,11 +312,15 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 6
         if readers:
             silent = sorted(readers.values())
             done = sorted(results)
-            tails = "\n".join(f"--- rank {r}: last output, then where it was stuck ---\n{_hang_report(outputs[r])}"
-                              for r in silent if outputs[r])
+            tails = "\n".join(
+                f"--- rank {r}: last output, then where it was stuck ---\n{_hang_report(outputs[r])}"
+                for r in silent
+                if outputs[r]
+            )
             raise LaunchTimeout(
                 f"launch timed out after {timeout:g} s: ranks {silent} never returned"
-                + (f" (ranks {done} did)" if done else "") + (f"\n{tails}" if tails else ""),
+                + (f" (ranks {done} did)" if done else "")
+                + (f"\n{tails}" if tails else ""),
                 silent,
                 outputs,
             )

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pylib.dist import Mesh, ParallelConfig, collectives, coordinates, launch, rank_groups
+from pylib.runtime import Mesh, ParallelConfig, collectives, coordinates, launch, rank_groups
 
 
 def _expected_groups(sizes: dict, order: str, axes: list[str], world: int) -> list[list[int]]:
