@@ -21,15 +21,8 @@ import time
 import torch
 
 from pylib.analysis.compose import dp_held_bytes
-from pylib.compose import (
-    compare_with_reference,
-    format_reduction_table,
-    format_report,
-    reference_ffn_bytes,
-    traffic_matches_formulas,
-    train,
-    train_reference,
-)
+from pylib.compose import format_reduction_table, format_report, reference_ffn_bytes, traffic_matches_formulas
+from pylib.experiments.compose_training import compare_with_reference, train, train_reference
 from pylib.model import ModelConfig, MoEConfig
 from pylib.runtime import ParallelConfig, launch
 

@@ -27,12 +27,12 @@ from pylib.cp import (
     RingStats,
     flash_available,
     format_round_table,
-    merge_precision_drift,
     ring_attention,
     ring_rounds,
     shard_sequence,
     ulysses_attention,
 )
+from pylib.experiments.ring_merge_drift import merge_precision_drift
 from pylib.runtime import launch, trace
 
 

@@ -14,7 +14,8 @@ import argparse
 import statistics
 
 from pylib.analysis.dp import held_bytes, paper_bytes, traffic_per_step, zero3_peak_param_bytes
-from pylib.dp import STAGES, train_data_parallel
+from pylib.dp import STAGES
+from pylib.experiments.dp_training import train_data_parallel
 from pylib.model import ModelConfig, build_model
 from pylib.runtime import launch
 

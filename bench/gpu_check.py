@@ -50,7 +50,7 @@ from pylib.analysis.dp import traffic_by_op
 from pylib.analysis.ep import alltoall_bytes, dispatch_matrix
 from pylib.analysis.pp import p2p_bytes_per_rank
 from pylib.analysis.tp import model_collectives
-from pylib.compose import compare_with_reference, compose_problems, traffic_matches_formulas, train, train_reference
+from pylib.compose import compose_problems, traffic_matches_formulas
 from pylib.cp import (
     TorchKernel,
     kernel_attention,
@@ -60,9 +60,11 @@ from pylib.cp import (
     ulysses_attention,
     unshard_sequence,
 )
-from pylib.dp import STAGES, assemble, train_data_parallel
-from pylib.dp import train_reference as dp_reference
+from pylib.dp import STAGES, assemble
 from pylib.ep import ExpertParallelMoE
+from pylib.experiments.compose_training import compare_with_reference, train, train_reference
+from pylib.experiments.dp_training import train_data_parallel
+from pylib.experiments.dp_training import train_reference as dp_reference
 from pylib.model import ModelConfig, MoEConfig, build_model, random_tokens
 from pylib.pp import PipelineParallel
 from pylib.runtime import ParallelConfig, current_device, launch, trace

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from pylib.analysis import shapes
+from pylib.experiments.mode_probes import probe_compose, probe_modes
 from pylib.model import ModelConfig, MoEConfig
 from pylib.runtime import ParallelConfig, launch
-from pylib.viz.seed_b_ranks import probe_compose, probe_modes
 
 CFG = ModelConfig(
     vocab_size=64, d_model=48, n_layers=4, n_heads=8, n_kv_heads=4, d_ff=128, mlp="swiglu", position="rope"

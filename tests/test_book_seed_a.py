@@ -1,4 +1,5 @@
-"""Part I's helpers (pylib.viz.seed_a): the layer flow, the token-locality check, the printed-number checks."""
+"""Part I's helpers: the layer flow (pylib.seedcheck.layer_flow, pylib.viz.layer_flow), the token-locality check
+(pylib.experiments.split_check), the printed-number checks (pylib.seedcheck.printed)."""
 
 import matplotlib
 
@@ -9,22 +10,16 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from matplotlib.patches import FancyBboxPatch  # noqa: E402
 
+from pylib.experiments.split_check import split_check
 from pylib.model import Block, ModelConfig, build_model  # noqa: E402
 from pylib.runtime import collectives  # noqa: E402
+from pylib.seedcheck.layer_flow import layer_flow, record_block_calls
+from pylib.seedcheck.primitives import primitive_names
+from pylib.seedcheck.printed import compare_printed, round_half_up
 from pylib.viz import style  # noqa: E402
-from pylib.viz.seed_a import (  # noqa: E402
-    COLOURS,
-    compare_printed,
-    draw_layer_flow,
-    draw_three_axes,
-    format_rows,
-    layer_flow,
-    markdown_table,
-    primitive_names,
-    record_block_calls,
-    round_half_up,
-    split_check,
-)
+from pylib.viz.layer_flow import COLOURS, draw_layer_flow
+from pylib.viz.tables import format_rows, markdown_table
+from pylib.viz.three_axes import draw_three_axes
 
 
 @pytest.fixture(scope="module")

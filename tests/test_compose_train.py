@@ -18,23 +18,15 @@ import pytest
 import torch
 
 from pylib.analysis.compose import dp_held_bytes, per_axis
-from pylib.compose import (
-    compare_with_reference,
-    format_reduction_table,
-    format_report,
-    formula_traffic,
-    reference_ffn_bytes,
-    traced_traffic,
-    train,
-    train_reference,
-)
+from pylib.compose import format_reduction_table, format_report, formula_traffic, reference_ffn_bytes, traced_traffic
+from pylib.experiments.compose_training import compare_with_reference, train, train_reference
 from pylib.model import ModelConfig, MoEConfig
 from pylib.runtime import ParallelConfig, launch
 
 pytestmark = pytest.mark.timeout(240)
 
 BATCH, SEQ, STEPS = 8, 16, 5
-DATA = "pattern"  # a generated toy language (pylib.compose.pattern_tokens): a few steps visibly lower the loss
+DATA = "pattern"  # a generated toy language (pylib.model.pattern_tokens): a few steps visibly lower the loss
 DENSE = ModelConfig(
     vocab_size=32,
     d_model=16,

@@ -11,7 +11,8 @@ from pylib.analysis.cp import (
     ring_work_per_rank,
     ulysses_traffic,
 )
-from pylib.cp import merge_precision_drift, ring_block_plan, sequence_positions, shard_sequence
+from pylib.cp import ring_block_plan, sequence_positions, shard_sequence
+from pylib.experiments.ring_merge_drift import merge_precision_drift
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])

@@ -13,8 +13,8 @@ from pylib.dp import (
     assemble,
     micro_batch,
     overlap_from_trace,
-    train_reference,
 )
+from pylib.experiments.dp_training import train_reference
 from pylib.model import ModelConfig, build_model, random_tokens
 from pylib.runtime import Mesh, ParallelConfig, launch, trace, tracer
 

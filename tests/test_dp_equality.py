@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from pylib.analysis.dp import held_bytes, padded_numel, traffic_by_op, traffic_per_step, zero3_peak_param_bytes
-from pylib.dp import STAGES, assemble, train_data_parallel, train_reference
+from pylib.dp import STAGES, assemble
+from pylib.experiments.dp_training import train_data_parallel, train_reference
 from pylib.model import ModelConfig, build_model
 from pylib.runtime import launch
 

@@ -8,7 +8,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from pylib.analysis.dp import held_bytes  # noqa: E402
-from pylib.dp import STAGES, train_data_parallel  # noqa: E402
+from pylib.dp import STAGES  # noqa: E402
+from pylib.experiments.dp_training import train_data_parallel  # noqa: E402
 from pylib.model import ModelConfig  # noqa: E402
 from pylib.runtime import launch  # noqa: E402
 from pylib.viz.dp import (  # noqa: E402

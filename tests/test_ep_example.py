@@ -5,16 +5,16 @@ import matplotlib.pyplot as plt
 import torch
 
 from pylib.analysis.ep import dispatch_matrix
-from pylib.ep.example import (
+from pylib.ep import format_routing_table
+from pylib.ep.folding import folding_groups
+from pylib.ep.traffic import traffic_matrix
+from pylib.experiments.seed_a_routing import (
     SEED_A_TOKENS,
-    format_routing_table,
     seed_a_ep_worker,
-    seed_a_moe_config,
     seed_a_moe_input,
     seed_a_routing_table,
 )
-from pylib.ep.folding import folding_groups
-from pylib.ep.traffic import traffic_matrix
+from pylib.model.presets import seed_a_moe_config
 from pylib.runtime import ParallelConfig, launch
 from pylib.viz.ep import plot_folding, plot_routing_table, plot_traffic_matrix
 

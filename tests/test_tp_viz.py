@@ -4,7 +4,8 @@ they reproduce the one-device products; the SP figure's arrows are the collectiv
 import numpy as np
 
 from pylib.analysis.tp import layer_collectives
-from pylib.viz.tp import column_row_example, fig_column_vs_row, fig_sp_region, layer_traces
+from pylib.experiments.tp_runs import column_row_example, layer_traces
+from pylib.viz.tp import fig_column_vs_row, fig_sp_region
 
 
 def test_column_vs_row_figure_shows_shards_that_concatenate_and_partial_sums_that_add_up():

@@ -21,15 +21,19 @@ from matplotlib.figure import Figure  # noqa: E402
 import pylib.viz  # noqa: E402
 from pylib.analysis import pp as pp_analysis  # noqa: E402
 from pylib.cp import ring_rounds  # noqa: E402
-from pylib.ep.example import seed_a_routing_table  # noqa: E402
 from pylib.ep.folding import folding_groups  # noqa: E402
+from pylib.experiments.seed_a_routing import seed_a_routing_table  # noqa: E402
+from pylib.experiments.tp_runs import column_row_example, layer_traces  # noqa: E402
 from pylib.model import ModelConfig, build_model  # noqa: E402
 from pylib.pp.schedules import build  # noqa: E402
 from pylib.pp.simulate import simulate  # noqa: E402
 from pylib.pp.timeline import bubble  # noqa: E402
 from pylib.runtime import ParallelConfig, launch  # noqa: E402
 from pylib.runtime.mesh import AxisGroup  # noqa: E402
-from pylib.viz import compose, cp, dp, ep, pp, seed_a, seed_b, style, tp  # noqa: E402
+from pylib.seedcheck.axis_cuts import DIMS, MODES  # noqa: E402
+from pylib.seedcheck.layer_flow import layer_flow  # noqa: E402
+from pylib.viz import compose, cp, dp, ep, matrix_dims, pp, style, three_axes, tp  # noqa: E402
+from pylib.viz import layer_flow as flow
 
 # A figure function, by its name: fig_*, plot_*, draw_*, *_figure. Each one needs a case in CASES below.
 FIGURE_NAME = re.compile(r"^(fig|plot|draw)_|_figure$")
@@ -66,7 +70,7 @@ def _cp_rank():
 
 
 def _dp_rank():
-    from pylib.dp import train_data_parallel
+    from pylib.experiments.dp_training import train_data_parallel
 
     cfg = ModelConfig(vocab_size=37, d_model=9, n_heads=3, d_ff=22, n_layers=2, dtype="float64")
     return {s: train_data_parallel(cfg, s, steps=1, bucket_bytes=1024, keep_events=False) for s in ("ddp", "zero3")}
@@ -76,14 +80,14 @@ def _dp_rank():
 def runs():
     """The real runs some figures draw: a 4-rank causal ring (both layouts), 2-rank DP (DDP and ZeRO-3), the 2-rank
     column / row TP example."""
-    return dict(cp=launch(_cp_rank, 4), dp=launch(_dp_rank, 2), tp=tp.column_row_example(t=2))
+    return dict(cp=launch(_cp_rank, 4), dp=launch(_dp_rank, 2), tp=column_row_example(t=2))
 
 
 def _seed_a_flow():
     model = build_model(ModelConfig.seed_a())
     with torch.no_grad():
         x = model.embed(torch.arange(8).view(2, 4))
-    return seed_a.layer_flow(model.layers[0], x)
+    return layer_flow(model.layers[0], x)
 
 
 def _three_axes():
@@ -92,7 +96,7 @@ def _three_axes():
         "sequence": [t.reshape(-1) for t in idx.chunk(2, dim=1)],
         "batch": [t.reshape(-1) for t in idx.chunk(2, dim=0)],
     }
-    return seed_a.draw_three_axes(holdings, (2, 4, 4), [["the", "cat", "sat", "down"], ["a", "dog", "ran", "off"]])
+    return three_axes.draw_three_axes(holdings, (2, 4, 4), [["the", "cat", "sat", "down"], ["a", "dog", "ran", "off"]])
 
 
 def _expert_holdings():
@@ -143,7 +147,7 @@ def _flat_layout():
 
 
 def _dim_orth():
-    cuts = {m: dict.fromkeys(seed_b.DIMS, 1.0) for m in seed_b.MODES}
+    cuts = {m: dict.fromkeys(DIMS, 1.0) for m in MODES}
     for mode, dim in [
         ("TP", "n_head"),
         ("TP", "h_ffn"),
@@ -154,14 +158,14 @@ def _dim_orth():
         ("EP", "E"),
     ]:
         cuts[mode][dim] = 0.5
-    return seed_b.fig_dim_orth(cuts)
+    return matrix_dims.fig_dim_orth(cuts)
 
 
 def _superposition():
     pieces = [
         dict(rows=[i], positions=[0, 1], hidden_cols=[0, 1, 2, 3], coords=dict(tp=0, cp=0, dp=i)) for i in range(2)
     ]
-    return seed_b.fig_superposition(pieces, 2, 2, 4, 1, 1, 2)
+    return matrix_dims.fig_superposition(pieces, 2, 2, 4, 1, 1, 2)
 
 
 def _report_rows():
@@ -182,7 +186,7 @@ def _schedules_on_chapter_axes():
 
 CASES = {
     "tp.fig_column_vs_row": lambda runs: tp.fig_column_vs_row(runs["tp"]),
-    "tp.fig_sp_region": lambda runs: tp.fig_sp_region(tp.layer_traces(t=2, b=1, s=8)),
+    "tp.fig_sp_region": lambda runs: tp.fig_sp_region(layer_traces(t=2, b=1, s=8)),
     "cp.ring_rounds_figure": lambda runs: cp.ring_rounds_figure(ring_rounds([r["zigzag"][0] for r in runs["cp"]])),
     "cp.zigzag_balance_figure": lambda runs: cp.zigzag_balance_figure(
         {layout: [r[layout][1] for r in runs["cp"]] for layout in ("contiguous", "zigzag")}
@@ -215,13 +219,13 @@ CASES = {
     "dp.plot_zero3_resident": lambda runs: dp.plot_zero3_resident(
         runs["dp"][0]["zero3"]["timeline"], sum(runs["dp"][0]["zero3"]["unit_bytes"].values()) // 2, unit="B"
     ),
-    "seed_a.draw_layer_flow": lambda runs: seed_a.draw_layer_flow(
+    "layer_flow.draw_layer_flow": lambda runs: flow.draw_layer_flow(
         _seed_a_flow(), colours={1: "green", 3: "red", 5: "green"}, legend={"green": "token-local", "red": "global"}
     ),
-    "seed_a.draw_three_axes": lambda runs: _three_axes(),
-    "seed_b.fig_dim_orth": lambda runs: _dim_orth(),
-    "seed_b.fig_col_row": lambda runs: seed_b.fig_col_row(runs["tp"]),
-    "seed_b.fig_superposition": lambda runs: _superposition(),
+    "three_axes.draw_three_axes": lambda runs: _three_axes(),
+    "matrix_dims.fig_dim_orth": lambda runs: _dim_orth(),
+    "matrix_dims.fig_col_row": lambda runs: matrix_dims.fig_col_row(runs["tp"]),
+    "matrix_dims.fig_superposition": lambda runs: _superposition(),
     "compose.plot_rank_mesh": lambda runs: compose.plot_rank_mesh(ParallelConfig(tp=2, cp=2, dp=2, pp=2, ep=4), 16),
     "compose.plot_token_placement": lambda runs: compose.plot_token_placement(
         torch.arange(8).repeat_interleave(4).reshape(4, 8), microbatch_rows=1, dp_rows=2

@@ -7,17 +7,18 @@ reference on one device.
         .reduction_table()                     # which group completes each parameter's gradient, as rows
         .memory(), .parameter_pieces(), .layouts, .shard_specs()
     compose_problems(cfg, ParallelConfig, world, batch=, seq=, ...) -> [every violated constraint]
-    train(cfg, ParallelConfig, steps=, batch=, seq=, **model_kw)   # inside launched ranks: losses, report
-    train_reference(cfg, steps=, batch=, seq=)                     # one device, the same data and optimizer
+    holder_labels(seq, cp, tp, layout)          # which rank of a replica holds each position
+(The training loops, `train` and `train_reference`, are `pylib.experiments.compose_training`.)
 
 Files: checks.py (every constraint, all reported), stage.py (one pipeline stage built from TP, CP and EP modules),
 reductions.py (the gradient-reduction table and the reductions after DP's), model.py (the composed model and one
-training step), train.py (the loops), probe.py (the FFN activation probe), report.py (per-rank memory and traffic
-tables).
+training step), placement.py (which rank holds each position), probe.py (the FFN activation probe), report.py
+(per-rank memory and traffic tables).
 """
 
 from .checks import ComposeConfigError, check_compose, compose_problems
 from .model import ParallelTransformer, StepResult, local_batch
+from .placement import holder_labels
 from .probe import ffn_probe
 from .reductions import (
     ParamInfo,
@@ -39,7 +40,6 @@ from .report import (
     traffic_matches_formulas,
 )
 from .stage import ParallelStage, build_layer
-from .train import batches, compare_with_reference, holder_labels, pattern_tokens, train, train_reference
 
 __all__ = [
     "ComposeConfigError",
@@ -48,10 +48,8 @@ __all__ = [
     "ParamInfo",
     "Reduction",
     "StepResult",
-    "batches",
     "build_layer",
     "check_compose",
-    "compare_with_reference",
     "compose_problems",
     "ffn_probe",
     "finalize_gradients",
@@ -63,13 +61,10 @@ __all__ = [
     "holder_labels",
     "local_batch",
     "parameter_map",
-    "pattern_tokens",
     "reference_ffn_bytes",
     "reduction_table",
     "report_rows",
     "traced_traffic",
     "traffic_matches_formulas",
     "TRAFFIC_OPTIONS",
-    "train",
-    "train_reference",
 ]

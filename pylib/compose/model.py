@@ -29,8 +29,8 @@ import torch
 
 from pylib.cp.layout import shard_sequence
 from pylib.dp.buckets import DEFAULT_BUCKET_BYTES
-from pylib.dp.experiment import micro_batch, wrap
 from pylib.dp.memory import HeldBytes
+from pylib.dp.wrap import micro_batch, wrap
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.schedules import build
 from pylib.pp.split import virtual_stage

@@ -37,8 +37,8 @@ from fractions import Fraction
 import torch
 import torch.nn as nn
 
-from pylib.dp.experiment import DDPTrainer
 from pylib.dp.fsdp import FullyShardedDataParallel
+from pylib.dp.wrap import DDPTrainer
 from pylib.dp.zero import ZeroDataParallel
 from pylib.ep.layer import ExpertParallelMoE
 from pylib.runtime import collectives as C

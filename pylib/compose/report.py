@@ -1,6 +1,6 @@
 """What each rank holds and moves: the per-rank memory and traffic table of a composed run, and the FFN probe.
 
-    results = launch(train, 16, cfg, pc, ...)
+    results = launch(train, 16, cfg, pc, ...)   # train: pylib.experiments.compose_training
     print(format_report(results))            # rank | tp cp dp pp ep | layers | params grads optim | act | traffic
 
 `ffn_probe(modules)` measures the FFN intermediate activation (the input of every `down_proj`: [b, s, h_ffn] on one
@@ -11,10 +11,9 @@ superposition claim is that the per-rank bytes are 1/(tp*cp*dp) of the single-de
 from __future__ import annotations
 
 from pylib.analysis.compose import Traffic, per_axis, step_traffic
-from pylib.model import build_model
+from pylib.model import batches, build_model
 
 from .probe import ffn_probe
-from .train import batches
 
 
 def reference_ffn_bytes(cfg, *, batch: int, seq: int, data: str = "random", step: int = 0) -> dict[int, int]:

@@ -13,7 +13,8 @@ sequence-sharded to head-sharded and back).
     ring_rounds(events_by_rank)                                     # seed A's round table from the trace
 
 Files: layout.py (the shardings), kernels.py (the block kernel: torch, flash-attn), merge.py (the LSE merge),
-ring.py, ulysses.py, layer.py (drop-in modules), rounds.py, pitfalls.py.
+ring.py, ulysses.py, layer.py (drop-in modules), rounds.py (seed A's round table). The merge-precision experiment is
+`pylib.experiments.ring_merge_drift`.
 """
 
 from .kernels import (
@@ -38,7 +39,6 @@ from .layout import (
     unshard_sequence,
 )
 from .merge import merge_all, merge_block
-from .pitfalls import merge_precision_drift
 from .ring import BlockPlan, RingAttention, RingStats, RingStep, ring_attention, ring_block_plan
 from .rounds import format_round_table, ring_rounds
 from .ulysses import check_heads, ulysses_attention
@@ -67,7 +67,6 @@ __all__ = [
     "layout_order",
     "merge_all",
     "merge_block",
-    "merge_precision_drift",
     "ring_attention",
     "ring_block_plan",
     "ring_rounds",

@@ -14,7 +14,7 @@ Written that way it overflows (e^lse) and loses precision. Divide through by e^l
 Both forms only ever see the *difference* of two LSEs, so nothing overflows whatever the scores' size; sigmoid
 and logsigmoid are computed stably by torch for either sign. The accumulators must be float32 (or wider): the
 merge is a long chain of small corrections, and a bf16 accumulator rounds every one of them
-(`pylib.cp.pitfalls.merge_precision_drift` measures the damage).
+(`pylib.experiments.ring_merge_drift.merge_precision_drift` measures the damage).
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ measured (`HeldBytes`, ZeRO-3's `timeline`), overlap of communication with backw
 
 from .buckets import DEFAULT_BUCKET_BYTES, Bucket, GradientBuckets
 from .ddp import DistributedDataParallel
-from .experiment import STAGES, DDPTrainer, micro_batch, train_data_parallel, train_reference, wrap
 from .fsdp import FullyShardedDataParallel, default_units
 from .groups import split_by_group
 from .layout import (
@@ -30,6 +29,7 @@ from .layout import (
 )
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
 from .overlap import BucketTiming, OverlapReport, overlap_from_trace
+from .wrap import STAGES, DDPTrainer, micro_batch, wrap
 from .zero import ZeroDataParallel
 
 __all__ = [
@@ -59,8 +59,6 @@ __all__ = [
     "single_flat",
     "split_by_group",
     "storage_bytes",
-    "train_data_parallel",
-    "train_reference",
     "unflatten",
     "wrap",
 ]

@@ -6,6 +6,7 @@ expert, and the folding of the expert layout ETP x EP x EDP onto the dense ranks
     permute(x, experts, n_experts, keep) -> rows, plan;  unpermute(rows, plan, weights);  sort_chunks(rows, counts)
     group_aux_loss(routing, cfg, group)      # this rank's share of the aux losses over the group's tokens
     folding_table(config, world_size)        # each rank's place in the dense and in the expert layout
+    routing_table(routing, n_experts, ep, token_names, keep)   # token -> experts, weights, owning EP ranks
 """
 
 from .aux_loss import group_aux_loss, group_token_stats
@@ -14,6 +15,7 @@ from .dispatcher import AllToAllDispatcher, DispatchState
 from .experts import LocalExperts
 from .layer import ExpertParallelMoE
 from .permute import PermutePlan, permute, sort_chunks, unpermute
+from .routing_table import format_routing_table, routing_table
 
 __all__ = [
     "AllToAllDispatcher",
@@ -24,8 +26,10 @@ __all__ = [
     "check_expert_parallel",
     "expert_parallel_problems",
     "group_aux_loss",
+    "format_routing_table",
     "group_token_stats",
     "permute",
+    "routing_table",
     "sort_chunks",
     "unpermute",
 ]

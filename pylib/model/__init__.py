@@ -1,8 +1,9 @@
-"""The single-device reference Transformer: config, modules, deterministic init, synthetic data, memory probe."""
+"""The single-device reference Transformer: config, presets, modules, deterministic init, synthetic data, memory
+probe."""
 
 from .attention import Attention, attention_core, causal_mask, expand_kv, rope
 from .config import SEED_A, ModelConfig, MoEConfig
-from .data import random_hidden, random_tokens
+from .data import DATASETS, batches, pattern_tokens, random_hidden, random_tokens
 from .memory import SavedTensors, saved_activations
 from .mlp import MLP
 from .moe import (
@@ -20,6 +21,7 @@ from .transformer import Block, Transformer, build_model
 
 __all__ = [
     "MLP",
+    "DATASETS",
     "SEED_A",
     "AddAuxiliaryLoss",
     "Attention",
@@ -33,12 +35,14 @@ __all__ = [
     "Transformer",
     "attention_core",
     "auxiliary_loss",
+    "batches",
     "build_model",
     "capacity_keep_mask",
     "causal_mask",
     "expand_kv",
     "expert_capacity",
     "load_balancing_loss",
+    "pattern_tokens",
     "random_hidden",
     "random_tokens",
     "rope",

@@ -1,14 +1,16 @@
-"""Figures and interactive explorers, drawn from real runs (traces, timelines, sharding specs) and from
+"""Figures, tables and interactive explorers, drawn from real runs (traces, timelines, sharding specs) and from
 `pylib.analysis`. Every figure function returns a matplotlib Figure; `style` holds the shared look that reads in
-the site's light and dark themes.
+the site's light and dark themes. Nothing here launches ranks: the runs are `pylib.experiments`.
 
-    style      the book's matplotlib style (card background, palette, contrast checks)
-    seed_a     Part I: layer flow, split checks, three axes, printed-number comparison
-    seed_b     Part II: meta-device tables, seed B's tables as data, cell-by-cell judging; seed_b_ranks probes
+    style        the book's matplotlib style (card background, palette, contrast checks)
+    tables       markdown_table, format_rows, text_table, html_table, fmt_bytes, fmt_shape
+    layer_flow   seed A's Pre-LN layer as six stages (from `pylib.seedcheck.layer_flow`)
+    three_axes   which elements of [b, s, d] each rank holds, one panel per parallelism
+    matrix_dims  seed B's matrix view: dimensions each mode cuts, column/row shards, the FFN superposition
     tp cp ep pp dp   one module per parallelism: the figure that makes each strategy click
-    explorer   Part II's per-rank shapes / memory / traffic explorer (ipywidgets, with a static default)
-    compose    the rank mesh, token placement and per-rank report of a composed run
-    planner    plans measured against predictions, plan tables, Part I's plan explorer (ipywidgets)
+    explorer     Part II's per-rank shapes / memory / traffic explorer (ipywidgets, with a static default)
+    compose      the rank mesh, token placement and per-rank report of a composed run
+    planner      plans measured against predictions, plan tables, Part I's plan explorer (ipywidgets)
 
 Import from the module: `from pylib.viz.pp import plot_timeline`.
 """

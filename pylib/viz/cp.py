@@ -172,7 +172,7 @@ def sequence_split_figure(specs_by_rank, seq_len: int, *, name: str = "x", causa
 
 @style.styled
 def merge_drift_figure(rows, *, title: str = "bf16 ring attention: error against float64 attention"):
-    """RMS error vs cp for the two merge accumulators, from `pylib.cp.merge_precision_drift` rows (measured)."""
+    """RMS error vs cp for the two merge accumulators, from `pylib.experiments.ring_merge_drift` rows (measured)."""
     cps = [r["cp"] for r in rows]
     fig, ax = style.subplots(figsize=(5.6, 3.3))
     for j, (key, label) in enumerate((("bf16_merge", "merge accumulated in bf16"), ("fp32_merge", "in float32"))):

@@ -1,7 +1,7 @@
 """Expert-parallel figures: the routing table, the all-to-all traffic matrix, the folding layout, load balance
 under training and drops vs capacity factor.
 
-Each takes data from real runs (`pylib.ep.example.routing_table`, `pylib.ep.traffic.traffic_matrix` of a trace,
+Each takes data from real runs (`pylib.ep.routing_table`, `pylib.ep.traffic.traffic_matrix` of a trace,
 `pylib.ep.folding.folding_groups` of the rank generator) and returns a matplotlib Figure in the book's style
 (`pylib.viz.style`): a rank (or a group of ranks) in its rank colour.
 """

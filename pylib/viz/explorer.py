@@ -18,19 +18,10 @@ import ipywidgets as widgets
 
 from pylib.analysis import shapes
 from pylib.model import ModelConfig, MoEConfig
+from pylib.model.presets import deepseek_v3_like, gpt_style_70b, llama2_70b, mixtral_8x7b, probe_moe_config
 from pylib.runtime.mesh import ParallelConfig
 
-from .seed_b import (
-    deepseek_v3_like,
-    fmt_bytes,
-    fmt_shape,
-    gpt_style_70b,
-    html_table,
-    llama2_70b,
-    mixtral_8x7b,
-    probe_moe_config,
-    text_table,
-)
+from .tables import fmt_bytes, fmt_shape, html_table, text_table
 
 PRESETS: dict[str, tuple[ModelConfig, dict]] = {
     "Llama-2-70B (GQA, SwiGLU)": (llama2_70b(), dict(tp=8, pp=4, dp=4, b=4, s=4096, sp=True, m=8)),

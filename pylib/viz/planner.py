@@ -1,14 +1,14 @@
 """The planner on the page: its predictions checked against short real runs, its ranked plans as tables, seed A's
 selection guide read off its numbers, and an ipywidgets explorer.
 
-    records = measure_plans(cfg, plans, batch=8, seq=16)       # one step of pylib.compose per plan, every rank
+    records = measure_plans(cfg, plans, batch=8, seq=16)       # pylib.experiments.plan_runs: every rank, one step
     rows = compare(cfg, plan, records[plan], batch=8, seq=16)   # predicted vs measured, per rank and quantity
     ranked = rank_plans(cfg, workload, cluster, top=8)          # pylib.analysis.planner
     print(plans_text(ranked))                                   # the table, as plain text (also plans_html)
     ex = PlannerExplorer(); ex.widget; print(ex.text())         # choose sizes, see the best plans
 
 Every number comes from `pylib.analysis.planner` (and through it from the per-mode formulas); the measurements from
-`pylib.compose.train` inside launched ranks.
+`pylib.experiments.plan_runs` (`pylib.experiments.compose_training.train` inside launched ranks).
 """
 
 from __future__ import annotations
@@ -19,55 +19,9 @@ from dataclasses import dataclass
 
 from pylib.analysis import planner as P
 from pylib.model import ModelConfig
+from pylib.model.presets import deepseek_v3_like, llama2_7b, llama2_70b, mixtral_8x7b
 
-from .seed_b import deepseek_v3_like, fmt_bytes, html_table, llama2_7b, llama2_70b, mixtral_8x7b, text_table
-
-# ------------------------------------------------------------------------------------------------ measuring
-
-
-def _measure(cfg, plans, batch: int, seq: int) -> list[dict]:
-    """Inside each launched rank: one training step of every plan (`pylib.compose.train`), what the rank held and
-    moved. Traffic is summed per (axis, phase) from the tracer's events."""
-    from pylib.compose import train
-
-    out = []
-    for plan in plans:
-        r = train(cfg, plan.par, steps=1, batch=batch, seq=seq, keep_events=True, **plan.options())
-        traffic: dict[str, dict[str, int]] = {}
-        for e in r["events"][0]:
-            by_phase = traffic.setdefault(e["axis"], {})
-            by_phase[e["phase"]] = by_phase.get(e["phase"], 0) + e["bytes_sent"]
-        rows: dict[int, int] = {}
-        for layer, _send, _recv, etp_rows in r["moe_routing"]:  # forwards in order: microbatch 0 comes first
-            rows.setdefault(layer, sum(etp_rows))
-        out.append(
-            dict(
-                rank=r["rank"],
-                coords=r["coords"],
-                memory={k: r["memory"][k] for k in ("params", "grads", "optim")},
-                activation_bytes=dict(r["activation_bytes"]),
-                peak_activation_bytes=r["peak_activation_bytes"],
-                expert_rows=rows,
-                moe_routing=list(r["moe_routing"]),
-                traffic=traffic,
-            )
-        )
-    return out
-
-
-def measure_plans(cfg, plans, *, batch: int, seq: int, timeout: float = 240.0) -> dict:
-    """{plan: [one record per rank]}: every plan run for one step by `pylib.compose`, one launch per world size."""
-    from pylib.runtime import launch
-
-    by_world: dict[int, list] = {}
-    for plan in plans:
-        by_world.setdefault(plan.par.world_size, []).append(plan)
-    out = {}
-    for world, group in by_world.items():
-        results = launch(_measure, world, cfg, group, batch, seq, backend="gloo", timeout=timeout)
-        for i, plan in enumerate(group):
-            out[plan] = [r[i] for r in results]
-    return out
+from .tables import fmt_bytes, html_table, text_table
 
 
 @dataclass

@@ -1,10 +1,9 @@
 """Figures for tensor and sequence parallelism, drawn from real runs of `pylib.tp`.
 
-    ex = column_row_example(t=2)            # runs ColumnParallelLinear / RowParallelLinear on t ranks
-    fig_column_vs_row(ex)                   # seed B's fig-mat-tp-col-row, with the real numbers
+    fig_column_vs_row(column_row_example(t=2))   # seed B's fig-mat-tp-col-row, with the real numbers
+    fig_sp_region(layer_traces(t=2))             # where SP's all-gathers and reduce-scatters sit around the TP region
 
-    traces = layer_traces(t=2)              # traces one TPBlock forward + backward, TP and TP + SP
-    fig_sp_region(traces)                   # where SP's all-gathers and reduce-scatters sit around the TP region
+The runs (`column_row_example`, `layer_traces`: real ranks) are `pylib.experiments.tp_runs`.
 
 Matrices are shown in seed B's layout, W [in, out] (torch stores [out, in]; the figures transpose it). Colours and
 background are the book's (`pylib.viz.style`): a rank's cells in its rank colour, what every rank holds in
@@ -13,11 +12,8 @@ background are the book's (`pylib.viz.style`): a rank's cells in its rank colour
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import matplotlib.pyplot as plt
 import numpy as np
-import torch
 from matplotlib.patches import FancyBboxPatch
 
 from . import style
@@ -27,64 +23,6 @@ OUTSIDE, INSIDE = style.tint(style.GREEN, 0.4), style.tint(style.BLUE, 0.4)
 
 
 # ------------------------------------------------------------------------------------------ column vs row split
-
-
-@dataclass
-class ColumnRowExample:
-    """One column-parallel and one row-parallel matmul on t ranks, every number from the real shards.
-
-    Seed B layout: x [n, d_in]; column split W [d_in, d_out] -> W_r [d_in, d_out/t], y_r = x W_r [n, d_out/t];
-    row split V [d_out, d_in] -> V_r [d_out/t, d_in], partial_r = y_r V_r [n, d_in] (full size), z = sum_r."""
-
-    x: np.ndarray
-    col_weights: list[np.ndarray]  # W_r
-    col_outputs: list[np.ndarray]  # y_r
-    row_weights: list[np.ndarray]  # V_r
-    partials: list[np.ndarray]  # y_r V_r, before the all-reduce
-    reduced: np.ndarray  # what the all-reduce returns on every rank
-    reference_y: np.ndarray  # x W on one device
-    reference_z: np.ndarray  # x W V on one device
-
-
-def _column_row_rank(x, up, down):
-    from pylib.runtime import current_device
-    from pylib.tp import ColumnParallelLinear, RowParallelLinear
-
-    device = current_device()  # the rank's GPU under NCCL
-    x, up, down = x.to(device), up.to(device), down.to(device)
-    col = ColumnParallelLinear.from_full(up)
-    row = RowParallelLinear.from_full(down)
-    with torch.no_grad():
-        y = col(x)
-        partial = row.partial(y)
-        reduced = row(y)
-    return col.weight.T.clone(), y, row.weight.T.clone(), partial, reduced
-
-
-def column_row_example(t: int = 2, n: int = 4, d_in: int = 4, d_out: int = 8, seed: int = 0) -> ColumnRowExample:
-    """Run the split on t launched ranks (seed A's sizes by default: 4 tokens, d = 4, d_ff = 8)."""
-    from pylib.runtime import launch
-
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, d_in, generator=g, device="cpu").round(decimals=1)
-    up = torch.nn.Linear(d_in, d_out, bias=False)
-    down = torch.nn.Linear(d_out, d_in, bias=False)
-    with torch.no_grad():
-        up.weight.copy_(torch.randn(d_out, d_in, generator=g, device="cpu").round(decimals=1))
-        down.weight.copy_(torch.randn(d_in, d_out, generator=g, device="cpu").round(decimals=1))
-    ranks = launch(_column_row_rank, t, x, up, down)
-    with torch.no_grad():
-        ref_y, ref_z = up(x), down(up(x))
-    return ColumnRowExample(
-        x=x.numpy(),
-        col_weights=[r[0].numpy() for r in ranks],
-        col_outputs=[r[1].numpy() for r in ranks],
-        row_weights=[r[2].numpy() for r in ranks],
-        partials=[r[3].numpy() for r in ranks],
-        reduced=ranks[0][4].numpy(),
-        reference_y=ref_y.numpy(),
-        reference_z=ref_z.numpy(),
-    )
 
 
 def _matrix(ax, m: np.ndarray, title: str, colour: str, fmt: str = "{:.1f}"):
@@ -105,7 +43,7 @@ def _matrix(ax, m: np.ndarray, title: str, colour: str, fmt: str = "{:.1f}"):
 
 
 @style.styled
-def fig_column_vs_row(ex: ColumnRowExample):
+def fig_column_vs_row(ex):
     """Seed B's fig-mat-tp-col-row: the column split's outputs concatenate; the row split's outputs are full-size
     partial sums that must be all-reduced. Every number is from the ranks' real shards."""
     t = len(ex.col_weights)
@@ -142,34 +80,6 @@ def fig_column_vs_row(ex: ColumnRowExample):
 
 
 # ------------------------------------------------------------------------------------------ SP around the region
-
-
-def _layer_trace_rank(cfg, b, s, modes):
-    from pylib.model import build_model, random_hidden
-    from pylib.runtime import current_device, trace
-    from pylib.tp import TPBlock, scatter_to_sequence_parallel_region
-
-    device = current_device()  # the rank's GPU under NCCL
-    out = {}
-    for name, sp, regather in modes:
-        block = TPBlock.from_full(build_model(cfg).to(device).layers[0], sequence_parallel=sp, regather=regather)
-        x = random_hidden(b, s, cfg.d_model, dtype=cfg.torch_dtype).to(device)
-        x = (scatter_to_sequence_parallel_region(x) if sp else x).detach().requires_grad_()
-        with trace() as tr:
-            block(x).square().sum().backward()
-        out[name] = [e.as_dict() for e in tr.events]
-    return out
-
-
-def layer_traces(t: int = 2, b: int = 1, s: int = 8, cfg=None, regather: bool = False) -> dict:
-    """Trace one TPBlock forward + backward on t ranks, TP only and TP + SP; rank 0's events per mode, with sizes."""
-    from pylib.model import ModelConfig
-    from pylib.runtime import launch
-
-    cfg = cfg or ModelConfig(d_model=16, n_heads=4, d_ff=64, n_layers=1)
-    modes = [("TP", False, False), ("TP + SP", True, regather)]
-    events = launch(_layer_trace_rank, t, cfg, b, s, modes)[0]
-    return {"t": t, "b": b, "s": s, "h": cfg.d_model, "dtype": cfg.dtype, "events": events}
 
 
 def _box(ax, x, y, w, text, colour):

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from pylib.cp import ring_attention, shard_sequence, unshard_sequence
 from pylib.model.attention import attention_core
 from pylib.runtime import launch
-
-from .layout import shard_sequence, unshard_sequence
-from .ring import ring_attention
 
 
 def _inputs(batch, n_head, seq_len, d_head, seed):

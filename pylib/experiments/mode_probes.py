@@ -1,143 +1,34 @@
-"""Part II (seed B) inside launched ranks: each parallel mode built from the reference model, run for one training
-step under the tracer, with hooks recording the local shape of every weight and activation seed B lists.
+"""Seed B's claims measured inside launched ranks: each parallel mode built from the reference model, run for one
+training step under the tracer, with `pylib.seedcheck.ActivationProbe` recording the local shape of every weight
+and activation seed B lists.
 
-    launch(probe_modes, n, cfg, moe_cfg, b=8, s=16)      # -> per rank: {mode: ModeRecord-as-dict}
+    launch(probe_modes, n, cfg, moe_cfg, b=8, s=16)      # -> per rank: {mode: record}
     launch(probe_compose, world, cfg, ParallelConfig(...), b, s, **model_kw)   # every mode on one mesh (compose)
     launch(sp_without_tp, n, cfg, b, s)                  # seed B's FAQ: sequence parallelism with no TP
 
-The activations are recorded where seed B names them, in the first layer a rank holds:
-
-    input hidden       the block's input                          (forward pre-hook on the layer)
-    LN output          the first LayerNorm's output               (forward hook on ln1; not in seed B's list)
-    Q, K, V            the attention core's arguments             (the core wrapped for the call)
-    attention scores   every score block the core materialises   (a TorchFunctionMode inside the core: the
-                                                                   outputs of its 1st, 3rd, ... matmul)
-    attention output   the input of W_O                           (pre-hook on o_proj)
-    FFN intermediate   the input of W_down                        (pre-hook on down_proj)
-    block output       the layer's output                         (forward hook on the layer)
-    logits             the LM head's output                       (forward hook on lm_head)
-    MoE                router logits (hook on router.gate), rows reaching each local expert (pre-hook on it)
-
 Weight shapes are torch's [out, in] (seed B writes [in, out]). Every function returns plain data (tuples, dicts,
-the tracer's events as dicts), so the results cross the process boundary and the book prints them.
+the tracer's events as dicts), so the results cross the process boundary and the book prints them;
+`pylib.seedcheck` judges them against seed B's tables.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.overrides import TorchFunctionMode
+import torch.distributed as dist
 
-# ------------------------------------------------------------------------------------------------ probes
+from pylib.compose import ParallelTransformer, ffn_probe
+from pylib.cp import CPTransformer, shard_sequence
+from pylib.cp.layout import sequence_positions
+from pylib.dp import DistributedDataParallel, micro_batch
+from pylib.ep import ExpertParallelMoE
+from pylib.model import build_model, random_hidden, random_tokens, saved_activations
+from pylib.pp import PipelineParallel
+from pylib.runtime import Mesh, ParallelConfig, current_device, trace
+from pylib.runtime import collectives as C
+from pylib.seedcheck.activation_probe import ActivationProbe
+from pylib.tp import TPBlock, TPTransformer, scatter_to_sequence_parallel_region
 
-
-class MatmulRecorder(TorchFunctionMode):
-    """Records the shape of every torch.matmul output computed while active."""
-
-    def __init__(self):
-        super().__init__()
-        self.shapes: list[tuple[int, ...]] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func is torch.matmul or func is torch.Tensor.matmul or func is torch.Tensor.__matmul__:
-            self.shapes.append(tuple(out.shape))
-        return out
-
-
-class ActivationProbe:
-    """Forward hooks on one layer (and optionally the LM head) recording seed B's activations by name.
-
-    `shapes[name]` is the first shape seen (the first forward); `scores` every score block of that forward."""
-
-    def __init__(self):
-        self.shapes: dict[str, tuple[int, ...]] = {}
-        self.scores: list[tuple[int, ...]] = []
-        self.expert_rows: list[int] = []
-        self._handles = []
-        self._cores: list[tuple[object, object, bool]] = []
-
-    def _keep(self, name, t):
-        if name not in self.shapes and isinstance(t, torch.Tensor):
-            self.shapes[name] = tuple(t.shape)
-
-    def _pre(self, name):
-        def hook(_m, args):
-            self._keep(name, args[0])
-
-        return hook
-
-    def _post(self, name):
-        def hook(_m, _args, out):
-            self._keep(name, out)
-
-        return hook
-
-    def watch_layer(self, layer) -> ActivationProbe:
-        """Hook a Block / TPBlock (or any module with .attn and .mlp)."""
-        self._handles.append(layer.register_forward_pre_hook(self._pre("input hidden")))
-        self._handles.append(layer.register_forward_hook(self._post("block output")))
-        if hasattr(layer, "ln1"):
-            self._handles.append(layer.ln1.register_forward_hook(self._post("LN output")))
-        attn = layer.attn
-        self._handles.append(attn.o_proj.register_forward_pre_hook(self._pre("attention output")))
-        self._wrap_core(attn)
-        mlp = layer.mlp
-        if hasattr(mlp, "down_proj"):
-            self._handles.append(mlp.down_proj.register_forward_pre_hook(self._pre("FFN intermediate")))
-        if hasattr(mlp, "router"):
-            self._handles.append(mlp.router.gate.register_forward_hook(self._post("router logits")))
-            experts = mlp.experts.experts if hasattr(mlp.experts, "experts") else mlp.experts
-            for i, expert in enumerate(experts):
-                self._handles.append(expert.register_forward_pre_hook(self._expert_hook(i)))
-                if i == 0:
-                    self._handles.append(expert.down_proj.register_forward_pre_hook(self._pre("expert intermediate")))
-        return self
-
-    def _expert_hook(self, i):
-        def hook(_m, args):
-            if len(self.expert_rows) == i:
-                self.expert_rows.append(int(args[0].shape[0]))
-            if i == 0:
-                self._keep("expert input", args[0])
-
-        return hook
-
-    def watch_head(self, lm_head) -> ActivationProbe:
-        self._handles.append(lm_head.register_forward_hook(self._post("logits")))
-        return self
-
-    def _wrap_core(self, attn):
-        original = attn.core
-        own = "core" in vars(attn)
-        probe = self
-
-        def core(q, k, v, *args, **kwargs):
-            first = "Q" not in probe.shapes
-            probe._keep("Q", q)
-            probe._keep("K", k)
-            probe._keep("V", v)
-            if not first:
-                return original(q, k, v, *args, **kwargs)
-            with MatmulRecorder() as rec:
-                out = original(q, k, v, *args, **kwargs)
-            if len(rec.shapes) % 2:
-                raise RuntimeError(f"expected score and output matmuls in pairs, recorded {rec.shapes}")
-            probe.scores = rec.shapes[0::2]  # scores, then probabilities @ V, block after block
-            probe.shapes["attention scores"] = probe.scores[0]
-            return out
-
-        attn.core = core
-        self._cores.append((attn, original, own))
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
-        for attn, original, own in self._cores:
-            if own:
-                attn.core = original
-            else:
-                del attn.core
-        self._handles, self._cores = [], []
+# ------------------------------------------------------------------------------------------------ records
 
 
 def _params(module) -> dict[str, tuple[int, ...]]:
@@ -184,9 +75,6 @@ def _record(params, probe, tr, specs=(), **extra) -> dict:
 
 
 def _tp(model, ids, targets, group, sequence_parallel):
-    from pylib.runtime import trace
-    from pylib.tp import TPTransformer
-
     tp = TPTransformer.from_full(model, group=group, sequence_parallel=sequence_parallel)
     probe = ActivationProbe().watch_layer(tp.layers[0]).watch_head(tp.lm_head)
     with trace() as tr:
@@ -197,10 +85,6 @@ def _tp(model, ids, targets, group, sequence_parallel):
 
 
 def _cp(model, ids, targets, group, layout, kind="ring"):
-    from pylib.cp import CPTransformer, shard_sequence
-    from pylib.runtime import collectives as C
-    from pylib.runtime import trace
-
     g = C.resolve_group(group)
     cp = CPTransformer.from_full(model, group=g, layout=layout, kind=kind)
     probe = ActivationProbe().watch_layer(cp.layers[0]).watch_head(cp.lm_head)
@@ -213,10 +97,6 @@ def _cp(model, ids, targets, group, layout, kind="ring"):
 
 
 def _dp(model, ids, targets, group):
-    from pylib.dp import DistributedDataParallel, micro_batch
-    from pylib.runtime import collectives as C
-    from pylib.runtime import trace
-
     g = C.resolve_group(group)
     ddp = DistributedDataParallel(model, group=g)
     probe = ActivationProbe().watch_layer(model.layers[0]).watch_head(model.lm_head)
@@ -229,9 +109,6 @@ def _dp(model, ids, targets, group):
 
 
 def _pp(model, ids, targets, group, microbatches):
-    from pylib.pp import PipelineParallel
-    from pylib.runtime import trace
-
     pipe = PipelineParallel(model, group=group)
     chunk = pipe.chunks[0]
     probe = ActivationProbe().watch_layer(next(iter(chunk.layers.values())))
@@ -246,9 +123,6 @@ def _pp(model, ids, targets, group, microbatches):
 
 
 def _ep(moe_model, ids, targets, group, etp_group=None):
-    from pylib.ep import ExpertParallelMoE
-    from pylib.runtime import trace
-
     specs = []
     for layer in moe_model.layers:
         if hasattr(layer.mlp, "router"):
@@ -284,10 +158,6 @@ def probe_modes(
 
     Returns {mode: record} with record = params (this rank's parameter shapes), acts (seed B's activations),
     scores (every score block), events (the trace), specs (the module's ShardSpecs), and mode extras."""
-    import torch.distributed as dist
-
-    from pylib.model import build_model, random_tokens
-    from pylib.runtime import Mesh, ParallelConfig, current_device
 
     rank, n = dist.get_rank(), dist.get_world_size()
     device = current_device()  # the rank's GPU under NCCL
@@ -332,11 +202,6 @@ def probe_compose(cfg, pc, batch: int, seq: int, *, variants=None, **model_kw) -
     acts and scores of that first layer, ffn (FFN intermediate bytes per held layer), events (the trace), loss (the
     global batch's mean loss), coords (index along each axis), layers (the layers it holds), and its
     positions (CP) and rows (DP) of the global batch."""
-    from pylib.compose import ParallelTransformer, ffn_probe
-    from pylib.cp.layout import sequence_positions
-    from pylib.model import build_model, random_tokens
-    from pylib.runtime import Mesh, current_device, trace
-
     ids, targets = random_tokens(cfg, batch, seq, seed=0)  # `step` moves them to the model's device
     out = {}
     for name, overrides in (variants or {"model": {}}).items():
@@ -380,12 +245,6 @@ def sp_without_tp(cfg, b: int, s: int) -> dict:
     MLP, runs the *whole* unsplit layer there (no weight is split, so there is no partial sum and nothing to
     reduce-scatter: it just keeps its own rows), against the plain single-device layer and TP + SP on the same
     ranks. Returns, per variant, the traced bytes, the bytes autograd saves, and the FFN intermediate's shape."""
-    import torch.distributed as dist
-
-    from pylib.model import build_model, random_hidden, saved_activations
-    from pylib.runtime import collectives as C
-    from pylib.runtime import current_device, trace
-    from pylib.tp import TPBlock, scatter_to_sequence_parallel_region
 
     n = dist.get_world_size()
     device = current_device()  # the rank's GPU under NCCL

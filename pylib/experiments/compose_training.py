@@ -3,8 +3,9 @@
     results = launch(train, 16, cfg, ParallelConfig(tp=2, cp=2, dp=2, pp=2), steps=5, batch=8, seq=16)
     ref = train_reference(cfg, steps=5, batch=8, seq=16)
     results[r]["losses"] == ref["losses"]; results[r]["params"] are pieces of ref["params"]
+    compare_with_reference(results, ref)     # the largest loss and parameter differences, and what no rank held
 
-Both take the same global batches (`batches`: the synthetic uniform tokens of `pylib.model.random_tokens`, or a
+Both take the same global batches (`pylib.model.batches`: the synthetic uniform tokens of `random_tokens`, or a
 generated "pattern" language whose next token is predictable, so a few steps visibly lower the loss) and the same
 optimizer (Adam by default). A parameter that gets no gradient in a step (an expert no token chose) takes an Adam
 step with a zero gradient in both, as ZeRO's flat shards do.
@@ -18,35 +19,10 @@ from dataclasses import replace
 
 import torch
 
-from pylib.cp.layout import sequence_positions
-from pylib.model import MoE, build_model, random_tokens
+from pylib.compose import ParallelTransformer, ffn_probe, holder_labels
+from pylib.model import MoE, batches, build_model
 from pylib.runtime import Mesh, ParallelConfig, current_device
 from pylib.runtime.tracer import trace
-
-from .model import ParallelTransformer
-from .probe import ffn_probe
-
-DATASETS = ("random", "pattern")
-
-
-def pattern_tokens(cfg, batch: int, seq: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """A generated toy language: each row counts through the vocabulary with its own start and stride
-    (token[i+1] = token[i] + stride mod V), so the next token follows from the last two. ids, targets [b, s]."""
-    g = torch.Generator().manual_seed(seed)
-    V = cfg.vocab_size
-    start = torch.randint(0, V, (batch, 1), generator=g, device="cpu")  # on the CPU: the same tokens everywhere
-    stride = torch.randint(1, 4, (batch, 1), generator=g, device="cpu")
-    stream = (start + stride * torch.arange(seq + 1, device="cpu")[None, :]) % V
-    return stream[:, :-1].contiguous(), stream[:, 1:].contiguous()
-
-
-def batches(cfg, batch: int, seq: int, step: int, *, data: str = "random", seed: int = 0):
-    """The global batch [B, S] of training step `step` (ids, targets), the same on every rank and in the reference."""
-    if data == "random":
-        return random_tokens(cfg, batch, seq, seed=seed + step)
-    if data == "pattern":
-        return pattern_tokens(cfg, batch, seq, seed=seed + step)
-    raise ValueError(f"data={data!r} must be one of {DATASETS}")
 
 
 def _traffic(tr) -> dict:
@@ -127,17 +103,6 @@ def train(
     out["holds_first"] = any(s.is_first for s in model.stages)
     out["holds_last"] = any(s.is_last for s in model.stages)
     return out
-
-
-def holder_labels(seq: int, cp: int, tp: int, layout: str = "zigzag") -> torch.Tensor:
-    """[S] int64: for each position of a sequence, the index (cp_rank * tp + tp_rank) of the rank of one replica
-    that holds it in the composed model (CP's layout, then SP's contiguous split of the CP rank's tokens)."""
-    labels = torch.empty(seq, dtype=torch.int64, device="cpu")
-    per = seq // (cp * tp)
-    for c in range(cp):
-        for k, p in enumerate(sequence_positions(seq, c, cp, layout).tolist()):
-            labels[p] = c * tp + k // per
-    return labels
 
 
 def train_reference(

@@ -1,0 +1,123 @@
+"""Any data-parallel stage behind one training API, and the slice of a global batch a rank takes.
+
+    STAGES = ("ddp", "zero1", "zero2", "zero3")
+    wrap(model, stage, group, ...)             # the stage's wrapper: finish_gradient_sync, step, zero_grad, memory
+    micro_batch(ids, index, parts)             # rows [index*b/parts, (index+1)*b/parts) of a global batch [b, s]
+
+Rank r of the data-parallel group takes rows [r*b/d, (r+1)*b/d) of every global batch [b, s]. Its loss is the mean
+over its rows; the mean of the d ranks' losses is the reference loss on the whole batch, and the average of their
+gradients is the reference gradient. `pylib.compose` and `pylib.experiments.dp_training` both train through these.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..runtime import tracer
+from .buckets import DEFAULT_BUCKET_BYTES
+from .ddp import DistributedDataParallel
+from .fsdp import FullyShardedDataParallel
+from .groups import GroupFor
+from .memory import HeldBytes
+from .zero import ZeroDataParallel
+
+STAGES = ("ddp", "zero1", "zero2", "zero3")
+
+
+class DDPTrainer:
+    """DDP plus an ordinary optimizer on the full parameters, behind the same API as the ZeRO wrappers."""
+
+    def __init__(self, ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer):
+        self.ddp, self.optimizer, self.module = ddp, optimizer, ddp.module
+
+    def finish_gradient_sync(self) -> None:
+        self.ddp.finish_gradient_sync()
+
+    def no_sync(self):
+        """Backward passes inside only accumulate (as `ZeroDataParallel.no_sync`)."""
+        return self.ddp.no_sync()
+
+    def step(self) -> None:
+        with tracer.phase("optimizer"):
+            self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.ddp.zero_grad(set_to_none=True)
+
+    @property
+    def layouts(self):
+        return self.ddp.layouts
+
+    def gradient_shards(self) -> dict[str, torch.Tensor]:
+        """Bucket key -> the whole averaged bucket (DDP shards nothing)."""
+        return {b.layout.key: b.grad for b in self.ddp.buckets.buckets}
+
+    def parameter_shards(self) -> dict[str, torch.Tensor]:
+        """Bucket key -> the bucket's parameters laid out flat (a copy: DDP keeps parameters as they are)."""
+        out = {}
+        for b in self.ddp.buckets.buckets:
+            out[b.layout.key] = torch.cat([p.detach().reshape(-1) for p in b.params])
+        return out
+
+    def overlap(self):
+        return self.ddp.overlap()
+
+    @property
+    def tag_prefix(self) -> str:
+        return self.ddp.tag_prefix
+
+    def memory(self) -> HeldBytes:
+        return self.ddp.memory(self.optimizer)
+
+
+def wrap(
+    module: nn.Module,
+    stage: str,
+    group=None,
+    *,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    group_for: GroupFor | None = None,
+    units: list[str] | None = None,
+    gradient_divide_factor: int | float | None = None,
+    optimizer=torch.optim.Adam,
+    **optim_kwargs,
+):
+    """`module` under data-parallel `stage` ("ddp", "zero1", "zero2", "zero3"), with its optimizer.
+
+    Every returned object has finish_gradient_sync(), step(), zero_grad(), memory(), layouts, gradient_shards(),
+    parameter_shards() and .module; the model's own forward (or `module.loss`) runs unchanged."""
+    if stage == "ddp":
+        ddp = DistributedDataParallel(
+            module, group, bucket_bytes=bucket_bytes, group_for=group_for, gradient_divide_factor=gradient_divide_factor
+        )
+        return DDPTrainer(ddp, optimizer(module.parameters(), **optim_kwargs))
+    if stage in ("zero1", "zero2"):
+        return ZeroDataParallel(
+            module,
+            int(stage[-1]),
+            group,
+            bucket_bytes=bucket_bytes,
+            group_for=group_for,
+            gradient_divide_factor=gradient_divide_factor,
+            optimizer=optimizer,
+            **optim_kwargs,
+        )
+    if stage == "zero3":
+        return FullyShardedDataParallel(
+            module,
+            group,
+            units=units,
+            group_for=group_for,
+            gradient_divide_factor=gradient_divide_factor,
+            optimizer=optimizer,
+            **optim_kwargs,
+        )
+    raise ValueError(f"stage={stage!r} must be one of {STAGES}")
+
+
+def micro_batch(ids: torch.Tensor, index: int, parts: int) -> torch.Tensor:
+    """Rows [index*b/parts, (index+1)*b/parts) of a global batch [b, s]."""
+    if ids.shape[0] % parts:
+        raise ValueError(f"dp={parts} does not divide the global batch size {ids.shape[0]}")
+    return ids.chunk(parts, dim=0)[index]

@@ -1,0 +1,104 @@
+"""Named model configurations: real models' shapes for the size tables and planners, and the tiny models the
+tests, labs, benches and chapters run.
+
+    llama2_70b() gpt_style_70b() deepseek_v3_like() llama2_7b() mixtral_8x7b()   # real shapes (meta device only)
+    probe_config() probe_moe_config()                                           # seed B's probe model, on ranks
+    seed_a_moe_config(n_experts, top_k)                                         # seed A with an MoE MLP
+    PRESETS["llama2_70b"]()                                                     # the real-model presets by name
+
+Each is a function returning a fresh `ModelConfig` (frozen, so `cfg.with_(n_layers=2)` derives a variant).
+Symbols follow seed B: h = d_model, h_ffn = d_ff, n_head, n_kv_head, V = vocab_size, L = n_layers, E = n_experts.
+"""
+
+from __future__ import annotations
+
+from .config import SEED_A, ModelConfig, MoEConfig
+
+# ------------------------------------------------------------------------------------------------ real models
+
+
+def llama2_70b() -> ModelConfig:
+    """Llama-2-70B's shapes: h = 8192, 80 layers, 64 query heads sharing 8 K/V heads (GQA), SwiGLU with
+    h_ffn = 28672, V = 32000, RoPE. (Llama normalises with RMSNorm, gamma only; the reference model's LayerNorm
+    adds a beta per norm: 161 x 8192 parameters more.)"""
+    return ModelConfig(
+        vocab_size=32000,
+        d_model=8192,
+        n_layers=80,
+        n_heads=64,
+        n_kv_heads=8,
+        d_ff=28672,
+        mlp="swiglu",
+        position="rope",
+        dtype="bfloat16",
+    )
+
+
+def gpt_style_70b() -> ModelConfig:
+    """The same width, depth and vocabulary with GPT-style choices: every head its own K/V (MHA) and a two-matrix
+    GELU MLP with h_ffn = 4h, seed B's baseline ("双矩阵 FFN 典型 ~4h")."""
+    return llama2_70b().with_(n_kv_heads=None, d_ff=4 * 8192, mlp="gelu")
+
+
+def deepseek_v3_like() -> ModelConfig:
+    """A DeepSeek-V3-class MoE in the reference model's terms: h = 7168, 61 layers, 128 heads, V = 129280,
+    256 routed experts with h_ffn = 2048, top-8, sigmoid router. Not modelled: its multi-head latent attention
+    (written here as MHA: 128 heads of h/128 = 56), the shared expert and the 3 dense first layers."""
+    return ModelConfig(
+        vocab_size=129280,
+        d_model=7168,
+        n_layers=61,
+        n_heads=128,
+        d_ff=18432,
+        mlp="swiglu",
+        position="rope",
+        dtype="bfloat16",
+        moe=MoEConfig(n_experts=256, top_k=8, d_ff=2048, score="sigmoid"),
+    )
+
+
+def llama2_7b() -> ModelConfig:
+    """Llama-2-7B's shapes: h = 4096, 32 layers, 32 heads (MHA), SwiGLU with h_ffn = 11008, V = 32000."""
+    return ModelConfig(
+        vocab_size=32000,
+        d_model=4096,
+        n_layers=32,
+        n_heads=32,
+        d_ff=11008,
+        mlp="swiglu",
+        position="rope",
+        dtype="bfloat16",
+    )
+
+
+def mixtral_8x7b() -> ModelConfig:
+    """Mixtral-8x7B's shapes: Llama-2-7B-like attention with 8 K/V heads, 8 experts of h_ffn = 14336, top-2."""
+    return llama2_7b().with_(n_kv_heads=8, d_ff=14336, moe=MoEConfig(n_experts=8, top_k=2))
+
+
+PRESETS = {
+    "llama2_70b": llama2_70b,
+    "gpt_style_70b": gpt_style_70b,
+    "deepseek_v3_like": deepseek_v3_like,
+    "llama2_7b": llama2_7b,
+    "mixtral_8x7b": mixtral_8x7b,
+}
+
+# ------------------------------------------------------------------------------------------------ seed models
+
+
+def probe_config() -> ModelConfig:
+    """The small model seed B's probes run on ranks: every size distinct, GQA, SwiGLU, RoPE, causal."""
+    return ModelConfig(
+        vocab_size=64, d_model=48, n_layers=4, n_heads=8, n_kv_heads=4, d_ff=128, mlp="swiglu", position="rope"
+    )
+
+
+def probe_moe_config() -> ModelConfig:
+    """The probe model with every second layer an MoE of 8 experts (h_ffn = 32 each), top-2."""
+    return probe_config().with_(moe=MoEConfig(n_experts=8, top_k=2, d_ff=32, every=2))
+
+
+def seed_a_moe_config(n_experts: int = 8, top_k: int = 2) -> ModelConfig:
+    """Seed A's model with its MLP replaced by `n_experts` experts (each h_ffn = 8), top-k routing, float64."""
+    return SEED_A.with_(moe=MoEConfig(n_experts=n_experts, top_k=top_k), dtype="float64")

@@ -1,0 +1,202 @@
+"""Seed B's cut tables judged cell by cell against what the ranks measured (`probe_modes` records on N ranks): each
+cell "agrees", is "imprecise" (true, but not what Megatron and pylib do, or not quite what happens) or is "wrong".
+
+    cells = weight_cut_cells(runs, cfg, moe_cfg)              # [Cell] for every (tensor, mode) of the weight table
+    cells = activation_cut_cells(runs, cfg, moe_cfg, b, s)    # the activation table
+    cut_table_rows(cells)                                     # one printed row per tensor, a mark per cell
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from pylib.viz.tables import fmt_shape
+
+from .axis_cuts import MODES, _experts_held
+from .cut_claims import ACT_SYMBOLS, SEED_ACT_CUT, SEED_WEIGHT_CUT, SEED_WORDS, WEIGHT_PARAMS, WEIGHT_SYMBOLS
+from .symbols import describe, evaluate, seed_b_shape, symbol_sizes
+
+
+@dataclass
+class Cell:
+    """One cell of a cut table: seed B's words, what they claim (`claim`, see `judge`), what was measured, the
+    verdict ("agrees", "imprecise" or "wrong") and the measured value written out."""
+
+    row: str
+    mode: str
+    seed: str
+    claim: str
+    verdict: str
+    measured: str
+
+
+MARK = {"agrees": "✓", "imprecise": "≈", "wrong": "✗"}
+
+
+def _symbol_of(param: str) -> str:
+    if ".experts." in param:
+        return "[h_ffn_e, h]" if "down_proj" in param else "[h, h_ffn_e]"
+    for key, sym in WEIGHT_SYMBOLS.items():
+        if key in param:
+            return sym
+    raise KeyError(param)
+
+
+def _is_linear(param: str) -> bool:
+    return "proj" in param or "lm_head" in param or "gate.weight" in param
+
+
+def _local(rec: dict, param: str):
+    """This rank's shape of a reference parameter in seed B's orientation (None when it does not hold it)."""
+    params = rec["params"]
+    name = param
+    if ".experts." in param and param not in params:
+        name = param.replace(".experts.", ".experts.experts.")
+    return seed_b_shape(params.get(name), _is_linear(param))
+
+
+def _stage_of(runs, mode, param) -> list[int]:
+    return [r for r, run in enumerate(runs) if _local(run[mode], param) is not None]
+
+
+def judge_weight(runs, row: str, mode: str, cfg, moe_cfg) -> Cell:
+    """Measure one cell of tbl-mat-weight-cut on every rank and judge seed B's claim."""
+    seed, claim = SEED_WEIGHT_CUT[row][mode]
+    N = len(runs)
+    moe_row = row.startswith("MoE")
+    model_cfg = moe_cfg if moe_row else cfg
+    sizes = symbol_sizes(model_cfg, N=N)
+    ref_params = runs[0]["reference"]["moe_params" if moe_row else "params"]
+    params = WEIGHT_PARAMS[row]
+    if moe_row:
+        params = [p.format(e=0) for p in params]
+    # Experts under TP are ETP's (pylib's TP model shards dense layers only); SP adds no cut to any weight, so
+    # its expert cell is read from the same ETP run, whose MoE sees each rank's own tokens as it would under SP.
+    rec_mode = "ETP" if (moe_row and mode in ("TP", "SP")) else mode
+    full = {p: seed_b_shape(ref_params[p], _is_linear(p)) for p in params}
+    measured, ok = [], True
+    if claim == "experts/N":
+        held = [len(_experts_held({n: 0 for n in run["EP"]["params"] if n.startswith("layers.1.")})) for run in runs]
+        whole = all(_local(run["EP"], p) == full[p] for run in runs for p in params)
+        ids = [tuple(run["EP"]["expert_ids"]) for run in runs]
+        ok = whole and held == [moe_cfg.moe.n_experts // N] * N and len(set(sum(ids, ()))) == moe_cfg.moe.n_experts
+        spans = ", ".join(f"rank {r}: {i[0]}–{i[-1]}" for r, i in enumerate(ids))
+        text = f"E/N = {held[0]} experts per rank, each whole ({spans})"
+        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
+    if claim.startswith("stage") or claim == "by layer":
+        holders = {p: _stage_of(runs, "PP", p) for p in params}
+        whole = all(_local(runs[r]["PP"], p) == full[p] for p, rs in holders.items() for r in rs)
+        (stages,) = {tuple(v) for v in holders.values()}
+        layer = params[0].split(".")[1] if params[0].startswith("layers.") else None
+        stage_layers = {r: runs[r]["PP"]["layers"] for r in range(N)}
+        if claim == "by layer":
+            want = [r for r in range(N) if int(layer) in stage_layers[r]]
+            ok = whole and list(stages) == want
+            held = stage_layers[stages[0]]
+            text = f"whole, on stage {stages[0]} only (layers {held[0]}–{held[-1]})"
+        else:
+            target = 0 if claim == "stage 0" else sizes["L"] - 1
+            ok = whole and list(stages) == [target]
+            text = f"whole, on stage {stages[0]} only" + ("" if claim == "stage 0" else " = N_PP − 1")
+        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
+    locs = {p: [_local(run[rec_mode], p) for run in runs] for p in params}
+    for p in params:
+        if len(set(locs[p])) != 1:
+            raise AssertionError(f"{mode} {p}: ranks hold different shapes {locs[p]}")
+    if claim == "full":
+        ok = all(locs[p][0] == full[p] for p in params)
+    elif claim == "as TP":
+        tp_mode = "ETP" if moe_row else "TP"
+        ok = all(locs[p][0] == _local(runs[0][tp_mode], p) for p in params)
+    else:
+        alternatives = [a.strip() for a in claim.split("|")]
+        if "&" in claim:
+            wanted = [evaluate(a.strip(), sizes) for a in claim.split("&")]
+            ok = [locs[p][0] for p in params] == wanted
+        else:
+            wanted = [evaluate(a, sizes) for a in alternatives]
+            ok = all(locs[p][0] in wanted for p in params)
+    for p in params:
+        measured.append(f"{describe(locs[p][0], _symbol_of(p), sizes, N)} = {fmt_shape(locs[p][0])}")
+    text = "; ".join(dict.fromkeys(measured))
+    if rec_mode == "ETP":
+        text += " (ETP)"
+    verdict = "agrees" if ok else "wrong"
+    if ok and "|" in claim:
+        verdict = "imprecise"  # only one of the alternatives is what Megatron and pylib do
+    return Cell(row, mode, seed, claim, verdict, text)
+
+
+def weight_cut_cells(runs, cfg, moe_cfg) -> list[Cell]:
+    return [judge_weight(runs, row, mode, cfg, moe_cfg) for row in SEED_WEIGHT_CUT for mode in MODES]
+
+
+def judge_activation(runs, row: str, mode: str, cfg, moe_cfg, b: int, s: int) -> Cell:
+    """Measure one cell of tbl-mat-act-cut on every rank and judge seed B's claim."""
+    seed, claim = SEED_ACT_CUT[row][mode]
+    N = len(runs)
+    sizes = symbol_sizes(cfg, b=b, s=s, N=N)
+    key = "K" if row == "K, V" else row
+    symbol = ACT_SYMBOLS[row]
+    full = evaluate(symbol, sizes)
+    if claim == "routed":
+        rows = [r for run in runs for r in run["EP"]["expert_rows"]]
+        k, E = moe_cfg.moe.top_k, moe_cfg.moe.n_experts
+        ok = sum(rows) == N * b * s * k
+        text = (
+            f"expert e holds [T_e, h_ffn_e]; T_e per local expert: {rows} (data-dependent); the {E} experts "
+            f"together get N·b·s·K = {N * b * s * k} rows"
+        )
+        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
+    if claim in ("stage full", "stage L-1"):
+        holders = [r for r, run in enumerate(runs) if key in run["PP"]["acts"]]
+        shapes_ = {runs[r]["PP"]["acts"][key] for r in holders}
+        ok = shapes_ == {full}
+        if claim == "stage L-1":
+            ok = ok and holders == [cfg.n_layers - 1]
+            text = f"whole {fmt_shape(full)}, on stage {holders[0]} = N_PP − 1 only"
+        else:
+            text = f"whole {fmt_shape(full)}, on the stage of its layer"
+        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
+    locs = [run[mode]["acts"].get(key) for run in runs]
+    if claim == "blocks":
+        blocks = [tuple(x) for run in runs for x in run["CP"]["scores"]]
+        never_row = all(bl[3] < s for bl in blocks)
+        per_rank = "; ".join(
+            f"rank {r}: " + ", ".join(fmt_shape(x) for x in run["CP"]["scores"]) for r, run in enumerate(runs)
+        )
+        text = f"a block per ring step, never [b, n_head, s/N, s]: {per_rank}"
+        return Cell(row, mode, seed, claim, "imprecise" if never_row else "wrong", text)
+    if len(set(locs)) != 1:
+        raise AssertionError(f"{mode} {row}: ranks hold different shapes {locs}")
+    loc = locs[0]
+    if claim == "full":
+        ok = loc == full
+    elif claim == "as TP":
+        ok = loc == runs[0]["TP"]["acts"][key]
+    else:
+        ok = loc == evaluate(claim, sizes)
+    text = f"{describe(loc, symbol, sizes, N)} = {fmt_shape(loc)}"
+    return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
+
+
+def activation_cut_cells(runs, cfg, moe_cfg, b: int, s: int) -> list[Cell]:
+    return [judge_activation(runs, row, mode, cfg, moe_cfg, b, s) for row in SEED_ACT_CUT for mode in MODES]
+
+
+def cut_table_rows(cells: list[Cell], with_seed: bool = True) -> list[list[str]]:
+    """One table row per tensor: its name, then per mode the measured value with its verdict mark."""
+    by_row: dict[str, dict[str, Cell]] = defaultdict(dict)
+    for c in cells:
+        by_row[c.row][c.mode] = c
+    out = []
+    for row, cols in by_row.items():
+        line = [row]
+        for mode in MODES:
+            c = cols[mode]
+            line.append(
+                f"{MARK[c.verdict]} {c.measured}" + (f"<br>*seed B: {SEED_WORDS[c.seed]}*" if with_seed else "")
+            )
+        out.append(line)
+    return out
