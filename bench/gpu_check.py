@@ -66,6 +66,7 @@ from pylib.experiments.compose_training import compare_with_reference, train, tr
 from pylib.experiments.dp_training import train_data_parallel
 from pylib.experiments.dp_training import train_reference as dp_reference
 from pylib.model import ModelConfig, MoEConfig, build_model, random_tokens
+from pylib.model.presets import tiny, tiny_gqa, tiny_odd
 from pylib.pp import PipelineParallel
 from pylib.runtime import ParallelConfig, current_device, launch, trace
 from pylib.runtime.placement import stray_tensors_to_meta
@@ -117,13 +118,13 @@ def sizes(n: int, *, gpu: bool, quick: bool) -> dict:
         ),
         # PP: one layer per rank, m = 2n microbatches of one sequence
         pp=dict(
-            cfg=ModelConfig(vocab_size=32, d_model=16, n_layers=n, n_heads=4, d_ff=32, dtype="float64"),
+            cfg=tiny().with_(n_layers=n),
             m=2 * n,
             s=8,
         ),
         # DP: odd sizes, so ZeRO's flat buffers need padding
         dp=dict(
-            cfg=ModelConfig(vocab_size=37, d_model=9, n_heads=3, d_ff=22, n_layers=2, dtype="float64"),
+            cfg=tiny_odd(),
             batch=2 * n,
             seq=8,
             steps=2 if quick else 3,
@@ -131,17 +132,7 @@ def sizes(n: int, *, gpu: bool, quick: bool) -> dict:
             lr=1e-2,
         ),
         compose=dict(
-            cfg=ModelConfig(
-                vocab_size=32,
-                d_model=16,
-                n_layers=4,
-                n_heads=4,
-                n_kv_heads=2,
-                d_ff=32,
-                mlp="swiglu",
-                position="rope",
-                dtype="float64",
-            ),
+            cfg=tiny_gqa(),
             pc=compose_config(n),
             steps=2 if quick else 3,
             seq=16,

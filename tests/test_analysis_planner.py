@@ -13,10 +13,11 @@ from pylib.analysis.pp import peak_in_flight
 from pylib.compose import compose_problems
 from pylib.experiments.plan_runs import measure_plans
 from pylib.model import ModelConfig, MoEConfig
+from pylib.model.presets import tiny
 from pylib.runtime import ParallelConfig, rank_groups
 from pylib.viz.planner import compare
 
-DENSE = ModelConfig(vocab_size=32, d_model=16, n_layers=4, n_heads=4, d_ff=32, dtype="float64", position="rope")
+DENSE = tiny().with_(position="rope")
 MOE = DENSE.with_(moe=MoEConfig(n_experts=4, top_k=2))
 B, S = 8, 16  # global batch [B, S]: 8 sequences of 16 tokens
 

@@ -9,11 +9,10 @@ import torch
 from pylib.analysis import shapes
 from pylib.experiments.mode_probes import probe_compose, probe_modes
 from pylib.model import ModelConfig, MoEConfig
+from pylib.model.presets import probe_config
 from pylib.runtime import ParallelConfig, launch
 
-CFG = ModelConfig(
-    vocab_size=64, d_model=48, n_layers=4, n_heads=8, n_kv_heads=4, d_ff=128, mlp="swiglu", position="rope"
-)
+CFG = probe_config()
 MOE = CFG.with_(moe=MoEConfig(n_experts=8, top_k=2, d_ff=32, every=2))
 MQA = CFG.with_(n_kv_heads=1, mlp="gelu")  # tp=2 > n_kv_head=1: the K/V head is replicated on both TP ranks
 B, S, N, M = 4, 16, 2, 2  # batch, sequence, ranks per mode, pipeline micro-batches

@@ -7,9 +7,10 @@ import torch
 from pylib.compose import ComposeConfigError, check_compose, compose_problems, holder_labels
 from pylib.cp import shard_sequence
 from pylib.model import ModelConfig, MoEConfig
+from pylib.model.presets import tiny
 from pylib.runtime import ParallelConfig, launch
 
-DENSE = ModelConfig(vocab_size=32, d_model=16, n_layers=4, n_heads=4, d_ff=32, dtype="float64")
+DENSE = tiny()
 MOE = DENSE.with_(moe=MoEConfig(n_experts=4, top_k=2, every=2))
 
 

@@ -21,41 +21,17 @@ from pylib.analysis.compose import dp_held_bytes, per_axis
 from pylib.compose import format_reduction_table, format_report, formula_traffic, reference_ffn_bytes, traced_traffic
 from pylib.experiments.compose_training import compare_with_reference, train, train_reference
 from pylib.model import ModelConfig, MoEConfig
+from pylib.model.presets import tiny, tiny_gqa, tiny_moe
 from pylib.runtime import ParallelConfig, launch
 
 pytestmark = pytest.mark.timeout(240)
 
 BATCH, SEQ, STEPS = 8, 16, 5
 DATA = "pattern"  # a generated toy language (pylib.model.pattern_tokens): a few steps visibly lower the loss
-DENSE = ModelConfig(
-    vocab_size=32,
-    d_model=16,
-    n_layers=4,
-    n_heads=4,
-    n_kv_heads=2,
-    d_ff=32,
-    mlp="swiglu",
+DENSE = tiny_gqa()
+MOE = tiny_moe()
+MOE_AUX = tiny().with_(
     position="rope",
-    dtype="float64",
-)
-MOE = ModelConfig(
-    vocab_size=32,
-    d_model=16,
-    n_layers=2,
-    n_heads=4,
-    d_ff=32,
-    position="rope",
-    dtype="float64",
-    moe=MoEConfig(n_experts=4, top_k=2, every=2),
-)
-MOE_AUX = ModelConfig(
-    vocab_size=32,
-    d_model=16,
-    n_layers=4,
-    n_heads=4,
-    d_ff=32,
-    position="rope",
-    dtype="float64",
     moe=MoEConfig(n_experts=4, top_k=2, every=2, aux_loss_coef=0.1, z_loss_coef=0.01, capacity_factor=1.0),
 )
 MQA = ModelConfig(

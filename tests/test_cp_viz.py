@@ -9,6 +9,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from pylib.cp import RingStats, ring_attention, ring_rounds, shard_sequence  # noqa: E402
+from pylib.model.presets import tiny_layer  # noqa: E402
 from pylib.runtime import launch, trace  # noqa: E402
 from pylib.viz import style  # noqa: E402
 from pylib.viz.cp import causal_ownership_figure, ring_rounds_figure, zigzag_balance_figure  # noqa: E402
@@ -43,11 +44,11 @@ def test_figures_draw_from_a_real_trace_and_measured_work():
 
 def test_sequence_split_figure_colours_rows_by_the_owner_named_in_the_shard_specs():
     from pylib.cp import CPTransformer, sequence_positions
-    from pylib.model import ModelConfig, build_model
+    from pylib.model import build_model
     from pylib.runtime.mesh import AxisGroup
     from pylib.viz.cp import sequence_split_figure
 
-    model = build_model(ModelConfig(vocab_size=16, d_model=8, n_layers=1, n_heads=2, d_ff=16, dtype="float64"))
+    model = build_model(tiny_layer())
     s, cp = 16, 4
     for layout in ("contiguous", "zigzag"):
         specs = [

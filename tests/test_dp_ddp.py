@@ -15,10 +15,11 @@ from pylib.dp import (
     overlap_from_trace,
 )
 from pylib.experiments.dp_training import train_reference
-from pylib.model import ModelConfig, build_model, random_tokens
+from pylib.model import build_model, random_tokens
+from pylib.model.presets import tiny_odd
 from pylib.runtime import Mesh, ParallelConfig, launch, trace, tracer
 
-CFG = ModelConfig(vocab_size=37, d_model=9, n_heads=3, d_ff=22, n_layers=2, dtype="float64")
+CFG = tiny_odd()
 BATCH, SEQ = 8, 8
 
 

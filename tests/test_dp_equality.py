@@ -12,10 +12,11 @@ import torch
 from pylib.analysis.dp import held_bytes, padded_numel, traffic_by_op, traffic_per_step, zero3_peak_param_bytes
 from pylib.dp import STAGES, assemble
 from pylib.experiments.dp_training import train_data_parallel, train_reference
-from pylib.model import ModelConfig, build_model
+from pylib.model import build_model
+from pylib.model.presets import tiny_odd
 from pylib.runtime import launch
 
-CFG = ModelConfig(vocab_size=37, d_model=9, n_heads=3, d_ff=22, n_layers=2, dtype="float64")
+CFG = tiny_odd()
 STEPS, BATCH, SEQ, LR, BUCKET = 5, 8, 8, 1e-2, 2048
 E = 8  # bytes per float64 element
 

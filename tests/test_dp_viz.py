@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 from pylib.analysis.dp import held_bytes  # noqa: E402
 from pylib.dp import STAGES  # noqa: E402
 from pylib.experiments.dp_training import train_data_parallel  # noqa: E402
-from pylib.model import ModelConfig  # noqa: E402
+from pylib.model.presets import tiny_odd  # noqa: E402
 from pylib.runtime import launch  # noqa: E402
 from pylib.viz.dp import (  # noqa: E402
     plot_bucket_overlap,
@@ -20,7 +20,7 @@ from pylib.viz.dp import (  # noqa: E402
     plot_zero_memory,
 )
 
-CFG = ModelConfig(vocab_size=37, d_model=9, n_heads=3, d_ff=22, n_layers=2, dtype="float64")
+CFG = tiny_odd()
 
 
 def _all_stages():

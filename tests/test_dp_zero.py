@@ -7,10 +7,11 @@ import torch.distributed as dist
 
 from pylib.analysis.dp import traffic_by_op
 from pylib.dp import FullyShardedDataParallel, ZeroDataParallel, assemble, default_units, micro_batch
-from pylib.model import ModelConfig, build_model, random_tokens, saved_activations
+from pylib.model import build_model, random_tokens, saved_activations
+from pylib.model.presets import tiny_odd
 from pylib.runtime import launch, trace
 
-CFG = ModelConfig(vocab_size=37, d_model=9, n_heads=3, d_ff=22, n_layers=2, dtype="float64")
+CFG = tiny_odd()
 BATCH, SEQ = 8, 8
 
 

@@ -11,7 +11,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from pylib.analysis import pp as A
-from pylib.model import ModelConfig, build_model, random_tokens
+from pylib.model import build_model, random_tokens
+from pylib.model.presets import tiny_gqa
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.schedules import build
@@ -20,17 +21,7 @@ from pylib.runtime import AxisGroup, Mesh, ParallelConfig, launch, trace
 
 pytestmark = pytest.mark.timeout(180)
 
-CFG = ModelConfig(
-    vocab_size=32,
-    d_model=16,
-    n_layers=8,
-    n_heads=4,
-    n_kv_heads=2,
-    d_ff=32,
-    mlp="swiglu",
-    position="rope",
-    dtype="float64",
-)
+CFG = tiny_gqa().with_(n_layers=8)
 B, S = 8, 8
 STEPS, LR = 5, 1e-2
 

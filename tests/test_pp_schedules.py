@@ -13,6 +13,7 @@ import torch
 
 from pylib.analysis import pp as A
 from pylib.model import ModelConfig, build_model, random_tokens
+from pylib.model.presets import tiny
 from pylib.pp.schedules import (
     ScheduleError,
     build,
@@ -211,7 +212,7 @@ def test_chunk_c_of_rank_r_holds_layer_block_c_times_p_plus_r():
 
 
 def test_the_stage_chunks_run_in_stage_order_are_the_reference_model():
-    cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=6, n_heads=4, d_ff=32, dtype="float64")
+    cfg = tiny().with_(n_layers=6)
     ref = build_model(cfg)
     ids, targets = random_tokens(cfg, 2, 8)
     chunks = split_model(ref, 3, 2)
@@ -260,7 +261,7 @@ def test_shard_specs_give_every_reference_weight_to_exactly_one_rank_whole():
 
 
 def test_weights_per_rank_from_shard_specs_equal_the_formula():
-    cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=8, n_heads=4, d_ff=32)
+    cfg = tiny().with_(n_layers=8, dtype="float32")
     model = build_model(cfg)
     layer = sum(q.numel() for q in model.layers[0].parameters())
     embed = model.embed.weight.numel()

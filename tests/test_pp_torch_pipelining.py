@@ -15,12 +15,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from pylib.model import ModelConfig, build_model, random_tokens
+from pylib.model import build_model, random_tokens
+from pylib.model.presets import tiny
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.split import lm_loss, rank_chunks
 from pylib.runtime import launch
 
-CFG = ModelConfig(vocab_size=32, d_model=16, n_layers=4, n_heads=4, d_ff=32, dtype="float64")
+CFG = tiny()
 B, S, M = 8, 8, 4
 TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 

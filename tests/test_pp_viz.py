@@ -7,7 +7,8 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 
 from pylib.analysis import pp as A  # noqa: E402
-from pylib.model import ModelConfig, build_model, random_tokens  # noqa: E402
+from pylib.model import build_model, random_tokens  # noqa: E402
+from pylib.model.presets import tiny  # noqa: E402
 from pylib.pp.pipeline import PipelineParallel  # noqa: E402
 from pylib.pp.schedules import build  # noqa: E402
 from pylib.pp.simulate import simulate  # noqa: E402
@@ -17,7 +18,7 @@ from pylib.viz.pp import plot_bubble_sweep, plot_schedule, plot_stage_map, plot_
 
 pytestmark = pytest.mark.timeout(90)
 
-CFG = ModelConfig(vocab_size=32, d_model=16, n_layers=4, n_heads=4, d_ff=32, dtype="float64")
+CFG = tiny()
 
 
 def _patches(fig, gid):
@@ -73,7 +74,7 @@ def test_bubble_sweep_figure_plots_formula_and_measurements():
 def test_stage_map_draws_one_cell_per_block_and_one_arrow_per_stage_boundary():
     from pylib.pp.split import shard_specs
 
-    model = build_model(ModelConfig(vocab_size=32, d_model=16, n_layers=8, n_heads=4, d_ff=32))
+    model = build_model(tiny().with_(n_layers=8, dtype="float32"))
     for p, v in [(4, 1), (2, 2), (2, 4)]:
         fig = plot_stage_map([shard_specs(model, r, p, v) for r in range(p)])
         assert len(_patches(fig, "stage-cell")) == 8 + 2  # embedding, 8 layers, ln_f + LM head

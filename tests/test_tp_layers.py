@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pylib.model import ModelConfig, build_model, random_hidden, random_tokens
+from pylib.model.presets import tiny, tiny_layer
 from pylib.runtime import AxisGroup, launch, trace
 from pylib.tp import (
     TPMLP,
@@ -99,7 +100,7 @@ def test_column_then_row_parallel_linear_equals_the_two_full_linears(t):
 
 def _vocab(V, sp):
     t = dist.get_world_size()
-    cfg = ModelConfig(vocab_size=V, d_model=8, n_layers=1, n_heads=2, d_ff=16, dtype="float64")
+    cfg = tiny_layer().with_(vocab_size=V)
     ref = build_model(cfg)
     ids, targets = random_tokens(cfg, 2, 8, seed=4)
     ids[0, :4] = torch.tensor([0, V // t - 1, V // t, V - 1])  # both edges of every rank's range
@@ -147,7 +148,7 @@ class _Widths(TorchDispatchMode):
 
 
 def _loss_widths(V):
-    cfg = ModelConfig(vocab_size=V, d_model=8, n_layers=1, n_heads=4, d_ff=16, dtype="float64")
+    cfg = tiny_layer().with_(vocab_size=V, n_heads=4)
     model = TPTransformer.from_full(build_model(cfg))
     ids, targets = random_tokens(cfg, 2, 8)
     with trace() as tr, _Widths() as seen:
@@ -266,7 +267,7 @@ def test_linear_sizes_that_do_not_divide_are_refused():
 
 
 def test_sequence_parallel_refuses_a_sequence_the_tp_ranks_cannot_split():
-    cfg = ModelConfig(vocab_size=32, d_model=16, n_heads=4, d_ff=32)
+    cfg = tiny().with_(n_layers=2, dtype="float32")
     model = TPTransformer.from_full(build_model(cfg), group=_fake_group(4), sequence_parallel=True)
     ids, targets = random_tokens(cfg, 2, 10)
     with pytest.raises(ValueError, match="tp=4 does not divide sequence length s=10"):

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from pylib.analysis.tp import Collective, layer_collectives, model_collectives
 from pylib.model import ModelConfig, build_model, random_hidden, random_tokens
+from pylib.model.presets import tiny
 from pylib.runtime import launch, tag, trace
 from pylib.tp import TPBlock, TPTransformer, scatter_to_sequence_parallel_region
 
@@ -111,7 +112,7 @@ def test_a_training_step_issues_the_embedding_head_loss_and_gradient_collectives
 
 
 def test_vocab_parallel_loss_moves_b_s_numbers_where_gathering_logits_would_move_b_s_V():
-    cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=4, d_ff=32, dtype="float64")
+    cfg = tiny().with_(vocab_size=64, n_layers=1)
     t, b, s = 4, 2, 8
     events = launch(_model_events, t, [(cfg, b, s, False, False)])[0][0]
     ce = [c for c in events if c.where.startswith("cross_entropy")]

@@ -25,6 +25,7 @@ from pylib.ep.folding import folding_groups  # noqa: E402
 from pylib.experiments.seed_a_routing import seed_a_routing_table  # noqa: E402
 from pylib.experiments.tp_runs import column_row_example, layer_traces  # noqa: E402
 from pylib.model import ModelConfig, build_model  # noqa: E402
+from pylib.model.presets import tiny, tiny_layer, tiny_odd
 from pylib.pp.schedules import build  # noqa: E402
 from pylib.pp.simulate import simulate  # noqa: E402
 from pylib.pp.timeline import bubble  # noqa: E402
@@ -72,7 +73,7 @@ def _cp_rank():
 def _dp_rank():
     from pylib.experiments.dp_training import train_data_parallel
 
-    cfg = ModelConfig(vocab_size=37, d_model=9, n_heads=3, d_ff=22, n_layers=2, dtype="float64")
+    cfg = tiny_odd()
     return {s: train_data_parallel(cfg, s, steps=1, bucket_bytes=1024, keep_events=False) for s in ("ddp", "zero3")}
 
 
@@ -118,7 +119,7 @@ def _expert_holdings():
 def _cp_specs():
     from pylib.cp import CPTransformer
 
-    model = build_model(ModelConfig(vocab_size=16, d_model=8, n_layers=1, n_heads=2, d_ff=16, dtype="float64"))
+    model = build_model(tiny_layer())
     group = [AxisGroup("cp", (0, 1, 2, 3), r, None) for r in range(4)]
     return [CPTransformer.from_full(model, group=g, layout="zigzag").shard_specs(2, 16) for g in group]
 
@@ -135,7 +136,7 @@ def _bubble_rows():
 def _stage_specs(p, v):
     from pylib.pp.split import shard_specs
 
-    model = build_model(ModelConfig(vocab_size=32, d_model=16, n_layers=8, n_heads=4, d_ff=32))
+    model = build_model(tiny().with_(n_layers=8, dtype="float32"))
     return [shard_specs(model, r, p, v) for r in range(p)]
 
 

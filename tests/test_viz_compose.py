@@ -11,7 +11,7 @@ import torch  # noqa: E402
 from pylib.analysis.compose import dp_held_bytes, per_axis  # noqa: E402
 from pylib.compose import formula_traffic, holder_labels, report_rows  # noqa: E402
 from pylib.experiments.compose_training import train  # noqa: E402
-from pylib.model import ModelConfig  # noqa: E402
+from pylib.model.presets import tiny  # noqa: E402
 from pylib.runtime import ParallelConfig, coordinates, launch, rank_groups  # noqa: E402
 from pylib.viz import style  # noqa: E402
 from pylib.viz.compose import (  # noqa: E402
@@ -89,7 +89,7 @@ def test_token_placement_draws_the_owner_of_every_token_and_the_dp_and_microbatc
     plt.close(fig)
 
 
-CFG = ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=4, d_ff=32, dtype="float64")
+CFG = tiny().with_(n_layers=2)
 PC = ParallelConfig(tp=2, dp=2, pp=2)
 
 

@@ -5,6 +5,7 @@ tests, labs, benches and chapters run.
     probe_config() probe_moe_config()                                           # seed B's probe model, on ranks
     seed_a_moe_config(n_experts, top_k)                                         # seed A with an MoE MLP
     PRESETS["llama2_70b"]()                                                     # the real-model presets by name
+    tiny() tiny_gqa() tiny_moe() tiny_odd() tiny_layer()                        # what tests and chapters run
 
 Each is a function returning a fresh `ModelConfig` (frozen, so `cfg.with_(n_layers=2)` derives a variant).
 Symbols follow seed B: h = d_model, h_ffn = d_ff, n_head, n_kv_head, V = vocab_size, L = n_layers, E = n_experts.
@@ -102,3 +103,33 @@ def probe_moe_config() -> ModelConfig:
 def seed_a_moe_config(n_experts: int = 8, top_k: int = 2) -> ModelConfig:
     """Seed A's model with its MLP replaced by `n_experts` experts (each h_ffn = 8), top-k routing, float64."""
     return SEED_A.with_(moe=MoEConfig(n_experts=n_experts, top_k=top_k), dtype="float64")
+
+
+# ------------------------------------------------------------------------------------------------ tiny models
+# Small enough for a few gloo ranks on a laptop CPU; float64 so a parallel run matches the reference to ~1e-12.
+
+
+def tiny() -> ModelConfig:
+    """The dense test model: V = 32, h = 16, 4 layers, 4 heads (MHA), GELU MLP with h_ffn = 32, no positions."""
+    return ModelConfig(vocab_size=32, d_model=16, n_layers=4, n_heads=4, d_ff=32, dtype="float64")
+
+
+def tiny_gqa() -> ModelConfig:
+    """`tiny` with Llama's choices: 2 K/V heads for 4 query heads (GQA), SwiGLU, RoPE."""
+    return tiny().with_(n_kv_heads=2, mlp="swiglu", position="rope")
+
+
+def tiny_moe() -> ModelConfig:
+    """`tiny` at 2 layers with RoPE, the second layer an MoE of 4 experts, top-2."""
+    return tiny().with_(n_layers=2, position="rope", moe=MoEConfig(n_experts=4, top_k=2, every=2))
+
+
+def tiny_odd() -> ModelConfig:
+    """Sizes that are all different and none a power of two (V = 37, h = 9, 3 heads, h_ffn = 22, 2 layers), so a
+    flat-buffer layout or a shard boundary that is off cannot hide behind a round number."""
+    return ModelConfig(vocab_size=37, d_model=9, n_heads=3, d_ff=22, n_layers=2, dtype="float64")
+
+
+def tiny_layer() -> ModelConfig:
+    """One small layer (V = 16, h = 8, 2 heads, h_ffn = 16): for layer-level checks and figures."""
+    return ModelConfig(vocab_size=16, d_model=8, n_layers=1, n_heads=2, d_ff=16, dtype="float64")
