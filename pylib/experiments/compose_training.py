@@ -83,18 +83,35 @@ def train(
             out["times"].append(time.perf_counter() - t0)
         if step == 0 and probe_ffn:
             out["ffn_hidden_bytes"] = dict(ffn)
-        out["losses"].append(res.loss)
-        out["local_losses"].append(res.local_loss)
-        out["traffic"].append(_traffic(tr))
-        if keep_events:
-            out["events"].append([e.as_dict() for e in tr.events])
+        _record_step(out, res, tr, keep_events)
         if step == 0:
-            out["memory"] = model.memory().as_dict()
-            out["activation_bytes"] = res.activation_bytes
-            out["peak_activation_bytes"] = res.peak_activation_bytes
-            out["peak_in_flight"] = res.peak_in_flight
-            out["reduced"] = res.reduced
-            out["moe_routing"] = res.moe_routing
+            _record_first_step(out, model, res)
+    return _record_model(out, model)
+
+
+def _record_step(out: dict, res, tr, keep_events: bool) -> None:
+    """Every step: the global and the replica's loss, the traffic per axis, and (keep_events) every traced op."""
+    out["losses"].append(res.loss)
+    out["local_losses"].append(res.local_loss)
+    out["traffic"].append(_traffic(tr))
+    if keep_events:
+        out["events"].append([e.as_dict() for e in tr.events])
+
+
+def _record_first_step(out: dict, model, res) -> None:
+    """Step 0: held bytes, activation bytes and their peak, the microbatches in flight, the reduced gradients and
+    the MoE routing."""
+    out["memory"] = model.memory().as_dict()
+    out["activation_bytes"] = res.activation_bytes
+    out["peak_activation_bytes"] = res.peak_activation_bytes
+    out["peak_in_flight"] = res.peak_in_flight
+    out["reduced"] = res.reduced
+    out["moe_routing"] = res.moe_routing
+
+
+def _record_model(out: dict, model) -> dict:
+    """After the last step: the parameter pieces, the reduction table, shard specs, buffer layouts, the layers
+    held and whether this rank holds the first (embedding) and the last (LM head) stage."""
     out["params"] = model.parameter_pieces()
     out["reduction_table"] = model.reduction_table()
     out["shard_specs"] = model.shard_specs()

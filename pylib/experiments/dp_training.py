@@ -51,29 +51,9 @@ def train_data_parallel(
     for step in range(steps):
         ids, targets = random_tokens(cfg, global_batch, seq, seed=data_seed + step)
         ids, targets = (micro_batch(t, g.rank, g.size).to(device) for t in (ids, targets))
-        with tracer.trace() as tr:
-            t0 = tracer.now()
-            loss = model.loss(ids, targets)
-            t_backward = tracer.now()
-            loss.backward()
-            t1 = tracer.now()
-            dp.finish_gradient_sync()
-            t2 = tracer.now()
-            if step == 0:
-                out["grad_shards"] = {k: v.detach().clone() for k, v in dp.gradient_shards().items()}
-            dp.step()
-            t3 = tracer.now()
-            if step == 0:
-                out["memory"] = dp.memory().as_dict()
-                if stage != "zero3":  # from the trace: async records keep launch and completion times
-                    end = dp.overlap().backward_end
-                    out["overlap"] = overlap_from_trace(tr.events, end, backward_start=t_backward, tag=stage)
-                else:
-                    out["unit_bytes"] = dp.unit_bytes()
-                    out["timeline"] = list(dp.timeline)  # resident parameter bytes through step 0
-            dp.zero_grad()
+        loss, tr, times = _timed_step(model, dp, ids, targets, out if step == 0 else None)
         out["losses"].append(loss.item())
-        out["times"].append(dict(forward_backward=t1 - t0, sync_wait=t2 - t1, step=t3 - t2, total=t3 - t0))
+        out["times"].append(times)
         if keep_events:
             out["events"].append([e.as_dict() for e in tr.events])
     out["param_shards"] = {k: v.detach().clone() for k, v in dp.parameter_shards().items()}
@@ -81,6 +61,41 @@ def train_data_parallel(
         out["params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
     out["layouts"] = dp.layouts
     return out
+
+
+def _timed_step(model, dp, ids, targets, first: dict | None):
+    """One traced, timed training step: forward + backward, the gradient sync's wait, the optimizer step. `first`:
+    the run's record, for step 0's measurements (gradient shards before the step, memory, overlap or the ZeRO-3
+    timeline after it). Returns the loss, the trace and the times."""
+    with tracer.trace() as tr:
+        t0 = tracer.now()
+        loss = model.loss(ids, targets)
+        t_backward = tracer.now()
+        loss.backward()
+        t1 = tracer.now()
+        dp.finish_gradient_sync()
+        t2 = tracer.now()
+        if first is not None:
+            first["grad_shards"] = {k: v.detach().clone() for k, v in dp.gradient_shards().items()}
+        dp.step()
+        t3 = tracer.now()
+        if first is not None:
+            _record_first_step(first, dp, tr, t_backward)
+        dp.zero_grad()
+    return loss, tr, dict(forward_backward=t1 - t0, sync_wait=t2 - t1, step=t3 - t2, total=t3 - t0)
+
+
+def _record_first_step(out: dict, dp, tr, t_backward: float) -> None:
+    """Step 0's memory after the optimizer step, and the overlap of communication with backward (the bucketed
+    stages, from the trace: async records keep launch and completion times) or ZeRO-3's unit bytes and timeline."""
+    stage = out["stage"]
+    out["memory"] = dp.memory().as_dict()
+    if stage != "zero3":
+        end = dp.overlap().backward_end
+        out["overlap"] = overlap_from_trace(tr.events, end, backward_start=t_backward, tag=stage)
+    else:
+        out["unit_bytes"] = dp.unit_bytes()
+        out["timeline"] = list(dp.timeline)  # resident parameter bytes through step 0
 
 
 def train_reference(

@@ -60,66 +60,73 @@ def _stage_of(runs, mode, param) -> list[int]:
     return [r for r, run in enumerate(runs) if _local(run[mode], param) is not None]
 
 
-def judge_weight(runs, row: str, mode: str, cfg, moe_cfg) -> Cell:
-    """Measure one cell of tbl-mat-weight-cut on every rank and judge seed B's claim."""
-    seed, claim = SEED_WEIGHT_CUT[row][mode]
+def _experts_verdict(runs, params, full, moe_cfg) -> tuple[bool, str]:
+    """Claim "experts/N": each EP rank holds E/N of the experts, each whole, and together all of them."""
     N = len(runs)
-    moe_row = row.startswith("MoE")
-    model_cfg = moe_cfg if moe_row else cfg
-    sizes = symbol_sizes(model_cfg, N=N)
-    ref_params = runs[0]["reference"]["moe_params" if moe_row else "params"]
-    params = WEIGHT_PARAMS[row]
-    if moe_row:
-        params = [p.format(e=0) for p in params]
-    # Experts under TP are ETP's (pylib's TP model shards dense layers only); SP adds no cut to any weight, so
-    # its expert cell is read from the same ETP run, whose MoE sees each rank's own tokens as it would under SP.
-    rec_mode = "ETP" if (moe_row and mode in ("TP", "SP")) else mode
-    full = {p: seed_b_shape(ref_params[p], _is_linear(p)) for p in params}
-    measured, ok = [], True
-    if claim == "experts/N":
-        held = [len(_experts_held({n: 0 for n in run["EP"]["params"] if n.startswith("layers.1.")})) for run in runs]
-        whole = all(_local(run["EP"], p) == full[p] for run in runs for p in params)
-        ids = [tuple(run["EP"]["expert_ids"]) for run in runs]
-        ok = whole and held == [moe_cfg.moe.n_experts // N] * N and len(set(sum(ids, ()))) == moe_cfg.moe.n_experts
-        spans = ", ".join(f"rank {r}: {i[0]}–{i[-1]}" for r, i in enumerate(ids))
-        text = f"E/N = {held[0]} experts per rank, each whole ({spans})"
-        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
-    if claim.startswith("stage") or claim == "by layer":
-        holders = {p: _stage_of(runs, "PP", p) for p in params}
-        whole = all(_local(runs[r]["PP"], p) == full[p] for p, rs in holders.items() for r in rs)
-        (stages,) = {tuple(v) for v in holders.values()}
-        layer = params[0].split(".")[1] if params[0].startswith("layers.") else None
+    held = [len(_experts_held({n: 0 for n in run["EP"]["params"] if n.startswith("layers.1.")})) for run in runs]
+    whole = all(_local(run["EP"], p) == full[p] for run in runs for p in params)
+    ids = [tuple(run["EP"]["expert_ids"]) for run in runs]
+    ok = whole and held == [moe_cfg.moe.n_experts // N] * N and len(set(sum(ids, ()))) == moe_cfg.moe.n_experts
+    spans = ", ".join(f"rank {r}: {i[0]}–{i[-1]}" for r, i in enumerate(ids))
+    return ok, f"E/N = {held[0]} experts per rank, each whole ({spans})"
+
+
+def _stage_verdict(runs, claim, params, full, n_layers) -> tuple[bool, str]:
+    """Claims "stage 0", "stage L-1", "by layer": held whole by one pipeline stage, absent on the others."""
+    N = len(runs)
+    holders = {p: _stage_of(runs, "PP", p) for p in params}
+    whole = all(_local(runs[r]["PP"], p) == full[p] for p, rs in holders.items() for r in rs)
+    (stages,) = {tuple(v) for v in holders.values()}
+    if claim == "by layer":
+        layer = int(params[0].split(".")[1])
         stage_layers = {r: runs[r]["PP"]["layers"] for r in range(N)}
-        if claim == "by layer":
-            want = [r for r in range(N) if int(layer) in stage_layers[r]]
-            ok = whole and list(stages) == want
-            held = stage_layers[stages[0]]
-            text = f"whole, on stage {stages[0]} only (layers {held[0]}–{held[-1]})"
-        else:
-            target = 0 if claim == "stage 0" else sizes["L"] - 1
-            ok = whole and list(stages) == [target]
-            text = f"whole, on stage {stages[0]} only" + ("" if claim == "stage 0" else " = N_PP − 1")
-        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
+        held = stage_layers[stages[0]]
+        ok = whole and list(stages) == [r for r in range(N) if layer in stage_layers[r]]
+        return ok, f"whole, on stage {stages[0]} only (layers {held[0]}–{held[-1]})"
+    target = 0 if claim == "stage 0" else n_layers - 1
+    text = f"whole, on stage {stages[0]} only" + ("" if claim == "stage 0" else " = N_PP − 1")
+    return whole and list(stages) == [target], text
+
+
+def _shape_verdict(runs, claim, params, full, sizes, rec_mode, tp_mode) -> tuple[bool, str]:
+    """Claims "full", "as TP" or a shape ("|" between alternatives, "&" one per parameter) on every rank."""
+    N = len(runs)
     locs = {p: [_local(run[rec_mode], p) for run in runs] for p in params}
     for p in params:
         if len(set(locs[p])) != 1:
-            raise AssertionError(f"{mode} {p}: ranks hold different shapes {locs[p]}")
+            raise AssertionError(f"{rec_mode} {p}: ranks hold different shapes {locs[p]}")
+    mine = [locs[p][0] for p in params]
     if claim == "full":
         ok = all(locs[p][0] == full[p] for p in params)
     elif claim == "as TP":
-        tp_mode = "ETP" if moe_row else "TP"
         ok = all(locs[p][0] == _local(runs[0][tp_mode], p) for p in params)
+    elif "&" in claim:
+        ok = mine == [evaluate(a.strip(), sizes) for a in claim.split("&")]
     else:
-        alternatives = [a.strip() for a in claim.split("|")]
-        if "&" in claim:
-            wanted = [evaluate(a.strip(), sizes) for a in claim.split("&")]
-            ok = [locs[p][0] for p in params] == wanted
-        else:
-            wanted = [evaluate(a, sizes) for a in alternatives]
-            ok = all(locs[p][0] in wanted for p in params)
-    for p in params:
-        measured.append(f"{describe(locs[p][0], _symbol_of(p), sizes, N)} = {fmt_shape(locs[p][0])}")
-    text = "; ".join(dict.fromkeys(measured))
+        wanted = [evaluate(a.strip(), sizes) for a in claim.split("|")]
+        ok = all(m in wanted for m in mine)
+    measured = [f"{describe(locs[p][0], _symbol_of(p), sizes, N)} = {fmt_shape(locs[p][0])}" for p in params]
+    return ok, "; ".join(dict.fromkeys(measured))
+
+
+def judge_weight(runs, row: str, mode: str, cfg, moe_cfg) -> Cell:
+    """Measure one cell of tbl-mat-weight-cut on every rank and judge seed B's claim."""
+    seed, claim = SEED_WEIGHT_CUT[row][mode]
+    moe_row = row.startswith("MoE")
+    sizes = symbol_sizes(moe_cfg if moe_row else cfg, N=len(runs))
+    ref_params = runs[0]["reference"]["moe_params" if moe_row else "params"]
+    params = [p.format(e=0) for p in WEIGHT_PARAMS[row]] if moe_row else WEIGHT_PARAMS[row]
+    full = {p: seed_b_shape(ref_params[p], _is_linear(p)) for p in params}
+    if claim == "experts/N":
+        ok, text = _experts_verdict(runs, params, full, moe_cfg)
+        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
+    if claim.startswith("stage") or claim == "by layer":
+        ok, text = _stage_verdict(runs, claim, params, full, sizes["L"])
+        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
+    # Experts under TP are ETP's (pylib's TP model shards dense layers only); SP adds no cut to any weight, so
+    # its expert cell is read from the same ETP run, whose MoE sees each rank's own tokens as it would under SP.
+    rec_mode = "ETP" if (moe_row and mode in ("TP", "SP")) else mode
+    ok, text = _shape_verdict(runs, claim, params, full, sizes, rec_mode, "ETP" if moe_row else "TP")
     if rec_mode == "ETP":
         text += " (ETP)"
     verdict = "agrees" if ok else "wrong"
