@@ -1,6 +1,6 @@
 """Seed B's claims measured inside launched ranks: each parallel mode built from the reference model, run for one
-training step under the tracer, with `pylib.seedcheck.ActivationProbe` recording the local shape of every weight
-and activation seed B lists.
+training step under the tracer, with `pylib.seedcheck.activation_probe.ActivationProbe` recording the local shape
+of every weight and activation seed B lists.
 
     launch(probe_modes, n, cfg, moe_cfg, b=8, s=16)      # -> per rank: {mode: record}
     launch(probe_compose, world, cfg, ParallelConfig(...), b, s, **model_kw)   # every mode on one mesh (compose)

@@ -20,11 +20,12 @@ MODES = ("TP", "SP", "CP", "DP", "PP", "EP")
 DIMS = ("b", "s", "h", "n_head", "h_ffn", "V", "L", "E")
 
 
-def _layers_held(params: dict) -> set[int]:
+def layers_held(params: dict) -> set[int]:
+    """The layers a rank holds weights of, from its parameter names ("layers.3.attn..." -> 3)."""
     return {int(n.split(".")[1]) for n in params if n.startswith("layers.")}
 
 
-def _experts_held(params: dict) -> set[tuple[int, int]]:
+def experts_held(params: dict) -> set[tuple[int, int]]:
     """(layer, expert index) pairs of the experts whose weights a rank holds (local index under EP)."""
     out = set()
     for n in params:
@@ -60,9 +61,9 @@ def axis_cuts(run: dict, cfg: ModelConfig, moe_cfg: ModelConfig, b: int, s: int)
         for dim, places in where.items():
             seen = [rec["acts"][name][d] / full_acts[name][d] for name, d in places if name in rec["acts"]]
             shares[dim] = min(seen) if seen else 1.0
-        shares["L"] = len(_layers_held(rec["params"])) / cfg.n_layers
-        n_moe = sum(moe_cfg.is_moe_layer(i) for i in _layers_held(rec["params"]))
-        held = _experts_held(rec["params"])
+        shares["L"] = len(layers_held(rec["params"])) / cfg.n_layers
+        n_moe = sum(moe_cfg.is_moe_layer(i) for i in layers_held(rec["params"]))
+        held = experts_held(rec["params"])
         shares["E"] = len(held) / (moe_cfg.moe.n_experts * n_moe) if held else 1.0
         out[mode] = shares
     return out
@@ -121,4 +122,4 @@ def objects_cut(run: dict, mode: str, reference: dict) -> dict[str, bool]:
     rec = run[mode]
     params = {n.replace(".experts.experts.", ".experts."): v for n, v in rec["params"].items()}
     partial = any(n in reference and math.prod(v) < math.prod(reference[n]) for n, v in params.items())
-    return dict(weights=partial, layers=len(_layers_held(params)) < len(_layers_held(reference)))
+    return dict(weights=partial, layers=len(layers_held(params)) < len(layers_held(reference)))

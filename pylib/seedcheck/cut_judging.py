@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pylib.viz.tables import fmt_shape
 
-from .axis_cuts import MODES, _experts_held
+from .axis_cuts import MODES, experts_held
 from .cut_claims import ACT_SYMBOLS, SEED_ACT_CUT, SEED_WEIGHT_CUT, SEED_WORDS, WEIGHT_PARAMS, WEIGHT_SYMBOLS
 from .symbols import describe, evaluate, seed_b_shape, symbol_sizes
 
@@ -63,7 +63,7 @@ def _stage_of(runs, mode, param) -> list[int]:
 def _experts_verdict(runs, params, full, moe_cfg) -> tuple[bool, str]:
     """Claim "experts/N": each EP rank holds E/N of the experts, each whole, and together all of them."""
     N = len(runs)
-    held = [len(_experts_held({n: 0 for n in run["EP"]["params"] if n.startswith("layers.1.")})) for run in runs]
+    held = [len(experts_held({n: 0 for n in run["EP"]["params"] if n.startswith("layers.1.")})) for run in runs]
     whole = all(_local(run["EP"], p) == full[p] for run in runs for p in params)
     ids = [tuple(run["EP"]["expert_ids"]) for run in runs]
     ok = whole and held == [moe_cfg.moe.n_experts // N] * N and len(set(sum(ids, ()))) == moe_cfg.moe.n_experts
