@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -168,6 +169,16 @@ def test_pylib_and_bench_use_only_torch_2_6_names_outside_compat(path):
     assert not bad, f"{path.relative_to(ROOT)} uses names torch 2.6 lacks (route them through compat): {bad}"
     branches = version_branches(source)
     assert not branches, f"{path.relative_to(ROOT)} branches on torch's version outside compat: {branches}"
+
+
+def test_only_the_traced_collectives_call_compats_communication_functions():
+    """compat's all_gather_into / reduce_scatter_into communicate; only collectives.py (which traces) may call them."""
+    callers = sorted(
+        str(path.relative_to(ROOT))
+        for path in ROOT.glob("pylib/**/*.py")
+        if path != COMPAT and re.search(r"\b(all_gather_into|reduce_scatter_into)\(", path.read_text())
+    )
+    assert callers == ["pylib/runtime/collectives.py"], callers
 
 
 def test_compat_reads_versions_and_names_the_supported_range():
