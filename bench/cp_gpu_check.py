@@ -151,7 +151,10 @@ def main():
             print("no CUDA device: this script checks the GPU path (use --cpu for a dry run)")
             sys.exit(2)
         if not flash_available():
-            print("flash-attn does not import: pip install -r requirements-gpu.txt --no-build-isolation")
+            print(
+                "flash-attn does not import (optional: pip install flash-attn --no-build-isolation); "
+                "bench/gpu_single.py checks torch's own fused kernel"
+            )
             sys.exit(2)
         device, backend, dtypes, tol = torch.device("cuda"), "nccl", [torch.bfloat16, torch.float16], 2e-2
         kernel, cp = FlashKernel(), args.cp or min(torch.cuda.device_count(), 8)

@@ -357,7 +357,7 @@ def choose_kernel(
         return "sdpa"
     problems = []
     if not flash_is_available:
-        problems.append("flash-attn is not installed (pip install -r requirements-gpu.txt)")
+        problems.append("flash-attn is not installed (optional: pip install flash-attn --no-build-isolation)")
     if device_type != "cuda":
         problems.append(f"tensors are on {device_type}, flash-attn needs cuda")
     if dtype not in FLASH_DTYPES:
