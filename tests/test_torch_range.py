@@ -2,9 +2,11 @@
 `pylib.runtime.compat`, and with every newer name hidden the collectives, TP+SP, ZeRO-1/2/3, ETP and CP give the
 same results as with them.
 
-tests/data/torch26_api.txt is torch 2.6.0's public surface, read statically from its wheel by
-tools/torch_api_surface.py (its docstring says how); tests/data/torch26_sdpa_schemas.txt holds 2.6's schemas of
-the fused attention ops."""
+tests/data/torch26_api.txt is torch 2.6.0's public surface and tests/data/torch26_signatures.txt the keyword
+parameters of its functions and classes, both read statically from its wheel by tools/torch_api_surface.py (its
+docstring says how); tests/data/torch26_sdpa_schemas.txt holds 2.6's schemas of the fused attention ops. The scan
+sees module attributes (`torch.x`, `dist.x`, `F.x`, names imported from torch) and the keywords passed to them,
+not methods of tensors or other objects."""
 
 from __future__ import annotations
 
@@ -31,6 +33,11 @@ def _modules() -> set[str]:
     return {line.rsplit(".", 1)[0] for line in API} | {"torch.ops"}
 
 
+SIGNATURES = {
+    name: set(params.split(","))
+    for name, _, params in (line.partition(" ") for line in (DATA / "torch26_signatures.txt").read_text().splitlines())
+    if not name.startswith("#")
+}
 MODULES = _modules()  # the prefixes an attribute chain walks through; the first other attribute is a name
 SCANNED = sorted([*ROOT.glob("pylib/**/*.py"), *ROOT.glob("bench/**/*.py")])
 COMPAT = ROOT / "pylib" / "runtime" / "compat.py"
@@ -111,6 +118,31 @@ def unknown_names(source: str) -> list[tuple[int, str]]:
     return [(line, name) for line, name in found if name not in API and name.split(".")[-1] != "__version__"]
 
 
+def _called_name(func, aliases) -> str | None:
+    """The torch name a call's function expression stands for, if any."""
+    if isinstance(func, ast.Name) and func.id in aliases:
+        return aliases[func.id]
+    chain = _chain(func) if isinstance(func, ast.Attribute) else None
+    if chain and chain[0] in aliases:
+        return _resolve([*aliases[chain[0]].split("."), *chain[1:]])
+    return None
+
+
+def unknown_keywords(source: str) -> list[tuple[int, str]]:
+    """Keyword arguments passed to a torch function or class that its torch 2.6 signature does not have."""
+    tree = ast.parse(source)
+    aliases = _aliases(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = _called_name(node.func, aliases)
+            if name in SIGNATURES:
+                found += [
+                    (node.lineno, f"{name}({k.arg}=)") for k in node.keywords if k.arg not in (None, *SIGNATURES[name])
+                ]
+    return found
+
+
 def version_branches(source: str) -> list[tuple[int, str]]:
     """hasattr/getattr-with-default on a torch module, or torch.__version__ inside a comparison."""
     tree = ast.parse(source)
@@ -158,6 +190,10 @@ def test_the_scanner_flags_a_post_2_6_name_and_a_version_branch():
         (10, "torch.distributed.reduce_scatter_single"),
     ]
     assert [line for line, _ in version_branches(snippet)] == [11, 12]
+    calls = "import torch\nimport torch.distributed as dist\nfrom torch.distributed import init_process_group\n"
+    calls += "dist.init_process_group(backend='gloo', device_id=None)\ntorch.zeros(2, dtype=torch.float32, pin=True)\n"
+    calls += "init_process_group(bakend='gloo')\ndist.P2POp(dist.isend, t, 1, group=None)\n"
+    assert unknown_keywords(calls) == [(5, "torch.zeros(pin=)"), (6, "torch.distributed.init_process_group(bakend=)")]
 
 
 @pytest.mark.parametrize("path", SCANNED, ids=lambda p: str(p.relative_to(ROOT)))
@@ -167,6 +203,8 @@ def test_pylib_and_bench_use_only_torch_2_6_names_outside_compat(path):
     source = path.read_text()
     bad = unknown_names(source)
     assert not bad, f"{path.relative_to(ROOT)} uses names torch 2.6 lacks (route them through compat): {bad}"
+    keywords = unknown_keywords(source)
+    assert not keywords, f"{path.relative_to(ROOT)} passes keywords torch 2.6 lacks: {keywords}"
     branches = version_branches(source)
     assert not branches, f"{path.relative_to(ROOT)} branches on torch's version outside compat: {branches}"
 

@@ -9,12 +9,17 @@ imported or run). How tests/data/torch26_api.txt was made:
     pip download torch==2.6.0 --no-deps --only-binary=:all: --platform macosx_11_0_arm64 --python-version 3.12 -d W
     python -c "import zipfile,sys; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" W/torch-2.6.0-*.whl X
     python tools/torch_api_surface.py X > tests/data/torch26_api.txt
+    python tools/torch_api_surface.py X --signatures > tests/data/torch26_signatures.txt
 
 Output: one `module.name` a line, sorted, for every module in MODULES: the names the module binds at its top
 level (def, class, assignment, import, and `from m import *` resolved through m's `__all__` or public names,
 inside top-level if/try/with blocks too, since torch guards whole modules with `if is_available():`), from its
 .py and its .pyi stub (torch's C functions are declared in stubs: `torch._C._VariableFunctions.pyi`), plus its
 subpackages. `torch.ops.aten.<op>` lines come from torchgen's packaged `native_functions.yaml`.
+
+With --signatures: `module.name param,...` for each function (and class, from its __init__) of those modules whose
+parameters are written out -- a def's, or the union of a stub's @overload defs -- so a test can check the keyword
+arguments pylib passes, too.
 """
 
 from __future__ import annotations
@@ -169,6 +174,85 @@ def public_names(root: Path, module: str, seen: set | None = None) -> set[str]:
     return {n for n in names if not n.startswith("_")}
 
 
+ANY = None  # a callable that takes **kwargs: every keyword is accepted
+
+
+def _params(fn) -> set[str] | None:
+    """Keyword-usable parameter names of a def (ANY when it takes **kwargs)."""
+    a = fn.args
+    if a.kwarg is not None:
+        return ANY
+    return {x.arg for x in (*a.args, *a.kwonlyargs)} - {"self", "cls"}
+
+
+def _class_params(cls: ast.ClassDef) -> set[str] | None:
+    inits = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+    if not inits:
+        return ANY  # inherited or generated (dataclass): not known statically
+    return _union([_params(f) for f in inits])
+
+
+def _union(sets):
+    if any(x is ANY for x in sets):
+        return ANY
+    return set().union(*sets)
+
+
+_SIGS: dict[str, dict] = {}
+_PREVIOUS: dict[str, dict] = {}  # the last round's answers, which a module inside an import cycle sees
+
+
+def module_signatures(root: Path, module: str) -> dict[str, set[str] | None]:
+    """name -> keyword parameter names (or ANY) for the functions and classes `module` defines or imports from
+    another torch module (the re-exports torch is made of: `from .distributed_c10d import *`)."""
+    if module in _SIGS:
+        return _SIGS[module]
+    sigs: dict[str, list] = {}
+    _SIGS[module] = _PREVIOUS.get(module, {})  # an import cycle sees the previous round's answer
+    package = _is_package(root, module)
+    for path in _files(root, module):
+        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        for node in _top_level(tree.body):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                sigs.setdefault(node.name, []).append(_params(node))
+            elif isinstance(node, ast.ClassDef):
+                sigs.setdefault(node.name, []).append(_class_params(node))
+            elif isinstance(node, ast.ImportFrom):
+                source = _absolute(module, package, node.level, node.module)
+                if not source.startswith("torch") or not _files(root, source):
+                    continue
+                theirs = module_signatures(root, source)
+                for a in node.names:
+                    if a.name == "*":
+                        for name in public_names(root, source):
+                            if name in theirs:
+                                sigs.setdefault(name, []).append(theirs[name])
+                    elif a.name in theirs:
+                        sigs.setdefault(a.asname or a.name, []).append(theirs[a.name])
+    _SIGS[module] = {name: _union(found) for name, found in sigs.items()}
+    return _SIGS[module]
+
+
+def signatures(root: Path) -> list[str]:
+    """`module.name param,param,...` for every function or class of MODULES whose keywords are known.
+
+    torch's modules import each other in cycles, so one pass can miss a re-export; passes repeat, each cycle
+    seeing the previous pass's answers, until nothing changes."""
+    lines, previous = None, None
+    while lines is None or lines != previous:
+        previous = lines
+        _PREVIOUS.clear()
+        _PREVIOUS.update(_SIGS)
+        _SIGS.clear()
+        found = []
+        for module in MODULES:
+            for name, params in module_signatures(root, module).items():
+                if params is not ANY:
+                    found.append(f"{module}.{name} {','.join(sorted(params))}")
+        lines = sorted(found)
+    return lines
+
+
 def aten_ops(root: Path) -> set[str]:
     """Operator names (without overloads) in torchgen's packaged native_functions.yaml."""
     yaml_path = root / "torchgen" / "packaged" / "ATen" / "native" / "native_functions.yaml"
@@ -192,9 +276,19 @@ def surface(root: Path) -> list[str]:
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
+    if len(argv) not in (1, 2) or (len(argv) == 2 and argv[1] != "--signatures"):
         raise SystemExit(__doc__)
     root = Path(argv[0])
+    if len(argv) == 2:
+        version = re.search(r"__version__\s*=\s*['\"]([^'\"]+)['\"]", (root / "torch" / "version.py").read_text())
+        print(
+            f"# torch {version.group(1) if version else '?'} keyword parameters, "
+            "written by tools/torch_api_surface.py --signatures"
+        )
+        print("# One `module.name param,param,...` a line; functions taking **kwargs are left out (any keyword goes).")
+        for line in signatures(root):
+            print(line)
+        return
     version = re.search(r"__version__\s*=\s*['\"]([^'\"]+)['\"]", (root / "torch" / "version.py").read_text())
     print(f"# torch {version.group(1) if version else '?'} public API surface, written by tools/torch_api_surface.py")
     print("# (see its docstring for how this file was made). One module.name a line.")
