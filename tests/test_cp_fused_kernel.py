@@ -105,6 +105,26 @@ def test_ring_and_ulysses_with_torchs_fused_kernel_equal_full_attention(kind):
         torch.testing.assert_close(got, want.detach(), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("variant", ["flash", "efficient"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_cuda_variants_calls_fit_the_ops_as_their_meta_kernels_see_them(variant, causal):
+    """No GPU here, but torch registers shape-only (meta) kernels for the CUDA ops: the calls SDPAKernel makes --
+    positional arguments, None where the op's autograd passes an undefined tensor, the backward template from a
+    forward, the memory-efficient op's LSE padded to 32 rows and back -- are accepted and give the right shapes.
+    A rectangular non-causal block (50 queries, 100 keys) is what the ring's zig-zag steps ask for."""
+    kernel = K.prepare_sdpa(variant, "meta", torch.bfloat16, 64)
+    assert kernel.lse_align == (32 if variant == "efficient" else 1)
+    s_q = 100 if causal else 50
+    q = torch.empty(2, 8, s_q, 64, device="meta", dtype=torch.bfloat16)
+    k = v = torch.empty(2, 2, 100, 64, device="meta", dtype=torch.bfloat16)
+    out, lse = kernel.forward(q, k, v, causal=causal, scale=0.125)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    assert lse.shape == (2, 8, s_q) and lse.dtype == torch.float32
+    grads = kernel.backward(out, q, k, v, out, lse.to(torch.bfloat16), causal=causal, scale=0.125)
+    assert [tuple(g.shape) for g in grads] == [tuple(q.shape), tuple(k.shape), tuple(v.shape)]
+    assert all(g.dtype == torch.float32 for g in grads)
+
+
 # ------------------------------------------------------------------------------------------------ selection
 
 

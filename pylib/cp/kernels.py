@@ -275,11 +275,17 @@ def sdpa_candidates(device_type: str, dtype: torch.dtype) -> tuple[str, ...]:
     return ()
 
 
-def probe_sdpa(variant: str, device: torch.device, dtype: torch.dtype, d_head: int) -> SDPAKernel:
-    """An SDPAKernel of `variant` that has just run forward and backward on a tiny GQA input on `device` and agreed
-    with TorchKernel (relative error under PROBE_TOLERANCE); raises (RuntimeError, ValueError) where it cannot."""
+def _probe_inputs(device, dtype, d_head):
+    """Tiny GQA inputs q [1, 2, 8, d], k, v [1, 1, 8, d], dout [1, 2, 8, d] (random; on meta, shapes only)."""
     g = torch.Generator().manual_seed(0)
-    q, k, v, dout = (torch.randn(1, h, 8, d_head, generator=g).to(device=device, dtype=dtype) for h in (2, 1, 1, 2))
+    return [torch.randn(1, h, 8, d_head, generator=g).to(device=device, dtype=dtype) for h in (2, 1, 1, 2)]
+
+
+def prepare_sdpa(variant: str, device, dtype: torch.dtype, d_head: int) -> SDPAKernel:
+    """An SDPAKernel of `variant` with its backward template (the extra arguments a forward of the op returns, and
+    the LSE's row padding) taken from one forward on a tiny input on `device`. Works on the meta device too, where
+    only shapes are computed (tests/test_cp_fused_kernel.py checks the CUDA variants' calls that way)."""
+    q, k, v, _ = _probe_inputs(device, dtype, d_head)
     scale = default_scale(d_head)
     kernel = SDPAKernel(variant)
     raw = kernel._forward_op(q, *_expand(k, v, 2), True, scale)
@@ -288,7 +294,17 @@ def probe_sdpa(variant: str, device: torch.device, dtype: torch.dtype, d_head: i
     elif variant == "efficient":
         kernel.template = (raw[2], raw[3])
         one = kernel._forward_op(q[:, :, :1], *_expand(k[:, :, :1], v[:, :, :1], 2), False, scale)
-        kernel.lse_align = max(1, one[1].shape[-1])
+        kernel.lse_align = max(1, one[1].shape[-1])  # the op pads the LSE's rows to a multiple of this
+    return kernel
+
+
+def probe_sdpa(variant: str, device: torch.device, dtype: torch.dtype, d_head: int) -> SDPAKernel:
+    """A prepared SDPAKernel of `variant` that has just run forward and backward on a tiny GQA input on `device`
+    and agreed with TorchKernel (relative error under PROBE_TOLERANCE); raises (RuntimeError, ValueError) where
+    it cannot."""
+    kernel = prepare_sdpa(variant, device, dtype, d_head)
+    q, k, v, dout = _probe_inputs(device, dtype, d_head)
+    scale = default_scale(d_head)
     ref = TorchKernel()
     got = (*kernel.forward(q, k, v, causal=True, scale=scale),)
     want = (*ref.forward(q, k, v, causal=True, scale=scale),)
