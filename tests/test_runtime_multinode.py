@@ -10,6 +10,7 @@ import ast
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -67,8 +68,16 @@ def test_two_torchrun_agents_on_localhost_run_a_composed_step_equal_to_the_refer
             "--timeout",
             "120",
         ]
-        agents.append(
-            subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        agents.append(  # each agent leads its own process group: a failure ends it together with its workers
+            subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
         )
     outputs = []
     try:
@@ -77,8 +86,11 @@ def test_two_torchrun_agents_on_localhost_run_a_composed_step_equal_to_the_refer
             outputs.append((agent.returncode, out, err))
     finally:
         for agent in agents:  # never leave an agent (or its workers) behind
+            try:
+                os.killpg(agent.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # the agent and all its workers have exited
             if agent.poll() is None:
-                agent.kill()
                 agent.communicate()
     for code, out, err in outputs:
         assert code == 0, f"agent exited {code}:\n{out[-2000:]}\n{err[-4000:]}"
