@@ -70,6 +70,9 @@ class TorchKernel:
 
     name = "torch"
 
+    def __repr__(self) -> str:
+        return "TorchKernel()"
+
     def _scores(self, q, k_full, causal, scale):
         """Scaled, masked scores [b, n_head, s_q, s_k]; q and k_full (K expanded to n_head heads) already in the
         accumulation dtype, so backward converts and expands them once for the scores and the gradients."""
@@ -134,6 +137,9 @@ class FlashKernel:
     GQA is native in flash-attn. Unverified in CI: see the module docstring."""
 
     name = "flash"
+
+    def __repr__(self) -> str:
+        return "FlashKernel()"
 
     def forward(self, q, k, v, *, causal: bool, scale: float):
         _check_shapes(q, k, v, causal)
