@@ -204,12 +204,14 @@ SDPA_VARIANTS = ("flash", "efficient", "cpu")
 class SDPAKernel:
     """torch's fused attention ops (`torch.ops.aten._scaled_dot_product_*`), forward and backward with the LSE.
 
-    variant "flash" (CUDA, fp16/bf16), "efficient" (CUDA, fp16/bf16/fp32) or "cpu" (torch's CPU flash kernel,
-    any float dtype). GQA: K and V are expanded to n_head heads for the op and dK, dV summed back. The ops' extra
-    backward arguments (sequence offsets, RNG state: unused without dropout) are the ones a forward of this
-    variant returned on the probe input (`template`), so each call is the op's own documented pairing; the
-    memory-efficient op pads its LSE to a multiple of `lse_align` rows, which backward restores.
-    The positional arguments are torch 2.6's and 2.13's alike (`pylib.runtime.compat`)."""
+    The block-kernel interface of the module docstring: q [b, n_head, s_q, d_head], k, v [b, n_kv_head, s_k, d_head]
+    -> out [b, n_head, s_q, d_head] (q's dtype), lse [b, n_head, s_q] (float32; float64 for float64 inputs).
+    variant "flash" (CUDA, fp16/bf16), "efficient" (CUDA, fp16/bf16/fp32) or "cpu" (torch's CPU flash kernel:
+    float64/float32/bf16). GQA: K and V are expanded to n_head heads for the op and dK, dV summed back. The ops'
+    extra backward arguments (sequence offsets, RNG state: unused without dropout) are the ones one forward of the
+    variant returned (`template`, from `prepare_sdpa`), the pairing torch's own autograd uses; the memory-efficient
+    op pads its LSE to a multiple of `lse_align` rows, which backward restores. The positional arguments are torch
+    2.6's and 2.13's alike (`pylib.runtime.compat`, tests/test_torch_range.py)."""
 
     name = "sdpa"
 
