@@ -17,7 +17,7 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall only when the requirements or the package metadata change (the stamp is newer than both otherwise).
-$(STAMP): requirements.txt pyproject.toml | $(VENV)/bin/python
+$(STAMP): requirements.txt requirements-common.txt pyproject.toml | $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install -r requirements.txt
 	$(VENV)/bin/python -m pip install --no-deps -e .
 	touch $@
@@ -30,7 +30,7 @@ test: $(STAMP)
 
 # The execution cache is keyed on each chapter's code only, so drop it whenever pylib or the requirements change:
 # otherwise a chapter would show what an older pylib computed.
-_build/.pylib-stamp: $(shell find pylib -name '*.py' 2>/dev/null) requirements.txt
+_build/.pylib-stamp: $(shell find pylib -name '*.py' 2>/dev/null) requirements.txt requirements-common.txt
 	rm -rf _build/.jupyter_cache
 	mkdir -p _build && touch $@
 

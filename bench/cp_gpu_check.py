@@ -38,11 +38,17 @@ from pylib.runtime import launch
 FAILED = []
 
 
+def rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    """||got - want|| / ||want|| over the whole tensor: gradients grow with s, an absolute bound does not."""
+    got, want = got.double().cpu(), want.double().cpu()
+    return ((got - want).norm() / want.norm().clamp_min(1e-300)).item()
+
+
 def report(name: str, err: float, tol: float) -> None:
     ok = err <= tol
     if not ok:
         FAILED.append(name)
-    print(f"{'PASS' if ok else 'FAIL'}  {name}: max |diff| = {err:.3e} (tolerance {tol:.0e})", flush=True)
+    print(f"{'PASS' if ok else 'FAIL'}  {name}: relative error {err:.3e} (tolerance {tol:.0e})", flush=True)
 
 
 def _rand(shape, dtype, device, seed):
@@ -66,10 +72,10 @@ def kernel_checks(device, kernel, dtypes, tol):
                 grads = kernel.backward(dout, q, k, v, out, lse, causal=causal, scale=scale)
                 grads_r = ref.backward(dout, q, k, v, out_r, lse_r, causal=causal, scale=scale)
                 name = f"kernel {kernel.name} vs torch, {str(dtype)[6:]}, heads {h}/{h_kv}, causal={causal}"
-                report(name + ": out", (out.float() - out_r.float()).abs().max().item(), tol)
-                report(name + ": lse", (lse.float() - lse_r.float()).abs().max().item(), tol)
+                report(name + ": out", rel(out, out_r), tol)
+                report(name + ": lse", rel(lse, lse_r), tol)
                 for g, g_r, n in zip(grads, grads_r, ("dq", "dk", "dv")):
-                    report(f"{name}: {n}", (g.float() - g_r.float()).abs().max().item(), tol * 4)
+                    report(f"{name}: {n}", rel(g, g_r), tol)
 
 
 def merge_check(device, kernel, dtype, tol):
@@ -79,7 +85,7 @@ def merge_check(device, kernel, dtype, tol):
     full, _ = kernel.forward(q, k, v, causal=False, scale=scale)
     blocks = [kernel.forward(q, k[:, :, c], v[:, :, c], causal=False, scale=scale) for c in torch.arange(s).chunk(4)]
     out, _ = merge_all(blocks, torch.float32)
-    report(f"merge of 4 {kernel.name} blocks vs one call", (out - full.float()).abs().max().item(), tol)
+    report(f"merge of 4 {kernel.name} blocks vs one call", rel(out, full), tol)
 
 
 def _rank(cfg):
@@ -143,7 +149,7 @@ def main():
     args = ap.parse_args()
 
     if args.cpu:
-        device, backend, dtypes, tol = torch.device("cpu"), "gloo", [torch.float32], 1e-4
+        device, backend, dtypes, tol = torch.device("cpu"), "gloo", [torch.float32], 1e-5
         kernel, cp = TorchKernel(), args.cp or 2
         seq, heads, kv_heads, d = min(args.seq, 256), min(args.heads, 8), min(args.kv_heads, 4), min(args.d_head, 32)
     else:
@@ -151,9 +157,12 @@ def main():
             print("no CUDA device: this script checks the GPU path (use --cpu for a dry run)")
             sys.exit(2)
         if not flash_available():
-            print("flash-attn does not import: pip install -r requirements-gpu.txt --no-build-isolation")
+            print(
+                "flash-attn does not import (optional: pip install flash-attn --no-build-isolation); "
+                "bench/gpu_single.py checks torch's own fused kernel"
+            )
             sys.exit(2)
-        device, backend, dtypes, tol = torch.device("cuda"), "nccl", [torch.bfloat16, torch.float16], 2e-2
+        device, backend, dtypes, tol = torch.device("cuda"), "nccl", [torch.bfloat16, torch.float16], 3e-2
         kernel, cp = FlashKernel(), args.cp or min(torch.cuda.device_count(), 8)
         seq, heads, kv_heads, d = args.seq, args.heads, args.kv_heads, args.d_head
     print(
@@ -183,7 +192,7 @@ def main():
             continue
         for j, name in enumerate(("out", "dq", "dk", "dv")):
             got = unshard_sequence([p[kind][j] for p in per_rank], 2, "zigzag")
-            report(f"{kind} cp={cp} vs one-GPU {kernel.name}: {name}", (got - ref[j]).abs().max().item(), tol * 4)
+            report(f"{kind} cp={cp} vs one-GPU {kernel.name}: {name}", rel(got, ref[j]), tol)
 
     tokens = args.batch * seq
     single = per_rank[0]["single_s"]

@@ -12,7 +12,7 @@ step (DP and the composed model: a few Adam steps) and is compared with the sing
                      pylib.analysis.tp.model_collectives
     cp-ring,         ring attention / Ulysses, causal zig-zag, output and dq/dk/dv vs attention on the whole
     cp-ulysses       sequence; on a GPU in bf16 with the flash-attn kernel when it is installed (`select_kernel`),
-                     else the torch kernel; traffic vs ring_traffic / ulysses_traffic
+                     else torch's own fused attention (SDPAKernel); traffic vs ring_traffic / ulysses_traffic
     ep               ExpertParallelMoE over all ranks, output, input, router and expert gradients vs the
                      reference MoE on every rank's tokens; all-to-all bytes vs the dispatch matrix's formula
     pp               1F1B over all ranks, loss and gradients; point-to-point bytes vs p2p_bytes_per_rank
@@ -600,7 +600,9 @@ def main(argv=None) -> int:
     print(
         f"{n} ranks on {backend}"
         + (f" ({torch.cuda.get_device_name(0)})" if not args.cpu else ", pylib's device-less tensors on meta")
-        + f"; flash-attn {'installed' if flash else 'not installed: CP uses the torch kernel'}",
+        + (
+            "; flash-attn installed" if flash else "; flash-attn not installed: CP uses torch's fused attention on CUDA"
+        ),
         flush=True,
     )
     rows: list[Row] = []

@@ -12,13 +12,14 @@ sequence-sharded to head-sharded and back).
     CPAttention.from_full(attn, group=, layout=, kind=); cp_block(block, ...); CPTransformer.from_full(model, ...)
     ring_rounds(events_by_rank)                                     # seed A's round table from the trace
 
-Files: layout.py (the shardings), kernels.py (the block kernel: torch, flash-attn), merge.py (the LSE merge),
-ring.py, ulysses.py, layer.py (drop-in modules), rounds.py (seed A's round table). The merge-precision experiment is
-`pylib.experiments.ring_merge_drift`.
+Files: layout.py (the shardings), kernels.py (the block kernel: torch, torch's fused SDPA ops, flash-attn),
+merge.py (the LSE merge), ring.py, ulysses.py, layer.py (drop-in modules), rounds.py (seed A's round table). The
+merge-precision experiment is `pylib.experiments.ring_merge_drift`.
 """
 
 from .kernels import (
     FlashKernel,
+    SDPAKernel,
     TorchKernel,
     block_attention,
     block_attention_backward,
@@ -53,6 +54,7 @@ __all__ = [
     "RingAttention",
     "RingStats",
     "RingStep",
+    "SDPAKernel",
     "TorchKernel",
     "block_attention",
     "block_attention_backward",

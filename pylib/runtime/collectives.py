@@ -47,7 +47,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from . import tracer
+from . import compat, tracer
 from .launch import current_device
 from .mesh import AxisGroup
 
@@ -163,7 +163,7 @@ def all_gather_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=None, 
     t0 = tracer.now()
     t_c = t.contiguous()
     flat = torch.empty(g.size * t_c.numel(), dtype=t.dtype, device=t.device)
-    dist.all_gather_single(flat, t_c.view(-1), group=g.pg)
+    compat.all_gather_into(flat, t_c.view(-1), group=g.pg)
     out = torch.cat(flat.view(g.size, *t_c.shape).unbind(0), dim=dim)
     s = _nbytes(out)
     moved = (g.size - 1) * _nbytes(t_c)
@@ -181,7 +181,7 @@ def reduce_scatter_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=No
     t0 = tracer.now()
     stacked = _member_chunks(t, dim, g.size)  # [n, ...]: chunk j goes to member j
     out = torch.empty(stacked.shape[1:], dtype=t.dtype, device=t.device)
-    dist.reduce_scatter_single(out.view(-1), stacked.view(-1), group=g.pg)
+    compat.reduce_scatter_into(out.view(-1), stacked.view(-1), group=g.pg)
     s = _nbytes(t)
     moved = (g.size - 1) * s // g.size
     _record("reduce_scatter", g, s, moved, moved, [t], t0, phase=phase, tag=tag, dim=dim)
@@ -278,7 +278,7 @@ def all_gather_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=None)
     t0 = tracer.now()
     most = max(sizes)
     flat = torch.empty((g.size * most, *t.shape[1:]), dtype=t.dtype, device=t.device)
-    dist.all_gather_single(flat.view(-1), _padded_rows(t, most).view(-1), group=g.pg)
+    compat.all_gather_into(flat.view(-1), _padded_rows(t, most).view(-1), group=g.pg)
     blocks = flat.view(g.size, most, *t.shape[1:])
     out = torch.cat([blocks[j, : sizes[j]] for j in range(g.size)])
     row = math.prod(t.shape[1:]) * t.element_size()
@@ -306,7 +306,7 @@ def reduce_scatter_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=N
     most = max(sizes)
     stacked = torch.stack([_padded_rows(b, most) for b in t.split(sizes)]).contiguous()  # [n, most, ...]
     out = torch.empty((most, *t.shape[1:]), dtype=t.dtype, device=t.device)
-    dist.reduce_scatter_single(out.view(-1), stacked.view(-1), group=g.pg)
+    compat.reduce_scatter_into(out.view(-1), stacked.view(-1), group=g.pg)
     out = out[: sizes[g.rank]]
     row = math.prod(t.shape[1:]) * t.element_size()
     total = row * sum(sizes)
@@ -471,7 +471,7 @@ def reduce_scatter_async(t: torch.Tensor, dim: int = 0, group=None, *, phase=Non
     t0 = tracer.now()
     stacked = _member_chunks(t, dim, g.size)  # [n, ...]: chunk j goes to member j
     out = torch.empty(stacked.shape[1:], dtype=t.dtype, device=t.device)
-    work = dist.reduce_scatter_single(out.view(-1), stacked.view(-1), group=g.pg, async_op=True)
+    work = compat.reduce_scatter_into(out.view(-1), stacked.view(-1), group=g.pg, async_op=True)
     s = _nbytes(t)
     moved = (g.size - 1) * s // g.size
     ev = _record("reduce_scatter", g, s, moved, moved, [t], t0, phase=phase, tag=tag, dim=dim, is_async=True)
