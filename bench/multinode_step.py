@@ -16,7 +16,7 @@ import os
 
 import torch.distributed as dist
 
-from pylib.compose import compare_with_reference, train, train_reference
+from pylib.experiments.compose_training import compare_with_reference, train, train_reference
 from pylib.model import ModelConfig
 from pylib.runtime import ParallelConfig
 

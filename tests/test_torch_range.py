@@ -323,7 +323,7 @@ def test_collectives_give_the_same_results_with_every_post_2_6_api_hidden():
 
 
 def _zero_stages(cfg):
-    from pylib.dp import train_data_parallel
+    from pylib.experiments.dp_training import train_data_parallel
 
     out = {}
     for stage in ("zero1", "zero2", "zero3"):
@@ -351,7 +351,7 @@ COMPOSED = {
 
 @pytest.mark.parametrize("name", list(COMPOSED))
 def test_composed_steps_train_the_same_with_every_post_2_6_api_hidden(name):
-    from pylib.compose import compare_with_reference, train, train_reference
+    from pylib.experiments.compose_training import compare_with_reference, train, train_reference
     from pylib.model import ModelConfig, MoEConfig
 
     axes, kind, kw = COMPOSED[name]
