@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -131,19 +132,18 @@ def _last_started_cell(executed) -> int | None:
     return started[-1] if started else None
 
 
-def run_lab(
-    lab: Lab,
-    *,
-    mode: str = "solution",
-    overrides: dict | None = None,
-    out_dir: Path,
-    timeout: float = 300.0,
-    progress: bool = False,
-) -> dict:
-    """Execute one lab; return its report entry (see pylib.labs.report for the shape)."""
-    import papermill as pm
-    from papermill.exceptions import PapermillExecutionError
+@dataclass
+class _Prepared:
+    """What one lab run needs before its kernel starts: the notebook to run, where its outputs go, its parameters."""
 
+    notebook: nbformat.NotebookNode
+    checks_file: Path
+    executed_path: Path
+    params: dict  # what papermill injects
+    effective: dict  # the values the lab runs with (its defaults, then the injected ones), for the report
+
+
+def _prepare(lab: Lab, mode: str, overrides: dict | None, out_dir: Path) -> _Prepared:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     out_dir = Path(out_dir)
@@ -153,24 +153,28 @@ def run_lab(
     checks_file = out_dir / "checks" / f"{lab.name}.jsonl"
     checks_file.parent.mkdir(parents=True, exist_ok=True)
     checks_file.unlink(missing_ok=True)
-    executed_path = out_dir / f"{lab.name}.ipynb"
     params = dict(overrides or {})
     if mode == "solution":
         params["solution"] = True
     params["checks_report"] = str(checks_file.resolve())
     effective = {**parameters(ran_nb), **params}
     effective.pop("checks_report", None)
+    return _Prepared(ran_nb, checks_file, out_dir / f"{lab.name}.ipynb", params, effective)
 
-    start = time.monotonic()
-    deadline = start + timeout
-    error, status = None, "passed"
+
+def _execute(lab: Lab, prep: _Prepared, timeout: float, progress: bool) -> tuple[str, dict | None]:
+    """Run the notebook with papermill under one deadline; (status, error) with error None when every cell ran."""
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    deadline = time.monotonic() + timeout
     bar = {"desc": lab.name, "position": 1, "leave": False, "unit": "cell"} if progress else False
     with _kernel_environment():
         try:
             pm.execute_notebook(
-                ran_nb,
-                str(executed_path),
-                parameters=params,
+                prep.notebook,
+                str(prep.executed_path),
+                parameters=prep.params,
                 kernel_name="python3",
                 progress_bar=bar,
                 cwd=str(lab.path.parent),
@@ -181,8 +185,7 @@ def run_lab(
                 extra_arguments=["--IPKernelApp.log_level=ERROR"],
             )
         except PapermillExecutionError as exc:
-            status = "failed"
-            error = dict(
+            return "failed", dict(
                 exec_count=exc.exec_count,
                 ename=exc.ename,
                 evalue=strip_ansi(exc.evalue),
@@ -190,54 +193,84 @@ def run_lab(
             )
         except Exception as exc:  # noqa: BLE001 - a timeout, a dead kernel, a kernel that never started
             timed_out = isinstance(exc, TimeoutError) or time.monotonic() >= deadline
-            status = "timeout" if timed_out else "failed"
             what = f"the lab ran past its timeout of {timeout:g} s" if timed_out else f"{type(exc).__name__}: {exc}"
             error = dict(
                 ename="Timeout" if timed_out else type(exc).__name__, evalue=what, traceback=strip_ansi(str(exc))
             )
-    seconds = time.monotonic() - start
+            return ("timeout" if timed_out else "failed"), error
+    return "passed", None
 
-    executed = nbformat.read(executed_path, as_version=4) if executed_path.exists() else ran_nb
-    ran_ids = _cell_index(ran_nb)
+
+def _checks_with_cells(prep: _Prepared, executed, ran_ids) -> list[dict]:
+    """Every check the lab recorded, with the cell it ran in."""
     checks = []
-    for rec in _read_checks(checks_file):
+    for rec in _read_checks(prep.checks_file):
         where = _describe_cell(executed, ran_ids, execution_count=rec.get("execution_count"))
         checks.append({**rec, **where})
-    counts = {s: sum(c["status"] == s for c in checks) for s in ("passed", "failed", "blocked")}
+    return checks
 
+
+def _locate_error(error: dict, executed, ran_ids, counts: dict) -> dict | None:
+    """The error with its cell and rank; None when summary() raised only because checks failed (the failed checks
+    are the explanation)."""
+    exec_count = error.pop("exec_count", None)
+    if exec_count is not None:
+        where = _describe_cell(executed, ran_ids, execution_count=exec_count)
+    else:
+        where = _describe_cell(executed, ran_ids, executed_index=_last_started_cell(executed))
+    m = _RANK.search(error["evalue"])
+    error = {**where, **error, "rank": int(m.group(1)) if m else None}
+    if error["ename"] == "ChecksFailed" and counts["failed"]:
+        return None
+    return error
+
+
+_NO_CHECKS = dict(
+    cell=None,
+    execution_count=None,
+    first_line="",
+    tags=[],
+    ename="NoChecks",
+    evalue="the lab recorded no check (does a cell call begin(checks_report)?)",
+    traceback="",
+    rank=None,
+)
+
+
+def run_lab(
+    lab: Lab,
+    *,
+    mode: str = "solution",
+    overrides: dict | None = None,
+    out_dir: Path,
+    timeout: float = 300.0,
+    progress: bool = False,
+) -> dict:
+    """Execute one lab; return its report entry (see pylib.labs.report for the shape)."""
+    prep = _prepare(lab, mode, overrides, out_dir)
+    start = time.monotonic()
+    status, error = _execute(lab, prep, timeout, progress)
+    seconds = time.monotonic() - start
+
+    executed = nbformat.read(prep.executed_path, as_version=4) if prep.executed_path.exists() else prep.notebook
+    ran_ids = _cell_index(prep.notebook)
+    checks = _checks_with_cells(prep, executed, ran_ids)
+    counts = {s: sum(c["status"] == s for c in checks) for s in ("passed", "failed", "blocked")}
     if error is not None:
-        exec_count = error.pop("exec_count", None)
-        if exec_count is not None:
-            where = _describe_cell(executed, ran_ids, execution_count=exec_count)
-        else:
-            where = _describe_cell(executed, ran_ids, executed_index=_last_started_cell(executed))
-        m = _RANK.search(error["evalue"])
-        error = {**where, **error, "rank": int(m.group(1)) if m else None}
-        if error["ename"] == "ChecksFailed" and counts["failed"]:
-            error = None  # summary() raised because checks failed: the failed checks are the explanation
+        error = _locate_error(error, executed, ran_ids, counts)
     if status == "passed" and counts["failed"]:
         status = "failed"
     if status == "passed" and not checks:
-        status = "failed"
-        error = dict(
-            cell=None,
-            execution_count=None,
-            first_line="",
-            tags=[],
-            ename="NoChecks",
-            evalue="the lab recorded no check (does a cell call begin(checks_report)?)",
-            traceback="",
-            rank=None,
-        )
+        status, error = "failed", dict(_NO_CHECKS)
     return dict(
         lab=lab.name,
         path=str(lab.path),
         mode=mode,
         status=status,
         seconds=round(seconds, 3),
-        executed=str(executed_path),
-        kernel=_read_kernel_info(checks_file),
-        parameters=effective,
+        executed=str(prep.executed_path),
+        kernel=_read_kernel_info(prep.checks_file),
+        parameters=prep.effective,
         counts=counts,
         checks=checks,
         error=error,

@@ -198,74 +198,90 @@ def _hang_report(text: str, n_output: int = 8, n_stack: int = 14) -> str:
     return "\n".join(parts)
 
 
-def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 60.0, **kwargs) -> list:
-    """Run `fn(*args, **kwargs)` on `world_size` ranks with torch.distributed initialised; return results by rank.
-
-    backend: "auto" (NCCL with one GPU per rank when enough GPUs are visible, else gloo), "gloo" or "nccl".
-    timeout: seconds for the whole run, and the process group's own timeout.
-    Tensors in the results are detached and moved to the CPU.
-    """
+def _check_arguments(world_size) -> None:
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, not {world_size!r}")
     if dist.is_available() and dist.is_initialized():
         raise RuntimeError("launch() starts its own ranks; call it from a plain process, not from inside a rank")
+
+
+def _prepare_backend(backend: str, world_size: int):
+    """(backend, multiprocessing context): fork for gloo, spawn for NCCL (CUDA does not survive a fork)."""
     backend = _pick_backend(backend, world_size)
     if backend == "gloo":
         # torch.optim imports torch._dynamo when the first optimizer is built, and the first
         # autograd.backward(y, grad_tensors=g) imports torch.fx's symbolic shapes and sympy (~2.5 s of CPU in all).
         # torch._dynamo brings both. Import it once here, before forking, so ranks inherit it instead of each paying.
         import torch._dynamo  # noqa: F401
-    ctx = mp.get_context("spawn" if backend == "nccl" else "fork")
-    job = cloudpickle.dumps((fn, args, kwargs)) if backend == "nccl" else (fn, args, kwargs)
+    return backend, mp.get_context("spawn" if backend == "nccl" else "fork")
 
-    # Rendezvous through a file in a fresh directory: no port to collide on, no server thread in this process
-    # (a thread holding a lock at the moment of a fork leaves it held forever in the child), and no name lookups
-    # (a TCP store resolves addresses, which stalled 5 s on one launch in ~30 in this sandbox).
-    workdir = tempfile.mkdtemp(prefix="pylib-launch-")
-    store_path = os.path.join(workdir, "store")
-    out_paths = [os.path.join(workdir, f"rank{r}.log") for r in range(world_size)]
-    result_pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (read, write)
-    control_pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
-    procs = []
-    deadline = time.monotonic() + timeout
-    try:
-        for r in range(world_size):
-            mine = {id(result_pipes[r][1]), id(control_pipes[r][0])}
-            others = [c for pair in result_pipes + control_pipes for c in pair if id(c) not in mine]
-            p = ctx.Process(
+
+class _Run:
+    """One launch's processes, pipes and folder: started by `start`, read by `collect`, ended by `close`.
+
+    Rendezvous is through a file in a fresh directory: no port to collide on, no server thread in this process
+    (a thread holding a lock at the moment of a fork leaves it held forever in the child), and no name lookups
+    (a TCP store resolves addresses, which stalled 5 s on one launch in ~30 in this sandbox)."""
+
+    def __init__(self, ctx, world_size: int, timeout: float):
+        self.ctx, self.world, self.timeout = ctx, world_size, timeout
+        self.workdir = tempfile.mkdtemp(prefix="pylib-launch-")
+        self.store_path = os.path.join(self.workdir, "store")
+        self.out_paths = [os.path.join(self.workdir, f"rank{r}.log") for r in range(world_size)]
+        self.result_pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (read, write)
+        self.control_pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
+        self.procs: list = []
+        self.deadline = time.monotonic() + timeout
+
+    def start(self, backend: str, job) -> None:
+        """Start every rank; the parent keeps only the read ends of results and the write ends of control."""
+        forked = self.ctx.get_start_method() == "fork"
+        for r in range(self.world):
+            mine = {id(self.result_pipes[r][1]), id(self.control_pipes[r][0])}
+            others = [c for pair in self.result_pipes + self.control_pipes for c in pair if id(c) not in mine]
+            p = self.ctx.Process(
                 target=_rank_main,
                 args=(
                     r,
-                    world_size,
+                    self.world,
                     backend,
-                    store_path,
-                    timeout,
-                    result_pipes[r][1],
-                    control_pipes[r][0],
-                    out_paths[r],
+                    self.store_path,
+                    self.timeout,
+                    self.result_pipes[r][1],
+                    self.control_pipes[r][0],
+                    self.out_paths[r],
                     os.getpid(),
                     job,
-                    others if ctx.get_start_method() == "fork" else [],
-                    time.time() + timeout,
+                    others if forked else [],
+                    time.time() + self.timeout,
                 ),
                 daemon=True,
                 name=f"pylib-rank-{r}",
             )
             p.start()
-            procs.append(p)
-        for r in range(world_size):  # the parent keeps only the read ends of results and write ends of control
-            result_pipes[r][1].close()
-            control_pipes[r][0].close()
+            self.procs.append(p)
+        for r in range(self.world):
+            self.result_pipes[r][1].close()
+            self.control_pipes[r][0].close()
 
+    def _died(self, r: int) -> dict:
+        self.procs[r].join(0.2)
+        code = self.procs[r].exitcode
+        why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return dict(rank=r, time=time.time(), kind="died", traceback=f"rank {r} died without reporting ({why})")
+
+    def collect(self) -> tuple[dict, list[dict], list[int]]:
+        """(results by rank, failures, silent ranks): read results until every rank answered, the deadline passed,
+        or 50 ms after the first failure (gathering the failures that raced it)."""
         results: dict[int, object] = {}
         failures: list[dict] = []
-        readers = {result_pipes[r][0]: r for r in range(world_size)}
+        readers = {self.result_pipes[r][0]: r for r in range(self.world)}
         first_failure_at = None
         while readers:
             now = time.monotonic()
             if first_failure_at is not None and now - first_failure_at > 0.05:
-                break  # gathered the failures that raced the first one; stop the rest now
-            remaining = deadline - now
+                break
+            remaining = self.deadline - now
             if remaining <= 0:
                 break
             wait_s = remaining if first_failure_at is None else 0.05
@@ -274,14 +290,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 6
                 try:
                     msg = cloudpickle.loads(conn.recv_bytes())
                 except (EOFError, OSError):
-                    procs[r].join(0.2)
-                    code = procs[r].exitcode
-                    why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                    failures.append(
-                        dict(
-                            rank=r, time=time.time(), kind="died", traceback=f"rank {r} died without reporting ({why})"
-                        )
-                    )
+                    failures.append(self._died(r))
                 else:
                     if msg[0] == "ok":
                         results[r] = msg[3]
@@ -289,48 +298,81 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 6
                         failures.append(dict(rank=r, time=msg[2], kind=msg[3], traceback=msg[4]))
                 if failures and first_failure_at is None:
                     first_failure_at = time.monotonic()
+        return results, failures, sorted(readers.values())
 
-        if failures or readers:
-            _kill(procs)
-        else:
-            for r in range(world_size):
-                control_pipes[r][1].close()  # EOF tells each rank it may exit
-            for p in procs:
-                p.join(max(0.0, min(5.0, deadline - time.monotonic())))
-            _kill(procs)
-        outputs = [_read(p) for p in out_paths]
-        _print_outputs(outputs)
+    def release(self) -> None:
+        """Every rank answered: EOF on the control pipes tells each rank it may exit; give them a moment to."""
+        for r in range(self.world):
+            self.control_pipes[r][1].close()
+        for p in self.procs:
+            p.join(max(0.0, min(5.0, self.deadline - time.monotonic())))
 
-        if failures:
-            failures.sort(key=lambda f: (_is_consequence(f), f["time"]))
-            first = failures[0]
-            also = ", ".join(f"rank {f['rank']} ({f['kind']})" for f in failures[1:])
-            msg = f"rank {first['rank']} failed first ({first['kind']}):\n{first['traceback'].rstrip()}"
-            if also:
-                msg += f"\n(then also: {also}; the other ranks were stopped)"
-            raise RankFailedError(first["rank"], msg, failures, outputs)
-        if readers:
-            silent = sorted(readers.values())
-            done = sorted(results)
-            tails = "\n".join(
-                f"--- rank {r}: last output, then where it was stuck ---\n{_hang_report(outputs[r])}"
-                for r in silent
-                if outputs[r]
-            )
-            raise LaunchTimeout(
-                f"launch timed out after {timeout:g} s: ranks {silent} never returned"
-                + (f" (ranks {done} did)" if done else "")
-                + (f"\n{tails}" if tails else ""),
-                silent,
-                outputs,
-            )
-        return [results[r] for r in range(world_size)]
-    finally:
-        _kill(procs)
-        for pair in result_pipes + control_pipes:
+    def outputs(self) -> list[str]:
+        return [_read(p) for p in self.out_paths]
+
+    def close(self) -> None:
+        _kill(self.procs)
+        for pair in self.result_pipes + self.control_pipes:
             for c in pair:
                 c.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _failure_error(failures: list[dict], outputs: list[str]) -> RankFailedError:
+    """One error naming the rank that failed first (a peer's lost connection ranks after real errors)."""
+    failures.sort(key=lambda f: (_is_consequence(f), f["time"]))
+    first = failures[0]
+    also = ", ".join(f"rank {f['rank']} ({f['kind']})" for f in failures[1:])
+    msg = f"rank {first['rank']} failed first ({first['kind']}):\n{first['traceback'].rstrip()}"
+    if also:
+        msg += f"\n(then also: {also}; the other ranks were stopped)"
+    return RankFailedError(first["rank"], msg, failures, outputs)
+
+
+def _timeout_error(timeout: float, silent: list[int], done: list[int], outputs: list[str]) -> LaunchTimeout:
+    """The ranks that never answered, each with its last output and where it was stuck."""
+    tails = "\n".join(
+        f"--- rank {r}: last output, then where it was stuck ---\n{_hang_report(outputs[r])}"
+        for r in silent
+        if outputs[r]
+    )
+    return LaunchTimeout(
+        f"launch timed out after {timeout:g} s: ranks {silent} never returned"
+        + (f" (ranks {done} did)" if done else "")
+        + (f"\n{tails}" if tails else ""),
+        silent,
+        outputs,
+    )
+
+
+def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 60.0, **kwargs) -> list:
+    """Run `fn(*args, **kwargs)` on `world_size` ranks with torch.distributed initialised; return results by rank.
+
+    backend: "auto" (NCCL with one GPU per rank when enough GPUs are visible, else gloo), "gloo" or "nccl".
+    timeout: seconds for the whole run, and the process group's own timeout.
+    Tensors in the results are detached and moved to the CPU.
+    """
+    _check_arguments(world_size)
+    backend, ctx = _prepare_backend(backend, world_size)
+    job = cloudpickle.dumps((fn, args, kwargs)) if backend == "nccl" else (fn, args, kwargs)
+    run = _Run(ctx, world_size, timeout)
+    try:
+        run.start(backend, job)
+        results, failures, silent = run.collect()
+        if failures or silent:
+            _kill(run.procs)
+        else:
+            run.release()
+            _kill(run.procs)
+        outputs = run.outputs()
+        _print_outputs(outputs)
+        if failures:
+            raise _failure_error(failures, outputs)
+        if silent:
+            raise _timeout_error(timeout, silent, sorted(results), outputs)
+        return [results[r] for r in range(world_size)]
+    finally:
+        run.close()
 
 
 def _kill(procs) -> None:
