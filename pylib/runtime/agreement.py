@@ -11,6 +11,7 @@ and every rank raises the same ValueError naming each rank's value when they dif
     agreement_check(False)            # switch it off in this rank (returns the previous setting)
     with agreement_check(False): ...  # or for a block
 
+Called in the caller before `launch`, the setting reaches gloo's ranks too (they are forked from the caller).
 Default (`None`): on under gloo (the CPU ranks of the tests, the labs and the book), off under NCCL, where the
 extra collective would cost real latency on every call. The check is one all-gather of `descriptor_length(n)`
 int64 values per collective; `bench/reliability.py` measures what it costs. It is not traced (it moves no model

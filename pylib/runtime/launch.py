@@ -459,6 +459,8 @@ def _timeout_error(timeout: float, silent: list[int], done: list[int], outputs: 
         lines.append(f"ranks {sorted(waiting)} were waiting inside {', '.join(ops)}")
         for r in culprits:
             lines.append(f"rank {r} was NOT inside a collective (it was at {where[r]}): the others wait for it")
+        if done and not culprits:
+            lines.append(f"ranks {done} had returned, so nothing could answer ranks {sorted(waiting)}")
     tails = "\n".join(
         f"--- rank {r}: last output, then where it was stuck ---\n{_hang_report(outputs[r])}"
         for r in silent
