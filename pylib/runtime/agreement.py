@@ -172,9 +172,10 @@ def agree(
         return
     n = g.size
     device = tensors[0].device if tensors else torch.device("cpu")
-    mine = torch.tensor(_encode(kind or who, n, tensors, params, sizes, in_splits, out_splits), dtype=torch.int64)
+    desc = _encode(kind or who, n, tensors, params, sizes, in_splits, out_splits)
+    mine = torch.tensor(desc, dtype=torch.int64, device=device)  # on the rank's device: NCCL moves no CPU tensor
     gathered = torch.empty(n * mine.numel(), dtype=torch.int64, device=device)
-    dist.all_gather_single(gathered, mine.to(device), group=g.pg)
+    dist.all_gather_single(gathered, mine, group=g.pg)
     calls = [_Call(row, n) for row in gathered.view(n, -1).cpu().tolist()]
     ranks = list(g.ranks)
     if len({c.op for c in calls}) > 1:
