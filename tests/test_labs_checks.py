@@ -146,3 +146,19 @@ def test_assert_close_names_what_differs_and_where():
     with pytest.raises(AssertionError, match=r"shape \(3,\), expected \(2, 3\)"):
         assert_close(torch.zeros(3), a, "y")
     assert_close(b, a, "loose", atol=1e-5)
+
+
+def test_a_rank_that_died_is_explained_by_its_reason_not_its_last_output_line():
+    from pylib.labs.checks import explain
+    from pylib.runtime.launch import RankFailedError
+
+    tb = (
+        "rank 0 died without reporting (signal 6): what():  Received data size doesn't match expected size\n"
+        "--- the last lines rank 0 printed ---\nterminate called ...\nExtension modules: numpy, torch (total: 2)"
+    )
+    err = RankFailedError(
+        0, f"rank 0 failed first (died):\n{tb}", [dict(rank=0, time=0.0, kind="died", traceback=tb)], []
+    )
+    message, detail, rank = explain(err)
+    assert rank == 0 and message.startswith("rank 0: rank 0 died without reporting (signal 6): what():")
+    assert "doesn't match expected size" in message and "Extension modules" in detail

@@ -9,8 +9,12 @@ costs about as long as its slowest run.
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import nbformat
@@ -58,20 +62,34 @@ def runs(tmp_path_factory):
                 [],
             ),
             ("launch(broken, world_size, backend=backend)", ["run"]),
+            ('check("after the failure", True)', []),
             ("summary()", []),
         ],
     )
-    slow_lab = _fixture_lab(
+    dying_lab = _fixture_lab(
+        tmp / "04_kernel_dies.ipynb",
+        [PARAMETERS, ("import os\nimport signal\n\nos.kill(os.getpid(), signal.SIGKILL)", []), ("summary()", [])],
+    )
+    slow_lab = _fixture_lab(  # the lab times out while its ranks run: the kernel dies inside launch
         tmp / "03_hangs.ipynb",
-        [PARAMETERS, ("import time\n\ntime.sleep(600)", []), ("summary()", [])],
+        [
+            PARAMETERS,
+            ("import time\n\nfrom pylib.runtime import launch\n\nlaunch(lambda: time.sleep(600), 2, timeout=None)", []),
+            ("summary()", []),
+        ],
     )
     commands = {
         "solution": ["run", "--all", "--out", str(tmp / "solution")],
         "learner": ["run", "--all", "--learner", "--out", str(tmp / "learner")],
-        "rank": ["run", str(rank_lab), "--out", str(tmp / "rank")],
+        "rank": ["run", str(rank_lab), str(dying_lab), "--out", str(tmp / "rank")],
         "timeout": ["run", str(slow_lab), "--timeout", "40", "--out", str(tmp / "timeout")],
     }
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    scratch = tempfile.mkdtemp(prefix="h", dir="/tmp")  # the runs' TMPDIR (short: kernels bind Unix sockets there)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "TMPDIR": scratch,
+    }
     procs = {
         name: subprocess.Popen(
             [sys.executable, "-m", "pylib.labs", *args],
@@ -94,6 +112,8 @@ def runs(tmp_path_factory):
             out_dir=report_path.parent,
             report=json.loads(report_path.read_text()) if report_path.exists() else None,
         )
+    out["left in TMPDIR"] = sorted(os.listdir(scratch))
+    shutil.rmtree(scratch, ignore_errors=True)
     return out
 
 
@@ -134,13 +154,24 @@ def test_learner_versions_fail_their_checks_with_not_done_yet(runs):
     assert "not done yet" in run["stderr"]
 
 
+def test_the_learner_sees_one_line_per_unfinished_exercise_and_no_tracebacks(runs):
+    err = runs["learner"]["stderr"]
+    assert "Traceback" not in err, err[:3000]
+    for lab in LABS:
+        cells = [c for c in lab.read().cells if "exercise" in tags(c)]
+        exercises = sorted({int(n) for c in cells for n in EXERCISE_NUMBER.findall(c.source)})
+        block = err.split(f"lab {lab.name} failed", 1)[1].split("✗ lab ", 1)[0]
+        lines = [int(n) for n in re.findall(r"^  ✗ exercise (\d+) not done yet: ", block, flags=re.M)]
+        assert lines == exercises, f"{lab.name}: {lines} != {exercises}\n{block}"
+
+
 def test_report_json_has_the_documented_shape(runs):
     report = runs["solution"]["report"]
     assert report["schema"] == "pylib.labs.report/1"
     assert set(report) >= {"schema", "mode", "passed", "started", "seconds", "overrides", "machine", "totals", "labs"}
     assert set(report["machine"]) >= {"python", "executable", "torch", "platform", "cpus", "cuda_gpus"}
     assert report["totals"]["labs"] == len(report["labs"]) == report["totals"]["labs_passed"]
-    totals = {s: sum(lab["counts"][s] for lab in report["labs"]) for s in ("passed", "failed", "blocked")}
+    totals = {s: sum(lab["counts"][s] for lab in report["labs"]) for s in ("passed", "failed", "blocked", "not_run")}
     assert report["totals"]["checks"] == totals
     lab_keys = {"lab", "path", "mode", "status", "seconds", "executed", "parameters", "counts", "checks", "error"}
     check_keys = {
@@ -193,6 +224,13 @@ def test_a_rank_that_raises_fails_the_harness_naming_lab_cell_and_rank(runs):
     assert lab["status"] == "failed"
     assert (lab["error"]["cell"], lab["error"]["rank"], lab["error"]["ename"]) == (3, 1, "RankFailedError")
     assert [c["status"] for c in lab["checks"]] == ["passed"]  # the check before the failure was recorded
+    assert lab["counts"]["not_run"] == 1  # the check after it never ran, and says so
+
+
+def test_a_dead_kernel_fails_its_lab_and_leaves_no_folder(runs):
+    lab = _labs_by_name(runs["rank"]["report"])["04_kernel_dies"]
+    assert lab["status"] == "failed" and lab["error"]["ename"] == "DeadKernelError"
+    assert not [n for n in runs["left in TMPDIR"] if n.startswith("pylib-")], runs["left in TMPDIR"]
 
 
 def test_a_lab_past_its_timeout_is_stopped_and_reported(runs):
@@ -202,3 +240,120 @@ def test_a_lab_past_its_timeout_is_stopped_and_reported(runs):
     assert lab["status"] == "timeout" and lab["seconds"] < 120  # 40 s deadline, generous under load
     assert lab["error"]["cell"] == 1 and "timeout of 40 s" in lab["error"]["evalue"]
     assert "03_hangs" in run["stderr"] and "time.sleep(600)" in run["stderr"]
+    # the kernel was killed inside launch: the harness swept its launch folder (and its ranks died with it)
+    assert not [n for n in runs["left in TMPDIR"] if n.startswith("pylib-launch-")], runs["left in TMPDIR"]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "State:\tZ" not in f.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_an_interrupted_run_writes_the_report_with_the_running_lab_interrupted(tmp_path, sig):
+    quick = _fixture_lab(
+        tmp_path / "01_quick.ipynb",
+        [
+            PARAMETERS,
+            ("from pylib.labs.checks import begin, check, summary\n\nbegin(checks_report)", []),
+            ('check("quick", True)', []),
+            ("summary()", []),
+        ],
+    )
+    stuck = _fixture_lab(
+        tmp_path / "02_stuck.ipynb",
+        [
+            PARAMETERS,
+            (
+                "import os\nimport time\n\nfrom pylib.labs.checks import begin, check, summary\n\nbegin(checks_report)",
+                [],
+            ),
+            ('check("started", True)\nopen("kernel.pid", "w").write(str(os.getpid()))\ntime.sleep(600)', []),
+            ('check("never", True)', []),
+            ("summary()", []),
+        ],
+    )
+    scratch = tempfile.mkdtemp(prefix="h", dir="/tmp")
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "TMPDIR": scratch,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pylib.labs", "run", str(quick), str(stuck), "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    pid_file = tmp_path / "kernel.pid"
+    deadline = time.monotonic() + 300
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    kernel = int(pid_file.read_text())
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, stdout + stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["interrupted"] == sig.name and not report["passed"]
+    assert [(r["lab"], r["status"]) for r in report["labs"]] == [("01_quick", "passed"), ("02_stuck", "interrupted")]
+    stuck_result = report["labs"][1]
+    assert [c["name"] for c in stuck_result["checks"]] == ["started"] and stuck_result["counts"]["not_run"] == 1
+    assert "interrupted" in (out / "report.html").read_text()
+    assert not _pid_alive(kernel), "the interrupted lab's kernel outlived the harness"
+    assert not os.listdir(scratch), os.listdir(scratch)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _quick_lab(tmp_path) -> Path:
+    setup = ("from pylib.labs.checks import begin, check, summary\n\nbegin(checks_report)", [])
+    return _fixture_lab(tmp_path / "01_quick.ipynb", [PARAMETERS, setup, ("summary()", [])])
+
+
+def test_bad_harness_inputs_exit_2_naming_the_value_or_the_path(tmp_path, capsys):
+    from pylib.labs.cli import main
+
+    quick = _quick_lab(tmp_path)
+    not_nb = tmp_path / "05_not_a_notebook.ipynb"
+    not_nb.write_text('{"a": 1}')
+    not_json = tmp_path / "06_not_json.ipynb"
+    not_json.write_text("this is not JSON")
+    out = str(tmp_path / "out")
+    cases = [
+        (["run", str(not_nb), "--out", out], f"{not_nb}: not a valid notebook"),
+        (["run", str(not_json), "--out", out], f"{not_json}: not a valid notebook"),
+        (["run", str(quick), "--timeout", "0", "--out", out], "--timeout must be a finite number of seconds > 0"),
+        (["run", str(quick), "--timeout", "-5", "--out", out], "--timeout must be a finite number of seconds > 0"),
+        (["run", str(quick), "-p", "world_size=two", "--out", out], "world_size is an int (default 2), not a str"),
+        (["run", str(quick), "-p", "world_size=2.5", "--out", out], "world_size is an int (default 2), not a float"),
+        (["run", str(quick), "-p", "world_size=0", "--out", out], "a lab runs on at least 1 rank"),
+        (["run", str(quick), "-p", "backend=True", "--out", out], "backend is a str (default 'gloo'), not a bool"),
+        (["run", str(quick), "--out", "/proc/no/such/place"], "--out /proc/no/such/place: cannot write there"),
+        (["lint", str(not_json)], f"{not_json}: not a valid notebook"),
+    ]
+    for argv, message in cases:
+        try:
+            rc = main(argv)
+        except SystemExit as exc:  # argparse refuses its own arguments with exit 2
+            rc = exc.code
+        err = capsys.readouterr().err
+        assert rc == 2 and message in err, (argv, rc, err)
+    assert not (tmp_path / "out").exists()  # nothing ran
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has GPUs: the lab would run")
+def test_nccl_asked_for_on_a_machine_without_gpus_is_blocked_not_failed(tmp_path, capsys):
+    from pylib.labs.cli import main
+
+    quick = _quick_lab(tmp_path)
+    rc = main(["run", str(quick), "-p", "backend=nccl", "-p", "device=cuda", "--out", str(tmp_path / "out")])
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    lab = report["labs"][0]
+    assert rc == 0 and lab["status"] == "blocked" and lab["counts"]["failed"] == 0
+    assert "needs 2 CUDA GPUs, 0 visible" in lab["error"]["evalue"]
+    assert "blocked" in capsys.readouterr().out

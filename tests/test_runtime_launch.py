@@ -244,3 +244,173 @@ def test_ranks_compute_on_the_cpu_under_gloo():
     from pylib.runtime import current_device
 
     assert launch(lambda: str(current_device()), 2, backend="gloo") == ["cpu", "cpu"]
+
+
+# ------------------------------------------------------------------------------------------ hardening (issue 18)
+
+
+def _start_sleeper():
+    """A rank that starts a child process of its own and returns its pid."""
+    return subprocess.Popen(["sleep", "300"]).pid
+
+
+def test_processes_a_rank_starts_do_not_survive_launch_returning_or_raising():
+    pids = launch(_start_sleeper, 2)
+    assert not [p for p in pids if _alive(p)], "a rank's child outlived launch()"
+
+    def start_then_fail():
+        pid = subprocess.Popen(["sleep", "300"]).pid
+        print(f"child {pid}", flush=True)
+        if dist.get_rank() == 1:
+            raise RuntimeError("after starting a child")
+        dist.barrier()
+
+    with pytest.raises(RankFailedError) as info:
+        launch(start_then_fail, 2, timeout=30)
+    children = [int(line.split()[1]) for text in info.value.outputs for line in text.splitlines() if "child" in line]
+    assert len(children) == 2 and not [p for p in children if _alive(p)]
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_stale_launch_folders_are_swept_by_owner_liveness(tmp_path, monkeypatch):
+    import tempfile
+
+    from pylib.runtime import leftovers
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    me = os.getpid()
+    dead = tmp_path / f"pylib-launch-{_dead_pid()}-12345-abcd"
+    reused = tmp_path / f"pylib-launch-{me}-1-abcd"  # our pid, but another start time: its owner is gone
+    live = tmp_path / f"pylib-launch-{me}-{leftovers.start_time(me)}-abcd"
+    other = tmp_path / "pylib-launch-legacy"  # no owner in the name: never touched
+    for d in (dead, reused, live, other):
+        d.mkdir()
+    assert launch(lambda: dist.get_rank(), 2) == [0, 1]
+    assert not dead.exists() and not reused.exists()
+    assert live.exists() and other.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("pylib-launch-") and p != live] == [other.name]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_killed_caller_leaves_no_folder_and_no_rank_child_after_the_next_launch(tmp_path, sig, monkeypatch):
+    import tempfile
+
+    tdir = tmp_path / "tmp"
+    tdir.mkdir()
+    script = _script(
+        tmp_path,
+        """
+        import subprocess, time
+        from pylib.runtime import launch
+        def fn():
+            print(subprocess.Popen(["sleep", "300"]).pid, flush=True)
+            time.sleep(300)
+        launch(fn, 2, timeout=300)
+        """,
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tdir)}
+    p = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    logs = []
+    while time.monotonic() < deadline:
+        logs = [f for d in tdir.glob("pylib-launch-*") for f in d.glob("rank*.log")]
+        if len(logs) == 2 and all(f.read_text().strip() for f in logs):
+            break
+        time.sleep(0.1)
+    children = [int(f.read_text().split()[0]) for f in logs]
+    assert len(children) == 2
+    p.send_signal(sig)
+    p.wait(timeout=60)
+    if sig == signal.SIGTERM:  # the caller cleaned up on its way out
+        assert not list(tdir.glob("pylib-launch-*"))
+    else:  # nothing could run in the caller: the next launch sweeps its folder and its ranks' groups
+        monkeypatch.setattr(tempfile, "tempdir", str(tdir))
+        launch(lambda: None, 1)
+        assert not list(tdir.glob("pylib-launch-*"))
+    deadline = time.monotonic() + 10
+    while any(_alive(c) for c in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [c for c in children if _alive(c)], f"a rank's child outlived a {sig.name} of the caller"
+
+
+def test_a_rank_aborted_by_gloo_is_named_with_gloos_reason():
+    def fn():
+        n = 3 if dist.get_rank() == 0 else 5
+        dist.all_reduce(torch.ones(n))
+
+    with pytest.raises(RankFailedError) as info:
+        launch(fn, 2, timeout=30)
+    text = str(info.value)
+    assert "died without reporting (signal 6)" in text
+    assert "doesn't match expected size" in text.splitlines()[1], text  # the reason is on the rank's own line
+
+
+def test_a_segfaulting_rank_reports_its_python_stack():
+    def crash_here():
+        import ctypes
+
+        ctypes.string_at(0)
+
+    def fn():
+        if dist.get_rank() == 1:
+            crash_here()
+        dist.barrier()
+
+    with pytest.raises(RankFailedError) as info:
+        launch(fn, 2, timeout=30)
+    assert info.value.rank == 1
+    text = str(info.value)
+    assert "signal 11" in text and "Fatal Python error: Segmentation fault" in text
+    assert "in crash_here" in text, text
+
+
+def test_a_hang_names_the_rank_that_is_not_inside_the_collective_its_peers_wait_in():
+    def fn():
+        if dist.get_rank() == 1:
+            time.sleep(60)
+        dist.all_reduce(torch.ones(2))
+
+    with pytest.raises(LaunchTimeout) as info:
+        launch(fn, 4, timeout=4.0)
+    err = info.value
+    assert err.silent_ranks == [0, 1, 2, 3]
+    assert err.culprits == [1]
+    assert {r: err.where[r] for r in (0, 2, 3)} == {0: "all_reduce", 2: "all_reduce", 3: "all_reduce"}
+    assert "rank 1 was NOT inside a collective" in str(err) and "in fn" in err.where[1]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(timeout=0), ValueError, "timeout must be > 0"),
+        (dict(timeout=-5), ValueError, "timeout must be > 0"),
+        (dict(timeout=float("nan")), ValueError, "timeout must be > 0"),
+        (dict(timeout="10"), TypeError, "timeout must be a number of seconds"),
+        (dict(timeout=True), TypeError, "timeout must be a number of seconds"),
+    ],
+)
+def test_bad_timeouts_are_refused_before_any_rank_starts(kwargs, error, match):
+    t0 = time.monotonic()
+    with pytest.raises(error, match=match):
+        launch(_rank_and_sum, 2, 1.0, **kwargs)
+    assert time.monotonic() - t0 < 0.5 and _children_of(os.getpid()) == []
+
+
+def test_no_timeout_means_no_limit():
+    import math
+
+    assert [r["rank"] for r in launch(_rank_and_sum, 2, 1.0, timeout=None)] == [0, 1]
+    assert [r["rank"] for r in launch(_rank_and_sum, 2, 1.0, timeout=math.inf)] == [0, 1]
+
+
+def test_a_function_that_is_not_callable_is_refused_at_once():
+    t0 = time.monotonic()
+    with pytest.raises(TypeError, match="fn must be callable"):
+        launch("not a function", 2)
+    assert time.monotonic() - t0 < 0.5

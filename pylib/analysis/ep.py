@@ -101,10 +101,10 @@ def etp_gather_bytes(rows_per_member: Sequence[int], member: int, h: int, dtype_
 
 
 def expert_capacity_tokens(tokens: int, top_k: int, n_experts: int, capacity_factor: float | None) -> int | None:
-    """C = ceil(capacity_factor * T * k / E) per expert for the T tokens of one rank (None: no dropping)."""
+    """C = ceil((T * k / E) * capacity_factor) per expert for the T tokens of one rank (None: no dropping)."""
     if capacity_factor is None:
         return None
-    return math.ceil(capacity_factor * tokens * top_k / n_experts)
+    return math.ceil((tokens * top_k / n_experts) * capacity_factor)  # Megatron's order: ceil((T*k/E) * cf)
 
 
 def expert_params_per_rank(h: int, d_ff: int, n_experts: int, ep: int, etp: int = 1, mlp: str = "gelu") -> int:

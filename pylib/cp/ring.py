@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from pylib.runtime import collectives as C
 from pylib.runtime import tracer
+from pylib.runtime.agreement import agree
 from pylib.runtime.mesh import AxisGroup
 
 from .kernels import accumulation_dtype, default_scale, select_kernel
@@ -291,6 +292,8 @@ def check_qkv(q, k, v, cp_size: int, layout: str, who: str) -> None:
         raise ValueError(f"{who}: q, k, v must be [b, heads, s_local, d_head]; got {tuple(q.shape)}, {tuple(k.shape)}")
     if k.shape != v.shape:
         raise ValueError(f"{who}: k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"{who}: q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     b, n_head, s_local, d = q.shape
     if (k.shape[0], k.shape[2], k.shape[3]) != (b, s_local, d):
         raise ValueError(f"{who}: q {tuple(q.shape)} and k {tuple(k.shape)} disagree on batch, s_local or d_head")
@@ -329,6 +332,7 @@ def ring_attention(
     """
     g = cp_group(group)
     check_qkv(q, k, v, g.size, layout, "ring_attention")
+    agree("ring_attention", g, [q, k, v], params=[int(bool(causal))], param_names=["causal"])  # before any P2P
     scale = default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     merge_dtype = accumulation_dtype(q.dtype) if merge_dtype is None else merge_dtype
     if not merge_dtype.is_floating_point:

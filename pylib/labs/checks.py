@@ -186,6 +186,8 @@ def explain(exc: BaseException) -> tuple[str, str, int | None]:
     if isinstance(exc, RankFailedError):
         first = exc.failures[0] if exc.failures else {}
         lines = [line for line in first.get("traceback", "").splitlines() if line.strip()]
+        if first.get("kind") == "died":  # its first line says how it died and why (see launch._explain_deaths)
+            lines = lines[:1]
         last = lines[-1].strip() if lines else str(exc).splitlines()[0]
         return f"rank {exc.rank}: {last}", str(exc), exc.rank
     if isinstance(exc, LaunchTimeout):

@@ -8,8 +8,11 @@
     python -m pylib.labs lint                            # check every lab's format (--strip clears outputs)
     python -m pylib.labs new labs/08_my_topic.ipynb      # a skeleton lab in the format
 
-`run` exits 0 when every lab passed, 1 when any lab failed (the failures are printed: lab, cell, check, rank and
-traceback), 2 on a usage error.
+`run` exits 0 when every lab passed (or was blocked: it needs GPUs this machine lacks), 1 when any lab failed (the
+failures are printed: lab, cell, check, rank and traceback), 2 on a usage error (a bad -p value, --timeout <= 0, a
+lab that is not a readable notebook, an --out folder that cannot be written; the message names the value or the
+path), 130 / 143 when interrupted by SIGINT / SIGTERM (the report, written after every lab, marks the running lab
+`interrupted`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,17 @@ def parse_override(text: str) -> tuple[str, object]:
     except (ValueError, SyntaxError):
         parsed = value
     return name.strip(), parsed
+
+
+def positive_seconds(text: str) -> float:
+    """--timeout: a number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--timeout takes seconds, a number > 0, not {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"--timeout must be a finite number of seconds > 0, not {text!r}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -80,7 +94,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME=VALUE",
         help="override a parameters-cell value (repeatable)",
     )
-    run.add_argument("--timeout", type=float, default=300.0, help="seconds per lab, kernel start included (300)")
+    run.add_argument(
+        "--timeout", type=positive_seconds, default=300.0, help="seconds per lab, kernel start included (300)"
+    )
     run.add_argument("--out", type=Path, default=None, help="executed notebooks and report (default: labs/_runs/MODE)")
     bars = run.add_mutually_exclusive_group()
     bars.add_argument(
@@ -108,12 +124,45 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _labs(args, names):
-    return select_labs(names, args.labs_dir) if names else find_labs(args.labs_dir)
+    labs = select_labs(names, args.labs_dir) if names else find_labs(args.labs_dir)
+    for lab in labs:
+        check_readable(lab.path)
+    return labs
+
+
+def check_readable(path: Path) -> None:
+    """Raise ValueError naming `path` unless it is a JSON file that nbformat reads and validates as a notebook."""
+    import json
+
+    import nbformat
+
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not a notebook: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except Exception as exc:  # noqa: BLE001 - nbformat raises jsonschema's, its own and KeyError/TypeError
+        text = str(exc).strip()
+        reason = getattr(exc, "message", None) or (text.splitlines()[0] if text else type(exc).__name__)
+        raise ValueError(f"{path}: not a valid notebook: {reason}") from None
+
+
+def check_writable(folder: Path) -> None:
+    """Raise ValueError naming `folder` unless it can be created and written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".pylib-write-check"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--out {folder}: cannot write there ({exc.strerror or exc})") from None
 
 
 def _run(args) -> int:
-    from .report import failure_text, terminal_table, write_report
-    from .runner import resolve_overrides, run_labs
+    from .report import failure_text, terminal_table
+    from .runner import Interrupted, interrupt_on_sigterm, resolve_overrides, run_labs
 
     if args.all and args.labs:
         raise ValueError("give lab names or --all, not both")
@@ -123,17 +172,28 @@ def _run(args) -> int:
     labs_dir = args.labs_dir or default_labs_dir()
     out = args.out or (Path(labs_dir) / "_runs" / args.mode)
     overrides = dict(args.overrides)
-    resolve_overrides(labs, overrides)  # reject unknown names before anything runs
+    resolve_overrides(labs, overrides)  # reject unknown names and ill-typed values before anything runs
+    check_writable(Path(out))
     print(
         f"running {len(labs)} lab(s) in {args.mode} mode"
         + (f" with {overrides}" if overrides else "")
         + f"; executed notebooks and report in {out}",
         flush=True,
     )
-    report = run_labs(
-        labs, mode=args.mode, overrides=overrides, out_dir=out, timeout=args.timeout, progress=args.progress
-    )
-    json_path, html_path = write_report(report, out)
+    try:
+        with interrupt_on_sigterm():
+            report = run_labs(
+                labs, mode=args.mode, overrides=overrides, out_dir=out, timeout=args.timeout, progress=args.progress
+            )
+    except Interrupted as stop:
+        report = getattr(stop, "report", None)
+        if report is not None:
+            print()
+            print(terminal_table(report))
+            print(f"report: {Path(out) / 'report.json'} and {Path(out) / 'report.html'}")
+        print(f"INTERRUPTED ({stop}): the report marks the running lab 'interrupted'", file=sys.stderr)
+        return 128 + stop.signum
+    json_path, html_path = Path(out) / "report.json", Path(out) / "report.html"
     print()
     print(terminal_table(report))
     details = failure_text(report)
@@ -141,7 +201,7 @@ def _run(args) -> int:
         print(details, file=sys.stderr if not report["passed"] else sys.stdout, flush=True)
     print(f"report: {json_path} and {html_path}")
     if not report["passed"]:
-        bad = [r["lab"] for r in report["labs"] if r["status"] != "passed"]
+        bad = [r["lab"] for r in report["labs"] if r["status"] not in ("passed", "blocked")]
         print(
             f"FAILED: {len(bad)} of {len(labs)} lab(s) did not pass ({args.mode} mode): {', '.join(bad)}",
             file=sys.stderr,

@@ -132,6 +132,79 @@ def _parameter_problems(source: str) -> list[str]:
     return problems
 
 
+def _storage_problems(cells) -> list[str]:
+    """Stored stripped, every cell with a unique id."""
+    problems = []
+    dirty = [i for i, c in enumerate(cells) if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))]
+    if dirty:
+        problems.append(f"code cells {dirty} carry outputs or execution counts (store labs stripped)")
+    ids = [c.get("id") for c in cells]
+    if None in ids or len(set(ids)) != len(ids):
+        problems.append("every cell needs a unique id (nbformat >= 4.5); the harness maps report cells by id")
+    return problems
+
+
+def _parameters_problems(nb) -> list[str]:
+    """Exactly one parameters cell, papermill-parsable, with every required name and the right defaults."""
+    tagged = [i for i, c in enumerate(nb.cells) if "parameters" in tags(c)]
+    if len(tagged) != 1:
+        return [f"exactly one cell must be tagged 'parameters', found {len(tagged)}"]
+    problems = _parameter_problems(nb.cells[tagged[0]].source)
+    values = parameters(nb)
+    lacking = [p for p in REQUIRED_PARAMETERS if p not in values]
+    if lacking:
+        problems.append(f"the parameters cell lacks {lacking} (every lab has {list(REQUIRED_PARAMETERS)})")
+    elif values["solution"] is not True:
+        problems.append("the source lab sets solution = True (it is the solved lab; the learner version flips it)")
+    if "checks_report" in values and values["checks_report"] is not None:
+        problems.append("checks_report must default to None (the harness passes a file)")
+    return problems
+
+
+def _solution_problems(cells, i: int) -> list[str]:
+    cell, problems = cells[i], []
+    if i == 0 or not ({"exercise", "solution"} & set(tags(cells[i - 1]))):
+        problems.append(f"solution cell {i} must come right after an exercise cell")
+    if cell.cell_type == "code" and first_line(cell) != "if solution:":
+        problems.append(f"solution cell {i} must start with `if solution:` (so solution=False skips it)")
+    if "ExerciseNotDone" in cell.source:
+        problems.append(f"solution cell {i} still raises ExerciseNotDone")
+    return problems
+
+
+def _exercise_problems(cells) -> list[str]:
+    """Each exercise raises ExerciseNotDone(n, ...) and is followed by its solution; exercises numbered 1..n."""
+    problems, numbers = [], []
+    for i, cell in enumerate(cells):
+        t = tags(cell)
+        if "exercise" in t:
+            found = EXERCISE_NUMBER.findall(cell.source)
+            if not found:
+                problems.append(f"exercise cell {i} has no placeholder raising ExerciseNotDone(n, ...)")
+            numbers += [int(n) for n in found]
+            nxt = cells[i + 1] if i + 1 < len(cells) else None
+            if nxt is None or "solution" not in tags(nxt):
+                problems.append(f"exercise cell {i} must be followed by its cell tagged 'solution'")
+        if "solution" in t:
+            problems += _solution_problems(cells, i)
+    if not numbers:
+        problems.append("a lab has at least one exercise cell (tagged 'exercise')")
+    elif sorted(set(numbers)) != list(range(1, max(numbers) + 1)):
+        problems.append(f"exercises are numbered 1..n without gaps, found {sorted(set(numbers))}")
+    return problems
+
+
+def _checks_wiring_problems(cells) -> list[str]:
+    """A cell calls begin(checks_report) and the last code cell calls summary()."""
+    problems = []
+    code = [c for c in cells if c.cell_type == "code"]
+    if not any(re.search(r"\bbegin\(\s*checks_report\s*\)", c.source) for c in code):
+        problems.append("no cell calls begin(checks_report) (checks would not reach the harness)")
+    if not code or not re.search(r"\bsummary\(\)", code[-1].source):
+        problems.append("the last code cell must call summary() (so a failed check fails the notebook)")
+    return problems
+
+
 def lab_problems(path: Path) -> list[str]:
     """Every way the notebook at `path` breaks the lab format (empty when it is a well-formed lab)."""
     path = Path(path)
@@ -146,54 +219,10 @@ def lab_problems(path: Path) -> list[str]:
         nbformat.validate(nb)
     except nbformat.ValidationError as exc:
         problems.append(f"invalid notebook: {exc.message}")
-    cells = nb.cells
-    dirty = [i for i, c in enumerate(cells) if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))]
-    if dirty:
-        problems.append(f"code cells {dirty} carry outputs or execution counts (store labs stripped)")
-    ids = [c.get("id") for c in cells]
-    if None in ids or len(set(ids)) != len(ids):
-        problems.append("every cell needs a unique id (nbformat >= 4.5); the harness maps report cells by id")
-    tagged = [i for i, c in enumerate(cells) if "parameters" in tags(c)]
-    if len(tagged) != 1:
-        problems.append(f"exactly one cell must be tagged 'parameters', found {len(tagged)}")
-    else:
-        cell = cells[tagged[0]]
-        problems += _parameter_problems(cell.source)
-        names = set(parameters(nb))
-        lacking = [p for p in REQUIRED_PARAMETERS if p not in names]
-        if lacking:
-            problems.append(f"the parameters cell lacks {lacking} (every lab has {list(REQUIRED_PARAMETERS)})")
-        elif parameters(nb)["solution"] is not True:
-            problems.append("the source lab sets solution = True (it is the solved lab; the learner version flips it)")
-        if "checks_report" in names and parameters(nb)["checks_report"] is not None:
-            problems.append("checks_report must default to None (the harness passes a file)")
-    numbers = []
-    for i, cell in enumerate(cells):
-        t = tags(cell)
-        if "exercise" in t:
-            found = EXERCISE_NUMBER.findall(cell.source)
-            if not found:
-                problems.append(f"exercise cell {i} has no placeholder raising ExerciseNotDone(n, ...)")
-            numbers += [int(n) for n in found]
-            nxt = cells[i + 1] if i + 1 < len(cells) else None
-            if nxt is None or "solution" not in tags(nxt):
-                problems.append(f"exercise cell {i} must be followed by its cell tagged 'solution'")
-        if "solution" in t:
-            if i == 0 or not ({"exercise", "solution"} & set(tags(cells[i - 1]))):
-                problems.append(f"solution cell {i} must come right after an exercise cell")
-            if cell.cell_type == "code" and first_line(cell) != "if solution:":
-                problems.append(f"solution cell {i} must start with `if solution:` (so solution=False skips it)")
-            if "ExerciseNotDone" in cell.source:
-                problems.append(f"solution cell {i} still raises ExerciseNotDone")
-    if not numbers:
-        problems.append("a lab has at least one exercise cell (tagged 'exercise')")
-    elif sorted(set(numbers)) != list(range(1, max(numbers) + 1)):
-        problems.append(f"exercises are numbered 1..n without gaps, found {sorted(set(numbers))}")
-    code = [c for c in cells if c.cell_type == "code"]
-    if not any(re.search(r"\bbegin\(\s*checks_report\s*\)", c.source) for c in code):
-        problems.append("no cell calls begin(checks_report) (checks would not reach the harness)")
-    if not code or not re.search(r"\bsummary\(\)", code[-1].source):
-        problems.append("the last code cell must call summary() (so a failed check fails the notebook)")
+    problems += _storage_problems(nb.cells)
+    problems += _parameters_problems(nb)
+    problems += _exercise_problems(nb.cells)
+    problems += _checks_wiring_problems(nb.cells)
     return problems
 
 

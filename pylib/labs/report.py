@@ -5,20 +5,22 @@ report.json (schema "pylib.labs.report/1"):
     {
       "schema": "pylib.labs.report/1",
       "mode": "solution" | "learner",
-      "passed": true,                      # every lab passed
+      "passed": true,                      # no lab failed, timed out or was interrupted (blocked labs do not fail)
+      "interrupted": null | "SIGINT" | "SIGTERM",   # the run was stopped while a lab ran (that lab: "interrupted")
+      "not_started": [],                   # labs selected but never started (after an interrupt)
       "started": "2026-01-01T12:00:00+00:00", "seconds": 21.4,
       "overrides": {"world_size": 4},      # -p NAME=VALUE given on the command line
       "machine": {"python", "executable", "torch", "platform", "cpus", "cuda_gpus"},
       "out_dir": "labs/_runs/solution",    # where the executed notebooks, checks/ and this report are
-      "totals": {"labs": 3, "labs_passed": 3, "checks": {"passed": 20, "failed": 0, "blocked": 1}},
+      "totals": {"labs": 3, "labs_passed": 3, "checks": {"passed": 20, "failed": 0, "blocked": 1, "not_run": 0}},
       "labs": [
         {
           "lab": "00_collectives", "path": ".../labs/00_collectives.ipynb", "mode": "solution",
-          "status": "passed" | "failed" | "timeout", "seconds": 6.2,
+          "status": "passed" | "failed" | "timeout" | "blocked" | "interrupted", "seconds": 6.2,
           "executed": ".../00_collectives.ipynb",          # the executed notebook, saved for inspection
           "kernel": {"python", "torch", "cuda_gpus"},        # what the lab's kernel ran on (from begin())
           "parameters": {"world_size": 4, ...},              # the values the lab ran with
-          "counts": {"passed": 7, "failed": 0, "blocked": 1},
+          "counts": {"passed": 7, "failed": 0, "blocked": 1, "not_run": 0},   # not_run: checks never reached
           "checks": [
             {"name": "...", "kind": "check" | "step", "status": "passed" | "failed" | "blocked",
              "seconds": 0.12, "message": "...", "detail": "full traceback", "needs": null | "gpu" | "gpu:4",
@@ -31,8 +33,11 @@ report.json (schema "pylib.labs.report/1"):
 
 `cell` is the index in the notebook that ran (the source lab in solution mode, the learner version in learner mode;
 papermill's injected-parameters cell is not counted); `execution_count` is the In [n] shown in the executed notebook.
-`error` is set when a cell raised outside a check (or the lab timed out); when summary() raised only because checks
-failed, the failed checks are the explanation and `error` is null.
+`error` is set when a cell raised outside a check (or the lab timed out, was blocked or interrupted); when summary()
+raised only because checks failed, the failed checks are the explanation and `error` is null. A lab is *blocked*
+when its parameters ask for GPUs this machine lacks (`-p backend=nccl` on a CPU machine): it is not run.
+`not_run` counts the check(...) and step(...) calls in cells that never ran (after a cell raised outside a check)
+and in the raising cell after the point it raised.
 """
 
 from __future__ import annotations
@@ -41,20 +46,34 @@ import datetime
 import html
 import json
 import os
+import re
 from pathlib import Path
 
 SCHEMA = "pylib.labs.report/1"
-_MARK = {"passed": "✓", "failed": "✗", "blocked": "⊘", "timeout": "⏱"}
+_MARK = {"passed": "✓", "failed": "✗", "blocked": "⊘", "timeout": "⏱", "interrupted": "⏹"}
+_COUNTS = ("passed", "failed", "blocked", "not_run")
+_NOT_DONE = re.compile(r"Exercise (\d+) not done yet: (.*)")
 
 
 def build_report(
-    results: list[dict], *, mode: str, overrides: dict, started: float, seconds: float, machine: dict, out_dir: Path
+    results: list[dict],
+    *,
+    mode: str,
+    overrides: dict,
+    started: float,
+    seconds: float,
+    machine: dict,
+    out_dir: Path,
+    interrupted: str | None = None,
+    not_started: list[str] | None = None,
 ) -> dict:
-    checks = {s: sum(r["counts"][s] for r in results) for s in ("passed", "failed", "blocked")}
+    checks = {s: sum(r["counts"].get(s, 0) for r in results) for s in _COUNTS}
     return dict(
         schema=SCHEMA,
         mode=mode,
-        passed=all(r["status"] == "passed" for r in results),
+        passed=interrupted is None and all(r["status"] in ("passed", "blocked") for r in results),
+        interrupted=interrupted,
+        not_started=list(not_started or []),
         started=datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
         seconds=round(seconds, 3),
         overrides=overrides,
@@ -67,9 +86,12 @@ def build_report(
 
 def lab_line(result: dict) -> str:
     c = result["counts"]
+    if result["status"] == "blocked":
+        return f"{_MARK['blocked']} {result['lab']}: blocked, {result['error']['evalue']}"
+    not_run = f", {c['not_run']} not run" if c.get("not_run") else ""
     return (
         f"{_MARK.get(result['status'], '?')} {result['lab']}: {result['status']} in {result['seconds']:.1f} s "
-        f"({c['passed']} passed, {c['failed']} failed, {c['blocked']} blocked)"
+        f"({c['passed']} passed, {c['failed']} failed, {c['blocked']} blocked{not_run})"
     )
 
 
@@ -90,16 +112,14 @@ def _where(d: dict) -> str:
 
 def terminal_table(report: dict) -> str:
     """A plain-text table: one row per lab, then the totals."""
-    rows = [("lab", "status", "passed", "failed", "blocked", "seconds")]
+    rows = [("lab", "status", "passed", "failed", "blocked", "not run", "seconds")]
     for r in report["labs"]:
         c = r["counts"]
         rows.append(
             (
                 r["lab"],
                 f"{_MARK.get(r['status'], '?')} {r['status']}",
-                str(c["passed"]),
-                str(c["failed"]),
-                str(c["blocked"]),
+                *(str(c.get(k, 0)) for k in _COUNTS),
                 f"{r['seconds']:.1f}",
             )
         )
@@ -108,9 +128,7 @@ def terminal_table(report: dict) -> str:
         (
             f"{t['labs_passed']}/{t['labs']} labs passed",
             "",
-            str(t["checks"]["passed"]),
-            str(t["checks"]["failed"]),
-            str(t["checks"]["blocked"]),
+            *(str(t["checks"].get(k, 0)) for k in _COUNTS),
             f"{report['seconds']:.1f}",
         )
     )
@@ -127,15 +145,38 @@ def _indent(text: str, prefix: str = "      ") -> str:
     return "\n".join(prefix + line for line in text.rstrip().splitlines())
 
 
+def _unfinished_exercises(checks: list[dict]) -> dict[int, tuple[str, int]]:
+    """{exercise number: (what to write, how many failed checks it explains)} for failures that only say an
+    exercise is not done yet (its own check, and the checks that needed its step)."""
+    out: dict[int, tuple[str, int]] = {}
+    for c in checks:
+        m = _NOT_DONE.search(c["message"].splitlines()[0]) if c["status"] == "failed" and c["message"] else None
+        if m:
+            n = int(m.group(1))
+            out[n] = (m.group(2).strip(), out.get(n, ("", 0))[1] + 1)
+    return out
+
+
 def failure_text(report: dict, blocked: bool = True) -> str:
-    """For every lab that did not pass: the lab, each failed check (cell, message, the rank's traceback) and any
-    error outside a check. Blocked checks are listed too (what this machine could not run)."""
+    """For every lab that did not pass: the lab, one line per exercise not done yet, each other failed check (cell,
+    message, the rank's traceback) and any error outside a check. Blocked checks are listed too (what this
+    machine could not run)."""
     parts = []
     for r in report["labs"]:
+        if r["status"] == "blocked":
+            parts.append(f"⊘ lab {r['lab']} blocked, {r['error']['evalue']}")
+            continue
         if r["status"] != "passed":
             parts.append(f"✗ lab {r['lab']} {r['status']} (executed notebook: {r['executed']})")
+            unfinished = _unfinished_exercises(r["checks"])
+            for n, (what, count) in sorted(unfinished.items()):
+                also = f" ({count} checks wait on it)" if count > 1 else ""
+                parts.append(f"  ✗ exercise {n} not done yet: {what}{also}")
+            if r["counts"].get("not_run"):
+                parts.append(f"  … {r['counts']['not_run']} check(s) never ran (the lab stopped before them)")
             for c in r["checks"]:
-                if c["status"] == "failed":
+                first = c["message"].splitlines()[0] if c["message"] else ""
+                if c["status"] == "failed" and not _NOT_DONE.search(first):
                     parts.append(f"  ✗ check {c['name']!r} failed in {_where(c)}:")
                     parts.append(_indent(c["message"]))
                     if c.get("rank") is not None and c.get("detail"):
@@ -172,16 +213,23 @@ def html_page(report: dict) -> str:
     """A self-contained page (inline CSS, no scripts): summary table, then each lab's checks and errors."""
     e = html.escape
     t = report["totals"]
+    stopped = ""
+    if report.get("interrupted"):
+        stopped = (
+            f"<b>Interrupted ({e(report['interrupted'])})</b>; not started: {e(', '.join(report['not_started']))}. "
+        )
     out = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>Labs report ({e(report['mode'])})</title><style>{_CSS}</style></head><body>",
         f"<h1>Labs report: {t['labs_passed']}/{t['labs']} labs passed ({e(report['mode'])} mode)</h1>",
         f"<p>{e(report['started'])}, {report['seconds']:.1f} s. Checks: {t['checks']['passed']} passed, "
-        f"{t['checks']['failed']} failed, {t['checks']['blocked']} blocked (need hardware this machine lacks). "
+        f"{t['checks']['failed']} failed, {t['checks']['blocked']} blocked (need hardware this machine lacks), "
+        f"{t['checks'].get('not_run', 0)} never ran. {stopped}"
         f"Machine: Python {e(str(report['machine'].get('python')))}, torch {e(str(report['machine'].get('torch')))}, "
         f"{report['machine'].get('cpus')} CPUs, {report['machine'].get('cuda_gpus')} CUDA GPUs. "
         f"Overrides: {e(json.dumps(report['overrides']))}.</p>",
-        "<table><tr><th>lab</th><th>status</th><th>passed</th><th>failed</th><th>blocked</th><th>seconds</th></tr>",
+        "<table><tr><th>lab</th><th>status</th><th>passed</th><th>failed</th><th>blocked</th><th>not run</th>"
+        "<th>seconds</th></tr>",
     ]
     for r in report["labs"]:
         c = r["counts"]
@@ -189,7 +237,7 @@ def html_page(report: dict) -> str:
             f"<tr><td><a href='#{e(r['lab'])}'>{e(r['lab'])}</a></td>"
             f"<td class='{e(r['status'])}'>{_MARK.get(r['status'], '?')} {e(r['status'])}</td>"
             f"<td class='n'>{c['passed']}</td><td class='n'>{c['failed']}</td><td class='n'>{c['blocked']}</td>"
-            f"<td class='n'>{r['seconds']:.1f}</td></tr>"
+            f"<td class='n'>{c.get('not_run', 0)}</td><td class='n'>{r['seconds']:.1f}</td></tr>"
         )
     out.append("</table>")
     for r in report["labs"]:

@@ -16,18 +16,23 @@ traceback.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import sys
-import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 from jupyter_client.manager import AsyncKernelManager
+
+from pylib.runtime import leftovers
 
 from .notebook import Lab, first_line, learner_version, parameters, tags
 
@@ -36,18 +41,33 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _RANK = re.compile(r"\brank (\d+) failed first\b")
 
 
+class Interrupted(BaseException):
+    """The harness got SIGINT or SIGTERM while a lab ran. `.result` is that lab's report entry (status
+    "interrupted"), filled in by run_lab on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.result = signum, None
+
+
+_KERNELS: list = []  # the kernel managers of the lab now running: stopped and cleaned up when it ends
+
+
 class CurrentPythonKernelManager(AsyncKernelManager):
     """Start kernels with the interpreter running the harness (not whatever a `python3` kernelspec points to),
     talking over Unix sockets in a private folder rather than TCP ports: with TCP, a port chosen free can be taken
     by another process before the kernel binds it ("Address already in use"), which happened here when several
-    harness runs started kernels at once."""
+    harness runs started kernels at once. The folder is named after the harness process (see
+    `pylib.runtime.leftovers`), removed when the lab ends however it ends, and swept by a later run if the harness
+    itself was killed."""
 
     def __init__(self, *args, **kwargs):
         if sys.platform.startswith("linux") or sys.platform == "darwin":
-            self._socket_dir = tempfile.mkdtemp(prefix="pylib-lab-kernel-")
+            self._socket_dir = leftovers.owned_tempdir("pylib-lab-kernel")
             kwargs.setdefault("transport", "ipc")
             kwargs.setdefault("ip", os.path.join(self._socket_dir, "kernel"))
         super().__init__(*args, **kwargs)
+        _KERNELS.append(self)
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
@@ -56,6 +76,23 @@ class CurrentPythonKernelManager(AsyncKernelManager):
 
     def format_kernel_cmd(self, extra_arguments=None):
         return [sys.executable, "-m", "ipykernel_launcher", "-f", self.connection_file, *(extra_arguments or [])]
+
+
+def _stop_kernels() -> None:
+    """Kill what is left of this lab's kernels (a kernel leads its own session: its whole group goes) and remove
+    their socket folders; then sweep the launch folders their ranks left (a kernel killed mid-launch cannot)."""
+    while _KERNELS:
+        km = _KERNELS.pop()
+        process = getattr(getattr(km, "provisioner", None), "process", None)
+        if process is not None and process.poll() is None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                process.kill()
+            process.wait()
+        if getattr(km, "_socket_dir", None):
+            shutil.rmtree(km._socket_dir, ignore_errors=True)
+    leftovers.sweep("pylib-launch")
 
 
 def strip_ansi(text: str) -> str:
@@ -126,9 +163,152 @@ def _read_kernel_info(path: Path) -> dict:
     return {}
 
 
+def _check_calls(cell) -> int:
+    """How many check(...) / step(...) calls a code cell's source holds (a decorator @check(...) counts)."""
+    try:
+        tree = ast.parse(cell.source)
+    except SyntaxError:
+        return 0
+    return sum(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("check", "step")
+        for node in ast.walk(tree)
+    )
+
+
+def _not_run(executed, checks: list[dict], error: dict | None) -> int:
+    """Checks the lab never reached: those written in code cells that never ran, and those of the cell that raised
+    beyond the ones it recorded before raising."""
+    count = 0
+    raised_in = error.get("execution_count") if error else None
+    for cell in executed.cells:
+        if cell.cell_type != "code":
+            continue
+        n = cell.get("execution_count")
+        if n is None:
+            count += _check_calls(cell)
+        elif n == raised_in:
+            count += max(0, _check_calls(cell) - sum(c.get("execution_count") == n for c in checks))
+    return count
+
+
 def _last_started_cell(executed) -> int | None:
     started = [i for i, c in enumerate(executed.cells) if c.get("metadata", {}).get("papermill", {}).get("start_time")]
     return started[-1] if started else None
+
+
+@dataclass
+class _Prepared:
+    """What one lab run needs before its kernel starts: the notebook to run, where its outputs go, its parameters."""
+
+    notebook: nbformat.NotebookNode
+    checks_file: Path
+    executed_path: Path
+    params: dict  # what papermill injects
+    effective: dict  # the values the lab runs with (its defaults, then the injected ones), for the report
+
+
+def _prepare(lab: Lab, mode: str, overrides: dict | None, out_dir: Path) -> _Prepared:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = lab.read()
+    ran_nb = learner_version(source) if mode == "learner" else source
+    checks_file = out_dir / "checks" / f"{lab.name}.jsonl"
+    checks_file.parent.mkdir(parents=True, exist_ok=True)
+    checks_file.unlink(missing_ok=True)
+    params = dict(overrides or {})
+    if mode == "solution":
+        params["solution"] = True
+    params["checks_report"] = str(checks_file.resolve())
+    effective = {**parameters(ran_nb), **params}
+    effective.pop("checks_report", None)
+    return _Prepared(ran_nb, checks_file, out_dir / f"{lab.name}.ipynb", params, effective)
+
+
+def _execute(lab: Lab, prep: _Prepared, timeout: float, progress: bool) -> tuple[str, dict | None]:
+    """Run the notebook with papermill under one deadline; (status, error) with error None when every cell ran."""
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+
+    deadline = time.monotonic() + timeout
+    bar = {"desc": lab.name, "position": 1, "leave": False, "unit": "cell"} if progress else False
+    with _kernel_environment():
+        try:
+            pm.execute_notebook(
+                prep.notebook,
+                str(prep.executed_path),
+                parameters=prep.params,
+                kernel_name="python3",
+                progress_bar=bar,
+                cwd=str(lab.path.parent),
+                start_timeout=max(1, int(min(60.0, timeout) + 0.999)),
+                kernel_manager_class=CurrentPythonKernelManager,
+                timeout_func=lambda cell: max(1, int(deadline - time.monotonic() + 0.999)),
+                shutdown_kernel="immediate",
+                extra_arguments=["--IPKernelApp.log_level=ERROR"],
+            )
+        except PapermillExecutionError as exc:
+            return "failed", dict(
+                exec_count=exc.exec_count,
+                ename=exc.ename,
+                evalue=strip_ansi(exc.evalue),
+                traceback=strip_ansi("\n".join(exc.traceback)),
+            )
+        except Exception as exc:  # noqa: BLE001 - a timeout, a dead kernel, a kernel that never started
+            timed_out = isinstance(exc, TimeoutError) or time.monotonic() >= deadline
+            what = f"the lab ran past its timeout of {timeout:g} s" if timed_out else f"{type(exc).__name__}: {exc}"
+            error = dict(
+                ename="Timeout" if timed_out else type(exc).__name__, evalue=what, traceback=strip_ansi(str(exc))
+            )
+            return ("timeout" if timed_out else "failed"), error
+    return "passed", None
+
+
+def _read_executed(prep: _Prepared):
+    """The executed notebook papermill saved (it saves after every cell), else the notebook that was to run."""
+    if prep.executed_path.exists():
+        try:
+            return nbformat.read(prep.executed_path, as_version=4)
+        except Exception:  # noqa: BLE001 - a save cut short by an interrupt
+            pass
+    return prep.notebook
+
+
+def _checks_with_cells(prep: _Prepared, executed, ran_ids) -> list[dict]:
+    """Every check the lab recorded, with the cell it ran in."""
+    checks = []
+    for rec in _read_checks(prep.checks_file):
+        where = _describe_cell(executed, ran_ids, execution_count=rec.get("execution_count"))
+        checks.append({**rec, **where})
+    return checks
+
+
+def _locate_error(error: dict, executed, ran_ids, counts: dict) -> dict | None:
+    """The error with its cell and rank; None when summary() raised only because checks failed (the failed checks
+    are the explanation)."""
+    exec_count = error.pop("exec_count", None)
+    if exec_count is not None:
+        where = _describe_cell(executed, ran_ids, execution_count=exec_count)
+    else:
+        where = _describe_cell(executed, ran_ids, executed_index=_last_started_cell(executed))
+    m = _RANK.search(error["evalue"])
+    error = {**where, **error, "rank": int(m.group(1)) if m else None}
+    if error["ename"] == "ChecksFailed" and counts["failed"]:
+        return None
+    return error
+
+
+_NO_CHECKS = dict(
+    cell=None,
+    execution_count=None,
+    first_line="",
+    tags=[],
+    ename="NoChecks",
+    evalue="the lab recorded no check (does a cell call begin(checks_report)?)",
+    traceback="",
+    rank=None,
+)
 
 
 def run_lab(
@@ -141,103 +321,44 @@ def run_lab(
     progress: bool = False,
 ) -> dict:
     """Execute one lab; return its report entry (see pylib.labs.report for the shape)."""
-    import papermill as pm
-    from papermill.exceptions import PapermillExecutionError
-
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    source = lab.read()
-    ran_nb = learner_version(source) if mode == "learner" else source
-    checks_file = out_dir / "checks" / f"{lab.name}.jsonl"
-    checks_file.parent.mkdir(parents=True, exist_ok=True)
-    checks_file.unlink(missing_ok=True)
-    executed_path = out_dir / f"{lab.name}.ipynb"
-    params = dict(overrides or {})
-    if mode == "solution":
-        params["solution"] = True
-    params["checks_report"] = str(checks_file.resolve())
-    effective = {**parameters(ran_nb), **params}
-    effective.pop("checks_report", None)
-
+    prep = _prepare(lab, mode, overrides, out_dir)
     start = time.monotonic()
-    deadline = start + timeout
-    error, status = None, "passed"
-    bar = {"desc": lab.name, "position": 1, "leave": False, "unit": "cell"} if progress else False
-    with _kernel_environment():
-        try:
-            pm.execute_notebook(
-                ran_nb,
-                str(executed_path),
-                parameters=params,
-                kernel_name="python3",
-                progress_bar=bar,
-                cwd=str(lab.path.parent),
-                start_timeout=max(1, int(min(60.0, timeout) + 0.999)),
-                kernel_manager_class=CurrentPythonKernelManager,
-                timeout_func=lambda cell: max(1, int(deadline - time.monotonic() + 0.999)),
-                shutdown_kernel="immediate",
-                extra_arguments=["--IPKernelApp.log_level=ERROR"],
-            )
-        except PapermillExecutionError as exc:
-            status = "failed"
-            error = dict(
-                exec_count=exc.exec_count,
-                ename=exc.ename,
-                evalue=strip_ansi(exc.evalue),
-                traceback=strip_ansi("\n".join(exc.traceback)),
-            )
-        except Exception as exc:  # noqa: BLE001 - a timeout, a dead kernel, a kernel that never started
-            timed_out = isinstance(exc, TimeoutError) or time.monotonic() >= deadline
-            status = "timeout" if timed_out else "failed"
-            what = f"the lab ran past its timeout of {timeout:g} s" if timed_out else f"{type(exc).__name__}: {exc}"
-            error = dict(
-                ename="Timeout" if timed_out else type(exc).__name__, evalue=what, traceback=strip_ansi(str(exc))
-            )
-    seconds = time.monotonic() - start
+    try:
+        status, error = _execute(lab, prep, timeout, progress)
+    except (KeyboardInterrupt, Interrupted) as exc:
+        stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
+        _stop_kernels()
+        what = f"the harness was interrupted ({stop}) while this lab ran"
+        error = dict(ename="Interrupted", evalue=what, traceback="")
+        stop.result = _lab_result(lab, prep, mode, "interrupted", error, time.monotonic() - start)
+        raise stop from None
+    finally:
+        _stop_kernels()
+    return _lab_result(lab, prep, mode, status, error, time.monotonic() - start)
 
-    executed = nbformat.read(executed_path, as_version=4) if executed_path.exists() else ran_nb
-    ran_ids = _cell_index(ran_nb)
-    checks = []
-    for rec in _read_checks(checks_file):
-        where = _describe_cell(executed, ran_ids, execution_count=rec.get("execution_count"))
-        checks.append({**rec, **where})
+
+def _lab_result(lab: Lab, prep: _Prepared, mode: str, status: str, error: dict | None, seconds: float) -> dict:
+    """The lab's report entry, from what its run left on disk: the executed notebook and the checks file."""
+    executed = _read_executed(prep)
+    ran_ids = _cell_index(prep.notebook)
+    checks = _checks_with_cells(prep, executed, ran_ids)
     counts = {s: sum(c["status"] == s for c in checks) for s in ("passed", "failed", "blocked")}
-
     if error is not None:
-        exec_count = error.pop("exec_count", None)
-        if exec_count is not None:
-            where = _describe_cell(executed, ran_ids, execution_count=exec_count)
-        else:
-            where = _describe_cell(executed, ran_ids, executed_index=_last_started_cell(executed))
-        m = _RANK.search(error["evalue"])
-        error = {**where, **error, "rank": int(m.group(1)) if m else None}
-        if error["ename"] == "ChecksFailed" and counts["failed"]:
-            error = None  # summary() raised because checks failed: the failed checks are the explanation
+        error = _locate_error(error, executed, ran_ids, counts)
+    counts["not_run"] = _not_run(executed, checks, error)
     if status == "passed" and counts["failed"]:
         status = "failed"
     if status == "passed" and not checks:
-        status = "failed"
-        error = dict(
-            cell=None,
-            execution_count=None,
-            first_line="",
-            tags=[],
-            ename="NoChecks",
-            evalue="the lab recorded no check (does a cell call begin(checks_report)?)",
-            traceback="",
-            rank=None,
-        )
+        status, error = "failed", dict(_NO_CHECKS)
     return dict(
         lab=lab.name,
         path=str(lab.path),
         mode=mode,
         status=status,
         seconds=round(seconds, 3),
-        executed=str(executed_path),
-        kernel=_read_kernel_info(checks_file),
-        parameters=effective,
+        executed=str(prep.executed_path),
+        kernel=_read_kernel_info(prep.checks_file),
+        parameters=prep.effective,
         counts=counts,
         checks=checks,
         error=error,
@@ -259,8 +380,69 @@ def resolve_overrides(labs: list[Lab], overrides: dict) -> dict[str, dict]:
         raise ValueError(f"no selected lab has parameter(s) {unknown} (their parameters: {every})")
     per_lab = {lab.name: {k: v for k, v in overrides.items() if k in declared[lab.name]} for lab in labs}
     for name, values in defaults.items():
+        for key, value in per_lab[name].items():
+            check_override_type(key, value, values[key], name)
         check_backend_device({**values, **per_lab[name]}, name)
     return per_lab
+
+
+def _kind(value) -> str:
+    return {bool: "a bool", int: "an int", float: "a float", str: "a str"}.get(type(value), type(value).__name__)
+
+
+def check_override_type(name: str, value, default, lab: str = "the lab") -> None:
+    """An override must have the type of the parameter's default in the lab's parameters cell (an int where the
+    default is an int: `-p world_size=two` or `2.5` is refused before any kernel starts; an int is accepted for a
+    float); a default of None accepts anything. world_size must also be at least 1."""
+    if default is not None:
+        ok = type(value) is type(default) or (type(default) is float and type(value) is int)
+        if not ok:
+            raise ValueError(
+                f"-p {name}={value!r}: {lab}'s {name} is {_kind(default)} (default {default!r}), not {_kind(value)}"
+            )
+    if name == "world_size" and value < 1:
+        raise ValueError(f"-p world_size={value!r}: a lab runs on at least 1 rank")
+
+
+def blocked_reason(values: dict) -> str | None:
+    """Why this machine cannot run a lab with these parameters (NCCL or CUDA asked for with too few GPUs), or None.
+
+    Such a lab is reported *blocked*, as a check that needs a GPU is, rather than run to fail every check."""
+    if values.get("backend") != "nccl" and values.get("device") != "cuda":
+        return None
+    from .checks import gpu_count
+
+    want = int(values.get("world_size", 1)) if values.get("backend") == "nccl" else 1
+    have = gpu_count()
+    if have >= want:
+        return None
+    asked = f"backend={values.get('backend')!r}, device={values.get('device')!r}"
+    return f"{asked} needs {want} CUDA GPU{'s' if want > 1 else ''}, {have} visible on this machine"
+
+
+def _blocked_result(lab: Lab, mode: str, values: dict, why: str, out_dir: Path) -> dict:
+    return dict(
+        lab=lab.name,
+        path=str(lab.path),
+        mode=mode,
+        status="blocked",
+        seconds=0.0,
+        executed=str(Path(out_dir) / f"{lab.name}.ipynb"),
+        kernel={},
+        parameters={k: v for k, v in values.items() if k != "checks_report"},
+        counts=dict(passed=0, failed=0, blocked=0, not_run=0),
+        checks=[],
+        error=dict(
+            cell=None,
+            execution_count=None,
+            first_line="",
+            tags=[],
+            ename="Blocked",
+            evalue=f"not run: {why}",
+            traceback="",
+            rank=None,
+        ),
+    )
 
 
 BACKEND_DEVICE = {"gloo": "cpu", "nccl": "cuda"}
@@ -312,33 +494,89 @@ def run_labs(
 ) -> dict:
     """Run every lab in order (a progress bar over labs and, inside each, over cells); return the whole report.
 
+    The report (report.json and report.html in `out_dir`) is written after every lab, so what ran is on disk
+    whatever happens next. On SIGINT or SIGTERM (`Interrupted`; see `interrupt_on_sigterm`) the running lab is
+    recorded as *interrupted*, the labs not started are listed, the report is written, and the exception goes on
+    to the caller with `.report` set. A lab whose parameters ask for GPUs this machine lacks is *blocked*.
     progress: None shows bars only when stderr is a terminal. `echo` prints one line per finished lab."""
     from tqdm.auto import tqdm
 
-    from .report import build_report, lab_line
+    from .report import lab_line
 
     per_lab = resolve_overrides(labs, dict(overrides or {}))
     if progress is None:
         progress = sys.stderr.isatty()
-    started = time.time()
-    results = []
+    leftovers.sweep("pylib-lab-kernel")  # what harness runs that were killed left behind
+    run = _Progress(mode, dict(overrides or {}), Path(out_dir), [lab.name for lab in labs])
     with tqdm(total=len(labs), desc=f"labs ({mode})", unit="lab", position=0, disable=not progress) as bar:
         for lab in labs:
             bar.set_postfix_str(lab.name)
-            result = run_lab(
-                lab, mode=mode, overrides=per_lab[lab.name], out_dir=out_dir, timeout=timeout, progress=progress
-            )
-            results.append(result)
+            values = {**parameters(lab.read()), **per_lab[lab.name]}
+            why = blocked_reason(values)
+            try:
+                if why is not None:
+                    result = _blocked_result(lab, mode, values, why, out_dir)
+                else:
+                    result = run_lab(
+                        lab, mode=mode, overrides=per_lab[lab.name], out_dir=out_dir, timeout=timeout, progress=progress
+                    )
+            except (KeyboardInterrupt, Interrupted) as exc:
+                stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
+                if stop.result is not None:
+                    run.add(stop.result)
+                stop.report = run.write(interrupted=str(stop))
+                raise stop from None
+            run.add(result)
+            run.write()
             (bar.write if progress else echo)(lab_line(result))
             bar.update(1)
-    host = machine()
-    host["cuda_gpus"] = next((r["kernel"]["cuda_gpus"] for r in results if "cuda_gpus" in r["kernel"]), None)
-    return build_report(
-        results,
-        mode=mode,
-        overrides=dict(overrides or {}),
-        started=started,
-        seconds=time.time() - started,
-        machine=host,
-        out_dir=Path(out_dir),
-    )
+    return run.write()
+
+
+class _Progress:
+    """The results so far, and the report built from them (written after every lab)."""
+
+    def __init__(self, mode: str, overrides: dict, out_dir: Path, names: list[str]):
+        self.mode, self.overrides, self.out_dir, self.names = mode, overrides, out_dir, names
+        self.started, self.results = time.time(), []
+
+    def add(self, result: dict) -> None:
+        self.results.append(result)
+
+    def write(self, interrupted: str | None = None) -> dict:
+        from .report import build_report, write_report
+
+        host = machine()
+        host["cuda_gpus"] = next((r["kernel"]["cuda_gpus"] for r in self.results if "cuda_gpus" in r["kernel"]), None)
+        done = {r["lab"] for r in self.results}
+        report = build_report(
+            self.results,
+            mode=self.mode,
+            overrides=self.overrides,
+            started=self.started,
+            seconds=time.time() - self.started,
+            machine=host,
+            out_dir=self.out_dir,
+            interrupted=interrupted,
+            not_started=[n for n in self.names if n not in done],
+        )
+        write_report(report, self.out_dir)
+        return report
+
+
+@contextlib.contextmanager
+def interrupt_on_sigterm():
+    """While the block runs (in the main thread), SIGTERM raises `Interrupted` as SIGINT raises KeyboardInterrupt,
+    so the harness records the running lab and writes its report instead of vanishing."""
+
+    def _raise(signum, frame):
+        raise Interrupted(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, saved)

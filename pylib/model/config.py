@@ -20,9 +20,9 @@ class MoEConfig:
     Sigmoid scores are renormalised over the chosen k when k > 1 (DeepSeek-V3; with k = 1 the raw sigmoid is the
     weight, as in Megatron-Core, so the router still learns from the main loss).
     capacity_factor: None = no token is ever dropped; else each expert takes at most
-    ceil(capacity_factor * tokens * top_k / n_experts) tokens, keeping by `drop_policy` ("probs": the highest
-    router probabilities, "position": the earliest tokens). `tokens` counts one drop group: the tokens one rank
-    routes (Megatron-Core's default); see pylib.model.moe.
+    ceil((tokens * top_k / n_experts) * capacity_factor) tokens (in Megatron-Core's order of operations), keeping
+    by `drop_policy` ("probs": the highest router probabilities, "position": the earliest tokens). `tokens` counts
+    one drop group: the tokens one rank routes (Megatron-Core's default); see pylib.model.moe.
     aux_loss_coef: weight of the load-balancing loss E * sum_i f_i * P_i; z_loss_coef: weight of the router
     z-loss mean(logsumexp(logits)^2). Both add gradient without changing the layer's forward value.
     bias_update_rate: step of the auxiliary-loss-free expert-bias update (DeepSeek-V3), applied by
@@ -42,6 +42,12 @@ class MoEConfig:
     every: int = 1  # layer i is MoE when i % every == every - 1 (every=1: all layers)
 
     def __post_init__(self):
+        for name in ("n_experts", "top_k", "every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name}={value!r} must be an integer, not {type(value).__name__}")
+        if self.d_ff is not None and (isinstance(self.d_ff, bool) or not isinstance(self.d_ff, int) or self.d_ff < 1):
+            raise ValueError(f"d_ff={self.d_ff!r} must be a positive integer (or None for the model's d_ff)")
         if self.n_experts < 1:
             raise ValueError(f"n_experts={self.n_experts} must be >= 1")
         if not 1 <= self.top_k <= self.n_experts:

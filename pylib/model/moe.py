@@ -3,7 +3,7 @@
 x [b, s, h] is flattened to T = b*s tokens. The router scores every token against E experts and picks k; each
 chosen (token, expert) pair is an *assignment*. An expert computes its MLP on the tokens assigned to it and the
 outputs come back weighted by the router. With a capacity factor an expert takes at most
-C = ceil(capacity_factor * T * k / E) assignments; the rest are dropped (their contribution is zero; the
+C = ceil((T * k / E) * capacity_factor) assignments; the rest are dropped (their contribution is zero; the
 residual connection still carries the token).
 
 Which tokens does the capacity count? Megatron-Core (its default, "sub-sequence dropping") computes C on each rank
@@ -74,13 +74,14 @@ class Router(nn.Module):
 
 
 def expert_capacity(n_tokens: int, cfg: MoEConfig) -> int | None:
-    """C = ceil(capacity_factor * T * k / E) for T tokens routed together, or None when nothing is dropped.
+    """C = ceil((T * k / E) * capacity_factor) for T tokens routed together, or None when nothing is dropped.
 
-    As Megatron-Core's get_capacity(T * k, E, capacity_factor). T is the number of tokens of one drop group (one
+    As Megatron-Core's get_capacity(T * k, E, capacity_factor), in its order of operations: in floating point
+    ceil(1.1 * 100 / 5) = 23 but ceil((100 / 5) * 1.1) = 22. T is the number of tokens of one drop group (one
     rank's tokens in an expert-parallel run)."""
     if cfg.capacity_factor is None:
         return None
-    return math.ceil(cfg.capacity_factor * n_tokens * cfg.top_k / cfg.n_experts)
+    return math.ceil((n_tokens * cfg.top_k / cfg.n_experts) * cfg.capacity_factor)
 
 
 def capacity_keep_mask(routing: Routing, cfg: MoEConfig, capacity: int | None) -> torch.Tensor:

@@ -4,9 +4,11 @@ launch(fn, world_size, *args, backend="auto", timeout=60.0, **kwargs) -> list   
 ParallelConfig(tp, cp, ep, dp, pp, etp, order="tp-cp-ep-dp-pp"); rank_groups(config, world_size)
 Mesh(config)                      # inside a rank: mesh.tp.size, mesh.tp.rank, mesh["dp-cp"], ...
 trace(), tag(name), phase(name)   # record every op issued through pylib.runtime.collectives
+agreement_check(False)            # inside a rank: stop checking that the ranks agree before each collective
 """
 
 from . import collectives
+from .agreement import agreement_check
 from .launch import LaunchTimeout, RankFailedError, current_device, launch
 from .mesh import AxisGroup, Mesh, ParallelConfig, coordinates, rank_groups
 from .sharding import ShardSpec, require_divisible, shard
@@ -14,6 +16,7 @@ from .tracer import CommEvent, Tracer, phase, tag, trace
 
 __all__ = [
     "AxisGroup",
+    "agreement_check",
     "CommEvent",
     "LaunchTimeout",
     "Mesh",

@@ -34,6 +34,10 @@ on (DDP's gradient buckets overlap with backward).
 `group` is an `AxisGroup` from `Mesh` or None for the whole world. A group of one rank is the identity and
 records nothing. pylib never calls torch.distributed collectives anywhere else, so the tracer sees everything.
 
+Agreement: before it communicates, every collective checks that the ranks of its group make the same call (op,
+dtype, shape, dim or reduce op, row counts) and raises the same ValueError on each rank, naming every rank's value,
+when they do not: on by default under gloo, switched with `agreement_check(False)` (see `pylib.runtime.agreement`).
+
 Devices: every tensor an op sends or receives must be on `pylib.runtime.current_device()` -- the rank's GPU under
 NCCL, the CPU under gloo -- and each op checks it before communicating, naming the op and both devices. Buffers
 the ops allocate take the device of the tensor they were given.
@@ -48,6 +52,7 @@ import torch
 import torch.distributed as dist
 
 from . import compat, tracer
+from .agreement import agree, reduce_code
 from .launch import current_device
 from .mesh import AxisGroup
 
@@ -121,6 +126,11 @@ def _check_divisible(size: int, n: int, what: str):
         raise ValueError(f"{what}: size {size} is not divisible by the group size {n}")
 
 
+def _dim(t: torch.Tensor, dim: int) -> int:
+    """dim counted from the front (-1 -> ndim - 1), so that ranks passing -1 and ndim - 1 agree."""
+    return dim % t.dim() if t.dim() else dim
+
+
 def _member_chunks(t: torch.Tensor, dim: int, n: int) -> torch.Tensor:
     """[n, *chunk shape], contiguous: chunk j of `dim` (the block for group member j) is row j.
 
@@ -134,20 +144,34 @@ def _member_chunks(t: torch.Tensor, dim: int, n: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------- raw ops
 
 
+_REDUCE = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def _check_reduce_op(who: str, op, t: torch.Tensor) -> None:
+    """op is one of sum, avg (sum, then divided by n), max, min; an average needs a floating or complex tensor."""
+    if op not in _REDUCE:
+        raise ValueError(f"{who}: op={op!r} must be one of {list(_REDUCE)}")
+    if op == "avg" and not (t.is_floating_point() or t.is_complex()):
+        raise ValueError(
+            f"{who}: op='avg' of a {str(t.dtype).replace('torch.', '')} tensor: the average of integers is not an "
+            "integer; all-reduce with op='sum' and divide in floating point"
+        )
+
+
 def all_reduce_(t: torch.Tensor, group=None, *, op: str = "sum", phase=None, tag=None) -> torch.Tensor:
-    """In-place all-reduce (sum, avg or max) of `t` over `group`. Payload S = bytes of t; moves 2(n-1)/n*S."""
+    """In-place all-reduce (sum, avg, max or min) of `t` over `group`. Payload S = bytes of t; moves 2(n-1)/n*S."""
     g = resolve_group(group)
+    _check_reduce_op("all_reduce_", op, t)
     if g.size == 1:
         return t
     if not t.is_contiguous():
         raise ValueError(f"all_reduce_ works in place and needs a contiguous tensor (shape {tuple(t.shape)})")
     _on_rank_device("all_reduce_", t)
+    agree("all_reduce_", g, [t], kind="all_reduce", params=[reduce_code(op)], param_names=["reduce op"])
     t0 = tracer.now()
+    dist.all_reduce(t, op=_REDUCE[op], group=g.pg)
     if op == "avg":
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=g.pg)
         t.div_(g.size)
-    else:
-        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op], group=g.pg)
     s = _nbytes(t)
     moved = 2 * (g.size - 1) * s // g.size
     _record("all_reduce", g, s, moved, moved, [t], t0, phase=phase, tag=tag, reduce_op=op)
@@ -160,6 +184,7 @@ def all_gather_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=None, 
     if g.size == 1:
         return t
     _on_rank_device("all_gather_tensor", t)
+    agree("all_gather_tensor", g, [t], kind="all_gather", params=[_dim(t, dim)], param_names=["dim"])
     t0 = tracer.now()
     t_c = t.contiguous()
     flat = torch.empty(g.size * t_c.numel(), dtype=t.dtype, device=t.device)
@@ -178,6 +203,7 @@ def reduce_scatter_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=No
         return t
     _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
     _on_rank_device("reduce_scatter_tensor", t)
+    agree("reduce_scatter_tensor", g, [t], kind="reduce_scatter", params=[_dim(t, dim)], param_names=["dim"])
     t0 = tracer.now()
     stacked = _member_chunks(t, dim, g.size)  # [n, ...]: chunk j goes to member j
     out = torch.empty(stacked.shape[1:], dtype=t.dtype, device=t.device)
@@ -196,6 +222,8 @@ def all_to_all_tensor(t, scatter_dim: int, gather_dim: int, group=None, *, phase
         return t
     _check_divisible(t.shape[scatter_dim], g.size, f"all-to-all scatter dim {scatter_dim} of shape {tuple(t.shape)}")
     _on_rank_device("all_to_all_tensor", t)
+    dims = [_dim(t, scatter_dim), _dim(t, gather_dim)]
+    agree("all_to_all_tensor", g, [t], params=dims, param_names=["scatter_dim", "gather_dim"])
     t0 = tracer.now()
     send = _member_chunks(t, scatter_dim, g.size)  # [n, ...]: chunk j goes to member j
     recv = torch.empty_like(send)
@@ -223,6 +251,7 @@ def all_to_all_rows(t, output_splits, input_splits, group=None, *, phase=None, t
     if g.size == 1:
         return t
     _on_rank_device("all_to_all_rows", t)
+    agree("all_to_all_rows", g, [t], rows_only=True, in_splits=input_splits, out_splits=output_splits)
     t0 = tracer.now()
     t_c = t.contiguous()
     out = torch.empty((sum(output_splits), *t.shape[1:]), dtype=t.dtype, device=t.device)
@@ -275,6 +304,7 @@ def all_gather_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=None)
     if g.size == 1:
         return t
     _on_rank_device("all_gather_rows", t)
+    agree("all_gather_rows", g, [t], rows_only=True, sizes=sizes)
     t0 = tracer.now()
     most = max(sizes)
     flat = torch.empty((g.size * most, *t.shape[1:]), dtype=t.dtype, device=t.device)
@@ -302,6 +332,7 @@ def reduce_scatter_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=N
     if g.size == 1:
         return t
     _on_rank_device("reduce_scatter_rows", t)
+    agree("reduce_scatter_rows", g, [t], rows_only=True, sizes=sizes)
     t0 = tracer.now()
     most = max(sizes)
     stacked = torch.stack([_padded_rows(b, most) for b in t.split(sizes)]).contiguous()  # [n, most, ...]
@@ -447,12 +478,11 @@ def all_reduce_async(t: torch.Tensor, group=None, *, op: str = "sum", phase=None
         return CollectiveWork(None, None, t)
     if not t.is_contiguous():
         raise ValueError(f"all_reduce_async works in place and needs a contiguous tensor (shape {tuple(t.shape)})")
-    if op not in ("sum", "avg", "max"):
-        raise ValueError(f"all_reduce_async: op={op!r} must be 'sum', 'avg' or 'max'")
+    _check_reduce_op("all_reduce_async", op, t)
     _on_rank_device("all_reduce_async", t)
+    agree("all_reduce_async", g, [t], kind="all_reduce", params=[reduce_code(op)], param_names=["reduce op"])
     t0 = tracer.now()
-    reduce_op = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM  # avg = sum, then divide after the wait
-    work = dist.all_reduce(t, op=reduce_op, group=g.pg, async_op=True)
+    work = dist.all_reduce(t, op=_REDUCE[op], group=g.pg, async_op=True)  # avg = sum, then divide after the wait
     s = _nbytes(t)
     moved = 2 * (g.size - 1) * s // g.size
     ev = _record("all_reduce", g, s, moved, moved, [t], t0, phase=phase, tag=tag, reduce_op=op, is_async=True)
@@ -468,6 +498,7 @@ def reduce_scatter_async(t: torch.Tensor, dim: int = 0, group=None, *, phase=Non
         return CollectiveWork(None, None, t)
     _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
     _on_rank_device("reduce_scatter_async", t)
+    agree("reduce_scatter_async", g, [t], kind="reduce_scatter", params=[_dim(t, dim)], param_names=["dim"])
     t0 = tracer.now()
     stacked = _member_chunks(t, dim, g.size)  # [n, ...]: chunk j goes to member j
     out = torch.empty(stacked.shape[1:], dtype=t.dtype, device=t.device)

@@ -12,9 +12,15 @@ Failure handling, the part that makes multi-process code teachable:
   * a rank that raises ends the whole run at once: every other rank is killed and `RankFailedError` names the
     rank that failed *first* with its traceback (failures are timestamped in the ranks; a peer's "connection
     closed" is a consequence, not a cause, and is ranked after real errors);
-  * a run that outlives `timeout` seconds is killed and `LaunchTimeout` lists the ranks that never answered;
-  * no rank outlives the call: they are killed on every exit path (also Ctrl-C), and each asks the kernel to
-    kill it if the caller dies (PR_SET_PDEATHSIG).
+  * a rank that dies without reporting (a signal, a C++ abort in gloo, a segfault) is named with the tail of its
+    own output: gloo's reason for aborting, or the Python stack `faulthandler` writes on a fatal signal;
+  * a run that outlives `timeout` seconds is killed and `LaunchTimeout` lists the ranks that never answered and
+    which of them is *not* inside the collective its peers wait in (read from the stacks the ranks dump just
+    before the deadline): that rank is the one to look at. `timeout=None` (or math.inf) means no limit;
+  * nothing outlives the call: each rank leads its own process group, and the whole group (the rank and every
+    process it started) is killed on every exit path (also Ctrl-C and SIGTERM); each rank asks the kernel to kill
+    it if the caller dies (PR_SET_PDEATHSIG), and the next launch sweeps what a caller killed with SIGKILL left
+    (its folder, and its ranks' process groups; see `pylib.runtime.leftovers`).
 Each rank's stdout and stderr come back and are printed labelled by rank, in rank order, when the run ends.
 Ranks meet through a store file in a fresh temporary directory, so two launches on one machine never collide.
 
@@ -27,12 +33,15 @@ import copy
 import ctypes
 import datetime
 import faulthandler
+import math
 import multiprocessing as mp
+import numbers
 import os
+import re
 import shutil
 import signal
 import sys
-import tempfile
+import threading
 import time
 import traceback
 from multiprocessing.connection import wait as wait_for
@@ -40,6 +49,8 @@ from multiprocessing.connection import wait as wait_for
 import cloudpickle
 import torch
 import torch.distributed as dist
+
+from . import leftovers
 
 # Errors that a rank raises because a *peer* went away; they never explain a failure on their own.
 _CONSEQUENCE_MARKERS = (
@@ -63,11 +74,14 @@ class RankFailedError(RuntimeError):
 
 
 class LaunchTimeout(RuntimeError):
-    """The run outlived its deadline. `.silent_ranks` never returned."""
+    """The run outlived its deadline. `.silent_ranks` never returned; `.where[r]` says where each was stuck
+    ("all_reduce" for a collective, else the innermost frame of its own code); `.culprits` are the silent ranks
+    that were *not* inside a collective while others waited in one (empty when no rank waited in a collective)."""
 
-    def __init__(self, message: str, silent_ranks: list[int], outputs: list[str]):
+    def __init__(self, message: str, silent_ranks: list[int], outputs: list[str], where=None, culprits=None):
         super().__init__(message)
         self.silent_ranks, self.outputs = silent_ranks, outputs
+        self.where, self.culprits = dict(where or {}), list(culprits or [])
 
 
 def _to_cpu(obj):
@@ -85,6 +99,10 @@ def _to_cpu(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_cpu(v) for v in obj)
     return obj
+
+
+_NO_LIMIT_PG_SECONDS = 7 * 24 * 3600.0  # the process group's timeout under launch(timeout=None): a week
+_LONGEST_WAIT = 3600.0  # one wait on the result pipes (select() refuses an infinite timeout)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -114,20 +132,26 @@ def _rank_main(
     """Body of one rank process (forked or spawned)."""
     for conn in others:  # forked ranks inherit every pipe; keep only our own so EOFs mean what they say
         conn.close()
+    os.setpgid(0, 0)  # lead a process group of our own: killing it ends every process this rank starts
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller handles Ctrl-C and kills us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the caller's handler (launch installs one while it runs)
     log = open(out_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
+    # A segfault, abort or bus error writes the Python stack of every thread to the log before the rank dies.
+    faulthandler.enable(file=log, all_threads=True)
     # Just before the caller's deadline, write every thread's stack to the log: a hang shows where it hangs.
-    faulthandler.dump_traceback_later(max(0.05, deadline_wall - time.time() - min(0.5, 0.1 * timeout)), file=log)
+    if math.isfinite(timeout):
+        faulthandler.dump_traceback_later(max(0.05, deadline_wall - time.time() - min(0.5, 0.1 * timeout)), file=log)
     try:
         fn, args, kwargs = cloudpickle.loads(job) if isinstance(job, bytes) else job
         torch.set_num_threads(1)
         if backend == "gloo" and sys.platform.startswith("linux"):
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        pg_timeout = datetime.timedelta(seconds=max(float(timeout), 1.0))
+        pg_seconds = max(float(timeout), 1.0) if math.isfinite(timeout) else _NO_LIMIT_PG_SECONDS
+        pg_timeout = datetime.timedelta(seconds=pg_seconds)
         store = dist.FileStore(store_path, world)
         init = dict(backend=backend, store=store, rank=rank, world_size=world, timeout=pg_timeout)
         if backend == "nccl":
@@ -189,6 +213,50 @@ def _tail(text: str, n: int = 15) -> str:
     return "\n".join(lines[-n:])
 
 
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def _rank_stack(text: str) -> list[tuple[str, str, str]]:
+    """(file, line, function) of the rank's main thread in the last stack dump of its log, innermost first,
+    ending at the rank's entry point (a forked rank's stack also holds the caller's frames below it)."""
+    dump = text.rpartition("Timeout (")[2]
+    for block in re.split(r"\n(?=Thread 0x|Current thread 0x)", dump):
+        frames = [m.group("file", "line", "func") for m in map(_FRAME.match, block.splitlines()) if m]
+        for i, (file, _, func) in enumerate(frames):
+            if func == "_rank_main" and file.endswith(os.path.join("runtime", "launch.py")):
+                return frames[:i]
+    return []
+
+
+def _where_stuck(text: str) -> str | None:
+    """Where a silent rank was at the deadline: the collective it waited in ("all_reduce", as the outermost frame
+    of torch.distributed names it), else "file:line in function" of its own innermost frame; None without a dump."""
+    frames = _rank_stack(text)
+    if not frames:
+        return None
+    inside_dist = [f for f in frames if f"{os.sep}torch{os.sep}distributed{os.sep}" in f[0]]
+    if inside_dist and frames[0] in inside_dist:
+        outermost = [f for f in inside_dist if f[0].endswith("distributed_c10d.py")] or inside_dist
+        return outermost[-1][2]
+    file, line, func = frames[0]
+    return f"{os.path.basename(file)}:{line} in {func}"
+
+
+def _is_collective(where: str | None) -> bool:
+    return where is not None and " in " not in where
+
+
+def _death_reason(text: str) -> str:
+    """The line of a dead rank's output that says why: a C++ exception's what() (gloo's "Received data size
+    doesn't match expected size"), a fatal Python error (a segfault), else its last line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for marker in ("what():", "Fatal Python error:", "terminate called"):
+        hits = [line for line in lines if marker in line and not line.startswith("File ")]
+        if hits:
+            return hits[-1]
+    return lines[-1] if lines else "it printed nothing"
+
+
 def _hang_report(text: str, n_output: int = 8, n_stack: int = 14) -> str:
     """The last lines a silent rank printed, then the innermost frames of the stack dump it wrote at the deadline."""
     out, sep, dump = text.partition("Timeout (")
@@ -198,90 +266,119 @@ def _hang_report(text: str, n_output: int = 8, n_stack: int = 14) -> str:
     return "\n".join(parts)
 
 
-def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 60.0, **kwargs) -> list:
-    """Run `fn(*args, **kwargs)` on `world_size` ranks with torch.distributed initialised; return results by rank.
-
-    backend: "auto" (NCCL with one GPU per rank when enough GPUs are visible, else gloo), "gloo" or "nccl".
-    timeout: seconds for the whole run, and the process group's own timeout.
-    Tensors in the results are detached and moved to the CPU.
-    """
+def _check_arguments(fn, world_size, timeout) -> float:
+    """Refuse bad arguments before any process starts; return the timeout in seconds (math.inf: no limit)."""
+    if not callable(fn):
+        raise TypeError(f"launch runs a function on every rank: fn must be callable, not {type(fn).__name__} {fn!r}")
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, not {world_size!r}")
+    if timeout is None:
+        timeout = math.inf
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(
+            f"timeout must be a number of seconds > 0 (or None / math.inf for no limit), not {type(timeout).__name__} "
+            f"{timeout!r}"
+        )
+    timeout = float(timeout)
+    if not timeout > 0:  # also NaN
+        raise ValueError(f"timeout must be > 0 seconds (or None / math.inf for no limit), not {timeout!r}")
     if dist.is_available() and dist.is_initialized():
         raise RuntimeError("launch() starts its own ranks; call it from a plain process, not from inside a rank")
+    return timeout
+
+
+def _prepare_backend(backend: str, world_size: int):
+    """(backend, multiprocessing context): fork for gloo, spawn for NCCL (CUDA does not survive a fork)."""
     backend = _pick_backend(backend, world_size)
     if backend == "gloo":
         # torch.optim imports torch._dynamo when the first optimizer is built, and the first
         # autograd.backward(y, grad_tensors=g) imports torch.fx's symbolic shapes and sympy (~2.5 s of CPU in all).
         # torch._dynamo brings both. Import it once here, before forking, so ranks inherit it instead of each paying.
         import torch._dynamo  # noqa: F401
-    ctx = mp.get_context("spawn" if backend == "nccl" else "fork")
-    job = cloudpickle.dumps((fn, args, kwargs)) if backend == "nccl" else (fn, args, kwargs)
+    return backend, mp.get_context("spawn" if backend == "nccl" else "fork")
 
-    # Rendezvous through a file in a fresh directory: no port to collide on, no server thread in this process
-    # (a thread holding a lock at the moment of a fork leaves it held forever in the child), and no name lookups
-    # (a TCP store resolves addresses, which stalled 5 s on one launch in ~30 in this sandbox).
-    workdir = tempfile.mkdtemp(prefix="pylib-launch-")
-    store_path = os.path.join(workdir, "store")
-    out_paths = [os.path.join(workdir, f"rank{r}.log") for r in range(world_size)]
-    result_pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (read, write)
-    control_pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
-    procs = []
-    deadline = time.monotonic() + timeout
-    try:
-        for r in range(world_size):
-            mine = {id(result_pipes[r][1]), id(control_pipes[r][0])}
-            others = [c for pair in result_pipes + control_pipes for c in pair if id(c) not in mine]
-            p = ctx.Process(
+
+class _Run:
+    """One launch's processes, pipes and folder: started by `start`, read by `collect`, ended by `close`.
+
+    Rendezvous is through a file in a fresh directory: no port to collide on, no server thread in this process
+    (a thread holding a lock at the moment of a fork leaves it held forever in the child), and no name lookups
+    (a TCP store resolves addresses, which stalled 5 s on one launch in ~30 in this sandbox)."""
+
+    def __init__(self, ctx, world_size: int, timeout: float):
+        self.ctx, self.world, self.timeout = ctx, world_size, timeout
+        leftovers.sweep("pylib-launch")  # what launches whose caller was killed left behind
+        self.workdir = leftovers.owned_tempdir("pylib-launch")
+        self.store_path = os.path.join(self.workdir, "store")
+        self.out_paths = [os.path.join(self.workdir, f"rank{r}.log") for r in range(world_size)]
+        self.result_pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]  # (read, write)
+        self.control_pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
+        self.procs: list = []
+        self.deadline = time.monotonic() + timeout
+
+    def start(self, backend: str, job) -> None:
+        """Start every rank; the parent keeps only the read ends of results and the write ends of control."""
+        forked = self.ctx.get_start_method() == "fork"
+        for r in range(self.world):
+            mine = {id(self.result_pipes[r][1]), id(self.control_pipes[r][0])}
+            others = [c for pair in self.result_pipes + self.control_pipes for c in pair if id(c) not in mine]
+            p = self.ctx.Process(
                 target=_rank_main,
                 args=(
                     r,
-                    world_size,
+                    self.world,
                     backend,
-                    store_path,
-                    timeout,
-                    result_pipes[r][1],
-                    control_pipes[r][0],
-                    out_paths[r],
+                    self.store_path,
+                    self.timeout,
+                    self.result_pipes[r][1],
+                    self.control_pipes[r][0],
+                    self.out_paths[r],
                     os.getpid(),
                     job,
-                    others if ctx.get_start_method() == "fork" else [],
-                    time.time() + timeout,
+                    others if forked else [],
+                    time.time() + self.timeout,
                 ),
                 daemon=True,
                 name=f"pylib-rank-{r}",
             )
             p.start()
-            procs.append(p)
-        for r in range(world_size):  # the parent keeps only the read ends of results and write ends of control
-            result_pipes[r][1].close()
-            control_pipes[r][0].close()
+            self.procs.append(p)
+            try:  # the rank does the same first thing; doing it here too leaves no moment it is in our group
+                os.setpgid(p.pid, p.pid)
+            except OSError:  # the rank got there first (or has already died)
+                pass
+        leftovers.record_groups(self.workdir, [p.pid for p in self.procs])
+        for r in range(self.world):
+            self.result_pipes[r][1].close()
+            self.control_pipes[r][0].close()
 
+    def _died(self, r: int) -> dict:
+        self.procs[r].join(0.2)
+        code = self.procs[r].exitcode
+        why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return dict(rank=r, time=time.time(), kind="died", traceback=f"rank {r} died without reporting ({why})")
+
+    def collect(self) -> tuple[dict, list[dict], list[int]]:
+        """(results by rank, failures, silent ranks): read results until every rank answered, the deadline passed,
+        or 50 ms after the first failure (gathering the failures that raced it)."""
         results: dict[int, object] = {}
         failures: list[dict] = []
-        readers = {result_pipes[r][0]: r for r in range(world_size)}
+        readers = {self.result_pipes[r][0]: r for r in range(self.world)}
         first_failure_at = None
         while readers:
             now = time.monotonic()
             if first_failure_at is not None and now - first_failure_at > 0.05:
-                break  # gathered the failures that raced the first one; stop the rest now
-            remaining = deadline - now
+                break
+            remaining = self.deadline - now
             if remaining <= 0:
                 break
-            wait_s = remaining if first_failure_at is None else 0.05
+            wait_s = min(remaining, _LONGEST_WAIT) if first_failure_at is None else 0.05
             for conn in wait_for(list(readers), timeout=wait_s):
                 r = readers.pop(conn)
                 try:
                     msg = cloudpickle.loads(conn.recv_bytes())
                 except (EOFError, OSError):
-                    procs[r].join(0.2)
-                    code = procs[r].exitcode
-                    why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                    failures.append(
-                        dict(
-                            rank=r, time=time.time(), kind="died", traceback=f"rank {r} died without reporting ({why})"
-                        )
-                    )
+                    failures.append(self._died(r))
                 else:
                     if msg[0] == "ok":
                         results[r] = msg[3]
@@ -289,51 +386,159 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 6
                         failures.append(dict(rank=r, time=msg[2], kind=msg[3], traceback=msg[4]))
                 if failures and first_failure_at is None:
                     first_failure_at = time.monotonic()
+        return results, failures, sorted(readers.values())
 
-        if failures or readers:
-            _kill(procs)
-        else:
-            for r in range(world_size):
-                control_pipes[r][1].close()  # EOF tells each rank it may exit
-            for p in procs:
-                p.join(max(0.0, min(5.0, deadline - time.monotonic())))
-            _kill(procs)
-        outputs = [_read(p) for p in out_paths]
-        _print_outputs(outputs)
+    def release(self) -> None:
+        """Every rank answered: EOF on the control pipes tells each rank it may exit; give them a moment to."""
+        for r in range(self.world):
+            self.control_pipes[r][1].close()
+        for p in self.procs:
+            p.join(max(0.0, min(5.0, self.deadline - time.monotonic())))
 
-        if failures:
-            failures.sort(key=lambda f: (_is_consequence(f), f["time"]))
-            first = failures[0]
-            also = ", ".join(f"rank {f['rank']} ({f['kind']})" for f in failures[1:])
-            msg = f"rank {first['rank']} failed first ({first['kind']}):\n{first['traceback'].rstrip()}"
-            if also:
-                msg += f"\n(then also: {also}; the other ranks were stopped)"
-            raise RankFailedError(first["rank"], msg, failures, outputs)
-        if readers:
-            silent = sorted(readers.values())
-            done = sorted(results)
-            tails = "\n".join(
-                f"--- rank {r}: last output, then where it was stuck ---\n{_hang_report(outputs[r])}"
-                for r in silent
-                if outputs[r]
-            )
-            raise LaunchTimeout(
-                f"launch timed out after {timeout:g} s: ranks {silent} never returned"
-                + (f" (ranks {done} did)" if done else "")
-                + (f"\n{tails}" if tails else ""),
-                silent,
-                outputs,
-            )
-        return [results[r] for r in range(world_size)]
-    finally:
-        _kill(procs)
-        for pair in result_pipes + control_pipes:
+    def outputs(self) -> list[str]:
+        return [_read(p) for p in self.out_paths]
+
+    def close(self) -> None:
+        _kill(self.procs)
+        for pair in self.result_pipes + self.control_pipes:
             for c in pair:
                 c.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _own_frames(text: str) -> str:
+    """A rank's output with the frames below its entry point left out of each stack dump (a forked rank's stack
+    goes on through the caller's frames, down to how the caller itself was started)."""
+    out, skipping = [], False
+    for line in text.splitlines():
+        m = _FRAME.match(line)
+        if m is None:
+            skipping = False
+        elif skipping:
+            continue
+        elif m.group("func") == "_rank_main":
+            skipping = True
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+def _explain_deaths(failures: list[dict], outputs: list[str]) -> None:
+    """A rank that died without reporting: add the line of its output that says why, and the output's tail."""
+    for f in failures:
+        if f["kind"] == "died":
+            text = outputs[f["rank"]]
+            f["reason"] = _death_reason(text)
+            f["traceback"] += f": {f['reason']}"
+            if text.strip():
+                f["traceback"] += f"\n--- the last lines rank {f['rank']} printed ---\n{_tail(_own_frames(text), 25)}"
+
+
+def _failure_error(failures: list[dict], outputs: list[str]) -> RankFailedError:
+    """One error naming the rank that failed first (a peer's lost connection ranks after real errors)."""
+    _explain_deaths(failures, outputs)
+    failures.sort(key=lambda f: (_is_consequence(f), f["time"]))
+    first = failures[0]
+    also = ", ".join(f"rank {f['rank']} ({f['kind']})" for f in failures[1:])
+    msg = f"rank {first['rank']} failed first ({first['kind']}):\n{first['traceback'].rstrip()}"
+    if also:
+        msg += f"\n(then also: {also}; the other ranks were stopped)"
+    return RankFailedError(first["rank"], msg, failures, outputs)
+
+
+def _timeout_error(timeout: float, silent: list[int], done: list[int], outputs: list[str]) -> LaunchTimeout:
+    """The ranks that never answered, which of them was not inside the collective the others waited in, and for
+    each its last output and where it was stuck."""
+    where = {r: _where_stuck(outputs[r]) for r in silent}
+    waiting = {r: w for r, w in where.items() if _is_collective(w)}
+    culprits = [r for r in silent if waiting and where[r] is not None and not _is_collective(where[r])]
+    head = f"launch timed out after {timeout:g} s: ranks {silent} never returned"
+    lines = [head + (f" (ranks {done} did)" if done else "")]
+    if waiting:
+        ops = sorted(set(waiting.values()))
+        lines.append(f"ranks {sorted(waiting)} were waiting inside {', '.join(ops)}")
+        for r in culprits:
+            lines.append(f"rank {r} was NOT inside a collective (it was at {where[r]}): the others wait for it")
+        if done and not culprits:
+            lines.append(f"ranks {done} had returned, so nothing could answer ranks {sorted(waiting)}")
+    tails = "\n".join(
+        f"--- rank {r}: last output, then where it was stuck ---\n{_hang_report(outputs[r])}"
+        for r in silent
+        if outputs[r]
+    )
+    return LaunchTimeout("\n".join(lines) + (f"\n{tails}" if tails else ""), silent, outputs, where, culprits)
+
+
+class _TerminateAsInterrupt:
+    """While launch runs in the main thread, SIGTERM raises (SystemExit(143)) instead of ending the process
+    on the spot, so the ranks, their children and the folder are cleaned up on the way out. A caller's own
+    SIGTERM handler is left alone."""
+
+    def __enter__(self):
+        self.saved = None
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                self.saved = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            signal.signal(signal.SIGTERM, self.saved)
+        return False
+
+
+def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 60.0, **kwargs) -> list:
+    """Run `fn(*args, **kwargs)` on `world_size` ranks with torch.distributed initialised; return results by rank.
+
+    backend: "auto" (NCCL with one GPU per rank when enough GPUs are visible, else gloo), "gloo" or "nccl".
+    timeout: seconds (> 0) for the whole run, and the process group's own timeout; None or math.inf: no limit.
+    Tensors in the results are detached and moved to the CPU.
+    """
+    timeout = _check_arguments(fn, world_size, timeout)
+    backend, ctx = _prepare_backend(backend, world_size)
+    job = cloudpickle.dumps((fn, args, kwargs)) if backend == "nccl" else (fn, args, kwargs)
+    with _TerminateAsInterrupt():
+        return _launch(ctx, backend, job, world_size, timeout)
+
+
+def _launch(ctx, backend: str, job, world_size: int, timeout: float) -> list:
+    run = _Run(ctx, world_size, timeout)
+    try:
+        run.start(backend, job)
+        results, failures, silent = run.collect()
+        if failures or silent:
+            _kill(run.procs)
+        else:
+            run.release()
+            _kill(run.procs)
+        outputs = run.outputs()
+        _print_outputs(outputs)
+        if failures:
+            raise _failure_error(failures, outputs)
+        if silent:
+            raise _timeout_error(timeout, silent, sorted(results), outputs)
+        return [results[r] for r in range(world_size)]
+    finally:
+        run.close()
+
+
+def _kill_groups(procs) -> None:
+    """SIGKILL each rank's process group: whatever the rank started (a subprocess, a pool) goes with it."""
+    for p in procs:
+        if p.pid is not None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _kill(procs) -> None:
+    """SIGKILL every rank and its process group, and reap the ranks."""
+    _kill_groups(procs)
     for p in procs:
         if p.exitcode is None and p.pid is not None:
             try:

@@ -1,0 +1,632 @@
+"""Reliability figures of the rank runtime and the lab harness, measured: launches held, faults survived, bad
+inputs refused, hangs, leaks, and what the cross-rank agreement check costs.
+
+    python bench/reliability.py                  # 1,000 launches (a few minutes on 2 CPU cores)
+    python bench/reliability.py --launches 100   # a quicker pass
+
+Every figure is counted from real runs in this process:
+
+* launches held: back-to-back `launch` calls of 2 gloo ranks that all-reduce, then the processes, file descriptors,
+  `pylib-launch-*` folders and resident memory this process holds afterwards, against before;
+* faults survived: one rank raises, is killed, segfaults, aborts inside gloo, exits, disagrees with its peers,
+  hangs...; each must be reported naming that rank and its cause, within 5 s (faults) or just after the deadline
+  (hangs), with no process left behind;
+* bad inputs refused: wrong arguments to `launch`, `MoEConfig`, `ParallelConfig`, the collectives (inside ranks),
+  CP attention and the lab harness's command line; each must raise an error whose message names the constraint
+  (a substring written next to the case). An input that is accepted counts as "accepted silently" (a wrong result
+  nobody is told about); one that takes longer than 10 s to be refused counts as a hang.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pylib.runtime import LaunchTimeout, RankFailedError, agreement_check, launch  # noqa: E402
+from pylib.runtime import collectives as C  # noqa: E402
+
+HANG_S = 10.0  # a refusal slower than this counts as a hang
+
+
+# ------------------------------------------------------------------------------------------- what this process holds
+
+
+def _children() -> list[int]:
+    me, kids = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] != "Z":
+                kids.append(int(entry))
+    return kids
+
+
+def _descendants_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.append(pid)
+        except OSError:
+            pass
+    return alive
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _folders() -> int:
+    mine = f"pylib-launch-{os.getpid()}-"
+    return sum(name.startswith(mine) for name in os.listdir(tempfile.gettempdir()))
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return kib / 1024
+
+
+def _holdings() -> dict:
+    return dict(processes=len(_children()), fds=_fds(), folders=_folders(), rss_mib=_rss_mib())
+
+
+# ------------------------------------------------------------------------------------------------- launches held
+
+
+def _sum_ranks():
+    t = torch.tensor([float(dist.get_rank())])
+    C.all_reduce_(t)
+    return float(t)
+
+
+def launches_held(n: int) -> dict:
+    launch(_sum_ranks, 2)  # warm: the first launch imports what later ones inherit
+    before = _holdings()
+    wrong, t0 = 0, time.perf_counter()
+    for _ in range(n):
+        with contextlib.redirect_stdout(io.StringIO()):
+            wrong += launch(_sum_ranks, 2, timeout=60) != [1.0, 1.0]
+    seconds = time.perf_counter() - t0
+    after = _holdings()
+    return dict(n=n, wrong=wrong, seconds=seconds, before=before, after=after)
+
+
+# ---------------------------------------------------------------------------------------------------- faults
+
+
+def _raise():
+    if dist.get_rank() == 1:
+        raise ValueError("rank one is broken")
+    dist.barrier()
+
+
+def _sigkill():
+    if dist.get_rank() == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+def _segfault():
+    if dist.get_rank() == 1:
+        import ctypes
+
+        ctypes.string_at(0)
+    dist.barrier()
+
+
+def _abort():
+    if dist.get_rank() == 0:
+        os.abort()
+    dist.barrier()
+
+
+def _exit_code():
+    if dist.get_rank() == 2:
+        os._exit(3)
+    dist.barrier()
+
+
+def _system_exit():
+    if dist.get_rank() == 1:
+        sys.exit(2)
+    dist.barrier()
+
+
+def _keyboard_interrupt():
+    if dist.get_rank() == 0:
+        raise KeyboardInterrupt
+    dist.barrier()
+
+
+def _memory_error():
+    if dist.get_rank() == 2:
+        raise MemoryError("simulated out of memory")
+    dist.barrier()
+
+
+def _gloo_size_mismatch():  # raw torch.distributed: gloo aborts the rank that receives too much
+    dist.all_reduce(torch.ones(3 if dist.get_rank() == 0 else 5))
+
+
+def _pylib_dtype_mismatch():
+    C.all_reduce_(torch.ones(3, dtype=torch.int32 if dist.get_rank() == 1 else torch.float32))
+
+
+def _pylib_shape_mismatch():
+    C.all_gather_tensor(torch.ones(4 if dist.get_rank() == 2 else 3))
+
+
+def _unpicklable_result():
+    return (lambda: 0) if dist.get_rank() == 1 else 0  # a lambda pickles with cloudpickle; a lock does not
+
+
+def _unpicklable_lock():
+    import threading
+
+    return threading.Lock() if dist.get_rank() == 1 else 0
+
+
+def _child_then_raise():
+    child = subprocess.Popen(["sleep", "300"]).pid
+    print(f"child {child}", flush=True)
+    if dist.get_rank() == 1:
+        raise RuntimeError("failed after starting a child process")
+    dist.barrier()
+
+
+def _sleep_while_peers_wait():
+    if dist.get_rank() == 1:
+        time.sleep(120)
+    dist.all_reduce(torch.ones(2))
+
+
+def _return_early():
+    if dist.get_rank() == 2:
+        return "left early"
+    dist.barrier()
+
+
+def _everyone_waits():  # a deadlock: every rank receives first
+    dist.recv(torch.zeros(1), src=(dist.get_rank() + 1) % dist.get_world_size())
+
+
+FAULTS = [
+    # (name, fn, world, timeout, error type, rank, text the message must hold)
+    ("raises ValueError", _raise, 4, 30, RankFailedError, 1, "ValueError: rank one is broken"),
+    ("killed (SIGKILL)", _sigkill, 4, 30, RankFailedError, 2, "signal 9"),
+    ("segfault", _segfault, 3, 30, RankFailedError, 1, "Fatal Python error: Segmentation fault"),
+    ("os.abort()", _abort, 3, 30, RankFailedError, 0, "Fatal Python error: Aborted"),
+    ("os._exit(3)", _exit_code, 4, 30, RankFailedError, 2, "exit code 3"),
+    ("sys.exit(2)", _system_exit, 3, 30, RankFailedError, 1, "SystemExit"),
+    ("KeyboardInterrupt in a rank", _keyboard_interrupt, 3, 30, RankFailedError, 0, "KeyboardInterrupt"),
+    ("MemoryError", _memory_error, 3, 30, RankFailedError, 2, "MemoryError: simulated out of memory"),
+    ("raw gloo size mismatch", _gloo_size_mismatch, 2, 30, RankFailedError, 0, "doesn't match expected size"),
+    ("dtype mismatch (pylib)", _pylib_dtype_mismatch, 3, 30, RankFailedError, None, "disagree on the dtype"),
+    ("shape mismatch (pylib)", _pylib_shape_mismatch, 3, 30, RankFailedError, None, "disagree on the shape"),
+    ("unpicklable result", _unpicklable_lock, 2, 30, RankFailedError, 1, "cannot be pickled"),
+    ("child process, then raise", _child_then_raise, 2, 30, RankFailedError, 1, "failed after starting a child"),
+    ("sleeps while peers wait", _sleep_while_peers_wait, 4, 4.0, LaunchTimeout, 1, "rank 1 was NOT inside"),
+    ("returns early, peers wait", _return_early, 3, 4.0, LaunchTimeout, None, "ranks [2] had returned"),
+    ("deadlock: all receive", _everyone_waits, 3, 4.0, LaunchTimeout, None, "never returned"),
+    ("control: a lambda result (allowed)", _unpicklable_result, 2, 30, None, None, ""),
+]
+
+
+def faults() -> list[dict]:
+    rows = []
+    for name, fn, world, timeout, error, rank, text in FAULTS:
+        t0 = time.perf_counter()
+        got, message, named, children = None, "", None, []
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                launch(fn, world, timeout=timeout)
+        except (RankFailedError, LaunchTimeout) as exc:
+            got, message = type(exc), str(exc)
+            named = exc.rank if isinstance(exc, RankFailedError) else (exc.culprits[0] if exc.culprits else None)
+            outputs = exc.outputs
+            children = [int(w.split()[1]) for o in outputs for w in o.splitlines() if w.startswith("child ")]
+        latency = time.perf_counter() - t0
+        if error is LaunchTimeout:
+            latency -= timeout  # how long after the deadline the hang was reported
+        time.sleep(0.05)
+        ok = got is error and (rank is None or named == rank) and text in message
+        rows.append(
+            dict(
+                name=name,
+                ok=ok,
+                rank=named,
+                latency=latency,
+                hang=error is LaunchTimeout,
+                control=error is None,
+                left=len(_children()) + len(_descendants_alive(children)),
+            )
+        )
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------- bad inputs
+
+
+def _refuses(call, text: str) -> tuple[str, float]:
+    """("refused" | "unclear" | "accepted", seconds): refused means an exception whose message holds `text`."""
+    t0 = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            call()
+    except Exception as exc:  # noqa: BLE001 - any refusal counts, if it names the constraint
+        return ("refused" if text in str(exc) else f"unclear: {type(exc).__name__}: {exc}"), time.perf_counter() - t0
+    return "accepted", time.perf_counter() - t0
+
+
+def _noop():
+    return None
+
+
+def launch_inputs() -> list[tuple[str, object, str]]:
+    cases = []
+    for ws in (0, -1, 1.5, "2", None, True, 2.0):
+        cases.append((f"launch(world_size={ws!r})", lambda ws=ws: launch(_noop, ws), "world_size must be a positive"))
+    for t in (0, -5, float("nan"), -math.inf):
+        cases.append((f"launch(timeout={t!r})", lambda t=t: launch(_noop, 2, timeout=t), "timeout must be > 0"))
+    for t in ("10", True, [1], b"1"):
+        cases.append((f"launch(timeout={t!r})", lambda t=t: launch(_noop, 2, timeout=t), "timeout must be a number"))
+    for fn in ("not a function", 3, None, [print]):
+        cases.append((f"launch(fn={fn!r})", lambda fn=fn: launch(fn, 2), "fn must be callable"))
+    for b in ("mpi", "", "GLOO", None):
+        cases.append((f"launch(backend={b!r})", lambda b=b: launch(_noop, 2, backend=b), "backend must be"))
+    if not torch.cuda.is_available():
+        cases.append(("launch(backend='nccl') without GPUs", lambda: launch(_noop, 2, backend="nccl"), "GPU per rank"))
+    return cases
+
+
+def config_inputs() -> list[tuple[str, object, str]]:
+    from pylib.model.config import ModelConfig, MoEConfig
+    from pylib.runtime import ParallelConfig
+
+    moe = [
+        (dict(n_experts=4.5), "must be an integer"),
+        (dict(n_experts="8"), "must be an integer"),
+        (dict(n_experts=0), "must be >= 1"),
+        (dict(top_k=0), "must be between 1 and n_experts"),
+        (dict(top_k=9), "must be between 1 and n_experts"),
+        (dict(top_k=1.0), "must be an integer"),
+        (dict(capacity_factor=0), "must be > 0"),
+        (dict(capacity_factor=-1.0), "must be > 0"),
+        (dict(score="relu"), "must be 'softmax' or 'sigmoid'"),
+        (dict(drop_policy="random"), "must be 'probs' or 'position'"),
+        (dict(every=0), "must be >= 1"),
+        (dict(every=True), "must be an integer"),
+        (dict(bias_update_rate=-0.1), "must be >= 0"),
+        (dict(d_ff=0), "must be a positive integer"),
+        (dict(d_ff=2.5), "must be a positive integer"),
+    ]
+    model = [
+        (dict(d_model=18), "does not divide d_model"),
+        (dict(n_kv_heads=3), "does not divide n_heads"),
+        (dict(mlp="relu"), "must be 'gelu' or 'swiglu'"),
+        (dict(position="alibi"), "must be 'none' or 'rope'"),
+        (dict(dtype="int8"), "is not a float dtype name"),
+        (dict(n_layers=0), "must be >= 1"),
+        (dict(vocab_size=0), "must be >= 1"),
+        (dict(position="rope", d_model=12, n_heads=4), "rope needs an even d_head"),
+    ]
+    parallel = [(dict(tp=0), "must be a positive integer"), (dict(dp=-1), "must be a positive integer")]
+    parallel += [(dict(tp=1.5), "must be a positive integer"), (dict(etp=0), "must be a positive integer")]
+    cases = [(f"MoEConfig({kw})", lambda kw=kw: MoEConfig(**kw), text) for kw, text in moe]
+    cases += [(f"ModelConfig({kw})", lambda kw=kw: ModelConfig(**kw), text) for kw, text in model]
+    cases += [(f"ParallelConfig({kw})", lambda kw=kw: ParallelConfig(**kw), text) for kw, text in parallel]
+    return cases
+
+
+def _message(call) -> str:
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001
+        return str(exc)
+    return "accepted"
+
+
+def _collective_misuses():
+    """Inside 2 ranks: each misuse raises the same error on both ranks, so they stay in step."""
+    from pylib.cp import ring_attention, ulysses_attention
+
+    r = dist.get_rank()
+    f32 = torch.ones(4)
+    cases = {
+        "all_reduce_ dtype differs": lambda: C.all_reduce_(torch.ones(3, dtype=torch.int32 if r else torch.float32)),
+        "all_reduce_ shape differs": lambda: C.all_reduce_(torch.ones(3 + r)),
+        "all_reduce_ reduce op differs": lambda: C.all_reduce_(torch.ones(2), op="max" if r else "sum"),
+        "all_reduce_ op='prod'": lambda: C.all_reduce_(torch.ones(2), op="prod"),
+        "all_reduce_ op='avg' on int64": lambda: C.all_reduce_(torch.ones(2, dtype=torch.int64), op="avg"),
+        "all_reduce_ non-contiguous": lambda: C.all_reduce_(torch.ones(4, 4).t()),
+        "all_reduce_async op='avg' on int32": lambda: C.all_reduce_async(torch.ones(2, dtype=torch.int32), op="avg"),
+        "different collectives": lambda: C.all_reduce_(f32) if r else C.all_gather_tensor(f32),
+        "all_gather_tensor shape differs": lambda: C.all_gather_tensor(torch.ones(3 + r)),
+        "all_gather_tensor dim differs": lambda: C.all_gather_tensor(torch.ones(2, 2), dim=r),
+        "reduce_scatter indivisible": lambda: C.reduce_scatter_tensor(torch.ones(3)),
+        "reduce_scatter dtype differs": lambda: C.reduce_scatter_tensor(
+            torch.ones(4, dtype=torch.float64 if r else torch.float32)
+        ),
+        "all_to_all indivisible": lambda: C.all_to_all_tensor(torch.ones(3, 2), 0, 1),
+        "all_to_all_rows splits disagree": lambda: C.all_to_all_rows(
+            torch.ones(2, 1), [1, 3] if r == 0 else [1, 1], [1, 1]
+        ),
+        "all_to_all_rows wrong split count": lambda: C.all_to_all_rows(torch.ones(2, 1), [2], [2]),
+        "all_to_all_rows split sum": lambda: C.all_to_all_rows(torch.ones(2, 1), [1, 1], [1, 2]),
+        "all_gather_rows sizes disagree": lambda: C.all_gather_rows(torch.ones(1 + r, 2), [1, 1 + r]),
+        "all_gather_rows wrong row count": lambda: C.all_gather_rows(torch.ones(3, 2), [1, 1]),
+        "reduce_scatter_rows wrong total": lambda: C.reduce_scatter_rows(torch.ones(3, 2), [1, 1]),
+        "ring_attention shape differs": lambda: ring_attention(
+            *[torch.ones(1, 2, 4 + 2 * r, 8)] * 3, layout="contiguous"
+        ),
+        "ring_attention q float32, k/v float64": lambda: ring_attention(
+            torch.ones(1, 2, 4, 8), *[torch.ones(1, 2, 4, 8, dtype=torch.float64)] * 2, layout="contiguous"
+        ),
+        "ring_attention zigzag odd s_local": lambda: ring_attention(*[torch.ones(1, 2, 3, 8)] * 3),
+        "ring_attention 3-D q": lambda: ring_attention(*[torch.ones(2, 4, 8)] * 3),
+        "ulysses heads not divisible by cp": lambda: ulysses_attention(
+            *[torch.ones(1, 3, 4, 8)] * 3, layout="contiguous"
+        ),
+        "ulysses dtype mixed": lambda: ulysses_attention(
+            torch.ones(1, 2, 4, 8), *[torch.ones(1, 2, 4, 8, dtype=torch.float64)] * 2, layout="contiguous"
+        ),
+    }
+    out = {name: _message(call) for name, call in cases.items()}
+    out["in step afterwards"] = float(C.all_reduce_(torch.ones(1))[0]) == 2.0
+    return out
+
+
+COLLECTIVE_TEXT = {
+    "all_reduce_ dtype differs": "disagree on the dtype",
+    "all_reduce_ shape differs": "disagree on the shape",
+    "all_reduce_ reduce op differs": "disagree on reduce op",
+    "all_reduce_ op='prod'": "must be one of",
+    "all_reduce_ op='avg' on int64": "the average of integers is not an integer",
+    "all_reduce_ non-contiguous": "needs a contiguous tensor",
+    "all_reduce_async op='avg' on int32": "the average of integers is not an integer",
+    "different collectives": "disagree on which collective to call",
+    "all_gather_tensor shape differs": "disagree on the shape",
+    "all_gather_tensor dim differs": "disagree on dim",
+    "reduce_scatter indivisible": "is not divisible by the group size",
+    "reduce_scatter dtype differs": "disagree on the dtype",
+    "all_to_all indivisible": "is not divisible by the group size",
+    "all_to_all_rows splits disagree": "expects 3 rows from rank 1",
+    "all_to_all_rows wrong split count": "needs 2 split sizes",
+    "all_to_all_rows split sum": "sum to 3, tensor has 2 rows",
+    "all_gather_rows sizes disagree": "the row counts `sizes`",
+    "all_gather_rows wrong row count": "this member holds 3 rows",
+    "reduce_scatter_rows wrong total": "input has 3 rows but sizes",
+    "ring_attention shape differs": "ring_attention over [0, 1]: the ranks disagree on the shape",
+    "ring_attention q float32, k/v float64": "must share one dtype",
+    "ring_attention zigzag odd s_local": "s_local=3 is odd",
+    "ring_attention 3-D q": "must be [b, heads, s_local, d_head]",
+    "ulysses heads not divisible by cp": "n_head",
+    "ulysses dtype mixed": "must share one dtype",
+}
+
+
+def harness_inputs(tmp: Path) -> list[tuple[str, object, str]]:
+    import nbformat
+
+    from pylib.labs.cli import main
+
+    def lab(path: Path) -> Path:
+        nb = nbformat.v4.new_notebook()
+        cell = nbformat.v4.new_code_cell(
+            'world_size = 2\nbackend = "gloo"\ndevice = "cpu"\nsolution = True\nchecks_report = None'
+        )
+        cell.metadata["tags"] = ["parameters"]
+        nb.cells = [cell, nbformat.v4.new_code_cell("summary()")]
+        nbformat.write(nb, path)
+        return path
+
+    good = lab(tmp / "01_good.ipynb")
+    not_nb, not_json = tmp / "02_not_nb.ipynb", tmp / "03_not_json.ipynb"
+    not_nb.write_text('{"cells": 3}')
+    not_json.write_text("not json at all")
+    out = str(tmp / "out")
+
+    def cli(*argv):
+        def call():
+            try:
+                rc = main(list(argv))
+            except SystemExit as exc:
+                rc = exc.code
+            if rc != 2:
+                raise AssertionError(f"exit {rc}")
+            raise ValueError(captured.getvalue())
+
+        captured = io.StringIO()
+
+        def run():
+            with contextlib.redirect_stderr(captured):
+                call()
+
+        return run
+
+    rows = [
+        ("--timeout 0", cli("run", str(good), "--timeout", "0", "--out", out), "finite number of seconds > 0"),
+        ("--timeout -1", cli("run", str(good), "--timeout", "-1", "--out", out), "finite number of seconds > 0"),
+        ("--timeout abc", cli("run", str(good), "--timeout", "abc", "--out", out), "takes seconds"),
+        ("--timeout inf", cli("run", str(good), "--timeout", "inf", "--out", out), "finite number of seconds"),
+        ("--timeout nan", cli("run", str(good), "--timeout", "nan", "--out", out), "finite number of seconds"),
+        ("-p world_size=two", cli("run", str(good), "-p", "world_size=two", "--out", out), "is an int"),
+        ("-p world_size=2.5", cli("run", str(good), "-p", "world_size=2.5", "--out", out), "is an int"),
+        ("-p world_size=0", cli("run", str(good), "-p", "world_size=0", "--out", out), "at least 1 rank"),
+        ("-p world_size=True", cli("run", str(good), "-p", "world_size=True", "--out", out), "is an int"),
+        ("-p backend=mpi", cli("run", str(good), "-p", "backend=mpi", "--out", out), "must be 'gloo' or 'nccl'"),
+        (
+            "-p backend=nccl -p device=cpu",
+            cli("run", str(good), "-p", "backend=nccl", "--out", out),
+            "runs its ranks on",
+        ),
+        ("-p device=cuda (gloo)", cli("run", str(good), "-p", "device=cuda", "--out", out), "runs its ranks on"),
+        ("-p nosuch=1", cli("run", str(good), "-p", "nosuch=1", "--out", out), "no selected lab has parameter"),
+        ("-p solution=False", cli("run", str(good), "-p", "solution=False", "--out", out), "--learner"),
+        ("-p checks_report=x", cli("run", str(good), "-p", "checks_report=x", "--out", out), "harness's own"),
+        ("-p =3", cli("run", str(good), "-p", "=3", "--out", out), "NAME=VALUE"),
+        ("a JSON file that is not a notebook", cli("run", str(not_nb), "--out", out), f"{not_nb}: not a valid"),
+        ("a notebook that is not JSON", cli("run", str(not_json), "--out", out), f"{not_json}: not a valid"),
+        ("an unknown lab name", cli("run", "no_such_lab", "--out", out), "no lab matches 'no_such_lab'"),
+        ("an unwritable --out", cli("run", str(good), "--out", "/proc/nowhere"), "--out /proc/nowhere: cannot"),
+        ("--all with names", cli("run", "--all", str(good), "--out", out), "not both"),
+        ("lint a non-JSON notebook", cli("lint", str(not_json)), f"{not_json}: not a valid"),
+        ("new with a bad name", cli("new", str(tmp / "bad name.ipynb")), "a lab is named NN_name.ipynb"),
+    ]
+    return rows
+
+
+def bad_inputs(tmp: Path) -> list[dict]:
+    rows = []
+    for name, call, text in launch_inputs() + config_inputs() + harness_inputs(tmp):
+        verdict, seconds = _refuses(call, text)
+        rows.append(dict(name=name, verdict=verdict, seconds=seconds))
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        inside = launch(_collective_misuses, 2, timeout=120)[0]
+    seconds = (time.perf_counter() - t0) / len(COLLECTIVE_TEXT)
+    for name, text in COLLECTIVE_TEXT.items():
+        got = inside[name]
+        verdict = "accepted" if got == "accepted" else ("refused" if text in got else f"unclear: {got}")
+        rows.append(dict(name=f"in ranks: {name}", verdict=verdict, seconds=seconds))
+    if not inside["in step afterwards"]:
+        rows.append(dict(name="in ranks: still in step", verdict="unclear: ranks out of step", seconds=0.0))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------- agreement check cost
+
+
+def _time_all_reduce(numel: int, on: bool, reps: int):
+    agreement_check(on)
+    t = torch.ones(numel)
+    for _ in range(5):
+        C.all_reduce_(t)
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        C.all_reduce_(t)
+    return (time.perf_counter() - t0) / reps
+
+
+def agreement_cost() -> list[dict]:
+    """Time of one all_reduce_ with the check off and on (the slowest rank's mean), interleaved off/on/off/on so
+    that a change in the machine's load hits both alike."""
+    rows = []
+    for world, numel, reps in ((2, 16, 300), (4, 16, 200), (4, 1 << 20, 20)):
+        times = {False: [], True: []}
+        for on in (False, True, False, True):
+            times[on].append(max(launch(_time_all_reduce, world, numel, on, reps, timeout=300)))
+        rows.append(dict(world=world, numel=numel, off_us=min(times[False]) * 1e6, on_us=min(times[True]) * 1e6))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--launches", type=int, default=1000, help="back-to-back launches (1000)")
+    args = p.parse_args(argv)
+    if args.launches < 1:
+        p.error("--launches must be >= 1")
+    start_holdings = _holdings()
+
+    held = launches_held(args.launches)
+    fault_rows = faults()
+    with tempfile.TemporaryDirectory(prefix="pylib-bench-") as tmp:
+        input_rows = bad_inputs(Path(tmp))
+    cost = agreement_cost()
+    end_holdings = _holdings()
+
+    b, a = held["before"], held["after"]
+    print(
+        f"## Reliability of the rank runtime and the lab harness (torch {torch.__version__}, {os.cpu_count()} CPUs)\n"
+    )
+    print("| figure | measured |")
+    print("|---|---|")
+    print(
+        f"| launches held | {held['n'] - held['wrong']} of {held['n']} back-to-back launches (2 gloo ranks) right, "
+        f"{held['seconds'] / held['n'] * 1e3:.0f} ms each |"
+    )
+    print(
+        f"| leaks over those launches | {a['processes'] - b['processes']} processes, {a['fds'] - b['fds']} file "
+        f"descriptors, {a['folders'] - b['folders']} folders, {a['rss_mib'] - b['rss_mib']:+.1f} MiB resident |"
+    )
+    real = [r for r in fault_rows if not r["hang"] and not r["control"]]
+    hangs = [r for r in fault_rows if r["hang"]]
+    print(
+        f"| faults survived | {sum(r['ok'] for r in real)} of {len(real)} reported naming the rank and its cause, "
+        f"in {min(r['latency'] for r in real):.2f}-{max(r['latency'] for r in real):.2f} s "
+        f"(all < 5 s: {all(r['latency'] < 5 for r in real)}) |"
+    )
+    print(
+        f"| hangs ended | {sum(r['ok'] for r in hangs)} of {len(hangs)} reported at the deadline "
+        f"(+{max(r['latency'] for r in hangs):.2f} s at most), the culprit named where one exists |"
+    )
+    print(f"| processes left after the faults | {sum(r['left'] for r in fault_rows)} |")
+    refused = sum(r["verdict"] == "refused" for r in input_rows)
+    accepted = [r["name"] for r in input_rows if r["verdict"] == "accepted"]
+    unclear = [f"{r['name']}: {r['verdict']}" for r in input_rows if r["verdict"].startswith("unclear")]
+    slow = [r["name"] for r in input_rows if r["seconds"] > HANG_S]
+    print(
+        f"| bad inputs refused | {refused} of {len(input_rows)} tried, each with a message naming the constraint "
+        f"(slowest {max(r['seconds'] for r in input_rows):.2f} s) |"
+    )
+    print(f"| bad inputs accepted silently | {len(accepted)} |")
+    print(f"| refusals that hung (> {HANG_S:g} s) | {len(slow)} |")
+    for c in cost:
+        extra = c["on_us"] - c["off_us"]
+        print(
+            f"| agreement check, all_reduce_ of {c['numel']} float32 on {c['world']} ranks | {c['off_us']:.0f} µs off, "
+            f"{c['on_us']:.0f} µs on ({extra:+.0f} µs, {extra / c['off_us']:+.0%}) |"
+        )
+    print(
+        f"| this process at the end vs the start | {end_holdings['processes'] - start_holdings['processes']} "
+        f"processes, {end_holdings['fds'] - start_holdings['fds']} fds, "
+        f"{end_holdings['folders'] - start_holdings['folders']} folders |"
+    )
+    print("\n### Faults\n")
+    print("| fault | named rank | reported in | ok | processes left |")
+    print("|---|---|---|---|---|")
+    for r in fault_rows:
+        when = f"+{r['latency']:.2f} s after the deadline" if r["hang"] else f"{r['latency']:.2f} s"
+        print(f"| {r['name']} | {r['rank']} | {when} | {'yes' if r['ok'] else 'NO'} | {r['left']} |")
+    if accepted or unclear:
+        print("\n### Inputs not refused clearly\n")
+        for line in accepted + unclear:
+            print(f"- {line}")
+    bad = (
+        held["wrong"]
+        or any(a[k] != b[k] for k in ("processes", "fds", "folders"))
+        or not all(r["ok"] and r["left"] == 0 for r in fault_rows)
+        or any(r["latency"] >= 5 for r in real)
+        or accepted
+        or unclear
+        or slow
+    )
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

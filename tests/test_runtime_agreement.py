@@ -1,0 +1,122 @@
+"""Before each collective the ranks check that they make the same call; disagreement is a ValueError naming every
+rank's value (issue 18), instead of garbage (float32 summed with int32) or a rank aborted by gloo."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from pylib.runtime import agreement_check, launch
+from pylib.runtime import collectives as C
+from pylib.runtime.agreement import is_checking
+
+
+def _message(call) -> str:
+    try:
+        call()
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def _misuses():
+    """Each misuse on 2 ranks; every rank raises the same error, so they stay in step for the next one."""
+    r = dist.get_rank()
+    out = {"default on under gloo": is_checking()}
+    out["dtype"] = _message(lambda: C.all_reduce_(torch.ones(3, dtype=torch.float32 if r == 0 else torch.int32)))
+    out["shape"] = _message(lambda: C.all_gather_tensor(torch.ones(3 if r == 0 else 5)))
+    out["op"] = _message(lambda: C.all_reduce_(torch.ones(2)) if r == 0 else C.all_gather_tensor(torch.ones(2)))
+    out["reduce op"] = _message(lambda: C.all_reduce_(torch.ones(2), op="sum" if r == 0 else "max"))
+    out["dim"] = _message(lambda: C.all_gather_tensor(torch.ones(2, 2), dim=r))
+    splits = ([1, 1], [1, 3]) if r == 0 else ([1, 1], [1, 1])  # rank 0 expects 3 rows from rank 1, which sends 1
+    out["splits"] = _message(lambda: C.all_to_all_rows(torch.ones(2, 4), splits[1], splits[0]))
+    out["sizes"] = _message(lambda: C.all_gather_rows(torch.ones(1 + r, 4), [1, 1 + r]))  # each consistent alone
+    out["still in step"] = float(C.all_reduce_(torch.ones(1))[0])
+    with agreement_check(False):
+        out["switched off"] = is_checking()
+    out["back on"] = is_checking()
+    out["min"] = float(C.all_reduce_(torch.tensor([float(r) + 1]), op="min")[0])
+    out["int avg"] = _message(lambda: C.all_reduce_(torch.ones(2, dtype=torch.int64), op="avg"))
+    out["unknown op"] = _message(lambda: C.all_reduce_(torch.ones(2), op="prod"))
+    out["async int avg"] = _message(lambda: C.all_reduce_async(torch.ones(2, dtype=torch.int64), op="avg"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def misuses():
+    return launch(_misuses, 2, timeout=60)
+
+
+def test_ranks_that_disagree_on_dtype_shape_op_or_row_counts_get_one_error_naming_each_rank(misuses):
+    out = misuses[0]
+    same = {k: v for k, v in out.items() if k != "op"}  # "op": each rank names the op it called first
+    assert same == {k: v for k, v in misuses[1].items() if k != "op"}  # every rank raised the same error
+    assert out["default on under gloo"] is True
+    assert "disagree on the dtype: rank 0 float32, rank 1 int32" in out["dtype"]
+    assert "all_gather_tensor over [0, 1]: the ranks disagree on the shape: rank 0 (3,), rank 1 (5,)" == out["shape"]
+    assert "disagree on which collective to call" in out["op"] and "rank 0 all_reduce, rank 1 all_gather" in out["op"]
+    assert "reduce op: rank 0 'sum', rank 1 'max'" in out["reduce op"]
+    assert "disagree on dim: rank 0 0, rank 1 1" in out["dim"]
+    assert "rank 0 expects 3 rows from rank 1 (its output_splits[1]), but rank 1 sends it 1" in out["splits"]
+    assert "the row counts `sizes`: rank 0 [1, 1], rank 1 [1, 2]" in out["sizes"]
+    assert out["still in step"] == 2.0
+
+
+def test_the_agreement_check_can_be_switched_off_and_back(misuses):
+    assert misuses[0]["switched off"] is False and misuses[0]["back on"] is True
+    with pytest.raises(TypeError, match="True, False or None"):
+        agreement_check("off")
+
+
+def test_all_reduce_takes_min_and_refuses_integer_averages_and_unknown_ops(misuses):
+    out = misuses[0]
+    assert out["min"] == 1.0
+    assert "op='avg' of a int64 tensor" in out["int avg"] and "op='sum'" in out["int avg"]
+    assert "op='prod' must be one of ['sum', 'avg', 'max', 'min']" in out["unknown op"]
+    assert "all_reduce_async: op='avg'" in out["async int avg"]
+
+
+def _cp_misuses():
+    from pylib.cp import ring_attention, ulysses_attention
+
+    r = dist.get_rank()
+    s_local = 4 if r == 0 else 6
+    q = torch.randn(1, 2, s_local, 8, dtype=torch.float64)
+    out = {
+        "ring shape": _message(lambda: ring_attention(q, q, q, layout="contiguous")),
+        "ulysses shape": _message(lambda: ulysses_attention(q, q, q, layout="contiguous")),
+    }
+    q32 = torch.randn(1, 2, 4, 8)
+    kv = torch.randn(1, 2, 4, 8, dtype=torch.float64)
+    out["ring dtype"] = _message(lambda: ring_attention(q32, kv, kv, layout="contiguous"))
+    out["ulysses dtype"] = _message(lambda: ulysses_attention(q32, kv, kv, layout="contiguous"))
+    return out
+
+
+def test_cp_attention_refuses_mismatched_shapes_across_ranks_and_mixed_dtypes():
+    out = launch(_cp_misuses, 2, timeout=60)[0]
+    assert (
+        "ring_attention over [0, 1]: the ranks disagree on the shape of tensor 0: rank 0 (1, 2, 4, 8)"
+        in out["ring shape"]
+    )
+    assert "the ranks disagree on the shape" in out["ulysses shape"]
+    for key in ("ring dtype", "ulysses dtype"):
+        assert "q, k, v must share one dtype; got torch.float32, torch.float64, torch.float64" in out[key]
+
+
+def test_expert_capacity_follows_megatrons_order_of_operations():
+    from pylib.analysis.ep import expert_capacity_tokens
+    from pylib.model.config import MoEConfig
+    from pylib.model.moe import expert_capacity
+
+    # Megatron-Core: ceil((T * k / E) * cf) = ceil(20 * 1.1) = 22; ceil(1.1 * 100 / 5) would give 23
+    assert expert_capacity(100, MoEConfig(n_experts=5, top_k=1, capacity_factor=1.1)) == 22
+    assert expert_capacity_tokens(100, 1, 5, 1.1) == 22
+    assert expert_capacity(64, MoEConfig(n_experts=8, top_k=2, capacity_factor=1.0)) == 16
+
+
+@pytest.mark.parametrize("field, value", [("n_experts", 4.5), ("top_k", 1.0), ("every", True), ("n_experts", "8")])
+def test_moe_config_refuses_counts_that_are_not_integers(field, value):
+    from pylib.model.config import MoEConfig
+
+    with pytest.raises(TypeError, match=f"{field}={value!r} must be an integer"):
+        MoEConfig(**{field: value})
