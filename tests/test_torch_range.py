@@ -208,13 +208,14 @@ def test_pylib_and_bench_use_only_torch_2_6_names_outside_compat(path):
 
 
 def test_only_the_traced_collectives_call_compats_communication_functions():
-    """compat's all_gather_into / reduce_scatter_into communicate; only collectives.py (which traces) may call them."""
+    """compat's all_gather_into / reduce_scatter_into communicate; only collectives.py (which traces) may call them,
+    and agreement.py, the untraced descriptor exchange that collectives.py runs before each collective on gloo."""
     callers = sorted(
         str(path.relative_to(ROOT))
         for path in ROOT.glob("pylib/**/*.py")
         if path != COMPAT and re.search(r"\b(all_gather_into|reduce_scatter_into)\(", path.read_text())
     )
-    assert callers == ["pylib/runtime/collectives.py"], callers
+    assert callers == ["pylib/runtime/agreement.py", "pylib/runtime/collectives.py"], callers
 
 
 def test_compat_reads_versions_and_names_the_supported_range():
@@ -297,8 +298,10 @@ def _assert_same(a, b, where="result"):
 
 
 def _every_gather_and_scatter():
+    from pylib.runtime import agreement_check
     from pylib.runtime import collectives as C
 
+    agreement_check(False)  # count the collectives' own calls, not the agreement check's descriptor exchange
     r, n = dist.get_rank(), dist.get_world_size()
     x = torch.arange(12, dtype=torch.float64).reshape(3, 4) + 100 * r
     rows = torch.full((r + 1, 2), float(r))

@@ -26,6 +26,8 @@ import zlib
 import torch
 import torch.distributed as dist
 
+from . import compat
+
 _MAX_TENSORS, _MAX_DIMS, _MAX_PARAMS = 3, 8, 3
 _REDUCE_OPS = ("sum", "avg", "max", "min")
 _DTYPES = (
@@ -175,7 +177,7 @@ def agree(
     desc = _encode(kind or who, n, tensors, params, sizes, in_splits, out_splits)
     mine = torch.tensor(desc, dtype=torch.int64, device=device)  # on the rank's device: NCCL moves no CPU tensor
     gathered = torch.empty(n * mine.numel(), dtype=torch.int64, device=device)
-    dist.all_gather_single(gathered, mine, group=g.pg)
+    compat.all_gather_into(gathered, mine, group=g.pg)
     calls = [_Call(row, n) for row in gathered.view(n, -1).cpu().tolist()]
     ranks = list(g.ranks)
     if len({c.op for c in calls}) > 1:
