@@ -13,7 +13,7 @@ sequence-sharded to head-sharded and back).
     ring_rounds(events_by_rank)                                     # seed A's round table from the trace
 
 Files: layout.py (the shardings), kernels.py (the block kernel: torch, flash-attn), merge.py (the LSE merge),
-ring.py, ulysses.py, layer.py (drop-in modules), rounds.py, pitfalls.py.
+ring.py (the ring; recorder.py observes its steps), ulysses.py, layer.py (drop-in modules), rounds.py, pitfalls.py.
 """
 
 from .kernels import (
@@ -39,7 +39,8 @@ from .layout import (
 )
 from .merge import merge_all, merge_block
 from .pitfalls import merge_precision_drift
-from .ring import BlockPlan, RingAttention, RingStats, RingStep, ring_attention, ring_block_plan
+from .recorder import RingRecorder, RingStats, RingStep
+from .ring import BlockPlan, Ring, RingAttention, ring_attention, ring_block_plan
 from .rounds import format_round_table, ring_rounds
 from .ulysses import check_heads, ulysses_attention
 
@@ -50,7 +51,9 @@ __all__ = [
     "CPAttentionCore",
     "CPTransformer",
     "FlashKernel",
+    "Ring",
     "RingAttention",
+    "RingRecorder",
     "RingStats",
     "RingStep",
     "TorchKernel",
