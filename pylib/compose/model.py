@@ -32,6 +32,7 @@ from pylib.dp.buckets import DEFAULT_BUCKET_BYTES
 from pylib.dp.experiment import micro_batch, wrap
 from pylib.dp.memory import HeldBytes
 from pylib.pp.executor import microbatches, run_pipeline
+from pylib.pp.recorder import PipelineRecorder
 from pylib.pp.schedules import build
 from pylib.pp.split import virtual_stage
 from pylib.runtime import collectives as C
@@ -278,7 +279,7 @@ class ParallelTransformer:
             act_shape=self.act_shape(B // (mesh.dp.size * m), S),
             act_dtype=self.cfg.torch_dtype,
             backward_context=self._backward_context,
-            measure_memory=measure_memory and not stage_probe,
+            recorder=PipelineRecorder(measure_memory=measure_memory and not stage_probe),
             device=self.device,  # under ZeRO-3 the stages hold no parameters to read it from
         )
         for stage in self.stages:
