@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed as dist
 
@@ -19,7 +18,6 @@ def rank_sum():
     return float(t)
 
 
-@pytest.mark.slow
 def test_a_worker_function_runs_under_torchrun():
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}", "OMP_NUM_THREADS": "1"}
     cmd = [
