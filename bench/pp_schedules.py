@@ -8,7 +8,7 @@ Bubble, four ways (idle time / compute time, averaged over ranks):
   schedule    the pure schedule simulated in logical time (forward 1, backward 2, posted sends)
   replay      the order the ranks really ran, re-timed in logical units (what the tests assert on)
   padded      wall clock, every forward of a chunk padded to t_f/v and every backward to t_b/v seconds with a
-              sleep (the executor's `compute_delay`): compute costs a known amount, so the timing noise of a
+              sleep (the recorder's `compute_delay`): compute costs a known amount, so the timing noise of a
               shared 2-core machine is small against it; communication and scheduling overheads remain
   raw         wall clock of the tiny model as is (dominated by per-op overhead and noise on a CPU)
 The median over `--repeats` runs is printed for the wall-clock columns.
@@ -26,6 +26,7 @@ import torch.distributed as dist
 from pylib.analysis import pp as A
 from pylib.model import ModelConfig, build_model, random_tokens
 from pylib.pp.pipeline import PipelineParallel
+from pylib.pp.recorder import PipelineRecorder
 from pylib.pp.schedules import build
 from pylib.pp.simulate import simulate
 from pylib.pp.split import lm_loss, rank_chunks
@@ -45,7 +46,8 @@ def _sweep(ms, repeats, t_f, t_b):
         pipe = PipelineParallel(model, v=v)
         for m in ms:
             ids, targets = random_tokens(CFG, m, SEQ, seed=m)  # microbatch size 1
-            pipe.step(ids, targets, schedule=name, n_microbatches=m, measure_memory=False)  # warm-up
+            warm_up = PipelineRecorder(measure_memory=False)
+            pipe.step(ids, targets, schedule=name, n_microbatches=m, recorder=warm_up)
             runs = []
             for _ in range(repeats):
                 pipe.zero_grad()
@@ -58,8 +60,7 @@ def _sweep(ms, repeats, t_f, t_b):
                     targets,
                     schedule=name,
                     n_microbatches=m,
-                    measure_memory=False,
-                    compute_delay=(t_f / v, t_b / v),
+                    recorder=PipelineRecorder(measure_memory=False, compute_delay=(t_f / v, t_b / v)),
                 )
                 runs.append(dict(raw=run, padded=padded.timeline, sent=sent))
             out.append(dict(name=name, v=v, m=m, runs=runs))
@@ -85,7 +86,7 @@ def _torch_1f1b(m, steps):
             schedule.step()
 
     def ours():
-        pipe.step(ids, targets, schedule="1f1b", n_microbatches=m, measure_memory=False)
+        pipe.step(ids, targets, schedule="1f1b", n_microbatches=m, recorder=PipelineRecorder(measure_memory=False))
 
     times = {"ours": [], "torch": []}
     for fn in (ours, theirs):  # warm-up

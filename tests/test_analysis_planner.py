@@ -68,6 +68,7 @@ def _unequal(checks):
     return [(plan.describe(), c) for plan, c in checks if c.predicted != c.measured]
 
 
+@pytest.mark.slow
 def test_predicted_parameter_gradient_and_optimizer_bytes_equal_every_ranks_measurement(measured):
     for kind in ("params", "grads", "optim"):
         checks = _checks(measured, kind)
@@ -78,6 +79,7 @@ def test_predicted_parameter_gradient_and_optimizer_bytes_equal_every_ranks_meas
     assert optim[(pc(tp=2, dp=2), 1)] < 0.6 * optim[(pc(tp=2, dp=2), 0)]
 
 
+@pytest.mark.slow
 def test_predicted_saved_activation_bytes_per_chunk_and_schedule_peak_equal_the_probe(measured):
     chunks = _checks(measured, "saved activations")
     assert not _unequal(chunks), _unequal(chunks)
@@ -91,6 +93,7 @@ def test_predicted_saved_activation_bytes_per_chunk_and_schedule_peak_equal_the_
     assert peak[0] == 2 * chunk[0] and peak[3] == chunk[3]  # rank 3: dp 1, pp 1 (order tp-cp-ep-dp-pp)
 
 
+@pytest.mark.slow
 def test_predicted_bytes_sent_per_axis_equal_the_tracer_for_every_rank_and_axis(measured):
     checks = _checks(measured, "sent on")
     assert not _unequal(checks), _unequal(checks)
@@ -98,6 +101,7 @@ def test_predicted_bytes_sent_per_axis_equal_the_tracer_for_every_rank_and_axis(
     assert {"tp", "cp", "pp", "dp-cp", "ep", "etp", "edp"} <= axes, axes
 
 
+@pytest.mark.slow
 def test_with_expected_routing_only_the_expert_axes_differ_from_the_run(measured):
     checks = _checks(measured, "sent on", routing="expected")
     off = _unequal(checks)

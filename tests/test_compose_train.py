@@ -93,10 +93,12 @@ def _assert_trains_like_reference(name, tol):
     assert ref["losses"][-1] < ref["losses"][0]  # it did train
 
 
+@pytest.mark.slow
 def test_tp2_cp2_dp2_pp2_on_16_ranks_trains_like_the_reference():
     _assert_trains_like_reference("dense16", 1e-12)
 
 
+@pytest.mark.slow
 def test_moe_tp2_ep4_etp1_on_8_ranks_folded_trains_like_the_reference():
     """SGD, not Adam: Adam is nearly blind to a gradient's scale, SGD checks the experts' edp/(dp*cp) = 1/2."""
     _assert_trains_like_reference("moe8", 1e-12)
@@ -108,6 +110,7 @@ def test_moe_tp2_ep4_etp1_on_8_ranks_folded_trains_like_the_reference():
     assert experts and all(r["dp_group"] == "edp" and r["dp_size"] == 2 and r["scale"] == "1/2" for r in experts)
 
 
+@pytest.mark.slow
 def test_all_five_axes_tp2_cp2_dp2_pp2_ep2_train_like_the_reference():
     """MoE with load-balancing and z losses and a capacity factor, ZeRO-3, interleaved 1F1B, Ulysses: equal to the
     reference run with the composed run's grouping (aux loss per replica microbatch, capacity per holding rank)."""
@@ -118,10 +121,12 @@ def test_all_five_axes_tp2_cp2_dp2_pp2_ep2_train_like_the_reference():
     assert differs["loss_err"] > 1e-6 and differs["param_err"] > 1e-6  # the grouping is what makes them equal
 
 
+@pytest.mark.slow
 def test_float32_mqa_gpipe_zero2_without_sp_trains_like_the_reference():
     _assert_trains_like_reference("mqa8", 2e-6)
 
 
+@pytest.mark.slow
 def test_every_rank_reports_the_global_loss_and_the_replicas_average_to_it():
     for name in ("dense16", "five16", "moe8"):
         results, ref, (cfg, pc, world, kw) = run(name)
@@ -133,6 +138,7 @@ def test_every_rank_reports_the_global_loss_and_the_replicas_average_to_it():
             assert abs(sum(local) / len(local) - ref["losses"][step]) < 1e-12
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_traffic_per_axis_equals_the_sum_of_the_per_mode_formulas(name):
     results, _, (cfg, pc, world, kw) = run(name)
@@ -150,6 +156,7 @@ def test_traffic_per_axis_equals_the_sum_of_the_per_mode_formulas(name):
     assert expected <= axes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_held_parameter_gradient_and_optimizer_bytes_equal_the_dp_formulas(name):
     results, _, (cfg, pc, world, kw) = run(name)
@@ -161,6 +168,7 @@ def test_held_parameter_gradient_and_optimizer_bytes_equal_the_dp_formulas(name)
         assert r["peak_activation_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_each_gradient_reduction_runs_once_per_step_whatever_the_microbatches():
     """m = 2 microbatches, yet the DP wrapper reduces each bucket once (no_sync before a chunk's last backward)
     and the TP sums are one all-reduce each, after the DP reduction."""
@@ -181,6 +189,7 @@ def test_each_gradient_reduction_runs_once_per_step_whatever_the_microbatches():
     assert len(results[0]["layouts"]) > 1  # several buckets (bucket_bytes=4096), each reduced once
 
 
+@pytest.mark.slow
 def test_reduction_table_names_the_group_and_weight_of_every_parameter():
     results, _, _ = run("dense16")
     table = {r["name"]: r for r in results[0]["reduction_table"]}
@@ -198,6 +207,7 @@ def test_reduction_table_names_the_group_and_weight_of_every_parameter():
     assert "layers.*.mlp.router.gate.weight" in text and "edp (4)" in text
 
 
+@pytest.mark.slow
 def test_shard_specs_say_how_each_rank_holds_every_parameter_on_every_axis():
     results, *_ = run("five16")
     for r in results:
@@ -213,6 +223,7 @@ def test_shard_specs_say_how_each_rank_holds_every_parameter_on_every_axis():
         assert bool(experts) == (r["coords"]["pp"] == 1)  # interleaved: pp rank 1 holds the MoE layers 1 and 3
 
 
+@pytest.mark.slow
 def test_superposition_tp4_cp2_dp2_ffn_activation_is_one_sixteenth_per_rank():
     """Seed B: TP splits h_ffn, CP the sequence, DP the batch -- orthogonal axes, so each rank's FFN hidden
     activation [b/dp, s/cp, h_ffn/tp] is 1/16 of [b, s, h_ffn]. Measured on the real tensors (a hook on every
@@ -229,6 +240,7 @@ def test_superposition_tp4_cp2_dp2_ffn_activation_is_one_sixteenth_per_rank():
     assert len({r["ffn_hidden_bytes"][1] for r in results}) > 1  # routing makes the per-rank share uneven
 
 
+@pytest.mark.slow
 def test_pipeline_changes_which_layers_a_rank_holds_not_the_ratio():
     results, _, (cfg, pc, world, kw) = run("dense16")
     ref = reference_ffn_bytes(cfg, batch=BATCH, seq=SEQ, data=DATA)
@@ -239,6 +251,7 @@ def test_pipeline_changes_which_layers_a_rank_holds_not_the_ratio():
             assert nbytes * (pc.tp * pc.cp * pc.dp) == ref[layer]  # each at 1/8 (no pp in the ratio)
 
 
+@pytest.mark.slow
 def test_the_per_rank_report_prints_every_rank_and_axis():
     results, *_ = run("five16")
     text = format_report(results)
@@ -259,6 +272,7 @@ def _probes_and_zero_stages():
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_saved_activations_are_measured_alike_by_both_probes_and_do_not_depend_on_the_zero_stage():
     """The stage probe equals pylib.pp's probe under ZeRO-1. ZeRO-3 gathers each unit's parameters for its

@@ -100,6 +100,7 @@ def _rank_model(model, ids, targets, layout, kind):
     return loss.detach(), partial, _grads(cp_model), [(e.op, e.tag) for e in tr.events]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ring", "ulysses"])
 def test_cp_model_loss_and_all_gradients_equal_the_reference_only_after_the_cp_allreduce(kind):
     model = build_model(CFG)

@@ -33,7 +33,9 @@ def reference():
     return train_reference(CFG, global_batch=BATCH, seq=SEQ, steps=STEPS, lr=LR)
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=lambda d: f"dp{d}")
+@pytest.fixture(
+    scope="module", params=[pytest.param(d, marks=pytest.mark.slow) for d in (2, 4)], ids=lambda d: f"dp{d}"
+)
 def runs(request, reference):
     d = request.param
     per_rank = launch(_every_stage, d, CFG, timeout=240)

@@ -75,6 +75,7 @@ def test_load_imbalance_is_one_when_even_and_e_over_k_when_all_tokens_agree():
     assert load_imbalance(routing, 8) == 8 / 2
 
 
+@pytest.mark.slow
 def test_aux_loss_and_expert_bias_end_better_balanced_than_no_balancing():
     runs = {
         name: train_balance(cfg, steps=30, batch=8)

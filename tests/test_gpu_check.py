@@ -26,6 +26,7 @@ def _load():
     return module
 
 
+@pytest.mark.slow
 def test_gpu_check_on_cpu_ranks_passes_every_mode_with_bytes_equal_to_the_formulas():
     env = dict(os.environ, PYTHONPATH=str(REPO))
     run = subprocess.run(

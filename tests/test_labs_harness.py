@@ -25,7 +25,7 @@ from pylib.labs.notebook import EXERCISE_NUMBER, find_labs, tags
 
 ROOT = Path(__file__).resolve().parent.parent
 LABS = find_labs()
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # every lab end to end: ~50 s of the suite
 
 
 def _fixture_lab(path: Path, cells: list[tuple[str, list[str]]]) -> Path:

@@ -15,7 +15,7 @@ from pylib.model import (
     saved_activations,
 )
 
-OPTIONS = list(
+GRID = list(
     itertools.product(
         ["gelu", "swiglu"],  # mlp
         [None, 2],  # n_kv_heads: MHA, GQA
@@ -28,6 +28,17 @@ OPTIONS = list(
         ],
     )
 )
+DEFAULT = GRID[0]  # gelu, MHA, causal, no position encoding, dense MLP
+
+
+def _marked(option):
+    """The whole grid runs in the full suite; the inner loop (-m "not slow") runs the default and each option
+    changed on its own."""
+    alone = sum(a != b for a, b in zip(option, DEFAULT)) <= 1
+    return pytest.param(*option) if alone else pytest.param(*option, marks=pytest.mark.slow)
+
+
+OPTIONS = [_marked(option) for option in GRID]
 
 
 @pytest.mark.parametrize("mlp, kv, causal, position, moe", OPTIONS)

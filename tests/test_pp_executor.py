@@ -76,7 +76,7 @@ def _suite(pp):
     return out
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["pp2", "pp4"])
+@pytest.fixture(scope="module", params=[pytest.param(p, marks=pytest.mark.slow) for p in (2, 4)], ids=["pp2", "pp4"])
 def suite(request):
     pp = request.param
     return pp, launch(_suite, pp, pp, timeout=150)
@@ -290,6 +290,7 @@ def _two_pipelines():
     return mesh.dp.rank, mesh.pp.ranks, run.loss, grads, peers, mesh.pp.rank
 
 
+@pytest.mark.slow
 def test_two_pipelines_side_by_side_on_a_mesh_each_match_the_reference_on_their_batch():
     results = launch(_two_pipelines, 4, timeout=60)
     for d in range(2):

@@ -58,6 +58,7 @@ def _compare():
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("p", [2, 4])
 def test_our_gpipe_and_1f1b_match_pytorch_pipelining_loss_and_gradients(p):

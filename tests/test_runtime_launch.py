@@ -171,6 +171,7 @@ def _script(tmp_path, body: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_two_launches_at_once_do_not_collide(tmp_path):
     script = _script(
         tmp_path,
@@ -199,6 +200,7 @@ def test_two_launches_at_once_do_not_collide(tmp_path):
         assert float(out.strip().splitlines()[-1]) == pytest.approx(4 * 2.5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_no_rank_survives_when_the_caller_is_interrupted_or_killed(tmp_path):
     script = _script(

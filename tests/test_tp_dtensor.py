@@ -61,7 +61,7 @@ def _cases(t):
     return [(f"{n}-sp{sp}", c, sp) for n, c in (("mha-gelu", mha), ("gqa-swiglu-rope", gqa)) for sp in (False, True)]
 
 
-@pytest.mark.parametrize("t", [2, 4])
+@pytest.mark.parametrize("t", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_tp_block_matches_pytorch_dtensor_tensor_parallel_outputs_and_grads(t):
     for rank, res in enumerate(launch(_cross_check, t, _cases(t), timeout=120)):
         for name, (errs, partial) in res.items():

@@ -101,6 +101,7 @@ def _compare(configs):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_tp_model_matches_reference_logits_loss_grads_and_three_adamw_steps(tp):
     results = launch(_compare, tp, [c for c in CONFIGS if tp in c[-1]], timeout=120)

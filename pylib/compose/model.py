@@ -32,6 +32,7 @@ from pylib.dp.buckets import DEFAULT_BUCKET_BYTES
 from pylib.dp.memory import HeldBytes
 from pylib.dp.wrap import micro_batch, wrap
 from pylib.pp.executor import microbatches, run_pipeline
+from pylib.pp.recorder import PipelineRecorder
 from pylib.pp.schedules import build
 from pylib.pp.split import virtual_stage
 from pylib.runtime import collectives as C
@@ -82,6 +83,50 @@ def local_batch(x: torch.Tensor, mesh, layout: str = "zigzag") -> torch.Tensor:
     further inside the model, after the embedding)."""
     rows = micro_batch(x, mesh.dp.rank, mesh.dp.size)
     return shard_sequence(rows, 1, mesh.cp.rank, mesh.cp.size, layout).contiguous()
+
+
+@dataclass
+class _StageLayout:
+    """What this rank's stages hold, read before the DP wrappers take their parameters over: the gradient
+    reductions, the reference piece of every parameter, K/V replica counts, shard specs, each parameter's stage,
+    and which parameters are experts' (reduced over edp, not dp-cp)."""
+
+    table: list
+    infos: list
+    kv: dict
+    specs: list
+    stage_of: dict
+    expert: set
+
+    @classmethod
+    def read(cls, stages, mesh) -> _StageLayout:
+        table = [r for s in stages for r in reduction_table(s, mesh)]
+        return cls(
+            table=table,
+            infos=[i for s in stages for i in parameter_map(s)],
+            kv={n: k for s in stages for n, k in kv_replica_counts(s).items()},
+            specs=[spec for s in stages for spec in s.shard_specs()],
+            stage_of={n: s.stage for s in stages for n, _ in s.named_parameters()},
+            expert={r.name for r in table if r.dp_group == "edp"},
+        )
+
+
+def _wrap(stage, mesh, expert: set, zero_stage: int, bucket_bytes: int, optimizer, optim_kwargs: dict):
+    """The stage in its data-parallel wrapper: dense parameters over dp-cp, expert parameters over edp."""
+    dense_group, expert_group = mesh["dp-cp"], mesh["edp"]
+
+    def group_for(name, p):
+        return expert_group if name in expert else dense_group
+
+    return wrap(
+        stage,
+        DP_STAGES[zero_stage],
+        dense_group,
+        bucket_bytes=bucket_bytes,
+        group_for=group_for,
+        optimizer=optimizer,
+        **optim_kwargs,
+    )
 
 
 class ParallelTransformer:
@@ -164,31 +209,12 @@ class ParallelTransformer:
             for c in range(v)
         ]
         # read the layout before the DP wrappers take the parameters over (ZeRO-3 removes them from the modules)
-        table = [r for s in stages for r in reduction_table(s, mesh)]
-        infos = [i for s in stages for i in parameter_map(s)]
-        kv = {n: k for s in stages for n, k in kv_replica_counts(s).items()}
-        specs = [spec for s in stages for spec in s.shard_specs()]
-        stage_of = {n: s.stage for s in stages for n, _ in s.named_parameters()}
-        expert = {r.name for r in table if r.dp_group == "edp"}
-        dense_group, expert_group = mesh["dp-cp"], mesh["edp"]
-
-        def group_for(name, p):
-            return expert_group if name in expert else dense_group
-
-        wrappers = [
-            wrap(
-                s,
-                DP_STAGES[zero_stage],
-                dense_group,
-                bucket_bytes=bucket_bytes,
-                group_for=group_for,
-                optimizer=optimizer,
-                **optim_kwargs,
-            )
-            for s in stages
-        ]
-        model = cls(cfg, mesh, stages, wrappers, table, infos, kv, opts | dict(bucket_bytes=bucket_bytes))
-        model._stage_specs, model._stage_of = specs, stage_of
+        held = _StageLayout.read(stages, mesh)
+        wrappers = [_wrap(s, mesh, held.expert, zero_stage, bucket_bytes, optimizer, optim_kwargs) for s in stages]
+        model = cls(
+            cfg, mesh, stages, wrappers, held.table, held.infos, held.kv, opts | dict(bucket_bytes=bucket_bytes)
+        )
+        model._stage_specs, model._stage_of = held.specs, held.stage_of
         model.device = device
         return model
 
@@ -278,7 +304,7 @@ class ParallelTransformer:
             act_shape=self.act_shape(B // (mesh.dp.size * m), S),
             act_dtype=self.cfg.torch_dtype,
             backward_context=self._backward_context,
-            measure_memory=measure_memory and not stage_probe,
+            recorder=PipelineRecorder(measure_memory=measure_memory and not stage_probe),
             device=self.device,  # under ZeRO-3 the stages hold no parameters to read it from
         )
         for stage in self.stages:

@@ -92,74 +92,18 @@ def _rows(first: int, count: int) -> slice:
 def parameter_map(stage) -> list[ParamInfo]:
     """Every parameter of a `ParallelStage`, with the reference piece it holds."""
     out = []
-    full = slice(None)
-
-    def add(name, p, ref, index, kind, full_shape):
-        out.append(ParamInfo(name, ref, tuple(index), kind, tuple(p.shape), tuple(full_shape)))
-
     if stage.embed is not None:
         e = stage.embed
-        add(
-            "embed.weight",
-            e.weight,
-            "embed.weight",
-            (slice(e.vocab_start, e.vocab_end), full),
-            "vocab",
-            (e.vocab_size, e.weight.shape[1]),
-        )
+        index = (slice(e.vocab_start, e.vocab_end), _ALL)
+        out.append(_info("embed.weight", e.weight, index, "vocab", (e.vocab_size, e.weight.shape[1])))
     for i, layer in stage.layers.items():
-        pre = f"layers.{i}."
-        for ln in ("ln1", "ln2"):
-            for n, p in getattr(layer, ln).named_parameters():
-                add(f"{pre}{ln}.{n}", p, f"{pre}{ln}.{n}", (full,), "replicated", p.shape)
-        attn, lay = layer.attn, layer.attn.layout
-        dh = attn.d_head
-        q_rows = _rows(lay.q_first * dh, lay.q_count * dh)
-        kv_rows = _rows(lay.kv_first * dh, lay.kv_count * dh)
-        for n, rows in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
-            lin = getattr(attn, n)
-            kind = "kv-replicated" if lin.replicas > 1 else "column"
-            add(f"{pre}attn.{n}.weight", lin.weight, f"{pre}attn.{n}.weight", (rows, full), kind, lin.full_shape)
-        o = attn.o_proj
-        add(f"{pre}attn.o_proj.weight", o.weight, f"{pre}attn.o_proj.weight", (full, q_rows), "row", o.full_shape)
-        mlp = layer.mlp
-        if isinstance(mlp, ExpertParallelMoE):
-            for local, p, ref, index in mlp.param_map():
-                kind = "router" if local.startswith("router.") else "expert"
-                full_shape = p.shape if kind == "router" else None
-                if kind == "expert":
-                    shape = list(p.shape)
-                    d = 0 if isinstance(index[0], slice) and len(index) == 1 else 1
-                    shape[d] = shape[d] * mlp.etp_group.size
-                    full_shape = tuple(shape)
-                add(f"{pre}mlp.{local}", p, f"{pre}mlp.{ref}", index, kind, full_shape)
-        elif isinstance(mlp, TPMLP):
-            for n in (["gate_proj"] if mlp.kind == "swiglu" else []) + ["up_proj", "down_proj"]:
-                lin = getattr(mlp, n)
-                if n == "down_proj":
-                    per = lin.weight.shape[1]
-                    index = (full, slice(lin.group.rank * per, (lin.group.rank + 1) * per))
-                    kind = "row"
-                else:
-                    per = lin.weight.shape[0]
-                    index = (slice(lin.group.rank * per, (lin.group.rank + 1) * per), full)
-                    kind = "column"
-                add(f"{pre}mlp.{n}.weight", lin.weight, f"{pre}mlp.{n}.weight", index, kind, lin.full_shape)
-        else:
-            raise TypeError(f"layer {i}: unexpected MLP {type(mlp).__name__}")
+        out += _layer_pieces(f"layers.{i}.", layer)
     if stage.ln_f is not None:
-        for n, p in stage.ln_f.named_parameters():
-            add(f"ln_f.{n}", p, f"ln_f.{n}", (full,), "replicated", p.shape)
+        out += [_info(f"ln_f.{n}", p, (_ALL,), "replicated", p.shape) for n, p in stage.ln_f.named_parameters()]
         h = stage.lm_head
-        per = h.weight.shape[0]
-        rank = h.group.rank
-        add(
-            "lm_head.weight",
-            h.weight,
-            "lm_head.weight",
-            (slice(rank * per, (rank + 1) * per), full),
-            "vocab",
-            h.full_shape,
+        per, rank = h.weight.shape[0], h.group.rank
+        out.append(
+            _info("lm_head.weight", h.weight, (slice(rank * per, (rank + 1) * per), _ALL), "vocab", h.full_shape)
         )
     names = {n for n, _ in stage.named_parameters()}
     mapped = {i.name for i in out}
@@ -168,6 +112,70 @@ def parameter_map(stage) -> list[ParamInfo]:
             f"parameters without a reference piece: {sorted(names - mapped)}; "
             f"mapped but absent: {sorted(mapped - names)}"
         )
+    return out
+
+
+_ALL = slice(None)  # the whole of an axis
+
+
+def _info(name: str, p, index, kind: str, full_shape, ref: str | None = None) -> ParamInfo:
+    """The stage's parameter `name` holds reference[`ref` (default: the same name)][index]."""
+    return ParamInfo(name, name if ref is None else ref, tuple(index), kind, tuple(p.shape), tuple(full_shape))
+
+
+def _layer_pieces(pre: str, layer) -> list[ParamInfo]:
+    """One Transformer layer: its LayerNorms (replicated), attention (head-sharded), and its MLP or MoE."""
+    out = []
+    for ln in ("ln1", "ln2"):
+        for n, p in getattr(layer, ln).named_parameters():
+            out.append(_info(f"{pre}{ln}.{n}", p, (_ALL,), "replicated", p.shape))
+    attn, lay = layer.attn, layer.attn.layout
+    dh = attn.d_head
+    q_rows = _rows(lay.q_first * dh, lay.q_count * dh)
+    kv_rows = _rows(lay.kv_first * dh, lay.kv_count * dh)
+    for n, rows in (("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)):
+        lin = getattr(attn, n)
+        kind = "kv-replicated" if lin.replicas > 1 else "column"
+        out.append(_info(f"{pre}attn.{n}.weight", lin.weight, (rows, _ALL), kind, lin.full_shape))
+    o = attn.o_proj
+    out.append(_info(f"{pre}attn.o_proj.weight", o.weight, (_ALL, q_rows), "row", o.full_shape))
+    mlp = layer.mlp
+    if isinstance(mlp, ExpertParallelMoE):
+        return out + _moe_pieces(pre, mlp)
+    if isinstance(mlp, TPMLP):
+        return out + _mlp_pieces(pre, mlp)
+    raise TypeError(f"layer {pre.split('.')[1]}: unexpected MLP {type(mlp).__name__}")
+
+
+def _moe_pieces(pre: str, mlp) -> list[ParamInfo]:
+    """The router (replicated) and each expert's weight, whose full shape is the ETP-sharded axis times etp."""
+    out = []
+    for local, p, ref, index in mlp.param_map():
+        kind = "router" if local.startswith("router.") else "expert"
+        full_shape = p.shape if kind == "router" else None
+        if kind == "expert":
+            shape = list(p.shape)
+            d = 0 if isinstance(index[0], slice) and len(index) == 1 else 1
+            shape[d] = shape[d] * mlp.etp_group.size
+            full_shape = tuple(shape)
+        out.append(_info(f"{pre}mlp.{local}", p, index, kind, full_shape, ref=f"{pre}mlp.{ref}"))
+    return out
+
+
+def _mlp_pieces(pre: str, mlp) -> list[ParamInfo]:
+    """The dense MLP: gate and up column-sharded (rows of [h_ffn, h]), down row-sharded (columns of [h, h_ffn])."""
+    out = []
+    for n in (["gate_proj"] if mlp.kind == "swiglu" else []) + ["up_proj", "down_proj"]:
+        lin = getattr(mlp, n)
+        if n == "down_proj":
+            per = lin.weight.shape[1]
+            index = (_ALL, slice(lin.group.rank * per, (lin.group.rank + 1) * per))
+            kind = "row"
+        else:
+            per = lin.weight.shape[0]
+            index = (slice(lin.group.rank * per, (lin.group.rank + 1) * per), _ALL)
+            kind = "column"
+        out.append(_info(f"{pre}mlp.{n}.weight", lin.weight, index, kind, lin.full_shape))
     return out
 
 

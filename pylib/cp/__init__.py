@@ -13,8 +13,8 @@ sequence-sharded to head-sharded and back).
     ring_rounds(events_by_rank)                                     # seed A's round table from the trace
 
 Files: layout.py (the shardings), kernels.py (the block kernel: torch, torch's fused SDPA ops, flash-attn),
-merge.py (the LSE merge), ring.py, ulysses.py, layer.py (drop-in modules), rounds.py (seed A's round table). The
-merge-precision experiment is `pylib.experiments.ring_merge_drift`.
+merge.py (the LSE merge), ring.py (the ring; recorder.py observes its steps), ulysses.py, layer.py (drop-in modules),
+rounds.py (seed A's round table). The merge-precision experiment is `pylib.experiments.ring_merge_drift`.
 """
 
 from .kernels import (
@@ -40,7 +40,8 @@ from .layout import (
     unshard_sequence,
 )
 from .merge import merge_all, merge_block
-from .ring import BlockPlan, RingAttention, RingStats, RingStep, ring_attention, ring_block_plan
+from .recorder import RingRecorder, RingStats, RingStep
+from .ring import BlockPlan, Ring, RingAttention, ring_attention, ring_block_plan
 from .rounds import format_round_table, ring_rounds
 from .ulysses import check_heads, ulysses_attention
 
@@ -51,7 +52,9 @@ __all__ = [
     "CPAttentionCore",
     "CPTransformer",
     "FlashKernel",
+    "Ring",
     "RingAttention",
+    "RingRecorder",
     "RingStats",
     "RingStep",
     "SDPAKernel",

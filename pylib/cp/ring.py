@@ -30,7 +30,7 @@ Causal masking decides which part of each block is worth computing (`ring_block_
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -43,6 +43,7 @@ from pylib.runtime.mesh import AxisGroup
 from .kernels import accumulation_dtype, default_scale, select_kernel
 from .layout import check_layout
 from .merge import merge_block
+from .recorder import RingRecorder
 
 # --------------------------------------------------------------------------------------------------- the plan
 
@@ -94,46 +95,6 @@ def ring_block_plan(step: int, cp_rank: int, cp_size: int, s_local: int, *, caus
     return BlockPlan(step, owner, slice(half, s_local), every, False)
 
 
-# --------------------------------------------------------------------------------------------------- stats
-
-
-@dataclass
-class RingStep:
-    """One rank's record of one ring step. Work counts are score entries times b * n_head."""
-
-    phase: str
-    step: int
-    kv_owner: int
-    q_rows: int
-    kv_rows: int
-    causal: bool
-    unmasked: int
-    computed: int
-    compute_s: float
-    wait_s: float
-
-
-@dataclass
-class RingStats:
-    """Pass `stats=RingStats()` to `ring_attention` to record per-step work and time (forward and backward)."""
-
-    steps: list[RingStep] = field(default_factory=list)
-
-    def select(self, phase: str | None = "forward") -> list[RingStep]:
-        return [s for s in self.steps if phase is None or s.phase == phase]
-
-    def work(self, phase: str | None = "forward", what: str = "unmasked") -> int:
-        """Total score entries this rank computed: what="unmasked" (useful) or "computed" (evaluated)."""
-        return sum(getattr(s, what) for s in self.select(phase))
-
-    def compute_s(self, phase: str | None = "forward") -> float:
-        return sum(s.compute_s for s in self.select(phase))
-
-    def wait_s(self, phase: str | None = "forward") -> float:
-        """Seconds this rank sat blocked waiting for a transfer: the communication compute did not hide."""
-        return sum(s.wait_s for s in self.select(phase))
-
-
 # --------------------------------------------------------------------------------------------------- the ring
 
 
@@ -144,29 +105,45 @@ def cp_group(group) -> AxisGroup:
     return C.resolve_group(group)
 
 
-def _tag(base: str, name: str) -> str:
-    return f"{base}.ring.{name}" if base else f"ring.{name}"
+@dataclass(frozen=True)
+class Ring:
+    """How one ring attention runs: over `group`, causal or not, in `layout`, with `scale`, the block `kernel`,
+    (out, lse) accumulated in `merge_dtype`; `overlap` posts each transfer before the compute it hides behind
+    (False: waits for it first, the blocking baseline); `tag` names its messages in the tracer."""
+
+    group: AxisGroup
+    causal: bool
+    layout: str
+    scale: float
+    kernel: object
+    merge_dtype: torch.dtype
+    overlap: bool
+    tag: str
+
+    def plan(self, step: int, s_local: int):
+        return ring_block_plan(step, self.group.rank, self.group.size, s_local, causal=self.causal, layout=self.layout)
+
+    def exchange(self, buf, name: str, rec: RingRecorder):
+        """Send `buf` to the next rank and receive the previous rank's into a new buffer. Returns (incoming, the
+        pending works, or None when not overlapping: then the transfer is already waited for)."""
+        g = self.group
+        incoming = torch.empty_like(buf)
+        tag = f"{self.tag}.ring.{name}" if self.tag else f"ring.{name}"
+        works = C.batch_isend_irecv(
+            [("send", buf, (g.rank + 1) % g.size), ("recv", incoming, (g.rank - 1) % g.size)], g, tag=tag
+        )
+        if self.overlap:
+            return incoming, works
+        _wait(works, rec)  # the blocking variant: nothing overlaps the transfer
+        return incoming, None
 
 
-def _exchange(buf, g: AxisGroup, tag: str, overlap: bool):
-    """Send `buf` to the next rank and receive the previous rank's into a new buffer. Returns
-    (incoming, pending works or None, seconds already spent waiting)."""
-    incoming = torch.empty_like(buf)
-    works = C.batch_isend_irecv(
-        [("send", buf, (g.rank + 1) % g.size), ("recv", incoming, (g.rank - 1) % g.size)], g, tag=tag
-    )
-    if overlap:
-        return incoming, works, 0.0
-    return incoming, None, _wait(works)  # the blocking variant: nothing overlaps the transfer
-
-
-def _wait(works) -> float:
+def _wait(works, rec: RingRecorder) -> None:
     if not works:
-        return 0.0
-    t0 = tracer.now()
-    for w in works:
-        w.wait()
-    return tracer.now() - t0
+        return
+    with rec.waiting():
+        for w in works:
+            w.wait()
 
 
 def _rows(x, s: slice):
@@ -177,112 +154,84 @@ class RingAttention(torch.autograd.Function):
     """q [b, n_head, s/cp, d_head], k, v [b, n_kv_head, s/cp, d_head] -> out [b, n_head, s/cp, d_head]."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, causal, layout, scale, kernel, merge_dtype, overlap, stats, tag):
-        n, r = g.size, g.rank
-        s_local = q.shape[2]
-        out = torch.empty(q.shape, dtype=merge_dtype, device=q.device)
-        lse = torch.empty(q.shape[:3], dtype=merge_dtype, device=q.device)
+    def forward(ctx, q, k, v, ring: Ring, rec: RingRecorder):
+        n, s_local = ring.group.size, q.shape[2]
+        out = torch.empty(q.shape, dtype=ring.merge_dtype, device=q.device)
+        lse = torch.empty(q.shape[:3], dtype=ring.merge_dtype, device=q.device)
         kv = torch.stack([k, v])  # one message per step: [2, b, n_kv_head, s/cp, d_head]
         for step in range(n):
-            pending, waited = None, 0.0
+            pending = None
             if step + 1 < n:
-                incoming, pending, waited = _exchange(kv, g, _tag(tag, f"kv.{step + 1}"), overlap)
-            plan = ring_block_plan(step, r, n, s_local, causal=causal, layout=layout)
-            t0 = tracer.now()
-            if plan is not None:
-                b_out, b_lse = kernel.forward(
-                    _rows(q, plan.q_rows),
-                    _rows(kv[0], plan.kv_rows),
-                    _rows(kv[1], plan.kv_rows),
-                    causal=plan.causal,
-                    scale=scale,
-                )
-                if step == 0:  # the first block covers every row: it *is* the running result
-                    out.copy_(b_out)
-                    lse.copy_(b_lse)
-                else:
-                    merge_block(_rows(out, plan.q_rows), _rows(lse, plan.q_rows), b_out, b_lse)
-            compute = tracer.now() - t0
-            if pending is not None:
-                waited += _wait(pending)
+                incoming, pending = ring.exchange(kv, f"kv.{step + 1}", rec)
+            plan = ring.plan(step, s_local)
+            with rec.computing():
+                if plan is not None:
+                    b_out, b_lse = ring.kernel.forward(
+                        _rows(q, plan.q_rows),
+                        _rows(kv[0], plan.kv_rows),
+                        _rows(kv[1], plan.kv_rows),
+                        causal=plan.causal,
+                        scale=ring.scale,
+                    )
+                    if step == 0:  # the first block covers every row: it *is* the running result
+                        out.copy_(b_out)
+                        lse.copy_(b_lse)
+                    else:
+                        merge_block(_rows(out, plan.q_rows), _rows(lse, plan.q_rows), b_out, b_lse)
+            _wait(pending, rec)
             if step + 1 < n:
                 kv = incoming
-            _note(stats, "forward", plan, step, r, n, q, compute, waited)
+            rec.step_done("forward", step, (ring.group.rank - step) % n, plan, q.shape[0] * q.shape[1])
         out_q = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out_q, lse)
-        ctx.g, ctx.causal, ctx.layout, ctx.scale, ctx.kernel = g, causal, layout, scale, kernel
-        ctx.overlap, ctx.stats, ctx.tag = overlap, stats, tag
+        ctx.ring, ctx.rec = ring, rec
         return out_q
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        g, kernel, scale = ctx.g, ctx.kernel, ctx.scale
-        n, r = g.size, g.rank
-        s_local = q.shape[2]
+        ring, rec = ctx.ring, ctx.rec
+        n, s_local = ring.group.size, q.shape[2]
         acc = accumulation_dtype(q.dtype)
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         kv = torch.stack([k, v])
         dkv = dkv_incoming = dkv_pending = None
         for step in range(n):
-            kv_pending, waited = None, 0.0
+            kv_pending = None
             if step + 1 < n:
-                kv_incoming, kv_pending, waited = _exchange(kv, g, _tag(ctx.tag, f"kv.{step + 1}"), ctx.overlap)
-            plan = ring_block_plan(step, r, n, s_local, causal=ctx.causal, layout=ctx.layout)
-            t0 = tracer.now()
-            block = torch.zeros(kv.shape, dtype=acc, device=q.device)  # my contribution to this block's dK/dV
-            if plan is not None:
-                rows, cols = plan.q_rows, plan.kv_rows
-                dq_b, dk_b, dv_b = kernel.backward(
-                    _rows(dout, rows),
-                    _rows(q, rows),
-                    _rows(kv[0], cols),
-                    _rows(kv[1], cols),
-                    _rows(out, rows),
-                    _rows(lse, rows),
-                    causal=plan.causal,
-                    scale=scale,
-                )
-                _rows(dq, rows).add_(dq_b)
-                _rows(block[0], cols).add_(dk_b)
-                _rows(block[1], cols).add_(dv_b)
-            compute = tracer.now() - t0
+                kv_incoming, kv_pending = ring.exchange(kv, f"kv.{step + 1}", rec)
+            plan = ring.plan(step, s_local)
+            with rec.computing():
+                block = torch.zeros(kv.shape, dtype=acc, device=q.device)  # my contribution to this block's dK/dV
+                if plan is not None:
+                    rows, cols = plan.q_rows, plan.kv_rows
+                    dq_b, dk_b, dv_b = ring.kernel.backward(
+                        _rows(dout, rows),
+                        _rows(q, rows),
+                        _rows(kv[0], cols),
+                        _rows(kv[1], cols),
+                        _rows(out, rows),
+                        _rows(lse, rows),
+                        causal=plan.causal,
+                        scale=ring.scale,
+                    )
+                    _rows(dq, rows).add_(dq_b)
+                    _rows(block[0], cols).add_(dk_b)
+                    _rows(block[1], cols).add_(dv_b)
             if step > 0:  # add the accumulator of this same block, arriving from the previous rank
-                waited += _wait(dkv_pending)
+                _wait(dkv_pending, rec)
                 block += dkv_incoming
             dkv = block
-            if kv_pending is not None:
-                waited += _wait(kv_pending)
+            _wait(kv_pending, rec)
             if step + 1 < n:
                 kv = kv_incoming
             if n > 1:  # pass the accumulator on; after the last step this hop takes it home
-                dkv_incoming, dkv_pending, w = _exchange(dkv, g, _tag(ctx.tag, f"dkv.{step + 1}"), ctx.overlap)
-                waited += w
+                dkv_incoming, dkv_pending = ring.exchange(dkv, f"dkv.{step + 1}", rec)
             if step == n - 1 and n > 1:
-                waited += _wait(dkv_pending)
+                _wait(dkv_pending, rec)
                 dkv = dkv_incoming
-            _note(ctx.stats, "backward", plan, step, r, n, q, compute, waited)
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), *([None] * 9)
-
-
-def _note(stats, phase, plan, step, rank, n, q, compute, waited):
-    if stats is None:
-        return
-    per = q.shape[0] * q.shape[1]
-    stats.steps.append(
-        RingStep(
-            phase=phase,
-            step=step,
-            kv_owner=(rank - step) % n,
-            q_rows=plan.n_q if plan else 0,
-            kv_rows=plan.n_kv if plan else 0,
-            causal=plan.causal if plan else False,
-            unmasked=per * plan.unmasked if plan else 0,
-            computed=per * plan.computed if plan else 0,
-            compute_s=compute,
-            wait_s=waited,
-        )
-    )
+            rec.step_done("backward", step, (ring.group.rank - step) % n, plan, q.shape[0] * q.shape[1])
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
 
 
 def check_qkv(q, k, v, cp_size: int, layout: str, who: str) -> None:
@@ -318,7 +267,7 @@ def ring_attention(
     kernel="auto",
     overlap: bool = True,
     merge_dtype: torch.dtype | None = None,
-    stats: RingStats | None = None,
+    stats: RingRecorder | None = None,
 ) -> torch.Tensor:
     """Attention of this rank's queries over the whole sequence, the K/V blocks passed around the cp ring.
 
@@ -328,7 +277,8 @@ def ring_attention(
 
     kernel: "auto" | "torch" | "flash" | a kernel object (`pylib.cp.kernels`). overlap=False waits for each
     transfer before computing (the blocking baseline for measuring overlap). merge_dtype: the (out, lse)
-    accumulators' dtype, default float32 (float64 for float64 inputs). stats: a RingStats to fill.
+    accumulators' dtype, default float32 (float64 for float64 inputs). stats: a recorder to tell each step's
+    work and time (`RingStats`; any `pylib.cp.recorder.RingRecorder`).
     """
     g = cp_group(group)
     check_qkv(q, k, v, g.size, layout, "ring_attention")
@@ -337,17 +287,7 @@ def ring_attention(
     merge_dtype = accumulation_dtype(q.dtype) if merge_dtype is None else merge_dtype
     if not merge_dtype.is_floating_point:
         raise ValueError(f"merge_dtype={merge_dtype} must be a floating dtype")
-    return RingAttention.apply(
-        q,
-        k,
-        v,
-        g,
-        bool(causal),
-        layout,
-        scale,
-        select_kernel(q, kernel),
-        merge_dtype,
-        bool(overlap),
-        stats,
-        tracer.current_tag(),
+    ring = Ring(
+        g, bool(causal), layout, scale, select_kernel(q, kernel), merge_dtype, bool(overlap), tracer.current_tag()
     )
+    return RingAttention.apply(q, k, v, ring, RingRecorder() if stats is None else stats)

@@ -115,36 +115,9 @@ class GradientBuckets:
         self.buckets: list[Bucket] = []
         self._by_group: dict[tuple, list[Bucket]] = {}
         self._where: dict[int, tuple[Bucket, int]] = {}
-        several = len(param_sets) > 1
         for g, dtype, named in param_sets:
-            named = list(reversed(named))  # gradients appear last layer first
-            layouts = plan_buckets(
-                [(n, tuple(p.shape)) for n, p in named],
-                element_size=torch.empty((), dtype=dtype).element_size(),
-                bucket_bytes=bucket_bytes,
-                parts=g.size if mode == "reduce_scatter" else 1,
-                axis=g.name,
-                group=g.ranks,
-                dtype=dtype_name(dtype),
-                first_index=len(self.buckets),
-                key_prefix=f"{g.name}.bucket" if several else "bucket",
-            )
-            start = 0
-            for lay in layouts:
-                params = [p for _, p in named[start : start + len(lay.entries)]]
-                start += len(lay.entries)
-                b = Bucket(lay, g, params, dtype, divide_by)
-                for i, p in enumerate(params):
-                    self._where[id(p)] = (b, i)
-                self.buckets.append(b)
-                self._by_group.setdefault((*group_key(g), dtype), []).append(b)
-        for b in self.buckets:
-            device = b.params[0].device
-            if self.keep_full_grad:
-                b.grad = torch.zeros(b.layout.padded_numel, dtype=b.dtype, device=device)
-            else:
-                lo, hi = b.shard_range
-                b.shard_grad = torch.zeros(hi - lo, dtype=b.dtype, device=device)
+            self._add_buckets(g, dtype, named, bucket_bytes, len(param_sets) > 1, divide_by)
+        self._allocate_gradients()
         self._next = dict.fromkeys(self._by_group, 0)
         self._in_flight: list[Bucket] = []
         self._in_backward = False
@@ -159,6 +132,40 @@ class GradientBuckets:
                 # before autograd accumulates into a bucket view: the previous backward's buckets must be off the wire
                 self._handles.append(p.register_hook(self._before_accumulate))
                 self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
+
+    def _add_buckets(self, g, dtype, named, bucket_bytes: int, several: bool, divide_by) -> None:
+        """Cut one group's parameters, last layer first (the order gradients appear in), into buckets."""
+        named = list(reversed(named))
+        layouts = plan_buckets(
+            [(n, tuple(p.shape)) for n, p in named],
+            element_size=torch.empty((), dtype=dtype).element_size(),
+            bucket_bytes=bucket_bytes,
+            parts=g.size if self.mode == "reduce_scatter" else 1,
+            axis=g.name,
+            group=g.ranks,
+            dtype=dtype_name(dtype),
+            first_index=len(self.buckets),
+            key_prefix=f"{g.name}.bucket" if several else "bucket",
+        )
+        start = 0
+        for lay in layouts:
+            params = [p for _, p in named[start : start + len(lay.entries)]]
+            start += len(lay.entries)
+            b = Bucket(lay, g, params, dtype, divide_by)
+            for i, p in enumerate(params):
+                self._where[id(p)] = (b, i)
+            self.buckets.append(b)
+            self._by_group.setdefault((*group_key(g), dtype), []).append(b)
+
+    def _allocate_gradients(self) -> None:
+        """Each bucket's full gradient buffer, or (ZeRO-2: no full buffer kept) only this rank's slice."""
+        for b in self.buckets:
+            device = b.params[0].device
+            if self.keep_full_grad:
+                b.grad = torch.zeros(b.layout.padded_numel, dtype=b.dtype, device=device)
+            else:
+                lo, hi = b.shard_range
+                b.shard_grad = torch.zeros(hi - lo, dtype=b.dtype, device=device)
 
     # -------------------------------------------------------------------------------------------- public
 

@@ -105,6 +105,66 @@ class _Gathered:
         self.regathered = False
 
 
+def _params_by_unit(module: nn.Module, modules: dict, unit_names: list[str]):
+    """Which unit owns each parameter: the innermost unit whose name prefixes every name it is known by.
+
+    Returns ({unit name ("" = root), in order: [(name, parameter)]}, {id(parameter): [(name, owner module, attr)]});
+    raises on a unit that is not a module, or a parameter two units share."""
+    missing = [u for u in unit_names if u not in modules]
+    if missing:
+        raise ValueError(f"units {missing} are not modules of {type(module).__name__}")
+    homes: dict[int, list[tuple[str, nn.Module, str]]] = {}
+    params: dict[int, nn.Parameter] = {}
+    for qual, p in module.named_parameters(remove_duplicate=False):
+        owner_name, _, attr = qual.rpartition(".")
+        homes.setdefault(id(p), []).append((qual, modules[owner_name], attr))
+        params[id(p)] = p
+
+    def unit_of(qual: str) -> str:
+        best = ""
+        for u in unit_names:
+            if qual.startswith(u + ".") and len(u) > len(best):
+                best = u
+        return best
+
+    by_unit: dict[str, list[tuple[str, nn.Parameter]]] = {u: [] for u in ["", *unit_names]}
+    for pid, places in homes.items():
+        owners = {unit_of(q) for q, _, _ in places}
+        if len(owners) > 1:
+            names = ", ".join(q for q, _, _ in places)
+            raise ValueError(
+                f"parameter {names} is shared by units {sorted(owners)}: a parameter must belong to "
+                "one unit (leave those modules out of `units` and it falls to the root unit)"
+            )
+        by_unit[owners.pop()].append((places[0][0], params[pid]))
+    return by_unit, homes
+
+
+def _shard_flat(key: str, g, dtype: torch.dtype, members, homes) -> _Flat:
+    """Flatten `members` [(name, parameter)] into one padded buffer over group g, keep this rank's slice as the
+    only parameter, and turn the modules' attributes into shape-only placeholders."""
+    layout = single_flat(
+        key,
+        [(n, tuple(p.shape)) for n, p in members],
+        element_size=torch.empty((), dtype=dtype).element_size(),
+        parts=g.size,
+        axis=g.name,
+        group=g.ranks,
+        dtype=dtype_name(dtype),
+    )
+    with torch.no_grad():
+        full = flatten(layout, [p for _, p in members])
+        lo, hi = layout.shard_range(g.rank)
+        shard = nn.Parameter(full[lo:hi].clone())
+    member_homes = [[(m, a) for _, m, a in homes[id(p)]] for _, p in members]
+    for places in member_homes:
+        for owner, attr in places:
+            owner._parameters.pop(attr, None)  # the module no longer owns it: the shard does
+    flat = _Flat(layout, g, shard, member_homes)
+    flat.set_views(None)
+    return flat
+
+
 class FullyShardedDataParallel(nn.Module):
     """ZeRO-3 over `group` (None = every rank) or per-parameter `group_for(name, param)`.
 
@@ -133,68 +193,18 @@ class FullyShardedDataParallel(nn.Module):
         self.divide_by = check_divide_factor(gradient_divide_factor)
         unit_names = default_units(module) if units is None else list(units)
         modules = dict(module.named_modules())
-        missing = [u for u in unit_names if u not in modules]
-        if missing:
-            raise ValueError(f"units {missing} are not modules of {type(module).__name__}")
-        # which unit owns each parameter: the innermost unit whose name prefixes every name it is known by
-        homes: dict[int, list[tuple[str, nn.Module, str]]] = {}
-        params: dict[int, nn.Parameter] = {}
-        for qual, p in module.named_parameters(remove_duplicate=False):
-            owner_name, _, attr = qual.rpartition(".")
-            homes.setdefault(id(p), []).append((qual, modules[owner_name], attr))
-            params[id(p)] = p
-        order = ["", *unit_names]
-
-        def unit_of(qual: str) -> str:
-            best = ""
-            for u in unit_names:
-                if qual.startswith(u + ".") and len(u) > len(best):
-                    best = u
-            return best
-
-        by_unit: dict[str, list[tuple[str, nn.Parameter]]] = {u: [] for u in order}
-        for pid, places in homes.items():
-            owners = {unit_of(q) for q, _, _ in places}
-            if len(owners) > 1:
-                names = ", ".join(q for q, _, _ in places)
-                raise ValueError(
-                    f"parameter {names} is shared by units {sorted(owners)}: a parameter must belong to "
-                    "one unit (leave those modules out of `units` and it falls to the root unit)"
-                )
-            by_unit[owners.pop()].append((places[0][0], params[pid]))
-
+        by_unit, homes = _params_by_unit(module, modules, unit_names)
         self.units: list[_Unit] = []
         self.shards = nn.ParameterList()
-        for uname in order:
-            named = by_unit[uname]
+        for uname, named in by_unit.items():
             if not named:
                 continue
             sets = split_by_group(named, group, group_for)
             flats = []
             for g, dtype, members in sets:
                 key = uname or "root"
-                if len(sets) > 1:
-                    key = f"{key}.{g.name}"
-                layout = single_flat(
-                    key,
-                    [(n, tuple(p.shape)) for n, p in members],
-                    element_size=torch.empty((), dtype=dtype).element_size(),
-                    parts=g.size,
-                    axis=g.name,
-                    group=g.ranks,
-                    dtype=dtype_name(dtype),
-                )
-                with torch.no_grad():
-                    full = flatten(layout, [p for _, p in members])
-                    lo, hi = layout.shard_range(g.rank)
-                    shard = nn.Parameter(full[lo:hi].clone())
-                member_homes = [[(m, a) for _, m, a in homes[id(p)]] for _, p in members]
-                for places in member_homes:
-                    for owner, attr in places:
-                        owner._parameters.pop(attr, None)  # the module no longer owns it: the shard does
-                flat = _Flat(layout, g, shard, member_homes)
-                flat.set_views(None)
-                self.shards.append(shard)
+                flat = _shard_flat(f"{key}.{g.name}" if len(sets) > 1 else key, g, dtype, members, homes)
+                self.shards.append(flat.shard)
                 flats.append(flat)
             unit = _Unit(uname, modules[uname], flats)
             unit.module.register_forward_pre_hook(functools.partial(self._before_forward, unit))

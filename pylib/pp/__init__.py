@@ -10,10 +10,12 @@ bubble(timeline), peak_in_flight(timeline)
 pipe = PipelineParallel(build_model(cfg), group=mesh.pp, v=1)
 run = pipe.step(ids, targets, schedule="1f1b", n_microbatches=8)     # run.loss, run.timeline
 run_pipeline(sched, chunks, group=..., inputs=..., targets=..., act_shape=...)   # any stage modules
+recorder=PipelineRecorder(measure_memory=False, compute_delay=(t_f, t_b))       # what observes a run
 """
 
 from .executor import PipelineRun, microbatches, pipeline_device, run_pipeline
 from .pipeline import PipelineParallel
+from .recorder import PipelineRecorder
 from .schedules import (
     SCHEDULES,
     Action,
@@ -51,6 +53,7 @@ __all__ = [
     "Event",
     "PipelineChunk",
     "PipelineParallel",
+    "PipelineRecorder",
     "PipelineRun",
     "Schedule",
     "ScheduleError",

@@ -23,17 +23,14 @@ step. `blocking_sends=True` uses gloo's blocking `send` instead, which waits for
 the schedule's order is deadlock-free under both (see `pylib.pp.schedules`), but blocking sends add stalls to the
 interleaved schedule when a forward and a backward cost different times (`pylib.pp.simulate` shows where).
 
-Timing. Every forward, backward, send and receive is recorded as an `Event` with start and end in seconds since
-a common start (the ranks meet in a one-element all-reduce first). A receive's interval includes the time spent
-waiting for the sender; a posted send's interval is just the posting (a blocking send's includes its wait).
-`compute_delay=(t_f, t_b)` pads each forward of one chunk to at least t_f seconds and each backward to t_b
-(sleeping after the real compute): a measurement aid that makes every compute cost a known, noise-free amount, so
-the measured bubble can be compared with the formula on a busy 2-core machine; it changes nothing else.
+Timing and memory are observed, not threaded through: a `PipelineRecorder` (`pylib.pp.recorder`) records every
+forward, backward, send and receive as an `Event` with start and end in seconds since a common start (the ranks
+meet in a one-element all-reduce first), and the bytes autograd saved for each forward. Its `compute_delay` pads
+compute to fixed costs (a measurement aid for comparing the measured bubble with the formula).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -41,10 +38,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from ..model.memory import saved_activations
 from ..runtime import collectives as C
 from ..runtime import tracer
 from ..runtime.launch import current_device
+from .recorder import PipelineRecorder
 from .schedules import Action, Schedule
 from .timeline import Event
 
@@ -112,10 +109,9 @@ def run_pipeline(
     loss_fn: Callable | None = None,
     scale_loss: bool = True,
     blocking_sends: bool = False,
-    compute_delay: tuple[float, float] | None = None,
-    measure_memory: bool = True,
     backward_context: Callable[[int, int], AbstractContextManager] | None = None,
     device: torch.device | str | None = None,
+    recorder: PipelineRecorder | None = None,
 ) -> PipelineRun:
     """Run this rank's actions of `schedule` (one training step's forwards and backwards, no optimizer step).
 
@@ -129,116 +125,154 @@ def run_pipeline(
     are reduced once per step, after the last microbatch (as Megatron's schedules do with their no_sync_func).
 
     device: where received activations and gradients are allocated (`pipeline_device`; pass it when the chunks
-    hold no parameters of their own, as under ZeRO-3)."""
+    hold no parameters of their own, as under ZeRO-3). recorder: what observes the run (`PipelineRecorder`: the
+    timeline, the activations held; its measure_memory and compute_delay options); a fresh one by default."""
     g = C.resolve_group(group)
+    _check_run(schedule, chunks, g, inputs, targets)
+    rec = PipelineRecorder() if recorder is None else recorder
+    device = pipeline_device(chunks, device)
+    step = RankStep(
+        chunks,
+        g,
+        inputs,
+        targets,
+        m=schedule.m,
+        n_stages=schedule.p * schedule.v,
+        shape_of=act_shape if callable(act_shape) else (lambda mb, stage: tuple(act_shape)),
+        dtype=act_dtype or _first_float_dtype(chunks),
+        device=device,
+        loss_fn=loss_fn,
+        scale_loss=scale_loss,
+        blocking_sends=blocking_sends,
+        backward_context=backward_context,
+        rec=rec,
+    )
+    rec.start(g.rank, g, device)
+    for a in schedule[g.rank]:
+        with rec.action(a):
+            step.do(a)
+    losses = step.finish()  # empty off the last stage
+    return PipelineRun(
+        rank=g.rank,
+        losses=losses,
+        loss=sum(losses) / schedule.m if losses else None,
+        timeline=rec.timeline,
+        peak_in_flight=rec.peak_in_flight,
+        activation_bytes=rec.activation_bytes,
+        peak_activation_bytes=rec.peak_activation_bytes,
+    )
+
+
+def _check_run(schedule: Schedule, chunks, g, inputs, targets) -> None:
+    """The group, the chunks and the microbatches fit the schedule (checked before any communication)."""
     p, m, v = schedule.p, schedule.m, schedule.v
     if g.size != p:
         raise ValueError(f"the schedule is for p={p} ranks but the pipeline group has {g.size}")
     if len(chunks) != v:
         raise ValueError(f"the schedule runs v={v} chunks per rank but this rank holds {len(chunks)}")
     me = g.rank
-    n_stages = p * v
-    holds_first, holds_last = me == 0, me == (n_stages - 1) % p
-    if holds_first and (inputs is None or len(inputs) != m):
+    if me == 0 and (inputs is None or len(inputs) != m):
         raise ValueError(f"rank {me} holds the first stage and needs m={m} microbatch inputs")
-    if holds_last and (targets is None or len(targets) != m):
+    if me == (p * v - 1) % p and (targets is None or len(targets) != m):
         raise ValueError(f"rank {me} holds the last stage and needs m={m} microbatch targets")
-    shape_of = act_shape if callable(act_shape) else (lambda mb, stage: tuple(act_shape))
-    dtype = act_dtype or _first_float_dtype(chunks)
-    device = pipeline_device(chunks, device)
-    excluded = [list(chunk.parameters()) for chunk in chunks]
 
-    stage_in: dict[tuple[int, int], torch.Tensor] = {}  # (mb, chunk) -> received activation (requires grad)
-    stage_out: dict[tuple[int, int], torch.Tensor] = {}  # (mb, chunk) -> output (the scaled loss on the last stage)
-    grad_out: dict[tuple[int, int], torch.Tensor] = {}  # (mb, chunk) -> received gradient of the output
-    grad_in: dict[tuple[int, int], torch.Tensor] = {}  # (mb, chunk) -> gradient of the input, to send back
-    run = PipelineRun(rank=me)
-    losses: dict[int, float] = {}
-    pending_sends: list[C.P2PWork] = []
-    live_bytes = 0
-    live = 0
 
-    # A common time origin: every rank leaves this all-reduce at about the same moment.
-    C.all_reduce_(torch.zeros(1, device=device), g, phase="pp-sync")
-    t0 = time.perf_counter()
+@dataclass
+class RankStep:
+    """One rank's step: one method per action of the schedule, and what each (microbatch, chunk) holds between
+    its actions. `do(a)` runs action `a`; `finish()` waits for the posted sends and returns the losses."""
 
-    def record(a: Action, start: float) -> None:
-        run.timeline.append(Event.of(me, a, start - t0, time.perf_counter() - t0))
+    chunks: Sequence[nn.Module]
+    g: object  # the pipeline AxisGroup
+    inputs: Sequence[torch.Tensor] | None
+    targets: Sequence | None
+    m: int
+    n_stages: int
+    shape_of: Callable[[int, int], tuple]
+    dtype: torch.dtype
+    device: torch.device
+    loss_fn: Callable | None
+    scale_loss: bool
+    blocking_sends: bool
+    backward_context: Callable[[int, int], AbstractContextManager] | None
+    rec: PipelineRecorder
+    stage_in: dict = field(default_factory=dict)  # (mb, chunk) -> received activation (requires grad)
+    stage_out: dict = field(default_factory=dict)  # (mb, chunk) -> output (the scaled loss on the last stage)
+    grad_out: dict = field(default_factory=dict)  # (mb, chunk) -> received gradient of the output
+    grad_in: dict = field(default_factory=dict)  # (mb, chunk) -> gradient of the input, to send back
+    losses: dict = field(default_factory=dict)  # mb -> its unscaled loss (last stage)
+    pending_sends: list = field(default_factory=list)  # posted sends, waited for at the end of the step
 
-    def pad(start: float, seconds: float) -> None:
-        left = start + seconds - time.perf_counter()
-        if left > 0:
-            time.sleep(left)
+    def __post_init__(self):
+        self.excluded = [list(chunk.parameters()) for chunk in self.chunks]  # not activations
 
-    for a in schedule[me]:
-        key = (a.mb, a.chunk)
-        start = time.perf_counter()
-        if a.op == "F":
-            chunk = chunks[a.chunk]
-            x = inputs[a.mb] if a.stage == 0 else stage_in[key]
-            with saved_activations(exclude=excluded[a.chunk]) if measure_memory else nullcontext() as saved:
-                if a.stage == n_stages - 1:
-                    if loss_fn is None:
-                        loss = chunk(x, targets[a.mb])
-                    else:
-                        loss = loss_fn(chunk(x), targets[a.mb])
-                    if loss.dim() != 0:
-                        raise ValueError(f"the last stage must return a scalar loss, got shape {tuple(loss.shape)}")
-                    losses[a.mb] = float(loss.detach())
-                    y = loss / m if scale_loss else loss
-                else:
-                    y = chunk(x)
-            stage_out[key] = y
-            run.activation_bytes[key] = saved.bytes if measure_memory else 0
-            live_bytes += run.activation_bytes[key]
-            live += 1
-            run.peak_activation_bytes = max(run.peak_activation_bytes, live_bytes)
-            run.peak_in_flight = max(run.peak_in_flight, live)
-            if compute_delay:
-                pad(start, compute_delay[0])
-        elif a.op == "B":
-            y = stage_out.pop(key)
-            with backward_context(a.mb, a.chunk) if backward_context is not None else nullcontext():
-                if a.stage == n_stages - 1:
-                    torch.autograd.backward(y)
-                else:
-                    torch.autograd.backward(y, grad_tensors=grad_out.pop(key))
-            if a.stage > 0:
-                x = stage_in.pop(key)
-                grad_in[key] = x.grad
-            live_bytes -= run.activation_bytes[key]
-            live -= 1
-            if compute_delay:
-                pad(start, compute_delay[1])
-        elif a.op == "send":
-            t = (stage_out[key].detach() if a.what == "act" else grad_in.pop(key)).contiguous()
-            phase = "forward" if a.what == "act" else "backward"
-            with tracer.tag(f"pp.stage{a.stage}"):
-                if blocking_sends:
-                    C.send(t, a.peer, g, phase=phase)
-                else:
-                    pending_sends.append(C.isend(t, a.peer, g, phase=phase))
-        elif a.op == "recv":
-            stage = a.stage + 1 if a.what == "grad" else a.stage
-            buf = torch.empty(shape_of(a.mb, stage), dtype=dtype, device=device)
-            phase = "forward" if a.what == "act" else "backward"
-            with tracer.tag(f"pp.stage{a.stage}"):
-                C.recv(buf, a.peer, g, phase=phase)
-            if a.what == "act":
-                stage_in[key] = buf.requires_grad_()
-            else:
-                grad_out[key] = buf
-        else:
+    def do(self, a: Action) -> None:
+        ops = {"F": self.forward, "B": self.backward, "send": self.send, "recv": self.recv}
+        if a.op not in ops:
             raise ValueError(f"unknown action {a}")
-        record(a, start)
-    for work in pending_sends:
-        work.wait()
-    if stage_out or stage_in or grad_out or grad_in:
-        raise RuntimeError(
-            f"rank {me}: the schedule left tensors behind (outputs {sorted(stage_out)}, inputs {sorted(stage_in)}, "
-            f"gradients {sorted(grad_out)} / {sorted(grad_in)}): some forward has no backward or send"
-        )
-    if holds_last:
-        run.losses = [losses[i] for i in range(m)]
-        run.loss = sum(run.losses) / m
-    return run
+        ops[a.op](a)
+
+    def forward(self, a: Action) -> None:
+        key, chunk = (a.mb, a.chunk), self.chunks[a.chunk]
+        x = self.inputs[a.mb] if a.stage == 0 else self.stage_in[key]
+        with self.rec.forward(key, self.excluded[a.chunk]):
+            if a.stage == self.n_stages - 1:
+                y = self.loss(chunk, x, a.mb)
+            else:
+                y = chunk(x)
+        self.stage_out[key] = y
+
+    def loss(self, chunk, x, mb: int) -> torch.Tensor:
+        """The last stage: the microbatch's loss, kept unscaled, returned divided by m when scale_loss."""
+        loss = chunk(x, self.targets[mb]) if self.loss_fn is None else self.loss_fn(chunk(x), self.targets[mb])
+        if loss.dim() != 0:
+            raise ValueError(f"the last stage must return a scalar loss, got shape {tuple(loss.shape)}")
+        self.losses[mb] = float(loss.detach())
+        return loss / self.m if self.scale_loss else loss
+
+    def backward(self, a: Action) -> None:
+        key = (a.mb, a.chunk)
+        y = self.stage_out.pop(key)
+        with self.backward_context(a.mb, a.chunk) if self.backward_context is not None else nullcontext():
+            if a.stage == self.n_stages - 1:
+                torch.autograd.backward(y)
+            else:
+                torch.autograd.backward(y, grad_tensors=self.grad_out.pop(key))
+        if a.stage > 0:
+            self.grad_in[key] = self.stage_in.pop(key).grad
+        self.rec.backward_done(key)
+
+    def send(self, a: Action) -> None:
+        key = (a.mb, a.chunk)
+        t = (self.stage_out[key].detach() if a.what == "act" else self.grad_in.pop(key)).contiguous()
+        phase = "forward" if a.what == "act" else "backward"
+        with tracer.tag(f"pp.stage{a.stage}"):
+            if self.blocking_sends:
+                C.send(t, a.peer, self.g, phase=phase)
+            else:
+                self.pending_sends.append(C.isend(t, a.peer, self.g, phase=phase))
+
+    def recv(self, a: Action) -> None:
+        stage = a.stage + 1 if a.what == "grad" else a.stage
+        buf = torch.empty(self.shape_of(a.mb, stage), dtype=self.dtype, device=self.device)
+        phase = "forward" if a.what == "act" else "backward"
+        with tracer.tag(f"pp.stage{a.stage}"):
+            C.recv(buf, a.peer, self.g, phase=phase)
+        if a.what == "act":
+            self.stage_in[(a.mb, a.chunk)] = buf.requires_grad_()
+        else:
+            self.grad_out[(a.mb, a.chunk)] = buf
+
+    def finish(self) -> list[float]:
+        """Wait for the posted sends; check nothing was left behind; the losses in microbatch order (last stage)."""
+        for work in self.pending_sends:
+            work.wait()
+        if self.stage_out or self.stage_in or self.grad_out or self.grad_in:
+            raise RuntimeError(
+                f"rank {self.g.rank}: the schedule left tensors behind (outputs {sorted(self.stage_out)}, inputs "
+                f"{sorted(self.stage_in)}, gradients {sorted(self.grad_out)} / {sorted(self.grad_in)}): some forward "
+                "has no backward or send"
+            )
+        if self.g.rank != (self.n_stages - 1) % self.g.size:
+            return []
+        return [self.losses[i] for i in range(self.m)]

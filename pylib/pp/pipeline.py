@@ -63,7 +63,7 @@ class PipelineParallel:
         **run_kw,
     ) -> PipelineRun:
         """Forward and backward of the whole batch [b, s] as m microbatches under `schedule`; gradients
-        accumulate in .grad. Extra keywords go to `run_pipeline` (scale_loss, blocking_sends, compute_delay)."""
+        accumulate in .grad. Extra keywords go to `run_pipeline` (scale_loss, blocking_sends, recorder)."""
         m = n_microbatches
         sched = _cached_schedule(schedule, self.p, m, self.v, group_size)
         b, s = ids.shape

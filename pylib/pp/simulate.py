@@ -50,31 +50,117 @@ def simulate(
     if sends not in SEMANTICS:
         raise ValueError(f"sends must be one of {SEMANTICS}, not {sends!r}")
     lists = list(schedule.actions if isinstance(schedule, Schedule) else schedule)
-    p = len(lists)
-    pos = [0] * p
-    clock = [0.0] * p
-    events: list[Event] = []
-    computed: list[set] = [set() for _ in range(p)]  # (op, mb, chunk) done on rank r
-    received: list[set] = [set() for _ in range(p)]  # (what, mb, chunk) arrived at rank r
-    in_link: dict[tuple[int, int], deque] = {}  # eager: (src, dst) -> [(send action, arrival time)]
-    last_stage = max((a.stage for lst in lists for a in lst), default=0)
+    sim = _Simulation(lists, cost_f, cost_b, cost_comm, sends)
+    while True:
+        moved = [sim.advance(r) for r in range(sim.p)]  # each rank in turn, as far as it can go
+        if not any(moved):  # a whole round in which nobody moved: done, or deadlocked
+            return sim.timeline()
 
-    def check_compute(r: int, a: Action) -> None:
-        if (a.op, a.mb, a.chunk) in computed[r]:
+
+class _Simulation:
+    """The state of p ranks walking their lists: where each is (`pos`), its logical clock, what it computed and
+    received, and (eager sends) the messages waiting in each link."""
+
+    def __init__(self, lists: list[list[Action]], cost_f: float, cost_b: float, cost_comm: float, sends: str):
+        self.lists, self.sends = lists, sends
+        self.cost_f, self.cost_b, self.cost_comm = cost_f, cost_b, cost_comm
+        self.p = p = len(lists)
+        self.pos = [0] * p
+        self.clock = [0.0] * p
+        self.events: list[Event] = []
+        self.computed: list[set] = [set() for _ in range(p)]  # (op, mb, chunk) done on rank r
+        self.received: list[set] = [set() for _ in range(p)]  # (what, mb, chunk) arrived at rank r
+        self.in_link: dict[tuple[int, int], deque] = {}  # eager: (src, dst) -> [(send action, arrival time)]
+        self.last_stage = max((a.stage for lst in lists for a in lst), default=0)
+
+    def advance(self, r: int) -> bool:
+        """Move rank r as far as it can go now; True if it moved at all."""
+        moved = False
+        while self.pos[r] < len(self.lists[r]):
+            a = self.lists[r][self.pos[r]]
+            if a.is_compute:
+                self.compute(r, a)
+            elif not self.communicate(r, a):
+                break
+            moved = True
+        return moved
+
+    def compute(self, r: int, a: Action) -> None:
+        self.check_compute(r, a)
+        start = self.clock[r]
+        self.clock[r] += self.cost_f if a.op == "F" else self.cost_b
+        self.computed[r].add((a.op, a.mb, a.chunk))
+        self.log(r, a, start, self.clock[r])
+        self.pos[r] += 1
+
+    def communicate(self, r: int, a: Action) -> bool:
+        """Rank r at a send or receive: complete it if the semantics allow now; False if r must wait."""
+        q = a.peer
+        if q is None or not 0 <= q < self.p or q == r:
+            raise ScheduleError(f"rank {r}: {a} names peer {q}, not another rank of 0..{self.p - 1}")
+        if self.sends == "eager":
+            return self.eager(r, a, q)
+        return self.rendezvous(r, a, q)
+
+    def eager(self, r: int, a: Action, q: int) -> bool:
+        if a.op == "send":
+            self.check_send(r, a)
+            self.in_link.setdefault((r, q), deque()).append((a, self.clock[r] + self.cost_comm))
+            self.log(r, a, self.clock[r], self.clock[r])
+            self.pos[r] += 1
+            return True
+        link = self.in_link.get((q, r))
+        if not link:
+            return False  # the message is not there yet
+        s, arrival = link.popleft()
+        self.check_pair(s, q, a, r)
+        self.finish_recv(r, a, arrival)
+        return True
+
+    def rendezvous(self, r: int, a: Action, q: int) -> bool:
+        """Both ends must be at the matching pair of actions."""
+        if self.pos[q] >= len(self.lists[q]):
+            return False
+        b = self.lists[q][self.pos[q]]
+        if not b.is_comm or b.peer != r or a.op == b.op:
+            return False  # the peer is elsewhere (or also sending / receiving): wait
+        (s, sr), (rv, rr) = ((a, r), (b, q)) if a.op == "send" else ((b, q), (a, r))
+        self.check_pair(s, sr, rv, rr)
+        self.check_send(sr, s)
+        done = max(self.clock[r], self.clock[q]) + self.cost_comm
+        self.log(sr, s, self.clock[sr], done)
+        self.clock[sr] = done
+        self.pos[sr] += 1
+        self.finish_recv(rr, rv, done)
+        return True
+
+    def finish_recv(self, rr: int, rv: Action, arrival: float) -> None:
+        done = max(self.clock[rr], arrival)
+        self.log(rr, rv, self.clock[rr], done)
+        self.clock[rr] = done
+        self.pos[rr] += 1
+        self.received[rr].add((rv.what, rv.mb, rv.chunk))
+
+    def log(self, rank: int, a: Action, start: float, end: float) -> None:
+        self.events.append(Event.of(rank, a, start, end))
+
+    def check_compute(self, r: int, a: Action) -> None:
+        if (a.op, a.mb, a.chunk) in self.computed[r]:
             raise ScheduleError(f"rank {r}: {a} runs twice")
         if a.op == "F":
-            if a.stage > 0 and ("act", a.mb, a.chunk) not in received[r]:
+            if a.stage > 0 and ("act", a.mb, a.chunk) not in self.received[r]:
                 raise ScheduleError(f"rank {r}: {a} runs before its input activation was received")
             return
-        if ("F", a.mb, a.chunk) not in computed[r]:
+        if ("F", a.mb, a.chunk) not in self.computed[r]:
             raise ScheduleError(f"rank {r}: {a} runs before its forward")
-        if a.stage < last_stage and ("grad", a.mb, a.chunk) not in received[r]:
+        if a.stage < self.last_stage and ("grad", a.mb, a.chunk) not in self.received[r]:
             raise ScheduleError(f"rank {r}: {a} runs before its output gradient was received")
 
-    def check_send(r: int, a: Action) -> None:
-        if ("F" if a.what == "act" else "B", a.mb, a.chunk) not in computed[r]:
+    def check_send(self, r: int, a: Action) -> None:
+        if ("F" if a.what == "act" else "B", a.mb, a.chunk) not in self.computed[r]:
             raise ScheduleError(f"rank {r}: {a} sends a tensor that has not been computed yet")
 
+    @staticmethod
     def check_pair(s: Action, sr: int, rv: Action, rr: int) -> None:
         if s.message() != rv.message():
             raise ScheduleError(
@@ -82,70 +168,13 @@ def simulate(
                 f"receives {rv.what} of mb {rv.mb} for stage {rv.stage} (the wrong tensor would be delivered)"
             )
 
-    def log(rank: int, a: Action, start: float, end: float) -> None:
-        events.append(Event.of(rank, a, start, end))
-
-    def finish_recv(rr: int, rv: Action, arrival: float) -> None:
-        done = max(clock[rr], arrival)
-        log(rr, rv, clock[rr], done)
-        clock[rr] = done
-        pos[rr] += 1
-        received[rr].add((rv.what, rv.mb, rv.chunk))
-
-    progress = True
-    while progress:
-        progress = False
-        for r in range(p):
-            while pos[r] < len(lists[r]):
-                a = lists[r][pos[r]]
-                if a.is_compute:
-                    check_compute(r, a)
-                    start = clock[r]
-                    clock[r] += cost_f if a.op == "F" else cost_b
-                    computed[r].add((a.op, a.mb, a.chunk))
-                    log(r, a, start, clock[r])
-                    pos[r] += 1
-                    progress = True
-                    continue
-                q = a.peer
-                if q is None or not 0 <= q < p or q == r:
-                    raise ScheduleError(f"rank {r}: {a} names peer {q}, not another rank of 0..{p - 1}")
-                if sends == "eager":
-                    if a.op == "send":
-                        check_send(r, a)
-                        in_link.setdefault((r, q), deque()).append((a, clock[r] + cost_comm))
-                        log(r, a, clock[r], clock[r])
-                        pos[r] += 1
-                        progress = True
-                        continue
-                    link = in_link.get((q, r))
-                    if not link:
-                        break  # the message is not there yet
-                    s, arrival = link.popleft()
-                    check_pair(s, q, a, r)
-                    finish_recv(r, a, arrival)
-                    progress = True
-                    continue
-                # rendezvous: both ends must be at the matching pair of actions
-                if pos[q] >= len(lists[q]):
-                    break
-                b = lists[q][pos[q]]
-                if not b.is_comm or b.peer != r or a.op == b.op:
-                    break  # the peer is elsewhere (or also sending / receiving): wait
-                (s, sr), (rv, rr) = ((a, r), (b, q)) if a.op == "send" else ((b, q), (a, r))
-                check_pair(s, sr, rv, rr)
-                check_send(sr, s)
-                meet = max(clock[r], clock[q])
-                log(sr, s, clock[sr], meet + cost_comm)
-                clock[sr] = meet + cost_comm
-                pos[sr] += 1
-                finish_recv(rr, rv, meet + cost_comm)
-                progress = True
-    stuck = {r: lists[r][pos[r]] for r in range(p) if pos[r] < len(lists[r])}
-    if stuck:
-        where = "; ".join(f"rank {r} at {a}" for r, a in stuck.items())
-        raise DeadlockError(f"deadlock ({sends} sends): {where}", stuck)
-    leftover = {k: len(v) for k, v in in_link.items() if v}
-    if leftover:
-        raise ScheduleError(f"messages sent but never received: {leftover} (src, dst) -> count")
-    return sorted(events, key=lambda e: (e.rank, e.start, e.is_compute))
+    def timeline(self) -> list[Event]:
+        """The events, once every list ran to its end; otherwise the deadlock, or the messages never received."""
+        stuck = {r: self.lists[r][self.pos[r]] for r in range(self.p) if self.pos[r] < len(self.lists[r])}
+        if stuck:
+            where = "; ".join(f"rank {r} at {a}" for r, a in stuck.items())
+            raise DeadlockError(f"deadlock ({self.sends} sends): {where}", stuck)
+        leftover = {k: len(v) for k, v in self.in_link.items() if v}
+        if leftover:
+            raise ScheduleError(f"messages sent but never received: {leftover} (src, dst) -> count")
+        return sorted(self.events, key=lambda e: (e.rank, e.start, e.is_compute))

@@ -1,4 +1,4 @@
-"""Clocks that measure work on the device, not kernel launches.
+"""The clocks every recorder reads (`pylib.cp.recorder`, `pylib.pp.recorder`): work on the device, not launches.
 
 On CUDA a kernel call returns as soon as the kernel is queued, so a host clock read around it measures the launch
 (microseconds), not the work. `device_clock(device)` gives a `now()` that first waits for the device to finish
@@ -16,6 +16,11 @@ from __future__ import annotations
 import time
 
 import torch
+
+
+def now() -> float:
+    """Host seconds on a monotonic clock (only differences mean anything): on CPU ranks the compute clock."""
+    return time.perf_counter()
 
 
 def device_clock(device=None):

@@ -206,70 +206,21 @@ def plot_rank_report(
     scale = style.BYTE_UNITS[unit]
     n = len(rows)
     axes = sorted({a for r in rows for a in r["traffic"]}, key=_axis_key)
-    xs = list(range(n))
     with style.use():
         fig, (mem_ax, net_ax) = plt.subplots(2, 1, figsize=(max(6.0, 0.42 * n + 3.2), 6.4), sharex=True)
-        bottom = [0.0] * n
-        for k, part in enumerate(MEMORY_PARTS):
-            heights = [r[part] / scale for r in rows]
-            for i, (x, h) in enumerate(zip(xs, heights)):
-                mem_ax.add_patch(
-                    Rectangle(
-                        (x - 0.38, bottom[i]),
-                        0.76,
-                        h,
-                        facecolor=style.PALETTE[k],
-                        edgecolor=style.CARD,
-                        lw=0.5,
-                        gid=f"bar:{part}:{rows[i]['rank']}",
-                    )
-                )
-                bottom[i] += h
-        mem_top = max(bottom) if bottom else 1.0
+        mem_top = _memory_bars(mem_ax, rows, scale)
         if memory_formula is not None:
             ys = [sum(f[k] for k in ("params", "grads", "optim")) / scale for f in memory_formula]
-            mem_ax.plot(xs, ys, ls="none", marker="_", ms=16, mew=2.2, color=style.TEXT, gid="formula:memory")
-        bottom = [0.0] * n
-        for a in axes:
-            colour = AXIS_COLOURS.get(a, style.MUTED)
-            for i, r in enumerate(rows):
-                h = r["traffic"].get(a, (0, 0))[0] / scale
-                if h:
-                    net_ax.add_patch(
-                        Rectangle(
-                            (i - 0.38, bottom[i]),
-                            0.76,
-                            h,
-                            facecolor=colour,
-                            edgecolor=style.CARD,
-                            lw=0.5,
-                            gid=f"bar:{a}:{r['rank']}",
-                        )
-                    )
-                    bottom[i] += h
-        net_top = max(bottom) if bottom else 1.0
+            _formula_marks(mem_ax, ys, "formula:memory")
+        net_top = _traffic_bars(net_ax, rows, axes, scale)
         if traffic_formula is not None:
-            ys = [sum(f.values()) / scale for f in traffic_formula]
-            net_ax.plot(xs, ys, ls="none", marker="_", ms=16, mew=2.2, color=style.TEXT, gid="formula:traffic")
-        for ax, top, ylabel in (
-            (mem_ax, mem_top, f"held by the rank ({unit})"),
-            (net_ax, net_top, f"sent by the rank in one step ({unit})"),
-        ):
-            ax.set_xlim(-0.6, n - 0.4)
-            ax.set_ylim(0, top * 1.12)
-            ax.set_xticks(xs)
-            ax.set_xticklabels([str(r["rank"]) for r in rows], fontsize=8)
-            ax.tick_params(labelbottom=True)
-            ax.set_ylabel(ylabel)
-            ax.grid(axis="x", visible=False)
+            _formula_marks(net_ax, [sum(f.values()) / scale for f in traffic_formula], "formula:traffic")
+        _rank_axis(mem_ax, rows, mem_top, f"held by the rank ({unit})")
+        _rank_axis(net_ax, rows, net_top, f"sent by the rank in one step ({unit})")
         handles = [Patch(facecolor=style.PALETTE[k], label=MEMORY_LABELS[p]) for k, p in enumerate(MEMORY_PARTS)]
-        if memory_formula is not None:
-            handles.append(Line2D([], [], ls="none", marker="_", ms=12, mew=2, color=style.TEXT, label="formula"))
-        mem_ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        _side_legend(mem_ax, handles, memory_formula is not None)
         handles = [Patch(facecolor=AXIS_COLOURS.get(a, style.MUTED), label=a) for a in axes]
-        if traffic_formula is not None:
-            handles.append(Line2D([], [], ls="none", marker="_", ms=12, mew=2, color=style.TEXT, label="formula"))
-        net_ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        _side_legend(net_ax, handles, traffic_formula is not None)
         net_ax.set_xlabel("rank")
         mem_ax.set_title("memory per rank", fontsize=10)
         net_ax.set_title("traffic per rank, by mesh axis", fontsize=10)
@@ -277,3 +228,51 @@ def plot_rank_report(
             fig.suptitle(title, fontsize=10)
         fig.tight_layout()
     return fig
+
+
+def _bar(ax, x: float, bottom: float, h: float, colour, gid: str) -> None:
+    ax.add_patch(Rectangle((x - 0.38, bottom), 0.76, h, facecolor=colour, edgecolor=style.CARD, lw=0.5, gid=gid))
+
+
+def _memory_bars(ax, rows, scale: float) -> float:
+    """Each rank's held bytes stacked by MEMORY_PARTS; returns the tallest stack."""
+    bottom = [0.0] * len(rows)
+    for k, part in enumerate(MEMORY_PARTS):
+        for i, r in enumerate(rows):
+            h = r[part] / scale
+            _bar(ax, i, bottom[i], h, style.PALETTE[k], f"bar:{part}:{r['rank']}")
+            bottom[i] += h
+    return max(bottom) if bottom else 1.0
+
+
+def _traffic_bars(ax, rows, axes, scale: float) -> float:
+    """Each rank's bytes sent, stacked by mesh axis (an axis it sent nothing on draws nothing); the tallest."""
+    bottom = [0.0] * len(rows)
+    for a in axes:
+        colour = AXIS_COLOURS.get(a, style.MUTED)
+        for i, r in enumerate(rows):
+            h = r["traffic"].get(a, (0, 0))[0] / scale
+            if h:
+                _bar(ax, i, bottom[i], h, colour, f"bar:{a}:{r['rank']}")
+                bottom[i] += h
+    return max(bottom) if bottom else 1.0
+
+
+def _formula_marks(ax, ys, gid: str) -> None:
+    ax.plot(list(range(len(ys))), ys, ls="none", marker="_", ms=16, mew=2.2, color=style.TEXT, gid=gid)
+
+
+def _rank_axis(ax, rows, top: float, ylabel: str) -> None:
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    ax.set_ylim(0, top * 1.12)
+    ax.set_xticks(list(range(len(rows))))
+    ax.set_xticklabels([str(r["rank"]) for r in rows], fontsize=8)
+    ax.tick_params(labelbottom=True)
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="x", visible=False)
+
+
+def _side_legend(ax, handles: list, formula: bool) -> None:
+    if formula:
+        handles.append(Line2D([], [], ls="none", marker="_", ms=12, mew=2, color=style.TEXT, label="formula"))
+    ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))

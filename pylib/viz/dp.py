@@ -41,47 +41,18 @@ def plot_zero_memory(
     resident only for a while -- ZeRO-3's gathered unit, ZeRO-2's buckets on the wire (peak - held)."""
     scale = style.BYTE_UNITS[unit]
     stages = list(measured)
+    held = {s: m if isinstance(m, dict) else m.as_dict() for s, m in measured.items()}
     fig, ax = style.figure_axes(ax, figsize=(1.6 * len(stages) + 2.5, 4), grid="y")
-    width = 0.6
     for i, stage in enumerate(stages):
-        m = measured[stage]
-        m = m if isinstance(m, dict) else m.as_dict()
-        bottom = 0.0
-        for key, color in (("params", style.PARAMS), ("grads", style.GRADS), ("optim", style.OPTIM)):
-            h = m[key] / scale
-            ax.add_patch(Rectangle((i - width / 2, bottom), width, h, facecolor=color, edgecolor="none", gid=key))
-            bottom += h
-        if show_peak:
-            extra = (m.get("peak_params", m["params"]) - m["params"]) + (m.get("peak_grads", m["grads"]) - m["grads"])
-            if extra > 0:
-                ax.add_patch(
-                    Rectangle(
-                        (i - width / 2, bottom),
-                        width,
-                        extra / scale,
-                        facecolor="none",
-                        edgecolor=TRANSIENT,
-                        hatch="///",
-                        linewidth=0.8,
-                        gid="transient",
-                    )
-                )
-        above = bottom + (extra / scale if show_peak and extra > 0 else 0)  # the label sits above any hatching
-        ax.text(i, above, f"{bottom:,.1f}", ha="center", va="bottom", fontsize=8)
+        _memory_bar(ax, i, held[stage], scale, show_peak)
         if formula is not None and stage in formula:
             total = sum(formula[stage][k] for k in ("params", "grads", "optim")) / scale
-            ax.plot(
-                [i - width / 2 - 0.06, i + width / 2 + 0.06],
-                [total, total],
-                linestyle="--",
-                color=style.TEXT,
-                linewidth=1.2,
-                gid="formula",
-            )
-    tops = []
-    for stage in stages:
-        m = measured[stage] if isinstance(measured[stage], dict) else measured[stage].as_dict()
-        tops.append(max(m["params"], m.get("peak_params", 0)) + max(m["grads"], m.get("peak_grads", 0)) + m["optim"])
+            left, right = i - _MEMORY_BAR / 2 - 0.06, i + _MEMORY_BAR / 2 + 0.06
+            ax.plot([left, right], [total, total], linestyle="--", color=style.TEXT, linewidth=1.2, gid="formula")
+    tops = [
+        max(m["params"], m.get("peak_params", 0)) + max(m["grads"], m.get("peak_grads", 0)) + m["optim"]
+        for m in held.values()
+    ]
     ax.set_xlim(-0.6, len(stages) - 0.4)
     ax.set_ylim(0, 1.15 * max(tops) / scale)
     ax.set_xticks(range(len(stages)), [STAGE_LABELS.get(s, s) for s in stages])
@@ -99,6 +70,35 @@ def plot_zero_memory(
     ax.set_title(title or "Model state per rank, measured")
     fig.tight_layout()
     return fig
+
+
+_MEMORY_BAR = 0.6  # a stage's bar width
+
+
+def _memory_bar(ax, i: int, m: dict, scale: float, show_peak: bool) -> None:
+    """Stage i's stacked bar (params, grads, optim), the hatched transient on top, and the held total above."""
+    width = _MEMORY_BAR
+    bottom = 0.0
+    for key, color in (("params", style.PARAMS), ("grads", style.GRADS), ("optim", style.OPTIM)):
+        h = m[key] / scale
+        ax.add_patch(Rectangle((i - width / 2, bottom), width, h, facecolor=color, edgecolor="none", gid=key))
+        bottom += h
+    extra = (m.get("peak_params", m["params"]) - m["params"]) + (m.get("peak_grads", m["grads"]) - m["grads"])
+    if show_peak and extra > 0:
+        ax.add_patch(
+            Rectangle(
+                (i - width / 2, bottom),
+                width,
+                extra / scale,
+                facecolor="none",
+                edgecolor=TRANSIENT,
+                hatch="///",
+                linewidth=0.8,
+                gid="transient",
+            )
+        )
+    above = bottom + (extra / scale if show_peak and extra > 0 else 0)  # the label sits above any hatching
+    ax.text(i, above, f"{bottom:,.1f}", ha="center", va="bottom", fontsize=8)
 
 
 @style.styled
@@ -194,11 +194,27 @@ def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weigh
         raise ValueError(f"data parallelism replicates every weight; the spec for {weight} says {kind!r}")
     tokens = d * tokens_per_rank
     u = 2.6 / max(tokens, h_in, h_out)  # one element's size
-    tall, wide_in, wide_out = tokens * u, h_in * u, h_out * u
+    sizes = dict(tall=tokens * u, wide_in=h_in * u, wide_out=h_out * u)
     fig, ax = style.subplots(figsize=(10.5, 3.6), grid=False)
     ax.set_axis_off()
-    top, gap = 0.0, 0.45
-    # forward: X [tokens, h_in] . W [h_in, h_out] = Y [tokens, h_out]
+    x = _dp_forward(ax, d, h_in, h_out, weight, **sizes)
+    x = _dp_weight_gradient(ax, d, h_in, h_out, weight, x + 1.3, **sizes)
+    ax.set_xlim(-0.2, x + d * _PARTIAL_OFFSET + 0.3)
+    ax.set_ylim(_TOP - sizes["tall"] - 1.35, _TOP + 0.6)
+    ax.set_aspect("equal")
+    handles = [Patch(color=style.rank_colour(r), label=f"rank {r}") for r in range(d)]
+    handles.append(Patch(color=style.REPLICATED, label="replicated"))
+    ax.legend(handles=handles, fontsize=8, loc="lower center", ncol=d + 1, bbox_to_anchor=(0.5, -0.08))
+    fig.tight_layout()
+    return fig
+
+
+_TOP, _GAP, _PARTIAL_OFFSET = 0.0, 0.45, 0.07  # the matrices' top edge, the gap around an operator, a partial's step
+
+
+def _dp_forward(ax, d, h_in, h_out, weight, *, tall, wide_in, wide_out) -> float:
+    """X [tokens, h_in] . W [h_in, h_out] = Y [tokens, h_out], from x = 0; returns where Y ends."""
+    top, gap = _TOP, _GAP
     x = 0.0
     _matrix(ax, x, top, wide_in, tall, strips=d, label="X", shape=f"[b·s, {h_in}]")
     ax.text(x + wide_in + gap / 2, top - tall / 2, "·", ha="center", va="center", fontsize=16)
@@ -216,8 +232,12 @@ def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weigh
         va="top",
         fontsize=9,
     )
-    # weight gradient: X^tall [h_in, tokens] . dY [tokens, h_out] = sum_r partial_r
-    x0 = x + wide_out + 1.3
+    return x + wide_out
+
+
+def _dp_weight_gradient(ax, d, h_in, h_out, weight, x0, *, tall, wide_in, wide_out) -> float:
+    """X^T [h_in, tokens] . dY [tokens, h_out] = sum_r partial_r, from x0; returns the left edge of the partials."""
+    top, gap, off = _TOP, _GAP, _PARTIAL_OFFSET
     x = x0
     _matrix(ax, x, top, tall, wide_in, strips=d, axis="cols", label="Xᵀ", shape=f"[{h_in}, b·s]")
     ax.text(x + tall + gap / 2, top - wide_in / 2, "·", ha="center", va="center", fontsize=16)
@@ -225,7 +245,6 @@ def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weigh
     _matrix(ax, x, top, wide_out, tall, strips=d, label="dY", shape=f"[b·s, {h_out}]")
     ax.text(x + wide_out + gap / 2, top - wide_in / 2, "=", ha="center", va="center", fontsize=14)
     x += wide_out + gap
-    off = 0.07
     for r in reversed(range(d)):  # d stacked partial sums, rank 0 in front
         ax.add_patch(
             Rectangle(
@@ -239,14 +258,7 @@ def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weigh
                 gid="partial",
             )
         )
-    ax.text(
-        x + wide_out / 2,
-        top + 0.12 + d * off,
-        f"d{weight} = Σ partials",
-        ha="center",
-        va="bottom",
-        fontsize=10,
-    )
+    ax.text(x + wide_out / 2, top + 0.12 + d * off, f"d{weight} = Σ partials", ha="center", va="bottom", fontsize=10)
     ax.text(x + wide_out / 2, top - wide_in - 0.12, f"[{h_in}, {h_out}]", ha="center", va="top", fontsize=8)
     ax.text(
         (x0 + x + wide_out) / 2,
@@ -256,20 +268,7 @@ def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weigh
         va="top",
         fontsize=9,
     )
-    ax.set_xlim(-0.2, x + wide_out + d * off + 0.3)
-    ax.set_ylim(top - tall - 1.35, top + 0.6)
-    ax.set_aspect("equal")
-    handles = [Patch(color=style.rank_colour(r), label=f"rank {r}") for r in range(d)]
-    handles.append(Patch(color=style.REPLICATED, label="replicated"))
-    ax.legend(
-        handles=handles,
-        fontsize=8,
-        loc="lower center",
-        ncol=d + 1,
-        bbox_to_anchor=(0.5, -0.08),
-    )
-    fig.tight_layout()
-    return fig
+    return x + wide_out
 
 
 # ------------------------------------------------------------------------------------------------ flat buffers
@@ -284,42 +283,7 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
     n = layout.padded_numel
     fig, ax = style.figure_axes(ax, figsize=(10, 2.3), grid=False)
     ax.set_axis_off()
-    for k, e in enumerate(layout.entries):
-        ax.add_patch(
-            Rectangle(
-                (e.offset, 1.0),
-                e.numel,
-                1.0,
-                facecolor=SEGMENTS[k % 2],
-                edgecolor=style.CARD,
-                linewidth=0.8,
-                gid="param",
-            )
-        )
-        if e.numel / n > 0.07:
-            name = e.name if e.numel / n > 0.25 else ".".join(e.name.split(".")[-2:])  # short name in a narrow box
-            ax.text(
-                e.offset + e.numel / 2,
-                1.5,
-                f"{name}\n{list(e.shape)}",
-                ha="center",
-                va="center",
-                fontsize=7,
-                color=style.ink_on(SEGMENTS[k % 2]),
-            )
-    if layout.padding:
-        ax.add_patch(
-            Rectangle(
-                (layout.numel, 1.0),
-                layout.padding,
-                1.0,
-                facecolor="none",
-                edgecolor=style.WASTE,
-                hatch="///",
-                linewidth=0.8,
-                gid="padding",
-            )
-        )
+    _draw_buffer(ax, layout)
     for r in range(layout.parts):
         lo, hi = layout.shard_range(r)
         colour = style.rank_colour(r)
@@ -339,6 +303,40 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
     )
     fig.tight_layout()
     return fig
+
+
+def _draw_buffer(ax, layout) -> None:
+    """The buffer's top row: each parameter's span, named where it fits, then the hatched padding."""
+    n = layout.padded_numel
+    for k, e in enumerate(layout.entries):
+        colour = SEGMENTS[k % 2]
+        ax.add_patch(
+            Rectangle((e.offset, 1.0), e.numel, 1.0, facecolor=colour, edgecolor=style.CARD, linewidth=0.8, gid="param")
+        )
+        if e.numel / n > 0.07:
+            name = e.name if e.numel / n > 0.25 else ".".join(e.name.split(".")[-2:])  # short name in a narrow box
+            ax.text(
+                e.offset + e.numel / 2,
+                1.5,
+                f"{name}\n{list(e.shape)}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color=style.ink_on(colour),
+            )
+    if layout.padding:
+        ax.add_patch(
+            Rectangle(
+                (layout.numel, 1.0),
+                layout.padding,
+                1.0,
+                facecolor="none",
+                edgecolor=style.WASTE,
+                hatch="///",
+                linewidth=0.8,
+                gid="padding",
+            )
+        )
 
 
 # ------------------------------------------------------------------------------------------------ ZeRO-3 resident bytes

@@ -44,23 +44,42 @@ def plot_timeline(
     ranks = sorted({e.rank for e in events})
     n_chunks = max((e.chunk for e in compute), default=0) + 1
     fig, ax = style.figure_axes(ax, figsize=(10, 0.55 * len(ranks) + 1.4), grid=False)
-    height = 0.8
-    t_min = min(e.start for e in events)
-    t_max = max(e.end for e in events)
     if xlim is None:
+        t_min, t_max = min(e.start for e in events), max(e.end for e in events)
         xlim = (t_min, t_max + 0.01 * (t_max - t_min))
-    span = xlim[1] - xlim[0]
     # a label is drawn only where it fits: about 0.6 of the font size per character, in data units
-    axis_inches = ax.get_position().width * fig.get_figwidth()
-    per_char = 0.6 * 7 / 72 * span / axis_inches
+    per_char = 0.6 * 7 / 72 * (xlim[1] - xlim[0]) / (ax.get_position().width * fig.get_figwidth())
+    _draw_compute(ax, compute, n_chunks, per_char)
+    if shade_bubble:
+        _draw_idle(ax, events, ranks)
+    if show_comm:
+        _draw_comm(ax, events)
+    ax.set_xlim(*xlim)
+    ax.set_ylim(-len(ranks) + 0.4, 0.6)
+    ax.set_yticks([-r for r in ranks], [f"rank {r}" for r in ranks])
+    ax.set_xlabel("time" + (f" ({unit})" if unit else ""))
+    b = bubble(events)
+    head = f"{title}: " if title else ""
+    ax.set_title(f"{head}bubble {b.mean_relative:.3f} of ideal ({b.mean_share:.1%} of the step)", fontsize=10)
+    handles = _timeline_legend(n_chunks, shade_bubble, show_comm)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(handles), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+BAR = 0.8  # a rank's row height on the timeline
+
+
+def _draw_compute(ax, compute, n_chunks: int, per_char: float) -> None:
+    """One bar per forward / backward, shaded by chunk, labelled mb (or mb.chunk) where the label fits."""
     for e in compute:
         y = -e.rank
         color = _shade(style.FORWARD if e.kind == "F" else style.BACKWARD, e.chunk, n_chunks)
         ax.add_patch(
             Rectangle(
-                (e.start, y - height / 2),
+                (e.start, y - BAR / 2),
                 e.duration,
-                height,
+                BAR,
                 facecolor=color,
                 edgecolor=style.CARD,
                 linewidth=0.6,
@@ -72,42 +91,44 @@ def plot_timeline(
         if label is not None:
             ink = style.ink_on(color)
             ax.text(e.start + e.duration / 2, y, label, ha="center", va="center", fontsize=7, color=ink)
-    if shade_bubble:
-        for r in ranks:
-            for t0, t1 in idle_intervals(events, r):
-                ax.add_patch(
-                    Rectangle(
-                        (t0, -r - height / 2),
-                        t1 - t0,
-                        height,
-                        facecolor=style.WASTE,
-                        alpha=0.18,
-                        hatch="///",
-                        edgecolor=style.WASTE,
-                        linewidth=0,
-                        gid="bubble",
-                    )
+
+
+def _draw_idle(ax, events, ranks) -> None:
+    """The hatched bubble: exactly each rank's `idle_intervals`."""
+    for r in ranks:
+        for t0, t1 in idle_intervals(events, r):
+            ax.add_patch(
+                Rectangle(
+                    (t0, -r - BAR / 2),
+                    t1 - t0,
+                    BAR,
+                    facecolor=style.WASTE,
+                    alpha=0.18,
+                    hatch="///",
+                    edgecolor=style.WASTE,
+                    linewidth=0,
+                    gid="bubble",
                 )
-    if show_comm:
-        for e in events:
-            if not e.is_compute and e.duration > 0:
-                ax.add_patch(
-                    Rectangle(
-                        (e.start, -e.rank - height / 2 - 0.08),
-                        e.duration,
-                        0.06,
-                        facecolor=style.COMM,
-                        edgecolor="none",
-                        gid="comm",
-                    )
+            )
+
+
+def _draw_comm(ax, events) -> None:
+    """A thin strip under each rank's row for every send / receive that took time (its wait)."""
+    for e in events:
+        if not e.is_compute and e.duration > 0:
+            ax.add_patch(
+                Rectangle(
+                    (e.start, -e.rank - BAR / 2 - 0.08),
+                    e.duration,
+                    0.06,
+                    facecolor=style.COMM,
+                    edgecolor="none",
+                    gid="comm",
                 )
-    ax.set_xlim(*xlim)
-    ax.set_ylim(-len(ranks) + 0.4, 0.6)
-    ax.set_yticks([-r for r in ranks], [f"rank {r}" for r in ranks])
-    ax.set_xlabel("time" + (f" ({unit})" if unit else ""))
-    b = bubble(events)
-    head = f"{title}: " if title else ""
-    ax.set_title(f"{head}bubble {b.mean_relative:.3f} of ideal ({b.mean_share:.1%} of the step)", fontsize=10)
+            )
+
+
+def _timeline_legend(n_chunks: int, shade_bubble: bool, show_comm: bool) -> list:
     if n_chunks == 1:
         handles = [Patch(facecolor=style.FORWARD, label="forward"), Patch(facecolor=style.BACKWARD, label="backward")]
     else:
@@ -120,9 +141,7 @@ def plot_timeline(
         handles.append(Patch(facecolor=style.WASTE, edgecolor=style.WASTE, alpha=0.3, hatch="///", label="bubble"))
     if show_comm:
         handles.append(Patch(facecolor=style.COMM, label="send / recv wait"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(handles), fontsize=8)
-    fig.tight_layout()
-    return fig
+    return handles
 
 
 def plot_schedule(

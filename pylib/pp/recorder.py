@@ -1,0 +1,80 @@
+"""What a pipeline rank reports at its seams: the timeline, the activations held, and a padding aid.
+
+The executor (`pylib.pp.executor.run_pipeline`) calls its recorder at these points:
+
+    recorder.start(rank, group, device)   once, before the first action: the ranks agree on a time origin
+    with recorder.action(a):              around every action: its interval becomes an `Event` of the timeline
+    with recorder.forward(key, exclude):  around a forward's compute: the bytes autograd saved for it
+    recorder.backward_done(key)           the forward's activations are freed
+
+Times come from `pylib.runtime.clock.now`, in seconds since the common origin. A receive's interval includes the
+time spent waiting for the sender; a posted send's interval is just the posting (a blocking send's includes its
+wait).
+
+measure_memory=False skips the saved-tensor probe (its bytes read 0; autograd applies only the innermost
+saved-tensor hooks, so a caller with its own probe turns this one off). compute_delay=(t_f, t_b) pads each forward
+of one chunk to at least t_f seconds and each backward to t_b (sleeping after the real compute): a measurement aid
+that makes every compute cost a known, noise-free amount, so the measured bubble can be compared with the formula
+on a busy 2-core machine; it changes nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+
+import torch
+
+from ..model.memory import saved_activations
+from ..runtime import clock
+from ..runtime import collectives as C
+from .timeline import Event
+
+
+@dataclass
+class PipelineRecorder:
+    """One rank's observations of one step (filled again by every run it is passed to)."""
+
+    measure_memory: bool = True
+    compute_delay: tuple[float, float] | None = None
+    timeline: list[Event] = field(default_factory=list)
+    activation_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
+    peak_in_flight: int = 0
+    peak_activation_bytes: int = 0
+
+    def start(self, rank: int, group, device) -> None:
+        """A common time origin: every rank leaves this one-element all-reduce at about the same moment."""
+        self.rank, self._live, self._live_bytes = rank, 0, 0
+        self.timeline, self.activation_bytes = [], {}
+        self.peak_in_flight = self.peak_activation_bytes = 0
+        C.all_reduce_(torch.zeros(1, device=device), group, phase="pp-sync")
+        self._t0 = clock.now()
+
+    @contextmanager
+    def action(self, a):
+        start = clock.now()
+        yield
+        if self.compute_delay and a.op in ("F", "B"):
+            self._pad(start, self.compute_delay[0 if a.op == "F" else 1])
+        self.timeline.append(Event.of(self.rank, a, start - self._t0, clock.now() - self._t0))
+
+    @contextmanager
+    def forward(self, key: tuple[int, int], exclude):
+        """Around the forward of (microbatch, chunk) `key`; `exclude`: its parameters (not activations)."""
+        with saved_activations(exclude=exclude) if self.measure_memory else nullcontext() as saved:
+            yield
+        self.activation_bytes[key] = saved.bytes if self.measure_memory else 0
+        self._live_bytes += self.activation_bytes[key]
+        self._live += 1
+        self.peak_activation_bytes = max(self.peak_activation_bytes, self._live_bytes)
+        self.peak_in_flight = max(self.peak_in_flight, self._live)
+
+    def backward_done(self, key: tuple[int, int]) -> None:
+        self._live_bytes -= self.activation_bytes[key]
+        self._live -= 1
+
+    def _pad(self, start: float, seconds: float) -> None:
+        left = start + seconds - clock.now()
+        if left > 0:
+            time.sleep(left)
