@@ -6,6 +6,7 @@ import time
 import pytest
 import torch
 
+from pylib.runtime import clock
 from pylib.runtime.clock import CudaInterval, device_clock, time_per_call
 
 
@@ -61,3 +62,33 @@ def test_a_cuda_interval_reads_the_events_elapsed_time_in_seconds(monkeypatch):
         _ = CudaInterval("cuda:0").start().seconds
     with pytest.raises(RuntimeError, match="stop\\(\\) before start"):
         CudaInterval("cpu").stop()
+
+
+def test_the_recorders_clock_waits_for_the_compute_stream_only_once_cuda_is_in_use(monkeypatch):
+    waited = []
+
+    class Stream:
+        def synchronize(self):
+            waited.append("current stream")
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: Stream())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: waited.append("whole device"))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    clock.device_now()
+    assert waited == [], "a CPU rank waits for nothing"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    t0 = clock.device_now()
+    assert waited == ["current stream"], "only the compute stream: NCCL's stream keeps running (overlap stays)"
+    assert clock.device_now() >= t0
+
+
+def test_ring_and_pipeline_recorders_and_dp_buckets_read_the_device_clock():
+    import inspect
+
+    from pylib.cp import recorder as ring_recorder
+    from pylib.dp import buckets
+    from pylib.pp import recorder as pipeline_recorder
+
+    for module in (ring_recorder, pipeline_recorder, buckets):
+        source = inspect.getsource(module)
+        assert "clock.device_now()" in source and "tracer.now()" not in source, module.__name__

@@ -416,3 +416,19 @@ def test_a_function_that_is_not_callable_is_refused_at_once():
     with pytest.raises(TypeError, match="fn must be callable"):
         launch("not a function", 2)
     assert time.monotonic() - t0 < 0.5
+
+
+def test_a_spawned_ranks_job_carries_its_tensor_arguments_as_cpu_tensors():
+    import cloudpickle
+
+    from pylib.runtime.launch import _job
+
+    x = torch.arange(6.0).reshape(2, 3).t()  # a non-contiguous view
+    job = _job(lambda t, *, scale: t * scale, (x,), dict(scale=torch.tensor(2.0), tag="t"), "nccl")
+    assert isinstance(job, bytes), "spawned ranks get the job by value"
+    fn, args, kwargs = cloudpickle.loads(job)
+    assert args[0].device.type == "cpu" and torch.equal(args[0], x)
+    assert kwargs["scale"].device.type == "cpu" and kwargs["tag"] == "t"
+    assert torch.equal(fn(*args, scale=kwargs["scale"]), 2 * x)
+    fn2, args2, _ = _job(print, (x,), {}, "gloo")
+    assert fn2 is print and args2[0] is x, "forked ranks inherit the job as it is"

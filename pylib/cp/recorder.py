@@ -7,7 +7,8 @@ The ring (`pylib.cp.ring`) calls its recorder at three points of every step, for
     recorder.step_done(...)      the step is over: its plan (which rows against which) and the time just measured
 
 `RingRecorder` records nothing (the default); `RingStats` keeps one `RingStep` per step. Times come from
-`pylib.runtime.clock.now`.
+`pylib.runtime.clock.device_now` (on CUDA it first waits for the compute stream, so a
+step is timed where it ran, not where it was launched).
 """
 
 from __future__ import annotations
@@ -58,15 +59,15 @@ class RingStats(RingRecorder):
 
     @contextmanager
     def computing(self):
-        t0 = clock.now()
+        t0 = clock.device_now()
         yield
-        self._compute_s += clock.now() - t0
+        self._compute_s += clock.device_now() - t0
 
     @contextmanager
     def waiting(self):
-        t0 = clock.now()
+        t0 = clock.device_now()
         yield
-        self._wait_s += clock.now() - t0
+        self._wait_s += clock.device_now() - t0
 
     def step_done(self, phase: str, step: int, kv_owner: int, plan, per_entry: int) -> None:
         self.steps.append(

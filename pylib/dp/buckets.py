@@ -36,8 +36,8 @@ import contextlib
 import torch
 import torch.nn as nn
 
+from ..runtime import clock
 from ..runtime import collectives as C
-from ..runtime import tracer
 from ..runtime.mesh import AxisGroup
 from .groups import dtype_name, group_key
 from .layout import FlatLayout, plan_buckets
@@ -253,7 +253,7 @@ class GradientBuckets:
     def _begin_backward(self) -> None:
         self.finish()  # a new backward must not accumulate into buffers still on the wire
         self._in_backward = True
-        self.backward_start, self.backward_end = tracer.now(), None
+        self.backward_start, self.backward_end = clock.device_now(), None
         for b in self.buckets:
             b.ready.clear()
             if self._sync:
@@ -263,7 +263,7 @@ class GradientBuckets:
 
     def _end_backward(self) -> None:
         self._in_backward = False
-        self.backward_end = tracer.now()
+        self.backward_end = clock.device_now()  # on CUDA: when backward's kernels finished, not were queued
         if self._sync:
             for key in self._by_group:
                 self._launch_in_order(key, force=True)  # buckets with a parameter that got no gradient

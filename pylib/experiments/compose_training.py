@@ -13,7 +13,6 @@ step with a zero gradient in both, as ZeRO's flat shards do.
 
 from __future__ import annotations
 
-import time
 from contextlib import nullcontext
 from dataclasses import replace
 
@@ -21,7 +20,7 @@ import torch
 
 from pylib.compose import ParallelTransformer, ffn_probe, holder_labels
 from pylib.model import MoE, batches, build_model
-from pylib.runtime import Mesh, ParallelConfig, current_device
+from pylib.runtime import Mesh, ParallelConfig, clock, current_device
 from pylib.runtime.tracer import trace
 
 
@@ -78,9 +77,9 @@ def train(
         ids, targets = batches(model_cfg, batch, seq, step, data=data, seed=data_seed)
         probe = ffn_probe([("", s) for s in model.stages]) if probe_ffn and step == 0 else nullcontext({})
         with trace() as tr, probe as ffn:
-            t0 = time.perf_counter()
+            t0 = clock.device_now()
             res = model.step(ids, targets, measure_memory=step == 0, activation_probe=activation_probe)
-            out["times"].append(time.perf_counter() - t0)
+            out["times"].append(clock.device_now() - t0)
         if step == 0 and probe_ffn:
             out["ffn_hidden_bytes"] = dict(ffn)
         _record_step(out, res, tr, keep_events)
@@ -171,7 +170,7 @@ def _train_reference(model_cfg, steps, batch, seq, lr, data, data_seed, optimize
     out = dict(losses=[], times=[])
     for step in range(steps):
         ids, targets = batches(model_cfg, batch, seq, step, data=data, seed=data_seed)
-        t0 = time.perf_counter()
+        t0 = clock.device_now()
         b = batch // groups
         total = 0.0
         for g in range(groups):
@@ -186,7 +185,7 @@ def _train_reference(model_cfg, steps, batch, seq, lr, data, data_seed, optimize
                 p.grad = torch.zeros_like(p)
         opt.step()
         opt.zero_grad(set_to_none=False)
-        out["times"].append(time.perf_counter() - t0)
+        out["times"].append(clock.device_now() - t0)
         out["losses"].append(total)
     out["params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
     return out

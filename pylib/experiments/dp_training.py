@@ -14,7 +14,7 @@ import torch
 
 from pylib.dp import DEFAULT_BUCKET_BYTES, micro_batch, overlap_from_trace, wrap
 from pylib.model import ModelConfig, build_model, random_tokens
-from pylib.runtime import tracer
+from pylib.runtime import clock, tracer
 from pylib.runtime.collectives import resolve_group
 from pylib.runtime.launch import current_device
 
@@ -68,17 +68,17 @@ def _timed_step(model, dp, ids, targets, first: dict | None):
     the run's record, for step 0's measurements (gradient shards before the step, memory, overlap or the ZeRO-3
     timeline after it). Returns the loss, the trace and the times."""
     with tracer.trace() as tr:
-        t0 = tracer.now()
+        t0 = clock.device_now()
         loss = model.loss(ids, targets)
-        t_backward = tracer.now()
+        t_backward = clock.device_now()
         loss.backward()
-        t1 = tracer.now()
+        t1 = clock.device_now()
         dp.finish_gradient_sync()
-        t2 = tracer.now()
+        t2 = clock.device_now()
         if first is not None:
             first["grad_shards"] = {k: v.detach().clone() for k, v in dp.gradient_shards().items()}
         dp.step()
-        t3 = tracer.now()
+        t3 = clock.device_now()
         if first is not None:
             _record_first_step(first, dp, tr, t_backward)
         dp.zero_grad()

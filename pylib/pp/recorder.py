@@ -7,8 +7,9 @@ The executor (`pylib.pp.executor.run_pipeline`) calls its recorder at these poin
     with recorder.forward(key, exclude):  around a forward's compute: the bytes autograd saved for it
     recorder.backward_done(key)           the forward's activations are freed
 
-Times come from `pylib.runtime.clock.now`, in seconds since the common origin. A receive's interval includes the
-time spent waiting for the sender; a posted send's interval is just the posting (a blocking send's includes its
+Times come from `pylib.runtime.clock.device_now` (on CUDA it first waits for the compute stream, so an action is
+timed where it ran, not where it was launched), in seconds since the common origin. A receive's interval includes
+the time spent waiting for the sender; a posted send's interval is just the posting (a blocking send's includes its
 wait).
 
 measure_memory=False skips the saved-tensor probe (its bytes read 0; autograd applies only the innermost
@@ -49,15 +50,15 @@ class PipelineRecorder:
         self.timeline, self.activation_bytes = [], {}
         self.peak_in_flight = self.peak_activation_bytes = 0
         C.all_reduce_(torch.zeros(1, device=device), group, phase="pp-sync")
-        self._t0 = clock.now()
+        self._t0 = clock.device_now()
 
     @contextmanager
     def action(self, a):
-        start = clock.now()
+        start = clock.device_now()
         yield
         if self.compute_delay and a.op in ("F", "B"):
             self._pad(start, self.compute_delay[0 if a.op == "F" else 1])
-        self.timeline.append(Event.of(self.rank, a, start - self._t0, clock.now() - self._t0))
+        self.timeline.append(Event.of(self.rank, a, start - self._t0, clock.device_now() - self._t0))
 
     @contextmanager
     def forward(self, key: tuple[int, int], exclude):
@@ -75,6 +76,6 @@ class PipelineRecorder:
         self._live -= 1
 
     def _pad(self, start: float, seconds: float) -> None:
-        left = start + seconds - clock.now()
+        left = start + seconds - clock.device_now()
         if left > 0:
             time.sleep(left)

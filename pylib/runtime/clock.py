@@ -23,6 +23,16 @@ def now() -> float:
     return time.perf_counter()
 
 
+def device_now() -> float:
+    """Host seconds after this rank's compute stream has finished what was queued on it, when this process uses
+    CUDA (a measurement point: compute before it is counted where it ran, not where it was launched); on CPU ranks
+    exactly `now()`, at no cost. Only the current stream is waited for, so a collective running on NCCL's own
+    stream keeps running: a timeline of overlap stays a timeline of overlap."""
+    if torch.cuda.is_initialized():
+        torch.cuda.current_stream().synchronize()
+    return time.perf_counter()
+
+
 def device_clock(device=None):
     """A `now()` in seconds that waits for `device`'s queued work first when it is a CUDA device; on the CPU (or
     device=None) `time.perf_counter` itself."""

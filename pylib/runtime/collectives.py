@@ -51,7 +51,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from . import compat, tracer
+from . import clock, compat, tracer
 from .agreement import agree, reduce_code
 from .launch import current_device
 from .mesh import AxisGroup
@@ -443,7 +443,10 @@ class CollectiveWork:
         self.t_launch = tracer.now() if t_launch is None else t_launch
         self.t_done = None if work is not None else self.t_launch
         self._lock = threading.Lock()
-        if work is not None:
+        # A CUDA work's future completes when the collective is *queued*, not when its bytes have moved; there the
+        # completion time is taken at wait(), once the compute stream holds the result (an upper bound).
+        self._on_device = isinstance(result, torch.Tensor) and result.is_cuda
+        if work is not None and not self._on_device:
             try:
                 work.get_future().add_done_callback(lambda _: self._mark_done())
             except (AttributeError, RuntimeError):  # a backend without futures: completion is seen at wait()
@@ -452,7 +455,7 @@ class CollectiveWork:
     def _mark_done(self) -> None:
         with self._lock:
             if self.t_done is None:
-                self.t_done = tracer.now()
+                self.t_done = clock.device_now() if self._on_device else tracer.now()
                 if self.event is not None:
                     self.event.t_end = self.t_done
 

@@ -146,6 +146,8 @@ def _rank_main(
     if math.isfinite(timeout):
         faulthandler.dump_traceback_later(max(0.05, deadline_wall - time.time() - min(0.5, 0.1 * timeout)), file=log)
     try:
+        if backend == "nccl":  # before anything is unpickled: a CUDA tensor in the job opens a context on the
+            torch.cuda.set_device(rank)  # current device, which must be this rank's GPU, not GPU 0
         fn, args, kwargs = cloudpickle.loads(job) if isinstance(job, bytes) else job
         torch.set_num_threads(1)
         if backend == "gloo" and sys.platform.startswith("linux"):
@@ -155,7 +157,6 @@ def _rank_main(
         store = dist.FileStore(store_path, world)
         init = dict(backend=backend, store=store, rank=rank, world_size=world, timeout=pg_timeout)
         if backend == "nccl":
-            torch.cuda.set_device(rank)
             init["device_id"] = torch.device("cuda", rank)
         dist.init_process_group(**init)
         result = _to_cpu(fn(*args, **kwargs))
@@ -496,13 +497,24 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 6
 
     backend: "auto" (NCCL with one GPU per rank when enough GPUs are visible, else gloo), "gloo" or "nccl".
     timeout: seconds (> 0) for the whole run, and the process group's own timeout; None or math.inf: no limit.
-    Tensors in the results are detached and moved to the CPU.
+    Tensors in the results are detached and moved to the CPU; under NCCL, tensors among the arguments are sent as
+    CPU tensors too (move them to `current_device()` inside `fn`).
     """
     timeout = _check_arguments(fn, world_size, timeout)
     backend, ctx = _prepare_backend(backend, world_size)
-    job = cloudpickle.dumps((fn, args, kwargs)) if backend == "nccl" else (fn, args, kwargs)
+    job = _job(fn, args, kwargs, backend)
     with _TerminateAsInterrupt():
         return _launch(ctx, backend, job, world_size, timeout)
+
+
+def _job(fn, args: tuple, kwargs: dict, backend: str):
+    """What each rank receives. Forked (gloo) ranks inherit it as it is. Spawned (NCCL) ranks get it by value
+    (cloudpickle, so notebook functions travel), with its tensors as CPU tensors: unpickling one in a rank then
+    never opens a CUDA context on a GPU that is not the rank's own (the rank moves what it needs to
+    current_device())."""
+    if backend != "nccl":
+        return fn, args, kwargs
+    return cloudpickle.dumps((fn, _to_cpu(args), _to_cpu(kwargs)))
 
 
 def _launch(ctx, backend: str, job, world_size: int, timeout: float) -> list:
@@ -536,8 +548,24 @@ def _kill_groups(procs) -> None:
                 pass
 
 
+def _live_group_members(pgids: set[int]) -> list[int]:
+    """Pids (not zombies) whose process group is one of `pgids`, read from /proc (Linux; elsewhere: none known)."""
+    found = []
+    for entry in os.listdir("/proc") if pgids and os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[2]) in pgids:
+                found.append(int(entry))
+    return found
+
+
 def _kill(procs) -> None:
-    """SIGKILL every rank and its process group, and reap the ranks."""
+    """SIGKILL every rank and its process group, reap the ranks, and wait (briefly) until nothing of their groups
+    runs: a SIGKILL is delivered asynchronously, and launch() must not return while a rank's child still lives."""
     _kill_groups(procs)
     for p in procs:
         if p.exitcode is None and p.pid is not None:
@@ -548,6 +576,9 @@ def _kill(procs) -> None:
     for p in procs:
         if p.pid is not None:
             p.join(2.0)
+    pgids, deadline = {p.pid for p in procs if p.pid is not None}, time.monotonic() + 2.0
+    while _live_group_members(pgids) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def current_device() -> torch.device:
