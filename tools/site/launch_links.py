@@ -27,6 +27,8 @@ from sphinx.errors import ConfigError
 
 # The JupyterLab (or classic notebook) route that opens a file, as sphinx-book-theme names the interfaces.
 INTERFACES = {"jupyterlab": "lab/tree", "classic": "tree"}
+# The hosts whose icon sphinx-book-theme's repository button knows; for any other it stops the build.
+THEME_REPOSITORY_HOSTS = ("github.com", "gitlab.com", "bitbucket.org")
 
 
 @dataclass(frozen=True)
@@ -104,13 +106,20 @@ def _is_notebook_page(app, pagename: str) -> bool:
 
 def take_over_launch_buttons(app, config) -> None:
     """config-inited: read the settings once, switch the theme's JupyterHub link off (ours replaces it), and show the
-    repository button only when there is a repository to show."""
+    header's repository button when there is a repository the theme can show (on GitHub, GitLab or Bitbucket; the
+    launch links work with any git host)."""
     options = config.html_theme_options
     app.launch_settings = LaunchSettings.from_theme_options(options)
+    # html_theme_options as Sphinx compares them between builds no longer hold the hub (taken out below), so this
+    # value does: a changed hub or repository rewrites every page instead of leaving the old links in place.
+    config.launch_links = repr(app.launch_settings)
     buttons = dict(options.get("launch_buttons") or {})
     buttons["jupyterhub_url"] = ""
     options["launch_buttons"] = buttons
-    options["use_repository_button"] = bool(app.launch_settings.repository_url)
+    host = urlsplit(app.launch_settings.repository_url).netloc.lower()
+    if not options.get("repository_provider") and not any(host.endswith(known) for known in THEME_REPOSITORY_HOSTS):
+        options["repository_url"] = ""
+    options["use_repository_button"] = bool(options.get("repository_url"))
 
 
 def offer_executed_notebook(app, pagename: str, templatename: str, context: dict, doctree) -> None:
@@ -167,14 +176,16 @@ def run_locally_note(settings: LaunchSettings, source: str) -> str:
         "(<code>.ipynb</code>, in the download menu at the top of the page) and open it in Jupyter with "
         f"<code>pylib</code> installed, or, in {clone}, run "
         "<code>pip install -r hub/requirements.txt &amp;&amp; pip install -e .</code> and then "
-        f"<code>jupyter lab {html.escape(source)}</code>: the chapter opens as a notebook "
-        "(<code>hub/README.md</code> explains the setup).</p>\n"
+        f"<code>jupyter lab {html.escape(source)}</code>, and open the file with <em>Open With &gt; Jupytext "
+        "Notebook</em> (or install <code>hub/overrides.json</code> as <code>hub/README.md</code> says, and it opens "
+        "as a notebook by itself).</p>\n"
         "</div>\n"
     )
 
 
 def setup(app) -> None:
     """Called from sphinx_site.setup."""
+    app.add_config_value("launch_links", "", "html")
     app.connect("config-inited", take_over_launch_buttons)
     app.connect("html-page-context", offer_executed_notebook, priority=450)
     app.connect("html-page-context", add_launch_button, priority=510)
