@@ -72,7 +72,7 @@ $(HUB_VENV)/bin/python:
 	  || { echo "Python >= 3.11 is needed; '$(PYTHON)' is older (make PYTHON=...)" >&2; exit 1; }
 	$(PYTHON) -m venv $(HUB_VENV)
 $(HUB_STAMP): hub/requirements.txt requirements.txt requirements-site.txt pyproject.toml | $(HUB_VENV)/bin/python
-	$(HUB_VENV)/bin/python -m pip install -r hub/requirements.txt -r requirements-site.txt
+	$(HUB_VENV)/bin/python -m pip install --no-compile -r hub/requirements.txt -r requirements-site.txt
 	$(HUB_VENV)/bin/python -m pip install --no-deps -e .
 	touch $@
 $(HUB_SETTINGS): hub/overrides.json $(HUB_STAMP)
@@ -82,7 +82,7 @@ $(HUB_PROXY): hub/package.json hub/package-lock.json
 	npm ci --prefix hub --no-audit --no-fund
 	touch $@
 hub-test: $(HUB_STAMP) $(HUB_SETTINGS) $(HUB_PROXY)
-	$(HUB_VENV)/bin/python -m pytest tests/hub -p no:cacheprovider
+	$(HUB_VENV)/bin/python -m pytest tests/hub -p no:cacheprovider -s
 
 clean:
 	rm -rf _build labs/_runs .pytest_cache .ruff_cache .hypothesis
