@@ -46,6 +46,7 @@ def hub(scratch):
     state = scratch / "state"
     state.mkdir()
     local = localhub.LocalHub(state)
+    print(f"\nthe hub's log: {local.log}")
     local.start()
     yield local
     left = local.stop()
