@@ -3,7 +3,8 @@
 #   make book   build and execute the whole book (warnings are errors), then run every lab
 # and, for CI after `make book`:
 #   make site-test   the built site in a real browser (chromium), plus its link and label checks
-.PHONY: test book clean vendor site-test
+#   make hub-test    a chapter's launch link followed on a local JupyterHub, the chapter and a lab run there
+.PHONY: test book clean vendor site-test hub-test
 
 VENV   := .venv
 STAMP  := $(VENV)/.installed
@@ -55,6 +56,34 @@ $(VENV)/.site-installed: requirements-site.txt $(STAMP)
 site-test: $(VENV)/.site-installed
 	@test -f _build/html/index.html || { echo "no built site in _build/html: run make book first" >&2; exit 1; }
 	python -m pytest tests/site -p no:cacheprovider
+
+# --- The JupyterHub side (hub/, tests/hub) ----------------------------------------------------------------------------
+# hub-test: a JupyterHub on 127.0.0.1 (hub/jupyterhub_config.py) with the book's user environment, driven by
+# Playwright + Debian's chromium (as site-test). Its own venv, .venv-hub, holds what a hub's user environment holds
+# (hub/requirements.txt, pylib, hub/overrides.json as JupyterLab's settings overrides) plus Playwright; npm installs
+# configurable-http-proxy into hub/node_modules from hub/package-lock.json. Each is reinstalled only when its files
+# change. Needs no built site: the launch link comes from tools/site/launch_links.py and _config.yml.
+HUB_VENV     := .venv-hub
+HUB_STAMP    := $(HUB_VENV)/.installed
+HUB_SETTINGS := $(HUB_VENV)/share/jupyter/lab/settings/overrides.d/parallelism-book.json
+HUB_PROXY    := hub/node_modules/.bin/configurable-http-proxy
+$(HUB_VENV)/bin/python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	  || { echo "Python >= 3.11 is needed; '$(PYTHON)' is older (make PYTHON=...)" >&2; exit 1; }
+	$(PYTHON) -m venv $(HUB_VENV)
+$(HUB_STAMP): hub/requirements.txt requirements.txt requirements-common.txt requirements-site.txt pyproject.toml \
+  | $(HUB_VENV)/bin/python
+	$(HUB_VENV)/bin/python -m pip install --no-compile -r requirements.txt -r hub/requirements.txt -r requirements-site.txt
+	$(HUB_VENV)/bin/python -m pip install --no-deps -e .
+	touch $@
+$(HUB_SETTINGS): hub/overrides.json $(HUB_STAMP)
+	mkdir -p $(@D)
+	cp $< $@
+$(HUB_PROXY): hub/package.json hub/package-lock.json
+	npm ci --prefix hub --no-audit --no-fund
+	touch $@
+hub-test: $(HUB_STAMP) $(HUB_SETTINGS) $(HUB_PROXY)
+	$(HUB_VENV)/bin/python -m pytest tests/hub -p no:cacheprovider -s
 
 clean:
 	rm -rf _build labs/_runs .pytest_cache .ruff_cache .hypothesis

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
+import sys
 from collections import Counter
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from tests.site import sitemap
+
+sys.path.insert(0, str(sitemap.ROOT / "tools" / "site"))
+import launch_links  # noqa: E402 - tools/site is not a package; the site's Sphinx extension imports it the same way
 
 
 def _broken_links(site, page: str) -> list[str]:
@@ -117,25 +122,46 @@ def _notebook_chapters() -> list[str]:
     return [d for d in sitemap.toc_docnames() if sitemap.is_notebook_source(d)]
 
 
+def _launch_settings():
+    """The launch settings as the site's build reads them: _config.yml through Jupyter Book's own conversion."""
+    from jupyter_book.config import yaml_to_sphinx
+
+    return launch_links.LaunchSettings.from_theme_options(yaml_to_sphinx(sitemap.config())[0]["html_theme_options"])
+
+
 @pytest.mark.parametrize("docname", _notebook_chapters())
-def test_notebook_page_has_a_jupyterhub_launch_button_for_its_own_source(site, docname):
-    cfg = sitemap.config()
-    hub = (cfg.get("launch_buttons") or {}).get("jupyterhub_url", "").rstrip("/")
-    if not hub:
-        pytest.skip("launch_buttons.jupyterhub_url is empty: no launch buttons")
-    launches = [h for h in sitemap.parse(f"{docname}.html", site).links if h.startswith(hub + "/")]
-    assert len(launches) == 1, f"{docname}.html: expected one link to {hub}, found {launches}"
-    url = urlsplit(launches[0])
-    assert url.path.endswith("/hub/user-redirect/git-pull"), launches[0]
-    query = {k: v[0] for k, v in parse_qs(url.query).items()}
-    repo = cfg["repository"]["url"].rstrip("/")
-    assert query["repo"] == repo and query["branch"] == cfg["repository"]["branch"], query
+def test_notebook_page_launches_its_own_source_or_says_how_to_run_it(site, docname):
+    """With a hub configured, one launch link, exactly the one tools/site/launch_links.py makes for the chapter's
+    source (the link make hub-test follows); with none, no launch link and the note on running it locally."""
+    settings = _launch_settings()
+    page = sitemap.parse(f"{docname}.html", site)
+    launches = [h for h in page.links if "/hub/user-redirect/" in h]
+    source = sitemap.source_of(docname).relative_to(sitemap.ROOT).as_posix()
+    if not settings.hub_url:
+        assert not launches, f"{docname}.html: launch links with no hub configured: {launches}"
+        assert "run-this-chapter" in page.ids, f"{docname}.html: no hub and no note on running the chapter locally"
+        return
+    assert launches == [launch_links.launch_url(settings, source)], f"{docname}.html: {launches}"
+    query = {k: v[0] for k, v in parse_qs(urlsplit(launches[0]).query).items()}
     # nbgitpuller clones into a folder named after the repository; the rest is the chapter's source path.
-    interface, _, path = query["urlpath"].partition("/tree/")
-    assert interface == "lab", query["urlpath"]
-    clone, _, source = path.partition("/")
-    assert clone == posixpath.basename(repo), query["urlpath"]
-    assert source == sitemap.source_of(docname).relative_to(sitemap.ROOT).as_posix(), query["urlpath"]
+    assert query["urlpath"] == f"lab/tree/{posixpath.basename(settings.repository_url)}/{source}", query
+    assert "run-this-chapter" not in page.ids, f"{docname}.html has a launch button and the run-locally note"
+
+
+# Hosts and paths that are placeholders, never a real destination (RFC 2606 names, GitHub's "example" user).
+PLACEHOLDER = re.compile(
+    r"^https?://([^/]*\.)?example\.(org|com|net)(/|$)|^https?://[^/]+\.invalid(/|$)|github\.com/example/"
+)
+
+
+def test_no_page_links_to_a_placeholder(site):
+    found = [
+        f"{page}: {href}"
+        for page in sitemap.site_pages(site)
+        for href in sitemap.parse(page, site).links
+        if PLACEHOLDER.search(href)
+    ]
+    assert not found, "links that lead nowhere (set or empty them in _config.yml):\n  " + "\n  ".join(found)
 
 
 @pytest.mark.parametrize("docname", _notebook_chapters())
@@ -143,8 +169,8 @@ def test_notebook_page_offers_the_executed_notebook_for_download(site, docname):
     page = f"{docname}.html"
     downloads = [h for h in sitemap.parse(page, site).links if h.endswith(".ipynb") and not sitemap.is_external(h)]
     assert downloads, (
-        f"{page}: no download link to an .ipynb (sphinx-book-theme offers the executed notebook only when a launch "
-        "button is configured: launch_buttons.jupyterhub_url in _config.yml)"
+        f"{page}: no download link to an .ipynb (tools/site/launch_links.py puts the executed notebook in _sources/ "
+        "for the theme's download button)"
     )
     for href in downloads:
         target, _ = sitemap.resolve(page, href)

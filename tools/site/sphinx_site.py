@@ -9,6 +9,8 @@ faults of the Jupyter Book 1 stack that the site test found:
   _build/jupyter_execute/, and when the outputs come from the cache they went into a copy, so the download button
   (which serves that file) gave a notebook without outputs on every rebuild. `restore_executed_notebook` merges
   the cached outputs (and widget state) back in before the theme copies the file.
+
+It also loads launch_links (this folder): the launch buttons, the run-locally note and the notebook download.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import launch_links  # tools/site/launch_links.py; Jupyter Book puts this folder on sys.path
 import nbformat
 
 
@@ -58,6 +61,7 @@ def restore_executed_notebook(app, pagename: str, templatename: str, context: di
 
 
 def setup(app) -> dict:
+    launch_links.setup(app)
     # Before sphinx-book-theme copies the notebook for its download button (html-page-context, priority 501).
     app.connect("html-page-context", restore_executed_notebook, priority=400)
     # After the extensions that add per-page scripts in html-page-context (myst-nb's widgets: priority 500).

@@ -1,0 +1,191 @@
+"""The launch buttons of the chapter pages: one link per chapter that opens it on a JupyterHub, built here rather
+than by sphinx-book-theme, so that the hub and the repository are set in one place (_config.yml's
+`launch_buttons: jupyterhub_url:` and `repository: url: / branch:`) and an empty value never leaves a dead link.
+
+- A hub and a repository: each chapter page gets a rocket menu with one "JupyterHub" link,
+  <hub>/hub/user-redirect/git-pull?repo=<repository>&branch=<branch>&urlpath=lab/tree/<clone>/<source>. nbgitpuller
+  (on the hub) clones or updates the repository into the folder <clone>, named as nbgitpuller names it (the last part
+  of the repository URL), and JupyterLab opens <source>, the chapter's file in the repository.
+- No hub: no launch button, and the page ends with a note saying how to run the chapter locally.
+- A hub without a repository is an error: the hub would have nothing to clone.
+- The download button stays either way, with the executed notebook (.ipynb) next to the source.
+
+The theme's own JupyterHub link is switched off (it names the clone after the URL without nbgitpuller's rule, and
+refuses repositories outside GitHub, GitLab and Bitbucket). `make hub-test` follows the link `launch_url` gives,
+with the hub and the repository replaced by local ones.
+"""
+
+from __future__ import annotations
+
+import html
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlencode, urlsplit
+
+from sphinx.errors import ConfigError
+
+# The JupyterLab (or classic notebook) route that opens a file, as sphinx-book-theme names the interfaces.
+INTERFACES = {"jupyterlab": "lab/tree", "classic": "tree"}
+# The hosts whose icon sphinx-book-theme's repository button knows; for any other it stops the build.
+THEME_REPOSITORY_HOSTS = ("github.com", "gitlab.com", "bitbucket.org")
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    """Where the launch links go: the hub ("" for none), the repository the hub clones and its branch, the chapter
+    sources' folder inside the repository, and the interface that opens them."""
+
+    hub_url: str
+    repository_url: str
+    branch: str
+    path_to_book: str = ""
+    interface: str = "jupyterlab"
+
+    @classmethod
+    def from_theme_options(cls, options: dict) -> LaunchSettings:
+        """From html_theme_options as Jupyter Book fills them from _config.yml (launch_buttons, repository_*)."""
+        buttons = options.get("launch_buttons") or {}
+        settings = cls(
+            hub_url=(buttons.get("jupyterhub_url") or "").strip().rstrip("/"),
+            repository_url=(options.get("repository_url") or "").strip().rstrip("/"),
+            branch=(options.get("repository_branch") or "main").strip(),
+            path_to_book=(options.get("path_to_docs") or "").strip("/"),
+            interface=buttons.get("notebook_interface") or "jupyterlab",
+        )
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if self.interface not in INTERFACES:
+            raise ConfigError(
+                f"launch_buttons.notebook_interface is {self.interface!r}; it must be one of {sorted(INTERFACES)}"
+            )
+        for name, url in (("launch_buttons.jupyterhub_url", self.hub_url), ("repository.url", self.repository_url)):
+            if url and (urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc):
+                raise ConfigError(f"{name} in _config.yml is {url!r}: it must be an http(s) URL, or empty")
+        if self.hub_url and not self.repository_url:
+            raise ConfigError(
+                f"launch_buttons.jupyterhub_url is {self.hub_url!r} but repository.url is empty in _config.yml: the "
+                "launch links would give the hub nothing to clone. Set repository.url, or empty jupyterhub_url."
+            )
+
+
+def clone_folder(repository_url: str) -> str:
+    """The folder nbgitpuller clones into when the link names none: the last part of the repository URL."""
+    return repository_url.rstrip("/").split("/")[-1]
+
+
+def launch_url(settings: LaunchSettings, source: str) -> str:
+    """The link that opens `source` (the chapter's path inside the repository, e.g. "book/intro.md") on the hub."""
+    if not settings.hub_url:
+        raise ValueError("no hub configured (launch_buttons.jupyterhub_url is empty): no launch link")
+    query = urlencode(
+        {
+            "repo": settings.repository_url,
+            "branch": settings.branch,
+            "urlpath": f"{INTERFACES[settings.interface]}/{clone_folder(settings.repository_url)}/{source}",
+        },
+        safe="/",
+    )
+    return f"{settings.hub_url}/hub/user-redirect/git-pull?{query}"
+
+
+def source_in_repository(settings: LaunchSettings, app, pagename: str) -> str:
+    """The page's source file as a path inside the repository (book/part1/glossary.md)."""
+    relative = Path(app.env.doc2path(pagename)).relative_to(app.srcdir).as_posix()
+    return f"{settings.path_to_book}/{relative}" if settings.path_to_book else relative
+
+
+def _is_notebook_page(app, pagename: str) -> bool:
+    return "kernelspec" in app.env.metadata.get(pagename, {})
+
+
+# ------------------------------------------------------------------------------------------------ Sphinx hooks
+
+
+def take_over_launch_buttons(app, config) -> None:
+    """config-inited: read the settings once, switch the theme's JupyterHub link off (ours replaces it), and show the
+    header's repository button when there is a repository the theme can show (on GitHub, GitLab or Bitbucket; the
+    launch links work with any git host)."""
+    options = config.html_theme_options
+    app.launch_settings = LaunchSettings.from_theme_options(options)
+    # html_theme_options as Sphinx compares them between builds no longer hold the hub (taken out below), so this
+    # value does: a changed hub or repository rewrites every page instead of leaving the old links in place.
+    config.launch_links = repr(app.launch_settings)
+    buttons = dict(options.get("launch_buttons") or {})
+    buttons["jupyterhub_url"] = ""
+    options["launch_buttons"] = buttons
+    host = urlsplit(app.launch_settings.repository_url).netloc.lower()
+    if not options.get("repository_provider") and not any(host.endswith(known) for known in THEME_REPOSITORY_HOSTS):
+        options["repository_url"] = ""
+    options["use_repository_button"] = bool(options.get("repository_url"))
+
+
+def offer_executed_notebook(app, pagename: str, templatename: str, context: dict, doctree) -> None:
+    """html-page-context, before the theme's download button (priority 501): put the executed notebook next to the
+    page's source in _sources/, as the theme does only when one of its launch providers is set."""
+    if not _is_notebook_page(app, pagename) or not context.get("page_source_suffix"):
+        return
+    executed = Path(app.outdir).parent / "jupyter_execute" / f"{pagename}.ipynb"
+    if not executed.is_file():
+        return
+    target = Path(app.outdir) / "_sources" / f"{pagename}.ipynb"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(executed, target)
+    context["ipynb_source"] = f"{pagename}.ipynb"
+
+
+def add_launch_button(app, pagename: str, templatename: str, context: dict, doctree) -> None:
+    """html-page-context, after the theme made its header buttons (priority 501): the rocket menu first among them,
+    or, with no hub, a note at the end of the page on running the chapter locally."""
+    if not _is_notebook_page(app, pagename):
+        return
+    settings: LaunchSettings = app.launch_settings
+    source = source_in_repository(settings, app, pagename)
+    if settings.hub_url:
+        link = {
+            "type": "link",
+            "text": "JupyterHub",
+            "tooltip": "Launch on JupyterHub",
+            "icon": "_static/images/logo_jupyterhub.svg",
+            "url": launch_url(settings, source),
+        }
+        group = {
+            "type": "group",
+            "tooltip": "Launch interactive content",
+            "icon": "fas fa-rocket",
+            "buttons": [link],
+            "label": "launch-buttons",
+        }
+        context.setdefault("header_buttons", []).insert(0, group)
+    else:
+        context["body"] = context.get("body", "") + run_locally_note(settings, source)
+
+
+def run_locally_note(settings: LaunchSettings, source: str) -> str:
+    """The HTML of the note that replaces the launch button when no hub is configured."""
+    clone = "a clone of this book's repository"
+    if settings.repository_url:
+        url = html.escape(settings.repository_url)
+        clone = f'a clone of <a class="reference external" href="{url}">this book\'s repository</a>'
+    return (
+        '<div class="admonition note" id="run-this-chapter">\n'
+        '<p class="admonition-title">Run this chapter</p>\n'
+        "<p>This site is not connected to a JupyterHub. To run the chapter yourself, download its notebook "
+        "(<code>.ipynb</code>, in the download menu at the top of the page) and open it in Jupyter with "
+        f"<code>pylib</code> installed, or, in {clone}, run "
+        "<code>pip install -r hub/requirements.txt &amp;&amp; pip install -e .</code> and then "
+        f"<code>jupyter lab {html.escape(source)}</code>, and open the file with <em>Open With &gt; Jupytext "
+        "Notebook</em> (or install <code>hub/overrides.json</code> as <code>hub/README.md</code> says, and it opens "
+        "as a notebook by itself).</p>\n"
+        "</div>\n"
+    )
+
+
+def setup(app) -> None:
+    """Called from sphinx_site.setup."""
+    app.add_config_value("launch_links", "", "html")
+    app.connect("config-inited", take_over_launch_buttons)
+    app.connect("html-page-context", offer_executed_notebook, priority=450)
+    app.connect("html-page-context", add_launch_button, priority=510)
