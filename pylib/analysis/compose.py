@@ -31,10 +31,9 @@ from pylib.analysis import dp as dp_formulas
 from pylib.analysis import ep as ep_formulas
 from pylib.analysis import pp as pp_formulas
 from pylib.analysis import tp as tp_formulas
-from pylib.analysis.activations import chunk_layers
-from pylib.analysis.shapes import kv_heads_per_rank
-
-DP_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+from pylib.plan.heads import kv_heads_per_rank
+from pylib.plan.options import zero_stage as _zero
+from pylib.plan.split import chunk_layers
 
 
 @dataclass(frozen=True)
@@ -66,6 +65,13 @@ def tp_grad_names(cfg, layers: list[int], holds_last: bool, tp: int, sequence_pa
     if tp > cfg.kv_heads:
         kv = {f"layers.{i}.attn.{n}.weight" for i in layers for n in ("k_proj", "v_proj")}
     return sp, kv
+
+
+def _row_sums(counts) -> list[int]:
+    """Rows per EP rank of a [ep, E_local] count table: nested sequences, or anything with `.tolist()` (a run's
+    tensors), summed per row and truncated to whole rows."""
+    table = counts.tolist() if hasattr(counts, "tolist") else counts
+    return [int(sum(row)) for row in table]
 
 
 def _held_elements(layout, names: set, index: int, sharded: bool) -> list[int]:
@@ -166,8 +172,7 @@ def step_traffic(
         if ep > 1:
             n_local = cfg.moe.n_experts // ep
             add("ep", "forward", "all_to_all", "counts", 1, (ep - 1) * n_local * 8)
-            sent_rows = [int(x) for x in send_counts.sum(1)]
-            recv_rows = [int(x) for x in recv_counts.sum(1)]
+            sent_rows, recv_rows = _row_sums(send_counts), _row_sums(recv_counts)
             dispatch = row * (sum(sent_rows) - sent_rows[ep_index])
             combine = row * (sum(recv_rows) - recv_rows[ep_index])
             add("ep", "forward", "all_to_all", "dispatch+combine", 2, dispatch + combine)
@@ -191,7 +196,7 @@ def step_traffic(
         add("pp", "forward+backward", "send", "stage boundary", sent // msg, sent)
         add("pp", "forward+backward", "recv", "stage boundary", sent // msg, 0)
     # ---- DP: every flat buffer, by stage
-    stage = DP_STAGES[zero_stage]
+    stage = _zero(zero_stage).key
     for lay in layouts:
         n = lay.parts if zero_stage else len(lay.group)
         if n == 1:
@@ -251,7 +256,7 @@ def dp_held_bytes(layouts, zero_stage: int, *, optimizer_states: int = 2) -> dic
     """Parameter, gradient and optimizer-state bytes one rank holds, from its flat buffers (`pylib.analysis.dp`'s
     held_bytes per buffer: DDP keeps whole buckets, ZeRO-1/2/3 shard as that module says). optimizer_states:
     state tensors per parameter (Adam 2, SGD with momentum 1, plain SGD 0)."""
-    stage = DP_STAGES[zero_stage]
+    stage = _zero(zero_stage).key
     total = dict(params=0, grads=0, optim=0)
     for lay in layouts:
         d = lay.parts if zero_stage else 1

@@ -54,9 +54,14 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
-from pylib.dp.layout import FlatEntry, FlatLayout
-from pylib.runtime.mesh import AXES, EXPERT_GROUPS, ParallelConfig
+from pylib.plan.layout import FlatEntry, FlatLayout
+from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
+from pylib.plan.options import SEQUENCE_PARALLEL, ZERO_STAGES, RunOptions
+from pylib.plan.options import zero_stage as as_zero_stage
+from pylib.plan.problems import problems as plan_problems
+from pylib.plan.split import chunk_layers
 
 from . import compose as compose_analysis
 from . import cp as cp_analysis
@@ -64,12 +69,11 @@ from . import dp as dp_analysis
 from . import ep as ep_analysis
 from . import pp as pp_analysis
 from . import tp as tp_analysis
-from .activations import ATTENTION_KERNELS, chunk_layers, chunk_saved_bytes, expected_expert_rows, peak_saved_bytes
+from .activations import ATTENTION_KERNELS, chunk_saved_bytes, expected_expert_rows, peak_saved_bytes
 from .shapes import dtype_bytes, kv_heads_per_rank, weight_shapes
 
 PRECISIONS = ("uniform", "mixed")
 CP_KINDS = ("ring", "ulysses")
-ZERO_STAGES = (0, 1, 2, 3)
 MIXED_STATE_BYTES = dp_analysis.PAPER_K  # fp32 master copy, momentum and variance per parameter
 GB = 1e9
 
@@ -139,7 +143,7 @@ class Plan:
     """One way to run: the mesh and the composed model's options."""
 
     par: ParallelConfig
-    sequence_parallel: bool = False
+    sequence_parallel: bool = SEQUENCE_PARALLEL
     cp_kind: str = "ring"
     zero_stage: int = 0
     n_microbatches: int = 1
@@ -149,9 +153,10 @@ class Plan:
     def schedule(self) -> str:
         return "interleaved" if self.v > 1 else "1f1b"
 
-    def options(self) -> dict:
-        """Keyword arguments of `ParallelTransformer.from_full`, `compose.train` and `compose_problems`."""
-        return dict(
+    @property
+    def run_options(self) -> RunOptions:
+        """The composed run's options (`pylib.plan.RunOptions`; the CP layout at its default, zig-zag)."""
+        return RunOptions(
             sequence_parallel=self.sequence_parallel,
             cp_kind=self.cp_kind,
             schedule=self.schedule,
@@ -159,6 +164,10 @@ class Plan:
             v=self.v,
             zero_stage=self.zero_stage,
         )
+
+    def options(self) -> dict:
+        """Keyword arguments of `ParallelTransformer.from_full`, `compose.train` and `compose_problems`."""
+        return {k: v for k, v in self.run_options.as_dict().items() if k != "cp_layout"}
 
     def micro_batch(self, batch: int) -> int:
         """Sequences per microbatch on one rank: B / (dp m)."""
@@ -213,10 +222,9 @@ def _divisors(n: int) -> list[int]:
 
 
 def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str]:
-    """Every constraint `plan` breaks (`pylib.compose.compose_problems`); empty when the composed model runs it."""
-    from pylib.compose.checks import compose_problems
-
-    return compose_problems(cfg, plan.par, world_size, batch=batch, seq=seq, **plan.options())
+    """Every constraint `plan` breaks (`pylib.plan.problems`, what `pylib.compose` checks before it runs); empty
+    when the composed model runs it."""
+    return plan_problems(cfg, plan.par, world_size, batch=batch, seq=seq, options=plan.run_options)
 
 
 def enumerate_plans(
@@ -399,7 +407,7 @@ def model_state_bytes(layouts: list[FlatLayout], zero_stage: int, precision: str
         return compose_analysis.dp_held_bytes(layouts, zero_stage, optimizer_states=optimizer_states)
     if precision != "mixed":
         raise ValueError(f"precision={precision!r} must be one of {PRECISIONS}")
-    stage = compose_analysis.DP_STAGES[zero_stage]
+    stage = as_zero_stage(zero_stage).key
     total = dict(params=0, grads=0, optim=0)
     for lay in layouts:
         if lay.element_size != 2:
@@ -531,13 +539,11 @@ def expected_routing(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> lis
     of this rank's T tokens' k choices to each expert, T k rows received per EP rank."""
     if cfg.moe is None:
         return []
-    import torch
-
     par = plan.par
     b = plan.micro_batch(batch)
     s_out = seq // par.cp // (par.tp if plan.sequence_parallel and par.tp > 1 else 1)
     T, k, E = b * s_out, cfg.moe.top_k, cfg.moe.n_experts
-    counts = torch.full((par.ep, E // par.ep), T * k / E, dtype=torch.float64)
+    counts = [[Fraction(T * k, E)] * (E // par.ep) for _ in range(par.ep)]  # [ep, E_local], exact
     rows = [expected_expert_rows(T, k)] * par.etp
     layers = [i for c in chunk_layers(cfg.n_layers, par.pp, plan.v, pp_rank) for i in c if cfg.is_moe_layer(i)]
     return [(i, counts, counts, rows) for _ in range(plan.n_microbatches) for i in layers]

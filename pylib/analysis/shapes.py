@@ -28,9 +28,15 @@ Conventions (seed B's symbols; `par` a `pylib.runtime.ParallelConfig`):
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
+
+from pylib.plan.heads import kv_heads_per_rank
+from pylib.plan.mesh import ParallelConfig
+from pylib.plan.options import SEQUENCE_PARALLEL, RunOptions
+from pylib.plan.problems import problems as plan_problems
+from pylib.plan.problems import size_problems
+from pylib.plan.split import chunk_layers
 
 from . import cp as cp_analysis
 from . import dp as dp_analysis
@@ -116,75 +122,32 @@ def _div(size: int, parts: int, axis: str, what: str) -> int:
     return size // parts
 
 
-def kv_heads_per_rank(n_head: int, n_kv_head: int, tp: int) -> tuple[int, int]:
-    """(K/V heads a TP rank holds, how many TP ranks hold each of them): split when tp divides n_kv_head,
-    one head replicated on tp / n_kv_head ranks when n_kv_head divides tp (as `pylib.tp.head_layout`)."""
-    _div(n_head, tp, "tp", "n_heads")
-    if n_kv_head % tp == 0:
-        return n_kv_head // tp, 1
-    if tp % n_kv_head == 0:
-        return 1, tp // n_kv_head
-    raise ValueError(
-        f"tp={tp} does not divide n_kv_heads={n_kv_head}, and n_kv_heads={n_kv_head} does not divide tp={tp}"
-    )
-
-
 def stage_layer_ids(n_layers: int, pp: int, pp_rank: int) -> range:
-    """Layers held by pipeline rank `pp_rank` (no interleaving)."""
-    per = _div(n_layers, pp, "pp", "n_layers")
-    if not 0 <= pp_rank < pp:
-        raise ValueError(f"pp_rank={pp_rank} is outside 0..{pp - 1}")
-    return range(pp_rank * per, (pp_rank + 1) * per)
+    """Layers held by pipeline rank `pp_rank` (no interleaving): `pylib.plan.split.chunk_layers` with v = 1."""
+    return chunk_layers(n_layers, pp, 1, pp_rank)[0]
 
 
 def check_plan(
-    cfg, par, b: int | None = None, s: int | None = None, *, sequence_parallel: bool = False, cp_kind: str = "ring"
+    cfg,
+    par,
+    b: int | None = None,
+    s: int | None = None,
+    *,
+    sequence_parallel: bool = SEQUENCE_PARALLEL,
+    cp_kind: str = "ring",
+    microbatches: int = 1,
 ) -> list[str]:
-    """Every constraint the plan violates, as sentences (empty: the plan runs)."""
-    problems = []
-
-    def need(size, parts, axis, what):
-        if parts < 1 or size % parts:
-            problems.append(f"{axis}={parts} does not divide {what}={size}")
-
-    need(cfg.n_heads, par.tp, "tp", "n_heads")
-    if cfg.kv_heads % par.tp and par.tp % cfg.kv_heads:
-        problems.append(f"tp={par.tp} and n_kv_heads={cfg.kv_heads}: neither divides the other")
-    need(cfg.d_ff, par.tp, "tp", "d_ff")
-    need(cfg.vocab_size, par.tp, "tp", "vocab_size")
-    need(cfg.n_layers, par.pp, "pp", "n_layers")
-    if cfg.moe is not None:
-        need(cfg.moe.n_experts, par.ep, "ep", "n_experts")
-        need(cfg.moe.d_ff or cfg.d_ff, par.etp, "etp", "expert d_ff")
-    if cp_kind not in ("ring", "ulysses"):
-        problems.append(f"cp_kind={cp_kind!r} must be 'ring' or 'ulysses'")
-    problems += _mesh_problems(par)
-    if b is not None:
-        need(b, par.dp, "dp", "b")
-    if s is not None:
-        need(s, par.cp, "cp", "s")
-        if s % par.cp == 0:
-            s_c = s // par.cp
-            if sequence_parallel:
-                need(s_c, par.tp, "tp (sequence parallel)", "s/cp")
-            if par.cp > 1 and cp_kind == "ring" and cfg.causal:
-                need(s, 2 * par.cp, "2*cp (zig-zag)", "s")
-        if par.cp > 1 and cp_kind == "ulysses" and not problems:
-            heads, kv = cfg.n_heads // par.tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, par.tp)[0]
-            need(heads, par.cp, "cp (Ulysses)", "n_heads/tp")
-            need(kv, par.cp, "cp (Ulysses)", "K/V heads per TP rank")
-    return problems
+    """Every constraint the plan violates, as sentences (empty: the plan runs): `pylib.plan.problems`, the one
+    validity model compose and the planner ask, with b x microbatches the global batch."""
+    opt = RunOptions(sequence_parallel=sequence_parallel, cp_kind=cp_kind, n_microbatches=microbatches)
+    return plan_problems(cfg, par, par.world_size, batch=None if b is None else b * microbatches, seq=s, options=opt)
 
 
-@functools.lru_cache(maxsize=1024)
-def _mesh_problems(par) -> tuple[str, ...]:
-    """`par.problems(world_size)`, once per mesh: it builds every rank group, and `summary` (each explorer update)
-    reaches `check_plan` seven times through `weight_shapes`, `activation_shapes`, `memory` and `traffic`."""
-    return tuple(par.problems(par.world_size))
-
-
-def _check(cfg, par, b=None, s=None, **kw):
-    problems = check_plan(cfg, par, b, s, **kw)
+def _check(cfg, par, b=None, s=None, *, sequence_parallel: bool = SEQUENCE_PARALLEL, cp_kind: str = "ring"):
+    """Raise when the shapes asked for do not exist: the size rules of `pylib.plan.problems` (what a mode alone
+    needs; the explorer's `summary` asks every rule, `check_plan`)."""
+    opt = RunOptions(sequence_parallel=sequence_parallel, cp_kind=cp_kind)
+    problems = size_problems(cfg, par, batch=b, seq=s, options=opt)
     if problems:
         raise ValueError("the plan does not fit the model: " + "; ".join(problems))
 
@@ -431,13 +394,7 @@ def parameter_counts(cfg, par, *, pp_rank: int = 0) -> dict[str, int]:
 
 def model_parameter_count(cfg) -> int:
     """Elements of the whole reference model (every weight once)."""
-    return sum(w.full_numel * w.full_count for w in weight_shapes(cfg, _single()))
-
-
-def _single():
-    from pylib.runtime.mesh import ParallelConfig
-
-    return ParallelConfig()
+    return sum(w.full_numel * w.full_count for w in weight_shapes(cfg, ParallelConfig()))
 
 
 # ------------------------------------------------------------------------------------------------ activations
@@ -455,7 +412,7 @@ class LocalSizes:
     kv_replicas: int
 
 
-def local_sizes(cfg, par, b: int, s: int, *, sequence_parallel: bool = False) -> LocalSizes:
+def local_sizes(cfg, par, b: int, s: int, *, sequence_parallel: bool = SEQUENCE_PARALLEL) -> LocalSizes:
     b_r, s_c = _div(b, par.dp, "dp", "b"), _div(s, par.cp, "cp", "s")
     s_out = _div(s_c, par.tp, "tp", "s/cp (sequence parallel)") if sequence_parallel else s_c
     kv, rep = kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, par.tp)
@@ -471,7 +428,7 @@ def score_blocks(
     (cp_rank - step) mod cp -- causal contiguous: whole from an earlier rank, skipped from a later one; causal
     zig-zag: from an earlier rank all queries against the first half of the keys [.., s_c, s_c/2], from a later
     rank the second half of the queries against all keys [.., s_c/2, s_c]."""
-    loc = local_sizes(cfg, par, b, s)
+    loc = local_sizes(cfg, par, b, s, sequence_parallel=False)
     if par.cp == 1:
         return [(loc.b, loc.heads, s, s)]
     if cp_kind == "ulysses":
@@ -497,7 +454,7 @@ def activation_shapes(
     b: int,
     s: int,
     *,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool = SEQUENCE_PARALLEL,
     cp_kind: str = "ring",
     layout: str = "zigzag",
     pp_rank: int = 0,
@@ -682,7 +639,7 @@ def traffic(
     b: int,
     s: int,
     *,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool = SEQUENCE_PARALLEL,
     cp_kind: str = "ring",
     microbatches: int = 1,
     zero: str = "ddp",
@@ -860,7 +817,7 @@ def memory(
     b: int,
     s: int,
     *,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool = SEQUENCE_PARALLEL,
     cp_kind: str = "ring",
     microbatches: int = 1,
     zero: str = "ddp",
@@ -909,7 +866,7 @@ def summary(
     b: int,
     s: int,
     *,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool = SEQUENCE_PARALLEL,
     cp_kind: str = "ring",
     microbatches: int = 1,
     zero: str = "ddp",

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from pylib.plan.options import ZERO_STAGE_NAMES
+
 from ..model import ModelConfig, build_model, random_tokens
 from ..runtime import tracer
 from ..runtime.collectives import resolve_group
@@ -27,7 +29,7 @@ from .memory import HeldBytes
 from .overlap import overlap_from_trace
 from .zero import ZeroDataParallel
 
-STAGES = ("ddp", "zero1", "zero2", "zero3")
+STAGES = ZERO_STAGE_NAMES  # ("ddp", "zero1", "zero2", "zero3"): the one ZeRO vocabulary, pylib.plan.options
 
 
 class DDPTrainer:

@@ -40,7 +40,7 @@ PRESETS: dict[str, tuple[ModelConfig, dict]] = {
         dict(tp=2, pp=4, dp=8, ep=8, b=8, s=4096, sp=True, m=8),
     ),
     "DeepSeek-V3-class MoE": (deepseek_v3_like(), dict(dp=64, ep=64, b=64, s=4096, m=1)),
-    "this chapter's probe model": (probe_moe_config(), dict(tp=2, dp=2, ep=2, b=4, s=16, m=1)),
+    "this chapter's probe model": (probe_moe_config(), dict(tp=2, dp=2, ep=2, b=4, s=16, sp=True, m=1)),
 }
 DEFAULT = "Llama-2-70B (GQA, SwiGLU)"
 POWERS = [1, 2, 4, 8, 16, 32, 64, 128]
