@@ -570,8 +570,7 @@ def rank_traffic_rows(
     takes the `expected_routing` (uniform, no dropping), which is what the planner predicts with."""
     layouts = flat_layouts(cfg, plan, pp_rank) if layouts is None else layouts
     kw = dict(batch=batch, seq=seq, pp_rank=pp_rank, layouts=layouts, dp_index=dp_index, edp_index=edp_index)
-    kw.update(ep_index=ep_index, etp_index=etp_index)
-    kw.update({k: v for k, v in plan.options().items() if k != "schedule"})
+    kw.update(ep_index=ep_index, etp_index=etp_index, options=plan.run_options)
     if moe_routing is not None:
         return compose_analysis.step_traffic(cfg, plan.par, moe_routing=moe_routing, **kw)
     routing = expected_routing(cfg, plan, batch, seq, pp_rank)

@@ -87,10 +87,8 @@ def tables(summary: shapes.Summary) -> dict[str, tuple[list[str], list[list[str]
         ["parameters", fmt_bytes(m["params"])],
         ["gradients", fmt_bytes(m["grads"])],
         ["optimizer state (Adam: 2 moments)", fmt_bytes(m["optim"])],
-        [
-            f"activation tensors above, x layers, x {m['in_flight']} micro-batch(es) in flight",
-            fmt_bytes(m["activations"]),
-        ],
+        ["activations saved for backward, at the 1F1B schedule's peak", fmt_bytes(m["activations"])],
+        *([["ZeRO-3: gathered parameters (running + prefetched)", fmt_bytes(m["gathered"])]] if m["gathered"] else []),
         ["total", fmt_bytes(m["total"])],
     ]
     t_rows = [[t.mode, t.op, t.when, str(t.count), fmt_bytes(t.message), fmt_bytes(t.sent)] for t in summary.traffic]
