@@ -290,6 +290,59 @@ def _link(from_stage: int, to_stage: int, p: int) -> int:
     return min(from_stage, to_stage) % p
 
 
+def _messages_out(a: Action, p: int, n_stages: int) -> list[Action]:
+    """The send a compute issues: a forward's activation to the next stage, a backward's gradient to the previous."""
+    if a.op == "F" and a.stage < n_stages - 1:
+        return [Action("send", a.mb, a.chunk, a.stage, "act", (a.stage + 1) % p)]
+    if a.op == "B" and a.stage > 0:
+        return [Action("send", a.mb, a.chunk, a.stage, "grad", (a.stage - 1) % p)]
+    return []
+
+
+def _messages_in(a: Action, p: int, n_stages: int) -> list[Action]:
+    """The receive a compute needs first: its input activation, or its output's gradient."""
+    if a.op == "F" and a.stage > 0:
+        return [Action("recv", a.mb, a.chunk, a.stage, "act", (a.stage - 1) % p)]
+    if a.op == "B" and a.stage < n_stages - 1:
+        return [Action("recv", a.mb, a.chunk, a.stage, "grad", (a.stage + 1) % p)]
+    return []
+
+
+class _ExchangeTimes:
+    """When each message can be exchanged: the first moment tau, between its producer's end and its consumer's
+    start, when neither end is in the middle of a compute (so a blocking send waits for nobody)."""
+
+    def __init__(self, orders: list[list[Action]], times: dict, p: int, n_stages: int):
+        self.spans = [[times[(a.op, a.mb, a.stage)] for a in order] for order in orders]
+        self.starts = [[start for start, _ in rank_spans] for rank_spans in self.spans]
+        self.consumer_start = {}  # message -> (receiving rank, start of the compute that needs it)
+        for r, order in enumerate(orders):
+            for a in order:
+                for rv in _messages_in(a, p, n_stages):
+                    self.consumer_start[rv.message()] = (r, times[(a.op, a.mb, a.stage)][0])
+
+    def free(self, r: int, t: float) -> bool:
+        i = bisect.bisect_left(self.starts[r], t) - 1  # the last compute starting before t
+        return i < 0 or self.spans[r][i][1] <= t
+
+    def __call__(self, sender: int, produced: float, msg) -> float:
+        receiver, needed = self.consumer_start[msg]
+        points = {produced, needed}
+        for r in (sender, receiver):
+            lo, hi = bisect.bisect_left(self.starts[r], produced), bisect.bisect_right(self.starts[r], needed)
+            spans = self.spans[r][max(lo - 1, 0) : hi]
+            points.update(x for span in spans for x in span if produced <= x <= needed)
+        return next((t for t in sorted(points) if self.free(sender, t) and self.free(receiver, t)), produced)
+
+
+def _message_key(tau: float, msg, p: int) -> tuple:
+    """The global order of the step's messages: by exchange time, then even links before odd ones, activations
+    before gradients, then microbatch and sender."""
+    what, mb, src, dst = msg
+    link = _link(src, dst, p)
+    return (tau, 0, link % 2, link, 0 if what == "act" else 1, mb, src)
+
+
 def place_communication(
     orders: list[list[Action]], p: int, v: int, cost_f: float = 1.0, cost_b: float = 2.0, policy: str = "ordered"
 ):
@@ -301,69 +354,27 @@ def place_communication(
     Returns (actions per rank, logical times per rank)."""
     n_stages = p * v
     times = logical_times(orders, n_stages, cost_f, cost_b)
-
-    def msgs_out(a: Action) -> list[Action]:
-        if a.op == "F" and a.stage < n_stages - 1:
-            return [Action("send", a.mb, a.chunk, a.stage, "act", (a.stage + 1) % p)]
-        if a.op == "B" and a.stage > 0:
-            return [Action("send", a.mb, a.chunk, a.stage, "grad", (a.stage - 1) % p)]
-        return []
-
-    def msgs_in(a: Action) -> list[Action]:
-        if a.op == "F" and a.stage > 0:
-            return [Action("recv", a.mb, a.chunk, a.stage, "act", (a.stage - 1) % p)]
-        if a.op == "B" and a.stage < n_stages - 1:
-            return [Action("recv", a.mb, a.chunk, a.stage, "grad", (a.stage + 1) % p)]
-        return []
-
     per_rank_times = [{a: times[(a.op, a.mb, a.stage)] for a in order} for order in orders]
     if policy == "naive":
-        return [[x for a in order for x in (*msgs_in(a), a, *msgs_out(a))] for order in orders], per_rank_times
+        placed = [
+            [x for a in order for x in (*_messages_in(a, p, n_stages), a, *_messages_out(a, p, n_stages))]
+            for order in orders
+        ]
+        return placed, per_rank_times
     if policy != "ordered":
         raise ValueError(f"policy must be 'ordered' or 'naive', not {policy!r}")
-
-    # Each message is exchanged at the first moment tau, between its producer's end and its consumer's start,
-    # when neither end is in the middle of a compute (so a blocking send waits for nobody); the global key then
-    # orders all messages of the step.
-    spans = [[times[(a.op, a.mb, a.stage)] for a in order] for order in orders]
-    consumer_start = {}
-    for r, order in enumerate(orders):
-        for a in order:
-            for rv in msgs_in(a):
-                consumer_start[rv.message()] = (r, times[(a.op, a.mb, a.stage)][0])
-
-    starts = [[start for start, _ in rank_spans] for rank_spans in spans]
-
-    def free(r: int, t: float) -> bool:
-        i = bisect.bisect_left(starts[r], t) - 1  # the last compute starting before t
-        return i < 0 or spans[r][i][1] <= t
-
-    def exchange_time(sender: int, produced: float, msg) -> float:
-        receiver, needed = consumer_start[msg]
-        points = {produced, needed}
-        for r in (sender, receiver):
-            lo, hi = bisect.bisect_left(starts[r], produced), bisect.bisect_right(starts[r], needed)
-            points.update(x for span in spans[r][max(lo - 1, 0) : hi] for x in span if produced <= x <= needed)
-        points = sorted(points)
-        return next((t for t in points if free(sender, t) and free(receiver, t)), produced)
-
-    def key(msg_time: float, msg):
-        what, mb, src, dst = msg
-        link = _link(src, dst, p)
-        return (msg_time, 0, link % 2, link, 0 if what == "act" else 1, mb, src)
-
+    exchange = _ExchangeTimes(orders, times, p, n_stages)
     events: list[list[tuple]] = [[] for _ in range(p)]
     for r, order in enumerate(orders):
         for a in order:
             start, end = times[(a.op, a.mb, a.stage)]
-            events[r].append(((start, 1), a))
-            for snd in msgs_out(a):
+            events[r].append(((start, 1), a))  # a compute sorts after the messages exchanged at its start
+            for snd in _messages_out(a, p, n_stages):
                 msg = snd.message()
-                tau = exchange_time(r, end, msg)
-                receiver = consumer_start[msg][0]
-                rcv = Action("recv", msg[1], msg[3] // p, msg[3], msg[0], r)
-                events[r].append((key(tau, msg), snd))
-                events[receiver].append((key(tau, msg), rcv))
+                key = _message_key(exchange(r, end, msg), msg, p)
+                receiver = exchange.consumer_start[msg][0]
+                events[r].append((key, snd))
+                events[receiver].append((key, Action("recv", msg[1], msg[3] // p, msg[3], msg[0], r)))
     actions = [[a for _, a in sorted(ev, key=lambda e: e[0])] for ev in events]
     return actions, per_rank_times
 
