@@ -80,3 +80,18 @@ def test_zigzag_needs_the_sequence_divisible_by_two_cp_for_ring_and_ulysses_alik
     for kind in ("ring", "ulysses"):
         found = problems(DENSE, ParallelConfig(cp=2), 2, batch=2, seq=6, options=RunOptions(cp_kind=kind))
         assert any("2*cp=4 chunks" in p for p in found), (kind, found)
+
+
+def test_sequence_parallel_has_one_default_that_compose_and_analysis_ask():
+    import inspect
+
+    from pylib.analysis import activations, planner, shapes
+    from pylib.compose import ParallelTransformer
+    from pylib.plan import SEQUENCE_PARALLEL
+
+    users = [ParallelTransformer.from_full, shapes.activation_shapes, shapes.memory, shapes.traffic, shapes.summary]
+    users += [shapes.check_plan, activations.chunk_saved_bytes]
+    for fn in users:
+        assert inspect.signature(fn).parameters["sequence_parallel"].default is SEQUENCE_PARALLEL, fn
+    assert planner.Plan.__dataclass_fields__["sequence_parallel"].default is SEQUENCE_PARALLEL
+    assert RunOptions().sequence_parallel is SEQUENCE_PARALLEL

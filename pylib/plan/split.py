@@ -12,6 +12,8 @@ Pure arithmetic: `pylib.pp.split` cuts the modules by it, `pylib.analysis` predi
 
 from __future__ import annotations
 
+import functools
+
 
 def check_split(n_layers: int, pp: int, v: int = 1) -> None:
     """Raise a ValueError naming the numbers when L layers cannot be cut into pp·v equal blocks."""
@@ -41,10 +43,17 @@ def layers_of_stage(n_layers: int, stage: int, n_stages: int) -> range:
 
 def chunk_layers(n_layers: int, pp: int, v: int, pp_rank: int) -> list[range]:
     """Layers of each chunk c of pipeline rank `pp_rank`: virtual stage c·pp + pp_rank of pp·v."""
+    return list(_chunk_layers(n_layers, pp, v, pp_rank))
+
+
+@functools.lru_cache(maxsize=4096)
+def _chunk_layers(n_layers: int, pp: int, v: int, pp_rank: int) -> tuple[range, ...]:
+    # remembered: the planner asks the same few splits hundreds of thousands of times
     check_split(n_layers, pp, v)
     if not 0 <= pp_rank < pp:
         raise ValueError(f"pp_rank={pp_rank} is outside 0..{pp - 1}")
-    return [layers_of_stage(n_layers, virtual_stage(pp_rank, c, pp), pp * v) for c in range(v)]
+    per = n_layers // (pp * v)
+    return tuple(range(k * per, (k + 1) * per) for k in (virtual_stage(pp_rank, c, pp) for c in range(v)))
 
 
 def stage_layers(n_layers: int, pp: int, v: int = 1) -> list[list[range]]:

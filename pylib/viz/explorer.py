@@ -18,7 +18,7 @@ import ipywidgets as widgets
 
 from pylib.analysis import shapes
 from pylib.model import ModelConfig, MoEConfig
-from pylib.runtime.mesh import ParallelConfig
+from pylib.plan import ZERO_STAGE_NAMES, ParallelConfig
 
 from .seed_b import (
     deepseek_v3_like,
@@ -45,7 +45,7 @@ PRESETS: dict[str, tuple[ModelConfig, dict]] = {
 DEFAULT = "Llama-2-70B (GQA, SwiGLU)"
 POWERS = [1, 2, 4, 8, 16, 32, 64, 128]
 DTYPES = ["bfloat16", "float16", "float32", "float64"]
-ZERO = ["ddp", "zero1", "zero2", "zero3"]
+ZERO = list(ZERO_STAGE_NAMES)  # the one ZeRO vocabulary (pylib.plan.options)
 
 
 def _seed_shape(t: shapes.TensorShape, local: bool = True) -> str:
