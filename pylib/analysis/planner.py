@@ -1,7 +1,7 @@
 """Choosing a plan: every way `pylib.compose` can run a model on a cluster, what each rank would hold and move, and
 a ranking by a simple, stated cost model. Pure functions of sizes: a 671B-parameter model costs nothing here.
 
-    plans = enumerate_plans(cfg, world_size=64, batch=512, seq=4096)          # every Plan compose_problems accepts
+    plans = enumerate_plans(cfg, world_size=64, batch=512, seq=4096)          # every Plan pylib.plan.problems accepts
     p = predict(cfg, plan, Workload(batch=512, seq=4096), Cluster(64))         # memory / traffic per rank, times
     best = rank_plans(cfg, Workload(512, 4096), Cluster(64), top=10)           # the cost model's order
 
@@ -9,8 +9,9 @@ What is enumerated. A `Plan` is a `ParallelConfig` (tp, cp, ep, dp, pp, etp and 
 options of `pylib.compose.ParallelTransformer`: sequence parallelism, ring or Ulysses CP, the ZeRO stage (0 = DDP),
 the microbatch count m and the chunks per pipeline rank v (schedule 1F1B, interleaved 1F1B when v > 1; GPipe is
 left out: the same bubble as 1F1B with more microbatches in flight). A knob that changes nothing is not varied: SP
-needs tp > 1, the CP kind cp > 1, ZeRO a data-parallel group. Validity is `pylib.compose.compose_problems`, asked
-about every candidate: the planner keeps exactly what the composed model would run.
+needs tp > 1, the CP kind cp > 1, ZeRO a data-parallel group. Validity is `pylib.plan.problems` (what
+`pylib.compose.compose_problems` asks), asked about every candidate: the planner keeps exactly what the composed
+model would run.
 
 What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1, with fewer microbatches in flight):
   memory    parameters, gradients, optimizer state: `pylib.analysis.dp` over this rank's parameters (`shapes.
@@ -241,7 +242,7 @@ def enumerate_plans(
     sequence_parallel: tuple[bool, ...] = (True, False),
     expert_tp: tuple[int, ...] | None = None,
 ) -> list[Plan]:
-    """Every plan `compose_problems` accepts for `cfg` on `world_size` ranks and a global batch [batch, seq], each
+    """Every plan `pylib.plan.problems` accepts for `cfg` on `world_size` ranks and a global batch [batch, seq], each
     once (`canonical`). Candidates: tp cp dp pp = world_size; for an MoE model every ep, etp with ep etp pp
     dividing it (folded onto the dense mesh); m dividing B/dp, restricted to microbatches of `micro_batch_sizes`
     sequences when given; v dividing L/pp (v = 1 without PP), restricted to `virtual_stages` when given; etp

@@ -20,7 +20,7 @@ Conventions (seed B's symbols; `par` a `pylib.plan.ParallelConfig`):
           outside the TP region hold s_c / tp tokens, those inside the region s_c;
   weights torch's storage layout [out, in] (`TensorShape.seed_b` gives seed B's [in, out]);
   heads   TP splits query heads n_head / tp; K/V heads n_kv_head / tp when tp divides them, else (n_kv_head
-          divides tp) one K/V head replicated on tp / n_kv_head ranks (`pylib.tp.head_layout`);
+          divides tp) one K/V head replicated on tp / n_kv_head ranks (`pylib.plan.heads`);
   CP      "ring": each step materialises a score block [b_r, n_head/tp, s_c, s_c] (zig-zag causal: half blocks
           after the first step), never [.., s_c, s]; "ulysses": the all-to-all trades sequence for heads, the
           core holds [b_r, n_head/(tp cp), s, s];
