@@ -59,7 +59,7 @@ from fractions import Fraction
 
 from pylib.plan.layout import FlatEntry, FlatLayout
 from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
-from pylib.plan.options import SEQUENCE_PARALLEL, ZERO_STAGES, RunOptions
+from pylib.plan.options import CP_KINDS, SEQUENCE_PARALLEL, ZERO_STAGES, RunOptions
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
 from pylib.plan.split import chunk_layers
@@ -74,7 +74,6 @@ from .activations import ATTENTION_KERNELS, chunk_saved_bytes, expected_expert_r
 from .shapes import dtype_bytes, kv_heads_per_rank, weight_shapes
 
 PRECISIONS = ("uniform", "mixed")
-CP_KINDS = ("ring", "ulysses")
 MIXED_STATE_BYTES = dp_analysis.PAPER_K  # fp32 master copy, momentum and variance per parameter
 GB = 1e9
 
