@@ -65,7 +65,7 @@ def test_every_rank_is_in_exactly_one_group_of_each_kind():
         (dict(tp=2, ep=4, dp=3), 6, "etp*ep*pp = 1*4*1 = 4 does not divide world_size=6"),
         (dict(order="tp-cp-xx-dp-pp"), 1, "unknown axes"),
         (dict(tp=2, order="cp-dp-pp"), 2, "omits tp but tp=2"),
-        (dict(tp=2, cp=2, pp=2, ep=2, order="tp-pp-cp-ep-dp"), 8, "different ranks in a pipeline group"),
+        (dict(tp=2, cp=2, pp=2, ep=2, order="tp-pp-cp-ep-dp"), 8, "put pp last in the order"),
     ],
 )
 def test_bad_configs_are_refused_naming_the_constraint(kwargs, world, message):

@@ -33,7 +33,7 @@ def test_every_control_recomputes_the_tables():
 def test_an_impossible_plan_names_the_constraint():
     ex = Explorer()
     ex.layers.value = 30  # pp = 4 does not divide 30 layers
-    assert "pp=4 does not divide n_layers=30" in ex.out.value
+    assert "n_layers=30 is not divisible by pp × v = 4 × 1 = 4" in ex.out.value
     ex.heads.value = 60  # 60 heads do not divide h = 8192: the model itself cannot be built
     assert "n_heads=60 does not divide d_model=8192" in ex.text()
 

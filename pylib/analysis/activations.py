@@ -22,7 +22,7 @@ Sizes: b sequences of one microbatch on this rank (B / (dp m)), s the whole sequ
 sequence parallelism the tokens outside the TP region are s/(cp tp). e = bytes per element of cfg.dtype; token ids
 and indices are int64 (8 bytes), masks bool (1 byte).
 
-`peak_saved_bytes` replays a rank's forward/backward order (`pylib.pp.schedules.compute_order`) over the bytes of each
+`peak_saved_bytes` replays a rank's forward/backward order (`pylib.plan.schedules.compute_order`) over the bytes of each
 chunk: the most held at once, which `pylib.compose` measures with its saved-tensor probe (tests/test_analysis_planner.py
 compares every number here with those measurements).
 """
@@ -31,9 +31,14 @@ from __future__ import annotations
 
 import functools
 
+from pylib.plan.heads import kv_heads_per_rank
+from pylib.plan.options import SEQUENCE_PARALLEL
+from pylib.plan.schedules import check_schedule, interleaved_table, warmup_forwards
+from pylib.plan.split import chunk_layers
+
 from . import cp as cp_analysis
 from . import tp as tp_analysis
-from .shapes import dtype_bytes, kv_heads_per_rank
+from .tp import dtype_bytes
 
 ATTENTION_KERNELS = ("flash", "math")
 CORE_ROWS = ("Q and K", "V", "softmax output", "causal mask")
@@ -102,7 +107,7 @@ def layer_saved_rows(
     *,
     tp: int = 1,
     cp: int = 1,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool = SEQUENCE_PARALLEL,
     cp_kind: str = "ring",
     attention: str = "math",
     etp: int = 1,
@@ -135,7 +140,7 @@ def stage_end_rows(
     *,
     tp: int = 1,
     cp: int = 1,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool = SEQUENCE_PARALLEL,
     first: bool = False,
     last: bool = False,
 ) -> dict[str, int]:
@@ -155,12 +160,6 @@ def stage_end_rows(
     return rows
 
 
-def chunk_layers(n_layers: int, pp: int, v: int, pp_rank: int) -> list[range]:
-    """Layers of each chunk c of pipeline rank `pp_rank`: virtual stage c pp + pp_rank of pp v (pylib.pp's split)."""
-    per = n_layers // (pp * v)
-    return [range((c * pp + pp_rank) * per, (c * pp + pp_rank + 1) * per) for c in range(v)]
-
-
 def chunk_saved_bytes(
     cfg,
     b: int,
@@ -171,7 +170,7 @@ def chunk_saved_bytes(
     pp_rank: int = 0,
     tp: int = 1,
     cp: int = 1,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool = SEQUENCE_PARALLEL,
     cp_kind: str = "ring",
     attention: str = "math",
     etp: int = 1,
@@ -202,10 +201,9 @@ def chunk_saved_bytes(
 @functools.lru_cache(maxsize=4096)
 def live_counts(schedule: str, pp: int, m: int, v: int, pp_rank: int) -> tuple[tuple[int, ...], ...]:
     """The vectors (microbatches alive in chunk 0, ..., chunk v-1) right after each forward of rank `pp_rank`, in
-    the order `pylib.pp.schedules.compute_order` runs them (its warm-up forwards, then one forward and one backward,
+    the order `pylib.plan.schedules.compute_order` runs them (its warm-up forwards, then one forward and one backward,
     then the cool-down backwards; the interleaved chunk order from `interleaved_table`), keeping only the vectors no
     other one dominates. Replayed on chunk indices alone: thousands of microbatches cost milliseconds."""
-    from pylib.pp.schedules import check_schedule, interleaved_table, warmup_forwards
 
     group = check_schedule(schedule, pp, m, v)
     if schedule == "interleaved":

@@ -24,22 +24,26 @@ inside the composition --
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pylib.analysis import cp as cp_formulas
 from pylib.analysis import dp as dp_formulas
 from pylib.analysis import ep as ep_formulas
 from pylib.analysis import pp as pp_formulas
 from pylib.analysis import tp as tp_formulas
-from pylib.analysis.activations import chunk_layers
-from pylib.analysis.shapes import kv_heads_per_rank
-
-DP_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+from pylib.plan.heads import kv_heads_per_rank
+from pylib.plan.options import RunOptions
+from pylib.plan.options import zero_stage as _zero
+from pylib.plan.split import chunk_layers
 
 
 @dataclass(frozen=True)
 class Traffic:
-    """`count` ops of one kind on one rank in one step, and the bytes they send together."""
+    """`count` ops of one kind on one rank in one step, and the bytes they send together.
+
+    axis: the group ("tp", "dp-cp", ...); phase: "forward", "backward", "optimizer", "loss", ...; where: what
+    issues it (a TP region, "ring", a flat buffer's key); payload: the message of one op in bytes (the textbook
+    size S, before the ring algorithm divides it)."""
 
     axis: str
     phase: str
@@ -47,6 +51,7 @@ class Traffic:
     where: str
     count: int
     bytes_sent: int
+    payload: int = 0
 
 
 def _ring(op: str, payload: int, n: int) -> int:
@@ -68,6 +73,13 @@ def tp_grad_names(cfg, layers: list[int], holds_last: bool, tp: int, sequence_pa
     return sp, kv
 
 
+def _row_sums(counts) -> list[int]:
+    """Rows per EP rank of a [ep, E_local] count table: nested sequences, or anything with `.tolist()` (a run's
+    tensors), summed per row and truncated to whole rows."""
+    table = counts.tolist() if hasattr(counts, "tolist") else counts
+    return [int(sum(row)) for row in table]
+
+
 def _held_elements(layout, names: set, index: int, sharded: bool) -> list[int]:
     """Element counts of `names` inside this member's part of a flat buffer (the whole buffer when not sharded)."""
     lo, hi = layout.shard_range(index) if sharded and layout.parts > 1 else (0, layout.padded_numel)
@@ -80,161 +92,201 @@ def _held_elements(layout, names: set, index: int, sharded: bool) -> list[int]:
     return out
 
 
+@dataclass
+class _Step:
+    """One rank's step as the formulas see it, and the rows found so far."""
+
+    cfg: object
+    pc: object
+    opt: RunOptions
+    b: int  # sequences of one microbatch on this rank: B / (dp m)
+    seq: int
+    pp_rank: int
+    layers: list[int]
+    holds_first: bool
+    holds_last: bool
+    rows: list[Traffic] = field(default_factory=list)
+
+    @property
+    def m(self) -> int:
+        return self.opt.n_microbatches
+
+    @property
+    def e(self) -> int:
+        return tp_formulas.dtype_bytes(self.cfg.dtype)
+
+    def add(self, axis, phase, op, where, count, sent, payload=0):
+        if count:
+            self.rows.append(Traffic(axis, phase, op, where, count, sent, payload))
+
+    def add_collectives(self, axis, collectives, times=1):
+        for c in collectives:
+            self.add(axis, c.phase, c.op, c.where, times, times * c.bytes_sent, c.payload_bytes)
+
+
+def _tp_rows(st: _Step) -> None:
+    """TP / SP: per microbatch, the regions of every held layer, the embedding and the LM head with its loss."""
+    cfg, tp, m, h, e = st.cfg, st.pc.tp, st.m, st.cfg.d_model, st.e
+    s_cp = st.seq // st.pc.cp
+    kw = dict(sequence_parallel=st.opt.sequence_parallel)
+    if st.holds_first:
+        st.add_collectives("tp", tp_formulas.embedding_collectives(st.b, s_cp, h, tp, e, **kw), m)
+    for i in st.layers:
+        wanted = ("attn",) if cfg.is_moe_layer(i) else ("attn", "mlp")
+        ops = [c for c in tp_formulas.layer_collectives(st.b, s_cp, h, tp, e, **kw) if c.where in wanted]
+        st.add_collectives("tp", ops, m)
+    if st.holds_last:
+        st.add_collectives("tp", tp_formulas.lm_head_collectives(st.b, s_cp, h, tp, e, **kw), m)
+        st.add_collectives("tp", tp_formulas.cross_entropy_collectives(st.b, s_cp, tp, e), m)
+
+
+def _cp_rows(st: _Step) -> None:
+    """CP: per microbatch and held layer, the ring's K/V (and dK/dV) sends or Ulysses' all-to-alls."""
+    cfg, cp, tp, m, e = st.cfg, st.pc.cp, st.pc.tp, st.m, st.e
+    q_heads = cfg.n_heads // tp
+    kv_heads = kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)[0]
+    for _ in st.layers:
+        if st.opt.cp_kind == "ring":
+            r = cp_formulas.ring_traffic(st.b, st.seq, kv_heads, cfg.d_head, cp, e)
+            msg = r["kv_message_bytes"]
+            st.add("cp", "forward", "send", "ring", m * r["forward_kv_transfers"], m * r["forward_bytes_sent"], msg)
+            st.add("cp", "forward", "recv", "ring", m * r["forward_kv_transfers"], 0, msg)
+            n_bwd = r["backward_kv_transfers"] + r["backward_dkv_transfers"]
+            st.add("cp", "backward", "send", "ring", m * n_bwd, m * r["backward_bytes_sent"], msg)
+            st.add("cp", "backward", "recv", "ring", m * n_bwd, 0, msg)
+        else:
+            u = cp_formulas.ulysses_traffic(st.b, st.seq, q_heads, kv_heads, cfg.d_head, cp, e)
+            q = u["local_bytes"]["q"]
+            for phase in ("forward", "backward"):
+                count, sent = u[f"all_to_alls_{phase}"], u[f"{phase}_bytes_sent"]
+                st.add("cp", phase, "all_to_all", "ulysses", m * count, m * sent, q)
+
+
+def _moe_rows(st: _Step, moe_routing, ep_index: int, etp_index: int) -> None:
+    """EP / ETP: per MoE forward, from its routing (layer, send_counts [ep, E_local], recv_counts, etp_rows)."""
+    cfg, ep, etp, tp, cp = st.cfg, st.pc.ep, st.pc.etp, st.pc.tp, st.pc.cp
+    h, e = cfg.d_model, st.e
+    row = h * e
+    for _layer, send_counts, recv_counts, etp_rows in moe_routing:
+        n_local = cfg.moe.n_experts // ep
+        if ep > 1:
+            st.add("ep", "forward", "all_to_all", "counts", 1, (ep - 1) * n_local * 8, ep * n_local * 8)
+            sent_rows, recv_rows = _row_sums(send_counts), _row_sums(recv_counts)
+            dispatch = row * (sum(sent_rows) - sent_rows[ep_index])
+            combine = row * (sum(recv_rows) - recv_rows[ep_index])
+            payload = row * sum(sent_rows)
+            st.add("ep", "forward", "all_to_all", "dispatch+combine", 2, dispatch + combine, payload)
+            st.add("ep", "backward", "all_to_all", "dispatch+combine", 2, dispatch + combine, payload)
+        if etp > 1:
+            counts = etp * ep * n_local * 8
+            st.add("etp", "forward", "all_gather", "counts", 1, _ring("all_gather", counts, etp), counts)
+            g = ep_formulas.etp_gather_bytes(etp_rows, etp_index, h, e)
+            gathered = sum(etp_rows) * row
+            st.add("etp", "forward", "all_gather", "dispatch", 1, g["all_gather_sent"], gathered)
+            st.add("etp", "forward", "reduce_scatter", "combine", 1, g["reduce_scatter_sent"], gathered)
+            st.add("etp", "backward", "reduce_scatter", "dispatch", 1, g["reduce_scatter_sent"], gathered)
+            st.add("etp", "backward", "all_gather", "combine", 1, g["all_gather_sent"], gathered)
+        if cfg.moe.aux_loss_coef or cfg.moe.z_loss_coef:
+            aux = (cfg.moe.n_experts + 1) * 8
+            st.add("tp-cp", "forward", "all_reduce", "aux", 1, _ring("all_reduce", aux, tp * cp), aux)
+
+
+def _pp_rows(st: _Step) -> None:
+    """PP: the schedule's start-up sync, and an activation forward / a gradient back per boundary and microbatch."""
+    tp, pp, m = st.pc.tp, st.pc.pp, st.m
+    s_cp = st.seq // st.pc.cp
+    s_act = s_cp // tp if st.opt.sequence_parallel else s_cp
+    msg = pp_formulas.p2p_message_bytes(st.b, s_act, st.cfg.d_model, st.e)
+    sent = pp_formulas.p2p_bytes_per_rank(st.b, s_act, st.cfg.d_model, st.e, pp, m, st.pp_rank, st.opt.v)
+    st.add("pp", "pp-sync", "all_reduce", "pp-sync", 1, _ring("all_reduce", 4, pp), 4)
+    st.add("pp", "forward+backward", "send", "stage boundary", sent // msg, sent, msg)
+    st.add("pp", "forward+backward", "recv", "stage boundary", sent // msg, 0, msg)
+
+
+def _dp_rows(st: _Step, layouts) -> None:
+    """DP: every flat buffer, by ZeRO stage (module docstring)."""
+    zero, m = st.opt.zero_stage, st.m
+    stage = _zero(zero).key
+    for lay in layouts:
+        n = lay.parts if zero else len(lay.group)
+        if n == 1:
+            continue
+        S, axis, key = lay.padded_bytes, lay.axis, lay.key
+        if stage == "ddp":
+            st.add(axis, "backward", "all_reduce", key, 1, _ring("all_reduce", S, n), S)
+            continue
+        if stage == "zero3":
+            st.add(axis, "forward", "all_gather", key, m, m * _ring("all_gather", S, n), S)
+            st.add(axis, "backward", "all_gather", key, m, m * _ring("all_gather", S, n), S)
+        times = 1 if stage == "zero1" else m
+        st.add(axis, "backward", "reduce_scatter", key, times, times * _ring("reduce_scatter", S, n), S)
+        if stage != "zero3":
+            st.add(axis, "optimizer", "all_gather", key, 1, _ring("all_gather", S, n), S)
+
+
+def _tp_grad_rows(st: _Step, layouts, dp_index: int) -> None:
+    """TP gradient sums after the DP reduction, on the held elements: SP's replicated LayerNorms (and routers),
+    the replicated K/V heads."""
+    cfg, tp, e = st.cfg, st.pc.tp, st.e
+    sp_names, kv_names = tp_grad_names(cfg, st.layers, st.holds_last, tp, st.opt.sequence_parallel)
+    sharded = st.opt.zero_stage > 0
+    sp_elems = sum(n for lay in layouts for n in _held_elements(lay, sp_names, dp_index, sharded))
+    if sp_elems:
+        payload = sp_elems * e
+        st.add("tp", "sp_grads", "all_reduce", "sequence_parallel_grads", 1, _ring("all_reduce", payload, tp), payload)
+    kv_pieces = [n for lay in layouts for n in _held_elements(lay, kv_names, dp_index, sharded)]
+    if kv_pieces:
+        payload = tp // (tp // cfg.kv_heads) * sum(kv_pieces) * e
+        st.add("tp", "kv_grads", "all_reduce", "replicated_kv_grads", 1, _ring("all_reduce", payload, tp), payload)
+
+
+def _loss_rows(st: _Step) -> None:
+    """The reported loss: one number all-reduced over dp-cp on the last stage, then over pp."""
+    dpcp, pp = st.pc.dp * st.pc.cp, st.pc.pp
+    if st.holds_last and dpcp > 1:
+        st.add("dp-cp", "loss", "all_reduce", "loss", 1, _ring("all_reduce", 8, dpcp), 8)
+    if pp > 1:
+        st.add("pp", "loss", "all_reduce", "loss", 1, _ring("all_reduce", 8, pp), 8)
+
+
 def step_traffic(
     cfg,
     pc,
+    options: RunOptions | None = None,
     *,
     batch: int,
     seq: int,
     pp_rank: int,
     layouts,
-    dp_index: int,
-    edp_index: int,
+    dp_index: int = 0,
+    edp_index: int = 0,
     etp_index: int = 0,
     ep_index: int = 0,
     moe_routing=(),
-    sequence_parallel: bool = True,
-    cp_kind: str = "ring",
-    n_microbatches: int = 1,
-    v: int = 1,
-    zero_stage: int = 0,
 ) -> list[Traffic]:
     """Every op one rank issues in one training step of the composed model, as rows (see the module docstring).
 
+    options: the run's `pylib.plan.RunOptions` (sequence parallelism, CP kind, m, v, ZeRO stage; None: defaults);
     layouts: the run's data-parallel flat buffers (`ParallelTransformer.layouts`: names, sizes, padding, group);
     dp_index / edp_index: the rank's index in its dp-cp / edp group (which ZeRO slices it holds);
     moe_routing: (layer, send_counts [ep, E_local], recv_counts [ep, E_local], etp_rows) per MoE forward."""
-    tp, cp, pp, ep, etp = pc.tp, pc.cp, pc.pp, pc.ep, pc.etp
-    m = n_microbatches
-    e = tp_formulas.dtype_bytes(cfg.dtype)
-    h = cfg.d_model
-    b = batch // (pc.dp * m)
-    s_cp = seq // cp
-    chunks = chunk_layers(cfg.n_layers, pp, v, pp_rank)
-    n_stages = pp * v
-    holds_first = pp_rank == 0
-    holds_last = pp_rank == (n_stages - 1) % pp
-    layers = [i for c in chunks for i in c]
-    rows: list[Traffic] = []
-
-    def add(axis, phase, op, where, count, sent):
-        if count:
-            rows.append(Traffic(axis, phase, op, where, count, sent))
-
-    def add_collectives(axis, collectives, times=1):
-        for c in collectives:
-            add(axis, c.phase, c.op, c.where, times, times * c.bytes_sent)
-
-    # ---- TP / SP: per microbatch
-    if tp > 1:
-        kw = dict(sequence_parallel=sequence_parallel)
-        if holds_first:
-            add_collectives("tp", tp_formulas.embedding_collectives(b, s_cp, h, tp, e, **kw), m)
-        for i in layers:
-            wanted = ("attn",) if cfg.is_moe_layer(i) else ("attn", "mlp")
-            ops = [c for c in tp_formulas.layer_collectives(b, s_cp, h, tp, e, **kw) if c.where in wanted]
-            add_collectives("tp", ops, m)
-        if holds_last:
-            add_collectives("tp", tp_formulas.lm_head_collectives(b, s_cp, h, tp, e, **kw), m)
-            add_collectives("tp", tp_formulas.cross_entropy_collectives(b, s_cp, tp, e), m)
-    # ---- CP: per microbatch and layer
-    if cp > 1:
-        q_heads = cfg.n_heads // tp
-        kv_heads = kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)[0]
-        for _ in layers:
-            if cp_kind == "ring":
-                r = cp_formulas.ring_traffic(b, seq, kv_heads, cfg.d_head, cp, e)
-                add("cp", "forward", "send", "ring", m * r["forward_kv_transfers"], m * r["forward_bytes_sent"])
-                add("cp", "forward", "recv", "ring", m * r["forward_kv_transfers"], 0)
-                n_bwd = r["backward_kv_transfers"] + r["backward_dkv_transfers"]
-                add("cp", "backward", "send", "ring", m * n_bwd, m * r["backward_bytes_sent"])
-                add("cp", "backward", "recv", "ring", m * n_bwd, 0)
-            else:
-                u = cp_formulas.ulysses_traffic(b, seq, q_heads, kv_heads, cfg.d_head, cp, e)
-                add("cp", "forward", "all_to_all", "ulysses", m * u["all_to_alls_forward"], m * u["forward_bytes_sent"])
-                add(
-                    "cp",
-                    "backward",
-                    "all_to_all",
-                    "ulysses",
-                    m * u["all_to_alls_backward"],
-                    m * u["backward_bytes_sent"],
-                )
-    # ---- EP / ETP: per MoE forward, from its routing
-    for _layer, send_counts, recv_counts, etp_rows in moe_routing:
-        row = h * e
-        if ep > 1:
-            n_local = cfg.moe.n_experts // ep
-            add("ep", "forward", "all_to_all", "counts", 1, (ep - 1) * n_local * 8)
-            sent_rows = [int(x) for x in send_counts.sum(1)]
-            recv_rows = [int(x) for x in recv_counts.sum(1)]
-            dispatch = row * (sum(sent_rows) - sent_rows[ep_index])
-            combine = row * (sum(recv_rows) - recv_rows[ep_index])
-            add("ep", "forward", "all_to_all", "dispatch+combine", 2, dispatch + combine)
-            add("ep", "backward", "all_to_all", "dispatch+combine", 2, dispatch + combine)
-        if etp > 1:
-            n_local = cfg.moe.n_experts // ep
-            add("etp", "forward", "all_gather", "counts", 1, _ring("all_gather", etp * ep * n_local * 8, etp))
-            g = ep_formulas.etp_gather_bytes(etp_rows, etp_index, h, e)
-            add("etp", "forward", "all_gather", "dispatch", 1, g["all_gather_sent"])
-            add("etp", "forward", "reduce_scatter", "combine", 1, g["reduce_scatter_sent"])
-            add("etp", "backward", "reduce_scatter", "dispatch", 1, g["reduce_scatter_sent"])
-            add("etp", "backward", "all_gather", "combine", 1, g["all_gather_sent"])
-        if cfg.moe.aux_loss_coef or cfg.moe.z_loss_coef:
-            add("tp-cp", "forward", "all_reduce", "aux", 1, _ring("all_reduce", (cfg.moe.n_experts + 1) * 8, tp * cp))
-    # ---- PP
+    opt = RunOptions() if options is None else options
+    pp, v = pc.pp, opt.v
+    layers = [i for c in chunk_layers(cfg.n_layers, pp, v, pp_rank) for i in c]
+    b = batch // (pc.dp * opt.n_microbatches)
+    st = _Step(cfg, pc, opt, b, seq, pp_rank, layers, pp_rank == 0, pp_rank == (pp * v - 1) % pp)
+    if pc.tp > 1:
+        _tp_rows(st)
+    if pc.cp > 1:
+        _cp_rows(st)
+    _moe_rows(st, moe_routing, ep_index, etp_index)
     if pp > 1:
-        s_act = s_cp // tp if sequence_parallel else s_cp
-        msg = pp_formulas.p2p_message_bytes(b, s_act, h, e)
-        sent = pp_formulas.p2p_bytes_per_rank(b, s_act, h, e, pp, m, pp_rank, v)
-        add("pp", "pp-sync", "all_reduce", "pp-sync", 1, _ring("all_reduce", 4, pp))
-        add("pp", "forward+backward", "send", "stage boundary", sent // msg, sent)
-        add("pp", "forward+backward", "recv", "stage boundary", sent // msg, 0)
-    # ---- DP: every flat buffer, by stage
-    stage = DP_STAGES[zero_stage]
-    for lay in layouts:
-        n = lay.parts if zero_stage else len(lay.group)
-        if n == 1:
-            continue
-        S = lay.padded_bytes
-        axis = lay.axis
-        if stage == "ddp":
-            add(axis, "backward", "all_reduce", lay.key, 1, _ring("all_reduce", S, n))
-        elif stage == "zero1":
-            add(axis, "backward", "reduce_scatter", lay.key, 1, _ring("reduce_scatter", S, n))
-            add(axis, "optimizer", "all_gather", lay.key, 1, _ring("all_gather", S, n))
-        elif stage == "zero2":
-            add(axis, "backward", "reduce_scatter", lay.key, m, m * _ring("reduce_scatter", S, n))
-            add(axis, "optimizer", "all_gather", lay.key, 1, _ring("all_gather", S, n))
-        else:
-            add(axis, "forward", "all_gather", lay.key, m, m * _ring("all_gather", S, n))
-            add(axis, "backward", "all_gather", lay.key, m, m * _ring("all_gather", S, n))
-            add(axis, "backward", "reduce_scatter", lay.key, m, m * _ring("reduce_scatter", S, n))
-    # ---- TP gradient sums after the DP reduction, on the held elements
-    if tp > 1:
-        sp_names, kv_names = tp_grad_names(cfg, layers, holds_last, tp, sequence_parallel)
-        sharded = zero_stage > 0
-        sp_elems = sum(n for lay in layouts for n in _held_elements(lay, sp_names, dp_index, sharded))
-        if sp_elems:
-            add("tp", "sp_grads", "all_reduce", "sequence_parallel_grads", 1, _ring("all_reduce", sp_elems * e, tp))
-        kv_pieces = [n for lay in layouts for n in _held_elements(lay, kv_names, dp_index, sharded)]
-        if kv_pieces:
-            slots = tp // (tp // cfg.kv_heads)
-            add(
-                "tp",
-                "kv_grads",
-                "all_reduce",
-                "replicated_kv_grads",
-                1,
-                _ring("all_reduce", slots * sum(kv_pieces) * e, tp),
-            )
-    # ---- the reported loss
-    dpcp = pc.dp * cp
-    if holds_last and dpcp > 1:
-        add("dp-cp", "loss", "all_reduce", "loss", 1, _ring("all_reduce", 8, dpcp))
-    if pp > 1:
-        add("pp", "loss", "all_reduce", "loss", 1, _ring("all_reduce", 8, pp))
-    return rows
+        _pp_rows(st)
+    _dp_rows(st, layouts)
+    if pc.tp > 1:
+        _tp_grad_rows(st, layouts, dp_index)
+    _loss_rows(st)
+    return st.rows
 
 
 def per_axis(rows: list[Traffic]) -> dict[str, dict]:
@@ -251,7 +303,7 @@ def dp_held_bytes(layouts, zero_stage: int, *, optimizer_states: int = 2) -> dic
     """Parameter, gradient and optimizer-state bytes one rank holds, from its flat buffers (`pylib.analysis.dp`'s
     held_bytes per buffer: DDP keeps whole buckets, ZeRO-1/2/3 shard as that module says). optimizer_states:
     state tensors per parameter (Adam 2, SGD with momentum 1, plain SGD 0)."""
-    stage = DP_STAGES[zero_stage]
+    stage = _zero(zero_stage).key
     total = dict(params=0, grads=0, optim=0)
     for lay in layouts:
         d = lay.parts if zero_stage else 1

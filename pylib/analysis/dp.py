@@ -30,7 +30,9 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-STAGES = ("ddp", "zero1", "zero2", "zero3")
+from pylib.plan.options import ZERO_STAGE_NAMES
+
+STAGES = ZERO_STAGE_NAMES  # ("ddp", "zero1", "zero2", "zero3"): pylib.plan.options.ZeroStage by name
 PAPER_K = 12  # bytes of optimizer state per parameter in mixed-precision Adam (fp32 copy, momentum, variance)
 
 

@@ -18,25 +18,44 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import torch
-
 
 def owner(expert: int, n_experts: int, ep: int) -> int:
     """EP rank holding `expert` (contiguous blocks of E/ep experts)."""
     return expert // (n_experts // ep)
 
 
-def dispatch_counts(experts: torch.Tensor, n_experts: int, ep: int, keep: torch.Tensor | None = None) -> list[int]:
+def _flat(values) -> list:
+    """The numbers of a [T, k] table in row-major order: nested sequences, or anything with `.tolist()` (a tensor
+    handed over from a run)."""
+    values = values.tolist() if hasattr(values, "tolist") else values
+    out: list = []
+    stack = [values]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)):
+            stack.extend(reversed(v))
+        else:
+            out.append(v)
+    return out
+
+
+def dispatch_counts(experts, n_experts: int, ep: int, keep=None) -> list[int]:
     """Rows one rank sends to each EP rank (index = destination, the rank's own entry stays local).
-    experts [T, k] expert ids of this rank's tokens; keep [T, k] the assignments surviving capacity."""
-    chosen = experts.reshape(-1) if keep is None else experts[keep]
-    per_rank = torch.bincount(chosen // (n_experts // ep), minlength=ep)
-    return [int(c) for c in per_rank]
+    experts [T, k] expert ids of this rank's tokens; keep [T, k] the assignments surviving capacity (True = kept).
+    Nested sequences or tensors (read through `.tolist()`)."""
+    chosen = _flat(experts)
+    if keep is not None:
+        kept = _flat(keep)
+        if len(kept) != len(chosen):
+            raise ValueError(f"keep has {len(kept)} entries for {len(chosen)} expert choices")
+        chosen = [e for e, k in zip(chosen, kept) if k]
+    per_rank = [0] * ep
+    for e in chosen:
+        per_rank[int(e) // (n_experts // ep)] += 1
+    return per_rank
 
 
-def dispatch_matrix(
-    routings: Sequence[torch.Tensor], n_experts: int, keeps: Sequence[torch.Tensor] | None = None
-) -> list[list[int]]:
+def dispatch_matrix(routings: Sequence, n_experts: int, keeps: Sequence | None = None) -> list[list[int]]:
     """[ep][ep] rows sent from EP rank s (row) to EP rank d (column) in the dispatch, from every rank's routing.
     The diagonal is what stays local; combine is the transpose."""
     ep = len(routings)
@@ -64,20 +83,13 @@ def alltoall_bytes(matrix: Sequence[Sequence[int]], h: int, dtype_bytes: int) ->
     return out
 
 
-def dispatch_bytes_sent(
-    experts: torch.Tensor,
-    rank: int,
-    n_experts: int,
-    ep: int,
-    h: int,
-    dtype_bytes: int,
-    keep: torch.Tensor | None = None,
-) -> int:
-    """One rank's dispatch volume: tokens x k x h x b minus the rows that stay local (and minus dropped ones)."""
-    T, k = experts.shape
+def dispatch_bytes_sent(experts, rank: int, n_experts: int, ep: int, h: int, dtype_bytes: int, keep=None) -> int:
+    """One rank's dispatch volume: tokens x k x h x b minus the rows that stay local (and minus dropped ones).
+    experts, keep [T, k] as in `dispatch_counts`."""
+    assignments = len(_flat(experts))
     sent_rows = dispatch_counts(experts, n_experts, ep, keep)
-    dropped = 0 if keep is None else int((~keep).sum())
-    return (T * k - dropped - sent_rows[rank]) * h * dtype_bytes
+    dropped = 0 if keep is None else sum(not k for k in _flat(keep))
+    return (assignments - dropped - sent_rows[rank]) * h * dtype_bytes
 
 
 def expected_alltoall_bytes(tokens: int, top_k: int, h: int, ep: int, dtype_bytes: int) -> float:

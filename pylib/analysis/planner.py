@@ -1,7 +1,7 @@
 """Choosing a plan: every way `pylib.compose` can run a model on a cluster, what each rank would hold and move, and
 a ranking by a simple, stated cost model. Pure functions of sizes: a 671B-parameter model costs nothing here.
 
-    plans = enumerate_plans(cfg, world_size=64, batch=512, seq=4096)          # every Plan compose_problems accepts
+    plans = enumerate_plans(cfg, world_size=64, batch=512, seq=4096)          # every Plan pylib.plan.problems accepts
     p = predict(cfg, plan, Workload(batch=512, seq=4096), Cluster(64))         # memory / traffic per rank, times
     best = rank_plans(cfg, Workload(512, 4096), Cluster(64), top=10)           # the cost model's order
 
@@ -9,8 +9,9 @@ What is enumerated. A `Plan` is a `ParallelConfig` (tp, cp, ep, dp, pp, etp and 
 options of `pylib.compose.ParallelTransformer`: sequence parallelism, ring or Ulysses CP, the ZeRO stage (0 = DDP),
 the microbatch count m and the chunks per pipeline rank v (schedule 1F1B, interleaved 1F1B when v > 1; GPipe is
 left out: the same bubble as 1F1B with more microbatches in flight). A knob that changes nothing is not varied: SP
-needs tp > 1, the CP kind cp > 1, ZeRO a data-parallel group. Validity is `pylib.compose.compose_problems`, asked
-about every candidate: the planner keeps exactly what the composed model would run.
+needs tp > 1, the CP kind cp > 1, ZeRO a data-parallel group. Validity is `pylib.plan.problems` (what
+`pylib.compose.compose_problems` asks), asked about every candidate: the planner keeps exactly what the composed
+model would run.
 
 What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1, with fewer microbatches in flight):
   memory    parameters, gradients, optimizer state: `pylib.analysis.dp` over this rank's parameters (`shapes.
@@ -54,9 +55,14 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
-from pylib.dp.layout import FlatEntry, FlatLayout
-from pylib.runtime.mesh import AXES, EXPERT_GROUPS, ParallelConfig
+from pylib.plan.layout import FlatEntry, FlatLayout
+from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
+from pylib.plan.options import CP_KINDS, SEQUENCE_PARALLEL, ZERO_STAGES, RunOptions
+from pylib.plan.options import zero_stage as as_zero_stage
+from pylib.plan.problems import problems as plan_problems
+from pylib.plan.split import chunk_layers
 
 from . import compose as compose_analysis
 from . import cp as cp_analysis
@@ -64,12 +70,10 @@ from . import dp as dp_analysis
 from . import ep as ep_analysis
 from . import pp as pp_analysis
 from . import tp as tp_analysis
-from .activations import ATTENTION_KERNELS, chunk_layers, chunk_saved_bytes, expected_expert_rows, peak_saved_bytes
+from .activations import ATTENTION_KERNELS, chunk_saved_bytes, expected_expert_rows, peak_saved_bytes
 from .shapes import dtype_bytes, kv_heads_per_rank, weight_shapes
 
 PRECISIONS = ("uniform", "mixed")
-CP_KINDS = ("ring", "ulysses")
-ZERO_STAGES = (0, 1, 2, 3)
 MIXED_STATE_BYTES = dp_analysis.PAPER_K  # fp32 master copy, momentum and variance per parameter
 GB = 1e9
 
@@ -139,7 +143,7 @@ class Plan:
     """One way to run: the mesh and the composed model's options."""
 
     par: ParallelConfig
-    sequence_parallel: bool = False
+    sequence_parallel: bool = SEQUENCE_PARALLEL
     cp_kind: str = "ring"
     zero_stage: int = 0
     n_microbatches: int = 1
@@ -149,9 +153,10 @@ class Plan:
     def schedule(self) -> str:
         return "interleaved" if self.v > 1 else "1f1b"
 
-    def options(self) -> dict:
-        """Keyword arguments of `ParallelTransformer.from_full`, `compose.train` and `compose_problems`."""
-        return dict(
+    @property
+    def run_options(self) -> RunOptions:
+        """The composed run's options (`pylib.plan.RunOptions`; the CP layout at its default, zig-zag)."""
+        return RunOptions(
             sequence_parallel=self.sequence_parallel,
             cp_kind=self.cp_kind,
             schedule=self.schedule,
@@ -159,6 +164,10 @@ class Plan:
             v=self.v,
             zero_stage=self.zero_stage,
         )
+
+    def options(self) -> dict:
+        """Keyword arguments of `ParallelTransformer.from_full`, `compose.train` and `compose_problems`."""
+        return {k: v for k, v in self.run_options.as_dict().items() if k != "cp_layout"}
 
     def micro_batch(self, batch: int) -> int:
         """Sequences per microbatch on one rank: B / (dp m)."""
@@ -213,10 +222,9 @@ def _divisors(n: int) -> list[int]:
 
 
 def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str]:
-    """Every constraint `plan` breaks (`pylib.compose.compose_problems`); empty when the composed model runs it."""
-    from pylib.compose.checks import compose_problems
-
-    return compose_problems(cfg, plan.par, world_size, batch=batch, seq=seq, **plan.options())
+    """Every constraint `plan` breaks (`pylib.plan.problems`, what `pylib.compose` checks before it runs); empty
+    when the composed model runs it."""
+    return plan_problems(cfg, plan.par, world_size, batch=batch, seq=seq, options=plan.run_options)
 
 
 def enumerate_plans(
@@ -233,7 +241,7 @@ def enumerate_plans(
     sequence_parallel: tuple[bool, ...] = (True, False),
     expert_tp: tuple[int, ...] | None = None,
 ) -> list[Plan]:
-    """Every plan `compose_problems` accepts for `cfg` on `world_size` ranks and a global batch [batch, seq], each
+    """Every plan `pylib.plan.problems` accepts for `cfg` on `world_size` ranks and a global batch [batch, seq], each
     once (`canonical`). Candidates: tp cp dp pp = world_size; for an MoE model every ep, etp with ep etp pp
     dividing it (folded onto the dense mesh); m dividing B/dp, restricted to microbatches of `micro_batch_sizes`
     sequences when given; v dividing L/pp (v = 1 without PP), restricted to `virtual_stages` when given; etp
@@ -399,7 +407,7 @@ def model_state_bytes(layouts: list[FlatLayout], zero_stage: int, precision: str
         return compose_analysis.dp_held_bytes(layouts, zero_stage, optimizer_states=optimizer_states)
     if precision != "mixed":
         raise ValueError(f"precision={precision!r} must be one of {PRECISIONS}")
-    stage = compose_analysis.DP_STAGES[zero_stage]
+    stage = as_zero_stage(zero_stage).key
     total = dict(params=0, grads=0, optim=0)
     for lay in layouts:
         if lay.element_size != 2:
@@ -531,13 +539,11 @@ def expected_routing(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> lis
     of this rank's T tokens' k choices to each expert, T k rows received per EP rank."""
     if cfg.moe is None:
         return []
-    import torch
-
     par = plan.par
     b = plan.micro_batch(batch)
     s_out = seq // par.cp // (par.tp if plan.sequence_parallel and par.tp > 1 else 1)
     T, k, E = b * s_out, cfg.moe.top_k, cfg.moe.n_experts
-    counts = torch.full((par.ep, E // par.ep), T * k / E, dtype=torch.float64)
+    counts = [[Fraction(T * k, E)] * (E // par.ep) for _ in range(par.ep)]  # [ep, E_local], exact
     rows = [expected_expert_rows(T, k)] * par.etp
     layers = [i for c in chunk_layers(cfg.n_layers, par.pp, plan.v, pp_rank) for i in c if cfg.is_moe_layer(i)]
     return [(i, counts, counts, rows) for _ in range(plan.n_microbatches) for i in layers]
@@ -564,8 +570,7 @@ def rank_traffic_rows(
     takes the `expected_routing` (uniform, no dropping), which is what the planner predicts with."""
     layouts = flat_layouts(cfg, plan, pp_rank) if layouts is None else layouts
     kw = dict(batch=batch, seq=seq, pp_rank=pp_rank, layouts=layouts, dp_index=dp_index, edp_index=edp_index)
-    kw.update(ep_index=ep_index, etp_index=etp_index)
-    kw.update({k: v for k, v in plan.options().items() if k != "schedule"})
+    kw.update(ep_index=ep_index, etp_index=etp_index, options=plan.run_options)
     if moe_routing is not None:
         return compose_analysis.step_traffic(cfg, plan.par, moe_routing=moe_routing, **kw)
     routing = expected_routing(cfg, plan, batch, seq, pp_rank)

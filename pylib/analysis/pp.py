@@ -23,6 +23,8 @@ CP size with context parallelism: the caller passes the local shape).
 
 from __future__ import annotations
 
+from pylib.plan.split import chunk_layers
+
 
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     """Idle time relative to the ideal (compute-only) time: (p-1)/(v·m)."""
@@ -91,6 +93,5 @@ def params_per_rank(
     """Parameters rank `rank` holds: its L/p layers (v chunks of L/(p·v)), plus the embedding on rank 0 (virtual
     stage 0) and the final norm and LM head (`head_params`) on rank p-1 (virtual stage p·v-1). Every tensor is held
     whole: PP distributes the weights, it does not cut them."""
-    if n_layers % (p * v):
-        raise ValueError(f"n_layers={n_layers} is not divisible by pp × v = {p} × {v} = {p * v}")
-    return n_layers // p * layer_params + (rank == 0) * embed_params + (rank == p - 1) * head_params
+    held = sum(len(c) for c in chunk_layers(n_layers, p, v, rank))  # the one layer split (pylib.plan.split)
+    return held * layer_params + (rank == 0) * embed_params + (rank == p - 1) * head_params

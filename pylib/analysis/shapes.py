@@ -5,18 +5,22 @@ their bytes, and the traffic of one training step: seed B's matrix view as pure 
     acts = activation_shapes(cfg, par, b, s, sequence_parallel=True)         # list[TensorShape]
     memory(cfg, par, b, s, ...)  traffic(cfg, par, b, s, ...)  summary(...)  # bytes held, bytes moved per step
 
+Shapes are this module's; memory and traffic are not computed here but asked of the one memory model and the one
+traffic model (`pylib.analysis.planner.rank_memory`, `planner.rank_traffic_rows` = `compose.step_traffic`), and
+validity of the one validity model (`pylib.plan.problems`), so the explorer and the planner cannot disagree.
+
 No processes: the tests (tests/test_analysis_shapes.py) compare every prediction with the local shapes of the real
 sharded modules (`pylib.tp`, `pylib.cp`, `pylib.ep`, `pylib.pp`, `pylib.dp`) inside launched ranks and with the
 traced traffic; the book's explorer (`pylib.viz.explorer`) shows them for any model.
 
-Conventions (seed B's symbols; `par` a `pylib.runtime.ParallelConfig`):
+Conventions (seed B's symbols; `par` a `pylib.plan.ParallelConfig`):
   b       the micro-batch of one step *across the data-parallel ranks* (seed B: DP cuts b -> b/N_DP), so a rank
           holds b_r = b / dp sequences; m micro-batches per step per rank (pipelining);
   s       the sequence length; a CP rank holds s_c = s / cp tokens; with sequence parallelism the activations
           outside the TP region hold s_c / tp tokens, those inside the region s_c;
   weights torch's storage layout [out, in] (`TensorShape.seed_b` gives seed B's [in, out]);
   heads   TP splits query heads n_head / tp; K/V heads n_kv_head / tp when tp divides them, else (n_kv_head
-          divides tp) one K/V head replicated on tp / n_kv_head ranks (`pylib.tp.head_layout`);
+          divides tp) one K/V head replicated on tp / n_kv_head ranks (`pylib.plan.heads`);
   CP      "ring": each step materialises a score block [b_r, n_head/tp, s_c, s_c] (zig-zag causal: half blocks
           after the first step), never [.., s_c, s]; "ulysses": the all-to-all trades sequence for heads, the
           core holds [b_r, n_head/(tp cp), s, s];
@@ -28,15 +32,16 @@ Conventions (seed B's symbols; `par` a `pylib.runtime.ParallelConfig`):
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
-from . import cp as cp_analysis
-from . import dp as dp_analysis
-from . import ep as ep_analysis
-from . import pp as pp_analysis
-from . import tp as tp_analysis
+from pylib.plan.heads import kv_heads_per_rank
+from pylib.plan.mesh import ParallelConfig
+from pylib.plan.options import SEQUENCE_PARALLEL, RunOptions, zero_stage
+from pylib.plan.problems import problems as plan_problems
+from pylib.plan.problems import size_problems
+from pylib.plan.split import chunk_layers
+
 from .tp import dtype_bytes
 
 
@@ -116,80 +121,174 @@ def _div(size: int, parts: int, axis: str, what: str) -> int:
     return size // parts
 
 
-def kv_heads_per_rank(n_head: int, n_kv_head: int, tp: int) -> tuple[int, int]:
-    """(K/V heads a TP rank holds, how many TP ranks hold each of them): split when tp divides n_kv_head,
-    one head replicated on tp / n_kv_head ranks when n_kv_head divides tp (as `pylib.tp.head_layout`)."""
-    _div(n_head, tp, "tp", "n_heads")
-    if n_kv_head % tp == 0:
-        return n_kv_head // tp, 1
-    if tp % n_kv_head == 0:
-        return 1, tp // n_kv_head
-    raise ValueError(
-        f"tp={tp} does not divide n_kv_heads={n_kv_head}, and n_kv_heads={n_kv_head} does not divide tp={tp}"
-    )
-
-
 def stage_layer_ids(n_layers: int, pp: int, pp_rank: int) -> range:
-    """Layers held by pipeline rank `pp_rank` (no interleaving)."""
-    per = _div(n_layers, pp, "pp", "n_layers")
-    if not 0 <= pp_rank < pp:
-        raise ValueError(f"pp_rank={pp_rank} is outside 0..{pp - 1}")
-    return range(pp_rank * per, (pp_rank + 1) * per)
+    """Layers held by pipeline rank `pp_rank` (no interleaving): `pylib.plan.split.chunk_layers` with v = 1."""
+    return chunk_layers(n_layers, pp, 1, pp_rank)[0]
 
 
 def check_plan(
-    cfg, par, b: int | None = None, s: int | None = None, *, sequence_parallel: bool = False, cp_kind: str = "ring"
+    cfg,
+    par,
+    b: int | None = None,
+    s: int | None = None,
+    *,
+    sequence_parallel: bool = SEQUENCE_PARALLEL,
+    cp_kind: str = "ring",
+    microbatches: int = 1,
 ) -> list[str]:
-    """Every constraint the plan violates, as sentences (empty: the plan runs)."""
-    problems = []
-
-    def need(size, parts, axis, what):
-        if parts < 1 or size % parts:
-            problems.append(f"{axis}={parts} does not divide {what}={size}")
-
-    need(cfg.n_heads, par.tp, "tp", "n_heads")
-    if cfg.kv_heads % par.tp and par.tp % cfg.kv_heads:
-        problems.append(f"tp={par.tp} and n_kv_heads={cfg.kv_heads}: neither divides the other")
-    need(cfg.d_ff, par.tp, "tp", "d_ff")
-    need(cfg.vocab_size, par.tp, "tp", "vocab_size")
-    need(cfg.n_layers, par.pp, "pp", "n_layers")
-    if cfg.moe is not None:
-        need(cfg.moe.n_experts, par.ep, "ep", "n_experts")
-        need(cfg.moe.d_ff or cfg.d_ff, par.etp, "etp", "expert d_ff")
-    if cp_kind not in ("ring", "ulysses"):
-        problems.append(f"cp_kind={cp_kind!r} must be 'ring' or 'ulysses'")
-    problems += _mesh_problems(par)
-    if b is not None:
-        need(b, par.dp, "dp", "b")
-    if s is not None:
-        need(s, par.cp, "cp", "s")
-        if s % par.cp == 0:
-            s_c = s // par.cp
-            if sequence_parallel:
-                need(s_c, par.tp, "tp (sequence parallel)", "s/cp")
-            if par.cp > 1 and cp_kind == "ring" and cfg.causal:
-                need(s, 2 * par.cp, "2*cp (zig-zag)", "s")
-        if par.cp > 1 and cp_kind == "ulysses" and not problems:
-            heads, kv = cfg.n_heads // par.tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, par.tp)[0]
-            need(heads, par.cp, "cp (Ulysses)", "n_heads/tp")
-            need(kv, par.cp, "cp (Ulysses)", "K/V heads per TP rank")
-    return problems
+    """Every constraint the plan violates, as sentences (empty: the plan runs): `pylib.plan.problems`, the one
+    validity model compose and the planner ask, with b x microbatches the global batch."""
+    opt = RunOptions(sequence_parallel=sequence_parallel, cp_kind=cp_kind, n_microbatches=microbatches)
+    return plan_problems(cfg, par, par.world_size, batch=None if b is None else b * microbatches, seq=s, options=opt)
 
 
-@functools.lru_cache(maxsize=1024)
-def _mesh_problems(par) -> tuple[str, ...]:
-    """`par.problems(world_size)`, once per mesh: it builds every rank group, and `summary` (each explorer update)
-    reaches `check_plan` seven times through `weight_shapes`, `activation_shapes`, `memory` and `traffic`."""
-    return tuple(par.problems(par.world_size))
-
-
-def _check(cfg, par, b=None, s=None, **kw):
-    problems = check_plan(cfg, par, b, s, **kw)
+def _check(cfg, par, b=None, s=None, *, sequence_parallel: bool = SEQUENCE_PARALLEL, cp_kind: str = "ring"):
+    """Raise when the shapes asked for do not exist: the size rules of `pylib.plan.problems` (what a mode alone
+    needs; the explorer's `summary` asks every rule, `check_plan`)."""
+    opt = RunOptions(sequence_parallel=sequence_parallel, cp_kind=cp_kind)
+    problems = size_problems(cfg, par, batch=b, seq=s, options=opt)
     if problems:
         raise ValueError("the plan does not fit the model: " + "; ".join(problems))
 
 
 # ------------------------------------------------------------------------------------------------ weights
+
+
+@dataclass
+class _WeightRows:
+    """The weights of one pipeline rank being listed: the sizes every seam of `weight_shapes` needs."""
+
+    cfg: object
+    par: object
+    pp_rank: int
+    out: list = field(default_factory=list)
+
+    def __post_init__(self):
+        cfg = self.cfg
+        self.layers = stage_layer_ids(cfg.n_layers, self.par.pp, self.pp_rank)
+        self.dense = [i for i in self.layers if not cfg.is_moe_layer(i)]
+        self.moe = [i for i in self.layers if cfg.is_moe_layer(i)]
+        self.all_dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.n_layers))
+        self.all_moe = cfg.n_layers - self.all_dense
+        self.e = dtype_bytes(cfg.dtype)
+
+    def tp_split(self, dim: int, parts: int | None = None) -> list:
+        t = self.par.tp
+        return [("tp", dim, t if parts is None else parts)] if t > 1 else []
+
+    def row(self, name, param, symbol, full, local, splits, count, full_count, linear=True, note=""):
+        local = local if count else None
+        self.out.append(
+            TensorShape(name, param, symbol, full, local, tuple(splits), count, full_count, self.e, linear, False, note)
+        )
+
+
+def _vocab_rows(w: _WeightRows) -> None:
+    """Embedding (first stage) and LM head (last stage): vocab-parallel, V split over tp."""
+    cfg, t = w.cfg, w.par.tp
+    V, h = cfg.vocab_size, cfg.d_model
+    first, last = w.pp_rank == 0, w.pp_rank == w.par.pp - 1
+    note = "vocab-parallel: rank holds token ids [r V/tp, (r+1) V/tp)"
+    w.row("token embedding", "embed.weight", "[V, h]", (V, h), (V // t, h), w.tp_split(0), int(first), 1, False, note)
+    if not cfg.tie_embeddings:
+        note = "column-parallel over the vocabulary"
+        w.row("LM head", "lm_head.weight", "[h, V]", (V, h), (V // t, h), w.tp_split(0), int(last), 1, note=note)
+
+
+def _attention_rows(w: _WeightRows) -> None:
+    """W_Q and W_O split by query head; W_K, W_V split by K/V head, or one K/V head replicated."""
+    cfg, t = w.cfg, w.par.tp
+    h, dh, n, L = cfg.d_model, cfg.d_head, len(w.layers), cfg.n_layers
+    kv_local, kv_replicas = kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, t)
+    q_full, q_local = (cfg.n_heads * dh, h), (cfg.n_heads // t * dh, h)
+    note = "column split by query head"
+    w.row("W_Q", "layers.{i}.attn.q_proj.weight", "[h, h]", q_full, q_local, w.tp_split(0), n, L, note=note)
+    kv_note = "column split by K/V head" if kv_replicas == 1 else f"one K/V head, replicated on {kv_replicas} TP ranks"
+    kv_split = w.tp_split(0) if kv_replicas == 1 else w.tp_split(0, cfg.kv_heads)
+    for name in ("K", "V"):
+        param = f"layers.{{i}}.attn.{name.lower()}_proj.weight"
+        full, local = (cfg.kv_heads * dh, h), (kv_local * dh, h)
+        w.row(f"W_{name}", param, "[h, h_kv]", full, local, kv_split, n, L, note=kv_note)
+    note = "row split: partial sums all-reduced"
+    o_full, o_local = q_full[::-1], q_local[::-1]
+    w.row("W_O", "layers.{i}.attn.o_proj.weight", "[h, h]", o_full, o_local, w.tp_split(1), n, L, note=note)
+
+
+def _dense_mlp_rows(w: _WeightRows) -> None:
+    """The dense MLP's W_gate, W_up (column split over h_ffn) and W_down (row split)."""
+    if not w.all_dense:
+        return
+    cfg, t = w.cfg, w.par.tp
+    h, ff, n, n_all = cfg.d_model, cfg.d_ff, len(w.dense), w.all_dense
+    if cfg.mlp == "swiglu":
+        note = "column split, the same slice as W_up"
+        w.row(
+            "W_gate",
+            "layers.{i}.mlp.gate_proj.weight",
+            "[h, h_ffn]",
+            (ff, h),
+            (ff // t, h),
+            w.tp_split(0),
+            n,
+            n_all,
+            note=note,
+        )
+    w.row(
+        "W_up",
+        "layers.{i}.mlp.up_proj.weight",
+        "[h, h_ffn]",
+        (ff, h),
+        (ff // t, h),
+        w.tp_split(0),
+        n,
+        n_all,
+        note="column split",
+    )
+    note = "row split: partial sums all-reduced"
+    w.row(
+        "W_down",
+        "layers.{i}.mlp.down_proj.weight",
+        "[h_ffn, h]",
+        (h, ff),
+        (h, ff // t),
+        w.tp_split(1),
+        n,
+        n_all,
+        note=note,
+    )
+
+
+def _expert_rows(w: _WeightRows) -> None:
+    """The router (replicated) and each rank's E/ep experts, each cut by etp like a TP MLP."""
+    if not w.all_moe:
+        return
+    cfg, par, h = w.cfg, w.par, w.cfg.d_model
+    E, ffe, etp = cfg.moe.n_experts, cfg.moe.d_ff or cfg.d_ff, par.etp
+    n_local, n, n_all = E // par.ep, len(w.moe), w.all_moe
+    note = "replicated: every rank routes its own tokens"
+    w.row("router", "layers.{i}.mlp.router.gate.weight", "[h, E]", (E, h), (E, h), [], n, n_all, note=note)
+    esplit = [("ep", -1, par.ep)] if par.ep > 1 else []
+    per_rank = f"E/ep = {n_local} experts per rank"
+    for name in (["gate_proj"] if cfg.mlp == "swiglu" else []) + ["up_proj"]:
+        splits = esplit + ([("etp", 0, etp)] if etp > 1 else [])
+        note = per_rank + (f", h_ffn/etp = {ffe // etp}" if etp > 1 else "")
+        param = f"layers.{{i}}.mlp.experts.{{e}}.{name}.weight"
+        label = f"expert W_{name.split('_')[0]}"
+        w.row(label, param, "[h, h_ffn]", (ffe, h), (ffe // etp, h), splits, n * n_local, n_all * E, note=note)
+    splits = esplit + ([("etp", 1, etp)] if etp > 1 else [])
+    param = "layers.{i}.mlp.experts.{e}.down_proj.weight"
+    w.row(
+        "expert W_down", param, "[h_ffn, h]", (h, ffe), (h, ffe // etp), splits, n * n_local, n_all * E, note=per_rank
+    )
+
+
+def _norm_rows(w: _WeightRows) -> None:
+    """LayerNorms: whole on every rank."""
+    h, last = w.cfg.d_model, w.pp_rank == w.par.pp - 1
+    note = "whole on every rank (SP: gradient all-reduced over TP)"
+    ln = "layers.{i}.ln{1,2}.{weight,bias}"
+    w.row("LayerNorm γ, β", ln, "[h]", (h,), (h,), [], 4 * len(w.layers), 4 * w.cfg.n_layers, False, note)
+    w.row("final LayerNorm γ, β", "ln_f.{weight,bias}", "[h]", (h,), (h,), [], 2 * int(last), 2, linear=False)
 
 
 def weight_shapes(cfg, par, *, pp_rank: int = 0) -> list[TensorShape]:
@@ -200,190 +299,10 @@ def weight_shapes(cfg, par, *, pp_rank: int = 0) -> list[TensorShape]:
     h_ffn), W_O and W_down their input (dim 1); LayerNorms and the router whole. EP: E/ep experts, each split by
     etp like a TP MLP. CP, DP (without ZeRO-3) and sequence parallelism: nothing split. PP: layers of the stage."""
     _check(cfg, par)
-    e = dtype_bytes(cfg.dtype)
-    t, h, dh = par.tp, cfg.d_model, cfg.d_head
-    kv_local, kv_replicas = kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, t)
-    layers = stage_layer_ids(cfg.n_layers, par.pp, pp_rank)
-    first, last = pp_rank == 0, pp_rank == par.pp - 1
-    dense = [i for i in layers if not cfg.is_moe_layer(i)]
-    moe = [i for i in layers if cfg.is_moe_layer(i)]
-    all_dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.n_layers))
-    all_moe = cfg.n_layers - all_dense
-    V, ff = cfg.vocab_size, cfg.d_ff
-    out: list[TensorShape] = []
-
-    def row(name, param, symbol, full, local, splits, count, full_count, linear=True, note=""):
-        out.append(
-            TensorShape(
-                name,
-                param,
-                symbol,
-                full,
-                local if count else None,
-                tuple(splits),
-                count,
-                full_count,
-                e,
-                linear,
-                False,
-                note,
-            )
-        )
-
-    vsplit = [("tp", 0, t)] if t > 1 else []
-    row(
-        "token embedding",
-        "embed.weight",
-        "[V, h]",
-        (V, h),
-        (V // t, h),
-        vsplit,
-        int(first),
-        1,
-        linear=False,
-        note="vocab-parallel: rank holds token ids [r V/tp, (r+1) V/tp)",
-    )
-    if not cfg.tie_embeddings:
-        row(
-            "LM head",
-            "lm_head.weight",
-            "[h, V]",
-            (V, h),
-            (V // t, h),
-            vsplit,
-            int(last),
-            1,
-            note="column-parallel over the vocabulary",
-        )
-    n_layers_here = len(layers)
-    hsplit = [("tp", 0, t)] if t > 1 else []
-    row(
-        "W_Q",
-        "layers.{i}.attn.q_proj.weight",
-        "[h, h]",
-        (cfg.n_heads * dh, h),
-        (cfg.n_heads // t * dh, h),
-        hsplit,
-        n_layers_here,
-        cfg.n_layers,
-        note="column split by query head",
-    )
-    kv_note = "column split by K/V head" if kv_replicas == 1 else f"one K/V head, replicated on {kv_replicas} TP ranks"
-    kv_split = [("tp", 0, t)] if t > 1 and kv_replicas == 1 else []
-    if t > 1 and kv_replicas > 1:
-        kv_split = [("tp", 0, cfg.kv_heads)]
-    for w in ("K", "V"):
-        row(
-            f"W_{w}",
-            f"layers.{{i}}.attn.{w.lower()}_proj.weight",
-            "[h, h_kv]",
-            (cfg.kv_heads * dh, h),
-            (kv_local * dh, h),
-            kv_split,
-            n_layers_here,
-            cfg.n_layers,
-            note=kv_note,
-        )
-    row(
-        "W_O",
-        "layers.{i}.attn.o_proj.weight",
-        "[h, h]",
-        (h, cfg.n_heads * dh),
-        (h, cfg.n_heads // t * dh),
-        [("tp", 1, t)] if t > 1 else [],
-        n_layers_here,
-        cfg.n_layers,
-        note="row split: partial sums all-reduced",
-    )
-    fsplit = [("tp", 0, t)] if t > 1 else []
-    if all_dense:
-        if cfg.mlp == "swiglu":
-            row(
-                "W_gate",
-                "layers.{i}.mlp.gate_proj.weight",
-                "[h, h_ffn]",
-                (ff, h),
-                (ff // t, h),
-                fsplit,
-                len(dense),
-                all_dense,
-                note="column split, the same slice as W_up",
-            )
-        row(
-            "W_up",
-            "layers.{i}.mlp.up_proj.weight",
-            "[h, h_ffn]",
-            (ff, h),
-            (ff // t, h),
-            fsplit,
-            len(dense),
-            all_dense,
-            note="column split",
-        )
-        row(
-            "W_down",
-            "layers.{i}.mlp.down_proj.weight",
-            "[h_ffn, h]",
-            (h, ff),
-            (h, ff // t),
-            [("tp", 1, t)] if t > 1 else [],
-            len(dense),
-            all_dense,
-            note="row split: partial sums all-reduced",
-        )
-    if all_moe:
-        E, ffe, etp = cfg.moe.n_experts, cfg.moe.d_ff or cfg.d_ff, par.etp
-        n_local = E // par.ep
-        row(
-            "router",
-            "layers.{i}.mlp.router.gate.weight",
-            "[h, E]",
-            (E, h),
-            (E, h),
-            [],
-            len(moe),
-            all_moe,
-            note="replicated: every rank routes its own tokens",
-        )
-        esplit = [("ep", -1, par.ep)] if par.ep > 1 else []
-        names = (["gate_proj"] if cfg.mlp == "swiglu" else []) + ["up_proj"]
-        for n in names:
-            row(
-                f"expert W_{n.split('_')[0]}",
-                f"layers.{{i}}.mlp.experts.{{e}}.{n}.weight",
-                "[h, h_ffn]",
-                (ffe, h),
-                (ffe // etp, h),
-                esplit + ([("etp", 0, etp)] if etp > 1 else []),
-                len(moe) * n_local,
-                all_moe * E,
-                note=f"E/ep = {n_local} experts per rank" + (f", h_ffn/etp = {ffe // etp}" if etp > 1 else ""),
-            )
-        row(
-            "expert W_down",
-            "layers.{i}.mlp.experts.{e}.down_proj.weight",
-            "[h_ffn, h]",
-            (h, ffe),
-            (h, ffe // etp),
-            esplit + ([("etp", 1, etp)] if etp > 1 else []),
-            len(moe) * n_local,
-            all_moe * E,
-            note=f"E/ep = {n_local} experts per rank",
-        )
-    row(
-        "LayerNorm γ, β",
-        "layers.{i}.ln{1,2}.{weight,bias}",
-        "[h]",
-        (h,),
-        (h,),
-        [],
-        4 * n_layers_here,
-        4 * cfg.n_layers,
-        linear=False,
-        note="whole on every rank (SP: gradient all-reduced over TP)",
-    )
-    row("final LayerNorm γ, β", "ln_f.{weight,bias}", "[h]", (h,), (h,), [], 2 * int(last), 2, linear=False)
-    return out
+    w = _WeightRows(cfg, par, pp_rank)
+    for seam in (_vocab_rows, _attention_rows, _dense_mlp_rows, _expert_rows, _norm_rows):
+        seam(w)
+    return w.out
 
 
 def local_parameters(cfg, par, *, pp_rank: int = 0) -> dict[str, tuple[int, ...]]:
@@ -431,13 +350,7 @@ def parameter_counts(cfg, par, *, pp_rank: int = 0) -> dict[str, int]:
 
 def model_parameter_count(cfg) -> int:
     """Elements of the whole reference model (every weight once)."""
-    return sum(w.full_numel * w.full_count for w in weight_shapes(cfg, _single()))
-
-
-def _single():
-    from pylib.runtime.mesh import ParallelConfig
-
-    return ParallelConfig()
+    return sum(w.full_numel * w.full_count for w in weight_shapes(cfg, ParallelConfig()))
 
 
 # ------------------------------------------------------------------------------------------------ activations
@@ -455,7 +368,7 @@ class LocalSizes:
     kv_replicas: int
 
 
-def local_sizes(cfg, par, b: int, s: int, *, sequence_parallel: bool = False) -> LocalSizes:
+def local_sizes(cfg, par, b: int, s: int, *, sequence_parallel: bool = SEQUENCE_PARALLEL) -> LocalSizes:
     b_r, s_c = _div(b, par.dp, "dp", "b"), _div(s, par.cp, "cp", "s")
     s_out = _div(s_c, par.tp, "tp", "s/cp (sequence parallel)") if sequence_parallel else s_c
     kv, rep = kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, par.tp)
@@ -471,7 +384,7 @@ def score_blocks(
     (cp_rank - step) mod cp -- causal contiguous: whole from an earlier rank, skipped from a later one; causal
     zig-zag: from an earlier rank all queries against the first half of the keys [.., s_c, s_c/2], from a later
     rank the second half of the queries against all keys [.., s_c/2, s_c]."""
-    loc = local_sizes(cfg, par, b, s)
+    loc = local_sizes(cfg, par, b, s, sequence_parallel=False)
     if par.cp == 1:
         return [(loc.b, loc.heads, s, s)]
     if cp_kind == "ulysses":
@@ -491,13 +404,118 @@ def score_blocks(
     return out
 
 
+def _splits(*pairs) -> tuple:
+    """(axis, dim, parts) for the axes that cut (parts > 1)."""
+    return tuple((a, d, n) for a, d, n in pairs if n > 1)
+
+
+@dataclass
+class _ActivationRows:
+    """The activations of one rank being listed: its local sizes and how many layers of each kind it holds."""
+
+    cfg: object
+    par: object
+    b: int
+    s: int
+    loc: LocalSizes
+    sp: bool  # sequence parallelism with tp > 1
+    pp_rank: int
+    out: list = field(default_factory=list)
+
+    def __post_init__(self):
+        cfg = self.cfg
+        layers = stage_layer_ids(cfg.n_layers, self.par.pp, self.pp_rank)
+        self.n_here = len(layers)
+        self.n_dense = sum(not cfg.is_moe_layer(i) for i in layers)
+        self.n_moe = self.n_here - self.n_dense
+        self.e = dtype_bytes(cfg.dtype)
+
+    def bsd(self, tp_dim: int | None = 2) -> tuple:
+        """The splits of a [b, s, ...] tensor inside the TP region: dp cuts b, cp cuts s, tp the last dim."""
+        return _splits(("dp", 0, self.par.dp), ("cp", 1, self.par.cp), ("tp", tp_dim, self.par.tp))
+
+    def row(self, name, symbol, full, local, splits, count, full_count, note="", expected=False):
+        local = local if count else None
+        e = self.e
+        self.out.append(TensorShape(name, "", symbol, full, local, splits, count, full_count, e, False, expected, note))
+
+
+def _hidden_split(a: _ActivationRows) -> tuple:
+    """[b, s, h] outside the TP region: dp cuts b, cp cuts s, and SP cuts s again over tp."""
+    return _splits(("dp", 0, a.par.dp), ("cp", 1, a.par.cp), ("tp", 1, a.par.tp if a.sp else 1))
+
+
+def _attention_activations(a: _ActivationRows, *, cp_kind: str, layout: str, cp_rank: int) -> None:
+    """The layer's input, Q, K, V, the score blocks and the attention output."""
+    cfg, par, loc, b, s = a.cfg, a.par, a.loc, a.b, a.s
+    t, h, dh, n, L = par.tp, cfg.d_model, cfg.d_head, a.n_here, cfg.n_layers
+    note = "outside the TP region" + (": s/(cp tp) tokens under SP" if a.sp else ": whole h on every TP rank")
+    a.row("input hidden", "[b, s, h]", (b, s, h), (loc.b, loc.s_out, h), _hidden_split(a), n, L, note)
+    qsplit = _splits(("dp", 0, par.dp), ("tp", 1, t), ("cp", 2, par.cp))
+    note = "inside the TP region: the whole s_c even under SP"
+    a.row("Q", "[b, n_head, s, d_head]", (b, cfg.n_heads, s, dh), (loc.b, loc.heads, loc.s_c, dh), qsplit, n, L, note)
+    kv_tp = t if loc.kv_replicas == 1 else cfg.kv_heads
+    kvsplit = _splits(("dp", 0, par.dp), ("tp", 1, kv_tp), ("cp", 2, par.cp))
+    kv_note = "" if loc.kv_replicas == 1 else f"one K/V head held by {loc.kv_replicas} TP ranks"
+    for w in ("K", "V"):
+        full, local = (b, cfg.kv_heads, s, dh), (loc.b, loc.kv_heads, loc.s_c, dh)
+        a.row(w, "[b, n_kv_head, s, d_head]", full, local, kvsplit, n, L, kv_note)
+    blocks = score_blocks(cfg, par, b, s, cp_kind=cp_kind, layout=layout, cp_rank=cp_rank)
+    bt = (("dp", 0, par.dp), ("tp", 1, t))
+    if par.cp == 1:
+        ssplit, note = _splits(*bt), "whole s x s per head"
+    elif cp_kind == "ulysses":
+        ssplit, note = _splits(*bt, ("cp", 1, par.cp)), "Ulysses: heads cut by tp x cp, the whole s x s per head"
+    else:
+        ssplit = _splits(*bt, ("cp", 2, par.cp), ("cp", 3, par.cp))
+        note = f"ring: {len(blocks)} blocks per forward, one at a time; never [.., s/cp, s] (score_blocks)"
+    a.row("attention scores", "[b, n_head, s, s]", (b, cfg.n_heads, s, s), blocks[0], ssplit, n, L, note)
+    note = "the input of W_O: h/tp columns"
+    a.row("attention output", "[b, s, h]", (b, s, h), (loc.b, loc.s_c, loc.heads * dh), a.bsd(), n, L, note)
+
+
+def _mlp_activations(a: _ActivationRows) -> None:
+    """The dense MLP's intermediate; for MoE layers the router logits and the expected expert rows."""
+    cfg, par, loc, b, s = a.cfg, a.par, a.loc, a.b, a.s
+    t, h, L = par.tp, cfg.d_model, cfg.n_layers
+    if a.n_dense or cfg.moe is None:
+        note = "inside the TP region: the whole s_c even under SP"
+        full, local = (b, s, cfg.d_ff), (loc.b, loc.s_c, cfg.d_ff // t)
+        all_dense = sum(not cfg.is_moe_layer(i) for i in range(L))
+        a.row("FFN intermediate", "[b, s, h_ffn]", full, local, a.bsd(), a.n_dense, all_dense, note)
+    if cfg.moe is None:
+        return
+    E, k, ffe = cfg.moe.n_experts, cfg.moe.top_k, cfg.moe.d_ff or cfg.d_ff
+    T = loc.b * loc.s_out
+    all_moe = sum(cfg.is_moe_layer(i) for i in range(L))
+    rsplit = _splits(("dp", 0, par.dp), ("cp", 0, par.cp), ("tp", 0, t if a.sp else 1))
+    a.row("router logits", "[b s, E]", (b * s, E), (T, E), rsplit, a.n_moe, all_moe, "each rank routes its own tokens")
+    rows_e = round(T * k * par.ep * par.etp / E)  # expected rows per local expert (uniform routing)
+    n_e, all_e = a.n_moe * (E // par.ep), all_moe * E
+    note = "rows routed to one local expert: expected T k ep etp / E (uniform routing)"
+    a.row("expert input", "[T_e, h]", (b * s * k // E, h), (rows_e, h), (), n_e, all_e, note, expected=True)
+    full, local, esplit = (b * s * k // E, ffe), (rows_e, ffe // par.etp), _splits(("etp", 1, par.etp))
+    note = "expected, as the expert input"
+    a.row("expert intermediate", "[T_e, h_ffn]", full, local, esplit, n_e, all_e, note, expected=True)
+
+
+def _output_activations(a: _ActivationRows) -> None:
+    """The block output (after the reduce) and, on the last stage, the vocab-parallel logits."""
+    cfg, par, loc, b, s = a.cfg, a.par, a.loc, a.b, a.s
+    h, V, last = cfg.d_model, cfg.vocab_size, a.pp_rank == par.pp - 1
+    note = "after the reduce (all-reduce, or reduce-scatter under SP)"
+    a.row("block output", "[b, s, h]", (b, s, h), (loc.b, loc.s_out, h), _hidden_split(a), a.n_here, cfg.n_layers, note)
+    note = "vocab-parallel: V/tp columns; on the last stage only"
+    a.row("logits", "[b, s, V]", (b, s, V), (loc.b, loc.s_c, V // par.tp), a.bsd(), int(last), 1, note)
+
+
 def activation_shapes(
     cfg,
     par,
     b: int,
     s: int,
     *,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool = SEQUENCE_PARALLEL,
     cp_kind: str = "ring",
     layout: str = "zigzag",
     pp_rank: int = 0,
@@ -507,166 +525,26 @@ def activation_shapes(
     micro-batch. full = the single-device shape for the whole micro-batch [b, s, ...]; count = layers of this
     kind on the stage (logits: 1 on the last stage). Dense and MoE rows appear when the model has such layers."""
     _check(cfg, par, b, s, sequence_parallel=sequence_parallel, cp_kind=cp_kind)
-    e = dtype_bytes(cfg.dtype)
     loc = local_sizes(cfg, par, b, s, sequence_parallel=sequence_parallel)
-    t, h, dh, V = par.tp, cfg.d_model, cfg.d_head, cfg.vocab_size
-    layers = stage_layer_ids(cfg.n_layers, par.pp, pp_rank)
-    n_here = len(layers)
-    n_dense = sum(not cfg.is_moe_layer(i) for i in layers)
-    n_moe = n_here - n_dense
-    last = pp_rank == par.pp - 1
-    sp = sequence_parallel and t > 1
-    out: list[TensorShape] = []
-
-    def splits(*pairs):
-        return tuple((a, d, n) for a, d, n in pairs if n > 1)
-
-    def row(name, symbol, full, local, sp_, count, full_count, note="", expected=False):
-        out.append(
-            TensorShape(
-                name, "", symbol, full, local if count else None, sp_, count, full_count, e, False, expected, note
-            )
-        )
-
-    L = cfg.n_layers
-    hidden_split = splits(("dp", 0, par.dp), ("cp", 1, par.cp), ("tp", 1, t if sp else 1))
-    row(
-        "input hidden",
-        "[b, s, h]",
-        (b, s, h),
-        (loc.b, loc.s_out, h),
-        hidden_split,
-        n_here,
-        L,
-        "outside the TP region" + (": s/(cp tp) tokens under SP" if sp else ": whole h on every TP rank"),
-    )
-    qsplit = splits(("dp", 0, par.dp), ("tp", 1, t), ("cp", 2, par.cp))
-    row(
-        "Q",
-        "[b, n_head, s, d_head]",
-        (b, cfg.n_heads, s, dh),
-        (loc.b, loc.heads, loc.s_c, dh),
-        qsplit,
-        n_here,
-        L,
-        "inside the TP region: the whole s_c even under SP",
-    )
-    kv_tp = t if loc.kv_replicas == 1 else cfg.kv_heads
-    kvsplit = splits(("dp", 0, par.dp), ("tp", 1, kv_tp), ("cp", 2, par.cp))
-    kv_note = "" if loc.kv_replicas == 1 else f"one K/V head held by {loc.kv_replicas} TP ranks"
-    for w in ("K", "V"):
-        row(
-            w,
-            "[b, n_kv_head, s, d_head]",
-            (b, cfg.kv_heads, s, dh),
-            (loc.b, loc.kv_heads, loc.s_c, dh),
-            kvsplit,
-            n_here,
-            L,
-            kv_note,
-        )
-    blocks = score_blocks(cfg, par, b, s, cp_kind=cp_kind, layout=layout, cp_rank=cp_rank)
-    if par.cp == 1:
-        ssplit = splits(("dp", 0, par.dp), ("tp", 1, t))
-        note = "whole s x s per head"
-    elif cp_kind == "ulysses":
-        ssplit = splits(("dp", 0, par.dp), ("tp", 1, t), ("cp", 1, par.cp))
-        note = "Ulysses: heads cut by tp x cp, the whole s x s per head"
-    else:
-        ssplit = splits(("dp", 0, par.dp), ("tp", 1, t), ("cp", 2, par.cp), ("cp", 3, par.cp))
-        note = f"ring: {len(blocks)} blocks per forward, one at a time; never [.., s/cp, s] (score_blocks)"
-    row("attention scores", "[b, n_head, s, s]", (b, cfg.n_heads, s, s), blocks[0], ssplit, n_here, L, note)
-    row(
-        "attention output",
-        "[b, s, h]",
-        (b, s, h),
-        (loc.b, loc.s_c, loc.heads * dh),
-        splits(("dp", 0, par.dp), ("cp", 1, par.cp), ("tp", 2, t)),
-        n_here,
-        L,
-        "the input of W_O: h/tp columns",
-    )
-    if n_dense or (cfg.moe is None):
-        row(
-            "FFN intermediate",
-            "[b, s, h_ffn]",
-            (b, s, cfg.d_ff),
-            (loc.b, loc.s_c, cfg.d_ff // t),
-            splits(("dp", 0, par.dp), ("cp", 1, par.cp), ("tp", 2, t)),
-            n_dense,
-            sum(not cfg.is_moe_layer(i) for i in range(L)),
-            "inside the TP region: the whole s_c even under SP",
-        )
-    if cfg.moe is not None:
-        E, k, ffe = cfg.moe.n_experts, cfg.moe.top_k, cfg.moe.d_ff or cfg.d_ff
-        T = loc.b * loc.s_out
-        all_moe = sum(cfg.is_moe_layer(i) for i in range(L))
-        row(
-            "router logits",
-            "[b s, E]",
-            (b * s, E),
-            (T, E),
-            splits(("dp", 0, par.dp), ("cp", 0, par.cp), ("tp", 0, t if sp else 1)),
-            n_moe,
-            all_moe,
-            "each rank routes its own tokens",
-        )
-        rows_e = T * k * par.ep * par.etp / E  # expected rows per local expert (uniform routing)
-        rows_e_int = round(rows_e)
-        row(
-            "expert input",
-            "[T_e, h]",
-            (b * s * k // E, h),
-            (rows_e_int, h),
-            (),
-            n_moe * (E // par.ep),
-            all_moe * E,
-            "rows routed to one local expert: expected T k ep etp / E (uniform routing)",
-            expected=True,
-        )
-        row(
-            "expert intermediate",
-            "[T_e, h_ffn]",
-            (b * s * k // E, ffe),
-            (rows_e_int, ffe // par.etp),
-            splits(("etp", 1, par.etp)),
-            n_moe * (E // par.ep),
-            all_moe * E,
-            "expected, as the expert input",
-            expected=True,
-        )
-    row(
-        "block output",
-        "[b, s, h]",
-        (b, s, h),
-        (loc.b, loc.s_out, h),
-        hidden_split,
-        n_here,
-        L,
-        "after the reduce (all-reduce, or reduce-scatter under SP)",
-    )
-    row(
-        "logits",
-        "[b, s, V]",
-        (b, s, V),
-        (loc.b, loc.s_c, V // t),
-        splits(("dp", 0, par.dp), ("cp", 1, par.cp), ("tp", 2, t)),
-        int(last),
-        1,
-        "vocab-parallel: V/tp columns; on the last stage only",
-    )
-    return out
+    a = _ActivationRows(cfg, par, b, s, loc, sequence_parallel and par.tp > 1, pp_rank)
+    _attention_activations(a, cp_kind=cp_kind, layout=layout, cp_rank=cp_rank)
+    _mlp_activations(a)
+    _output_activations(a)
+    return a.out
 
 
 # ------------------------------------------------------------------------------------------------ traffic
 
 
 @dataclass(frozen=True)
-class Traffic:
-    """One kind of communication of one rank in one training step.
+class ModeTraffic:
+    """One kind of communication of one rank in one training step, as the explorer lists it: the rows of the one
+    traffic model (`pylib.analysis.compose.step_traffic`) added up by mode, op and what issues them.
 
-    mode: "TP", "SP", "CP", "EP", "PP", "DP"; op: the collective; when: what triggers it; count: ops per step;
-    message: payload S of one op in bytes (the textbook size); sent: bytes this rank sends per step, all ops."""
+    mode: "TP", "SP", "CP", "EP", "ETP", "PP", "DP", or "scalars" (the loss, the pipeline's start-up sync and the
+    router's auxiliary statistics: a few bytes each); op: the collective ("send" for point-to-point: the matching
+    receives send nothing); when: what issues it and in which phases; count: ops per step; message: payload S of
+    one op in bytes (the textbook size); sent: bytes this rank sends per step, all ops."""
 
     mode: str
     op: str
@@ -676,175 +554,76 @@ class Traffic:
     sent: float
 
 
+_DP_AXES = {"dp-cp": "dense parameters' buffers over dp x cp", "edp": "expert parameters' buffers over edp"}
+_SCALAR_PHASES = ("loss", "pp-sync")
+
+
+def _mode(row, sequence_parallel: bool) -> str:
+    if row.phase in _SCALAR_PHASES or row.axis == "tp-cp":
+        return "scalars"
+    if row.axis == "tp":
+        return "SP" if sequence_parallel else "TP"
+    return {"cp": "CP", "ep": "EP", "etp": "ETP", "pp": "PP", "dp-cp": "DP", "edp": "DP"}[row.axis]
+
+
+def _when(where: str, phases: list[str]) -> str:
+    return where if phases == [where] else f"{where} ({', '.join(phases)})"
+
+
+def mode_traffic(rows, *, sequence_parallel: bool) -> list[ModeTraffic]:
+    """`step_traffic` rows added up by (mode, op, what issues them), in their first appearance's order; receives
+    (0 bytes sent) left out."""
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        if r.op == "recv":
+            continue
+        mode = _mode(r, sequence_parallel)
+        where = _DP_AXES.get(r.axis, r.where) if mode == "DP" else r.where
+        g = groups.setdefault((mode, r.op, where), dict(phases=[], count=0, sent=0, message=r.payload))
+        if r.phase not in g["phases"]:
+            g["phases"].append(r.phase)
+        g["count"] += r.count
+        g["sent"] += r.bytes_sent
+    return [
+        ModeTraffic(mode, op, _when(where, g["phases"]), g["count"], g["message"], g["sent"])
+        for (mode, op, where), g in groups.items()
+    ]
+
+
 def traffic(
     cfg,
     par,
     b: int,
     s: int,
     *,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool = SEQUENCE_PARALLEL,
     cp_kind: str = "ring",
     microbatches: int = 1,
-    zero: str = "ddp",
+    zero: str | int = "ddp",
     pp_rank: int = 0,
-    grad_dtype: str | None = None,
-) -> list[Traffic]:
-    """The communication of one training step (forward + backward of `microbatches` micro-batches, then the
-    gradient reduction) of pipeline rank `pp_rank`, by mode, from the per-mode formulas of `pylib.analysis`:
+) -> list[ModeTraffic]:
+    """The communication of one training step (forward + backward of `microbatches` micro-batches of b sequences
+    across DP, then the gradient reduction) of pipeline rank `pp_rank`, from the one traffic model: the planner's
+    `rank_traffic_rows` (`compose.step_traffic` on this rank's flat buffers, MoE layers at their expected, uniform
+    routing), by mode (`mode_traffic`):
 
-      TP/SP  tp.layer_collectives per layer (payload b_r s_c h e), + embedding, LM head, cross-entropy
+      TP/SP  tp.layer_collectives per layer (payload b_r s_c h e), + embedding, LM head, cross-entropy; after
+             backward SP's LayerNorm (and router) gradients and replicated K/V gradients, on the held elements
       CP     cp.ring_traffic (K/V blocks, then dK/dV) or cp.ulysses_traffic per layer
-      EP     ep.expected_alltoall_bytes: dispatch + combine, forward and backward, per MoE layer
+      EP     the count exchange and ep.expected dispatch + combine, forward and backward, per MoE layer; ETP its
+             gathers and reduce-scatters
       PP     pp.p2p_bytes_per_rank: one activation forward and one gradient back per boundary and micro-batch
-      DP     dp.traffic_per_step over dp x cp (dense weights; Megatron's "dp-cp") and over edp (experts)."""
+      DP     per flat buffer over dp x cp (dense weights; Megatron's "dp-cp") and over edp (experts), by ZeRO stage."""
+    from . import planner  # the planner builds on this module's weight shapes
+
     _check(cfg, par, b, s, sequence_parallel=sequence_parallel, cp_kind=cp_kind)
-    e = dtype_bytes(cfg.dtype)
-    ge = dtype_bytes(grad_dtype or cfg.dtype)
-    loc = local_sizes(cfg, par, b, s, sequence_parallel=sequence_parallel)
-    t, h, m = par.tp, cfg.d_model, microbatches
-    layers = stage_layer_ids(cfg.n_layers, par.pp, pp_rank)
-    n_here, n_moe = len(layers), sum(cfg.is_moe_layer(i) for i in layers)
-    first, last = pp_rank == 0, pp_rank == par.pp - 1
-    sp = sequence_parallel and t > 1
-    out: list[Traffic] = []
-    if t > 1:
-        mode = "SP" if sp else "TP"
-        # Every layer crosses into and out of the TP region around attention; a dense MLP is a second region, an
-        # MoE layer's experts are not (they run on the rank's own tokens, the EP dispatcher moves them).
-        per_layer = tp_analysis.layer_collectives(loc.b, loc.s_c, h, t, e, sequence_parallel=sp)
-        for op in ("all_reduce", "all_gather", "reduce_scatter"):
-            ops = [(c, n_here if c.where == "attn" else n_here - n_moe) for c in per_layer if c.op == op]
-            ops = [(c, n) for c, n in ops if n]
-            if ops:
-                when = "entering / leaving attention" + (" and the MLP" if n_here > n_moe else "")
-                out.append(
-                    Traffic(
-                        mode,
-                        op,
-                        when + ", forward and backward",
-                        sum(n for _, n in ops) * m,
-                        ops[0][0].payload_bytes,
-                        sum(c.bytes_sent * n for c, n in ops) * m,
-                    )
-                )
-        edge = []
-        if first:
-            edge += tp_analysis.embedding_collectives(loc.b, loc.s_c, h, t, e, sequence_parallel=sp)
-        if last:
-            edge += tp_analysis.lm_head_collectives(loc.b, loc.s_c, h, t, e, sequence_parallel=sp)
-            edge += tp_analysis.cross_entropy_collectives(loc.b, loc.s_c, t, e)
-        for c in edge:
-            out.append(Traffic(mode, c.op, c.where, m, c.payload_bytes, c.bytes_sent * m))
-        # after backward, once per step: SP's LayerNorm gradients, replicated K/V heads' gradients (tp.grad_collectives)
-        if sp:  # LayerNorms (and MoE routers) see only the rank's s/(cp tp) tokens: their gradients are summed
-            routers = n_moe * cfg.moe.n_experts if n_moe else 0
-            payload = ((4 * n_here + 2 * int(last)) * h + routers * h) * ge
-            out.append(
-                Traffic(
-                    mode,
-                    "all_reduce",
-                    "LayerNorm" + (" and router" if routers else "") + " gradients (sequence-parallel replicas)",
-                    1,
-                    payload,
-                    tp_analysis.ring_bytes_sent("all_reduce", payload, t),
-                )
-            )
-        if loc.kv_replicas > 1:
-            payload = n_here * 2 * cfg.kv_heads * cfg.d_head * h * ge
-            out.append(
-                Traffic(
-                    mode,
-                    "all_reduce",
-                    "gradients of K/V heads replicated over TP",
-                    1,
-                    payload,
-                    tp_analysis.ring_bytes_sent("all_reduce", payload, t),
-                )
-            )
-    if par.cp > 1:
-        if cp_kind == "ring":
-            r = cp_analysis.ring_traffic(loc.b, s, loc.kv_heads, cfg.d_head, par.cp, e)
-            n_kv = r["forward_kv_transfers"] + r["backward_kv_transfers"]
-            out.append(
-                Traffic(
-                    "CP",
-                    "send/recv K, V",
-                    "each ring step of attention, forward and backward",
-                    n_kv * n_here * m,
-                    r["kv_message_bytes"],
-                    n_kv * r["kv_message_bytes"] * n_here * m,
-                )
-            )
-            out.append(
-                Traffic(
-                    "CP",
-                    "send/recv dK, dV",
-                    "each ring step of attention's backward",
-                    r["backward_dkv_transfers"] * n_here * m,
-                    r["dkv_message_bytes"],
-                    r["backward_dkv_transfers"] * r["dkv_message_bytes"] * n_here * m,
-                )
-            )
-        else:
-            u = cp_analysis.ulysses_traffic(loc.b, s, loc.heads, loc.kv_heads, cfg.d_head, par.cp, e)
-            n = u["all_to_alls_forward"] + u["all_to_alls_backward"]
-            out.append(
-                Traffic(
-                    "CP",
-                    "all_to_all",
-                    "q, k, v in and the output back, forward and backward",
-                    n * n_here * m,
-                    u["local_bytes"]["q"],
-                    (u["forward_bytes_sent"] + u["backward_bytes_sent"]) * n_here * m,
-                )
-            )
-    if cfg.moe is not None and par.ep > 1 and n_moe:
-        T = loc.b * loc.s_out
-        k = cfg.moe.top_k
-        per = ep_analysis.expected_alltoall_bytes(T, k, h, par.ep, e)
-        out.append(
-            Traffic(
-                "EP",
-                "all_to_all",
-                "dispatch and combine of each MoE layer, forward and backward",
-                4 * n_moe * m,
-                T * k * h * e,
-                4 * per * n_moe * m,
-            )
-        )
-    if par.pp > 1:
-        msg = pp_analysis.p2p_message_bytes(loc.b, loc.s_out, h, e)
-        sent = pp_analysis.p2p_bytes_per_rank(loc.b, loc.s_out, h, e, par.pp, m, pp_rank)
-        out.append(
-            Traffic(
-                "PP",
-                "send/recv",
-                "activation forward / gradient back at each stage boundary",
-                sent // msg if msg else 0,
-                msg,
-                sent,
-            )
-        )
-    counts = parameter_counts(cfg, par, pp_rank=pp_rank)
-    d_dense, d_expert = par.dp * par.cp, par.expert_dp()
-    for what, n, d in (("dense", counts["dense"], d_dense), ("expert", counts["expert"], d_expert)):
-        if n and d > 1:
-            for op, sent in dp_analysis.traffic_by_op(n * ge, d, zero).items():
-                out.append(
-                    Traffic(
-                        "DP",
-                        op,
-                        f"{what} gradients (and ZeRO parameters) once per step over "
-                        f"{'dp x cp' if what == 'dense' else 'edp'} = {d}",
-                        1,
-                        n * ge,
-                        sent,
-                    )
-                )
-    return out
+    sp = sequence_parallel and par.tp > 1
+    plan = planner.Plan(par, sp, cp_kind, int(zero_stage(zero)), microbatches)
+    rows = planner.rank_traffic_rows(cfg, plan, b * microbatches, s, pp_rank)
+    return mode_traffic(rows, sequence_parallel=sp)
 
 
-def traffic_by_mode(rows: list[Traffic]) -> dict[str, float]:
+def traffic_by_mode(rows: list[ModeTraffic]) -> dict[str, float]:
     out: dict[str, float] = {}
     for r in rows:
         out[r.mode] = out.get(r.mode, 0) + r.sent
@@ -860,36 +639,29 @@ def memory(
     b: int,
     s: int,
     *,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool = SEQUENCE_PARALLEL,
     cp_kind: str = "ring",
     microbatches: int = 1,
-    zero: str = "ddp",
+    zero: str | int = "ddp",
     pp_rank: int = 0,
     optimizer_states: int = 2,
+    attention: str = "math",
 ) -> dict:
-    """Bytes one rank holds: parameters, gradients and optimizer state (`dp.held_bytes`, one dtype throughout,
-    Adam's two moments by default; dense state sharded over dp x cp, expert state over edp under ZeRO), and the
-    activation tensors of `activation_shapes` for the layers of its stage and the micro-batches in flight
-    (1F1B: min(pp - pp_rank, m), `pp.peak_in_flight`)."""
-    e = dtype_bytes(cfg.dtype)
-    counts = parameter_counts(cfg, par, pp_rank=pp_rank)
-    held = {"params": 0, "grads": 0, "optim": 0}
-    for n, d in ((counts["dense"], par.dp * par.cp), (counts["expert"], par.expert_dp())):
-        if n:
-            part = dp_analysis.held_bytes(n, e, d, zero, optimizer_states=optimizer_states)
-            for key in held:
-                held[key] += part[key]
-    acts = activation_shapes(cfg, par, b, s, sequence_parallel=sequence_parallel, cp_kind=cp_kind, pp_rank=pp_rank)
-    per_microbatch = sum(a.held_bytes for a in acts)
-    in_flight = pp_analysis.peak_in_flight("1f1b", par.pp, microbatches, pp_rank) if par.pp > 1 else 1
-    return dict(
-        **held,
-        activations_per_microbatch=per_microbatch,
-        in_flight=in_flight,
-        activations=per_microbatch * in_flight,
-        total=sum(held.values()) + per_microbatch * in_flight,
-        params_elements=counts["total"],
+    """Bytes one rank holds, from the one memory model, `pylib.analysis.planner.rank_memory` (what the planner
+    ranks with, tested byte for byte against composed runs): parameters, gradients and optimizer state of the
+    rank's flat buffers (one dtype throughout, `optimizer_states` tensors of state; dense state over dp x cp,
+    expert state over edp, sharded and padded under ZeRO), the activations backward keeps at the peak of the 1F1B
+    schedule over `microbatches` micro-batches of b sequences (attention "math": pylib's unfused core keeps the
+    probabilities; "flash" keeps none), ZeRO-3's gathered parameters, and the total.
+    params_elements: this rank's parameter elements (`parameter_counts`)."""
+    from . import planner  # the planner builds on this module's weight shapes
+
+    plan = planner.Plan(par, sequence_parallel, cp_kind, int(zero_stage(zero)), microbatches)
+    work = planner.Workload(
+        b * microbatches, s, precision="uniform", attention=attention, optimizer_states=optimizer_states
     )
+    held = planner.rank_memory(cfg, plan, work, pp_rank)
+    return dict(held, params_elements=parameter_counts(cfg, par, pp_rank=pp_rank)["total"])
 
 
 @dataclass
@@ -899,7 +671,7 @@ class Summary:
     weights: list[TensorShape]
     activations: list[TensorShape]
     memory: dict
-    traffic: list[Traffic]
+    traffic: list[ModeTraffic]
     problems: list[str] = field(default_factory=list)
 
 
@@ -909,20 +681,25 @@ def summary(
     b: int,
     s: int,
     *,
-    sequence_parallel: bool = False,
+    sequence_parallel: bool = SEQUENCE_PARALLEL,
     cp_kind: str = "ring",
     microbatches: int = 1,
-    zero: str = "ddp",
+    zero: str | int = "ddp",
     pp_rank: int = 0,
+    attention: str = "math",
 ) -> Summary:
-    """weights, activations, memory and traffic of one rank; for an impossible plan, the problems only."""
-    problems = check_plan(cfg, par, b, s, sequence_parallel=sequence_parallel, cp_kind=cp_kind)
+    """weights, activations, memory and traffic of one rank; for an impossible plan, the problems only (the one
+    validity model, `check_plan`). Memory and traffic are the planner's (`memory`, `traffic`), so the explorer and
+    `planner.predict` answer alike for the same plan (tests/test_analysis_shapes.py)."""
+    problems = check_plan(
+        cfg, par, b, s, sequence_parallel=sequence_parallel, cp_kind=cp_kind, microbatches=microbatches
+    )
     if problems:
         return Summary([], [], {}, [], problems)
     kw = dict(sequence_parallel=sequence_parallel, cp_kind=cp_kind, pp_rank=pp_rank)
     return Summary(
         weight_shapes(cfg, par, pp_rank=pp_rank),
         activation_shapes(cfg, par, b, s, **kw),
-        memory(cfg, par, b, s, microbatches=microbatches, zero=zero, **kw),
+        memory(cfg, par, b, s, microbatches=microbatches, zero=zero, attention=attention, **kw),
         traffic(cfg, par, b, s, microbatches=microbatches, zero=zero, **kw),
     )

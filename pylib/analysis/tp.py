@@ -190,6 +190,96 @@ class MemoryRow:
     why: str
 
 
+@dataclass(frozen=True)
+class _LayerSizes:
+    """The sizes `compare_with_korthikanti`'s rows need (see its docstring)."""
+
+    cfg: object
+    b: int
+    s: int
+    t: int
+    e: int
+    so: int  # tokens per rank outside the TP region
+    s_in: int  # tokens of the QKV / MLP input kept for backward
+    p_out: float  # the paper's SP divides everything outside the region by t
+    gathered: bool  # SP without regather: the inputs are kept gathered
+
+    @property
+    def sbh(self) -> int:
+        return self.s * self.b * self.cfg.d_model
+
+
+def _norm_and_input_rows(z: _LayerSizes) -> list[MemoryRow]:
+    """LayerNorms' inputs and statistics, and the inputs of the column-parallel linears (QKV, MLP)."""
+    e, b, so, h = z.e, z.b, z.so, z.cfg.d_model
+    if z.gathered:
+        rel, why = (
+            "different",
+            "SP without regather keeps the gathered [b, s, h]; Megatron keeps the s/t slice and "
+            "all-gathers it again in backward (regather=True)",
+        )
+    else:
+        rel, why = "same", "the input of the column-parallel linears"
+    stats_why = "2 numbers per token per LayerNorm; the paper neglects them (O(sb), not O(sbh))"
+    return [
+        MemoryRow(
+            "LayerNorm inputs (LN1, LN2)",
+            4 * z.sbh * z.p_out,
+            2 * e * b * so * h,
+            "same",
+            "outside the TP region: s/t tokens under SP",
+        ),
+        MemoryRow("LayerNorm mean and 1/std", 0, 2 * 2 * e * b * so, "ours only", stats_why),
+        MemoryRow("QKV input (LN1 output)", 2 * z.sbh * z.p_out, e * b * z.s_in * h, rel, why),
+        MemoryRow("MLP input (LN2 output)", 2 * z.sbh * z.p_out, e * b * z.s_in * h, rel, why),
+    ]
+
+
+def _attention_rows(z: _LayerSizes) -> list[MemoryRow]:
+    """The attention core's saved tensors, and the paper's dropout terms we do not have."""
+    cfg, e, b, s, t, sbh = z.cfg, z.e, z.b, z.s, z.t, z.sbh
+    a, dh = cfg.n_heads, cfg.d_head
+    a_l = a // t
+    gqa = "under GQA our core expands K to n_head/t heads before the matmul, so K costs as in MHA"
+    softmax = "[b, n_head/t, s, s]: the 5as/h term is this, the dropout mask and the dropout output"
+    mask = "our core keeps an [s, s] bool mask (1 byte each); the paper's fused kernel builds it on the fly"
+    rope = "GPT-3 has learned positions; RoPE keeps cos and sin [s, d_head] for Q and again for K"
+    no_dropout = "no dropout: the softmax output itself feeds the matmul with V"
+    return [
+        MemoryRow("Q and K", 4 * sbh / t, 2 * e * b * s * a_l * dh, "same", gqa),
+        MemoryRow("V", 2 * sbh / t, e * b * s * a_l * dh, "same", "expanded to n_head/t heads under GQA, as K"),
+        MemoryRow("softmax output", 2 * a * s * s * b / t, e * b * a_l * s * s, "same", softmax),
+        MemoryRow("softmax dropout mask", a * s * s * b / t, 0, "paper only", "no dropout in our model"),
+        MemoryRow("attention probabilities after dropout", 2 * a * s * s * b / t, 0, "paper only", no_dropout),
+        MemoryRow("causal mask", 0, s * s if cfg.causal else 0, "ours only", mask),
+        MemoryRow("RoPE cos and sin", 0, 4 * e * s * dh if cfg.position == "rope" else 0, "ours only", rope),
+        MemoryRow(
+            "W_O input (attention output)",
+            2 * sbh / t,
+            e * b * s * a_l * dh,
+            "same",
+            "a copy: heads transposed back to [b, s, h/t]",
+        ),
+        MemoryRow("attention residual dropout mask", sbh * z.p_out, 0, "paper only", "no dropout in our model"),
+    ]
+
+
+def _mlp_rows(z: _LayerSizes) -> list[MemoryRow]:
+    """The MLP's hidden activations, and the paper's residual dropout mask."""
+    cfg, sbh = z.cfg, z.sbh
+    h, ff = cfg.d_model, cfg.d_ff
+    swiglu, ratio = cfg.mlp == "swiglu", ff / h
+    rel = "same" if not swiglu and ff == 4 * h else "different"
+    why = (
+        "SwiGLU keeps gate x, silu(gate x), up x and their product" if swiglu else "GELU keeps its input and output"
+    ) + f", each [b, s, h_ffn/t]; the paper: GELU, h_ffn = 4h (here h_ffn = {ratio:g}h)"
+    ours = (4 if swiglu else 2) * z.e * z.b * z.s * (ff // z.t)
+    return [
+        MemoryRow("MLP hidden", 16 * sbh / z.t, ours, rel, why),
+        MemoryRow("MLP residual dropout mask", sbh * z.p_out, 0, "paper only", "no dropout in our model"),
+    ]
+
+
 def compare_with_korthikanti(
     cfg, b: int, s: int, t: int = 1, *, sequence_parallel: bool = False, regather: bool = False
 ) -> list[MemoryRow]:
@@ -202,94 +292,14 @@ def compare_with_korthikanti(
     slice is kept and gathered again in backward, as Megatron does and as the paper's TP+SP formula assumes.
     Sizes follow from autograd's rules: a matmul keeps both inputs, LayerNorm keeps its input, mean and 1/std,
     GELU and SiLU keep their input, a product keeps both factors, masked_fill keeps the mask, softmax its output."""
-    e = dtype_bytes(cfg.dtype)
-    h, a, dh, ff = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_ff
     sp = sequence_parallel and t > 1
-    so = s // t if sp else s  # tokens per rank outside the TP region
-    s_in = so if (sp and regather) else s  # tokens of the QKV / MLP input kept for backward
-    p_out = 1 / t if sequence_parallel else 1.0  # the paper's SP divides everything outside the region by t
-    sbh = s * b * h
-    a_l, ff_l = a // t, ff // t
-    gathered = sp and not regather
-    input_rel, input_why = (
-        (
-            "different",
-            "SP without regather keeps the gathered [b, s, h]; Megatron keeps the s/t slice and "
-            "all-gathers it again in backward (regather=True)",
-        )
-        if gathered
-        else ("same", "the input of the column-parallel linears")
-    )
-    swiglu, ratio = cfg.mlp == "swiglu", ff / h
-    hidden_rel = "same" if not swiglu and ff == 4 * h else "different"
-    hidden_why = (
-        "SwiGLU keeps gate x, silu(gate x), up x and their product" if swiglu else "GELU keeps its input and output"
-    ) + f", each [b, s, h_ffn/t]; the paper: GELU, h_ffn = 4h (here h_ffn = {ratio:g}h)"
-    return [
-        MemoryRow(
-            "LayerNorm inputs (LN1, LN2)",
-            4 * sbh * p_out,
-            2 * e * b * so * h,
-            "same",
-            "outside the TP region: s/t tokens under SP",
-        ),
-        MemoryRow(
-            "LayerNorm mean and 1/std",
-            0,
-            2 * 2 * e * b * so,
-            "ours only",
-            "2 numbers per token per LayerNorm; the paper neglects them (O(sb), not O(sbh))",
-        ),
-        MemoryRow("QKV input (LN1 output)", 2 * sbh * p_out, e * b * s_in * h, input_rel, input_why),
-        MemoryRow(
-            "Q and K",
-            4 * sbh / t,
-            2 * e * b * s * a_l * dh,
-            "same",
-            "under GQA our core expands K to n_head/t heads before the matmul, so K costs as in MHA",
-        ),
-        MemoryRow("V", 2 * sbh / t, e * b * s * a_l * dh, "same", "expanded to n_head/t heads under GQA, as K"),
-        MemoryRow(
-            "softmax output",
-            2 * a * s * s * b / t,
-            e * b * a_l * s * s,
-            "same",
-            "[b, n_head/t, s, s]: the 5as/h term is this, the dropout mask and the dropout output",
-        ),
-        MemoryRow("softmax dropout mask", a * s * s * b / t, 0, "paper only", "no dropout in our model"),
-        MemoryRow(
-            "attention probabilities after dropout",
-            2 * a * s * s * b / t,
-            0,
-            "paper only",
-            "no dropout: the softmax output itself feeds the matmul with V",
-        ),
-        MemoryRow(
-            "causal mask",
-            0,
-            s * s if cfg.causal else 0,
-            "ours only",
-            "our core keeps an [s, s] bool mask (1 byte each); the paper's fused kernel builds it on the fly",
-        ),
-        MemoryRow(
-            "RoPE cos and sin",
-            0,
-            4 * e * s * dh if cfg.position == "rope" else 0,
-            "ours only",
-            "GPT-3 has learned positions; RoPE keeps cos and sin [s, d_head] for Q and again for K",
-        ),
-        MemoryRow(
-            "W_O input (attention output)",
-            2 * sbh / t,
-            e * b * s * a_l * dh,
-            "same",
-            "a copy: heads transposed back to [b, s, h/t]",
-        ),
-        MemoryRow("attention residual dropout mask", sbh * p_out, 0, "paper only", "no dropout in our model"),
-        MemoryRow("MLP input (LN2 output)", 2 * sbh * p_out, e * b * s_in * h, input_rel, input_why),
-        MemoryRow("MLP hidden", 16 * sbh / t, (4 if swiglu else 2) * e * b * s * ff_l, hidden_rel, hidden_why),
-        MemoryRow("MLP residual dropout mask", sbh * p_out, 0, "paper only", "no dropout in our model"),
-    ]
+    so = s // t if sp else s
+    s_in = so if (sp and regather) else s
+    p_out = 1 / t if sequence_parallel else 1.0
+    z = _LayerSizes(cfg, b, s, t, dtype_bytes(cfg.dtype), so, s_in, p_out, sp and not regather)
+    norms = _norm_and_input_rows(z)
+    # in the layer's order: LayerNorm 1, the QKV input, attention, LayerNorm 2's input, the MLP
+    return norms[:3] + _attention_rows(z) + norms[3:] + _mlp_rows(z)
 
 
 def saved_activation_bytes(

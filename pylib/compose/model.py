@@ -31,6 +31,7 @@ from pylib.cp.layout import shard_sequence
 from pylib.dp.buckets import DEFAULT_BUCKET_BYTES
 from pylib.dp.memory import HeldBytes
 from pylib.dp.wrap import micro_batch, wrap
+from pylib.plan.options import SEQUENCE_PARALLEL, ZERO_STAGE_NAMES
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.recorder import PipelineRecorder
 from pylib.pp.schedules import build
@@ -51,7 +52,7 @@ from .reductions import (
 )
 from .stage import ParallelStage
 
-DP_STAGES = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}
+DP_STAGES = dict(enumerate(ZERO_STAGE_NAMES))  # zero_stage -> pylib.dp.wrap's name (pylib.plan.options)
 MODEL_OPTIONS = ("sequence_parallel", "cp_layout", "cp_kind", "schedule", "n_microbatches", "v", "zero_stage")
 
 
@@ -163,7 +164,7 @@ class ParallelTransformer:
         model,
         mesh,
         *,
-        sequence_parallel: bool = True,
+        sequence_parallel: bool = SEQUENCE_PARALLEL,
         cp_layout: str = "zigzag",
         cp_kind: str = "ring",
         schedule: str = "1f1b",

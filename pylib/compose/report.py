@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pylib.analysis.compose import Traffic, per_axis, step_traffic
 from pylib.model import batches, build_model
+from pylib.plan.options import RunOptions
 
 from .probe import ffn_probe
 
@@ -37,6 +38,7 @@ def formula_traffic(cfg, pc, record: dict, *, batch: int, seq: int, **options) -
     return step_traffic(
         cfg,
         pc,
+        RunOptions(**{k: v for k, v in options.items() if k in TRAFFIC_OPTIONS}),
         batch=batch,
         seq=seq,
         pp_rank=c["pp"],
@@ -46,7 +48,6 @@ def formula_traffic(cfg, pc, record: dict, *, batch: int, seq: int, **options) -
         etp_index=c["etp"],
         ep_index=c["ep"],
         moe_routing=record["moe_routing"],
-        **{k: v for k, v in options.items() if k in TRAFFIC_OPTIONS},
     )
 
 

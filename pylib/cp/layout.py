@@ -19,33 +19,21 @@ from __future__ import annotations
 
 import torch
 
+from pylib.plan.problems import LAYOUTS, check_layout, check_sequence, n_chunks
 from pylib.runtime.sharding import ShardSpec
 
-LAYOUTS = ("contiguous", "zigzag")
-
-
-def check_layout(layout: str) -> None:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r} must be one of {LAYOUTS}")
-
-
-def n_chunks(cp_size: int, layout: str) -> int:
-    """How many equal chunks the sequence is cut into: cp (contiguous) or 2*cp (zigzag)."""
-    check_layout(layout)
-    return cp_size if layout == "contiguous" else 2 * cp_size
-
-
-def check_sequence(seq_len: int, cp_size: int, layout: str) -> None:
-    """Raise when `seq_len` cannot be cut into the layout's equal chunks, naming the numbers."""
-    check_layout(layout)
-    if cp_size < 1:
-        raise ValueError(f"cp={cp_size} must be >= 1")
-    parts = n_chunks(cp_size, layout)
-    if seq_len % parts:
-        what = f"2*cp={parts} chunks" if layout == "zigzag" else f"cp={cp_size} chunks"
-        raise ValueError(
-            f"{layout} layout cuts the sequence into {what}: sequence length s={seq_len} is not divisible by {parts}"
-        )
+__all__ = [
+    "LAYOUTS",
+    "check_layout",
+    "check_sequence",
+    "layout_chunks",
+    "layout_order",
+    "n_chunks",
+    "sequence_positions",
+    "sequence_shard_spec",
+    "shard_sequence",
+    "unshard_sequence",
+]
 
 
 def layout_chunks(cp_rank: int, cp_size: int, layout: str = "zigzag") -> tuple[int, ...]:

@@ -18,23 +18,13 @@ from __future__ import annotations
 
 import torch
 
+from pylib.plan.problems import check_heads
 from pylib.runtime import collectives as C
 from pylib.runtime import tracer
 
 from .kernels import default_scale, kernel_attention
 from .layout import layout_order
 from .ring import check_qkv, cp_group
-
-
-def check_heads(n_head: int, n_kv_head: int, cp_size: int) -> None:
-    """Ulysses gives each rank n_head/cp query heads and n_kv_head/cp K/V heads: both must divide."""
-    if n_head % cp_size:
-        raise ValueError(f"ulysses: cp={cp_size} does not divide n_head={n_head} (each rank attends n_head/cp heads)")
-    if n_kv_head % cp_size:
-        raise ValueError(
-            f"ulysses: cp={cp_size} does not divide n_kv_head={n_kv_head} (each rank needs whole K/V heads; "
-            f"use ring attention, or cp <= {n_kv_head})"
-        )
 
 
 def ulysses_attention(

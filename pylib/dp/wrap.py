@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from pylib.plan.options import ZERO_STAGE_NAMES
+
 from ..runtime import tracer
 from .buckets import DEFAULT_BUCKET_BYTES
 from .ddp import DistributedDataParallel
@@ -22,7 +24,7 @@ from .groups import GroupFor
 from .memory import HeldBytes
 from .zero import ZeroDataParallel
 
-STAGES = ("ddp", "zero1", "zero2", "zero3")
+STAGES = ZERO_STAGE_NAMES  # ("ddp", "zero1", "zero2", "zero3"): the one ZeRO vocabulary, pylib.plan.options
 
 
 class DDPTrainer:

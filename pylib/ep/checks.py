@@ -3,21 +3,9 @@
 from __future__ import annotations
 
 from pylib.model.config import MoEConfig
+from pylib.plan.problems import expert_parallel_problems
 
-
-def expert_parallel_problems(cfg: MoEConfig, *, ep: int, etp: int, d_ff_expert: int) -> list[str]:
-    """Every violated constraint of running `cfg` with `ep` expert-parallel and `etp` expert-tensor-parallel
-    ranks, as sentences (empty when it can run)."""
-    out = []
-    if ep < 1 or cfg.n_experts % ep:
-        out.append(f"ep={ep} does not divide n_experts={cfg.n_experts}")
-    if not 1 <= cfg.top_k <= cfg.n_experts:
-        out.append(f"top_k={cfg.top_k} must be between 1 and n_experts={cfg.n_experts}")
-    if cfg.capacity_factor is not None and cfg.capacity_factor <= 0:
-        out.append(f"capacity_factor={cfg.capacity_factor} must be > 0 (or None for no dropping)")
-    if etp < 1 or d_ff_expert % etp:
-        out.append(f"etp={etp} does not divide expert h_ffn={d_ff_expert}")
-    return out
+__all__ = ["check_expert_parallel", "check_orthogonal", "expert_parallel_problems"]
 
 
 def check_expert_parallel(cfg: MoEConfig, *, ep: int, etp: int, d_ff_expert: int) -> None:

@@ -10,6 +10,9 @@ layout: chunk c of rank r holds layer block c·p + r. With v = 1 that is the pla
 A forward pass visits the virtual stages in order 0, 1, ..., K-1, so an activation goes round the ring of ranks v
 times. Virtual stage 0 also embeds the token ids; virtual stage K-1 also applies ln_f and the LM head and, given
 targets, returns the microbatch's mean cross-entropy loss.
+
+The layer arithmetic (`check_split`, `virtual_stage`, `layers_of_stage`, `stage_layers`) is `pylib.plan.split`'s,
+re-exported here; this module builds the stage modules.
 """
 
 from __future__ import annotations
@@ -20,40 +23,22 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pylib.plan.split import check_split, layers_of_stage, stage_layers, virtual_stage
+
 from ..model import Transformer
 from ..runtime.sharding import ShardSpec
 
-
-def check_split(n_layers: int, pp: int, v: int = 1) -> None:
-    """Raise a ValueError naming the numbers when L layers cannot be cut into pp·v equal blocks."""
-    for name, value in (("pp", pp), ("v", v)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
-    if n_layers % (pp * v):
-        raise ValueError(
-            f"n_layers={n_layers} is not divisible by pp × v = {pp} × {v} = {pp * v} "
-            f"(every virtual stage must hold the same number of layers)"
-        )
-
-
-def virtual_stage(rank: int, chunk: int, pp: int) -> int:
-    """Index k of the virtual stage held by `rank` as its chunk `chunk`: k = chunk·pp + rank."""
-    return chunk * pp + rank
-
-
-def layers_of_stage(n_layers: int, stage: int, n_stages: int) -> range:
-    """The layer indices virtual stage `stage` of `n_stages` holds: the stage-th run of L / n_stages layers."""
-    check_split(n_layers, n_stages)
-    if not 0 <= stage < n_stages:
-        raise ValueError(f"stage={stage} is outside 0..{n_stages - 1}")
-    per = n_layers // n_stages
-    return range(stage * per, (stage + 1) * per)
-
-
-def stage_layers(n_layers: int, pp: int, v: int = 1) -> list[list[range]]:
-    """layers[r][c]: the range of layer indices that chunk c of rank r holds (pure; the book prints it)."""
-    check_split(n_layers, pp, v)
-    return [[layers_of_stage(n_layers, virtual_stage(r, c, pp), pp * v) for c in range(v)] for r in range(pp)]
+__all__ = [
+    "PipelineChunk",
+    "check_split",
+    "layers_of_stage",
+    "lm_loss",
+    "rank_chunks",
+    "shard_specs",
+    "split_model",
+    "stage_layers",
+    "virtual_stage",
+]
 
 
 class PipelineChunk(nn.Module):

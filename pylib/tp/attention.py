@@ -22,45 +22,17 @@ positions of the sequence the core sees (RoPE and the causal mask use them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 
 from pylib.model import attention_core, rope
-from pylib.runtime import ShardSpec, require_divisible
+from pylib.plan.heads import HeadLayout, head_layout
+from pylib.runtime import ShardSpec
 from pylib.runtime import collectives as C
 from pylib.runtime.tracer import current_tag
 
 from .linear import ColumnParallelLinear, RowParallelLinear
 from .regions import column_parallel_linears
-
-
-@dataclass(frozen=True)
-class HeadLayout:
-    """Which heads one TP rank holds."""
-
-    q_first: int
-    q_count: int
-    kv_first: int
-    kv_count: int
-    kv_replicas: int  # how many TP ranks hold each of this rank's K/V heads (1 = split, >1 = replicated)
-
-
-def head_layout(n_head: int, n_kv_head: int, tp: int, rank: int) -> HeadLayout:
-    """The query and K/V heads TP rank `rank` of `tp` holds; raises naming the constraint when none works."""
-    require_divisible(n_head, tp, "tp", "n_heads")
-    q_count = n_head // tp
-    if n_kv_head % tp == 0:
-        kv_count = n_kv_head // tp
-        return HeadLayout(rank * q_count, q_count, rank * kv_count, kv_count, 1)
-    if tp % n_kv_head == 0:
-        replicas = tp // n_kv_head
-        return HeadLayout(rank * q_count, q_count, rank // replicas, 1, replicas)
-    raise ValueError(
-        f"tp={tp} does not divide n_kv_heads={n_kv_head}, and n_kv_heads={n_kv_head} does not divide tp={tp}: "
-        "some rank's query heads would read K/V heads held by two ranks"
-    )
 
 
 class LocalAttention:

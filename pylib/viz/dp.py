@@ -16,12 +16,14 @@ from __future__ import annotations
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 
+from pylib.plan.options import ZeroStage
+
 from . import style
 
 TRANSIENT = style.PURPLE  # memory resident only for a while: ZeRO-3's gathered unit, ZeRO-2's buckets on the wire
 BUCKETS = (style.COMM, style.tint(style.COMM, 0.45))  # neighbouring gradient buckets, told apart
 
-STAGE_LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+STAGE_LABELS = {s.key: s.label for s in ZeroStage}  # "ddp" -> "DDP", "zero1" -> "ZeRO-1", ... (pylib.plan.options)
 
 
 @style.styled

@@ -19,7 +19,7 @@ import ipywidgets as widgets
 from pylib.analysis import shapes
 from pylib.model import ModelConfig, MoEConfig
 from pylib.model.presets import deepseek_v3_like, gpt_style_70b, llama2_70b, mixtral_8x7b, probe_moe_config
-from pylib.runtime.mesh import ParallelConfig
+from pylib.plan import ZERO_STAGE_NAMES, ParallelConfig
 
 from .tables import fmt_bytes, fmt_shape, html_table, text_table
 
@@ -31,12 +31,12 @@ PRESETS: dict[str, tuple[ModelConfig, dict]] = {
         dict(tp=2, pp=4, dp=8, ep=8, b=8, s=4096, sp=True, m=8),
     ),
     "DeepSeek-V3-class MoE": (deepseek_v3_like(), dict(dp=64, ep=64, b=64, s=4096, m=1)),
-    "this chapter's probe model": (probe_moe_config(), dict(tp=2, dp=2, ep=2, b=4, s=16, m=1)),
+    "this chapter's probe model": (probe_moe_config(), dict(tp=2, dp=2, ep=2, b=4, s=16, sp=True, m=1)),
 }
 DEFAULT = "Llama-2-70B (GQA, SwiGLU)"
 POWERS = [1, 2, 4, 8, 16, 32, 64, 128]
 DTYPES = ["bfloat16", "float16", "float32", "float64"]
-ZERO = ["ddp", "zero1", "zero2", "zero3"]
+ZERO = list(ZERO_STAGE_NAMES)  # the one ZeRO vocabulary (pylib.plan.options)
 
 
 def _seed_shape(t: shapes.TensorShape, local: bool = True) -> str:
@@ -78,10 +78,8 @@ def tables(summary: shapes.Summary) -> dict[str, tuple[list[str], list[list[str]
         ["parameters", fmt_bytes(m["params"])],
         ["gradients", fmt_bytes(m["grads"])],
         ["optimizer state (Adam: 2 moments)", fmt_bytes(m["optim"])],
-        [
-            f"activation tensors above, x layers, x {m['in_flight']} micro-batch(es) in flight",
-            fmt_bytes(m["activations"]),
-        ],
+        ["activations saved for backward, at the 1F1B schedule's peak", fmt_bytes(m["activations"])],
+        *([["ZeRO-3: gathered parameters (running + prefetched)", fmt_bytes(m["gathered"])]] if m["gathered"] else []),
         ["total", fmt_bytes(m["total"])],
     ]
     t_rows = [[t.mode, t.op, t.when, str(t.count), fmt_bytes(t.message), fmt_bytes(t.sent)] for t in summary.traffic]

@@ -1,0 +1,66 @@
+"""The planning layer: pure arithmetic of sizes that every other part of pylib asks, and no torch.
+
+    ParallelConfig(tp, cp, ep, dp, pp, etp, order)   rank_groups(config, world_size)   coordinates(...)   (mesh)
+    RunOptions(sequence_parallel, cp_kind, ...)      ZeroStage, zero_stage(x)                            (options)
+    FlatEntry, FlatLayout, padded_numel, plan_buckets, single_flat                                       (layout)
+    check_split, virtual_stage, layers_of_stage, chunk_layers, stage_layers                              (split)
+    HeadLayout, head_layout, kv_heads_per_rank                                                           (heads)
+    the pipeline schedules as data: build, compute_order, check_schedule, ...                            (schedules)
+    problems(cfg, par, world_size, batch=, seq=, options=)  -- the one validity model                    (problems)
+
+Layering: `plan` imports nothing of the project outside itself, and neither torch nor numpy; `pylib.analysis`
+imports only `plan`; the modes, `compose`, `runtime` and `viz` take their arithmetic from here.
+"""
+
+from . import schedules
+from .heads import HeadLayout, head_layout, kv_heads_per_rank
+from .layout import FlatEntry, FlatLayout, layout_table, padded_numel, plan_buckets, single_flat
+from .mesh import AXES, DENSE_GROUPS, EXPERT_GROUPS, ParallelConfig, coordinates, rank_groups
+from .options import (
+    CP_KINDS,
+    CP_LAYOUTS,
+    SEQUENCE_PARALLEL,
+    ZERO_STAGE_NAMES,
+    ZERO_STAGES,
+    RunOptions,
+    ZeroStage,
+    zero_stage,
+)
+from .problems import ComposeConfigError, check, problems, size_problems
+from .split import check_split, chunk_layers, layers_of_stage, stage_layers, virtual_stage
+
+__all__ = [
+    "AXES",
+    "CP_KINDS",
+    "CP_LAYOUTS",
+    "DENSE_GROUPS",
+    "EXPERT_GROUPS",
+    "SEQUENCE_PARALLEL",
+    "ZERO_STAGES",
+    "ZERO_STAGE_NAMES",
+    "ComposeConfigError",
+    "FlatEntry",
+    "FlatLayout",
+    "HeadLayout",
+    "ParallelConfig",
+    "RunOptions",
+    "ZeroStage",
+    "check",
+    "check_split",
+    "chunk_layers",
+    "coordinates",
+    "head_layout",
+    "kv_heads_per_rank",
+    "layers_of_stage",
+    "layout_table",
+    "padded_numel",
+    "plan_buckets",
+    "problems",
+    "rank_groups",
+    "schedules",
+    "single_flat",
+    "size_problems",
+    "stage_layers",
+    "virtual_stage",
+    "zero_stage",
+]

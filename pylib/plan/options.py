@@ -1,0 +1,99 @@
+"""The options of a composed run, one type, and their vocabularies, stated once.
+
+    RunOptions(sequence_parallel=True, cp_kind="ring", cp_layout="zigzag", schedule="1f1b", n_microbatches=1, v=1,
+               zero_stage=0)
+
+`pylib.compose` runs with these options, `pylib.plan.problems` checks them, `pylib.analysis` predicts what a run
+with them holds and moves, and the planner enumerates them. A field's default is the default everywhere.
+
+ZeRO stages: one vocabulary, two spellings of the same thing. `ZeroStage` is an int enum (0 = DDP, 1, 2, 3 = ZeRO-1,
+-2, -3: what compose's `zero_stage` takes), its `.key` the name `pylib.dp` and `pylib.analysis.dp` take ("ddp",
+"zero1", "zero2", "zero3"); `zero_stage(x)` accepts either and returns the enum.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+
+from .schedules import SCHEDULES
+
+# Sequence parallelism with TP on by default, as pylib.compose runs it: the activations outside the TP region are
+# cut s/(cp tp) (Megatron-Core's `sequence_parallel` flag; it is off by default there, on in every large recipe).
+SEQUENCE_PARALLEL = True
+CP_KINDS = ("ring", "ulysses")
+CP_LAYOUTS = ("contiguous", "zigzag")
+
+
+class ZeroStage(enum.IntEnum):
+    """How data parallelism keeps the model state: DDP replicates it, ZeRO-1 shards the optimizer state, ZeRO-2
+    also the gradients, ZeRO-3 also the parameters."""
+
+    DDP = 0
+    ZERO1 = 1
+    ZERO2 = 2
+    ZERO3 = 3
+
+    @property
+    def key(self) -> str:
+        """The name `pylib.dp.wrap` and `pylib.analysis.dp` take: "ddp", "zero1", "zero2", "zero3"."""
+        return "ddp" if self == ZeroStage.DDP else f"zero{int(self)}"
+
+    @property
+    def label(self) -> str:
+        return "DDP" if self == ZeroStage.DDP else f"ZeRO-{int(self)}"
+
+
+ZERO_STAGES = tuple(int(s) for s in ZeroStage)  # (0, 1, 2, 3)
+ZERO_STAGE_NAMES = tuple(s.key for s in ZeroStage)  # ("ddp", "zero1", "zero2", "zero3")
+
+
+def zero_stage(stage: int | str) -> ZeroStage:
+    """The stage named by an int (0..3) or a name ("ddp", "zero1", ...); raises naming both vocabularies."""
+    if isinstance(stage, str):
+        if stage in ZERO_STAGE_NAMES:
+            return ZeroStage(ZERO_STAGE_NAMES.index(stage))
+    elif isinstance(stage, int) and not isinstance(stage, bool) and stage in ZERO_STAGES:
+        return ZeroStage(stage)
+    raise ValueError(f"zero stage {stage!r} must be one of {ZERO_STAGES} (0 = DDP) or one of {ZERO_STAGE_NAMES}")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a composed run uses its mesh (the mesh itself is a `ParallelConfig`).
+
+    sequence_parallel: cut the activations outside the TP region over tp (needs tp > 1 to change anything);
+    cp_kind: "ring" or "ulysses" context parallelism; cp_layout: "zigzag" (2 cp chunks, causal load balance) or
+    "contiguous"; schedule: "gpipe", "1f1b" or "interleaved"; n_microbatches: m per step and data-parallel rank;
+    v: chunks per pipeline rank (interleaved); zero_stage: 0 (DDP) .. 3 (`ZeroStage`).
+    Not validated here: `pylib.plan.problems` reports every bad value with the others."""
+
+    sequence_parallel: bool = SEQUENCE_PARALLEL
+    cp_kind: str = "ring"
+    cp_layout: str = "zigzag"
+    schedule: str = "1f1b"
+    n_microbatches: int = 1
+    v: int = 1
+    zero_stage: int = 0
+
+    def as_dict(self) -> dict:
+        """The keyword arguments of `ParallelTransformer.from_full` and `compose_problems`."""
+        return asdict(self)
+
+    @property
+    def zero(self) -> str:
+        """The ZeRO stage by name ("ddp", "zero1", ...)."""
+        return zero_stage(self.zero_stage).key
+
+
+__all__ = [
+    "CP_KINDS",
+    "CP_LAYOUTS",
+    "SCHEDULES",
+    "SEQUENCE_PARALLEL",
+    "ZERO_STAGES",
+    "ZERO_STAGE_NAMES",
+    "RunOptions",
+    "ZeroStage",
+    "zero_stage",
+]

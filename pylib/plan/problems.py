@@ -1,0 +1,263 @@
+"""Every constraint a run must satisfy, each written once, all reported at once: the one validity model.
+
+    problems(cfg, par, world_size, batch=B, seq=S, options=RunOptions(...))   # [] when the run can go ahead
+
+`cfg` is a `pylib.model.ModelConfig` (read by attribute: n_heads, kv_heads, d_ff, vocab_size, n_layers, moe,
+causal, tie_embeddings, is_moe_layer); `par` a `ParallelConfig`; B the global batch (sequences per step over all
+data-parallel ranks), S the sequence length. Every part of pylib asks this module: the modes for their own rules
+(`check_sequence` for CP's layouts, `check_heads` for Ulysses, `expert_parallel_problems` for EP, `check_split`
+and `check_schedule` for PP), `pylib.compose` before it builds anything (`check_compose`), the explorer
+(`pylib.analysis.shapes.check_plan`) and the planner (`pylib.analysis.planner.problems`) for what they show.
+
+The rules come in two groups. `size_problems`: the sizes must divide (heads, h_ffn, V, experts, layers over the
+mesh; the batch over dp and m; the sequence over the CP layout's chunks and, with SP, over tp) -- what the sharded
+shapes need, for a mode alone or composed. `problems` adds the rules of the composed run: the choices must be known
+ones, the schedule must accept (pp, m, v), a MoE layer under TP needs sequence parallelism, no EP without experts,
+no tied embeddings, and the mesh must fit the world (`ParallelConfig.problems`).
+
+The zig-zag rule: `pylib.cp.shard_sequence` cuts every zig-zag sequence into 2 cp equal chunks whatever the
+attention (ring or Ulysses, causal or not), so s must be divisible by 2 cp (`check_sequence`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .heads import head_layout
+from .options import CP_KINDS, CP_LAYOUTS, ZERO_STAGES, RunOptions
+from .schedules import SCHEDULES, ScheduleError, check_schedule
+from .split import check_split
+
+LAYOUTS = CP_LAYOUTS
+
+
+class ComposeConfigError(ValueError):
+    """A configuration that cannot run; `.problems` lists every violated constraint as a sentence."""
+
+    def __init__(self, problems: list[str], what: str = "this configuration"):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{what} cannot run ({len(self.problems)} problem(s)):\n{lines}")
+
+
+# ------------------------------------------------------------------------------------------------ the modes' rules
+
+
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} must be one of {LAYOUTS}")
+
+
+def n_chunks(cp_size: int, layout: str) -> int:
+    """How many equal chunks the sequence is cut into: cp (contiguous) or 2*cp (zigzag)."""
+    check_layout(layout)
+    return cp_size if layout == "contiguous" else 2 * cp_size
+
+
+def check_sequence(seq_len: int, cp_size: int, layout: str) -> None:
+    """Raise when `seq_len` cannot be cut into the layout's equal chunks, naming the numbers."""
+    check_layout(layout)
+    if cp_size < 1:
+        raise ValueError(f"cp={cp_size} must be >= 1")
+    parts = n_chunks(cp_size, layout)
+    if seq_len % parts:
+        what = f"2*cp={parts} chunks" if layout == "zigzag" else f"cp={cp_size} chunks"
+        raise ValueError(
+            f"{layout} layout cuts the sequence into {what}: sequence length s={seq_len} is not divisible by {parts}"
+        )
+
+
+def check_heads(n_head: int, n_kv_head: int, cp_size: int) -> None:
+    """Ulysses gives each rank n_head/cp query heads and n_kv_head/cp K/V heads: both must divide."""
+    if n_head % cp_size:
+        raise ValueError(f"ulysses: cp={cp_size} does not divide n_head={n_head} (each rank attends n_head/cp heads)")
+    if n_kv_head % cp_size:
+        raise ValueError(
+            f"ulysses: cp={cp_size} does not divide n_kv_head={n_kv_head} (each rank needs whole K/V heads; "
+            f"use ring attention, or cp <= {n_kv_head})"
+        )
+
+
+def expert_parallel_problems(moe, *, ep: int, etp: int, d_ff_expert: int) -> list[str]:
+    """Every violated constraint of running the MoE layer `moe` (a `MoEConfig`) with `ep` expert-parallel and
+    `etp` expert-tensor-parallel ranks, as sentences (empty when it can run)."""
+    out = []
+    if ep < 1 or moe.n_experts % ep:
+        out.append(f"ep={ep} does not divide n_experts={moe.n_experts}")
+    if not 1 <= moe.top_k <= moe.n_experts:
+        out.append(f"top_k={moe.top_k} must be between 1 and n_experts={moe.n_experts}")
+    if moe.capacity_factor is not None and moe.capacity_factor <= 0:
+        out.append(f"capacity_factor={moe.capacity_factor} must be > 0 (or None for no dropping)")
+    if etp < 1 or d_ff_expert % etp:
+        out.append(f"etp={etp} does not divide expert h_ffn={d_ff_expert}")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ collected
+
+
+def _collect(out: list[str], fn, *args, **kwargs) -> None:
+    """Run one rule that raises; keep its message instead of stopping at it."""
+    try:
+        fn(*args, **kwargs)
+    except (ValueError, ScheduleError) as exc:
+        msg = str(exc)
+        if msg not in out:
+            out.append(msg)
+
+
+def _divides(out: list[str], part: int, whole: int, sentence: str) -> None:
+    if part < 1 or whole % part:
+        out.append(sentence)
+
+
+@functools.lru_cache(maxsize=4096)
+def _mesh_problems(par, world_size: int) -> tuple[str, ...]:
+    """`par.problems(world_size)`, remembered: with pp > 1 it lays out the dense and the expert rank grids (O(world
+    size)), and a planner asks about the same mesh once per schedule, ZeRO stage and microbatch count. Both
+    arguments are immutable, so the answer cannot go stale."""
+    return tuple(par.problems(world_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_kinds(cfg) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(MoE layers, dense layers) of a model config, remembered (the config is immutable; a planner asks about the
+    same model thousands of times)."""
+    moe = tuple(i for i in range(cfg.n_layers) if cfg.is_moe_layer(i))
+    return moe, tuple(i for i in range(cfg.n_layers) if i not in moe)
+
+
+def _tp_problems(out: list[str], cfg, par) -> None:
+    """Heads, K/V heads, the dense h_ffn and the vocabulary over tp."""
+    tp = par.tp
+    _collect(out, head_layout, cfg.n_heads, cfg.kv_heads, tp, 0)
+    if _layer_kinds(cfg)[1]:
+        _divides(out, tp, cfg.d_ff, f"tp={tp} does not divide d_ff={cfg.d_ff} (h_ffn of the dense MLP layers)")
+    _divides(out, tp, cfg.vocab_size, f"tp={tp} does not divide vocab_size={cfg.vocab_size}")
+
+
+def _ep_sizes(out: list[str], cfg, par) -> None:
+    if _layer_kinds(cfg)[0]:
+        d_ff_expert = cfg.moe.d_ff or cfg.d_ff
+        found = expert_parallel_problems(cfg.moe, ep=par.ep, etp=par.etp, d_ff_expert=d_ff_expert)
+        out += [p for p in found if p not in out]
+
+
+def _ulysses_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
+    """Ulysses needs whole heads per rank after TP took its share."""
+    tp, cp = par.tp, par.cp
+    if opt.cp_kind != "ulysses" or cp == 1 or cfg.n_heads % tp:
+        return
+    try:
+        lay = head_layout(cfg.n_heads, cfg.kv_heads, tp, 0)
+    except ValueError:
+        return  # already reported by the TP rule
+    found: list[str] = []
+    _collect(found, check_heads, lay.q_count, lay.kv_count, cp)
+    out += [
+        f"{msg} [after tp={tp}: each TP rank attends n_head/tp = {lay.q_count} query and "
+        f"{lay.kv_count} K/V head(s); Ulysses splits those over cp]"
+        for msg in found
+    ]
+
+
+def _data_problems(out: list[str], par, batch, seq, opt: RunOptions) -> None:
+    """The batch over dp and the microbatches; the sequence over the CP layout's chunks and, with SP, over tp."""
+    dp, cp, tp, m = par.dp, par.cp, par.tp, opt.n_microbatches
+    for name, n in (("batch", batch), ("seq", seq)):
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            out.append(f"{name}={n!r} must be a positive integer")
+            return
+    m_ok = isinstance(m, int) and not isinstance(m, bool) and m >= 1
+    if batch is not None:
+        _divides(out, dp, batch, f"dp={dp} does not divide the global batch size B={batch}")
+        if dp >= 1 and batch % dp == 0 and m_ok:
+            _divides(
+                out,
+                m,
+                batch // dp,
+                f"n_microbatches={m} does not divide the batch per data-parallel rank "
+                f"B/dp = {batch}/{dp} = {batch // dp}",
+            )
+    if seq is not None:
+        if opt.cp_layout in LAYOUTS:
+            _collect(out, check_sequence, seq, cp, opt.cp_layout)
+        if opt.sequence_parallel and tp > 1 and seq % cp == 0:
+            _divides(
+                out,
+                tp,
+                seq // cp,
+                f"sequence parallelism splits each CP rank's s/cp = {seq}/{cp} = {seq // cp} tokens over tp={tp} "
+                f"ranks: tp does not divide {seq // cp}",
+            )
+
+
+def size_problems(cfg, par, *, batch=None, seq=None, options: RunOptions | None = None) -> list[str]:
+    """The rules that make the sharded shapes exist (module docstring): heads, h_ffn, V and experts over the mesh,
+    layers over pp v, batch over dp m, sequence over the CP layout and SP. A mode run alone needs these only."""
+    opt = RunOptions() if options is None else options
+    out: list[str] = []
+    _tp_problems(out, cfg, par)
+    _ep_sizes(out, cfg, par)
+    _ulysses_problems(out, cfg, par, opt)
+    _collect(out, check_split, cfg.n_layers, par.pp, opt.v)
+    _data_problems(out, par, batch, seq, opt)
+    return out
+
+
+def _choice_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
+    """Known choices; the compositions the composed model refuses."""
+    if opt.cp_layout not in LAYOUTS:
+        out.append(f"cp_layout={opt.cp_layout!r} must be one of {LAYOUTS}")
+    if opt.cp_kind not in CP_KINDS:
+        out.append(f"cp_kind={opt.cp_kind!r} must be one of {CP_KINDS}")
+    if opt.zero_stage not in ZERO_STAGES:
+        out.append(f"zero_stage={opt.zero_stage!r} must be one of {ZERO_STAGES} (0 = DDP)")
+    if cfg.tie_embeddings:
+        out.append(
+            "tie_embeddings=True is not supported here: the embedding (first stage) and the LM head (last stage) "
+            "would share one weight across pipeline stages and data-parallel shards"
+        )
+    if _layer_kinds(cfg)[0]:
+        if par.tp > 1 and not opt.sequence_parallel:
+            out.append(
+                f"expert parallelism with tp={par.tp} needs sequence_parallel=True: the MoE layer takes each rank's "
+                "own tokens, and without SP every TP rank would hold (and route) the same tokens (Megatron requires SP)"
+            )
+    else:
+        if par.ep > 1:
+            out.append(f"ep={par.ep} but the model has no MoE layers (cfg.moe is None): nothing to split over experts")
+        if par.etp > 1:
+            out.append(f"etp={par.etp} but the model has no MoE layers (cfg.moe is None)")
+
+
+def _schedule_problems(out: list[str], par, opt: RunOptions) -> None:
+    m = opt.n_microbatches
+    if opt.schedule not in SCHEDULES:
+        out.append(f"schedule={opt.schedule!r} must be one of {SCHEDULES}")
+    elif isinstance(m, int) and not isinstance(m, bool) and m >= 1:
+        _collect(out, check_schedule, opt.schedule, par.pp, m, opt.v)  # what build() checks, unbuilt
+    else:
+        out.append(f"n_microbatches={m!r} must be a positive integer")
+
+
+def problems(cfg, par, world_size: int | None = None, *, batch=None, seq=None, options: RunOptions | None = None):
+    """Every violated constraint of running model `cfg` on mesh `par` over `world_size` ranks with a global batch
+    [batch, seq] and `options`; empty when it can run. world_size / batch / seq None skip those checks."""
+    opt = RunOptions() if options is None else options
+    out: list[str] = []
+    if world_size is not None:
+        out += _mesh_problems(par, world_size)
+    _choice_problems(out, cfg, par, opt)
+    for p in size_problems(cfg, par, batch=batch, seq=seq, options=opt):
+        if p not in out:
+            out.append(p)
+    _schedule_problems(out, par, opt)
+    return out
+
+
+def check(cfg, par, world_size: int | None = None, **kwargs) -> None:
+    """Raise `ComposeConfigError` listing every problem `problems` finds."""
+    found = problems(cfg, par, world_size, **kwargs)
+    if found:
+        raise ComposeConfigError(found, f"ParallelConfig({par.describe()}) on {world_size} ranks")
