@@ -94,3 +94,51 @@ def test_the_checks_catch_what_they_forbid():
     assert mode_violations("from pylib import viz\n", "pylib.ep.x") == ["imports pylib.viz"]
     assert mode_violations("from .layout import shard\nfrom pylib.model import MoE\n", "pylib.cp.x") == []
     assert mode_violations("from .ring import x\n", "pylib.cp", is_package=True) == []
+
+
+# Which pylib packages each package may import (besides itself): DESIGN.md's layering, one rule per arrow.
+ALLOWED = {
+    "plan": (),  # torch-free sizes and rules: imports nothing of the project (and no torch: see test_plan)
+    "model": ("plan",),  # the single-device reference: knows nothing of ranks
+    "runtime": ("plan",),  # ranks, mesh, traced collectives: knows nothing of models
+    "analysis": ("plan",),  # pure functions of sizes
+    "compose": ("plan", "model", "runtime", *MODES, "analysis"),  # stacks the modes; its report asks the formulas
+    "experiments": ("plan", "model", "runtime", *MODES, "compose", "analysis", "seedcheck"),
+    "seedcheck": ("plan", "model", "runtime", *MODES, "compose", "analysis", "viz"),
+    "viz": ("plan", "model", "analysis", "seedcheck", "pp"),  # draws (pp: the timeline's pure replay/simulator)
+    "labs": ("plan", "model", "runtime"),  # the harness and the lab checks
+}
+
+
+def layer_violations(source: str, module: str, is_package: bool = False) -> list[str]:
+    """The pylib imports of a file in a layered package (`ALLOWED`) that reach a package it may not import."""
+    package = module.split(".")[1] if module.count(".") else None
+    if package not in ALLOWED:
+        return []
+    allowed = {package, *ALLOWED[package]}
+    found = []
+    for mod, name in imports(source, module, is_package):
+        parts = mod.split(".")
+        if parts[0] != "pylib":
+            continue
+        target = parts[1] if len(parts) > 1 else name
+        if target not in allowed and not (len(parts) == 1 and name in ("__version__",)):
+            found.append(f"imports pylib.{target} ({mod}{'.' + name if name else ''})")
+    return found
+
+
+@pytest.mark.parametrize("path", [p for pkg in ALLOWED for p in _files(pkg)], ids=lambda p: str(p.relative_to(PYLIB)))
+def test_each_package_imports_only_the_layers_below_it(path):
+    found = layer_violations(path.read_text(), module_name(path), path.name == "__init__.py")
+    assert not found, f"{path.relative_to(PYLIB.parent)}: {found}; see DESIGN's layering (tests/test_layering.ALLOWED)"
+
+
+def test_the_layer_check_flags_an_upward_import():
+    assert layer_violations("from pylib.model import ModelConfig\n", "pylib.runtime.x") == [
+        "imports pylib.model (pylib.model.ModelConfig)"
+    ]
+    assert layer_violations("from ..runtime import launch\n", "pylib.analysis.x") == [
+        "imports pylib.runtime (pylib.runtime.launch)"
+    ]
+    assert layer_violations("from .options import RunOptions\n", "pylib.plan.x") == []
+    assert layer_violations("from pylib.tp import TPBlock\n", "pylib.compose.x") == []

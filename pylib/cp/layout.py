@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from pylib.plan.problems import LAYOUTS, check_layout, check_sequence, n_chunks
+from pylib.plan.sequence import layout_chunks, token_positions
 from pylib.runtime.sharding import ShardSpec
 
 __all__ = [
@@ -36,19 +37,10 @@ __all__ = [
 ]
 
 
-def layout_chunks(cp_rank: int, cp_size: int, layout: str = "zigzag") -> tuple[int, ...]:
-    """Indices of the chunks rank `cp_rank` holds, in the order it stores them."""
-    if not 0 <= cp_rank < cp_size:
-        raise ValueError(f"cp_rank={cp_rank} is outside 0..{cp_size - 1}")
-    check_layout(layout)
-    return (cp_rank,) if layout == "contiguous" else (cp_rank, 2 * cp_size - 1 - cp_rank)
-
-
 def sequence_positions(seq_len: int, cp_rank: int, cp_size: int, layout: str = "zigzag", device=None) -> torch.Tensor:
-    """Global token positions [s/cp] (int64) of the rows rank `cp_rank` holds, in its storage order."""
-    check_sequence(seq_len, cp_size, layout)
-    c = seq_len // n_chunks(cp_size, layout)
-    return torch.cat([torch.arange(i * c, (i + 1) * c, device=device) for i in layout_chunks(cp_rank, cp_size, layout)])
+    """Global token positions [s/cp] (int64) of the rows rank `cp_rank` holds, in its storage order
+    (`pylib.plan.sequence.token_positions` as a tensor)."""
+    return torch.tensor(token_positions(seq_len, cp_rank, cp_size, layout), dtype=torch.int64, device=device)
 
 
 def layout_order(seq_len: int, cp_size: int, layout: str = "zigzag", device=None) -> torch.Tensor:

@@ -5,6 +5,7 @@
     FlatEntry, FlatLayout, padded_numel, plan_buckets, single_flat                                       (layout)
     check_split, virtual_stage, layers_of_stage, chunk_layers, stage_layers                              (split)
     HeadLayout, head_layout, kv_heads_per_rank                                                           (heads)
+    layout_chunks, token_positions: which tokens a cp rank holds                                         (sequence)
     the pipeline schedules as data: build, compute_order, check_schedule, ...                            (schedules)
     problems(cfg, par, world_size, batch=, seq=, options=)  -- the one validity model                    (problems)
 
@@ -27,6 +28,7 @@ from .options import (
     zero_stage,
 )
 from .problems import ComposeConfigError, check, problems, size_problems
+from .sequence import layout_chunks, token_positions
 from .split import check_split, chunk_layers, layers_of_stage, stage_layers, virtual_stage
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "head_layout",
     "kv_heads_per_rank",
     "layers_of_stage",
+    "layout_chunks",
     "layout_table",
     "padded_numel",
     "plan_buckets",
@@ -61,6 +64,7 @@ __all__ = [
     "single_flat",
     "size_problems",
     "stage_layers",
+    "token_positions",
     "virtual_stage",
     "zero_stage",
 ]

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
-from pylib.runtime.mesh import AXES, ParallelConfig, coordinates, rank_groups
+from pylib.plan.mesh import AXES, ParallelConfig, coordinates, rank_groups
 
 from . import style
 

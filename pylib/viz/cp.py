@@ -93,7 +93,7 @@ def zigzag_balance_figure(work, *, what: str = "score entries computed", title: 
 def causal_ownership_figure(seq_len: int, cp: int, layouts=("contiguous", "zigzag")):
     """The causal score matrix (query rows x key columns) for each layout, each unmasked entry coloured by the
     rank that owns its query row: contiguous piles the big rows on the last rank, zig-zag spreads them."""
-    from pylib.cp.layout import sequence_positions
+    from pylib.plan.sequence import token_positions
 
     fig, axes = style.subplots(1, len(layouts), figsize=(3.4 * len(layouts) + 1.2, 3.4), grid=False)
     axes = np.atleast_1d(axes)
@@ -101,7 +101,7 @@ def causal_ownership_figure(seq_len: int, cp: int, layouts=("contiguous", "zigza
     for ax, layout in zip(axes, layouts):
         owner = np.full(seq_len, -1)
         for r in range(cp):
-            owner[sequence_positions(seq_len, r, cp, layout).numpy()] = r
+            owner[token_positions(seq_len, r, cp, layout)] = r
         grid = np.where(np.tril(np.ones((seq_len, seq_len), dtype=bool)), owner[:, None], np.nan)
         ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-0.5, vmax=cp - 0.5, interpolation="nearest")
         ticks = range(0, seq_len, max(1, seq_len // 4))
