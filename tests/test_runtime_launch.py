@@ -140,6 +140,7 @@ def test_the_root_cause_is_named_not_the_peers_that_lost_their_connection():
     assert info.value.rank == 3
 
 
+@pytest.mark.slow
 def test_a_hanging_rank_is_ended_at_the_deadline_and_listed_as_silent():
     def fn():
         if dist.get_rank() == 1:
@@ -298,6 +299,7 @@ def test_stale_launch_folders_are_swept_by_owner_liveness(tmp_path, monkeypatch)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("pylib-launch-") and p != live] == [other.name]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
 def test_a_killed_caller_leaves_no_folder_and_no_rank_child_after_the_next_launch(tmp_path, sig, monkeypatch):

@@ -30,6 +30,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_torchrun_agents_on_localhost_run_a_composed_step_equal_to_the_reference():
     port, run_id = _free_port(), uuid.uuid4().hex[:8]
     env = {
