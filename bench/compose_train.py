@@ -105,7 +105,18 @@ def main():
         ref = refs[key]
         t0 = time.perf_counter()
         results = launch(
-            train, world, cfg, pc, steps=steps, batch=B, seq=S, data="pattern", probe_ffn=True, timeout=600, **kw
+            train,
+            world,
+            cfg,
+            pc,
+            steps=steps,
+            batch=B,
+            seq=S,
+            data="pattern",
+            probe_ffn=True,
+            timeout=600,
+            **kw,
+            backend="gloo",
         )
         wall = time.perf_counter() - t0
         err = compare_with_reference(results, ref)

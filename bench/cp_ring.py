@@ -75,7 +75,7 @@ def traffic(sizes):
         for kind in ("ring", "ulysses"):
             if kind == "ulysses" and h_kv % cp:
                 continue
-            events = launch(_rank_traffic, cp, full, kind, True, "zigzag")[0]
+            events = launch(_rank_traffic, cp, full, kind, True, "zigzag", backend="gloo")[0]
             if kind == "ring":
                 f = ring_traffic(b, s, h_kv, d, cp, 4)
                 formula = {"forward": f["forward_bytes_sent"], "backward": f["backward_bytes_sent"]}
@@ -133,7 +133,7 @@ def balance(s):
         for layout in ("contiguous", "zigzag"):
             mask = causal_work_per_rank(s, cp, layout)
             sched = ring_work_per_rank(s, cp, layout, True, "computed")
-            measured = launch(_rank_work, cp, _qkv(1, 1, 1, s, 8), layout, timeout=120)
+            measured = launch(_rank_work, cp, _qkv(1, 1, 1, s, 8), layout, timeout=120, backend="gloo")
             computed = [m[0] for m in measured]
             unmasked = [m[1] for m in measured]
             rows.append(
@@ -189,7 +189,7 @@ def overlap(configs, repeats):
     for cp, (b, s, h, h_kv, d), causal in configs:
         full = _qkv(b, h, h_kv, s, d)
         for ov in (True, False):
-            per_rank = launch(_rank_overlap, cp, full, ov, repeats, causal, timeout=600)
+            per_rank = launch(_rank_overlap, cp, full, ov, repeats, causal, timeout=600, backend="gloo")
             best = [min(runs, key=lambda run: run[0]) for runs in per_rank]  # least disturbed by other load
             worst = [max(run[j] for run in best) * 1e3 for j in range(5)]  # the slowest rank sets the step
             msg = ring_traffic(b, s, h_kv, d, cp, 4)["kv_message_bytes"]
@@ -241,7 +241,7 @@ def _rank_rounds(full):
 
 def rounds():
     print("== Seed A's round table (cp=4), read from the real ring's trace")
-    print(format_round_table(ring_rounds(launch(_rank_rounds, 4, _qkv(1, 2, 2, 16, 8)))))
+    print(format_round_table(ring_rounds(launch(_rank_rounds, 4, _qkv(1, 2, 2, 16, 8), backend="gloo"))))
     print()
 
 

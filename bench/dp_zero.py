@@ -56,7 +56,9 @@ def main():
     )
     rows_traffic, rows_mem, rows_time = [], [], []
     for d in args.d:
-        runs = launch(_all_stages, d, cfg, args.steps, args.batch, args.seq, args.bucket_kib * 1024, timeout=600)
+        runs = launch(
+            _all_stages, d, cfg, args.steps, args.batch, args.seq, args.bucket_kib * 1024, timeout=600, backend="gloo"
+        )
         for stage in STAGES:
             per_rank = [r[stage] for r in runs]
             r0 = per_rank[0]

@@ -84,7 +84,7 @@ def main():
         ("no drop", MoEConfig(n_experts=8, top_k=2)),
         ("cf=1.0", MoEConfig(n_experts=8, top_k=2, capacity_factor=1.0)),
     ]:
-        results = launch(_traced_ep_run, EP, tokens, h, mcfg)
+        results = launch(_traced_ep_run, EP, tokens, h, mcfg, backend="gloo")
         matrix = dispatch_matrix([r[1] for r in results], 8, [r[2] for r in results])
         formula = alltoall_bytes(matrix, h, 4)
         traced = traffic_matrix([r[0] for r in results], EP)

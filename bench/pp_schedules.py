@@ -117,7 +117,7 @@ def main():
         f"padded compute t_f={args.t_f * 1e3:.0f} ms, t_b={args.t_b * 1e3:.0f} ms per stage"
     )
     t0 = time.time()
-    results = launch(_sweep, p, ms, args.repeats, args.t_f, args.t_b, timeout=900)
+    results = launch(_sweep, p, ms, args.repeats, args.t_f, args.t_b, timeout=900, backend="gloo")
     print(f"(sweep ran in {time.time() - t0:.1f} s)\n")
 
     print("Bubble (idle / compute), mean over ranks")
@@ -162,7 +162,7 @@ def main():
             )
 
     m = 2 * p
-    times = launch(_torch_1f1b, p, m, args.steps, timeout=600)[0]
+    times = launch(_torch_1f1b, p, m, args.steps, timeout=600, backend="gloo")[0]
     ours, theirs = statistics.median(times["ours"]), statistics.median(times["torch"])
     print(f"\n1F1B step time, p={p}, m={m}, median of {args.steps} alternating steps on the same ranks")
     print(

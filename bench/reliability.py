@@ -100,12 +100,12 @@ def _sum_ranks():
 
 
 def launches_held(n: int) -> dict:
-    launch(_sum_ranks, 2)  # warm: the first launch imports what later ones inherit
+    launch(_sum_ranks, 2, backend="gloo")  # warm: the first launch imports what later ones inherit
     before = _holdings()
     wrong, t0 = 0, time.perf_counter()
     for _ in range(n):
         with contextlib.redirect_stdout(io.StringIO()):
-            wrong += launch(_sum_ranks, 2, timeout=60) != [1.0, 1.0]
+            wrong += launch(_sum_ranks, 2, timeout=60, backend="gloo") != [1.0, 1.0]
     seconds = time.perf_counter() - t0
     after = _holdings()
     return dict(n=n, wrong=wrong, seconds=seconds, before=before, after=after)
@@ -239,7 +239,7 @@ def faults() -> list[dict]:
         got, message, named, children = None, "", None, []
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                launch(fn, world, timeout=timeout)
+                launch(fn, world, timeout=timeout, backend="gloo")
         except (RankFailedError, LaunchTimeout) as exc:
             got, message = type(exc), str(exc)
             named = exc.rank if isinstance(exc, RankFailedError) else (exc.culprits[0] if exc.culprits else None)
@@ -285,13 +285,27 @@ def _noop():
 def launch_inputs() -> list[tuple[str, object, str]]:
     cases = []
     for ws in (0, -1, 1.5, "2", None, True, 2.0):
-        cases.append((f"launch(world_size={ws!r})", lambda ws=ws: launch(_noop, ws), "world_size must be a positive"))
+        cases.append(
+            (
+                f"launch(world_size={ws!r})",
+                lambda ws=ws: launch(_noop, ws, backend="gloo"),
+                "world_size must be a positive",
+            )
+        )
     for t in (0, -5, float("nan"), -math.inf):
-        cases.append((f"launch(timeout={t!r})", lambda t=t: launch(_noop, 2, timeout=t), "timeout must be > 0"))
+        cases.append(
+            (f"launch(timeout={t!r})", lambda t=t: launch(_noop, 2, timeout=t, backend="gloo"), "timeout must be > 0")
+        )
     for t in ("10", True, [1], b"1"):
-        cases.append((f"launch(timeout={t!r})", lambda t=t: launch(_noop, 2, timeout=t), "timeout must be a number"))
+        cases.append(
+            (
+                f"launch(timeout={t!r})",
+                lambda t=t: launch(_noop, 2, timeout=t, backend="gloo"),
+                "timeout must be a number",
+            )
+        )
     for fn in ("not a function", 3, None, [print]):
-        cases.append((f"launch(fn={fn!r})", lambda fn=fn: launch(fn, 2), "fn must be callable"))
+        cases.append((f"launch(fn={fn!r})", lambda fn=fn: launch(fn, 2, backend="gloo"), "fn must be callable"))
     for b in ("mpi", "", "GLOO", None):
         cases.append((f"launch(backend={b!r})", lambda b=b: launch(_noop, 2, backend=b), "backend must be"))
     if not torch.cuda.is_available():
@@ -503,7 +517,7 @@ def bad_inputs(tmp: Path) -> list[dict]:
         rows.append(dict(name=name, verdict=verdict, seconds=seconds))
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        inside = launch(_collective_misuses, 2, timeout=120)[0]
+        inside = launch(_collective_misuses, 2, timeout=120, backend="gloo")[0]
     seconds = (time.perf_counter() - t0) / len(COLLECTIVE_TEXT)
     for name, text in COLLECTIVE_TEXT.items():
         got = inside[name]
@@ -536,7 +550,7 @@ def agreement_cost() -> list[dict]:
     for world, numel, reps in ((2, 16, 300), (4, 16, 200), (4, 1 << 20, 20)):
         times = {False: [], True: []}
         for on in (False, True, False, True):
-            times[on].append(max(launch(_time_all_reduce, world, numel, on, reps, timeout=300)))
+            times[on].append(max(launch(_time_all_reduce, world, numel, on, reps, timeout=300, backend="gloo")))
         rows.append(dict(world=world, numel=numel, off_us=min(times[False]) * 1e6, on_us=min(times[True]) * 1e6))
     return rows
 

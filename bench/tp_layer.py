@@ -120,7 +120,7 @@ def main(argv=None):
     print(head)
     print("-" * len(head))
     for t in (1, 2, 4):
-        for r in launch(_rank, t, args.steps, timeout=600)[0]:
+        for r in launch(_rank, t, args.steps, timeout=600, backend="gloo")[0]:
             cfg = ModelConfig(d_model=r["h"], n_heads=r["heads"], d_ff=r["ff"], n_layers=1, dtype="float32")
             derived = saved_activation_bytes(cfg, r["b"], r["s"], t, sequence_parallel=r["sp"], regather=r["regather"])
             paper = korthikanti_bytes(r["s"], r["b"], r["h"], r["heads"], t, sequence_parallel=r["sp"]) * 4 / 2

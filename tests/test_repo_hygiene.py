@@ -167,3 +167,21 @@ def test_the_ruff_file_check_catches_a_folder_ruff_skips(tmp_path):
     (tmp_path / "pylib" / "ok.py").write_text("X = 1\n")
     (tmp_path / "pylib" / "dist" / "hidden.py").write_text("Y = 2\n")
     assert _hidden_from_ruff(tmp_path, ("pylib",)) == ["pylib/dist/hidden.py"]
+
+
+GPU_BENCHES = {"gpu_check.py", "gpu_single.py", "cp_gpu_check.py"}  # these pick the backend on purpose
+
+
+@pytest.mark.parametrize(
+    "script", sorted(p for p in (ROOT / "bench").glob("*.py") if p.name not in GPU_BENCHES), ids=lambda p: p.name
+)
+def test_cpu_benches_name_the_gloo_backend_in_every_launch(script):
+    """A bench that measures CPU ranks must not turn into NCCL on a machine with GPUs (backend="auto" would, and
+    its CPU tensors would then fail): every launch(...) it makes says backend="gloo"."""
+    calls = [
+        n
+        for n in ast.walk(ast.parse(script.read_text()))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "launch"
+    ]
+    unnamed = [n.lineno for n in calls if not any(k.arg == "backend" for k in n.keywords)]
+    assert not unnamed, f"bench/{script.name}: launch(...) without backend= on lines {unnamed}"
