@@ -96,6 +96,28 @@ def paper_bytes(n_params: int, d: int, stage: str, *, k: int = PAPER_K) -> dict[
     return {"params": _exact(params), "grads": _exact(grads), "optim": _exact(optim)}
 
 
+def mixed_held_bytes(
+    n_params: int, d: int, stage: str, recipe, *, padded_params: int | None = None, optimizer_states: int = 2
+) -> dict[str, int | float]:
+    """Parameter, gradient and optimizer-state bytes one rank holds under a mixed-precision recipe
+    (`pylib.plan.options.MixedPrecision`), as `pylib.dp` runs it: c = compute bytes (2), g = reduce bytes (2 or 4),
+    m = master bytes (4), K = m + optimizer_states * m (12 for Adam):
+
+        DDP    c Phi + g Phi + K Phi        ZeRO-1 c Phi_pad + g Phi_pad + K Phi_pad/d
+        ZeRO-2 c Phi_pad + (g + K) Phi_pad/d          ZeRO-3 (c + g + K) Phi_pad/d    (ZeRO-3 needs g = c)
+
+    With g = c = 2 that is the ZeRO paper's 16 Psi, 4 Psi + 12 Psi/d, 2 Psi + 14 Psi/d, 16 Psi/d."""
+    _check(stage, d)
+    c, g, m = recipe.compute_bytes, recipe.grad_bytes, recipe.master_bytes
+    k = m * (1 + optimizer_states)
+    n = n_params if stage == "ddp" or padded_params is None else padded_params
+    part = Fraction(n, d)
+    params = n * c if stage != "zero3" else c * part
+    grads = n * g if stage in ("ddp", "zero1") else g * part
+    optim = k * n if stage == "ddp" else k * part
+    return {"params": _exact(Fraction(params)), "grads": _exact(Fraction(grads)), "optim": _exact(Fraction(optim))}
+
+
 def zero3_peak_param_bytes(shard_bytes: int, unit_bytes: list[int], resident_units: int = 1) -> int:
     """ZeRO-3's most parameter bytes resident at once: this rank's shards plus the `resident_units` largest units
     gathered in full (1 when each unit is freed before the next gathers; backward can hand over with 2)."""

@@ -41,6 +41,7 @@ from ..runtime.sharding import ShardSpec
 from .groups import GroupFor, check_divide_factor, dtype_name, split_by_group
 from .layout import FlatLayout, flatten, single_flat
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
+from .mixed import MasterWeights
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 TIMELINE_LENGTH = 4096  # resident-bytes records kept (a few per unit and step)
@@ -173,6 +174,10 @@ class FullyShardedDataParallel(nn.Module):
     embeddings) must sit in one: leave both modules out of `units` so it falls to the root unit.
     Forward is the module's own; every rank must run the same units in the same order.
     gradient_divide_factor: None averages each gradient over its group; a number divides every group's sum by it.
+    precision: a `MixedPrecision` recipe (the module already in its compute dtype) or None. With a recipe the
+    16-bit shards get fp32 master copies and fp32 optimizer state (`MasterWeights`), updated and cast back into
+    the shards at each step. The gradient is reduce-scattered by autograd, in the shards' dtype, so the recipe's
+    grad_reduce must be the compute dtype here.
     """
 
     tag_prefix = "zero3"
@@ -186,9 +191,15 @@ class FullyShardedDataParallel(nn.Module):
         group_for: GroupFor | None = None,
         gradient_divide_factor: int | float | None = None,
         optimizer=torch.optim.Adam,
+        precision=None,
         **optim_kwargs,
     ):
         super().__init__()
+        if precision is not None and precision.check().grad_reduce != precision.compute:
+            raise ValueError(
+                f"ZeRO-3 reduce-scatters the gradients in the parameters' dtype: grad_reduce={precision.grad_reduce!r} "
+                f"must equal compute={precision.compute!r} (float32 reduction needs ZeRO-1/2 or DDP here)"
+            )
         self.module = module
         self.divide_by = check_divide_factor(gradient_divide_factor)
         unit_names = default_units(module) if units is None else list(units)
@@ -210,7 +221,13 @@ class FullyShardedDataParallel(nn.Module):
             unit.module.register_forward_pre_hook(functools.partial(self._before_forward, unit))
             unit.module.register_forward_hook(functools.partial(self._after_forward, unit))
             self.units.append(unit)
-        self.optimizer = optimizer(list(self.shards), **optim_kwargs)
+        self.weights: MasterWeights | None = None
+        if precision is None:
+            self.optimizer = optimizer(list(self.shards), **optim_kwargs)
+        else:
+            groups = [f.group for u in self.units for f in u.flats]
+            self.weights = MasterWeights(list(self.shards), precision, optimizer, groups, **optim_kwargs)
+            self.optimizer = self.weights.optimizer
         self._live: dict[int, torch.UntypedStorage] = {}
         self._shard_bytes = storage_bytes(self.shards)  # fixed: the shards never change size
         self._calls: dict[int, _Gathered] = {}
@@ -303,10 +320,19 @@ class FullyShardedDataParallel(nn.Module):
     def step(self) -> None:
         """Update this rank's shards (no communication: the next forward gathers the new values)."""
         with tracer.phase("optimizer"):
-            self.optimizer.step()
+            if self.weights is None:
+                self.optimizer.step()
+            else:
+                self.weights.step([s.grad for s in self.shards])
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call backward on: multiplied by the loss scale of the recipe (fp16), else itself."""
+        return loss if self.weights is None else self.weights.scale_loss(loss)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+        for s in self.shards:
+            s.grad = None
 
     # -------------------------------------------------------------------------------------------- reports
 
@@ -334,7 +360,8 @@ class FullyShardedDataParallel(nn.Module):
     def memory(self) -> HeldBytes:
         params = self.resident_param_bytes()
         grads = self._grad_bytes()
-        optim = storage_bytes(optimizer_state_tensors(self.optimizer))
+        state = optimizer_state_tensors(self.optimizer) if self.weights is None else self.weights.state_tensors()
+        optim = storage_bytes(state)
         return HeldBytes(params, grads, optim, max(params, self.peak_param_bytes), max(grads, self.peak_grad_bytes))
 
     def unit_bytes(self) -> dict[str, int]:
