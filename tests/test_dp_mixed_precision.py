@@ -187,7 +187,8 @@ def _compose_train(pc, zero_stage, recipe):
     losses = []
     for ids, targets in _batches():
         losses.append(model.step(ids, targets, measure_memory=False).loss)
-    return dict(losses=losses, params=model.parameter_pieces())
+    held = model.memory()
+    return dict(losses=losses, params=model.parameter_pieces(), layouts=model.layouts, held=held.as_dict())
 
 
 def _compose_reference(d, recipe):
@@ -213,6 +214,16 @@ def _compose_errors(pc, zero_stage, recipe):
             param_err = max(param_err, float((t.float() - want.float()).abs().max()) if t.numel() else 0.0)
             covered.add(name)
     assert covered == set(params)
+    stage = STAGES[zero_stage]
+    for r in results:  # the held bytes of the composed rank: the formula per flat buffer, summed
+        want = dict(params=0, grads=0, optim=0)
+        for lay in r["layouts"]:
+            n, d = lay.numel, (lay.parts if zero_stage else 1)
+            for k, v in mixed_held_bytes(n, d, stage, recipe, padded_params=lay.padded_numel).items():
+                want[k] += v
+        assert {k: r["held"][k] for k in want} == want
+        if recipe is BF16_BF16:
+            assert model_state_bytes(r["layouts"], zero_stage, "mixed") == want
     return loss_err, param_err
 
 
