@@ -104,7 +104,7 @@ def mixed_held_bytes(
     m = master bytes (4), K = m + optimizer_states * m (12 for Adam):
 
         DDP    c Phi + g Phi + K Phi        ZeRO-1 c Phi_pad + g Phi_pad + K Phi_pad/d
-        ZeRO-2 c Phi_pad + (g + K) Phi_pad/d          ZeRO-3 (c + g + K) Phi_pad/d    (ZeRO-3 needs g = c)
+        ZeRO-2 c Phi_pad + (g + K) Phi_pad/d          ZeRO-3 (c + g + K) Phi_pad/d
 
     With g = c = 2 that is the ZeRO paper's 16 Psi, 4 Psi + 12 Psi/d, 2 Psi + 14 Psi/d, 16 Psi/d."""
     _check(stage, d)
@@ -116,6 +116,16 @@ def mixed_held_bytes(
     grads = n * g if stage in ("ddp", "zero1") else g * part
     optim = k * n if stage == "ddp" else k * part
     return {"params": _exact(Fraction(params)), "grads": _exact(Fraction(grads)), "optim": _exact(Fraction(optim))}
+
+
+def mixed_traffic_by_op(n_params: int, d: int, stage: str, recipe) -> dict[str, int | float]:
+    """Bytes one rank sends per step under a mixed-precision recipe, by collective: gradients move in the reduce
+    dtype (all-reduce, reduce-scatter), parameters in the compute dtype (all-gather). n_params: Phi for DDP,
+    Phi_pad for ZeRO."""
+    out = {}
+    for op, elems in traffic_by_op(n_params, d, stage).items():
+        out[op] = _exact(Fraction(elems) * (recipe.compute_bytes if op == "all_gather" else recipe.grad_bytes))
+    return out
 
 
 def zero3_peak_param_bytes(shard_bytes: int, unit_bytes: list[int], resident_units: int = 1) -> int:
