@@ -24,6 +24,13 @@ What pylib runs: one dtype throughout (float32, or float64 in the tests), no mas
     ours      DDP  e Phi + e Phi + 2e Phi          ZeRO-1 e Phi_pad + e Phi_pad + 2e Phi_pad/d
               ZeRO-2 e Phi_pad + (e + 2e) Phi_pad/d          ZeRO-3 (e + e + 2e) Phi_pad/d
                                                    (+ while a unit runs, its full parameters: see zero3_peak)
+
+And under a mixed-precision recipe (`pylib.dp.wrap(..., precision=MixedPrecision(...))`: c = 2 bytes of bf16
+parameters, g = 2 or 4 bytes of gradient in the reduce dtype, K = 12 bytes of fp32 master and moments), what
+`mixed_held_bytes` gives and the wrappers hold, byte for byte; with g = 2 it is the paper's row on Phi_pad:
+
+    mixed     DDP  c Phi + g Phi + K Phi           ZeRO-1 c Phi_pad + g Phi_pad + K Phi_pad/d
+              ZeRO-2 c Phi_pad + (g + K) Phi_pad/d           ZeRO-3 (c + g + K) Phi_pad/d
 """
 
 from __future__ import annotations
