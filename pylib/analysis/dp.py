@@ -24,6 +24,13 @@ What pylib runs: one dtype throughout (float32, or float64 in the tests), no mas
     ours      DDP  e Phi + e Phi + 2e Phi          ZeRO-1 e Phi_pad + e Phi_pad + 2e Phi_pad/d
               ZeRO-2 e Phi_pad + (e + 2e) Phi_pad/d          ZeRO-3 (e + e + 2e) Phi_pad/d
                                                    (+ while a unit runs, its full parameters: see zero3_peak)
+
+And under a mixed-precision recipe (`pylib.dp.wrap(..., precision=MixedPrecision(...))`: c = 2 bytes of bf16
+parameters, g = 2 or 4 bytes of gradient in the reduce dtype, K = 12 bytes of fp32 master and moments), what
+`mixed_held_bytes` gives and the wrappers hold, byte for byte; with g = 2 it is the paper's row on Phi_pad:
+
+    mixed     DDP  c Phi + g Phi + K Phi           ZeRO-1 c Phi_pad + g Phi_pad + K Phi_pad/d
+              ZeRO-2 c Phi_pad + (g + K) Phi_pad/d           ZeRO-3 (c + g + K) Phi_pad/d
 """
 
 from __future__ import annotations
@@ -94,6 +101,38 @@ def paper_bytes(n_params: int, d: int, stage: str, *, k: int = PAPER_K) -> dict[
     grads = 2 * psi if stage in ("ddp", "zero1") else 2 * psi / d
     optim = k * psi if stage == "ddp" else k * psi / d
     return {"params": _exact(params), "grads": _exact(grads), "optim": _exact(optim)}
+
+
+def mixed_held_bytes(
+    n_params: int, d: int, stage: str, recipe, *, padded_params: int | None = None, optimizer_states: int = 2
+) -> dict[str, int | float]:
+    """Parameter, gradient and optimizer-state bytes one rank holds under a mixed-precision recipe
+    (`pylib.plan.options.MixedPrecision`), as `pylib.dp` runs it: c = compute bytes (2), g = reduce bytes (2 or 4),
+    m = master bytes (4), K = m + optimizer_states * m (12 for Adam):
+
+        DDP    c Phi + g Phi + K Phi        ZeRO-1 c Phi_pad + g Phi_pad + K Phi_pad/d
+        ZeRO-2 c Phi_pad + (g + K) Phi_pad/d          ZeRO-3 (c + g + K) Phi_pad/d
+
+    With g = c = 2 that is the ZeRO paper's 16 Psi, 4 Psi + 12 Psi/d, 2 Psi + 14 Psi/d, 16 Psi/d."""
+    _check(stage, d)
+    c, g, m = recipe.compute_bytes, recipe.grad_bytes, recipe.master_bytes
+    k = m * (1 + optimizer_states)
+    n = n_params if stage == "ddp" or padded_params is None else padded_params
+    part = Fraction(n, d)
+    params = n * c if stage != "zero3" else c * part
+    grads = n * g if stage in ("ddp", "zero1") else g * part
+    optim = k * n if stage == "ddp" else k * part
+    return {"params": _exact(Fraction(params)), "grads": _exact(Fraction(grads)), "optim": _exact(Fraction(optim))}
+
+
+def mixed_traffic_by_op(n_params: int, d: int, stage: str, recipe) -> dict[str, int | float]:
+    """Bytes one rank sends per step under a mixed-precision recipe, by collective: gradients move in the reduce
+    dtype (all-reduce, reduce-scatter), parameters in the compute dtype (all-gather). n_params: Phi for DDP,
+    Phi_pad for ZeRO."""
+    out = {}
+    for op, elems in traffic_by_op(n_params, d, stage).items():
+        out[op] = _exact(Fraction(elems) * (recipe.compute_bytes if op == "all_gather" else recipe.grad_bytes))
+    return out
 
 
 def zero3_peak_param_bytes(shard_bytes: int, unit_bytes: list[int], resident_units: int = 1) -> int:

@@ -16,8 +16,10 @@ model would run.
 What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1, with fewer microbatches in flight):
   memory    parameters, gradients, optimizer state: `pylib.analysis.dp` over this rank's parameters (`shapes.
             weight_shapes`), dense ones sharded over dp x cp, experts over edp, per ZeRO stage; precision "uniform"
-            is what pylib runs (one dtype, Adam's two moments in it: `dp.held_bytes`), "mixed" the ZeRO paper's
-            16-bit weights and gradients with 12 bytes of fp32 state per parameter (`dp.paper_bytes`);
+            is pylib's one-dtype run (Adam's two moments in it: `dp.held_bytes`), "mixed" the ZeRO paper's
+            16-bit weights and gradients with 12 bytes of fp32 state per parameter (`dp.paper_bytes`) -- what
+            `pylib.dp` holds under `MixedPrecision(grad_reduce="bfloat16")`, byte for byte (tests/
+            test_dp_mixed_precision.py; fp32 gradient reduction is `dp.mixed_held_bytes`, not a planner option);
             activations: the bytes each chunk keeps for backward per microbatch (`activations.chunk_saved_bytes`)
             at the peak of the schedule (`activations.peak_saved_bytes`); under ZeRO-3 also the two largest
             layers' gathered parameters (`dp.zero3_peak_param_bytes`, one running and one prefetched).

@@ -112,7 +112,7 @@ class _StageLayout:
         )
 
 
-def _wrap(stage, mesh, expert: set, zero_stage: int, bucket_bytes: int, optimizer, optim_kwargs: dict):
+def _wrap(stage, mesh, expert: set, zero_stage: int, bucket_bytes: int, optimizer, optim_kwargs: dict, precision):
     """The stage in its data-parallel wrapper: dense parameters over dp-cp, expert parameters over edp."""
     dense_group, expert_group = mesh["dp-cp"], mesh["edp"]
 
@@ -126,8 +126,25 @@ def _wrap(stage, mesh, expert: set, zero_stage: int, bucket_bytes: int, optimize
         bucket_bytes=bucket_bytes,
         group_for=group_for,
         optimizer=optimizer,
+        precision=precision,
         **optim_kwargs,
     )
+
+
+def _check_precision(precision, cfg) -> None:
+    if precision is None:
+        return
+    precision.check()
+    if cfg.dtype != precision.compute:
+        raise ValueError(
+            f"precision.compute={precision.compute!r} but the model is in {cfg.dtype!r}: build the full model in the "
+            f"compute dtype (cfg.with_(dtype={precision.compute!r})); activations cross the stages in cfg.dtype"
+        )
+    if precision.loss_scaling != "none":
+        raise ValueError(
+            f"loss_scaling={precision.loss_scaling!r}: the composed model's pipeline runs backward on the unscaled "
+            "loss; use bfloat16 without loss scaling here (fp16 with loss scaling: pylib.dp.wrap)"
+        )
 
 
 class ParallelTransformer:
@@ -175,14 +192,19 @@ class ParallelTransformer:
         seq: int | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         optimizer=torch.optim.Adam,
+        precision=None,
         **optim_kwargs,
     ) -> ParallelTransformer:
         """Shard the reference `model` (every rank passes the same full model) onto `mesh`.
 
         Raises `ComposeConfigError` listing every constraint the configuration breaks (batch / seq, if given, are
         checked too; otherwise at the first step). optimizer(**optim_kwargs) is built on the parameters each
-        rank updates (the whole local parameters under DDP, its shards under ZeRO)."""
+        rank updates (the whole local parameters under DDP, its shards under ZeRO).
+        precision: a `pylib.plan.options.MixedPrecision` recipe (`pylib.dp.mixed`): the data-parallel wrappers keep
+        fp32 master weights and optimizer state and reduce gradients in its reduce dtype. The model must already be
+        in the compute dtype (cfg.dtype, what activations cross stages in); no loss scaling (bf16)."""
         cfg = model.cfg
+        _check_precision(precision, cfg)
         device = next(model.parameters()).device  # this rank's device (its GPU under NCCL): batches go there
         opts = dict(
             sequence_parallel=sequence_parallel,
@@ -211,7 +233,9 @@ class ParallelTransformer:
         ]
         # read the layout before the DP wrappers take the parameters over (ZeRO-3 removes them from the modules)
         held = _StageLayout.read(stages, mesh)
-        wrappers = [_wrap(s, mesh, held.expert, zero_stage, bucket_bytes, optimizer, optim_kwargs) for s in stages]
+        wrappers = [
+            _wrap(s, mesh, held.expert, zero_stage, bucket_bytes, optimizer, optim_kwargs, precision) for s in stages
+        ]
         model = cls(
             cfg, mesh, stages, wrappers, held.table, held.infos, held.kv, opts | dict(bucket_bytes=bucket_bytes)
         )

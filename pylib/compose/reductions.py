@@ -242,9 +242,9 @@ def held_gradient_pieces(dp) -> dict[str, list[tuple[int, int, torch.Tensor]]]:
     elif isinstance(dp, FullyShardedDataParallel):
         for unit in dp.units:
             for f in unit.flats:
-                if f.shard.grad is None:
+                if f.grad is None:
                     f.shard.grad = torch.zeros_like(f.shard)
-                _held_pieces(out, f.layout, *f.layout.shard_range(f.group.rank), f.shard.grad)
+                _held_pieces(out, f.layout, *f.layout.shard_range(f.group.rank), f.grad)
     else:
         raise TypeError(f"unknown data-parallel wrapper {type(dp).__name__}")
     return out

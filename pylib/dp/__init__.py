@@ -4,6 +4,7 @@
     ZeroDataParallel(module, stage=1|2, group=None, *, bucket_bytes=..., group_for=None, optimizer=Adam, **kw)
     FullyShardedDataParallel(module, group=None, *, units=None, group_for=None, optimizer=Adam, **kw)   # ZeRO-3
     wrap(module, "ddp" | "zero1" | "zero2" | "zero3", group, ...)   # any of them behind one training API
+    wrap(..., precision=MixedPrecision("bfloat16", grad_reduce="float32"))  # 16-bit compute, fp32 master + state
 
 `group` is the gradient-averaging group (Megatron's "dp-cp" when CP is on); `group_for(name, param)` overrides it
 per parameter (expert parameters over "edp", with `gradient_divide_factor=` the dp x cp size, since an expert's
@@ -28,6 +29,7 @@ from .layout import (
     unflatten,
 )
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
+from .mixed import LossScaler, MasterWeights, SingleDeviceMixed, cast_module
 from .overlap import BucketTiming, OverlapReport, overlap_from_trace
 from .wrap import STAGES, DDPTrainer, micro_batch, wrap
 from .zero import ZeroDataParallel
@@ -35,6 +37,7 @@ from .zero import ZeroDataParallel
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "STAGES",
+    "SingleDeviceMixed",
     "Bucket",
     "BucketTiming",
     "DDPTrainer",
@@ -44,9 +47,12 @@ __all__ = [
     "FullyShardedDataParallel",
     "GradientBuckets",
     "HeldBytes",
+    "LossScaler",
+    "MasterWeights",
     "OverlapReport",
     "ZeroDataParallel",
     "assemble",
+    "cast_module",
     "default_units",
     "flatten",
     "join_shards",

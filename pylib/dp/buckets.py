@@ -47,7 +47,8 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20  # PyTorch DDP's default bucket_cap_mb=25
 
 
 class Bucket:
-    """One bucket at run time: its layout, group, parameters, gradient buffer and the collective in flight."""
+    """One bucket at run time: its layout (planned in the parameters' dtype), group, parameters, gradient buffer
+    (in `dtype`: the parameters' own, or a mixed-precision recipe's reduce dtype) and the collective in flight."""
 
     def __init__(
         self,
@@ -93,6 +94,8 @@ class GradientBuckets:
     gradient memory to the slices, max_in_flight buckets on the wire and the one (or two, where a layer's gradients
     arrive out of registration order) still filling, at the price of some overlap. divide_by: what every bucket's
     sum is divided by (None: its group's size, an average; see `groups` for why expert parameters differ).
+    grad_dtype: the dtype of the gradient buffers and of the reduction (None: each parameter's own); a 16-bit
+    gradient is added into an fp32 buffer (`pylib.dp.mixed`: Megatron's `grad_reduce_in_fp32`).
     """
 
     def __init__(
@@ -105,7 +108,9 @@ class GradientBuckets:
         tag_prefix: str,
         max_in_flight: int | None = None,
         divide_by: int | float | None = None,
+        grad_dtype: torch.dtype | None = None,
     ):
+        self.grad_dtype = grad_dtype
         if mode not in ("all_reduce", "reduce_scatter"):
             raise ValueError(f"mode={mode!r} must be 'all_reduce' or 'reduce_scatter'")
         if max_in_flight is not None and max_in_flight < 1:
@@ -151,11 +156,11 @@ class GradientBuckets:
         for lay in layouts:
             params = [p for _, p in named[start : start + len(lay.entries)]]
             start += len(lay.entries)
-            b = Bucket(lay, g, params, dtype, divide_by)
+            b = Bucket(lay, g, params, dtype if self.grad_dtype is None else self.grad_dtype, divide_by)
             for i, p in enumerate(params):
                 self._where[id(p)] = (b, i)
             self.buckets.append(b)
-            self._by_group.setdefault((*group_key(g), dtype), []).append(b)
+            self._by_group.setdefault((*group_key(g), b.dtype), []).append(b)
 
     def _allocate_gradients(self) -> None:
         """Each bucket's full gradient buffer, or (ZeRO-2: no full buffer kept) only this rank's slice."""
@@ -233,7 +238,7 @@ class GradientBuckets:
         if not self._in_backward:
             self._begin_backward()
         b, i = self._where[id(p)]
-        if self.mode == "all_reduce":
+        if self.mode == "all_reduce" and p.dtype == b.dtype:
             # gradient as a bucket view: afterwards autograd accumulates straight into the bucket
             view = b.grad_view(i)
             if p.grad.data_ptr() != view.data_ptr():
@@ -243,8 +248,8 @@ class GradientBuckets:
             if b.grad is None:
                 b.grad = torch.zeros(b.layout.padded_numel, dtype=b.dtype, device=p.device)
                 self._note_grad_memory()
-            b.grad_view(i).add_(p.grad)
-            p.grad = None  # the bucket holds it now; ZeRO's optimizer reads the reduced slice
+            b.grad_view(i).add_(p.grad)  # (cast to the bucket's dtype: mixed precision's reduce dtype)
+            p.grad = None  # the bucket holds it now; the optimizer reads the reduced buffer
         b.ready.add(id(p))
         if self._sync and len(b.ready) == len(b.params):
             self._launch_in_order((*group_key(b.group), b.dtype))
@@ -306,7 +311,7 @@ class GradientBuckets:
         b.timing = BucketTiming(
             f"{self.tag_prefix}.{b.layout.key}",
             "all_reduce" if self.mode == "all_reduce" else "reduce_scatter",
-            b.layout.padded_bytes,
+            b.layout.padded_numel * torch.empty((), dtype=b.dtype).element_size(),
             work.t_launch,
             work.t_done,
         )
@@ -314,7 +319,7 @@ class GradientBuckets:
             if b.divide_by != b.group.size:  # summed in place (or a group of one): divide here
                 b.grad.div_(b.divide_by)
             for i, p in enumerate(b.params):
-                if p.grad is None:  # no gradient here, but other ranks may have used it: take the average
+                if p.grad is None and p.dtype == b.dtype:  # no gradient here, but other ranks used it: the average
                     view = b.grad_view(i)
                     if bool(view.any()):
                         p.grad = view

@@ -41,6 +41,8 @@ class DistributedDataParallel(nn.Module):
     asynchronous all-reduce the moment its last gradient is ready; call `finish_gradient_sync()` after backward.
     Forward is the module's own (`ddp(x)` or `ddp.module.loss(...)` alike): DDP touches only gradients.
     gradient_divide_factor: None averages each gradient over its group; a number divides every group's sum by it.
+    grad_dtype: the buckets' dtype, what the all-reduce runs in (None: the parameters'; mixed precision's reduce
+    dtype, e.g. float32 under bfloat16 parameters: each p.grad is then added into the bucket and set to None).
     """
 
     tag_prefix = "ddp"
@@ -53,6 +55,7 @@ class DistributedDataParallel(nn.Module):
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         group_for: GroupFor | None = None,
         gradient_divide_factor: int | float | None = None,
+        grad_dtype: torch.dtype | None = None,
     ):
         super().__init__()
         self.module = module
@@ -64,6 +67,7 @@ class DistributedDataParallel(nn.Module):
             mode="all_reduce",
             tag_prefix=self.tag_prefix,
             divide_by=divide_by,
+            grad_dtype=grad_dtype,
         )
 
     def forward(self, *args, **kwargs):

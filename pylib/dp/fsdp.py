@@ -41,6 +41,7 @@ from ..runtime.sharding import ShardSpec
 from .groups import GroupFor, check_divide_factor, dtype_name, split_by_group
 from .layout import FlatLayout, flatten, single_flat
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
+from .mixed import MasterWeights
 
 _CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 TIMELINE_LENGTH = 4096  # resident-bytes records kept (a few per unit and step)
@@ -74,12 +75,40 @@ class _ScaleGrad(torch.autograd.Function):
         return dy * ctx.scale, None
 
 
+class _GatherReduceInto(torch.autograd.Function):
+    """Forward: all-gather this rank's 16-bit shard into the full buffer. Backward: the full buffer's gradient cast
+    to `flat.main_grad`'s dtype (fp32), reduce-scattered in it, divided by `divide_by` and added into
+    `flat.main_grad` [shard_numel]; the shard gets no autograd gradient (Megatron's `main_grad`: an autograd
+    gradient must have its tensor's dtype, a float32 reduction of a bf16 parameter cannot be one)."""
+
+    @staticmethod
+    def forward(ctx, shard, flat, divide_by, tag):
+        ctx.flat, ctx.divide_by, ctx.tag = flat, divide_by, tag
+        return C.all_gather_tensor(shard.detach(), 0, flat.group, tag=tag)
+
+    @staticmethod
+    def backward(ctx, dy):
+        flat = ctx.flat
+        part = C.reduce_scatter_tensor(dy.to(flat.main_grad.dtype), 0, flat.group, phase="backward", tag=ctx.tag)
+        if ctx.divide_by != 1:
+            part = part.div_(ctx.divide_by)
+        flat.main_grad.add_(part)
+        return None, None, None, None
+
+
 class _Flat:
     """One unit's parameters of one reduction group: layout, group, the shard this rank keeps, and where each
-    parameter is referenced in the module tree (a tied parameter has several homes)."""
+    parameter is referenced in the module tree (a tied parameter has several homes). main_grad: with a
+    mixed-precision recipe that reduces in another dtype than the shard's, the reduced gradient slice in it."""
 
     def __init__(self, layout: FlatLayout, group, shard: nn.Parameter, homes: list[list[tuple[nn.Module, str]]]):
         self.layout, self.group, self.shard, self.homes = layout, group, shard, homes
+        self.main_grad: torch.Tensor | None = None
+
+    @property
+    def grad(self) -> torch.Tensor | None:
+        """The reduced gradient of this rank's shard: main_grad if there is one, else the shard's autograd grad."""
+        return self.main_grad if self.main_grad is not None else self.shard.grad
 
     def set_views(self, full: torch.Tensor | None) -> None:
         for e, homes in zip(self.layout.entries, self.homes):
@@ -173,6 +202,11 @@ class FullyShardedDataParallel(nn.Module):
     embeddings) must sit in one: leave both modules out of `units` so it falls to the root unit.
     Forward is the module's own; every rank must run the same units in the same order.
     gradient_divide_factor: None averages each gradient over its group; a number divides every group's sum by it.
+    precision: a `MixedPrecision` recipe (the module already in its compute dtype) or None. With a recipe the
+    16-bit shards get fp32 master copies and fp32 optimizer state (`MasterWeights`), updated and cast back into
+    the shards at each step. grad_reduce = compute: autograd reduce-scatters each unit's gradient in the shards'
+    dtype into shard.grad; grad_reduce = float32: the gradient is cast and reduce-scattered in fp32 into a
+    persistent fp32 slice per flat (`_GatherReduceInto`, Megatron's main_grad).
     """
 
     tag_prefix = "zero3"
@@ -186,9 +220,13 @@ class FullyShardedDataParallel(nn.Module):
         group_for: GroupFor | None = None,
         gradient_divide_factor: int | float | None = None,
         optimizer=torch.optim.Adam,
+        precision=None,
         **optim_kwargs,
     ):
         super().__init__()
+        self.reduce_dtype = None
+        if precision is not None and precision.check().grad_reduce != precision.compute:
+            self.reduce_dtype = getattr(torch, precision.grad_reduce)
         self.module = module
         self.divide_by = check_divide_factor(gradient_divide_factor)
         unit_names = default_units(module) if units is None else list(units)
@@ -204,13 +242,21 @@ class FullyShardedDataParallel(nn.Module):
             for g, dtype, members in sets:
                 key = uname or "root"
                 flat = _shard_flat(f"{key}.{g.name}" if len(sets) > 1 else key, g, dtype, members, homes)
+                if self.reduce_dtype is not None:
+                    flat.main_grad = torch.zeros(flat.shard.numel(), dtype=self.reduce_dtype, device=flat.shard.device)
                 self.shards.append(flat.shard)
                 flats.append(flat)
             unit = _Unit(uname, modules[uname], flats)
             unit.module.register_forward_pre_hook(functools.partial(self._before_forward, unit))
             unit.module.register_forward_hook(functools.partial(self._after_forward, unit))
             self.units.append(unit)
-        self.optimizer = optimizer(list(self.shards), **optim_kwargs)
+        self.weights: MasterWeights | None = None
+        if precision is None:
+            self.optimizer = optimizer(list(self.shards), **optim_kwargs)
+        else:
+            groups = [f.group for u in self.units for f in u.flats]
+            self.weights = MasterWeights(list(self.shards), precision, optimizer, groups, **optim_kwargs)
+            self.optimizer = self.weights.optimizer
         self._live: dict[int, torch.UntypedStorage] = {}
         self._shard_bytes = storage_bytes(self.shards)  # fixed: the shards never change size
         self._calls: dict[int, _Gathered] = {}
@@ -227,10 +273,14 @@ class FullyShardedDataParallel(nn.Module):
     def _before_forward(self, unit: _Unit, module, args):
         call = _Gathered(unit)
         for flat in unit.flats:
-            full = C.all_gather(flat.shard, 0, flat.group, tag=f"{self.tag_prefix}.{flat.layout.key}")
+            tag = f"{self.tag_prefix}.{flat.layout.key}"
             divide_by = flat.group.size if self.divide_by is None else self.divide_by
-            if divide_by != 1:  # backward: the all-gather's reduce-scatter sums, this turns the sum into the mean
-                full = _ScaleGrad.apply(full, 1.0 / divide_by)
+            if flat.main_grad is not None:  # mixed precision, reduced in another dtype: into main_grad
+                full = _GatherReduceInto.apply(flat.shard, flat, divide_by, tag)
+            else:
+                full = C.all_gather(flat.shard, 0, flat.group, tag=tag)
+                if divide_by != 1:  # backward: the all-gather's reduce-scatter sums, this turns the sum into the mean
+                    full = _ScaleGrad.apply(full, 1.0 / divide_by)
             if flat.group.size > 1:
                 storage = full.untyped_storage()
                 call.storages.append((flat, storage))
@@ -292,7 +342,10 @@ class FullyShardedDataParallel(nn.Module):
         self.timeline.append((tracer.now(), resident, what))
 
     def _grad_bytes(self) -> int:
-        return storage_bytes(p.grad for p in self.shards)
+        return storage_bytes([p.grad for p in self.shards] + [f.main_grad for f in self._flats()])
+
+    def _flats(self) -> list[_Flat]:
+        return [f for u in self.units for f in u.flats]
 
     # -------------------------------------------------------------------------------------------- training
 
@@ -303,10 +356,21 @@ class FullyShardedDataParallel(nn.Module):
     def step(self) -> None:
         """Update this rank's shards (no communication: the next forward gathers the new values)."""
         with tracer.phase("optimizer"):
-            self.optimizer.step()
+            if self.weights is None:
+                self.optimizer.step()
+            else:
+                self.weights.step([f.grad for f in self._flats()])
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call backward on: multiplied by the loss scale of the recipe (fp16), else itself."""
+        return loss if self.weights is None else self.weights.scale_loss(loss)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+        for f in self._flats():
+            f.shard.grad = None
+            if f.main_grad is not None:
+                f.main_grad.zero_()
 
     # -------------------------------------------------------------------------------------------- reports
 
@@ -315,7 +379,7 @@ class FullyShardedDataParallel(nn.Module):
         return [f.layout for u in self.units for f in u.flats]
 
     def gradient_shards(self) -> dict[str, torch.Tensor]:
-        return {f.layout.key: f.shard.grad for u in self.units for f in u.flats}
+        return {f.layout.key: f.grad for u in self.units for f in u.flats}
 
     def parameter_shards(self) -> dict[str, torch.Tensor]:
         return {f.layout.key: f.shard for u in self.units for f in u.flats}
@@ -334,7 +398,8 @@ class FullyShardedDataParallel(nn.Module):
     def memory(self) -> HeldBytes:
         params = self.resident_param_bytes()
         grads = self._grad_bytes()
-        optim = storage_bytes(optimizer_state_tensors(self.optimizer))
+        state = optimizer_state_tensors(self.optimizer) if self.weights is None else self.weights.state_tensors()
+        optim = storage_bytes(state)
         return HeldBytes(params, grads, optim, max(params, self.peak_param_bytes), max(grads, self.peak_grad_bytes))
 
     def unit_bytes(self) -> dict[str, int]:

@@ -21,17 +21,28 @@ from .buckets import DEFAULT_BUCKET_BYTES
 from .ddp import DistributedDataParallel
 from .fsdp import FullyShardedDataParallel
 from .groups import GroupFor
-from .memory import HeldBytes
+from .memory import HeldBytes, storage_bytes
+from .mixed import MasterWeights, cast_module, torch_dtype
 from .zero import ZeroDataParallel
 
 STAGES = ZERO_STAGE_NAMES  # ("ddp", "zero1", "zero2", "zero3"): the one ZeRO vocabulary, pylib.plan.options
 
 
 class DDPTrainer:
-    """DDP plus an ordinary optimizer on the full parameters, behind the same API as the ZeRO wrappers."""
+    """DDP plus an ordinary optimizer on the full parameters, behind the same API as the ZeRO wrappers; or, with
+    `weights` (mixed precision), the optimizer on fp32 master copies of every parameter, fed the reduced buckets."""
 
-    def __init__(self, ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer):
-        self.ddp, self.optimizer, self.module = ddp, optimizer, ddp.module
+    def __init__(
+        self, ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, weights: MasterWeights | None = None
+    ):
+        self.ddp, self.optimizer, self.module, self.weights = ddp, optimizer, ddp.module, weights
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call backward on: multiplied by the loss scale of the recipe (fp16), else itself."""
+        return loss if self.weights is None else self.weights.scale_loss(loss)
+
+    def _bucket_views(self) -> list[torch.Tensor]:
+        return [b.grad_view(i) for b in self.ddp.buckets.buckets for i in range(len(b.params))]
 
     def finish_gradient_sync(self) -> None:
         self.ddp.finish_gradient_sync()
@@ -42,10 +53,14 @@ class DDPTrainer:
 
     def step(self) -> None:
         with tracer.phase("optimizer"):
-            self.optimizer.step()
+            if self.weights is None:
+                self.optimizer.step()
+            else:
+                self.weights.step(self._bucket_views())
 
     def zero_grad(self) -> None:
-        self.ddp.zero_grad(set_to_none=True)
+        # mixed precision: gradients are added into the buckets (p.grad of another dtype cannot view them)
+        self.ddp.zero_grad(set_to_none=self.weights is None)
 
     @property
     def layouts(self):
@@ -70,7 +85,11 @@ class DDPTrainer:
         return self.ddp.tag_prefix
 
     def memory(self) -> HeldBytes:
-        return self.ddp.memory(self.optimizer)
+        if self.weights is None:
+            return self.ddp.memory(self.optimizer)
+        held = self.ddp.memory(None)
+        held.optim = storage_bytes(self.weights.state_tensors())
+        return held
 
 
 def wrap(
@@ -83,17 +102,32 @@ def wrap(
     units: list[str] | None = None,
     gradient_divide_factor: int | float | None = None,
     optimizer=torch.optim.Adam,
+    precision=None,
     **optim_kwargs,
 ):
     """`module` under data-parallel `stage` ("ddp", "zero1", "zero2", "zero3"), with its optimizer.
 
-    Every returned object has finish_gradient_sync(), step(), zero_grad(), memory(), layouts, gradient_shards(),
-    parameter_shards() and .module; the model's own forward (or `module.loss`) runs unchanged."""
+    Every returned object has finish_gradient_sync(), step(), zero_grad(), memory(), scale_loss(), layouts,
+    gradient_shards(), parameter_shards() and .module; the model's own forward (or `module.loss`) runs unchanged.
+    precision: a `pylib.plan.options.MixedPrecision` recipe -- the module is cast to its compute dtype here, the
+    gradients reduced in its reduce dtype, the optimizer run on fp32 masters (`pylib.dp.mixed`); None: one dtype.
+    Call backward on `trainer.scale_loss(loss)` (the loss times the fp16 loss scale; the loss itself otherwise)."""
+    if precision is not None:
+        cast_module(module, precision.check())
     if stage == "ddp":
         ddp = DistributedDataParallel(
-            module, group, bucket_bytes=bucket_bytes, group_for=group_for, gradient_divide_factor=gradient_divide_factor
+            module,
+            group,
+            bucket_bytes=bucket_bytes,
+            group_for=group_for,
+            gradient_divide_factor=gradient_divide_factor,
+            grad_dtype=None if precision is None else torch_dtype(precision.grad_reduce),
         )
-        return DDPTrainer(ddp, optimizer(module.parameters(), **optim_kwargs))
+        if precision is None:
+            return DDPTrainer(ddp, optimizer(module.parameters(), **optim_kwargs))
+        params = [p for b in ddp.buckets.buckets for p in b.params]
+        weights = MasterWeights(params, precision, optimizer, (), **optim_kwargs)
+        return DDPTrainer(ddp, weights.optimizer, weights)
     if stage in ("zero1", "zero2"):
         return ZeroDataParallel(
             module,
@@ -103,6 +137,7 @@ def wrap(
             group_for=group_for,
             gradient_divide_factor=gradient_divide_factor,
             optimizer=optimizer,
+            precision=precision,
             **optim_kwargs,
         )
     if stage == "zero3":
@@ -113,6 +148,7 @@ def wrap(
             group_for=group_for,
             gradient_divide_factor=gradient_divide_factor,
             optimizer=optimizer,
+            precision=precision,
             **optim_kwargs,
         )
     raise ValueError(f"stage={stage!r} must be one of {STAGES}")

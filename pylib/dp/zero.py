@@ -35,6 +35,7 @@ from .buckets import DEFAULT_BUCKET_BYTES, GradientBuckets
 from .groups import GroupFor, check_divide_factor, split_by_group
 from .layout import flatten, unflatten
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
+from .mixed import MasterWeights, torch_dtype
 from .overlap import OverlapReport
 
 
@@ -46,6 +47,10 @@ class ZeroDataParallel(nn.Module):
     max_buckets_in_flight (stage 2): at most this many full buckets on the wire at once (DeepSpeed double-buffers,
     hence 2); None lets every bucket overlap backward and, on a slow network, be alive at once.
     gradient_divide_factor: None averages each gradient over its group; a number divides every group's sum by it.
+    precision: a `MixedPrecision` recipe (the module already in its compute dtype: `pylib.dp.wrap` casts it), or
+    None for one dtype throughout. With a recipe the gradient buckets are in its reduce dtype, and this rank's
+    slices get fp32 master copies that the optimizer updates (`MasterWeights`: Megatron's distributed optimizer);
+    after the step each slice is cast back and the 16-bit buckets all-gathered.
     """
 
     def __init__(
@@ -59,6 +64,7 @@ class ZeroDataParallel(nn.Module):
         max_buckets_in_flight: int | None = 2,
         gradient_divide_factor: int | float | None = None,
         optimizer=torch.optim.Adam,
+        precision=None,
         **optim_kwargs,
     ):
         super().__init__()
@@ -78,6 +84,7 @@ class ZeroDataParallel(nn.Module):
             tag_prefix=self.tag_prefix,
             max_in_flight=max_buckets_in_flight if stage == 2 else None,
             divide_by=divide_by,
+            grad_dtype=None if precision is None else torch_dtype(precision.check().grad_reduce),
         )
         self.flats: list[torch.Tensor] = []  # one padded parameter buffer per bucket
         self.shards: list[torch.Tensor] = []  # this rank's slice of each, what the optimizer updates
@@ -88,10 +95,21 @@ class ZeroDataParallel(nn.Module):
                     p.data = view  # the module now reads the buffer
                 lo, hi = b.shard_range
                 shard = flat[lo:hi]
-                shard.grad = b.held_grad
+                if precision is None:
+                    shard.grad = b.held_grad
                 self.flats.append(flat)
                 self.shards.append(shard)
-        self.optimizer = optimizer(self.shards, **optim_kwargs)
+        self.weights: MasterWeights | None = None
+        if precision is None:
+            self.optimizer = optimizer(self.shards, **optim_kwargs)
+        else:
+            groups = [b.group for b in self.buckets.buckets]
+            self.weights = MasterWeights(self.shards, precision, optimizer, groups, **optim_kwargs)
+            self.optimizer = self.weights.optimizer
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call backward on: multiplied by the loss scale of the recipe (fp16), else itself."""
+        return loss if self.weights is None else self.weights.scale_loss(loss)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -110,10 +128,14 @@ class ZeroDataParallel(nn.Module):
         """Update this rank's slices, then all-gather every bucket so all ranks hold the new parameters
         (traced with phase "optimizer")."""
         self.buckets.finish()
-        for b, shard in zip(self.buckets.buckets, self.shards):  # even if someone set them to None meanwhile
-            shard.grad = b.held_grad
+        if self.weights is None:
+            for b, shard in zip(self.buckets.buckets, self.shards):  # even if someone set them to None meanwhile
+                shard.grad = b.held_grad
         with tracer.phase("optimizer"):
-            self.optimizer.step()
+            if self.weights is None:
+                self.optimizer.step()
+            elif not self.weights.step([b.held_grad for b in self.buckets.buckets]):
+                return  # overflow on some rank: every rank skips, the parameters are unchanged
             with torch.no_grad():
                 for b, flat, shard in zip(self.buckets.buckets, self.flats, self.shards):
                     full = C.all_gather_tensor(shard, 0, b.group, tag=f"{self.tag_prefix}.{b.layout.key}")
@@ -133,7 +155,7 @@ class ZeroDataParallel(nn.Module):
 
     def gradient_shards(self) -> dict[str, torch.Tensor]:
         """Bucket key -> this rank's slice of the averaged gradient [padded/d]."""
-        return {b.layout.key: s.grad for b, s in zip(self.buckets.buckets, self.shards)}
+        return {b.layout.key: b.held_grad for b in self.buckets.buckets}
 
     def parameter_shards(self) -> dict[str, torch.Tensor]:
         """Bucket key -> this rank's slice of the parameters [padded/d]."""
@@ -145,7 +167,8 @@ class ZeroDataParallel(nn.Module):
     def memory(self) -> HeldBytes:
         params = storage_bytes(list(self.module.parameters()) + self.flats)
         grads = self.buckets.grad_bytes_held()
-        optim = storage_bytes(optimizer_state_tensors(self.optimizer))
+        state = optimizer_state_tensors(self.optimizer) if self.weights is None else self.weights.state_tensors()
+        optim = storage_bytes(state)
         return HeldBytes(params, grads, optim, params, max(grads, self.buckets.peak_grad_bytes))
 
     def shard_specs(self) -> list[ShardSpec]:

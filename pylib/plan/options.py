@@ -86,7 +86,72 @@ class RunOptions:
         return zero_stage(self.zero_stage).key
 
 
+COMPUTE_DTYPES = ("bfloat16", "float16")
+GRAD_REDUCE_DTYPES = ("bfloat16", "float16", "float32")
+LOSS_SCALINGS = ("none", "static", "dynamic")
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """A mixed-precision recipe, by dtype name (torch-free: `pylib.dp.mixed` turns it into torch dtypes).
+
+    compute: the dtype the model's parameters, activations and autograd gradients are in ("bfloat16", "float16");
+    master: the dtype of the master weights and of the optimizer state ("float32"); grad_reduce: the dtype the
+    data-parallel reduction runs in and the gradient buffers are kept in ("bfloat16" = compute, as Megatron's
+    default; "float32" = Megatron's `grad_reduce_in_fp32` / `accumulate_allreduce_grads_in_fp32`);
+    loss_scaling: "none" (bf16 has fp32's exponent range), "static" (multiply the loss by `loss_scale`) or
+    "dynamic" (start at `loss_scale`, halve it and skip the step when a gradient is inf/nan, double it after
+    `growth_interval` clean steps), as fp16 needs. Not validated here: `problems()` lists every bad value."""
+
+    compute: str = "bfloat16"
+    master: str = "float32"
+    grad_reduce: str = "float32"
+    loss_scaling: str = "none"
+    loss_scale: float = 2.0**16
+    growth_interval: int = 1000
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.compute not in COMPUTE_DTYPES:
+            out.append(f"compute={self.compute!r} must be one of {COMPUTE_DTYPES}")
+        if self.master != "float32":
+            out.append(f"master={self.master!r} must be 'float32' (the master weights and optimizer state)")
+        if self.grad_reduce not in (self.compute, "float32"):
+            out.append(f"grad_reduce={self.grad_reduce!r} must be the compute dtype or 'float32'")
+        if self.loss_scaling not in LOSS_SCALINGS:
+            out.append(f"loss_scaling={self.loss_scaling!r} must be one of {LOSS_SCALINGS}")
+        if not self.loss_scale > 0:
+            out.append(f"loss_scale={self.loss_scale} must be > 0")
+        if self.growth_interval < 1:
+            out.append(f"growth_interval={self.growth_interval} must be >= 1")
+        return out
+
+    def check(self) -> MixedPrecision:
+        bad = self.problems()
+        if bad:
+            raise ValueError("MixedPrecision: " + "; ".join(bad))
+        return self
+
+    @property
+    def compute_bytes(self) -> int:
+        return DTYPE_BYTES[self.compute]
+
+    @property
+    def grad_bytes(self) -> int:
+        return DTYPE_BYTES[self.grad_reduce]
+
+    @property
+    def master_bytes(self) -> int:
+        return DTYPE_BYTES[self.master]
+
+
 __all__ = [
+    "COMPUTE_DTYPES",
+    "DTYPE_BYTES",
+    "GRAD_REDUCE_DTYPES",
+    "LOSS_SCALINGS",
+    "MixedPrecision",
     "CP_KINDS",
     "CP_LAYOUTS",
     "SCHEDULES",
