@@ -25,6 +25,7 @@ import functools
 
 from .heads import head_layout
 from .options import CP_KINDS, CP_LAYOUTS, ZERO_STAGES, RunOptions
+from .recompute import recompute_problems
 from .schedules import SCHEDULES, ScheduleError, check_schedule
 from .split import check_split
 
@@ -213,6 +214,7 @@ def _choice_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
         out.append(f"cp_kind={opt.cp_kind!r} must be one of {CP_KINDS}")
     if opt.zero_stage not in ZERO_STAGES:
         out.append(f"zero_stage={opt.zero_stage!r} must be one of {ZERO_STAGES} (0 = DDP)")
+    out += recompute_problems(opt.recompute, opt.recompute_method, opt.recompute_num_layers)
     if cfg.tie_embeddings:
         out.append(
             "tie_embeddings=True is not supported here: the embedding (first stage) and the LM head (last stage) "
