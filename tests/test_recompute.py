@@ -165,3 +165,69 @@ def test_tp_model_every_choice_same_gradients_and_the_group_formula(t, sp):
                 for g in groups
             )
             assert redo == expect, (rank, rc, method, k)
+
+
+# ------------------------------------------------------------------------------------- composed model and planner
+
+COMPOSE_PLANS = [
+    # TP + SP over 2 pipeline stages (1F1B, m = 2): the groups of "full" are counted within each stage
+    (ParallelConfig(tp=2, pp=2), dict(sequence_parallel=True, n_microbatches=2)),
+    # TP + SP + CP ring: the ring's K/V passes sit inside the recomputed core
+    (ParallelConfig(tp=2, cp=2), dict(sequence_parallel=True, cp_kind="ring")),
+    # CP Ulysses with DP (ZeRO-2) and interleaved PP would need 8 ranks; Ulysses on 4: cp=2, dp=2
+    (ParallelConfig(cp=2, dp=2), dict(cp_kind="ulysses", zero_stage=2)),
+]
+RECOMPUTE_CHOICES = [
+    dict(recompute="none"),
+    dict(recompute="selective"),
+    dict(recompute="full"),
+    dict(recompute="full", recompute_method="uniform", recompute_num_layers=2),
+    dict(recompute="full", recompute_method="block", recompute_num_layers=1),
+]
+
+
+def _compose_runs(cfg, par, options):
+    from pylib.experiments.compose_training import train
+
+    out = []
+    for choice in RECOMPUTE_CHOICES:
+        r = train(cfg, par, steps=1, batch=4, seq=8, keep_events=True, **options, **choice)
+        redo = sum(1 for e in r["events"][0] if e["phase"] == "recompute")
+        out.append((r["params"], dict(r["activation_bytes"]), r["peak_activation_bytes"], redo, r["coords"]))
+    return out
+
+
+@pytest.mark.parametrize("par, options", COMPOSE_PLANS, ids=[p.describe() for p, _ in COMPOSE_PLANS])
+def test_composed_model_every_choice_equal_parameters_and_planner_predicts_the_bytes(par, options):
+    from pylib.analysis import planner as P
+    from pylib.analysis.activations import chunk_saved_bytes, peak_saved_bytes
+    from pylib.model.presets import tiny
+
+    cfg = tiny().with_(position="rope")
+    batch, seq = 4, 8
+    for rank, runs in enumerate(launch(_compose_runs, par.world_size, cfg, par, options)):
+        none_params = runs[0][0]
+        for choice, (params, chunks, peak, redo, coords) in zip(RECOMPUTE_CHOICES, runs):
+            where = f"{par.describe()} rank {rank} {choice}"
+            # after one Adam step: the same parameters, bit for bit (float64), as without recomputation
+            assert len(params) == len(none_params)
+            for a, b in zip(params, none_params):
+                assert a[0] == b[0] and torch.equal(a[-1], b[-1]), f"{where}: {a[0]}"
+            plan = P.Plan(par, **options, **choice)
+            kw = dict(pp=par.pp, v=plan.v, pp_rank=coords["pp"], tp=par.tp, cp=par.cp)
+            kw.update(sequence_parallel=plan.sequence_parallel, cp_kind=plan.cp_kind, attention="math")
+            kw.update(recompute=plan.recompute, recompute_method=plan.recompute_method)
+            predicted = chunk_saved_bytes(
+                cfg, plan.micro_batch(batch), seq, **kw, recompute_num_layers=plan.recompute_num_layers
+            )
+            assert [chunks[(0, c)] for c in range(plan.v)] == predicted, where
+            assert peak == peak_saved_bytes(predicted, plan.schedule, par.pp, plan.n_microbatches, plan.v, coords["pp"])
+            work = P.Workload(batch, seq, precision="uniform", attention="math")
+            assert P.rank_memory(cfg, plan, work, coords["pp"])["activations"] == peak, where
+            # re-issued collectives: none without recompute; CP ring passes or TP/SP gathers when recomputing
+            if choice["recompute"] == "none":
+                assert redo == 0, where
+            elif par.cp > 1 or (choice["recompute"] == "full" and par.tp > 1):
+                assert redo > 0, where
+            else:  # selective with the local core: nothing inside the core communicates
+                assert redo == 0, where

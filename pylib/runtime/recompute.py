@@ -36,6 +36,11 @@ def recomputed(fn, *tensors: torch.Tensor):
     return checkpoint(run, *tensors, use_reentrant=False, preserve_rng_state=False)
 
 
+def is_recomputing() -> bool:
+    """True inside the second forward of a recomputed region (forward hooks that log use it to log once)."""
+    return current_phase() == "recompute"
+
+
 class RecomputedCore:
     """An attention core `core(q, k, v, positions)` whose internals are recomputed in backward (selective
     recomputation): it keeps q [b, heads, s, d_head], k, v [b, kv_heads, s, d_head], not the scores, the mask or the
