@@ -231,3 +231,105 @@ def test_composed_model_every_choice_equal_parameters_and_planner_predicts_the_b
                 assert redo > 0, where
             else:  # selective with the local core: nothing inside the core communicates
                 assert redo == 0, where
+
+
+# ------------------------------------------------------------------------------------------ CP attention and PP
+
+GQA = _cfg("swiglu", 2, "rope", n_layers=2)
+LAYER_CHOICES = [
+    dict(recompute="none"),
+    dict(recompute="selective"),
+    dict(recompute="full"),
+    dict(recompute="full", recompute_method="block", recompute_num_layers=1),
+]
+
+
+def _recomputed_layers(n_layers, choice):
+    """How many layers run their attention again: all under selective, those in whole groups under full."""
+    if choice["recompute"] == "selective":
+        return n_layers
+    groups = recompute_groups(
+        n_layers, choice["recompute"], choice.get("recompute_method", "uniform"), choice.get("recompute_num_layers", 1)
+    )
+    return sum(len(g) for g, whole in groups if whole)
+
+
+def _cp_runs(cfg, kind, seq):
+    import torch.distributed as dist
+
+    from pylib.cp import CPTransformer, shard_sequence
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    ids, targets = random_tokens(cfg, B, seq, seed=1)
+    ids, targets = (shard_sequence(x, 1, r, n, "zigzag") for x in (ids, targets))
+    out = []
+    for choice in LAYER_CHOICES:
+        model = CPTransformer.from_full(build_model(cfg), layout="zigzag", kind=kind, **choice)
+        with trace() as tr:
+            with saved_activations(exclude=model.parameters()) as saved:
+                loss = model.loss(ids, targets)
+            loss.backward()
+        redo = {}
+        for e in tr.select(phase="recompute"):
+            redo[e.op] = redo.get(e.op, 0) + 1
+        out.append((saved.bytes, [p.grad for p in model.parameters()], redo))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["ring", "ulysses"])
+def test_cp_attention_every_choice_same_gradients_bytes_and_rerun_passes(kind):
+    from pylib.analysis.activations import chunk_saved_bytes
+
+    cp, seq = 2, 16
+    for rank, runs in enumerate(launch(_cp_runs, cp, GQA, kind, seq)):
+        kw = dict(cp=cp, sequence_parallel=False, cp_kind=kind, attention="math")
+        none_predicted = chunk_saved_bytes(GQA, B, seq, **kw)[0]
+        for choice, (saved, grads, redo) in zip(LAYER_CHOICES, runs):
+            assert all(torch.equal(a, b) for a, b in zip(grads, runs[0][1])), (rank, kind, choice)
+            # the embedding and the head are the reference's here, not the vocab-parallel ones the formula counts:
+            # compare what recomputation changes, which is all in the layers
+            predicted = chunk_saved_bytes(GQA, B, seq, **kw, **choice)[0]
+            assert saved - runs[0][0] == predicted - none_predicted, (rank, kind, choice)
+            layers = _recomputed_layers(GQA.n_layers, choice)
+            assert redo == R.cp_recompute_ops(kind, choice["recompute"], cp, layers), (rank, kind, choice)
+
+
+def _pp_runs(cfg, m):
+    import torch.distributed as dist
+
+    from pylib.pp import build, microbatches, run_pipeline
+    from pylib.pp.split import rank_chunks
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    ids, targets = random_tokens(cfg, B * m, S, seed=4)
+    out = []
+    for choice in LAYER_CHOICES + [dict(recompute="full", recompute_method="uniform", recompute_num_layers=2)]:
+        chunks = rank_chunks(build_model(cfg), rank, p, 2, **choice)
+        run = run_pipeline(
+            build("interleaved", p, m, 2),
+            chunks,
+            inputs=microbatches(ids, m),
+            targets=microbatches(targets, m),
+            act_shape=(B, S, cfg.d_model),
+        )
+        grads = [q.grad for c in chunks for q in c.parameters()]
+        out.append((choice, run.activation_bytes, run.peak_activation_bytes, grads, run.loss))
+    return out
+
+
+def test_pipeline_stages_every_choice_same_gradients_and_bytes_per_chunk():
+    from pylib.analysis.activations import chunk_saved_bytes, peak_saved_bytes
+
+    cfg = _cfg("swiglu", 2, "rope", n_layers=8)
+    p, m, v = 2, 4, 2
+    for rank, runs in enumerate(launch(_pp_runs, p, cfg, m)):
+        kw = dict(pp=p, v=v, pp_rank=rank, sequence_parallel=False, attention="math")
+        none_predicted = chunk_saved_bytes(cfg, B, S, **kw)
+        _, none_bytes, none_peak, none_grads, none_loss = runs[0]
+        for choice, saved, peak, grads, loss in runs:
+            assert loss == none_loss and all(torch.equal(a, b) for a, b in zip(grads, none_grads)), (rank, choice)
+            predicted = chunk_saved_bytes(cfg, B, S, **kw, **choice)
+            for c in range(v):  # what recomputation changes (the stage ends are the reference's modules here)
+                assert saved[(0, c)] - none_bytes[(0, c)] == predicted[c] - none_predicted[c], (rank, choice, c)
+            ends = [none_bytes[(0, c)] - none_predicted[c] for c in range(v)]
+            assert peak == peak_saved_bytes([x + e for x, e in zip(predicted, ends)], "interleaved", p, m, v, rank)

@@ -134,11 +134,26 @@ def extra_collectives(cfg, b, s, t=1, *, sequence_parallel=False, recompute="non
     return (fwd * layers)[:-1]
 
 
+def cp_recompute_ops(kind: str, recompute: str, cp: int, layers: int = 1) -> dict[str, int]:
+    """Point-to-point / all-to-all ops one CP rank issues again in backward (phase "recompute") for `layers`
+    recomputed layers (selective: every layer; full: the layers in recomputed groups). Ring attention is one
+    autograd function that saves at its end, so its cp - 1 K/V passes (a send and a recv each) all run again.
+    Ulysses runs 4 all-to-alls per layer (q, k, v in; the output back); selective stops before P V, so the output's
+    is not rerun (3), full reruns it for W_O's saved input (4)."""
+    check_recompute(recompute)
+    if recompute == "none" or cp == 1:
+        return {}
+    if kind == "ring":
+        return {"send": (cp - 1) * layers, "recv": (cp - 1) * layers}
+    return {"all_to_all": (3 if recompute == "selective" else 4) * layers}
+
+
 __all__ = [
     "CORE_ROWS",
     "RECOMPUTE",
     "core_flops",
     "core_input_bytes",
+    "cp_recompute_ops",
     "extra_collectives",
     "extra_forward_flops",
     "groups_saved_bytes",
