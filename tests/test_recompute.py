@@ -51,6 +51,8 @@ def test_bad_choices_are_named():
     found = problems(_cfg(), ParallelConfig(), options=RunOptions(recompute="some", recompute_num_layers=0))
     assert any("recompute='some' must be one of ('none', 'selective', 'full')" in p for p in found)
     assert any("recompute_num_layers=0 must be a positive integer" in p for p in found)
+    zero3 = RunOptions(zero_stage=3, recompute="full", recompute_num_layers=2)
+    assert any("spans several ZeRO-3 units" in p for p in problems(_cfg(), ParallelConfig(dp=2), options=zero3))
     with pytest.raises(ValueError, match="recompute_method='every' must be one of"):
         recompute_groups(2, "full", "every")
     with pytest.raises(ValueError, match="recompute='partial' must be one of"):
@@ -174,8 +176,10 @@ COMPOSE_PLANS = [
     (ParallelConfig(tp=2, pp=2), dict(sequence_parallel=True, n_microbatches=2)),
     # TP + SP + CP ring: the ring's K/V passes sit inside the recomputed core
     (ParallelConfig(tp=2, cp=2), dict(sequence_parallel=True, cp_kind="ring")),
-    # CP Ulysses with DP (ZeRO-2) and interleaved PP would need 8 ranks; Ulysses on 4: cp=2, dp=2
+    # CP Ulysses with DP (ZeRO-2)
     (ParallelConfig(cp=2, dp=2), dict(cp_kind="ulysses", zero_stage=2)),
+    # ZeRO-3 gathers a recomputed layer's parameters once more for the second forward
+    (ParallelConfig(tp=2, dp=2), dict(sequence_parallel=True, zero_stage=3)),
 ]
 RECOMPUTE_CHOICES = [
     dict(recompute="none"),
@@ -191,9 +195,11 @@ def _compose_runs(cfg, par, options):
 
     out = []
     for choice in RECOMPUTE_CHOICES:
+        if options.get("zero_stage") == 3 and choice.get("recompute_num_layers", 1) > 1:
+            choice = dict(choice, recompute_method="block")  # refused with ZeRO-3 (test_bad_choices_are_named)
         r = train(cfg, par, steps=1, batch=4, seq=8, keep_events=True, **options, **choice)
         redo = sum(1 for e in r["events"][0] if e["phase"] == "recompute")
-        out.append((r["params"], dict(r["activation_bytes"]), r["peak_activation_bytes"], redo, r["coords"]))
+        out.append((choice, r["params"], dict(r["activation_bytes"]), r["peak_activation_bytes"], redo, r["coords"]))
     return out
 
 
@@ -206,8 +212,8 @@ def test_composed_model_every_choice_equal_parameters_and_planner_predicts_the_b
     cfg = tiny().with_(position="rope")
     batch, seq = 4, 8
     for rank, runs in enumerate(launch(_compose_runs, par.world_size, cfg, par, options)):
-        none_params = runs[0][0]
-        for choice, (params, chunks, peak, redo, coords) in zip(RECOMPUTE_CHOICES, runs):
+        none_params = runs[0][1]
+        for choice, params, chunks, peak, redo, coords in runs:
             where = f"{par.describe()} rank {rank} {choice}"
             # after one Adam step: the same parameters, bit for bit (float64), as without recomputation
             assert len(params) == len(none_params)

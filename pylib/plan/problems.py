@@ -215,6 +215,13 @@ def _choice_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
     if opt.zero_stage not in ZERO_STAGES:
         out.append(f"zero_stage={opt.zero_stage!r} must be one of {ZERO_STAGES} (0 = DDP)")
     out += recompute_problems(opt.recompute, opt.recompute_method, opt.recompute_num_layers)
+    k = opt.recompute_num_layers
+    if opt.zero_stage == 3 and opt.recompute == "full" and opt.recompute_method == "uniform" and k != 1:
+        out.append(
+            f"recompute='full' with recompute_num_layers={k!r} (uniform) and zero_stage=3: a recomputed group spans "
+            "several ZeRO-3 units, and each unit frees its gathered parameters after its forward, before the group's "
+            "backward reads them; recompute one layer per group (recompute_num_layers=1, or recompute_method='block')"
+        )
     if cfg.tie_embeddings:
         out.append(
             "tie_embeddings=True is not supported here: the embedding (first stage) and the LM head (last stage) "
