@@ -339,3 +339,33 @@ def test_pipeline_stages_every_choice_same_gradients_and_bytes_per_chunk():
                 assert saved[(0, c)] - none_bytes[(0, c)] == predicted[c] - none_predicted[c], (rank, choice, c)
             ends = [none_bytes[(0, c)] - none_predicted[c] for c in range(v)]
             assert peak == peak_saved_bytes([x + e for x, e in zip(predicted, ends)], "interleaved", p, m, v, rank)
+
+
+def _moe_runs(cfg, par):
+    from pylib.experiments.compose_training import train
+
+    out = []
+    for choice in RECOMPUTE_CHOICES[:3] + RECOMPUTE_CHOICES[4:]:
+        r = train(cfg, par, steps=1, batch=4, seq=8, sequence_parallel=True, **choice)
+        rows = {}
+        for layer, _send, _recv, etp_rows in r["moe_routing"]:
+            rows.setdefault(layer, sum(etp_rows))
+        out.append((choice, r["params"], dict(r["activation_bytes"]), rows, len(r["moe_routing"])))
+    return out
+
+
+def test_composed_moe_model_every_choice_equal_parameters_and_bytes_at_the_measured_routing():
+    """A MoE layer recomputed whole routes again (deterministically): the same parameters after the step, the routing
+    logged once, and the bytes `chunk_saved_bytes` gives at the rows the experts received."""
+    from pylib.analysis.activations import chunk_saved_bytes
+    from pylib.model.presets import tiny_moe
+
+    cfg, par = tiny_moe(), ParallelConfig(tp=2, dp=2, ep=2)
+    for rank, runs in enumerate(launch(_moe_runs, par.world_size, cfg, par)):
+        _, none_params, _, _, none_log = runs[0]
+        for choice, params, chunks, rows, log in runs:
+            where = f"rank {rank} {choice}"
+            assert all(torch.equal(a[-1], b[-1]) for a, b in zip(params, none_params)), where
+            assert log == none_log, where
+            predicted = chunk_saved_bytes(cfg, 4 // par.dp, 8, tp=par.tp, attention="math", expert_rows=rows, **choice)
+            assert chunks[(0, 0)] == predicted[0], where
