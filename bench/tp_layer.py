@@ -6,7 +6,10 @@ Prints, per size and t:
     Korthikanti et al. 2022's formula (2-byte activations, dropout), converted to our element size;
   * step time (forward + backward of the layer) of our TPBlock and of PyTorch's DTensor tensor parallelism
     (parallelize_module with ColwiseParallel / RowwiseParallel / SequenceParallel) on the same ranks, and the ratio.
-Then one layer's saved tensors item by item beside the paper's terms, with the reason for every difference.
+Then one layer's saved tensors item by item beside the paper's terms, with the reason for every difference, and
+the recomputation rows (none / selective / full): saved bytes measured / `pylib.analysis.recompute`'s formula (1.00),
+the extra forward FLOPs backward runs (FlopCounterMode) / formula, the re-issued collectives' bytes / formula, and
+Korthikanti's bytes for the same choice.
 
     PYTHONPATH=. python bench/tp_layer.py [--steps 10]
 
@@ -22,10 +25,13 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed.tensor.parallel  # noqa: F401  (slow import: once here, the forked ranks inherit it)
+from torch.utils.flop_counter import FlopCounterMode
 
+from pylib.analysis import recompute as R
 from pylib.analysis.tp import compare_with_korthikanti, korthikanti_bytes, layer_collectives, saved_activation_bytes
 from pylib.model import ModelConfig, build_model, random_hidden, saved_activations
 from pylib.runtime import launch, trace
+from pylib.runtime.recompute import run_layers
 from pylib.tp import TPBlock, finalize_grads, scatter_to_sequence_parallel_region
 from pylib.tp.dtensor import dtensor_block
 
@@ -99,6 +105,60 @@ def _rank(steps):
     return rows
 
 
+def _recompute_rank():
+    """Per size, SP off/on and recompute choice: saved bytes, the extra backward FLOPs, the re-issued bytes."""
+    t = dist.get_world_size()
+    rows = []
+    for b, s, h, heads, ff in SIZES:
+        cfg = ModelConfig(d_model=h, n_heads=heads, d_ff=ff, n_layers=1, dtype="float32")
+        ref = build_model(cfg).layers[0]
+        for sp in (False, True) if t > 1 else (False,):
+            base_flops = None
+            for rc in R.RECOMPUTE:
+                block = TPBlock.from_full(ref, sequence_parallel=sp, recompute=rc)
+                x = random_hidden(b, s, h, dtype=cfg.torch_dtype)
+                x = (scatter_to_sequence_parallel_region(x) if sp else x).detach().requires_grad_()
+                with trace() as tr:
+                    with saved_activations(exclude=list(block.parameters())) as saved:
+                        y = run_layers([block], x, recompute=rc)
+                    with FlopCounterMode(display=False) as flops:
+                        y.square().sum().backward()
+                base_flops = flops.get_total_flops() if rc == "none" else base_flops
+                redo = sum(e.bytes_sent for e in tr.events if e.phase == "recompute")
+                extra = flops.get_total_flops() - base_flops
+                rows.append(
+                    dict(b=b, s=s, h=h, heads=heads, ff=ff, sp=sp, rc=rc, saved=saved.bytes, flops=extra, redo=redo)
+                )
+    return rows
+
+
+def _print_recompute():
+    print("\nrecomputation, one TP layer, float32 (rank 0): saved B kept for backward; extra FLOPs: matmul FLOPs")
+    print("backward runs again (FlopCounterMode; torch's checkpoint stops before the region's last matmul); re-sent B:")
+    print("bytes the re-run collectives send; paper*e/2: Korthikanti et al.'s bytes for the choice at 4-byte elements.")
+    head = (
+        f"{'b':>2} {'s':>4} {'h':>4} {'t':>2} {'mode':>5} {'recompute':>9} | {'saved B':>9} {'formula':>9} "
+        f"{'ratio':>5} {'paper*e/2':>10} | {'extra FLOPs':>11} {'formula':>11} {'ratio':>5} | "
+        f"{'re-sent B':>9} {'formula':>9}"
+    )
+    print(head)
+    print("-" * len(head))
+    for t in (1, 2, 4):
+        for r in launch(_recompute_rank, t, timeout=600, backend="gloo")[0]:
+            cfg = ModelConfig(d_model=r["h"], n_heads=r["heads"], d_ff=r["ff"], n_layers=1, dtype="float32")
+            b, s, sp, rc = r["b"], r["s"], r["sp"], r["rc"]
+            saved = R.layer_saved_bytes(cfg, b, s, t, sequence_parallel=sp, recompute=rc)
+            paper = R.korthikanti_recompute_bytes(s, b, r["h"], r["heads"], t, sequence_parallel=sp, recompute=rc) * 2
+            flops = R.extra_forward_flops(cfg, b, s, t, rc)
+            redo = sum(c.bytes_sent for c in R.extra_collectives(cfg, b, s, t, sequence_parallel=sp, recompute=rc))
+            flop_ratio = f"{r['flops'] / flops:.2f}" if flops else "  -"
+            print(
+                f"{b:>2} {s:>4} {r['h']:>4} {t:>2} {'TP+SP' if sp else 'TP':>5} {rc:>9} | {r['saved']:>9} {saved:>9} "
+                f"{r['saved'] / saved:>5.2f} {paper:>10.0f} | {r['flops']:>11} {flops:>11} {flop_ratio:>5} | "
+                f"{r['redo']:>9} {redo:>9}"
+            )
+
+
 def _mode(r) -> str:
     return "TP+SP+rg" if r["regather"] else ("TP+SP" if r["sp"] else "TP")
 
@@ -142,6 +202,7 @@ def main(argv=None):
         for row in rows:
             print(f"{row.item:<40} {row.paper_bytes:>12.0f} {row.ours_bytes:>11}  {row.relation:<11} {row.why}")
         print(f"{'total':<40} {sum(r.paper_bytes for r in rows):>12.0f} {sum(r.ours_bytes for r in rows):>11}")
+    _print_recompute()
 
 
 if __name__ == "__main__":

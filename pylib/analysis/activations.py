@@ -14,6 +14,10 @@ which the TP tests measure byte for byte. Three things change them inside the co
                    chosen experts, the permutation indices, the R rows this rank's experts receive, their hidden
                    activations, and the weighted combine. R depends on the routing: the expected value with uniform
                    routing and no dropping is T k etp (T = the rank's tokens); pass the measured R to be exact.
+  recomputation    recompute="selective" replaces the attention core's rows by its inputs q, k, v (whatever the core:
+                   `recompute.core_input_bytes`); recompute="full" keeps, for each group of layers
+                   `pylib.plan.recompute.recompute_groups` names within a chunk, only the group's input
+                   [b, s/cp, h] ([b, s/(cp tp), h] under SP), and the other layers' rows as they are
   the stage ends   the first virtual stage keeps the token ids and the vocab-parallel embedding's mask; the last keeps
                    the final LayerNorm's input and statistics, the LM head's input, one [b, s/cp, V/tp] logits tensor
                    and the targets with their mask (`stage_end_rows`).
@@ -33,10 +37,12 @@ import functools
 
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.options import SEQUENCE_PARALLEL
+from pylib.plan.recompute import check_recompute, recompute_groups
 from pylib.plan.schedules import check_schedule, interleaved_table, warmup_forwards
 from pylib.plan.split import chunk_layers
 
 from . import cp as cp_analysis
+from . import recompute as recompute_analysis
 from . import tp as tp_analysis
 from .tp import dtype_bytes
 
@@ -112,19 +118,30 @@ def layer_saved_rows(
     attention: str = "math",
     etp: int = 1,
     expert_rows: int | None = None,
+    recompute: str = "none",
 ) -> dict[str, int]:
     """Bytes one layer keeps for backward on one rank, by tensor: `tp.compare_with_korthikanti` at s/cp tokens, the
-    attention core as `attention_core_bytes`, and for a MoE layer the MLP rows replaced by `moe_saved_rows`."""
+    attention core as `attention_core_bytes` (its inputs under recompute="selective"), and for a MoE layer the MLP
+    rows replaced by `moe_saved_rows`. recompute="full": the layer's input alone (one layer recomputed whole)."""
+    check_recompute(recompute)
     sp = sequence_parallel and tp > 1
+    if recompute == "full":
+        return {
+            "layer input (recomputed layer)": recompute_analysis.layer_input_bytes(
+                cfg, b, s, tp, sequence_parallel=sp, cp=cp
+            )
+        }
     s_cp = s // cp
     rows = {
         r.item: r.ours_bytes
         for r in tp_analysis.compare_with_korthikanti(cfg, b, s_cp, tp, sequence_parallel=sp)
         if r.ours_bytes and r.item not in CORE_ROWS
     }
-    rows["attention core" + (f" ({cp_kind})" if cp > 1 else f" ({attention})")] = attention_core_bytes(
-        cfg, b, s, tp=tp, cp=cp, cp_kind=cp_kind, attention=attention
-    )
+    core = "attention core" + (f" ({cp_kind})" if cp > 1 else f" ({attention})")
+    if recompute == "selective":
+        rows[core + ", recomputed: q, k, v"] = recompute_analysis.core_input_bytes(cfg, b, s, tp, cp)
+    else:
+        rows[core] = attention_core_bytes(cfg, b, s, tp=tp, cp=cp, cp_kind=cp_kind, attention=attention)
     if cfg.is_moe_layer(layer):
         for item in MLP_ROWS:
             rows.pop(item, None)
@@ -175,10 +192,17 @@ def chunk_saved_bytes(
     attention: str = "math",
     etp: int = 1,
     expert_rows: dict[int, int] | None = None,
+    recompute: str = "none",
+    recompute_method: str = "uniform",
+    recompute_num_layers: int = 1,
 ) -> list[int]:
     """Bytes one microbatch's forward keeps in each chunk of pipeline rank `pp_rank` (a list of v numbers).
-    expert_rows: {layer: R} measured; missing layers take the expectation."""
+    expert_rows: {layer: R} measured; missing layers take the expectation. recompute, recompute_method,
+    recompute_num_layers: `pylib.plan.recompute`, the groups counted within each chunk (as pylib.compose runs them)."""
+    check_recompute(recompute, recompute_method, recompute_num_layers)
+    kept = "selective" if recompute == "selective" else "none"  # what a layer outside a recomputed group keeps
     out = []
+    sp = sequence_parallel and tp > 1
     kw = dict(tp=tp, cp=cp, sequence_parallel=sequence_parallel)
     same: dict[bool, int] = {}  # dense and MoE layers at the expected routing: one sum each
 
@@ -186,7 +210,9 @@ def chunk_saved_bytes(
         rows_i = (expert_rows or {}).get(i)
         if rows_i is None and cfg.is_moe_layer(i) in same:
             return same[cfg.is_moe_layer(i)]
-        rows = layer_saved_rows(cfg, i, b, s, cp_kind=cp_kind, attention=attention, etp=etp, expert_rows=rows_i, **kw)
+        rows = layer_saved_rows(
+            cfg, i, b, s, cp_kind=cp_kind, attention=attention, etp=etp, expert_rows=rows_i, recompute=kept, **kw
+        )
         if rows_i is None:
             same[cfg.is_moe_layer(i)] = sum(rows.values())
         return sum(rows.values())
@@ -194,7 +220,12 @@ def chunk_saved_bytes(
     for c, layers in enumerate(chunk_layers(cfg.n_layers, pp, v, pp_rank)):
         stage = c * pp + pp_rank
         total = sum(stage_end_rows(cfg, b, s, first=stage == 0, last=stage == pp * v - 1, **kw).values())
-        out.append(total + sum(layer(i) for i in layers))
+        for group, whole in recompute_groups(len(layers), recompute, recompute_method, recompute_num_layers):
+            if whole:
+                total += recompute_analysis.layer_input_bytes(cfg, b, s, tp, sequence_parallel=sp, cp=cp)
+            else:
+                total += sum(layer(layers[k]) for k in group)
+        out.append(total)
     return out
 
 

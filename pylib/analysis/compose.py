@@ -17,6 +17,11 @@ inside the composition --
               (no_sync before a chunk's last microbatch), ZeRO-2 reduce-scatters in every backward (m per step),
               ZeRO-3 gathers in every forward and backward and reduce-scatters in every backward.
     loss      two one-number all-reduces reporting the global loss (dp-cp on the last stage, then pp).
+    recompute what backward runs again (phase "recompute", `pylib.analysis.recompute`): under "full" each
+              recomputed group's TP/SP forward collectives but its last, and under both choices the CP core's
+              forward passes of every recomputed layer (ring: all; Ulysses: q, k, v, and out only under "full");
+              under ZeRO-3 "full" gathers each recomputed layer's unit once more.
+              Dense models only: a recomputed MoE layer's dispatch is not modelled (refused).
 
 `step_traffic(...)` returns one `Traffic` row per kind of op; `per_axis(rows)` sums them into the tracer's
 `by_axis` form ({axis: {"bytes_sent": ..., "ops": {op: count}}}), which the tests compare with real runs.
@@ -30,10 +35,12 @@ from pylib.analysis import cp as cp_formulas
 from pylib.analysis import dp as dp_formulas
 from pylib.analysis import ep as ep_formulas
 from pylib.analysis import pp as pp_formulas
+from pylib.analysis import recompute as recompute_formulas
 from pylib.analysis import tp as tp_formulas
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.options import RunOptions
 from pylib.plan.options import zero_stage as _zero
+from pylib.plan.recompute import recompute_groups
 from pylib.plan.split import chunk_layers
 
 
@@ -162,6 +169,56 @@ def _cp_rows(st: _Step) -> None:
                 st.add("cp", phase, "all_to_all", "ulysses", m * count, m * sent, q)
 
 
+def _recompute_rows(st: _Step, layouts) -> None:
+    """What backward runs again, per microbatch and chunk (see the module docstring)."""
+    cfg, opt, tp, cp, m, e = st.cfg, st.opt, st.pc.tp, st.pc.cp, st.m, st.e
+    if opt.recompute == "none":
+        return
+    if cfg.moe is not None:
+        raise ValueError(
+            f"recompute={opt.recompute!r} with MoE layers: the traffic a recomputed MoE layer issues again is not "
+            "modelled here (the saved bytes are: pylib.analysis.activations)"
+        )
+    s_cp = st.seq // cp
+    q_heads, kv_heads = cfg.n_heads // tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)[0]
+    for chunk in chunk_layers(cfg.n_layers, st.pc.pp, opt.v, st.pp_rank):
+        groups = recompute_groups(len(chunk), opt.recompute, opt.recompute_method, opt.recompute_num_layers)
+        rerun = [len(g) for g, whole in groups if whole]
+        if _zero(opt.zero_stage).key == "zero3":  # a recomputed layer's unit is gathered once more
+            again = {f"layers.{chunk[k]}" for g, whole in groups if whole for k in g}
+            for lay in layouts:
+                if lay.key in again and lay.parts > 1:
+                    S, n = lay.padded_bytes, lay.parts
+                    st.add(lay.axis, "recompute", "all_gather", lay.key, m, m * _ring("all_gather", S, n), S)
+        if tp > 1:
+            for n in rerun:
+                ops = recompute_formulas.extra_collectives(
+                    cfg, st.b, s_cp, tp, sequence_parallel=opt.sequence_parallel, recompute="full", layers=n
+                )
+                for c in ops:
+                    st.add("tp", "recompute", c.op, c.where, m, m * c.bytes_sent, c.payload_bytes)
+        layers = len(chunk) if opt.recompute == "selective" else sum(rerun)
+        if cp > 1 and layers:
+            if opt.cp_kind == "ring":
+                r = cp_formulas.ring_traffic(st.b, st.seq, kv_heads, cfg.d_head, cp, e)
+                n, msg = m * layers * r["forward_kv_transfers"], r["kv_message_bytes"]
+                st.add("cp", "recompute", "send", "ring", n, m * layers * r["forward_bytes_sent"], msg)
+                st.add("cp", "recompute", "recv", "ring", n, 0, msg)
+            else:
+                u = cp_formulas.ulysses_traffic(st.b, st.seq, q_heads, kv_heads, cfg.d_head, cp, e)
+                names = ("q", "k", "v") if opt.recompute == "selective" else ("q", "k", "v", "out")
+                sent = sum(u["sent_bytes"][k] for k in names)
+                st.add(
+                    "cp",
+                    "recompute",
+                    "all_to_all",
+                    "ulysses",
+                    m * layers * len(names),
+                    m * layers * sent,
+                    u["local_bytes"]["q"],
+                )
+
+
 def _moe_rows(st: _Step, moe_routing, ep_index: int, etp_index: int) -> None:
     """EP / ETP: per MoE forward, from its routing (layer, send_counts [ep, E_local], recv_counts, etp_rows)."""
     cfg, ep, etp, tp, cp = st.cfg, st.pc.ep, st.pc.etp, st.pc.tp, st.pc.cp
@@ -279,6 +336,7 @@ def step_traffic(
         _tp_rows(st)
     if pc.cp > 1:
         _cp_rows(st)
+    _recompute_rows(st, layouts)
     _moe_rows(st, moe_routing, ep_index, etp_index)
     if pp > 1:
         _pp_rows(st)

@@ -150,6 +150,9 @@ class Plan:
     zero_stage: int = 0
     n_microbatches: int = 1
     v: int = 1
+    recompute: str = "none"
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
 
     @property
     def schedule(self) -> str:
@@ -165,6 +168,9 @@ class Plan:
             n_microbatches=self.n_microbatches,
             v=self.v,
             zero_stage=self.zero_stage,
+            recompute=self.recompute,
+            recompute_method=self.recompute_method,
+            recompute_num_layers=self.recompute_num_layers,
         )
 
     def options(self) -> dict:
@@ -194,6 +200,10 @@ class Plan:
         parts.append(f"m={self.n_microbatches}")
         if self.v > 1:
             parts.append(f"v={self.v}")
+        if self.recompute == "selective":
+            parts.append("recompute=selective")
+        elif self.recompute == "full":
+            parts.append(f"recompute=full/{self.recompute_method}/{self.recompute_num_layers}")
         return " ".join(parts)
 
 
@@ -633,12 +643,15 @@ def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank:
         plan.cp_kind if par.cp > 1 else "ring",
         attention,
         par.etp,
+        (plan.recompute, plan.recompute_method, plan.recompute_num_layers),
     )
     return peak_saved_bytes(list(chunks), plan.schedule, par.pp, plan.n_microbatches, plan.v, pp_rank)
 
 
 @functools.lru_cache(maxsize=65536)
-def _chunk_bytes(cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, etp) -> tuple[int, ...]:
+def _chunk_bytes(
+    cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, etp, recompute=("none", "uniform", 1)
+) -> tuple[int, ...]:
     return tuple(
         chunk_saved_bytes(
             cfg,
@@ -653,6 +666,9 @@ def _chunk_bytes(cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, et
             cp_kind=cp_kind,
             attention=attention,
             etp=etp,
+            recompute=recompute[0],
+            recompute_method=recompute[1],
+            recompute_num_layers=recompute[2],
         )
     )
 

@@ -22,7 +22,7 @@ def compose_problems(
     """Every violated constraint of running model `cfg` (a `pylib.model.ModelConfig`) on `pc` over `world_size`
     ranks with a global batch [batch, seq]; empty when it can run. `batch` / `seq` None skip the data checks.
     options: the fields of `pylib.plan.RunOptions` (sequence_parallel, cp_layout, cp_kind, schedule,
-    n_microbatches, v, zero_stage), their defaults RunOptions's."""
+    n_microbatches, v, zero_stage, recompute, recompute_method, recompute_num_layers), their defaults RunOptions's."""
     return problems(cfg, pc, world_size, batch=batch, seq=seq, options=RunOptions(**options))
 
 

@@ -37,6 +37,7 @@ from pylib.pp.recorder import PipelineRecorder
 from pylib.pp.schedules import build
 from pylib.pp.split import virtual_stage
 from pylib.runtime import collectives as C
+from pylib.runtime.recompute import is_recomputing
 from pylib.runtime.sharding import ShardSpec
 from pylib.runtime.tracer import phase, tag
 
@@ -53,7 +54,18 @@ from .reductions import (
 from .stage import ParallelStage
 
 DP_STAGES = dict(enumerate(ZERO_STAGE_NAMES))  # zero_stage -> pylib.dp.wrap's name (pylib.plan.options)
-MODEL_OPTIONS = ("sequence_parallel", "cp_layout", "cp_kind", "schedule", "n_microbatches", "v", "zero_stage")
+MODEL_OPTIONS = (
+    "sequence_parallel",
+    "cp_layout",
+    "cp_kind",
+    "schedule",
+    "n_microbatches",
+    "v",
+    "zero_stage",
+    "recompute",
+    "recompute_method",
+    "recompute_num_layers",
+)
 
 
 @dataclass
@@ -188,6 +200,9 @@ class ParallelTransformer:
         n_microbatches: int = 1,
         v: int = 1,
         zero_stage: int = 0,
+        recompute: str = "none",
+        recompute_method: str = "uniform",
+        recompute_num_layers: int = 1,
         batch: int | None = None,
         seq: int | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -214,6 +229,9 @@ class ParallelTransformer:
             n_microbatches=n_microbatches,
             v=v,
             zero_stage=zero_stage,
+            recompute=recompute,
+            recompute_method=recompute_method,
+            recompute_num_layers=recompute_num_layers,
         )
         check_compose(cfg, mesh.config, mesh.world_size, batch=batch, seq=seq, **opts)
         pp = mesh.pp
@@ -228,6 +246,9 @@ class ParallelTransformer:
                 cp_layout=cp_layout,
                 cp_kind=cp_kind,
                 n_microbatches=n_microbatches,
+                recompute=recompute,
+                recompute_method=recompute_method,
+                recompute_num_layers=recompute_num_layers,
             )
             for c in range(v)
         ]
@@ -257,6 +278,8 @@ class ParallelTransformer:
 
     def _log_routing(self, layer: int):
         def hook(module, args, output):
+            if is_recomputing():  # the same routing again (recompute="full"): logged once
+                return
             st = module.last_state
             self._moe_log.append((layer, st.send_counts.clone(), st.recv_counts.clone(), list(st.etp_rows)))
 

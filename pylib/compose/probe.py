@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 
+from pylib.runtime.recompute import is_recomputing
+
 
 @contextlib.contextmanager
 def ffn_probe(modules):
@@ -25,6 +27,8 @@ def ffn_probe(modules):
             layer = int(parts[parts.index("layers") + 1])
 
             def hook(mod, args, out, layer=layer):
+                if is_recomputing():  # a recomputed forward (recompute="full") is not a second activation
+                    return
                 x = args[0]
                 found[layer] = found.get(layer, 0) + x.numel() * x.element_size()
 

@@ -30,29 +30,40 @@ from pylib.cp.layout import sequence_positions
 from pylib.ep.layer import ExpertParallelMoE
 from pylib.pp.split import layers_of_stage
 from pylib.runtime import ShardSpec, tag
+from pylib.runtime.recompute import run_layers
 from pylib.tp.attention import TPAttention
 from pylib.tp.cross_entropy import vocab_parallel_cross_entropy
 from pylib.tp.embedding import VocabParallelEmbedding
 from pylib.tp.grads import mark_sequence_parallel
 from pylib.tp.linear import ColumnParallelLinear
 from pylib.tp.mlp import TPMLP
-from pylib.tp.transformer import TPBlock, copy_layernorm, layernorm_specs
+from pylib.tp.transformer import TPBlock, copy_layernorm, layernorm_specs, selective_core
 
 
 def build_layer(
-    block, mesh, *, sequence_parallel: bool, cp_layout: str, cp_kind: str, n_microbatches: int = 1
+    block,
+    mesh,
+    *,
+    sequence_parallel: bool,
+    cp_layout: str,
+    cp_kind: str,
+    n_microbatches: int = 1,
+    recompute: str = "none",
 ) -> TPBlock:
     """One reference `Block` on this rank: attention over TP x CP, the MLP over TP (dense) or EP x ETP (MoE).
 
     MoE auxiliary losses (load balancing, z-loss) are taken, as in Megatron, over the tokens of one microbatch of
     one data-parallel replica (the tp-cp group). Their coefficients are scaled by cp / m here, so that after the
     gradient average over dp-cp and the sum over m microbatches the objective is the *mean* over (replica,
-    microbatch) of each group's aux loss (`train_reference(..., like=...)` computes exactly that on one device)."""
+    microbatch) of each group's aux loss (`train_reference(..., like=...)` computes exactly that on one device).
+    recompute="selective": the attention core (local, ring or Ulysses) is recomputed in backward."""
     cfg = block.attn.cfg
     tp = mesh.tp
     core = None
     if mesh.cp.size > 1:
         core = CPAttentionCore(mesh.cp, layout=cp_layout, kind=cp_kind, causal=cfg.causal)
+    if recompute == "selective":
+        core = selective_core(core, cfg.causal)
     attn = TPAttention.from_full(block.attn, group=tp, sequence_parallel=sequence_parallel, core=core)
     if hasattr(block.mlp, "router"):
         aux = cfg.moe.aux_loss_coef or cfg.moe.z_loss_coef
@@ -86,9 +97,22 @@ class ParallelStage(nn.Module):
     logits [b, s/cp, V/tp], or with targets [b, s/cp] the mean cross-entropy of this rank's tokens (a scalar)."""
 
     def __init__(
-        self, *, stage, n_stages, layers, embed, ln_f, lm_head, tp_group, cp_group, cp_layout, sequence_parallel
+        self,
+        *,
+        stage,
+        n_stages,
+        layers,
+        embed,
+        ln_f,
+        lm_head,
+        tp_group,
+        cp_group,
+        cp_layout,
+        sequence_parallel,
+        recompute=("none", "uniform", 1),
     ):
         super().__init__()
+        self.recompute, self.recompute_method, self.recompute_num_layers = recompute
         self.stage, self.n_stages = stage, n_stages
         self.is_first, self.is_last = stage == 0, stage == n_stages - 1
         self.embed = embed
@@ -112,10 +136,19 @@ class ParallelStage(nn.Module):
         cp_layout="zigzag",
         cp_kind="ring",
         n_microbatches: int = 1,
+        recompute: str = "none",
+        recompute_method: str = "uniform",
+        recompute_num_layers: int = 1,
     ) -> ParallelStage:
+        """recompute, recompute_method, recompute_num_layers: `pylib.plan.recompute` (the groups of "full" are
+        counted within this stage, as Megatron counts them within a pipeline stage)."""
         ids = layers_of_stage(model.cfg.n_layers, stage, n_stages)
         kw = dict(
-            sequence_parallel=sequence_parallel, cp_layout=cp_layout, cp_kind=cp_kind, n_microbatches=n_microbatches
+            sequence_parallel=sequence_parallel,
+            cp_layout=cp_layout,
+            cp_kind=cp_kind,
+            n_microbatches=n_microbatches,
+            recompute=recompute,
         )
         layers = {i: build_layer(model.layers[i], mesh, **kw) for i in ids}
         first, last = stage == 0, stage == n_stages - 1
@@ -140,6 +173,7 @@ class ParallelStage(nn.Module):
             cp_group=mesh.cp,
             cp_layout=cp_layout,
             sequence_parallel=sequence_parallel,
+            recompute=(recompute, recompute_method, recompute_num_layers),
         )
 
     def positions(self, s_cp: int, device) -> torch.Tensor:
@@ -168,9 +202,20 @@ class ParallelStage(nn.Module):
         else:  # hidden [b, s/(cp*tp), h] under SP
             s_cp = x.shape[1] * (self.tp_group.size if self.sequence_parallel else 1)
         positions = self.positions(s_cp, x.device)
-        for i, layer in self.layers.items():
-            with tag(f"layers.{i}"):
-                x = layer(x, positions)
+        ids = self.layer_ids
+
+        def one(k, layer, x):
+            with tag(f"layers.{ids[k]}"):
+                return layer(x, positions)
+
+        x = run_layers(
+            self.layers.values(),
+            x,
+            recompute=self.recompute,
+            method=self.recompute_method,
+            num_layers=self.recompute_num_layers,
+            wrap=one,
+        )
         if self.lm_head is None:
             return x
         with tag("lm_head"):

@@ -13,6 +13,10 @@ data-parallel group for exactly this reason ("dp-cp") -- and every rank holds th
     attn = CPAttention.from_full(model.layers[0].attn, group=g, layout="zigzag", kind="ring")
     cp_model = CPTransformer.from_full(model, group=g, layout="zigzag", kind="ulysses")
     loss = cp_model.loss(shard(ids), shard(targets)); loss.backward(); cp_model.allreduce_gradients()
+
+Recomputation (`pylib.plan.recompute`): recompute="selective" keeps only the core's q, k, v and runs ring attention
+(its K/V passes) or Ulysses (its all-to-alls) again in backward; recompute="full" keeps each group's input
+[b, s/cp, h] and runs the group again.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import torch.nn.functional as F
 
 from pylib.model.attention import Attention
 from pylib.model.transformer import Block, Transformer
+from pylib.plan.recompute import check_recompute
 from pylib.runtime import collectives as C
+from pylib.runtime.recompute import RecomputedCore, run_layers
 from pylib.runtime.sharding import ShardSpec
 
 from .layout import check_layout, check_sequence, sequence_positions, sequence_shard_spec
@@ -131,11 +137,16 @@ class CPAttention(Attention):
         return super().forward(x, positions)
 
 
-def cp_block(block: Block, *, group=None, layout: str = "zigzag", kind: str = "ring", **core_kw) -> Block:
+def cp_block(
+    block: Block, *, group=None, layout: str = "zigzag", kind: str = "ring", recompute: str = "none", **core_kw
+) -> Block:
     """A copy of a reference layer whose attention runs over the cp group; LN and MLP are the same modules
-    (copied). x [b, s/cp, h] -> [b, s/cp, h]."""
+    (copied). x [b, s/cp, h] -> [b, s/cp, h]. recompute="selective": the cp core is recomputed in backward."""
+    check_recompute(recompute)
     new = copy.deepcopy(block)
     new.attn = CPAttention.from_full(block.attn, group=group, layout=layout, kind=kind, **core_kw)
+    if recompute == "selective":
+        new.attn.cp_core = RecomputedCore(new.attn.cp_core)
     return new
 
 
@@ -143,20 +154,39 @@ class CPTransformer(nn.Module):
     """The reference Transformer with every layer's attention over the cp group. ids [b, s/cp] -> logits
     [b, s/cp, V] for this rank's tokens."""
 
-    def __init__(self, model: Transformer, group, layout: str, kind: str, **core_kw):
+    def __init__(
+        self,
+        model: Transformer,
+        group,
+        layout: str,
+        kind: str,
+        recompute: str = "none",
+        recompute_method: str = "uniform",
+        recompute_num_layers: int = 1,
+        **core_kw,
+    ):
         super().__init__()
+        check_recompute(recompute, recompute_method, recompute_num_layers)
         g = cp_group(group)
         self.cfg, self.group, self.layout, self.kind = model.cfg, g, layout, kind
+        self.recompute, self.recompute_method, self.recompute_num_layers = (
+            recompute,
+            recompute_method,
+            recompute_num_layers,
+        )
         self.embed = copy.deepcopy(model.embed)
-        self.layers = nn.ModuleList(cp_block(b, group=g, layout=layout, kind=kind, **core_kw) for b in model.layers)
+        self.layers = nn.ModuleList(
+            cp_block(b, group=g, layout=layout, kind=kind, recompute=recompute, **core_kw) for b in model.layers
+        )
         self.ln_f = copy.deepcopy(model.ln_f)
         self.lm_head = copy.deepcopy(model.lm_head)
         if model.cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 
     @classmethod
-    def from_full(cls, model: Transformer, *, group=None, layout: str = "zigzag", kind: str = "ring", **core_kw):
-        return cls(model, group, layout, kind, **core_kw)
+    def from_full(cls, model: Transformer, *, group=None, layout: str = "zigzag", kind: str = "ring", **kw):
+        """kw: recompute, recompute_method, recompute_num_layers (`pylib.plan.recompute`) and the core's options."""
+        return cls(model, group, layout, kind, **kw)
 
     def positions(self, s_local: int, device=None) -> torch.Tensor:
         g = self.group
@@ -166,8 +196,14 @@ class CPTransformer(nn.Module):
         """ids [b, s/cp]: this rank's shard (`shard_sequence(ids, 1, ...)`)."""
         positions = self.positions(ids.shape[1], ids.device) if positions is None else positions
         x = self.embed(ids)
-        for layer in self.layers:
-            x = layer(x, positions)
+        x = run_layers(
+            self.layers,
+            x,
+            positions,
+            recompute=self.recompute,
+            method=self.recompute_method,
+            num_layers=self.recompute_num_layers,
+        )
         return self.lm_head(self.ln_f(x))
 
     def loss(self, ids: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The options of a composed run, one type, and their vocabularies, stated once.
 
     RunOptions(sequence_parallel=True, cp_kind="ring", cp_layout="zigzag", schedule="1f1b", n_microbatches=1, v=1,
-               zero_stage=0)
+               zero_stage=0, recompute="none", recompute_method="uniform", recompute_num_layers=1)
 
 `pylib.compose` runs with these options, `pylib.plan.problems` checks them, `pylib.analysis` predicts what a run
 with them holds and moves, and the planner enumerates them. A field's default is the default everywhere.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import asdict, dataclass
 
+from .recompute import RECOMPUTE, RECOMPUTE_METHODS
 from .schedules import SCHEDULES
 
 # Sequence parallelism with TP on by default, as pylib.compose runs it: the activations outside the TP region are
@@ -65,7 +66,10 @@ class RunOptions:
     sequence_parallel: cut the activations outside the TP region over tp (needs tp > 1 to change anything);
     cp_kind: "ring" or "ulysses" context parallelism; cp_layout: "zigzag" (2 cp chunks, causal load balance) or
     "contiguous"; schedule: "gpipe", "1f1b" or "interleaved"; n_microbatches: m per step and data-parallel rank;
-    v: chunks per pipeline rank (interleaved); zero_stage: 0 (DDP) .. 3 (`ZeroStage`).
+    v: chunks per pipeline rank (interleaved); zero_stage: 0 (DDP) .. 3 (`ZeroStage`);
+    recompute: "none", "selective" (the attention core) or "full" (whole layers), with recompute_method "uniform"
+    or "block" and recompute_num_layers k for "full" (`pylib.plan.recompute`: Megatron's recompute_granularity,
+    recompute_method, recompute_num_layers).
     Not validated here: `pylib.plan.problems` reports every bad value with the others."""
 
     sequence_parallel: bool = SEQUENCE_PARALLEL
@@ -75,6 +79,9 @@ class RunOptions:
     n_microbatches: int = 1
     v: int = 1
     zero_stage: int = 0
+    recompute: str = "none"
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
 
     def as_dict(self) -> dict:
         """The keyword arguments of `ParallelTransformer.from_full` and `compose_problems`."""
@@ -154,6 +161,8 @@ __all__ = [
     "MixedPrecision",
     "CP_KINDS",
     "CP_LAYOUTS",
+    "RECOMPUTE",
+    "RECOMPUTE_METHODS",
     "SCHEDULES",
     "SEQUENCE_PARALLEL",
     "ZERO_STAGES",

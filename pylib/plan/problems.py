@@ -25,6 +25,7 @@ import functools
 
 from .heads import head_layout
 from .options import CP_KINDS, CP_LAYOUTS, ZERO_STAGES, RunOptions
+from .recompute import recompute_problems
 from .schedules import SCHEDULES, ScheduleError, check_schedule
 from .split import check_split
 
@@ -213,6 +214,14 @@ def _choice_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
         out.append(f"cp_kind={opt.cp_kind!r} must be one of {CP_KINDS}")
     if opt.zero_stage not in ZERO_STAGES:
         out.append(f"zero_stage={opt.zero_stage!r} must be one of {ZERO_STAGES} (0 = DDP)")
+    out += recompute_problems(opt.recompute, opt.recompute_method, opt.recompute_num_layers)
+    k = opt.recompute_num_layers
+    if opt.zero_stage == 3 and opt.recompute == "full" and opt.recompute_method == "uniform" and k != 1:
+        out.append(
+            f"recompute='full' with recompute_num_layers={k!r} (uniform) and zero_stage=3: a recomputed group spans "
+            "several ZeRO-3 units, and each unit frees its gathered parameters after its forward, before the group's "
+            "backward reads them; recompute one layer per group (recompute_num_layers=1, or recompute_method='block')"
+        )
     if cfg.tie_embeddings:
         out.append(
             "tie_embeddings=True is not supported here: the embedding (first stage) and the LM head (last stage) "

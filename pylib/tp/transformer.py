@@ -12,6 +12,11 @@ residual adds run on s/t tokens (seed A's green zone cut to 1/t); the LayerNorm 
 
 Model: vocab-parallel embedding, the layers, final LayerNorm, column-parallel LM head giving my vocabulary
 slice of the logits [b, s, V/t], vocab-parallel cross-entropy. The full logits are never formed.
+
+Recomputation (`pylib.plan.recompute`): recompute="selective" wraps each layer's attention core in
+`RecomputedCore` (it keeps q, k, v, not the [b, n_head/t, s, s] probabilities); recompute="full" keeps only the input
+of each group of layers ([b, s/t, h] under SP) and runs the group again in backward, its all-gathers and
+reduce-scatters (or all-reduces) included.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from pylib.plan.recompute import check_recompute
 from pylib.runtime import ShardSpec, require_divisible, tag
 from pylib.runtime import collectives as C
+from pylib.runtime.recompute import RecomputedCore, run_layers
 
-from .attention import TPAttention, head_layout
+from .attention import LocalAttention, TPAttention, head_layout
 from .cross_entropy import vocab_parallel_cross_entropy
 from .embedding import VocabParallelEmbedding
 from .grads import finalize_grads, mark_sequence_parallel
@@ -62,6 +69,11 @@ def check_tp_config(cfg, tp: int) -> None:
     require_divisible(cfg.vocab_size, tp, "tp", "vocab_size")
 
 
+def selective_core(core, causal: bool) -> RecomputedCore:
+    """The attention core (default: `LocalAttention`) recomputed in backward: selective recomputation."""
+    return RecomputedCore(core if core is not None else LocalAttention(causal))
+
+
 class TPBlock(nn.Module):
     """One Pre-LN layer. x [b, s, h] (TP) or my slice [b, s/t, h] (SP) -> the same shape.
     `positions` [s]: global positions of the whole sequence inside the TP region (as for the reference)."""
@@ -72,9 +84,15 @@ class TPBlock(nn.Module):
         self.group, self.sequence_parallel = group, sequence_parallel
 
     @classmethod
-    def from_full(cls, block, *, group=None, sequence_parallel: bool = False, regather: bool = False, core=None):
+    def from_full(
+        cls, block, *, group=None, sequence_parallel: bool = False, regather: bool = False, core=None, recompute="none"
+    ):
+        """recompute="selective": the attention core is recomputed in backward (the other choices act on whole
+        layers: `TPTransformer`, `run_layers`)."""
+        check_recompute(recompute)
         g = C.resolve_group(group)
         kw = dict(group=g, sequence_parallel=sequence_parallel, regather=regather)
+        core = selective_core(core, block.attn.cfg.causal) if recompute == "selective" else core
         return cls(
             copy_layernorm(block.ln1, sequence_parallel),
             TPAttention.from_full(block.attn, core=core, **kw),
@@ -105,15 +123,29 @@ class TPTransformer(nn.Module):
     `loss(ids, targets)` equals the reference model's mean cross-entropy; after backward call
     `finalize_grads()` (SP LayerNorm gradients, replicated K/V gradients) before the optimizer step."""
 
-    def __init__(self, cfg, embed, layers, ln_f, lm_head, group, sequence_parallel):
+    def __init__(self, cfg, embed, layers, ln_f, lm_head, group, sequence_parallel, recompute=("none", "uniform", 1)):
         super().__init__()
         self.cfg = cfg
         self.embed, self.layers, self.ln_f, self.lm_head = embed, nn.ModuleList(layers), ln_f, lm_head
         self.group, self.sequence_parallel = group, sequence_parallel
+        self.recompute, self.recompute_method, self.recompute_num_layers = recompute
 
     @classmethod
-    def from_full(cls, model, *, group=None, sequence_parallel: bool = False, regather: bool = False, core=None):
-        """Shard a reference `pylib.model.Transformer`. `core` replaces every layer's attention core."""
+    def from_full(
+        cls,
+        model,
+        *,
+        group=None,
+        sequence_parallel: bool = False,
+        regather: bool = False,
+        core=None,
+        recompute: str = "none",
+        recompute_method: str = "uniform",
+        recompute_num_layers: int = 1,
+    ):
+        """Shard a reference `pylib.model.Transformer`. `core` replaces every layer's attention core; recompute,
+        recompute_method, recompute_num_layers as in `pylib.plan.recompute`."""
+        check_recompute(recompute, recompute_method, recompute_num_layers)
         cfg = model.cfg
         g = C.resolve_group(group)
         check_tp_config(cfg, g.size)
@@ -124,7 +156,9 @@ class TPTransformer(nn.Module):
             )
         embed = VocabParallelEmbedding.from_full(model.embed, group=g, sequence_parallel=sequence_parallel)
         layers = [
-            TPBlock.from_full(b, group=g, sequence_parallel=sequence_parallel, regather=regather, core=core)
+            TPBlock.from_full(
+                b, group=g, sequence_parallel=sequence_parallel, regather=regather, core=core, recompute=recompute
+            )
             for b in model.layers
         ]
         ln_f = copy_layernorm(model.ln_f, sequence_parallel)
@@ -133,14 +167,25 @@ class TPTransformer(nn.Module):
         )
         if cfg.tie_embeddings:  # the embedding's vocab rows and the head's output rows are the same slice
             lm_head.weight = embed.weight
-        return cls(cfg, embed, layers, ln_f, lm_head, g, sequence_parallel)
+        recompute_choice = (recompute, recompute_method, recompute_num_layers)
+        return cls(cfg, embed, layers, ln_f, lm_head, g, sequence_parallel, recompute_choice)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         with tag("embed"):
             x = self.embed(ids)  # [b, s, h] or [b, s/t, h]
-        for i, layer in enumerate(self.layers):
+
+        def one(i, layer, x):
             with tag(f"layers.{i}"):
-                x = layer(x, positions)
+                return layer(x, positions)
+
+        x = run_layers(
+            self.layers,
+            x,
+            recompute=self.recompute,
+            method=self.recompute_method,
+            num_layers=self.recompute_num_layers,
+            wrap=one,
+        )
         with tag("lm_head"):
             return self.lm_head(self.ln_f(x))  # [b, s, V/t]
 

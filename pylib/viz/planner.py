@@ -65,6 +65,11 @@ def compare(cfg, plan: P.Plan, records: list[dict], *, batch: int, seq: int, rou
             out.append(Check(r, k, mem[k], rec["memory"][k]))
         kw = dict(pp=par.pp, v=plan.v, pp_rank=pp_rank, tp=par.tp, cp=par.cp, etp=par.etp)
         kw.update(sequence_parallel=plan.sequence_parallel, cp_kind=plan.cp_kind, attention="math")
+        kw.update(
+            recompute=plan.recompute,
+            recompute_method=plan.recompute_method,
+            recompute_num_layers=plan.recompute_num_layers,
+        )
         chunks = chunk_saved_bytes(cfg, b, seq, expert_rows=rec["expert_rows"], **kw)
         for c, n in enumerate(chunks):
             out.append(Check(r, f"saved activations, chunk {c}", n, rec["activation_bytes"][(0, c)]))

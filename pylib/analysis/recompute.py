@@ -1,0 +1,165 @@
+"""Activation recomputation as formulas: what a layer keeps for backward under each choice, what it runs again, and
+what that second forward communicates. Pure functions of sizes; tests/test_recompute.py measures every one of them.
+
+Per layer and rank (e = bytes per element of cfg.dtype, a_t = n_head/t query heads, kv_t K/V heads on the rank,
+d = d_head, s_o = tokens outside the TP region: s/t under SP, else s):
+
+    none        `tp.saved_activation_bytes`: what autograd saves, row by row (`tp.compare_with_korthikanti`)
+    selective   none without the attention core's rows (Q and the expanded K, the expanded V, the
+                [b, a_t, s, s] probabilities, the causal mask) plus the core's inputs kept by the checkpoint:
+                q [b, a_t, s, d], k, v [b, kv_t, s, d] (not expanded under GQA): e b s (a_t + 2 kv_t) d
+    full        the input of each recomputed group of layers: e b s_o h (`pylib.plan.recompute.recompute_groups`
+                decides how many inputs a stage keeps; layers outside the groups keep "none")
+
+Korthikanti et al. 2022 (2-byte activations, with dropout) print sbh(34 + 5as/h) without recompute; selective removes
+the 5as/h term and the dropout of the core: sbh(10 + 24/t) with TP, sbh 34/t with TP + SP; full keeps 2sbh (2sbh/t
+with SP). `korthikanti_recompute_bytes` gives those; ours differ by the rows `tp.compare_with_korthikanti` explains.
+
+Extra forward work (matmul FLOPs, 2 per multiply-add, as `torch.utils.flop_counter` counts). torch's non-reentrant
+checkpoint stops the second forward as soon as it has rebuilt every tensor backward needs ("early stopping", on by
+default): a matmul saves its inputs before it runs, so the region's last matmul is never run again. Hence
+
+    selective   Q K^T only (P V's inputs, the probabilities and V, are all it needs): 2 b s^2 a_t d per layer
+    full        a group of n layers runs its forward again up to its last matmul: n times the layer's forward
+                (Q, K, V 2 b s h (a_t + 2 kv_t) d, the core 4 b s^2 a_t d, W_O 2 b s a_t d h, the MLP
+                2 b s h (h_ffn/t) x 2 (GELU) or x 3 (SwiGLU)) less the last W_down, 2 b s (h_ffn/t) h
+
+and for "full" the group's forward collectives once more except the one after that last matmul (the MLP's leave:
+all-reduce, or reduce-scatter under SP), issued in backward under the tracer's phase "recompute".
+"""
+
+from __future__ import annotations
+
+from pylib.plan.heads import kv_heads_per_rank
+from pylib.plan.recompute import RECOMPUTE, check_recompute, recompute_groups
+
+from . import tp as tp_analysis
+from .tp import dtype_bytes
+
+CORE_ROWS = ("Q and K", "V", "softmax output", "causal mask")
+
+
+def core_input_bytes(cfg, b: int, s: int, tp: int = 1, cp: int = 1) -> int:
+    """What a recomputed attention core keeps: its inputs q [b, n_head/tp, s/cp, d], k, v [b, kv/tp, s/cp, d]
+    (ring attention and Ulysses take the shard's q, k, v too: their all-to-alls and K/V passes run inside)."""
+    heads, (kv, _) = cfg.n_heads // tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)
+    return dtype_bytes(cfg.dtype) * b * (s // cp) * (heads + 2 * kv) * cfg.d_head
+
+
+def layer_input_bytes(cfg, b: int, s: int, tp: int = 1, *, sequence_parallel: bool = False, cp: int = 1) -> int:
+    """The input of a layer on one rank, [b, s/cp, h] or [b, s/(cp tp), h] under SP: what "full" keeps per group."""
+    s_o = s // cp // tp if sequence_parallel and tp > 1 else s // cp
+    return dtype_bytes(cfg.dtype) * b * s_o * cfg.d_model
+
+
+def layer_saved_bytes(
+    cfg, b: int, s: int, t: int = 1, *, sequence_parallel: bool = False, regather: bool = False, recompute="none"
+) -> int:
+    """Exact bytes one `pylib.tp.TPBlock` keeps for backward on one rank under `recompute` (one recomputed
+    layer for "full")."""
+    check_recompute(recompute)
+    if recompute == "full":
+        return layer_input_bytes(cfg, b, s, t, sequence_parallel=sequence_parallel)
+    rows = tp_analysis.compare_with_korthikanti(cfg, b, s, t, sequence_parallel=sequence_parallel, regather=regather)
+    if recompute == "none":
+        return sum(r.ours_bytes for r in rows)
+    return sum(r.ours_bytes for r in rows if r.item not in CORE_ROWS) + core_input_bytes(cfg, b, s, t)
+
+
+def groups_saved_bytes(layer_bytes: list[int], input_bytes: list[int], recompute, method="uniform", num_layers=1):
+    """Bytes a stage's layers keep: layer_bytes[i] (what layer i keeps without "full") for layers outside recomputed
+    groups, input_bytes[i] (layer i's input) for the first layer of each recomputed group."""
+    total = 0
+    for group, whole in recompute_groups(len(layer_bytes), recompute, method, num_layers):
+        total += input_bytes[group[0]] if whole else sum(layer_bytes[i] for i in group)
+    return total
+
+
+def model_layers_saved_bytes(
+    cfg, b, s, t=1, *, sequence_parallel=False, regather=False, recompute="none", method="uniform", num_layers=1
+) -> int:
+    """What the n_layers layers of a `pylib.tp.TPTransformer` keep on one rank (the embedding and head excluded)."""
+    kw = dict(sequence_parallel=sequence_parallel, regather=regather)
+    per = layer_saved_bytes(cfg, b, s, t, recompute="selective" if recompute == "selective" else "none", **kw)
+    inp = layer_input_bytes(cfg, b, s, t, sequence_parallel=sequence_parallel)
+    n = cfg.n_layers
+    return groups_saved_bytes([per] * n, [inp] * n, recompute, method, num_layers)
+
+
+def korthikanti_recompute_bytes(s, b, h, a, t=1, *, sequence_parallel=False, recompute="none") -> float:
+    """Korthikanti et al. 2022, bytes per layer per rank under each choice (2-byte activations, with dropout)."""
+    check_recompute(recompute)
+    sbh = s * b * h
+    if recompute == "none":
+        return tp_analysis.korthikanti_bytes(s, b, h, a, t, sequence_parallel=sequence_parallel)
+    if recompute == "selective":
+        return sbh * 34 / t if sequence_parallel else sbh * (10 + 24 / t)
+    return 2 * sbh / t if sequence_parallel else 2 * sbh
+
+
+def core_flops(cfg, b: int, s: int, t: int = 1) -> int:
+    """Matmul FLOPs of one forward of our attention core on one rank: Q K^T and P V, s x s entries each."""
+    return 4 * b * s * s * (cfg.n_heads // t) * cfg.d_head
+
+
+def layer_forward_flops(cfg, b: int, s: int, t: int = 1) -> int:
+    """Matmul FLOPs of one `TPBlock` forward on one rank (see the module docstring)."""
+    heads, (kv, _) = cfg.n_heads // t, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, t)
+    h, dh, ff = cfg.d_model, cfg.d_head, cfg.d_ff // t
+    proj = 2 * b * s * h * (heads + 2 * kv) * dh + 2 * b * s * heads * dh * h
+    mlp = 2 * b * s * h * ff * (3 if cfg.mlp == "swiglu" else 2)
+    return proj + core_flops(cfg, b, s, t) + mlp
+
+
+def extra_forward_flops(cfg, b: int, s: int, t: int = 1, recompute="none", layers: int = 1) -> int:
+    """Matmul FLOPs run again in backward on one rank: per layer under "selective", per recomputed group of
+    `layers` layers under "full" (see the module docstring: the last matmul is not rerun)."""
+    check_recompute(recompute)
+    if recompute == "none":
+        return 0
+    if recompute == "selective":
+        return core_flops(cfg, b, s, t) // 2
+    return layers * layer_forward_flops(cfg, b, s, t) - 2 * b * s * (cfg.d_ff // t) * cfg.d_model
+
+
+def extra_collectives(cfg, b, s, t=1, *, sequence_parallel=False, recompute="none", layers: int = 1) -> list:
+    """The collectives a recomputed group of `layers` layers issues again in backward (phase "recompute"): under
+    "full" its forward ones but the last (the MLP's leave, after the last matmul); none under "selective"."""
+    check_recompute(recompute)
+    if recompute != "full":
+        return []
+    e = dtype_bytes(cfg.dtype)
+    fwd = tp_analysis.layer_collectives(b, s, cfg.d_model, t, e, sequence_parallel=sequence_parallel)
+    fwd = [c for c in fwd if c.phase == "forward"]
+    return (fwd * layers)[:-1]
+
+
+def cp_recompute_ops(kind: str, recompute: str, cp: int, layers: int = 1) -> dict[str, int]:
+    """Point-to-point / all-to-all ops one CP rank issues again in backward (phase "recompute") for `layers`
+    recomputed layers (selective: every layer; full: the layers in recomputed groups). Ring attention is one
+    autograd function that saves at its end, so its cp - 1 K/V passes (a send and a recv each) all run again.
+    Ulysses runs 4 all-to-alls per layer (q, k, v in; the output back); selective stops before P V, so the output's
+    is not rerun (3), full reruns it for W_O's saved input (4)."""
+    check_recompute(recompute)
+    if recompute == "none" or cp == 1:
+        return {}
+    if kind == "ring":
+        return {"send": (cp - 1) * layers, "recv": (cp - 1) * layers}
+    return {"all_to_all": (3 if recompute == "selective" else 4) * layers}
+
+
+__all__ = [
+    "CORE_ROWS",
+    "RECOMPUTE",
+    "core_flops",
+    "core_input_bytes",
+    "cp_recompute_ops",
+    "extra_collectives",
+    "extra_forward_flops",
+    "groups_saved_bytes",
+    "korthikanti_recompute_bytes",
+    "layer_forward_flops",
+    "layer_input_bytes",
+    "layer_saved_bytes",
+    "model_layers_saved_bytes",
+]
