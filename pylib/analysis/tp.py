@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pylib.plan.options import DTYPE_BYTES  # the one dtype -> bytes table
+
 # --------------------------------------------------------------------------------------------------- traffic
 
 
@@ -162,9 +164,6 @@ def model_collectives(cfg, b, s, t, *, sequence_parallel=False, regather=False) 
 
 
 # --------------------------------------------------------------------------------------------------- memory
-
-
-DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def dtype_bytes(dtype: str) -> int:
