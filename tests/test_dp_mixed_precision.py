@@ -242,6 +242,7 @@ def test_composed_dp2_equals_the_single_device_recipe(zero_stage, recipe):
     assert loss_err < 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("zero_stage,recipe", [(1, BF16_FP32), (3, BF16_BF16)])
 def test_composed_tp2_dp2_stays_near_the_single_device_recipe(zero_stage, recipe):
     """TP adds rounding points one device does not have: each rank's bf16 partial product is rounded before the

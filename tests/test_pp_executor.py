@@ -340,6 +340,7 @@ def _both_send_first(n):
     C.recv(torch.empty(n, dtype=torch.float64), other)
 
 
+@pytest.mark.slow
 def test_a_blocking_gloo_send_waits_for_its_receiver_even_for_a_tiny_message():
     # the rendezvous semantics `simulate(..., sends="rendezvous")` models: two ranks that both send first hang
     from pylib.runtime import LaunchTimeout

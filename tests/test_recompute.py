@@ -77,7 +77,7 @@ def _block_runs(cases):
     return [[_block_run(cfg, sp, rg, rc) for rc in R.RECOMPUTE] for cfg, sp, rg in cases]
 
 
-@pytest.mark.parametrize("t", [1, 2, 4])
+@pytest.mark.parametrize("t", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
 def test_tp_block_gradients_bytes_flops_and_collectives(t):
     cases = [(cfg, sp, rg) for cfg in CFGS for sp, rg in ((False, False), (True, False), (True, True))]
     for rank, per_rank in enumerate(launch(_block_runs, t, cases)):
@@ -149,7 +149,7 @@ def _model_runs(cfg, sp):
     return [_model_run(cfg, sp, *c) for c in CHOICES]
 
 
-@pytest.mark.parametrize("t, sp", [(1, False), (2, False), (2, True), (4, True)])
+@pytest.mark.parametrize("t, sp", [(1, False), (2, False), (2, True), pytest.param(4, True, marks=pytest.mark.slow)])
 def test_tp_model_every_choice_same_gradients_and_the_group_formula(t, sp):
     cfg = _cfg("swiglu", 2, "rope", n_layers=4)
     for rank, runs in enumerate(launch(_model_runs, t, cfg, sp)):
@@ -203,6 +203,7 @@ def _compose_runs(cfg, par, options):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("par, options", COMPOSE_PLANS, ids=[p.describe() for p, _ in COMPOSE_PLANS])
 def test_composed_model_every_choice_equal_parameters_and_planner_predicts_the_bytes(par, options):
     from pylib.analysis import planner as P
@@ -354,6 +355,7 @@ def _moe_runs(cfg, par):
     return out
 
 
+@pytest.mark.slow
 def test_composed_moe_model_every_choice_equal_parameters_and_bytes_at_the_measured_routing():
     """A MoE layer recomputed whole routes again (deterministically): the same parameters after the step, the routing
     logged once, and the bytes `chunk_saved_bytes` gives at the rows the experts received."""

@@ -374,6 +374,7 @@ def test_a_segfaulting_rank_reports_its_python_stack():
     assert "in crash_here" in text, text
 
 
+@pytest.mark.slow
 def test_a_hang_names_the_rank_that_is_not_inside_the_collective_its_peers_wait_in():
     def fn():
         if dist.get_rank() == 1:
