@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.hub import localhub
-from tests.site.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.site.conftest import browser  # noqa: F401 -- the site test's browser fixture (Debian's chromium)
 
 # The repository's name as the local server offers it: nbgitpuller clones into a folder of that name.
 SERVED_NAME = "parallelism-book"
@@ -60,18 +60,6 @@ def hub(scratch):
             "stopping the hub left things behind (ended by force now), or the check could not see them:\n  "
             + "\n  ".join(left)
         )
-
-
-@pytest.fixture(scope="session")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run does it in CI)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="session")
