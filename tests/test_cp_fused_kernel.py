@@ -51,28 +51,6 @@ def test_torchs_fused_kernel_equals_the_reference_kernel_forward_and_backward(h_
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_fused_block_gradients_from_the_global_lse_add_up_to_full_attention_gradients():
-    """Keys cut into two rectangular blocks (s_q=6 against 2 and 4 keys): each block's fused backward, given the
-    whole row's out and lse, is its exact share, as the ring needs."""
-    q, k, v, dout = _qkv(s_q=6, s_k=6, h_kv=2)
-    q, k, v = (x.requires_grad_() for x in (q, k, v))
-    out = attention_core(q, k, v, causal=False)
-    out.backward(dout)
-    fused = SDPAKernel("cpu")
-    _, lse = fused.forward(q.detach(), k.detach(), v.detach(), causal=False, scale=8**-0.5)
-    dq = torch.zeros_like(q)
-    dks, dvs = [], []
-    for cols in (slice(0, 2), slice(2, 6)):
-        kb, vb = k.detach()[:, :, cols], v.detach()[:, :, cols]
-        dq_b, dk_b, dv_b = fused.backward(dout, q.detach(), kb, vb, out.detach(), lse, causal=False, scale=8**-0.5)
-        dq += dq_b
-        dks.append(dk_b)
-        dvs.append(dv_b)
-    torch.testing.assert_close(dq, q.grad, rtol=0, atol=1e-12)
-    torch.testing.assert_close(torch.cat(dks, 2), k.grad, rtol=0, atol=1e-12)
-    torch.testing.assert_close(torch.cat(dvs, 2), v.grad, rtol=0, atol=1e-12)
-
-
 def test_a_bf16_merge_lse_reaches_the_fused_backward_as_float32():
     q, k, v, dout = _qkv(dtype=torch.bfloat16)
     fused, ref = SDPAKernel("cpu"), TorchKernel()

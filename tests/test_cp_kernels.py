@@ -5,7 +5,7 @@ import inspect
 import pytest
 import torch
 
-from pylib.cp import TorchKernel, choose_kernel, flash_available, merge_all, select_kernel
+from pylib.cp import SDPAKernel, TorchKernel, choose_kernel, flash_available, merge_all, select_kernel
 from pylib.cp.kernels import _flash_backward_kwargs
 from pylib.model import attention_core
 
@@ -33,15 +33,17 @@ def test_torch_kernel_output_and_lse_equal_full_attention(h_kv, causal):
     assert lse.dtype == torch.float64
 
 
-def test_block_gradients_from_the_global_lse_add_up_to_full_attention_gradients():
-    """Cut the keys into two blocks; each block's backward, given the whole row's out and lse, yields its exact
-    share: dq adds over blocks, dk and dv are the blocks' slices."""
+@pytest.mark.parametrize("make_kernel", [TorchKernel, lambda: SDPAKernel("cpu")], ids=["torch", "fused"])
+def test_block_gradients_from_the_global_lse_add_up_to_full_attention_gradients(make_kernel):
+    """Cut the keys into two blocks (6 queries against 2 and 4 keys); each block's backward, given the whole row's
+    out and lse, yields its exact share: dq adds over blocks, dk and dv are the blocks' slices. The same for the
+    plain-torch kernel and torch's fused SDPA op (its CPU flash kernel), as the ring needs."""
     q, k, v = _qkv(s=6, h_kv=2)
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     out = attention_core(q, k, v, causal=False)
     dout = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     out.backward(dout)
-    kern = TorchKernel()
+    kern = make_kernel()
     scale = 5**-0.5
     _, lse = kern.forward(q.detach(), k.detach(), v.detach(), causal=False, scale=scale)
     dq = torch.zeros_like(q)
