@@ -185,3 +185,17 @@ def test_cpu_benches_name_the_gloo_backend_in_every_launch(script):
     ]
     unnamed = [n.lineno for n in calls if not any(k.arg == "backend" for k in n.keywords)]
     assert not unnamed, f"bench/{script.name}: launch(...) without backend= on lines {unnamed}"
+
+
+LONGEST_FUNCTION = 100  # lines, decorators and docstring included: past this a function has seams to split along
+
+
+def test_no_pylib_function_is_longer_than_a_hundred_lines():
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((ROOT / "pylib").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > LONGEST_FUNCTION
+    ]
+    assert not long, f"functions over {LONGEST_FUNCTION} lines (split them along their seams): {long}"
