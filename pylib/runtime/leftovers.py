@@ -1,6 +1,6 @@
 """Temporary folders named after the process that owns them, and a sweep that removes those whose owner is gone.
 
-    workdir = owned_tempdir("pylib-launch")      # /tmp/pylib-launch-<pid>-<start>-XXXXXXXX
+    workdir = owned_tempdir("pylib-launch")      # /tmp/pylib-launch-<pid>-<start>-<random>
     sweep("pylib-launch")                         # remove every such folder whose owner no longer runs
 
 A folder's owner is a (pid, start time) pair: the start time (in clock ticks since boot, /proc/<pid>/stat) tells a
@@ -36,7 +36,7 @@ def start_time(pid: int) -> int | None:
 
 
 def owned_tempdir(prefix: str) -> str:
-    """A fresh folder under the temp dir named `<prefix>-<pid>-<start>-XXXXXXXX` for this process."""
+    """A fresh folder under the temp dir named `<prefix>-<pid>-<start>-<random>` for this process."""
     pid = os.getpid()
     return tempfile.mkdtemp(prefix=f"{prefix}-{pid}-{start_time(pid) or 0}-")
 
