@@ -76,11 +76,13 @@ def _errors(losses, params, ref_losses, ref_params):
 TP_CFG = tiny().with_(n_layers=2, dtype="bfloat16")
 
 
-def _tp_rank(batches, sp):
+def _tp_rank(batches, sp, reduced=True):
     from pylib.tp import TPTransformer, gather_full
 
     tp = TPTransformer.from_full(build_model(TP_CFG), sequence_parallel=sp)
-    losses = _train(tp, batches, tp.loss, tp.finalize_grads)  # finalize: the SP LayerNorm grads summed over tp
+    losses = _train(
+        tp, batches, tp.loss, tp.finalize_grads if reduced else lambda: None
+    )  # finalize: the SP LayerNorm grads summed over tp
     return losses, {n: p.detach() for n, p in gather_full(tp).items()}
 
 
@@ -104,7 +106,7 @@ def test_tp_and_tp_sp_bf16_mixed_precision_stay_within_5e_4_loss_and_3_lr_of_the
 CP_CFG = tiny_gqa().with_(n_layers=2, dtype="bfloat16")  # causal, RoPE, GQA, SwiGLU
 
 
-def _cp_rank(batches, kind):
+def _cp_rank(batches, kind, reduced=True):
     from pylib.cp import CPTransformer, shard_sequence
 
     r, n = dist.get_rank(), dist.get_world_size()
@@ -113,7 +115,9 @@ def _cp_rank(batches, kind):
     def loss_of(ids, targets):
         return cp.loss(shard_sequence(ids, 1, r, n, "zigzag"), shard_sequence(targets, 1, r, n, "zigzag"))
 
-    losses = _train(cp, batches, loss_of, cp.allreduce_gradients)  # replicated weights: grads summed over cp
+    losses = _train(
+        cp, batches, loss_of, cp.allreduce_gradients if reduced else lambda: None
+    )  # replicated weights: grads summed over cp
     return losses, {n: p.detach().clone() for n, p in cp.named_parameters()}
 
 
@@ -132,6 +136,21 @@ def test_cp_zigzag_bf16_mixed_precision_stays_within_7e_4_loss_and_3_lr_of_the_s
     loss_err, param_err = _errors(losses0, params0, ref_losses, ref_params)
     assert loss_err < 7e-4, loss_err
     assert param_err < 3 * LR, param_err
+
+
+def test_the_tp_and_cp_bounds_catch_a_missing_gradient_reduction():
+    """The bounds are tight enough to see a wrong recipe: without the SP LayerNorm all-reduce (TP) or the cp
+    all-reduce of the replicated weights, a parameter moves 0.055 / 0.059 (> 3 lr) from the single-device run
+    (measured; the CP loss 6.1e-3 relative, > 7e-4)."""
+    batches = _batches(TP_CFG, 4, 8)
+    ref_losses, ref_params = _reference(TP_CFG, batches)
+    losses, params = launch(_tp_rank, 2, batches, True, False)[0]
+    assert _errors(losses, params, ref_losses, ref_params)[1] > 3 * LR
+    batches = _batches(CP_CFG, 4, 16)
+    ref_losses, ref_params = _reference(CP_CFG, batches)
+    losses, params = launch(_cp_rank, 2, batches, "ring", False)[0]
+    loss_err, param_err = _errors(losses, params, ref_losses, ref_params)
+    assert loss_err > 7e-4 and param_err > 3 * LR
 
 
 # ------------------------------------------------------------------------------------------------ EP
