@@ -270,3 +270,14 @@ def test_figure_modules_return_figures_and_leave_showing_and_the_backend_to_the_
             or (f.attr == "use" and isinstance(f.value, ast.Name) and f.value.id in ("matplotlib", "mpl"))
         ]
         assert not found, f"pylib/viz/{info.name}.py calls {found}"
+
+
+@pytest.mark.parametrize("name", sorted(CASES) + sorted(ASSEMBLED))
+def test_figure_text_is_legible_at_page_width(name, runs):
+    """Shown in the content column (scaled down when wider), the figure's smallest text is at least
+    style.LEGIBLE_PX pixels high: no digits a reader cannot read."""
+    fig = {**CASES, **ASSEMBLED}[name](runs)
+    fig.canvas.draw()  # tick labels exist once drawn
+    px = style.smallest_text_px(fig)
+    plt.close(fig)
+    assert px >= style.LEGIBLE_PX, f"{name}: smallest text {px:.1f} px at a {style.COLUMN_PX} px column"

@@ -215,3 +215,26 @@ def contrast_ratio(a, b) -> float:
     """WCAG 2 contrast ratio of two colours, from 1 (same) to 21 (black on white)."""
     la, lb = sorted((relative_luminance(a), relative_luminance(b)))
     return (lb + 0.05) / (la + 0.05)
+
+
+# How large a figure's text is on the page. The notebook's inline backend writes a PNG at the figure's dpi; the
+# page shows it at its natural width, or scaled down to the content column when it is wider (the book theme's
+# column at desktop width: COLUMN_PX; tests/site measures it). A figure whose smallest text lands under
+# LEGIBLE_PX pixels there is not legible; tests/test_viz_card.py holds every figure function of pylib.viz to it.
+COLUMN_PX = 720
+LEGIBLE_PX = 9.0
+
+
+def smallest_text_px(fig, column_px: int = COLUMN_PX) -> float:
+    """The smallest visible, non-empty text of `fig` in CSS pixels, on a page whose content column is
+    `column_px` wide (inf when the figure has no text)."""
+    from matplotlib.text import Text
+
+    natural_px = fig.get_figwidth() * fig.dpi
+    scale = min(1.0, column_px / natural_px)
+    sizes = [
+        t.get_fontsize() * fig.dpi / 72 * scale
+        for t in fig.findobj(Text)
+        if t.get_visible() and t.get_text().strip() and t.figure is fig
+    ]
+    return min(sizes, default=float("inf"))
