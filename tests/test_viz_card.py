@@ -33,7 +33,7 @@ from pylib.runtime import ParallelConfig, launch  # noqa: E402
 from pylib.runtime.mesh import AxisGroup  # noqa: E402
 from pylib.seedcheck.axis_cuts import DIMS, MODES  # noqa: E402
 from pylib.seedcheck.layer_flow import layer_flow  # noqa: E402
-from pylib.viz import compose, cp, dp, ep, matrix_dims, pp, style, three_axes, tp  # noqa: E402
+from pylib.viz import collectives, compose, cp, dp, ep, matrix_dims, pp, style, three_axes, tp  # noqa: E402
 from pylib.viz import layer_flow as flow
 
 # A figure function, by its name: fig_*, plot_*, draw_*, *_figure. Each one needs a case in CASES below.
@@ -177,6 +177,34 @@ def _report_rows():
     ]
 
 
+def _collective_shards():
+    """The primer's four collectives on 4 ranks, computed in one process from the same blocks (10*rank + j)."""
+    from pylib.experiments.collective_runs import block_values
+
+    xs = torch.stack([block_values(r, 4) for r in range(4)])
+    after = {
+        "all-reduce": [xs.sum(0)] * 4,
+        "reduce-scatter": [xs.sum(0)[r : r + 1] for r in range(4)],
+        "all-gather": [xs.diagonal()] * 4,
+        "all-to-all": [xs[:, r] for r in range(4)],
+    }
+    before = {name: xs for name in after} | {"all-gather": xs.diagonal()[:, None]}
+    return collectives.fig_collective_shards([(name, before[name], after[name]) for name in after])
+
+
+def _ring_steps():
+    """The ring all-reduce's contributors on 4 ranks, as pylib.experiments.collective_runs.ring_contributors
+    gives them: a real 4-rank run of ring_all_reduce."""
+    from pylib.experiments.collective_runs import power_of_ten, ring_all_reduce, ring_contributors
+
+    def rank():
+        steps = []
+        ring_all_reduce(power_of_ten(dist.get_rank(), 8), steps=steps)
+        return steps
+
+    return collectives.fig_ring_steps(ring_contributors(launch(rank, 4)))
+
+
 def _schedules_on_chapter_axes():
     """pp.md's use: the chapter makes the axes with style.subplots and hands each to a pp figure function."""
     fig, axes = style.subplots(2, 1, figsize=(9, 5))
@@ -227,6 +255,8 @@ CASES = {
     "matrix_dims.fig_dim_orth": lambda runs: _dim_orth(),
     "matrix_dims.fig_col_row": lambda runs: matrix_dims.fig_col_row(runs["tp"]),
     "matrix_dims.fig_superposition": lambda runs: _superposition(),
+    "collectives.fig_collective_shards": lambda runs: _collective_shards(),
+    "collectives.fig_ring_steps": lambda runs: _ring_steps(),
     "compose.plot_rank_mesh": lambda runs: compose.plot_rank_mesh(ParallelConfig(tp=2, cp=2, dp=2, pp=2, ep=4), 16),
     "compose.plot_token_placement": lambda runs: compose.plot_token_placement(
         torch.arange(8).repeat_interleave(4).reshape(4, 8), microbatch_rows=1, dp_rows=2
