@@ -179,3 +179,38 @@ def test_notebook_page_offers_the_executed_notebook_for_download(site, docname):
         cells = json.loads(notebook.read_text())["cells"]
         code = [c for c in cells if c["cell_type"] == "code"]
         assert any(c.get("outputs") for c in code), f"{target}: no outputs, so not the executed notebook"
+
+
+# ------------------------------------------------------------------------------------------------ the labs page
+
+LABS_PAGE = "book/labs/index.html"
+
+
+def _lab_names() -> list[str]:
+    return sorted(p.name for p in (sitemap.ROOT / "labs").glob("[0-9][0-9]_*.ipynb"))
+
+
+def test_labs_page_launches_every_lab_or_says_how_to_run_it(site):
+    """With a hub, one launch link per lab in labs/, the one launch_links.launch_url makes for the lab's path; with
+    none, no launch link and the section on running a lab locally."""
+    settings = _launch_settings()
+    page = sitemap.parse(LABS_PAGE, site)
+    launches = [h for h in page.links if "/hub/user-redirect/" in h]
+    if not settings.hub_url:
+        assert not launches, f"{LABS_PAGE}: launch links with no hub configured: {launches}"
+        assert launch_links.RUN_LAB_LOCALLY in page.ids, f"{LABS_PAGE}: no section on running a lab locally"
+        return
+    assert launches == [launch_links.launch_url(settings, f"labs/{name}") for name in _lab_names()], launches
+
+
+def test_labs_page_offers_every_learner_version_for_download(site):
+    """One download per lab in labs/, and each is the learner version (no solution cell, solution = False)."""
+    page = sitemap.parse(LABS_PAGE, site)
+    downloads = [h for h in page.links if h.endswith(".ipynb") and "_downloads/" in h and not sitemap.is_external(h)]
+    assert sorted(posixpath.basename(h) for h in downloads) == _lab_names(), downloads
+    for href in downloads:
+        target, _ = sitemap.resolve(LABS_PAGE, href)
+        notebook = json.loads((site / target).read_text())
+        assert notebook["metadata"].get("pylib_lab") == {"version": "learner"}, f"{target}: not the learner version"
+        solution_cells = [c for c in notebook["cells"] if "solution" in c.get("metadata", {}).get("tags", [])]
+        assert not solution_cells, f"{target}: {len(solution_cells)} solution cells"

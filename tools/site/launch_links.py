@@ -10,6 +10,13 @@ than by sphinx-book-theme, so that the hub and the repository are set in one pla
 - A hub without a repository is an error: the hub would have nothing to clone.
 - The download button stays either way, with the executed notebook (.ipynb) next to the source.
 
+The labs page (book/labs/index.md) gets the same links for the labs: each `<span class="pb-lab-launch"
+data-lab="labs/NN_name.ipynb"></span>` in it becomes a link that opens that lab from the clone on the hub
+(`launch_url` with the lab's path), or, with no hub, a pointer to the page's section on running a lab locally. Its
+downloads are the learner versions (solution cells removed, `solution = False`): `write_learner_labs` writes them
+with the lab harness (`pylib.labs`) into book/labs/learner/ (ignored by git and by Sphinx's source search) before
+the pages are read, and the page offers them with the `{download}` role.
+
 The theme's own JupyterHub link is switched off (it names the clone after the URL without nbgitpuller's rule, and
 refuses repositories outside GitHub, GitLab and Bitbucket). `make hub-test` follows the link `launch_url` gives,
 with the hub and the repository replaced by local ones.
@@ -18,6 +25,7 @@ with the hub and the repository replaced by local ones.
 from __future__ import annotations
 
 import html
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +109,51 @@ def _is_notebook_page(app, pagename: str) -> bool:
     return "kernelspec" in app.env.metadata.get(pagename, {})
 
 
+# ------------------------------------------------------------------------------------------------ labs
+
+ROOT = Path(__file__).resolve().parents[2]
+LEARNER_DIR = "book/labs/learner"  # under the repository root; the labs page's {download} links point here
+LAB_PLACEHOLDER = re.compile(r'<span class="pb-lab-launch" data-lab="([^"<>]+)"></span>')
+RUN_LAB_LOCALLY = "sec-labs-locally"  # the labs page's section on running a lab without a hub
+
+
+def lab_launch_html(settings: LaunchSettings, lab: str) -> str:
+    """What replaces one lab's placeholder: a link opening `lab` (its path in the repository, labs/NN_name.ipynb)
+    on the hub, or, with no hub, a pointer to the page's section on running a lab locally."""
+    if settings.hub_url:
+        url = html.escape(launch_url(settings, lab))
+        return f'<a class="reference external pb-lab-launch" href="{url}">open it on JupyterHub</a>'
+    return (
+        '<span class="pb-lab-launch">no JupyterHub is connected to this site: '
+        f'<a class="reference internal" href="#{RUN_LAB_LOCALLY}">run it locally</a></span>'
+    )
+
+
+def fill_lab_launch_links(body: str, settings: LaunchSettings) -> str:
+    """`body` with every lab placeholder replaced by `lab_launch_html`."""
+    return LAB_PLACEHOLDER.sub(lambda m: lab_launch_html(settings, html.unescape(m.group(1))), body)
+
+
+def write_learner_labs(root: Path = ROOT) -> list[Path]:
+    """Write the learner version of every lab in root/labs to root/LEARNER_DIR (the harness's own
+    `learner_version`: solution cells removed, `solution = False`, outputs stripped); a file whose content is
+    unchanged is left as it is. Returns the paths."""
+    import nbformat
+
+    from pylib.labs.notebook import find_labs, learner_version
+
+    out = root / LEARNER_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for lab in find_labs(root / "labs"):
+        dest = out / f"{lab.name}.ipynb"
+        text = nbformat.writes(learner_version(lab.read()))
+        if not dest.is_file() or dest.read_text() != text:
+            dest.write_text(text)
+        written.append(dest)
+    return written
+
+
 # ------------------------------------------------------------------------------------------------ Sphinx hooks
 
 
@@ -163,6 +216,13 @@ def add_launch_button(app, pagename: str, templatename: str, context: dict, doct
         context["body"] = context.get("body", "") + run_locally_note(settings, source)
 
 
+def launch_labs(app, pagename: str, templatename: str, context: dict, doctree) -> None:
+    """html-page-context: the labs' placeholders become launch links (or pointers to running a lab locally)."""
+    body = context.get("body", "")
+    if "pb-lab-launch" in body:
+        context["body"] = fill_lab_launch_links(body, app.launch_settings)
+
+
 def run_locally_note(settings: LaunchSettings, source: str) -> str:
     """The HTML of the note that replaces the launch button when no hub is configured."""
     clone = "a clone of this book's repository"
@@ -189,3 +249,5 @@ def setup(app) -> None:
     app.connect("config-inited", take_over_launch_buttons)
     app.connect("html-page-context", offer_executed_notebook, priority=450)
     app.connect("html-page-context", add_launch_button, priority=510)
+    app.connect("html-page-context", launch_labs, priority=510)
+    app.connect("builder-inited", lambda app: write_learner_labs())
