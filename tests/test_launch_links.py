@@ -23,7 +23,7 @@ NO_HUB = launch_links.LaunchSettings("", "", "main")
 def test_every_lab_is_on_the_labs_page_with_a_launch_and_a_learner_download():
     text = PAGE.read_text()
     launches = launch_links.LAB_PLACEHOLDER.findall(text)
-    downloads = re.findall(r"\{download\}`[^`<]*<learner/([\w.-]+\.ipynb)>`", text)
+    downloads = re.findall(r"\{download\}`[^`<]*<\.learner/([\w.-]+\.ipynb)>`", text)
     labs = [lab.path.name for lab in find_labs(ROOT / "labs")]
     assert len(labs) >= 11
     assert launches == [f"labs/{name}" for name in labs], launches

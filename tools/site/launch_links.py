@@ -14,7 +14,7 @@ The labs page (book/labs/index.md) gets the same links for the labs: each `<span
 data-lab="labs/NN_name.ipynb"></span>` in it becomes a link that opens that lab from the clone on the hub
 (`launch_url` with the lab's path), or, with no hub, a pointer to the page's section on running a lab locally. Its
 downloads are the learner versions (solution cells removed, `solution = False`): `write_learner_labs` writes them
-with the lab harness (`pylib.labs`) into book/labs/learner/ (ignored by git and by Sphinx's source search) before
+with the lab harness (`pylib.labs`) into book/labs/.learner/ (ignored by git and by Sphinx's source search) before
 the pages are read, and the page offers them with the `{download}` role.
 
 The theme's own JupyterHub link is switched off (it names the clone after the URL without nbgitpuller's rule, and
@@ -25,6 +25,7 @@ with the hub and the repository replaced by local ones.
 from __future__ import annotations
 
 import html
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -112,7 +113,10 @@ def _is_notebook_page(app, pagename: str) -> bool:
 # ------------------------------------------------------------------------------------------------ labs
 
 ROOT = Path(__file__).resolve().parents[2]
-LEARNER_DIR = "book/labs/learner"  # under the repository root; the labs page's {download} links point here
+# Under the repository root; the labs page's {download} links point here. A hidden folder: Sphinx's source search
+# skips it (_config.yml excludes ".*" and "**/.*"), in a whole-book build and in a one-page build alike, so the
+# learner notebooks are offered as files and never read (or executed) as pages.
+LEARNER_DIR = "book/labs/.learner"
 LAB_PLACEHOLDER = re.compile(r'<span class="pb-lab-launch" data-lab="([^"<>]+)"></span>')
 RUN_LAB_LOCALLY = "sec-labs-locally"  # the labs page's section on running a lab without a hub
 
@@ -216,6 +220,15 @@ def add_launch_button(app, pagename: str, templatename: str, context: dict, doct
         context["body"] = context.get("body", "") + run_locally_note(settings, source)
 
 
+def exclude_learner_labs(app, config) -> None:
+    """config-inited: keep the learner notebooks out of Sphinx's sources. _config.yml's ".*" patterns do that in a
+    whole-book build, but a one-page build (`jupyter-book build book/labs/index.md`) replaces exclude_patterns by
+    the files present when it started, before `write_learner_labs` ran."""
+    folder = Path(os.path.relpath(ROOT / LEARNER_DIR, app.srcdir)).as_posix()
+    if not folder.startswith(".."):
+        config.exclude_patterns = [*config.exclude_patterns, folder, f"{folder}/**"]
+
+
 def launch_labs(app, pagename: str, templatename: str, context: dict, doctree) -> None:
     """html-page-context: the labs' placeholders become launch links (or pointers to running a lab locally)."""
     body = context.get("body", "")
@@ -250,4 +263,5 @@ def setup(app) -> None:
     app.connect("html-page-context", offer_executed_notebook, priority=450)
     app.connect("html-page-context", add_launch_button, priority=510)
     app.connect("html-page-context", launch_labs, priority=510)
+    app.connect("config-inited", exclude_learner_labs)
     app.connect("builder-inited", lambda app: write_learner_labs())
