@@ -19,6 +19,7 @@ from matplotlib.patches import Patch, Rectangle
 from pylib.plan.options import ZeroStage
 
 from . import style
+from ._legible import legible_pt
 
 TRANSIENT = style.PURPLE  # memory resident only for a while: ZeRO-3's gathered unit, ZeRO-2's buckets on the wire
 BUCKETS = (style.COMM, style.tint(style.COMM, 0.45))  # neighbouring gradient buckets, told apart
@@ -68,8 +69,8 @@ def plot_zero_memory(
         handles.append(Patch(facecolor="none", edgecolor=TRANSIENT, hatch="///", label="transient (peak)"))
     if formula is not None:
         handles.append(Line2D([], [], linestyle="--", color=style.TEXT, label="formula"))
-    ax.legend(handles=handles, fontsize=8, loc="upper right")
-    ax.set_title(title or "Model state per rank, measured")
+    ax.legend(handles=handles, fontsize=legible_pt(fig, 8), loc="upper right")
+    ax.set_title(title or "Model state per rank, measured", fontsize=legible_pt(fig, 10))
     fig.tight_layout()
     return fig
 
@@ -100,7 +101,7 @@ def _memory_bar(ax, i: int, m: dict, scale: float, show_peak: bool) -> None:
             )
         )
     above = bottom + (extra / scale if show_peak and extra > 0 else 0)  # the label sits above any hatching
-    ax.text(i, above, f"{bottom:,.1f}", ha="center", va="bottom", fontsize=8)
+    ax.text(i, above, f"{bottom:,.1f}", ha="center", va="bottom", fontsize=legible_pt(ax.figure, 8))
 
 
 @style.styled
@@ -114,7 +115,7 @@ def plot_bucket_overlap(reports, *, title: str | None = None, unit: str = "ms", 
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     t0 = min(min([r.backward_start or r.backward_end] + [b.t_launch for b in r.buckets]) for r in reports)
     rows = sum(1 + len(r.buckets) for r in reports)
-    fig, ax = style.figure_axes(ax, figsize=(9, 0.28 * rows + 1.4), grid=False)
+    fig, ax = style.figure_axes(ax, figsize=(7.2, 0.28 * rows + 1.4), grid=False)
     y, ticks, labels = 0, [], []
     height = 0.75
     right = 0.0
@@ -155,10 +156,13 @@ def plot_bucket_overlap(reports, *, title: str | None = None, unit: str = "ms", 
         right = max(right, end * scale)
     ax.set_xlim(0, right * 1.03 if right > 0 else 1)
     ax.set_ylim(-y + 0.4, 0.6)
-    ax.set_yticks(ticks, labels, fontsize=8)
-    ax.set_xlabel(f"time since backward began ({unit})")
+    ax.set_yticks(ticks, labels, fontsize=legible_pt(fig, 8))
+    ax.tick_params(axis="x", labelsize=legible_pt(fig, 9))
+    ax.set_xlabel(f"time since backward began ({unit})", fontsize=legible_pt(fig, 10))
     hidden = sum(r.hidden_fraction for r in reports) / len(reports)
-    ax.set_title(title or f"Gradient buckets during backward: {hidden:.0%} of communication hidden")
+    ax.set_title(
+        title or f"Buckets during backward: {hidden:.0%} of communication hidden", fontsize=legible_pt(fig, 10)
+    )
     fig.tight_layout()
     return fig
 
@@ -197,12 +201,12 @@ def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weigh
     tokens = d * tokens_per_rank
     u = 2.6 / max(tokens, h_in, h_out)  # one element's size
     sizes = dict(tall=tokens * u, wide_in=h_in * u, wide_out=h_out * u)
-    fig, ax = style.subplots(figsize=(10.5, 3.6), grid=False)
+    fig, ax = style.subplots(figsize=(7.2, 3.8), grid=False)
     ax.set_axis_off()
     x = _dp_forward(ax, d, h_in, h_out, weight, **sizes)
     x = _dp_weight_gradient(ax, d, h_in, h_out, weight, x + 1.3, **sizes)
     ax.set_xlim(-0.2, x + d * _PARTIAL_OFFSET + 0.3)
-    ax.set_ylim(_TOP - sizes["tall"] - 1.35, _TOP + 0.6)
+    ax.set_ylim(_TOP - sizes["tall"] - 1.75, _TOP + 0.6)
     ax.set_aspect("equal")
     handles = [Patch(color=style.rank_colour(r), label=f"rank {r}") for r in range(d)]
     handles.append(Patch(color=style.REPLICATED, label="replicated"))
@@ -221,15 +225,15 @@ def _dp_forward(ax, d, h_in, h_out, weight, *, tall, wide_in, wide_out) -> float
     _matrix(ax, x, top, wide_in, tall, strips=d, label="X", shape=f"[b·s, {h_in}]")
     ax.text(x + wide_in + gap / 2, top - tall / 2, "·", ha="center", va="center", fontsize=16)
     x += wide_in + gap
-    _matrix(ax, x, top, wide_out, wide_in, label=weight, shape=f"[{h_in}, {h_out}] on every rank", gid="weight")
+    _matrix(ax, x, top, wide_out, wide_in, label=weight, shape=f"[{h_in}, {h_out}]\non every rank", gid="weight")
     ax.text(x + wide_out + gap / 2, top - tall / 2, "=", ha="center", va="center", fontsize=14)
     x += wide_out + gap
     _matrix(ax, x, top, wide_out, tall, strips=d, label="Y", shape=f"[b·s, {h_out}]")
     ax.text(
         (x + wide_out) / 2,
         top - tall - 0.55,
-        f"forward: contracts over h_in = {h_in}, whole on every rank\n"
-        "→ each rank's rows of Y are final: no communication",
+        f"forward: contracts over h_in = {h_in},\nwhole on every rank → each rank's\nrows of Y are final: "
+        "no communication",
         ha="center",
         va="top",
         fontsize=9,
@@ -265,7 +269,7 @@ def _dp_weight_gradient(ax, d, h_in, h_out, weight, x0, *, tall, wide_in, wide_o
     ax.text(
         (x0 + x + wide_out) / 2,
         top - tall - 0.55,
-        f"weight gradient: contracts over b·s, split over d = {d}\n→ every rank holds a partial sum: all-reduce",
+        f"weight gradient: contracts over b·s,\nsplit over d = {d} → every rank holds\na partial sum: all-reduce",
         ha="center",
         va="top",
         fontsize=9,
@@ -283,9 +287,10 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
     """One flat buffer (a `FlatLayout`): its parameters end to end, the padding that makes it split into
     `layout.parts` equal slices, and which rank owns which slice (ZeRO's layout)."""
     n = layout.padded_numel
-    fig, ax = style.figure_axes(ax, figsize=(10, 2.3), grid=False)
+    fig, ax = style.figure_axes(ax, figsize=(7.2, 2.4), grid=False)
+    small = legible_pt(fig, 8)
     ax.set_axis_off()
-    _draw_buffer(ax, layout)
+    _draw_buffer(ax, layout, legible_pt(fig, 7))
     for r in range(layout.parts):
         lo, hi = layout.shard_range(r)
         colour = style.rank_colour(r)
@@ -293,7 +298,7 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
             Rectangle((lo, 0.35), hi - lo, 0.45, facecolor=colour, edgecolor=style.CARD, linewidth=0.8, gid="slice")
         )
         ink = style.ink_on(colour)
-        ax.text((lo + hi) / 2, 0.575, f"rank {r}: [{lo}, {hi})", ha="center", va="center", fontsize=8, color=ink)
+        ax.text((lo + hi) / 2, 0.575, f"rank {r}: [{lo}, {hi})", ha="center", va="center", fontsize=small, color=ink)
     ax.set_xlim(-0.01 * n, 1.01 * n)
     ax.set_ylim(0.2, 2.45)
     pad = f", {layout.padding} padding" if layout.padding else ", no padding"
@@ -301,13 +306,13 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
         title
         or f"{layout.key}: {len(layout.entries)} parameters, {layout.numel} elements{pad}, "
         f"{layout.parts} slices of {layout.shard_numel}",
-        fontsize=10,
+        fontsize=legible_pt(fig, 10),
     )
     fig.tight_layout()
     return fig
 
 
-def _draw_buffer(ax, layout) -> None:
+def _draw_buffer(ax, layout, fontsize: float) -> None:
     """The buffer's top row: each parameter's span, named where it fits, then the hatched padding."""
     n = layout.padded_numel
     for k, e in enumerate(layout.entries):
@@ -323,7 +328,7 @@ def _draw_buffer(ax, layout) -> None:
                 f"{name}\n{list(e.shape)}",
                 ha="center",
                 va="center",
-                fontsize=7,
+                fontsize=fontsize,
                 color=style.ink_on(colour),
             )
     if layout.padding:
@@ -354,24 +359,25 @@ def plot_zero3_resident(timeline, shard_bytes: int, *, unit: str = "KiB", ax=Non
     rows = list(timeline)
     xs = list(range(len(rows)))
     bs = [b / scale for _, b, _ in rows]
-    fig, ax = style.figure_axes(ax, figsize=(9, 3.4), grid="y")
+    fig, ax = style.figure_axes(ax, figsize=(7.2, 3.4), grid="y")
+    small, label = legible_pt(fig, 7), legible_pt(fig, 8)
     ax.step(xs + [len(rows)], bs + [bs[-1]], where="post", color=style.PARAMS, linewidth=1.8, gid="resident")
     ax.axhline(shard_bytes / scale, linestyle="--", color=style.TEXT, linewidth=1, gid="shards")
     top = max(bs)
     first_bwd = next((x for x, (_, _, w) in zip(xs, rows) if "backward" in w), None)
     if first_bwd is not None:
         ax.axvspan(first_bwd, len(rows), color=style.BACKWARD, alpha=0.15, linewidth=0, gid="backward")
-        ax.text(first_bwd + 0.2, top * 1.2, "backward", fontsize=8, va="bottom")
-    ax.text(0.2, top * 1.2, "forward", fontsize=8, va="bottom")
+        ax.text(first_bwd + 0.2, top * 1.2, "backward", fontsize=label, va="bottom")
+    ax.text(0.2, top * 1.2, "forward", fontsize=label, va="bottom")
     for x, b, (_, _, what) in zip(xs, bs, rows):
         if what.startswith("gather"):
-            ax.text(x + 0.5, b + top * 0.02, what.split()[1], fontsize=7, ha="center", va="bottom")
-    ax.text(len(rows), shard_bytes / scale, "own shards ", fontsize=8, ha="right", va="bottom")
+            ax.text(x + 0.5, b + top * 0.02, what.split()[1], fontsize=small, ha="center", va="bottom")
+    ax.text(len(rows), shard_bytes / scale, "own shards ", fontsize=label, ha="right", va="bottom")
     ax.set_xlim(0, len(rows))
     ax.set_ylim(0, top * 1.32)
     ax.set_xticks([])
     ax.set_xlabel("gathers and frees, in the order they happened")
     ax.set_ylabel(f"parameters resident ({unit})")
-    ax.set_title(f"ZeRO-3: one unit gathered at a time, peak {top:,.1f} {unit}")
+    ax.set_title(f"ZeRO-3: one unit gathered at a time, peak {top:,.1f} {unit}", fontsize=legible_pt(fig, 10))
     fig.tight_layout()
     return fig

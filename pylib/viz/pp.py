@@ -16,6 +16,7 @@ from matplotlib.patches import Patch, Rectangle
 from ..pp.simulate import simulate
 from ..pp.timeline import as_events, bubble, idle_intervals
 from . import style
+from ._legible import legible_pt
 
 
 def _shade(color: str, chunk: int, n_chunks: int) -> str:
@@ -43,13 +44,14 @@ def plot_timeline(
     compute = [e for e in events if e.is_compute]
     ranks = sorted({e.rank for e in events})
     n_chunks = max((e.chunk for e in compute), default=0) + 1
-    fig, ax = style.figure_axes(ax, figsize=(10, 0.55 * len(ranks) + 1.4), grid=False)
+    fig, ax = style.figure_axes(ax, figsize=(7.2, 0.55 * len(ranks) + 1.5), grid=False)
     if xlim is None:
         t_min, t_max = min(e.start for e in events), max(e.end for e in events)
         xlim = (t_min, t_max + 0.01 * (t_max - t_min))
+    small = legible_pt(fig, 7)  # bar labels: legible at the page's column on whatever figure ax is part of
     # a label is drawn only where it fits: about 0.6 of the font size per character, in data units
-    per_char = 0.6 * 7 / 72 * (xlim[1] - xlim[0]) / (ax.get_position().width * fig.get_figwidth())
-    _draw_compute(ax, compute, n_chunks, per_char)
+    per_char = 0.6 * small / 72 * (xlim[1] - xlim[0]) / (ax.get_position().width * fig.get_figwidth())
+    _draw_compute(ax, compute, n_chunks, per_char, small)
     if shade_bubble:
         _draw_idle(ax, events, ranks)
     if show_comm:
@@ -60,9 +62,13 @@ def plot_timeline(
     ax.set_xlabel("time" + (f" ({unit})" if unit else ""))
     b = bubble(events)
     head = f"{title}: " if title else ""
-    ax.set_title(f"{head}bubble {b.mean_relative:.3f} of ideal ({b.mean_share:.1%} of the step)", fontsize=10)
+    title_pt = legible_pt(fig, 10)
+    ax.set_title(f"{head}bubble {b.mean_relative:.3f} of ideal ({b.mean_share:.1%} of the step)", fontsize=title_pt)
+    ax.tick_params(labelsize=legible_pt(fig, 9))
+    ax.xaxis.label.set_fontsize(legible_pt(fig, 9))
     handles = _timeline_legend(n_chunks, shade_bubble, show_comm)
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=len(handles), fontsize=8)
+    ncol = len(handles) if len(handles) <= 4 else (len(handles) + 1) // 2
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=ncol, fontsize=legible_pt(fig, 8))
     fig.tight_layout()
     return fig
 
@@ -70,7 +76,7 @@ def plot_timeline(
 BAR = 0.8  # a rank's row height on the timeline
 
 
-def _draw_compute(ax, compute, n_chunks: int, per_char: float) -> None:
+def _draw_compute(ax, compute, n_chunks: int, per_char: float, fontsize: float) -> None:
     """One bar per forward / backward, shaded by chunk, labelled mb (or mb.chunk) where the label fits."""
     for e in compute:
         y = -e.rank
@@ -90,7 +96,7 @@ def _draw_compute(ax, compute, n_chunks: int, per_char: float) -> None:
         label = next((x for x in labels if e.duration > (len(x) + 0.5) * per_char), None)
         if label is not None:
             ink = style.ink_on(color)
-            ax.text(e.start + e.duration / 2, y, label, ha="center", va="center", fontsize=7, color=ink)
+            ax.text(e.start + e.duration / 2, y, label, ha="center", va="center", fontsize=fontsize, color=ink)
 
 
 def _draw_idle(ax, events, ranks) -> None:
@@ -192,8 +198,8 @@ def plot_bubble_sweep(rows, *, title: str = "Bubble vs microbatches", ax=None):
     ax.minorticks_off()
     ax.set_xlabel("microbatches m")
     ax.set_ylabel("bubble / ideal time")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=legible_pt(fig, 10))
+    ax.legend(fontsize=legible_pt(fig, 7))
     fig.tight_layout()
     return fig
 
@@ -232,14 +238,15 @@ def plot_stage_map(specs_per_rank, *, title: str | None = None, ax=None):
     layers = sorted((b for b in owner if b.startswith("layer ")), key=lambda b: int(b.split()[1]))
     blocks = [b for b in ["embed", *layers, "head"] if b in owner]
     p = len(specs_per_rank)
-    fig, ax = style.figure_axes(ax, figsize=(max(6.0, 0.75 * len(blocks) + 1.5), 0.6 * p + 1.3), grid=False)
+    fig, ax = style.figure_axes(ax, figsize=(7.2, 0.6 * p + 1.4), grid=False)
+    small = legible_pt(fig, 8)
     for x, block in enumerate(blocks):
         r = owner[block]
         colour = style.rank_colour(r)
         ax.add_patch(Rectangle((x - 0.42, -r - 0.38), 0.84, 0.76, facecolor=colour, edgecolor="none", gid="stage-cell"))
         count = size[block]
         text = f"{count / 1000:.1f}k" if count >= 1000 else str(count)
-        ax.text(x, -r, text, ha="center", va="center", fontsize=7, color=style.ink_on(colour))
+        ax.text(x, -r, text, ha="center", va="center", fontsize=small, color=style.ink_on(colour))
     boundaries = 0
     for x, (a, b) in enumerate(zip(blocks, blocks[1:])):
         ra, rb = owner[a], owner[b]
@@ -260,8 +267,11 @@ def plot_stage_map(specs_per_rank, *, title: str | None = None, ax=None):
         range(len(blocks)), ["embed" if b == "embed" else "ln_f+head" if b == "head" else b.split()[1] for b in blocks]
     )
     ax.set_yticks([-r for r in range(p)], [f"rank {r}" for r in range(p)])
-    ax.set_xlabel("model blocks in forward order (embedding, layers, final LayerNorm + LM head)")
+    ax.tick_params(labelsize=legible_pt(fig, 9))
+    ax.set_xlabel("blocks in forward order (embedding, layers, ln_f + LM head)", fontsize=legible_pt(fig, 9))
     head = f"{title}: " if title else ""
-    ax.set_title(f"{head}{boundaries} stage boundaries, each one P2P of [b, s, h] per microbatch", fontsize=10)
+    ax.set_title(
+        f"{head}{boundaries} stage boundaries, each a P2P of [b, s, h] per microbatch", fontsize=legible_pt(fig, 10)
+    )
     fig.tight_layout()
     return fig

@@ -1,0 +1,456 @@
+"""The data-parallelism chapter's tables, as MyST text: each function takes what a cell of book/part3/dp.md ran and
+measured (and asserted) and returns the labelled table the page shows. Formatting only: no function here runs a
+rank or checks a claim; the chapter's visible cells do both.
+
+    Markdown(operators(d, errors, all_reduces))           # tbl-dp-operators: seed B's rule, one row per operator
+    Markdown(zero_traffic(results, d, steps))             # tbl-zero-traffic: collectives and bytes per stage
+    share(measured, stage, "optim", d)                     # "whole", "1/d" or the ratio to DDP's
+"""
+
+from __future__ import annotations
+
+from pylib.analysis.dp import held_bytes, paper_bytes
+
+from .tables import markdown_table
+
+_STATE = ("params", "grads", "optim")
+
+
+def operators(d: int, err: dict, all_reduces: list[dict]) -> str:
+    """tbl-dp-operators. err: y, loss, own (a rank's own gradient vs the full batch's), avg, ddp -- max errors;
+    all_reduces: the traced all-reduce events of one rank."""
+    n = len(all_reduces)
+    payload = sum(e["payload_bytes"] for e in all_reduces)
+    rows = [
+        [
+            "forward: every activation, e.g. `up_proj`'s output `[b/d, s, h_ffn]`",
+            "features $h$, whole",
+            f"rank r's rows are the full batch's (max error {err['y']:.0e})",
+            "none",
+        ],
+        [
+            "loss: the mean over the rank's own tokens",
+            "tokens $b \\cdot s$, split",
+            f"the mean of the {d} losses is the full-batch loss (max error {err['loss']:.0e})",
+            "none (a scalar)",
+        ],
+        [
+            "weight gradient $dW = X^\\top dY$, every parameter",
+            "tokens $b \\cdot s$, split",
+            f"a rank's own gradient is off by up to {err['own']:.3f}; the average of the {d} is exact (max error "
+            f"{err['avg']:.0e}), and so is what DDP leaves on every rank ({err['ddp']:.0e})",
+            f"all-reduce in backward: {n} bucket{'s' if n > 1 else ''}, {payload:,} B = Ψ in all",
+        ],
+    ]
+    return markdown_table(
+        ["operator", "contracts over", "a rank vs one device on the whole batch", "communication (traced)"],
+        rows,
+        caption=f"Seed B's rule for data parallelism, run on {d} ranks: only the operator that contracts over the "
+        "split batch axis needs a collective.",
+        name="tbl-dp-operators",
+    )
+
+
+def all_reduce_two_ways(psi: int, runs: dict) -> str:
+    """tbl-dp-allreduce. runs: d -> (max |AR - (RS+AG)|, {op: bytes sent}, formula bytes)."""
+    rows = [
+        [
+            d,
+            f"{psi:,}",
+            *(f"{sent[op]:,}" for op in ("all_reduce", "reduce_scatter", "all_gather")),
+            f"{formula:,}",
+            f"{sent['all_reduce'] / psi:.3f}",
+            f"{err:.0e}",
+        ]
+        for d, (err, sent, formula) in runs.items()
+    ]
+    return markdown_table(
+        ["d", "Ψ (B)", "AR sent", "RS sent", "AG sent", "2(d−1)/d · Ψ", "sent / Ψ", "max |AR − (RS+AG)|"],
+        rows,
+        caption="Bytes each rank sends, traced: an all-reduce (AR) costs exactly a reduce-scatter (RS) plus an "
+        "all-gather (AG).",
+        name="tbl-dp-allreduce",
+    )
+
+
+def buckets(layouts_rows: list[dict], n_layers: int) -> str:
+    """tbl-dp-buckets. layouts_rows: `pylib.dp.layout_table(layouts)`."""
+    rows = [
+        [t["key"], t["params"], f"`{t['first']}`", f"`{t['last']}`", f"{t['numel']:,}", f"{t['padded_bytes']:,}"]
+        for t in layouts_rows
+    ]
+    return markdown_table(
+        ["bucket", "parameters", "first", "last", "elements", "bytes"],
+        rows,
+        caption=f"DDP's buckets for the {n_layers}-layer model with a 128 KiB cap: parameters in reverse order, the "
+        "LM head first. A parameter is never split between buckets.",
+        name="tbl-dp-buckets",
+    )
+
+
+def bucket_sizes(sweep: list[dict], caps, first_at: dict) -> str:
+    """tbl-dp-bucket-size. sweep[r][cap]: layouts, ops, sent, overlap (an OverlapReport); first_at[cap]: when
+    rank 0's first bucket left, as a share of backward."""
+    rows = []
+    for name in caps:
+        per_rank = [run[name] for run in sweep]
+        rows.append(
+            [
+                name,
+                len(per_rank[0]["layouts"]),
+                per_rank[0]["ops"],
+                f"{per_rank[0]['sent']:,}",
+                f"{first_at[name]:.0%}",
+                " / ".join(f"{p['overlap'].hidden_fraction:.0%}" for p in per_rank),
+                " / ".join(f"{1e3 * p['overlap'].exposed:.2f}" for p in per_rank),
+            ]
+        )
+    return markdown_table(
+        [
+            "cap",
+            "buckets",
+            "all-reduces",
+            "bytes sent per rank",
+            "first launch (% of backward)",
+            "hidden",
+            "exposed ms",
+        ],
+        rows,
+        caption=f"The same step with three bucket caps on {len(sweep)} ranks (gloo, CPU; times vary from run to "
+        "run). Hidden and exposed: rank 0 / rank 1.",
+        name="tbl-dp-bucket-size",
+    )
+
+
+def _ops(events: list[dict]) -> str:
+    """'all-reduce ×3 (backward), ...' from one step's traced events."""
+    count: dict = {}
+    for e in events:
+        count[e["op"], e["phase"]] = count.get((e["op"], e["phase"]), 0) + 1
+    return ", ".join(f"{op.replace('_', '-')} ×{n} ({ph})" for (op, ph), n in count.items())
+
+
+def zero_traffic(results: dict, d: int, steps: int) -> str:
+    """tbl-zero-traffic. results[stage]: events (one step, rank 0), padding, sent, formula, loss_err, param_err."""
+    rows = [
+        [
+            stage,
+            _ops(r["events"]),
+            f"{r['padding']}",
+            f"{r['sent']:,}",
+            f"{r['formula']:,}",
+            f"{r['loss_err']:.0e}",
+            f"{r['param_err']:.0e}",
+        ]
+        for stage, r in results.items()
+    ]
+    return markdown_table(
+        [
+            "stage",
+            "collectives per step (traced, rank 0)",
+            "padding (B)",
+            "sent per rank per step",
+            "formula",
+            "max loss error",
+            f"max parameter error after {steps} steps",
+        ],
+        rows,
+        caption=f"DDP and ZeRO-1/2/3 on {d} ranks, {steps} Adam steps (float64) against one device with the whole "
+        "batch. Formulas: 2(d−1)/d·Ψ for DDP, ZeRO-1 and ZeRO-2, 3(d−1)/d·Ψ for ZeRO-3, with Ψ including ZeRO's "
+        "padding.",
+        name="tbl-zero-traffic",
+    )
+
+
+def share(measured: dict, stage: str, key: str, d: int) -> str:
+    """What `stage` keeps of one kind of model state, relative to DDP: "whole", "1/d", or the ratio."""
+    ratio = measured[stage][key] / measured["ddp"][key]
+    return "whole" if ratio > 0.99 else f"1/{d}" if ratio < 1.1 / d else f"{ratio:.2f}"
+
+
+def zero_memory(measured: dict, formula: dict, d: int) -> str:
+    """tbl-zero-memory. measured[stage]: a HeldBytes dict (params, grads, optim, total, peak_params, peak_grads);
+    formula[stage]: `held_bytes`."""
+    rows = []
+    for stage, m in measured.items():
+        f = formula[stage]
+        transient = m["peak_params"] - m["params"] + m["peak_grads"] - m["grads"]
+        rows.append(
+            [
+                stage,
+                " · ".join(share(measured, stage, k, d) for k in _STATE),
+                *(f"{m[k]:,} / {f[k]:,}" for k in _STATE),
+                f"{m['total']:,}",
+                f"{transient:,}",
+            ]
+        )
+    return markdown_table(
+        [
+            "stage",
+            "keeps (params · grads · optim)",
+            "parameters B (measured / formula)",
+            "gradients B",
+            "optimizer B",
+            "total B",
+            "transient peak B",
+        ],
+        rows,
+        caption=f"Model state held by one of {d} ranks after a step (float64, Adam's two moments), measured against "
+        "`held_bytes`. Transient: ZeRO-2's full buckets while their reduce-scatter runs, ZeRO-3's gathered unit.",
+        name="tbl-zero-memory",
+    )
+
+
+def zero_paper(sizes, ds, stages) -> str:
+    """tbl-zero-paper: per-rank model state in GiB for each model size and d, the paper's mixed-precision Adam
+    (`paper_bytes`) next to `held_bytes` in float32 and float64."""
+    rows = []
+    for psi in sizes:
+        for d in ds:
+            cells = []
+            for s in stages:
+                paper = sum(paper_bytes(int(psi), d, s).values()) / 2**30
+                fp32 = sum(held_bytes(int(psi), 4, d, s).values()) / 2**30
+                fp64 = sum(held_bytes(int(psi), 8, d, s).values()) / 2**30
+                cells.append(f"{paper:,.0f} · {fp32:,.0f} · {fp64:,.0f}")
+            rows.append([f"{psi / 1e9:.0f}B", d, *cells])
+    return markdown_table(
+        ["model", "d", "DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"],
+        rows,
+        caption="Model state per rank in GiB, each cell *paper (2Ψ + 2Ψ + 12Ψ, mixed-precision Adam) · ours in "
+        "float32 · ours in float64*. Activations come on top.",
+        name="tbl-zero-paper",
+    )
+
+
+def zero_mixed(mixed: dict, d: int, n_params: int) -> str:
+    """tbl-zero-mixed. mixed[(stage, reduce dtype)]: (measured, formula, bytes per parameter), each measured /
+    formula a dict of params, grads, optim bytes."""
+    rows = []
+    for (stage, reduce), (got, want, per_param) in mixed.items():
+        total = sum(got.values())
+        rows.append(
+            [
+                stage,
+                reduce,
+                *(f"{got[k]:,}" for k in _STATE),
+                f"{total:,}",
+                f"{per_param:g} Ψ",
+                f"{total / sum(want.values()):.2f}",
+            ]
+        )
+    return markdown_table(
+        [
+            "stage",
+            "reduce dtype",
+            "bf16 parameters B",
+            "gradients B",
+            "fp32 master + Adam B",
+            "total B",
+            "formula",
+            "measured / formula",
+        ],
+        rows,
+        caption=f"Model state one of {d} ranks holds in bf16 mixed precision, measured (Ψ = {n_params} parameters, "
+        "padded to a multiple of d under ZeRO): the ZeRO paper's 16Ψ → 4Ψ + 12Ψ/d → 2Ψ + 14Ψ/d → 16Ψ/d, and "
+        "Megatron's 6 + 12/d bytes per parameter for ZeRO-1 with fp32 gradients.",
+        name="tbl-zero-mixed",
+    )
+
+
+def zero3_events(units: dict, per_unit: dict, cols: list[str], d: int) -> str:
+    """tbl-zero3-events. units: unit -> full (padded) bytes; per_unit[unit][col]: bytes rank 0 sent."""
+    rows = [[f"`{u}`", f"{units[u]:,}", *(f"{per_unit[u].get(c, 0):,}" for c in cols)] for u in units]
+    total = {c: sum(per_unit[u].get(c, 0) for u in units) for c in cols}
+    rows.append(["all units", f"{sum(units.values()):,}", *(f"{total[c]:,}" for c in cols)])
+    return markdown_table(
+        ["unit", "full bytes (padded)", *(f"{c}, sent B" for c in cols)],
+        rows,
+        caption=f"ZeRO-3 on {d} ranks, one step, rank 0: every unit is gathered twice and reduce-scattered once.",
+        name="tbl-zero3-events",
+    )
+
+
+def dp_cp(runs: dict) -> str:
+    """tbl-dp-cp. runs[group name]: (the (op, axis) pairs traced on rank 0, max error vs one device, how far the
+    two cp ranks of one replica differ)."""
+    rows = [
+        [
+            f'"{group}"',
+            ", ".join(f"{op.replace('_', '-')} over {axis}" for op, axis in ops),
+            f"{err:.1e}",
+            f"{split:.1e}",
+        ]
+        for group, (ops, err, split) in runs.items()
+    ]
+    return markdown_table(
+        [
+            "gradients averaged over",
+            "collectives (traced)",
+            "max error vs one device",
+            "cp ranks of a replica differ by",
+        ],
+        rows,
+        caption="DP × CP on 4 ranks (dp = 2, cp = 2): only averaging over the dp-cp group gives every rank the "
+        "full-batch gradient.",
+        name="tbl-dp-cp",
+    )
+
+
+def dp_ep(runs: dict) -> str:
+    """tbl-dp-ep. runs[(wrapper, divided by dp x cp?)]: (min and max ratio of an expert gradient to the reference,
+    dense max error)."""
+    rows = [
+        [stage, "4 (dp × cp)" if divide else "2 (edp: an average)", f"{lo:.6f} … {hi:.6f}", f"{dense:.0e}"]
+        for (stage, divide), (lo, hi, dense) in runs.items()
+    ]
+    return markdown_table(
+        [
+            "wrapper",
+            "expert sum over edp divided by",
+            "expert gradient / reference (all experts, all ranks)",
+            "dense max error",
+        ],
+        rows,
+        caption="DP × EP on 4 ranks (dp = 4, ep = 2, edp = 2): expert gradients reduced over edp are right only when "
+        "divided by the dense dp × cp size; averaged over edp they are ep = 2 times too large.",
+        name="tbl-dp-ep",
+    )
+
+
+def framework_names(first_bucket_mib: float) -> str:
+    """tbl-dp-names: the chapter's pieces under their names in pylib.dp, PyTorch, Megatron-Core and DeepSpeed
+    (PyTorch's read from the installed torch by the chapter's cell; first_bucket_mib: DDP's first bucket)."""
+    rows = [
+        [
+            "average gradients, bucketed, overlapping backward",
+            "`DistributedDataParallel(module, group)`",
+            "`torch.nn.parallel.DistributedDataParallel`",
+            "`DistributedDataParallel`, `DistributedDataParallelConfig` with `overlap_grad_reduce=True`",
+            "ZeRO stage 0, `overlap_comm`",
+        ],
+        [
+            "bucket size",
+            "`bucket_bytes` (bytes)",
+            f"`bucket_cap_mb` (25 MiB; first bucket {first_bucket_mib:g} MiB)",
+            "`bucket_size` (parameters; default max(40M, 1M · dp))",
+            "`reduce_bucket_size`",
+        ],
+        [
+            "`p.grad` is a view into the flat bucket",
+            "always",
+            "`gradient_as_bucket_view=True`",
+            "always (`main_grad` in the grad buffer)",
+            "`contiguous_gradients`",
+        ],
+        [
+            "accumulate without communicating",
+            "`no_sync()`",
+            "`no_sync()`; FSDP2 `set_requires_gradient_sync(False)`",
+            "`no_sync()`",
+            "`gradient_accumulation_steps`",
+        ],
+        [
+            "parameters that get no gradient",
+            "end of backward launches the rest, in order",
+            "`find_unused_parameters=True`",
+            "—",
+            "`ignore_unused_parameters`",
+        ],
+        [
+            "what the sum is divided by",
+            "`gradient_divide_factor` (default: the group's size)",
+            "FSDP2 `set_gradient_divide_factor`",
+            "`gradient_scaling_factor` = 1/dp-cp size; `average_in_collective`",
+            "—",
+        ],
+        [
+            "reduction groups",
+            '`group=mesh["dp-cp"]`, `group_for` → `mesh.edp`',
+            "`process_group` / `device_mesh`",
+            "`dp_cp_group`, `expt_dp_group`",
+            "—",
+        ],
+        [
+            "ZeRO-1: shard optimizer state",
+            "`ZeroDataParallel(stage=1)`",
+            "`ZeroRedundancyOptimizer`",
+            "`DistributedOptimizer` (`use_distributed_optimizer=True`); Megatron-FSDP `'optim'`",
+            "`stage: 1`",
+        ],
+        [
+            "ZeRO-2: also gradients",
+            "`ZeroDataParallel(stage=2)`",
+            "closest: FSDP `SHARD_GRAD_OP`, FSDP2 `fully_shard` with `reshard_after_forward=False` (parameters stay "
+            "gathered from forward to the end of backward, sharded between steps)",
+            "Megatron-FSDP, `data_parallel_sharding_strategy` `'optim_grads'`",
+            "`stage: 2`",
+        ],
+        [
+            "ZeRO-3: also parameters",
+            "`FullyShardedDataParallel` (units)",
+            "FSDP `FULL_SHARD`; FSDP2 `fully_shard` with `reshard_after_forward=True`",
+            "Megatron-FSDP `'optim_grads_params'` (`use_megatron_fsdp`)",
+            "`stage: 3`",
+        ],
+        [
+            "overlap the parameter all-gather",
+            "— (gathers on demand)",
+            "FSDP `forward_prefetch`, FSDP2 prefetching",
+            "`overlap_param_gather`",
+            "`stage3_prefetch_bucket_size`",
+        ],
+    ]
+    return markdown_table(
+        ["piece", "this book (`pylib.dp`)", "PyTorch", "Megatron-Core", "DeepSpeed"],
+        rows,
+        caption="The same pieces under their names in PyTorch, Megatron-Core and DeepSpeed.",
+        name="tbl-dp-names",
+    )
+
+
+def sum_vs_avg(by_op: dict, d: int) -> str:
+    """tbl-dp-sum. by_op[op]: (gradient / full-batch gradient, SGD step / correct step, Adam's largest relative
+    error of an element)."""
+    rows = [[f"`{op}`", f"{ratio:.6f}", f"{sgd:.6f}", f"{adam:.1e}"] for op, (ratio, sgd, adam) in by_op.items()]
+    return markdown_table(
+        [
+            "all-reduce op",
+            "gradient / full-batch gradient",
+            "SGD step / correct step",
+            "Adam step: largest relative error of an element",
+        ],
+        rows,
+        caption=f"The LM head's gradient on {d} ranks, reduced with an average and with a sum, and the step "
+        "each makes.",
+        name="tbl-dp-sum",
+    )
+
+
+def unused(runs: list[dict]) -> str:
+    """tbl-dp-unused. runs[r]: naive (the buckets "when ready" would launch, in order), traced (what pylib.dp
+    launched)."""
+    rows = [[f"rank {r}", " → ".join(run["naive"]), " → ".join(run["traced"])] for r, run in enumerate(runs)]
+    return markdown_table(
+        ["rank", "launch when ready (would issue)", "pylib.dp, traced (did issue)"],
+        rows,
+        caption='The order of bucket all-reduces on each rank. "When ready" would pair rank 0\'s bucket of head A '
+        "with rank 1's of head B, and neither would ever launch the other's.",
+        name="tbl-dp-unused",
+    )
+
+
+def accumulate(variants: dict, k: int, d: int) -> str:
+    """tbl-dp-accumulate. variants[label]: (bytes sent per rank, that / one all-reduce of Psi, gradient / full-batch
+    gradient, max error)."""
+    rows = [
+        [label, f"{sent:,}", f"{times:g}", f"{ratio:.6f}", f"{err:.0e}"]
+        for label, (sent, times, ratio, err) in variants.items()
+    ]
+    return markdown_table(
+        ["variant", "bytes sent per rank", "× one all-reduce of Ψ", "gradient / full-batch gradient", "max error"],
+        rows,
+        caption=f"Gradient accumulation over k = {k} micro-batches per rank on {d} ranks, against one device on the "
+        "whole batch.",
+        name="tbl-dp-accumulate",
+    )
