@@ -1,0 +1,107 @@
+"""Seed A's tables of sections 3 to 6, transcribed, and the Part I tables printed beside them from real runs.
+
+    SEED_A_DIMS                                  # section 3: mode -> (splits, bottleneck, primitive, names)
+    dims_rows(traced) / dims_table(traced)       # that table with the tracer's primitives, forward and backward
+    ring_round_rows(rounds) / ring_round_table(rounds)   # section 5's round table from `pylib.cp.ring_rounds`
+    routing_rows(table) / routing_table_md(table)        # section 6's routing table from the real router
+
+`traced` is what a launched run returned: one dict per rank, mode -> the tracer's events as dicts
+(`CommEvent.as_dict()`: op, phase, tag, peer, payload_bytes, ...). Marks are ✓ / ✗.
+"""
+
+from __future__ import annotations
+
+from pylib.seedcheck.primitives import primitive_names
+from pylib.viz.tables import markdown_table
+
+# Seed A, section 3, as printed (in English): what each mode splits, the bottleneck it relieves, its core primitive,
+# and the set of seed A's primitive names (`primitive_names`) that primitive stands for.
+SEED_A_DIMS = {
+    "DP": ("the data, along batch", "throughput", "gradient All-Reduce", {"All-Reduce"}),
+    "TP": ("the weight matrices (row / column)", "one layer's weights do not fit one GPU", "All-Reduce", {"All-Reduce"}),
+    "SP": (
+        "activations outside the TP region, along seq",
+        "redundant activation memory",
+        "All-Gather + Reduce-Scatter",
+        {"All-Gather", "Reduce-Scatter"},
+    ),
+    "PP": ("the layers, in stages", "too many layers: cut across machines", "P2P between stages", {"P2P"}),
+    "CP": ("the whole sequence, attention included", "long context, O(N²)", "K/V ring P2P", {"P2P"}),
+    "EP": ("the set of MoE experts", "many experts", "dispatch / combine All-to-All", {"All-to-All"}),
+}
+
+
+def _names(events, phase: str) -> str:
+    return " + ".join(primitive_names(e["op"] for e in events if e["phase"] == phase)) or "none"
+
+
+def dims_rows(traced: list[dict]) -> list[list[str]]:
+    """One row per mode: [mode, splits, bottleneck, seed A's primitive, traced forward, traced backward, ✓/✗].
+
+    The traced columns take every rank's forward and backward events (the pipeline executor's clock sync runs in a
+    phase of its own and is left out); ✓ when the set of primitive names equals seed A's."""
+    rows = []
+    for mode, (splits, bottleneck, primitive, names) in SEED_A_DIMS.items():
+        events = [e for rank in traced for e in rank[mode] if e["phase"] in ("forward", "backward")]
+        found = set(primitive_names(e["op"] for e in events))
+        mark = "✓" if found == names else "✗"
+        rows.append([mode, splits, bottleneck, primitive, _names(events, "forward"), _names(events, "backward"), mark])
+    return rows
+
+
+def dims_table(traced: list[dict]) -> str:
+    """Seed A's table of dimensions as a labelled MyST table (`tbl-megatron-dims`), from `dims_rows`."""
+    header = ["", "splits", "relieves", "seed A's primitive", "traced: forward", "traced: backward", "same?"]
+    caption = (
+        "Seed A's table of Megatron's dimensions. The traced columns are the tracer's record of each mode run on "
+        "two real ranks with seed A's sizes, forward and backward."
+    )
+    return markdown_table(header, dims_rows(traced), caption=caption, name="tbl-megatron-dims")
+
+
+def ring_round_rows(rounds: list[dict]) -> list[list[str]]:
+    """Seed A's round table from `pylib.cp.ring_rounds` rows (round, holds [per rank], recv_from [per rank])."""
+    n = len(rounds[0]["holds"])
+    rows = []
+    for row in rounds:
+        if row["recv_from"] is not None:
+            rows.append(["pass ↓"] + [f"K{b}V{b} from GPU {src}" for b, src in zip(row["holds"], row["recv_from"])])
+        rows.append([f"round {row['round']}"] + [f"K{b}V{b}" for b in row["holds"]])
+    seen = [sorted({row["holds"][i] for row in rounds}) for i in range(n)]
+    rows.append(["end"] + [f"Q{i} saw {len(s)} of {n} ✓" if len(s) == n else f"Q{i} ✗" for i, s in enumerate(seen)])
+    return rows
+
+
+def ring_round_table(rounds: list[dict]) -> str:
+    """The round table as a labelled MyST table (`tbl-ring-rounds`)."""
+    n = len(rounds[0]["holds"])
+    caption = (
+        f"Seed A's ring-attention round table for {n} GPUs, read back from the trace of a real ring on {n} ranks: "
+        "the K/V block each GPU computes with in each round, and the transfer before it."
+    )
+    header = [""] + [f"GPU {i} (Q{i})" for i in range(n)]
+    return markdown_table(header, ring_round_rows(rounds), caption=caption, name="tbl-ring-rounds")
+
+
+def routing_rows(table: list[dict], per_rank: int = 2) -> list[list[str]]:
+    """Seed A's routing table, one row per token: [token, start GPU, experts (from 1), weights, expert GPUs]."""
+    return [
+        [
+            row["token"],
+            f"GPU {t // per_rank}",
+            ", ".join(str(e + 1) for e in row["experts"]),
+            ", ".join(f"{w:.2f}" for w in row["weights"]),
+            ", ".join(f"GPU {g}" for g in row["ranks"]),
+        ]
+        for t, row in enumerate(table)
+    ]
+
+
+def routing_table_md(table: list[dict]) -> str:
+    """The routing table as a labelled MyST table (`tbl-ep-routing`)."""
+    caption = (
+        "Seed A's routing table from the real top-2 router of seed A's model with 8 experts (counted from 1, as "
+        "seed A does; GPU g holds experts 2g+1 and 2g+2)."
+    )
+    header = ["token", "on", "experts", "weights", "experts on"]
+    return markdown_table(header, routing_rows(table), caption=caption, name="tbl-ep-routing")
