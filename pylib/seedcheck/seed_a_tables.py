@@ -18,7 +18,12 @@ from pylib.viz.tables import markdown_table
 # and the set of seed A's primitive names (`primitive_names`) that primitive stands for.
 SEED_A_DIMS = {
     "DP": ("the data, along batch", "throughput", "gradient All-Reduce", {"All-Reduce"}),
-    "TP": ("the weight matrices (row / column)", "one layer's weights do not fit one GPU", "All-Reduce", {"All-Reduce"}),
+    "TP": (
+        "the weight matrices (row / column)",
+        "one layer's weights do not fit one GPU",
+        "All-Reduce",
+        {"All-Reduce"},
+    ),
     "SP": (
         "activations outside the TP region, along seq",
         "redundant activation memory",
