@@ -110,3 +110,70 @@ def routing_table_md(table: list[dict]) -> str:
     )
     header = ["token", "on", "experts", "weights", "experts on"]
     return markdown_table(header, routing_rows(table), caption=caption, name="tbl-ep-routing")
+
+
+def traffic_cell(results: list[dict], step: str) -> str:
+    """Rank 0's traced communication within one tagged step, as a short table cell ("none" when silent).
+
+    results: one dict per rank with "events" (`CommEvent.as_dict()`); step: the tag the step ran under."""
+    mine = [e for res in results for e in res["events"] if e["tag"].split(".")[0] == step and e["rank"] == 0]
+    if not mine:
+        return "none"
+
+    def one(e):
+        shape = list(e["shapes"][0])
+        if e["op"] == "send":
+            return f"send {shape} to rank {e['peer']}: {e['bytes_sent']} B"
+        if e["op"] == "recv":
+            return f"recv {shape} from rank {e['peer']}: {e['bytes_recv']} B"
+        return f"{e['op']} of {shape}: receives {e['bytes_recv']} B"
+
+    return "; ".join(one(e) for e in mine)
+
+
+def _shape(t) -> str:
+    return str(list(t.shape))
+
+
+def _ops(events, phase: str | None = None) -> str:
+    mine = [e for e in events if e["rank"] == 0 and (phase is None or e["phase"] == phase)]
+    return " + ".join(f"{e['op']} of {e['payload_bytes']} B ({e['tag']})" for e in mine) or "none"
+
+
+def _ep_holds(res: dict) -> str:  # seed A counts experts from 1; pylib from 0
+    experts = ", ".join(str(e + 1) for e in res["experts_held"])
+    routed = "; ".join(
+        f"{row['token']} → experts {', '.join(str(e + 1) for e in row['experts'])}" for row in res["table"]
+    )
+    return f"tokens {', '.join(res['tokens'])} ({routed}); experts {experts}, each W_up [4, 8], W_down [8, 4]"
+
+
+def three_axes_table(dp: list[dict], cp: list[dict], tp: list[dict], ep: list[dict]) -> str:
+    """`tbl-three-axes`: what rank 0 and rank 1 held under each cut, and rank 0's traced communication.
+
+    dp / cp / tp: the two ranks' results of the chapter's DP, sequence and TP cuts (tensors x, q, w_q, w_up,
+    w_down and their events); ep: the four ranks' `seed_a_ep_worker` results (ranks 0 and 1 shown)."""
+
+    def tp_holds(r):
+        return (
+            f"W_q[:, {2 * r}:{2 * r + 2}] {_shape(tp[r]['w_q'])} → Q {_shape(tp[r]['q'])}; "
+            f"W_up {_shape(tp[r]['w_up'])}, W_down {_shape(tp[r]['w_down'])}"
+        )
+
+    rows = [
+        ["DP", "batch", f"sentence 1: x {_shape(dp[0]['x'])}", f"sentence 2: x {_shape(dp[1]['x'])}",
+         "✓ output; gradients after the all-reduce", f"forward: none; backward: {_ops(dp[0]['events'])}"],
+        ["SP / CP", "seq", f"The cat, A dog: x {_shape(cp[0]['x'])}", f"sat here, ran fast: x {_shape(cp[1]['x'])}",
+         "✓ ① ②; ③ needs the other half's K/V", f"① ②: {_ops(cp[0]['events'])}"],
+        ["TP", "d (the weights)", tp_holds(0), tp_holds(1), "✓ Q side by side; MLP after the all-reduce",
+         f"Q: none; MLP: {_ops(tp[0]['events'])}"],
+        ["EP (MoE)", "experts (⑥ only)", _ep_holds(ep[0]), _ep_holds(ep[1]), "✓ every token's MoE output",
+         _ops(ep[0]["events"])],
+    ]  # fmt: skip
+    caption = (
+        "The three axes of [batch, seq, d] and the parallelism that cuts each, run on two real ranks with the "
+        "model's weights (weights written [in, out], as in x W); EP on four ranks with seed A's model turned into "
+        "a mixture of 8 experts (ranks 2 and 3 hold experts 5-6 and 7-8)."
+    )
+    header = ["", "cuts", "rank 0 holds", "rank 1 holds", "equals one device?", "traced, rank 0"]
+    return markdown_table(header, rows, caption=caption, name="tbl-three-axes")
