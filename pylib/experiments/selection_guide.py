@@ -21,7 +21,6 @@ from pylib.analysis import pp as ppa
 from pylib.analysis import tp as tpa
 from pylib.model import build_model
 from pylib.model.presets import llama2_70b
-from pylib.viz.tables import markdown_table
 
 GB, MB = 1e9, 1e6
 GPU_BYTES = 80 * GB  # one GPU's memory, the bar every "does not fit" is measured against
@@ -33,12 +32,10 @@ class SelectionGuide:
     rows: list = field(default_factory=list)  # [symptom, remedy, the number behind it, computed with]
 
     def table(self) -> str:
-        caption = (
-            "Seed A's selection guide, each remedy with a number computed from pylib's formulas at real model "
-            "sizes (a 70B-class dense model; a DeepSeek-V3-like MoE for the EP row)."
-        )
-        header = ["symptom", "remedy", "the number behind it", "computed with"]
-        return markdown_table(header, self.rows, caption=caption, name="tbl-selection-guide")
+        """The labelled MyST table `tbl-selection-guide` (`pylib.seedcheck.seed_a_tables.selection_guide_table`)."""
+        from pylib.seedcheck.seed_a_tables import selection_guide_table
+
+        return selection_guide_table(self.rows)
 
 
 def _activations(dense, s: int, t: int, sp: bool, cp: int = 1) -> tuple[int, int]:
@@ -51,7 +48,7 @@ def _activations(dense, s: int, t: int, sp: bool, cp: int = 1) -> tuple[int, int
 def selection_guide() -> SelectionGuide:
     """Every number of the guide (see the module docstring), by name, and the table's rows."""
     dense = llama2_70b()
-    L, h, e = dense.n_layers, dense.d_model, 2
+    L = dense.n_layers
     with torch.device("meta"):  # the reference model's own parameters, shapes only
         one = build_model(dense.with_(n_layers=1))
     layer_params = sum(p.numel() for p in one.layers[0].parameters())
@@ -59,6 +56,15 @@ def selection_guide() -> SelectionGuide:
     g = SelectionGuide()
     n = g.n
     n.update(layers=L, n_params=n_params)
+    why_sp, why_cp = _dense_rows(n, dense)
+    why_ep, why_pp, why_dp = _moe_pp_dp_rows(n, dense)
+    g.rows = _rows(why_sp, why_cp, why_ep, why_pp, why_dp)
+    return g
+
+
+def _dense_rows(n: dict, dense) -> tuple[str, str]:
+    """Rows 1 (SP) and 2 (CP) of the guide, and the bounded-traffic numbers of TP and the CP ring; fills `n`."""
+    L, h, e = dense.n_layers, dense.d_model, 2
 
     # 1. TP at 8 and activations still tight: SP.
     s = 4096
@@ -90,6 +96,19 @@ def selection_guide() -> SelectionGuide:
         f"attention work each (zig-zag: equal; contiguous: {n['cp_balance_contiguous']:.0f}× apart); the ring "
         f"moves {n['cp_ring'] / MB:.0f} MB of K/V per GPU per layer against {n['cp_flops'] / 1e12:.0f} TFLOP."
     )
+    # Bounded per-GPU bytes are not DP's alone: TP's all-reduces and the CP ring are bounded the same way.
+    for t in (8, 64):
+        n[f"tp_layer_{t}"] = sum(tpa.layer_traffic(1, 4096, h, t, e)[f"{ph}_sent"] for ph in ("forward", "backward"))
+    n["tp_bound"] = 4 * 2 * 4096 * h * e  # 4 all-reduces of [b, s, h] per layer, each < 2 S per rank
+    for c in (8, 64):
+        n[f"cp_ring_{c}"] = cpa.ring_traffic(1, s, dense.kv_heads, dense.d_head, c, e)["forward_bytes_sent"]
+    n["cp_bound"] = 2 * s * dense.kv_heads * dense.d_head * e  # the sequence's whole K and V
+    return why_sp, why_cp
+
+
+def _moe_pp_dp_rows(n: dict, dense) -> tuple[str, str, str]:
+    """Rows 3 (EP), 4 (PP) and 5 (DP) of the guide; fills `n`."""
+    L, h, e, n_params = dense.n_layers, dense.d_model, 2, n["n_params"]
 
     # 3. An MoE whose experts must be spread over GPUs: EP.
     E, ffe, he, k, moe_layers = 256, 2048, 7168, 8, 58
@@ -128,16 +147,11 @@ def selection_guide() -> SelectionGuide:
         f"backward; ZeRO-1 over d = 64 cuts model state from {n['pp_state_pp4'] / GB:.0f} to "
         f"{n['dp_zero1'] / GB:.1f} GB."
     )
+    return why_ep, why_pp, why_dp
 
-    # Bounded per-GPU bytes are not DP's alone: TP's all-reduces and the CP ring are bounded the same way.
-    for t in (8, 64):
-        n[f"tp_layer_{t}"] = sum(tpa.layer_traffic(1, 4096, h, t, e)[f"{ph}_sent"] for ph in ("forward", "backward"))
-    n["tp_bound"] = 4 * 2 * 4096 * h * e  # 4 all-reduces of [b, s, h] per layer, each < 2 S per rank
-    for c in (8, 64):
-        n[f"cp_ring_{c}"] = cpa.ring_traffic(1, s, dense.kv_heads, dense.d_head, c, e)["forward_bytes_sent"]
-    n["cp_bound"] = 2 * s * dense.kv_heads * dense.d_head * e  # the sequence's whole K and V
 
-    g.rows = [
+def _rows(why_sp: str, why_cp: str, why_ep: str, why_pp: str, why_dp: str) -> list[list[str]]:
+    return [
         [
             "TP is at its maximum (8 GPUs, one NVLink domain) and activation memory is still tight",
             "TP + SP",
@@ -164,4 +178,3 @@ def selection_guide() -> SelectionGuide:
             "`dp.traffic_per_step`, `dp.paper_bytes`",
         ],
     ]
-    return g

@@ -177,3 +177,13 @@ def three_axes_table(dp: list[dict], cp: list[dict], tp: list[dict], ep: list[di
     )
     header = ["", "cuts", "rank 0 holds", "rank 1 holds", "equals one device?", "traced, rank 0"]
     return markdown_table(header, rows, caption=caption, name="tbl-three-axes")
+
+
+def selection_guide_table(rows: list[list[str]]) -> str:
+    """`tbl-selection-guide`: rows of `pylib.experiments.selection_guide` (symptom, remedy, number, computed with)."""
+    caption = (
+        "Seed A's selection guide, each remedy with a number computed from pylib's formulas at real model sizes (a "
+        "70B-class dense model; a DeepSeek-V3-like MoE for the EP row)."
+    )
+    header = ["symptom", "remedy", "the number behind it", "computed with"]
+    return markdown_table(header, rows, caption=caption, name="tbl-selection-guide")
