@@ -72,12 +72,12 @@ def test_split_check_passes_token_local_modules_and_fails_attention(seed_a):
     model, x = seed_a
     block = model.layers[0]
     ln = split_check(block.ln1, [x], [1])
-    assert ln.matches and ln.mark == "✅" and ln.comm_events == 0
+    assert ln.matches and ln.mark == "✓" and ln.comm_events == 0
     assert ln.local_in_shapes == [[(2, 2, 4)], [(2, 2, 4)]] and ln.local_out_shapes == [(2, 2, 4), (2, 2, 4)]
     with torch.no_grad():
         q, k, v = block.attn.project(block.ln1(x))
     attn = split_check(block.attn.core, [q, k, v], [2, 2, 2])
-    assert not attn.matches and attn.mark == "❌" and attn.max_abs_err > 0.1
+    assert not attn.matches and attn.mark == "✗" and attn.max_abs_err > 0.1
 
 
 def test_split_check_counts_the_communication_that_repairs_attention(seed_a):
@@ -200,3 +200,47 @@ def test_primitive_names_of_a_traced_tensor_parallel_layer_with_and_without_sp()
     ops = launch(rank, 2)[0]
     assert primitive_names(ops[False]) == ["All-Reduce"]
     assert primitive_names(ops[True]) == ["All-Gather", "Reduce-Scatter"]
+
+
+def test_dims_rows_mark_a_mode_by_whether_its_traced_primitives_are_seed_a_s():
+    from pylib.seedcheck.seed_a_tables import SEED_A_DIMS, dims_rows
+
+    ops = {"DP": ["all_reduce"], "TP": ["all_reduce"], "SP": ["all_gather", "reduce_scatter"], "PP": ["send"],
+           "CP": ["recv"], "EP": ["all_to_all"]}  # fmt: skip
+    rank = {m: [{"op": op, "phase": "backward" if m == "DP" else "forward"} for op in o] for m, o in ops.items()}
+    rows = dims_rows([rank])
+    assert [r[0] for r in rows] == list(SEED_A_DIMS) and all(r[-1] == "✓" for r in rows)
+    assert rows[0][4:6] == ["none", "All-Reduce"]  # DP: silent forward, all-reduce backward
+    rank["EP"] = [{"op": "all_gather", "phase": "forward"}]
+    assert dims_rows([rank])[-1][-1] == "✗"
+
+
+def test_ring_round_rows_print_seed_a_s_table_and_its_end_row():
+    from pylib.seedcheck.seed_a_tables import ring_round_rows
+
+    rounds = [{"round": 1, "holds": [0, 1], "recv_from": None}, {"round": 2, "holds": [1, 0], "recv_from": [1, 0]}]
+    rows = ring_round_rows(rounds)
+    assert [r[0] for r in rows] == ["round 1", "pass ↓", "round 2", "end"]
+    assert rows[1][1] == "K1V1 from GPU 1" and rows[-1][1:] == ["Q0 saw 2 of 2 ✓", "Q1 saw 2 of 2 ✓"]
+
+
+def test_traffic_light_colours_and_the_remedy_verdict():
+    from pylib.seedcheck.traffic_light import traffic_light, verdict
+
+    assert [traffic_light(False, ["w"]), traffic_light(True, ["w"]), traffic_light(True, [])] == [
+        "red", "yellow", "green"]  # fmt: skip
+    assert verdict(["TP column"], ["TP column"]) == "agrees"
+    assert verdict(["cut"], ["SP cut", "CP cut"]) == "agrees; seed A is less specific"
+    with pytest.raises(ValueError, match="seed A names"):
+        verdict(["TP column"], ["EP experts"])
+
+
+def test_selection_guide_per_gpu_traffic_is_bounded_for_tp_cp_and_dp_alike():
+    """traffic-plan: DP is not the only mode whose per-GPU bytes stay bounded as it grows."""
+    from pylib.experiments.selection_guide import selection_guide
+
+    n = selection_guide().n
+    assert n["tp_layer_8"] < n["tp_layer_64"] < n["tp_bound"]
+    assert n["cp_ring_8"] < n["cp_ring_64"] < n["cp_bound"]
+    assert n["dp_8"] < n["dp_1024"] < 2 * n["dp_shard"]
+    assert n["sp_fwd_tp"] == n["sp_fwd_sp"] and n["sp_green_tp"] == 8 * n["sp_green_sp"]
