@@ -72,12 +72,12 @@ def test_split_check_passes_token_local_modules_and_fails_attention(seed_a):
     model, x = seed_a
     block = model.layers[0]
     ln = split_check(block.ln1, [x], [1])
-    assert ln.matches and ln.mark == "✅" and ln.comm_events == 0
+    assert ln.matches and ln.mark == "✓" and ln.comm_events == 0
     assert ln.local_in_shapes == [[(2, 2, 4)], [(2, 2, 4)]] and ln.local_out_shapes == [(2, 2, 4), (2, 2, 4)]
     with torch.no_grad():
         q, k, v = block.attn.project(block.ln1(x))
     attn = split_check(block.attn.core, [q, k, v], [2, 2, 2])
-    assert not attn.matches and attn.mark == "❌" and attn.max_abs_err > 0.1
+    assert not attn.matches and attn.mark == "✗" and attn.max_abs_err > 0.1
 
 
 def test_split_check_counts_the_communication_that_repairs_attention(seed_a):

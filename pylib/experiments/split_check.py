@@ -35,7 +35,7 @@ class SplitCheck:
 
     @property
     def mark(self) -> str:
-        return "✅" if self.matches else "❌"
+        return "✓" if self.matches else "✗"
 
 
 def _split_worker(fn, inputs, seq_dims, out_dim):
