@@ -1,7 +1,7 @@
 """Cell formatting for the expert-parallelism chapter's tables (strings for `markdown_table` cells).
 
-    weight_pair(w)     a token's two combine weights and their sum: "0.512, 0.301 (Σ 0.813)"
-    split_sizes(e)     an uneven all-to-all's rows per rank, out → in, from a tracer event dict ("" otherwise)
+weight_pair(w)     a token's two combine weights and their sum: "0.512, 0.301 (Σ 0.813)"
+split_sizes(e)     an uneven all-to-all's rows per rank, out → in, from a tracer event dict ("" otherwise)
 """
 
 from __future__ import annotations
