@@ -87,8 +87,9 @@ def plot_folding(groups: dict, world_size: int):
     `pylib.ep.folding.folding_groups`."""
     layouts = list(groups.items())
     n_axes = max(len(axes) for _, axes in layouts)
-    figsize = (1.2 + 0.42 * world_size * len(layouts), 0.8 + 0.55 * n_axes)
-    fig, axs = style.subplots(ncols=len(layouts), figsize=figsize, grid=False)
+    # one panel above the other, so the figure stays within a page column (7.2 in) and its digits legible
+    figsize = (min(7.2, 1.3 + 0.36 * world_size), 0.9 + (0.5 * n_axes + 0.45) * len(layouts))
+    fig, axs = style.subplots(nrows=len(layouts), figsize=figsize, grid=False)
     for ax, (layout, axes) in zip(axs, layouts):
         for row, gs in enumerate(axes.values()):
             for gi, members in enumerate(gs):
@@ -97,11 +98,11 @@ def plot_folding(groups: dict, world_size: int):
                 ink = style.ink_on(color, alpha)
                 for r in members:
                     ax.add_patch(Rectangle((r + 0.05, row + 0.08), 0.9, 0.84, color=color, alpha=alpha, lw=0))
-                    ax.text(r + 0.5, row + 0.5, str(r), ha="center", va="center", fontsize=7, color=ink)
+                    ax.text(r + 0.5, row + 0.5, str(r), ha="center", va="center", fontsize=8, color=ink)
         ax.set_xlim(0, world_size)
         ax.set_ylim(len(axes), 0)
         ax.set_yticks([i + 0.5 for i in range(len(axes))])
-        ax.set_yticklabels([f"{a.upper()} ({len(g[0])})" for a, g in axes.items()])
+        ax.set_yticklabels([f"{a.upper()} ({len(g[0])})" for a, g in axes.items()], fontsize=8)
         ax.set_xticks([])
         ax.set_title(f"{layout} layers: " + " x ".join(a.upper() for a in axes), fontsize=9)
     fig.suptitle("the same ranks, two groupings (same colour = same group)", fontsize=10)
