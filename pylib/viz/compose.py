@@ -101,14 +101,14 @@ def plot_rank_mesh(
     cols = ncols or mesh_columns(config, world_size)
     rows = -(-world_size // cols)
     panels = 1 + len(axes)
-    per_row = min(panels, 4)
+    per_row = min(panels, 3)  # three panels of a 4-wide grid fit the page column with 8-pt text
     grid_rows = -(-panels // per_row)
-    cell = 0.62
+    cell = 0.55
     with style.use():
         fig, axs = plt.subplots(
             grid_rows,
             per_row,
-            figsize=(per_row * (cols * cell + 0.5), grid_rows * (rows * cell + 1.0)),
+            figsize=(per_row * (cols * cell + 0.4), grid_rows * (rows * cell + 1.0)),
             squeeze=False,
         )
         flat = [a for row in axs for a in row]
@@ -117,7 +117,7 @@ def plot_rank_mesh(
         for r in range(world_size):
             c = coordinates(config, world_size, r)
             label = f"{r}\n" + " ".join(str(c[a]) for a in dense_axes)
-            _cell(ax, r % cols, r // cols, style.MUTED, label, f"mesh:rank:{r}", alpha=0.12, fontsize=7)
+            _cell(ax, r % cols, r // cols, style.MUTED, label, f"mesh:rank:{r}", alpha=0.12, fontsize=8)
         _grid_axes(ax, rows, cols, f"{rank_formula(config)}\n(cell: rank, then {' '.join(dense_axes)})")
         for ax, axis in zip(flat[1:], axes):
             for gi, members in enumerate(groups[axis]):
@@ -207,7 +207,8 @@ def plot_rank_report(
     n = len(rows)
     axes = sorted({a for r in rows for a in r["traffic"]}, key=_axis_key)
     with style.use():
-        fig, (mem_ax, net_ax) = plt.subplots(2, 1, figsize=(max(6.0, 0.42 * n + 3.2), 6.4), sharex=True)
+        width = min(style.COLUMN_PX / 100, max(6.0, 0.3 * n + 3.2))  # at most the page column: 8-pt ticks stay legible
+        fig, (mem_ax, net_ax) = plt.subplots(2, 1, figsize=(width, 6.4), sharex=True)
         mem_top = _memory_bars(mem_ax, rows, scale)
         if memory_formula is not None:
             ys = [sum(f[k] for k in ("params", "grads", "optim")) / scale for f in memory_formula]

@@ -26,7 +26,7 @@ OUTSIDE, INSIDE = style.tint(style.GREEN, 0.4), style.tint(style.BLUE, 0.4)
 
 
 def _matrix(ax, m: np.ndarray, title: str, colour: str, fmt: str = "{:.1f}"):
-    """Draw a small matrix as coloured cells with its numbers."""
+    """Draw a small matrix as coloured cells with its numbers (FONT pt: legible at the page's width)."""
     rows, cols = m.shape
     ax.set_xlim(0, cols)
     ax.set_ylim(rows, 0)
@@ -38,71 +38,88 @@ def _matrix(ax, m: np.ndarray, title: str, colour: str, fmt: str = "{:.1f}"):
             alpha = 0.35 + 0.55 * abs(float(m[i, j])) / span
             ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=colour, alpha=alpha, edgecolor=style.GRID, lw=0.5))
             ink = style.ink_on(colour, alpha)
-            ax.text(j + 0.5, i + 0.5, fmt.format(m[i, j]), ha="center", va="center", fontsize=7, color=ink)
-    ax.set_title(title, fontsize=8)
+            ax.text(j + 0.5, i + 0.5, fmt.format(m[i, j]), ha="center", va="center", fontsize=FONT, color=ink)
+    ax.set_title(title, fontsize=FONT)
+
+
+# Text size of the TP figures, in points: with the figures at most style.COLUMN_PX wide (7.2 in at 100 dpi), 7.5 pt
+# is 10.4 px on the page, above style.LEGIBLE_PX.
+FONT = 7.5
+WIDTH_IN = style.COLUMN_PX / 100
 
 
 @style.styled
 def fig_column_vs_row(ex):
     """Seed B's fig-mat-tp-col-row: the column split's outputs concatenate; the row split's outputs are full-size
-    partial sums that must be all-reduced. Every number is from the ranks' real shards."""
+    partial sums that must be all-reduced. Every number is from the ranks' real shards.
+
+    One page column wide, four rows of t + 2 panel slots: x and the column shards W_r; the outputs y_r and their
+    concatenation; the row shards V_r; the partial sums y_r V_r and their sum (the all-reduce)."""
     t = len(ex.col_weights)
-    fig, axes = style.subplots(2, 2 * t + 2, figsize=(2.0 * (2 * t + 2), 5.2), grid=False)
-    top, bottom = axes
-    _matrix(top[0], ex.x, "x [n, d_in]\n(whole on every rank)", style.REPLICATED)
+    n_cols = t + 2
+    panel = WIDTH_IN / n_cols
+    fig = plt.figure(figsize=(WIDTH_IN, 4 * (panel + 0.42) + 0.75))
+    grid = fig.add_gridspec(4, n_cols, hspace=0.42, wspace=0.1, top=0.9, bottom=0.01, left=0.01, right=0.99)
+
+    def panel_at(i, j, span=1):
+        return fig.add_subplot(grid[i, j : j + span])
+
+    def note(ax, text):
+        ax.axis("off")
+        ax.text(0.04, 0.5, text, fontsize=FONT + 0.5, va="center", ha="left", transform=ax.transAxes)
+
+    _matrix(panel_at(0, 0), ex.x, "x [n, d_in]\nwhole on every rank", style.REPLICATED)
     for r in range(t):
         c = style.rank_colour(r)
-        _matrix(top[1 + r], ex.col_weights[r], f"rank {r}: W_{r}\n[d_in, d_out/t] (columns)", c)
-        _matrix(top[1 + t + r], ex.col_outputs[r], f"rank {r}: y_{r} = x W_{r}\n[n, d_out/t]", c)
-    _matrix(top[-1], np.concatenate(ex.col_outputs, axis=1), "concat(y_r) = x W\nno communication", style.REPLICATED)
-    for r in range(t):
-        c = style.rank_colour(r)
-        _matrix(bottom[r], ex.row_weights[r], f"rank {r}: V_{r}\n[d_out/t, d_in] (rows)", c)
-        _matrix(bottom[t + r], ex.partials[r], f"rank {r}: y_{r} V_{r}\npartial sum, full size", c)
-    _matrix(bottom[2 * t], ex.reduced, "all-reduce: sum of\nthe partial sums", style.REPLICATED)
-    bottom[2 * t + 1].axis("off")
-    ok_y = np.allclose(np.concatenate(ex.col_outputs, axis=1), ex.reference_y, atol=1e-5)
+        _matrix(panel_at(0, 1 + r), ex.col_weights[r], f"rank {r}: W_{r}, columns\n[d_in, d_out/t]", c)
+        _matrix(panel_at(1, r), ex.col_outputs[r], f"rank {r}: y_{r} = x W_{r}\n[n, d_out/t]", c)
+        _matrix(panel_at(2, r), ex.row_weights[r], f"rank {r}: V_{r}, rows\n[d_out/t, d_in]", c)
+        _matrix(panel_at(3, r), ex.partials[r], f"rank {r}: y_{r} V_{r}\npartial sum, full size", c)
+    note(panel_at(0, t + 1), "column split:\nW cut by its\noutput columns")
+    concat = np.concatenate(ex.col_outputs, axis=1)
+    _matrix(panel_at(1, t, span=2), concat, "concat(y_r) = x W: no communication", style.REPLICATED)
+    note(panel_at(2, t, span=2), "row split: V cut by its input\nrows; rank r multiplies\nits own y_r by V_r")
+    _matrix(panel_at(3, t), ex.reduced, "all-reduce: sum\nof the partial sums", style.REPLICATED)
+    ok_y = np.allclose(concat, ex.reference_y, atol=1e-5)
     ok_z = np.allclose(ex.reduced, ex.reference_z, atol=1e-5)
-    bottom[2 * t + 1].text(
-        0.0,
-        0.5,
-        f"one device:\nconcat = x W  {'yes' if ok_y else 'NO'}\nsum = x W V  {'yes' if ok_z else 'NO'}",
-        fontsize=8,
-        va="center",
-    )
+    mark = {True: "✓", False: "✗"}
+    note(panel_at(3, t + 1), f"one device:\nconcat = x W {mark[ok_y]}\nsum = x W V {mark[ok_z]}")
     fig.suptitle(
-        f"TP on {t} ranks. Column split (top): each rank owns output columns, results concatenate.\n"
-        "Row split (bottom): each rank owns input rows, every rank's result is a full-size partial sum: all-reduce.",
-        fontsize=9,
+        f"TP on {t} ranks: a column split's results concatenate (rows 1-2);\n"
+        "a row split's results are full-size partial sums, all-reduced (rows 3-4)",
+        fontsize=FONT + 1.5,
     )
-    fig.tight_layout()
     return fig
 
 
 # ------------------------------------------------------------------------------------------ SP around the region
 
 
-def _box(ax, x, y, w, text, colour):
+def _box(ax, x, y, text, colour, w=1.7, h=0.62):
+    """A box centred at (x, y): where the activations (or their gradients) live."""
     ax.add_patch(
-        FancyBboxPatch((x, y - 0.3), w, 0.6, boxstyle="round,pad=0.02", facecolor=colour, edgecolor=style.MUTED, lw=0.8)
+        FancyBboxPatch(
+            (x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02", facecolor=colour, edgecolor=style.MUTED, lw=0.8
+        )
     )
-    ax.text(x + w / 2, y, text, ha="center", va="center", fontsize=7, color=style.ink_on(colour))
+    ax.text(x, y, text, ha="center", va="center", fontsize=FONT, color=style.ink_on(colour))
 
 
 def _nbytes(n: int) -> str:
     return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
 
 
-def _arrow(ax, x, y, label, below, colour=style.COMM, dashed=False):
+def _arrow(ax, x, y, label, below, colour=style.COMM, dashed=False, length=0.62):
+    """A downward arrow from y to y - length at x, its collective's name and payload beside it."""
     ax.annotate(
         "",
-        xy=(x + 0.9, y),
+        xy=(x, y - length),
         xytext=(x, y),
         arrowprops=dict(arrowstyle="->", color=style.MUTED, lw=1, linestyle="--" if dashed else "-"),
     )
-    ax.text(x + 0.45, y + 0.42, label, ha="center", fontsize=6.5, color=colour)
+    ax.text(x + 0.1, y - length / 2 + 0.1, label, ha="left", va="center", fontsize=FONT, color=colour)
     if below:
-        ax.text(x + 0.45, y - 0.52, below, ha="center", va="top", fontsize=6, color=style.MUTED)
+        ax.text(x + 0.1, y - length / 2 - 0.12, below, ha="left", va="center", fontsize=FONT, color=style.MUTED)
 
 
 def _inside_label(tag: str, s: int) -> str:
@@ -111,67 +128,68 @@ def _inside_label(tag: str, s: int) -> str:
     return f"{part}: {what}\nall {s} tokens"
 
 
-def _phase_row(ax, y, events, phase, t, s):
-    """One row: where the activations (forward) or their gradients (backward) live between the collectives this
-    rank issued in `phase`, in issue order. An all-gather enters the TP region; an all-reduce or a reduce-scatter
-    leaves it. TP enters with no communication at all (identity forward; in backward the identity is the
-    conjugate of the forward all-reduce), drawn dashed."""
+NAMES = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter"}
+
+
+def _phase_items(events, phase, t, s) -> list[tuple]:
+    """The chain of one column, in issue order: ("box", text, colour) where the activations (forward) or their
+    gradients (backward) live, ("arrow", label, below, colour, dashed) for each collective this rank issued in
+    `phase`. An all-gather enters the TP region; an all-reduce or a reduce-scatter leaves it. TP enters with no
+    communication at all (identity forward; in backward the identity is the conjugate of the forward all-reduce),
+    drawn dashed."""
     evs = [e for e in events if e["phase"] == phase]
     sp = any(e["op"] != "all_reduce" for e in evs)
-    outside = f"LN, residual\n{s // t if sp else s} tokens"
-    x = 0.0
-    _box(ax, x, y, 1.4, outside, OUTSIDE)
-    x += 1.5
-    where = "out"
-    names = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter"}
+    outside = ("box", f"LN, residual\n{s // t if sp else s} tokens", OUTSIDE)
+    items, where = [outside], "out"
     for e in evs:
         regather = e["tag"].endswith("regather")
         if e["op"] != "all_gather" and where == "out":  # TP: the entry that moves nothing
-            _arrow(ax, x, y, "identity", "no communication", colour=style.MUTED, dashed=True)
-            x += 1.0
-            _box(ax, x, y, 1.4, _inside_label(e["tag"], s), INSIDE)
-            x += 1.5
+            items += [("arrow", "identity", "nothing sent", style.MUTED, True)]
+            items += [("box", _inside_label(e["tag"], s), INSIDE)]
             where = "in"
-        _arrow(
-            ax, x, y, names[e["op"]] + (" (regather)" if regather else ""), f"{_nbytes(e['payload_bytes'])}\n{e['tag']}"
-        )
-        x += 1.0
+        label = NAMES[e["op"]] + (" (regather)" if regather else "")
+        items.append(("arrow", label, f"{_nbytes(e['payload_bytes'])}, {e['tag']}", style.COMM, False))
         if regather:  # Megatron's SP backward: rebuild the input that was kept as a sequence slice
-            _box(ax, x, y, 1.4, "weight grads\nfrom rebuilt input", INSIDE)
-            x += 1.5
+            items.append(("box", "weight grads\nfrom rebuilt input", INSIDE))
             continue
         where = "in" if e["op"] == "all_gather" else "out"
-        if where == "in":
-            _box(ax, x, y, 1.4, _inside_label(e["tag"], s), INSIDE)
-        else:
-            _box(ax, x, y, 1.4, outside, OUTSIDE)
-        x += 1.5
-    return x
+        items.append(("box", _inside_label(e["tag"], s), INSIDE) if where == "in" else outside)
+    return items
 
 
 @style.styled
 def fig_sp_region(traces: dict):
-    """Rows: TP and TP + SP, forward and backward; boxes are where the activations live (green: outside the TP
-    region, s/t tokens under SP; blue: inside, all tokens, heads or h_ffn split), arrows the collectives this
-    rank really issued (from the trace), with their payloads. Same payload sum per row: AR = AG + RS."""
+    """Columns: TP and TP + SP, forward and backward, each read top to bottom; boxes are where the activations live
+    (green: outside the TP region, s/t tokens under SP; blue: inside, all tokens, heads or h_ffn split), arrows the
+    collectives this rank really issued (from the trace), with their payloads. Same payload sum per column:
+    AR = AG + RS. One page column wide (style.COLUMN_PX), its text FONT pt."""
     t, s, events = traces["t"], traces["s"], traces["events"]
-    rows = [(mode, phase) for mode in events for phase in ("forward", "backward")]
-    fig, ax = style.subplots(figsize=(13, 1.35 * len(rows) + 0.6), grid=False)
-    width = 0.0
-    for i, (mode, phase) in enumerate(rows):
-        y = -1.6 * i
-        ax.text(-0.2, y, f"{mode}\n{phase}", ha="right", va="center", fontsize=8)
-        width = max(width, _phase_row(ax, y, events[mode], phase, t, s))
+    columns = [(mode, phase) for mode in events for phase in ("forward", "backward")]
+    chains = [_phase_items(events[mode], phase, t, s) for mode, phase in columns]
+    box_h, arrow_len = 0.62, 0.6  # vertical room of a box and of an arrow (data units; one is about 0.86 in)
+    depth = max(sum(box_h if it[0] == "box" else arrow_len for it in chain) for chain in chains)
+    pitch = 2.05  # horizontal distance between columns
+    fig, ax = style.subplots(figsize=(WIDTH_IN, 0.86 * (depth + 1.7) + 0.4), grid=False)
+    for i, ((mode, phase), chain) in enumerate(zip(columns, chains)):
+        x, top = i * pitch, 0.0  # top: where the next item starts
+        ax.text(x, 0.45, f"{mode}\n{phase}", ha="center", va="center", fontsize=FONT + 1)
+        for item in chain:
+            if item[0] == "box":
+                _box(ax, x, top - box_h / 2, item[1], item[2], h=box_h)
+                top -= box_h
+            else:
+                _arrow(ax, x, top, item[1], item[2], colour=item[3], dashed=item[4], length=arrow_len)
+                top -= arrow_len
         total = sum(e["bytes_sent"] for e in events[mode] if e["phase"] == phase)
-        ax.text(width + 0.1, y, f"sent {_nbytes(total)}", va="center", fontsize=7)
-    ax.set_xlim(-1.6, width + 1.5)
-    fig.set_size_inches(max(8.0, 0.85 * (width + 3.1)), 1.35 * len(rows) + 0.6)
-    ax.set_ylim(-1.6 * (len(rows) - 1) - 1.0, 0.9)
+        ax.text(x, top - 0.12, f"sent {_nbytes(total)}", ha="center", va="top", fontsize=FONT + 0.5)
+    y = -depth
+    ax.set_xlim(-0.95, (len(columns) - 1) * pitch + 1.15)
+    ax.set_ylim(y - 0.5, 0.8)
     ax.axis("off")
     ax.set_title(
-        f"One layer, t = {t}, b = {traces['b']}, s = {s}, h = {traces['h']} ({traces['dtype']}): SP turns each "
+        f"One layer, t = {t}, b = {traces['b']}, s = {s}, h = {traces['h']} ({traces['dtype']}): SP turns each\n"
         "all-reduce into an all-gather into the TP region and a reduce-scatter out of it",
-        fontsize=9,
+        fontsize=FONT + 1,
     )
     fig.tight_layout()
     return fig

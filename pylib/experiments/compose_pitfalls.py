@@ -1,0 +1,72 @@
+"""The composition's bookkeeping bugs, injected into the real `ParallelTransformer`, one SGD step each.
+
+    out = launch(one_step_each, 8, cfg, pc, variants, batch=8, seq=16, lr=0.5)
+    ratios, worst = update_ratios(out, name, cfg, batch=8, seq=16, lr=0.5)
+
+`variants` maps a name to (model keywords, bug, unchecked): `bug(model)` returns a context manager that injects the
+bug (a `mock.patch` of one method or one table; None for the right run), and `unchecked` skips the configuration
+checks (to run a combination `compose_problems` refuses, and show why it is refused).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from unittest import mock
+
+import torch
+
+import pylib.compose.model as compose_model
+from pylib.compose import ParallelTransformer
+from pylib.model import batches, build_model
+from pylib.runtime import Mesh, trace
+
+from .compose_training import train_reference
+
+DP_AXES = ("dp-cp", "edp")
+
+
+def one_step_each(cfg, pc, variants: dict, *, batch: int, seq: int, lr: float) -> dict:
+    """On every rank: for each variant, the composed model from the same initial weights, one SGD step on step
+    0's batch with the variant's bug injected. Per variant: the loss, the parameter pieces it holds afterwards,
+    its reduction table, its DP reductions in backward, its TP sums after backward and its DP bytes sent."""
+    mesh = Mesh(pc)
+    out = {}
+    for name, (kw, bug, unchecked) in variants.items():
+        no_check = mock.patch.object(compose_model, "check_compose", lambda *a, **k: None)
+        with no_check if unchecked else nullcontext():
+            full = build_model(cfg)
+            model = ParallelTransformer.from_full(full, mesh, optimizer=torch.optim.SGD, lr=lr, **kw)
+        if unchecked:
+            model.check_batch = lambda batch, seq: None
+        with bug(model) if bug else nullcontext(), trace() as tr:
+            res = model.step(*batches(cfg, batch, seq, 0, data="pattern"), measure_memory=False)
+        events = tr.events
+        out[name] = dict(
+            loss=res.loss,
+            params=model.parameter_pieces(),
+            table=model.reduction_table(),
+            dp_ops=sum(1 for e in events if e.axis in DP_AXES and e.phase == "backward"),
+            tp_sums=sum(1 for e in events if e.phase == "sp_grads"),
+            dp_bytes=sum(e.bytes_sent for e in events if e.axis in DP_AXES),
+        )
+    return out
+
+
+def update_ratios(results: list[dict], name: str, cfg, *, batch: int, seq: int, lr: float):
+    """||update on the ranks|| / ||update on one device|| per kind of parameter (LayerNorm, experts, router,
+    TP-split weights), over the pieces every rank holds; and the largest parameter difference."""
+    before = dict(build_model(cfg).named_parameters())
+    ref = train_reference(cfg, steps=1, batch=batch, seq=seq, data="pattern", optimizer=torch.optim.SGD, lr=lr)
+    after = ref["params"]
+    kind_of = {row["ref_name"]: row["kind"] for r in results for row in r[name]["table"]}
+    group = {"replicated": "LayerNorm", "expert": "experts", "router": "router"}
+    num, den, worst = {}, {}, 0.0
+    for r in results:
+        for ref_name, index, lo, hi, t in r[name]["params"]:
+            b0 = before[ref_name].detach()[index].reshape(-1)[lo:hi]
+            want = after[ref_name][index].reshape(-1)[lo:hi]
+            g = group.get(kind_of[ref_name], "TP-split weights")
+            num[g] = num.get(g, 0.0) + float((t - b0).pow(2).sum())
+            den[g] = den.get(g, 0.0) + float((want - b0).pow(2).sum())
+            worst = max(worst, float((t - want).abs().max()) if t.numel() else 0.0)
+    return {g: (num[g] / den[g]) ** 0.5 for g in num}, worst
