@@ -9,7 +9,7 @@ CP / DP / PP / EP sizes, see the per-rank shape of every weight and activation, 
 Every number comes from `pylib.analysis.shapes` (tests/test_analysis_shapes.py checks it against the real sharded
 modules and the tracer). On a static page only widgets linked in the browser (`widgets.jslink`) can change what
 is shown, so `static_explorer` precomputes a few plans per preset (`STATIC_PLANS`, each one the live explorer's
-answer for those controls) and links a preset dropdown and a plan toggle to stacks of them. The live explorer's
+answer for those controls) and links a preset dropdown and a plan dropdown to stacks of them. The live explorer's
 container carries the CSS class `pb-needs-kernel`: the site disables its controls until a kernel runs.
 """
 
@@ -111,8 +111,8 @@ def _describe(cfg: ModelConfig, par: ParallelConfig, b: int, s: int, **kw) -> st
 
 TAB_TITLES = ["weights", "activations", "memory", "traffic"]  # one tab per table of `tables`
 _CSS = (
-    "<style>.pb-x table{border-collapse:collapse;font-size:0.85em}.pb-x td,.pb-x th{padding:1px 6px;"
-    "text-align:left;border-bottom:1px solid #ddd}</style>"
+    "<style>.pb-x{overflow-x:auto;max-width:100%}.pb-x table{border-collapse:collapse;font-size:0.85em}"
+    ".pb-x td,.pb-x th{padding:1px 6px;text-align:left;border-bottom:1px solid #ddd}</style>"
 )
 
 
@@ -347,15 +347,14 @@ def static_states() -> dict[str, list[tuple[str, str, list[str]]]]:
 
 
 def static_explorer() -> widgets.VBox:
-    """The explorer that works on a static page: a preset dropdown and, per preset, a toggle of its STATIC_PLANS,
+    """The explorer that works on a static page: a preset dropdown and, per preset, a dropdown of its STATIC_PLANS,
     each linked in the browser (`widgets.jslink`) to a stack of precomputed states, each state a heading and four
     tabs. No control of it needs a kernel. The box's `links` are its jslinks."""
     states = static_states()
     preset = widgets.Dropdown(options=list(states), description="model")
     per_preset, links = [], []
     for plans in states.values():
-        toggle = widgets.ToggleButtons(options=[label for label, _, _ in plans], description="plan")
-        toggle.style.button_width = "auto"
+        toggle = widgets.Dropdown(options=[label for label, _, _ in plans], description="plan")
         stack = widgets.Stack(
             [widgets.VBox([widgets.HTML(head), _tabs([widgets.HTML(t) for t in tabs])]) for _, head, tabs in plans],
             selected_index=0,
