@@ -280,6 +280,10 @@ class Explorer:
             for pane, text in zip(self.panes, render_tabs(summary)):
                 pane.value = text
 
+    def close(self) -> None:
+        """Close every widget of this explorer (controls, layouts, styles), so that none is saved into a page."""
+        _close_all(self.widget)
+
     def html(self) -> str:
         """What the widget shows: the heading and the four tabs' HTML, one after another."""
         return self.heading.value + "".join(p.value for p in self.panes)
@@ -290,6 +294,16 @@ class Explorer:
 
 def explorer(preset: str = DEFAULT) -> Explorer:
     return Explorer(preset)
+
+
+def _close_all(w) -> None:
+    for child in getattr(w, "children", ()):
+        _close_all(child)
+    for name in ("layout", "style"):
+        part = getattr(w, name, None)
+        if isinstance(part, widgets.Widget):
+            part.close()
+    w.close()
 
 
 def _tabs(children: list) -> widgets.Tab:
@@ -343,6 +357,7 @@ def static_states() -> dict[str, list[tuple[str, str, list[str]]]]:
             ex.load(preset)  # ... and always: a fresh start for every state
             ex.set(**controls)
             out[preset].append((label, ex.heading.value, [p.value for p in ex.panes]))
+    ex.close()  # its widgets would otherwise be saved into the page
     return out
 
 
