@@ -15,6 +15,7 @@ from pylib.viz.explorer import (
     STATIC_PLANS,
     TAB_TITLES,
     Explorer,
+    render_details,
     render_tabs,
     render_text,
     static_explorer,
@@ -115,9 +116,12 @@ def test_the_static_explorer_is_linked_in_the_page_and_light():
     assert list(preset.options) == list(STATIC_PLANS) and len(presets.children) == len(STATIC_PLANS)
     linked = {(link.source[0].model_id, link.target[0].model_id) for link in box.links}
     assert (preset.model_id, presets.model_id) in linked  # the dropdown picks the preset in the browser
-    for child, plans in zip(presets.children, STATIC_PLANS.values()):
-        toggle, stack = child.children
-        assert len(stack.children) == len(plans) and (toggle.model_id, stack.model_id) in linked
+    for child, plans in zip(presets.children, STATES.values()):
+        choice, stack = child.children
+        assert len(stack.children) == len(plans) and (choice.model_id, stack.model_id) in linked
+        for pane, (_, heading, tabs) in zip(stack.children, plans):  # the page shows the precomputed state
+            assert pane.value == render_details(heading, tabs)
+            assert pane.value.count("<details") == len(TAB_TITLES) and "<details open>" in pane.value
     assert not any("pb-needs-kernel" in getattr(w, "_dom_classes", ()) for w in _all(box))  # no kernel needed
     state = json.dumps(widgets.Widget.get_manager_state(widgets=_all(box), drop_defaults=True))
     assert len(state) < 400_000  # saved into the page: a few hundred kB at most

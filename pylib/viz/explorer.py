@@ -152,6 +152,79 @@ def render_text(summary: shapes.Summary, title: str = "") -> str:
     return "\n".join(out)
 
 
+# The explorer's controls, by name: the model's sizes, then the plan.
+CONTROLS = (
+    "h", "layers", "heads", "kv_heads", "h_ffn", "vocab", "experts", "top_k", "expert_ffn",
+    "b", "s", "dtype", "tp", "cp", "dp", "pp", "ep", "etp", "sp", "cp_kind", "zero", "m", "stage",
+)  # fmt: skip
+
+
+def preset_controls(preset: str) -> dict:
+    """Every control's value for a preset: its model's sizes and its plan (the others at their defaults)."""
+    cfg, plan = PRESETS[preset]
+    return dict(
+        h=cfg.d_model, layers=cfg.n_layers, heads=cfg.n_heads, kv_heads=cfg.kv_heads, h_ffn=cfg.d_ff,
+        vocab=cfg.vocab_size, experts=cfg.moe.n_experts if cfg.moe else 0, top_k=cfg.moe.top_k if cfg.moe else 1,
+        expert_ffn=(cfg.moe.d_ff or cfg.d_ff) if cfg.moe else cfg.d_ff, b=plan["b"], s=plan["s"], dtype=cfg.dtype,
+        **{a: plan.get(a, 1) for a in ("tp", "cp", "dp", "pp", "ep", "etp")},
+        sp=plan.get("sp", False), cp_kind="ring", zero="ddp", m=plan.get("m", 1), stage="first",
+    )  # fmt: skip
+
+
+def plan_state(base: ModelConfig, c: dict) -> tuple[ModelConfig, ParallelConfig, int, int, dict]:
+    """The model, the plan, b, s and the keyword arguments of `shapes.summary` for control values `c` on top of the
+    preset model `base` (which supplies what no control sets: MLP kind, router scoring, MoE spacing). Raises
+    ValueError for a model or a plan that cannot be built."""
+    moe = None
+    if c["experts"]:
+        old = base.moe or MoEConfig()
+        moe = MoEConfig(
+            n_experts=c["experts"], top_k=min(c["top_k"], c["experts"]), d_ff=c["expert_ffn"], score=old.score,
+            every=old.every,
+        )  # fmt: skip
+    cfg = base.with_(
+        d_model=c["h"], n_layers=c["layers"], n_heads=c["heads"], n_kv_heads=c["kv_heads"], d_ff=c["h_ffn"],
+        vocab_size=c["vocab"], dtype=c["dtype"], moe=moe,
+    )  # fmt: skip
+    par = ParallelConfig(**{a: c[a] for a in ("tp", "cp", "dp", "pp", "ep", "etp")})
+    kw = dict(
+        sequence_parallel=c["sp"], cp_kind=c["cp_kind"], microbatches=c["m"], zero=c["zero"],
+        pp_rank=0 if c["stage"] == "first" else par.pp - 1,
+    )  # fmt: skip
+    return cfg, par, c["b"], c["s"], kw
+
+
+def _summary(base: ModelConfig, c: dict) -> shapes.Summary:
+    try:
+        cfg, par, b, s, kw = plan_state(base, c)
+    except ValueError as err:  # a config or a plan that cannot even be built
+        return shapes.Summary([], [], {}, [], [str(err)])
+    return shapes.summary(cfg, par, b, s, **kw)
+
+
+def _title(base: ModelConfig, c: dict) -> str:
+    try:
+        cfg, par, b, s, kw = plan_state(base, c)
+    except ValueError:
+        return ""
+    return _describe(cfg, par, b, s, **kw)
+
+
+def render_state(base: ModelConfig, c: dict) -> tuple[str, list[str]]:
+    """(heading HTML, the four tables' HTML) for control values `c`: what the explorer shows."""
+    title = _title(base, c)
+    return (f"<p><b>{html.escape(title)}</b></p>" if title else ""), render_tabs(_summary(base, c))
+
+
+def render_details(heading: str, tabs: list[str]) -> str:
+    """One precomputed state as a single HTML block: the heading, then each table in a <details> element (the
+    first one open), which a browser opens and closes without a kernel or any script."""
+    parts = [heading]
+    for i, (name, tab) in enumerate(zip(TAB_TITLES, tabs)):
+        parts.append(f"<details{' open' if i == 0 else ''}><summary>{name}</summary>{tab}</details>")
+    return "".join(parts)
+
+
 class Explorer:
     """Controls for the model and the plan, and an HTML widget with the tables, recomputed on every change."""
 
@@ -184,6 +257,7 @@ class Explorer:
         self.panes = [widgets.HTML() for _ in TAB_TITLES]
         self.tabs = _tabs(self.panes)
         self._loading = False
+        self._base = cfg
         self.load(preset)
         model = [self.h, self.layers, self.heads, self.kv_heads, self.h_ffn, self.vocab, self.experts, self.top_k]
         model.append(self.expert_ffn)
@@ -195,71 +269,30 @@ class Explorer:
         self.widget = widgets.VBox([self.preset, columns, self.heading, self.tabs])
         self.widget.add_class("pb-needs-kernel")  # the site disables these controls until a kernel runs
 
+    def controls(self) -> dict:
+        """The value of every control, by `Explorer.set`'s names."""
+        return {name: (self.axes[name] if name in self.axes else getattr(self, name)).value for name in CONTROLS}
+
     def load(self, preset: str) -> None:
-        """Set every control from a preset, then recompute once."""
-        cfg, plan = PRESETS[preset]
+        """Set every control from a preset (`preset_controls`), then recompute once."""
+        self._base = PRESETS[preset][0]
         self._loading = True
         try:
-            self.h.value, self.layers.value, self.heads.value = cfg.d_model, cfg.n_layers, cfg.n_heads
-            self.kv_heads.value, self.h_ffn.value, self.vocab.value = cfg.kv_heads, cfg.d_ff, cfg.vocab_size
-            self.experts.value = cfg.moe.n_experts if cfg.moe else 0
-            self.top_k.value = cfg.moe.top_k if cfg.moe else 1
-            self.expert_ffn.value = (cfg.moe.d_ff or cfg.d_ff) if cfg.moe else cfg.d_ff
-            self.b.value, self.s.value, self.dtype.value = plan["b"], plan["s"], cfg.dtype
-            for a, w in self.axes.items():
-                w.value = plan.get(a, 1)
-            self.sp.value, self.m.value = plan.get("sp", False), plan.get("m", 1)
-            self.cp_kind.value, self.zero.value, self.stage.value = "ring", "ddp", "first"
-            self._base = cfg
+            for name, value in preset_controls(preset).items():
+                (self.axes[name] if name in self.axes else getattr(self, name)).value = value
         finally:
             self._loading = False
         self.update()
 
     def state(self) -> tuple[ModelConfig, ParallelConfig, int, int, dict]:
         """The model, the plan, b, s and the keyword arguments of `shapes.summary`, from the controls."""
-        moe = None
-        if self.experts.value:
-            base = self._base.moe or MoEConfig()
-            moe = MoEConfig(
-                n_experts=self.experts.value,
-                top_k=min(self.top_k.value, self.experts.value),
-                d_ff=self.expert_ffn.value,
-                score=base.score,
-                every=base.every,
-            )
-        cfg = self._base.with_(
-            d_model=self.h.value,
-            n_layers=self.layers.value,
-            n_heads=self.heads.value,
-            n_kv_heads=self.kv_heads.value,
-            d_ff=self.h_ffn.value,
-            vocab_size=self.vocab.value,
-            dtype=self.dtype.value,
-            moe=moe,
-        )
-        par = ParallelConfig(**{a: w.value for a, w in self.axes.items()})
-        kw = dict(
-            sequence_parallel=self.sp.value,
-            cp_kind=self.cp_kind.value,
-            microbatches=self.m.value,
-            zero=self.zero.value,
-            pp_rank=0 if self.stage.value == "first" else par.pp - 1,
-        )
-        return cfg, par, self.b.value, self.s.value, kw
+        return plan_state(self._base, self.controls())
 
     def summary(self) -> shapes.Summary:
-        try:
-            cfg, par, b, s, kw = self.state()
-        except ValueError as err:  # a config or a plan that cannot even be built
-            return shapes.Summary([], [], {}, [], [str(err)])
-        return shapes.summary(cfg, par, b, s, **kw)
+        return _summary(self._base, self.controls())
 
     def title(self) -> str:
-        try:
-            cfg, par, b, s, kw = self.state()
-        except ValueError:
-            return ""
-        return _describe(cfg, par, b, s, **kw)
+        return _title(self._base, self.controls())
 
     def set(self, **controls) -> Explorer:
         """Set controls by name (tp, cp, dp, pp, ep, etp, sp, b, s, m, cp_kind, zero, stage, dtype, h, layers,
@@ -275,9 +308,8 @@ class Explorer:
 
     def update(self) -> None:
         if not self._loading:
-            summary, title = self.summary(), self.title()
-            self.heading.value = f"<p><b>{html.escape(title)}</b></p>" if title else ""
-            for pane, text in zip(self.panes, render_tabs(summary)):
+            self.heading.value, tabs = render_state(self._base, self.controls())
+            for pane, text in zip(self.panes, tabs):
                 pane.value = text
 
     def close(self) -> None:
@@ -346,36 +378,29 @@ STATIC_PLANS: dict[str, list[tuple[str, dict]]] = {
 
 
 def static_states() -> dict[str, list[tuple[str, str, list[str]]]]:
-    """For every preset of STATIC_PLANS: (label, heading, the four tabs' HTML) of each plan, each computed by the
-    live explorer with those controls set."""
-    ex = Explorer()
+    """For every preset of STATIC_PLANS: (label, heading, the four tables' HTML) of each plan: `render_state` of the
+    preset's controls with the plan's on top, which is what the live explorer shows for those controls (no widget
+    is made, so nothing extra is saved into a page)."""
     out = {}
     for preset, plans in STATIC_PLANS.items():
-        out[preset] = []
-        for label, controls in plans:
-            ex.preset.value = preset  # loads the preset's plan (when it changes) ...
-            ex.load(preset)  # ... and always: a fresh start for every state
-            ex.set(**controls)
-            out[preset].append((label, ex.heading.value, [p.value for p in ex.panes]))
-    ex.close()  # its widgets would otherwise be saved into the page
+        base = PRESETS[preset][0]
+        out[preset] = [(label, *render_state(base, preset_controls(preset) | ctl)) for label, ctl in plans]
     return out
 
 
 def static_explorer() -> widgets.VBox:
     """The explorer that works on a static page: a preset dropdown and, per preset, a dropdown of its STATIC_PLANS,
-    each linked in the browser (`widgets.jslink`) to a stack of precomputed states, each state a heading and four
-    tabs. No control of it needs a kernel. The box's `links` are its jslinks."""
+    each linked in the browser (`widgets.jslink`) to a stack of precomputed states, each state one HTML block
+    (`render_details`: the tables in <details> elements). No control of it needs a kernel. The box's `links` are
+    its jslinks."""
     states = static_states()
     preset = widgets.Dropdown(options=list(states), description="model")
     per_preset, links = [], []
     for plans in states.values():
-        toggle = widgets.Dropdown(options=[label for label, _, _ in plans], description="plan")
-        stack = widgets.Stack(
-            [widgets.VBox([widgets.HTML(head), _tabs([widgets.HTML(t) for t in tabs])]) for _, head, tabs in plans],
-            selected_index=0,
-        )
-        links.append(widgets.jslink((toggle, "index"), (stack, "selected_index")))
-        per_preset.append(widgets.VBox([toggle, stack]))
+        choice = widgets.Dropdown(options=[label for label, _, _ in plans], description="plan")
+        stack = widgets.Stack([widgets.HTML(render_details(head, tabs)) for _, head, tabs in plans], selected_index=0)
+        links.append(widgets.jslink((choice, "index"), (stack, "selected_index")))
+        per_preset.append(widgets.VBox([choice, stack]))
     presets = widgets.Stack(per_preset, selected_index=0)
     links.append(widgets.jslink((preset, "index"), (presets, "selected_index")))
     box = widgets.VBox([preset, presets])
