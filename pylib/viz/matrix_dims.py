@@ -107,13 +107,29 @@ def fig_col_row(ex):
     n, d_in = ex.x.shape
     d_out = ex.reference_y.shape[1]
     units = 2 * (d_in + 1) + d_out + 1 + 2  # grid columns, one per matrix column, with gaps
-    fig = plt.figure(figsize=(7.2, 7.8))
-    grid = fig.add_gridspec(4, units, hspace=0.6, wspace=0.0)
+    fig = plt.figure(figsize=(7.2, 8.4))
+    grid = fig.add_gridspec(
+        6,
+        units,
+        height_ratios=[0.2, 1, 1, 0.25, 1, 1],
+        hspace=0.45,
+        wspace=0.0,
+        left=0.01,
+        right=0.99,
+        top=0.99,
+        bottom=0.01,
+    )
+    rows = {0: 1, 1: 2, 2: 4, 3: 5}  # the four rows of matrices, below their two headings
 
     def put(row, start, m, title, colour):
-        ax = fig.add_subplot(grid[row, start : start + m.shape[1]])
+        ax = fig.add_subplot(grid[rows[row], start : start + m.shape[1]])
         _cells(ax, m, title, colour)
         return start + m.shape[1] + 1
+
+    def heading(row, text):
+        ax = fig.add_subplot(grid[row, :])
+        ax.axis("off")
+        ax.text(0.0, 0.5, text, fontsize=9, fontweight="bold", va="center", transform=ax.transAxes)
 
     x0 = put(0, 0, ex.x, "x [n, d_in]\nwhole on every rank", style.REPLICATED)
     for r in range(t):
@@ -131,22 +147,8 @@ def fig_col_row(ex):
     x0 = put(3, x0, ex.reduced, "all-reduce:\nsum = x W V", style.REPLICATED)
     ok_y = np.allclose(np.concatenate(ex.col_outputs, axis=1), ex.reference_y, atol=1e-5)
     ok_z = np.allclose(ex.reduced, ex.reference_z, atol=1e-5)
-    fig.text(
-        0.02,
-        0.985,
-        f"column split on {t} ranks (concat = x W on one device: {'yes' if ok_y else 'NO'})",
-        fontsize=9,
-        fontweight="bold",
-        va="top",
-    )
-    fig.text(
-        0.02,
-        0.50,
-        f"row split on {t} ranks (sum = x W V on one device: {'yes' if ok_z else 'NO'})",
-        fontsize=9,
-        fontweight="bold",
-        va="top",
-    )
+    heading(0, f"column split on {t} ranks (concat = x W on one device: {'yes' if ok_y else 'NO'})")
+    heading(3, f"row split on {t} ranks (sum = x W V on one device: {'yes' if ok_z else 'NO'})")
     return fig
 
 
