@@ -2,12 +2,15 @@
 CP / DP / PP / EP sizes, see the per-rank shape of every weight and activation, the memory and the traffic.
 
     ex = Explorer()               # Llama-2-70B on TP 8 x PP 4 x DP 4 by default
-    ex.widget                     # display it: controls and the tables (an HTML widget)
+    ex.widget                     # display it: every control, and the tables in tabs (needs a running kernel)
     print(ex.text())              # the same tables as plain text (for a page read without JavaScript)
+    static_explorer()             # the STATIC_PLANS, precomputed and linked in the page: works with no kernel
 
 Every number comes from `pylib.analysis.shapes` (tests/test_analysis_shapes.py checks it against the real sharded
-modules and the tracer). The tables are plain HTML with no TeX, so a static page shows the state saved when the
-notebook ran; the controls need a live kernel.
+modules and the tracer). On a static page only widgets linked in the browser (`widgets.jslink`) can change what
+is shown, so `static_explorer` precomputes a few plans per preset (`STATIC_PLANS`, each one the live explorer's
+answer for those controls) and links a preset dropdown and a plan dropdown to stacks of them. The live explorer's
+container carries the CSS class `pb-needs-kernel`: the site disables its controls until a kernel runs.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pylib.model import ModelConfig, MoEConfig
 from pylib.model.presets import deepseek_v3_like, gpt_style_70b, llama2_70b, mixtral_8x7b, probe_moe_config
 from pylib.plan import ZERO_STAGE_NAMES, ParallelConfig
 
-from .tables import fmt_bytes, fmt_shape, html_table, text_table
+from .tables import fmt_bytes, fmt_shape, text_table
 
 PRESETS: dict[str, tuple[ModelConfig, dict]] = {
     "Llama-2-70B (GQA, SwiGLU)": (llama2_70b(), dict(tp=8, pp=4, dp=4, b=4, s=4096, sp=True, m=8)),
@@ -106,14 +109,37 @@ def _describe(cfg: ModelConfig, par: ParallelConfig, b: int, s: int, **kw) -> st
     )
 
 
-def render_html(summary: shapes.Summary, title: str = "") -> str:
+TAB_TITLES = ["weights", "activations", "memory", "traffic"]  # one tab per table of `tables`
+_CSS = (
+    "<style>.pb-x{overflow-x:auto;max-width:100%}.pb-x table{border-collapse:collapse;font-size:0.85em}"
+    ".pb-x td,.pb-x th{padding:1px 6px;text-align:left;border-bottom:1px solid #ddd}</style>"
+)
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    """A compact HTML table of escaped strings (the page saves every static state: no per-cell styles)."""
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<div class='pb-x'><table><tr>{th}</tr>{body}</table></div>"
+
+
+def render_tabs(summary: shapes.Summary) -> list[str]:
+    """The four tables as HTML strings, one per tab (TAB_TITLES); a plan that does not fit: the reasons, in each."""
     if summary.problems:
         items = "".join(f"<li>{html.escape(p)}</li>" for p in summary.problems)
-        return f"<div><b>This plan does not fit the model:</b><ul>{items}</ul></div>"
-    parts = [f"<p><b>{html.escape(title)}</b></p>"] if title else []
-    for name, (head, rows) in tables(summary).items():
-        parts.append(f"<p><b>{html.escape(name)}</b></p>{html_table(head, rows)}")
-    return "".join(parts)
+        return [f"<div><b>This plan does not fit the model:</b><ul>{items}</ul></div>"] * len(TAB_TITLES)
+    return [
+        f"{_CSS if i == 0 else ''}<p><b>{html.escape(name)}</b></p>{_html_table(head, rows)}"
+        for i, (name, (head, rows)) in enumerate(tables(summary).items())
+    ]
+
+
+def render_html(summary: shapes.Summary, title: str = "") -> str:
+    """Everything on one page: the title and the four tables (what the tabs show, one after another)."""
+    if summary.problems:
+        return render_tabs(summary)[0]
+    head = f"<p><b>{html.escape(title)}</b></p>" if title else ""
+    return head + _CSS + "".join(t.replace(_CSS, "") for t in render_tabs(summary))
 
 
 def render_text(summary: shapes.Summary, title: str = "") -> str:
@@ -124,6 +150,79 @@ def render_text(summary: shapes.Summary, title: str = "") -> str:
         out.append(f"\n{name}")
         out += text_table(head, rows)
     return "\n".join(out)
+
+
+# The explorer's controls, by name: the model's sizes, then the plan.
+CONTROLS = (
+    "h", "layers", "heads", "kv_heads", "h_ffn", "vocab", "experts", "top_k", "expert_ffn",
+    "b", "s", "dtype", "tp", "cp", "dp", "pp", "ep", "etp", "sp", "cp_kind", "zero", "m", "stage",
+)  # fmt: skip
+
+
+def preset_controls(preset: str) -> dict:
+    """Every control's value for a preset: its model's sizes and its plan (the others at their defaults)."""
+    cfg, plan = PRESETS[preset]
+    return dict(
+        h=cfg.d_model, layers=cfg.n_layers, heads=cfg.n_heads, kv_heads=cfg.kv_heads, h_ffn=cfg.d_ff,
+        vocab=cfg.vocab_size, experts=cfg.moe.n_experts if cfg.moe else 0, top_k=cfg.moe.top_k if cfg.moe else 1,
+        expert_ffn=(cfg.moe.d_ff or cfg.d_ff) if cfg.moe else cfg.d_ff, b=plan["b"], s=plan["s"], dtype=cfg.dtype,
+        **{a: plan.get(a, 1) for a in ("tp", "cp", "dp", "pp", "ep", "etp")},
+        sp=plan.get("sp", False), cp_kind="ring", zero="ddp", m=plan.get("m", 1), stage="first",
+    )  # fmt: skip
+
+
+def plan_state(base: ModelConfig, c: dict) -> tuple[ModelConfig, ParallelConfig, int, int, dict]:
+    """The model, the plan, b, s and the keyword arguments of `shapes.summary` for control values `c` on top of the
+    preset model `base` (which supplies what no control sets: MLP kind, router scoring, MoE spacing). Raises
+    ValueError for a model or a plan that cannot be built."""
+    moe = None
+    if c["experts"]:
+        old = base.moe or MoEConfig()
+        moe = MoEConfig(
+            n_experts=c["experts"], top_k=min(c["top_k"], c["experts"]), d_ff=c["expert_ffn"], score=old.score,
+            every=old.every,
+        )  # fmt: skip
+    cfg = base.with_(
+        d_model=c["h"], n_layers=c["layers"], n_heads=c["heads"], n_kv_heads=c["kv_heads"], d_ff=c["h_ffn"],
+        vocab_size=c["vocab"], dtype=c["dtype"], moe=moe,
+    )  # fmt: skip
+    par = ParallelConfig(**{a: c[a] for a in ("tp", "cp", "dp", "pp", "ep", "etp")})
+    kw = dict(
+        sequence_parallel=c["sp"], cp_kind=c["cp_kind"], microbatches=c["m"], zero=c["zero"],
+        pp_rank=0 if c["stage"] == "first" else par.pp - 1,
+    )  # fmt: skip
+    return cfg, par, c["b"], c["s"], kw
+
+
+def _summary(base: ModelConfig, c: dict) -> shapes.Summary:
+    try:
+        cfg, par, b, s, kw = plan_state(base, c)
+    except ValueError as err:  # a config or a plan that cannot even be built
+        return shapes.Summary([], [], {}, [], [str(err)])
+    return shapes.summary(cfg, par, b, s, **kw)
+
+
+def _title(base: ModelConfig, c: dict) -> str:
+    try:
+        cfg, par, b, s, kw = plan_state(base, c)
+    except ValueError:
+        return ""
+    return _describe(cfg, par, b, s, **kw)
+
+
+def render_state(base: ModelConfig, c: dict) -> tuple[str, list[str]]:
+    """(heading HTML, the four tables' HTML) for control values `c`: what the explorer shows."""
+    title = _title(base, c)
+    return (f"<p><b>{html.escape(title)}</b></p>" if title else ""), render_tabs(_summary(base, c))
+
+
+def render_details(heading: str, tabs: list[str]) -> str:
+    """One precomputed state as a single HTML block: the heading, then each table in a <details> element (the
+    first one open), which a browser opens and closes without a kernel or any script."""
+    parts = [heading]
+    for i, (name, tab) in enumerate(zip(TAB_TITLES, tabs)):
+        parts.append(f"<details{' open' if i == 0 else ''}><summary>{name}</summary>{tab}</details>")
+    return "".join(parts)
 
 
 class Explorer:
@@ -154,8 +253,11 @@ class Explorer:
         self.zero = widgets.Dropdown(options=ZERO, description="DP state")
         self.m = widgets.IntSlider(min=1, max=64, description="micro-batches", **slider)
         self.stage = widgets.ToggleButtons(options=["first", "last"], description="pipeline stage")
-        self.out = widgets.HTML()
+        self.heading = widgets.HTML()
+        self.panes = [widgets.HTML() for _ in TAB_TITLES]
+        self.tabs = _tabs(self.panes)
         self._loading = False
+        self._base = cfg
         self.load(preset)
         model = [self.h, self.layers, self.heads, self.kv_heads, self.h_ffn, self.vocab, self.experts, self.top_k]
         model.append(self.expert_ffn)
@@ -164,77 +266,59 @@ class Explorer:
             c.observe(lambda _change: self.update(), names="value")
         self.preset.observe(lambda change: self.load(change["new"]), names="value")
         columns = widgets.HBox([widgets.VBox(model), widgets.VBox(plan)])
-        self.widget = widgets.VBox([self.preset, columns, self.out])
+        self.widget = widgets.VBox([self.preset, columns, self.heading, self.tabs])
+        self.widget.add_class("pb-needs-kernel")  # the site disables these controls until a kernel runs
+
+    def controls(self) -> dict:
+        """The value of every control, by `Explorer.set`'s names."""
+        return {name: (self.axes[name] if name in self.axes else getattr(self, name)).value for name in CONTROLS}
 
     def load(self, preset: str) -> None:
-        """Set every control from a preset, then recompute once."""
-        cfg, plan = PRESETS[preset]
+        """Set every control from a preset (`preset_controls`), then recompute once."""
+        self._base = PRESETS[preset][0]
         self._loading = True
         try:
-            self.h.value, self.layers.value, self.heads.value = cfg.d_model, cfg.n_layers, cfg.n_heads
-            self.kv_heads.value, self.h_ffn.value, self.vocab.value = cfg.kv_heads, cfg.d_ff, cfg.vocab_size
-            self.experts.value = cfg.moe.n_experts if cfg.moe else 0
-            self.top_k.value = cfg.moe.top_k if cfg.moe else 1
-            self.expert_ffn.value = (cfg.moe.d_ff or cfg.d_ff) if cfg.moe else cfg.d_ff
-            self.b.value, self.s.value, self.dtype.value = plan["b"], plan["s"], cfg.dtype
-            for a, w in self.axes.items():
-                w.value = plan.get(a, 1)
-            self.sp.value, self.m.value = plan.get("sp", False), plan.get("m", 1)
-            self.cp_kind.value, self.zero.value, self.stage.value = "ring", "ddp", "first"
-            self._base = cfg
+            for name, value in preset_controls(preset).items():
+                (self.axes[name] if name in self.axes else getattr(self, name)).value = value
         finally:
             self._loading = False
         self.update()
 
     def state(self) -> tuple[ModelConfig, ParallelConfig, int, int, dict]:
         """The model, the plan, b, s and the keyword arguments of `shapes.summary`, from the controls."""
-        moe = None
-        if self.experts.value:
-            base = self._base.moe or MoEConfig()
-            moe = MoEConfig(
-                n_experts=self.experts.value,
-                top_k=min(self.top_k.value, self.experts.value),
-                d_ff=self.expert_ffn.value,
-                score=base.score,
-                every=base.every,
-            )
-        cfg = self._base.with_(
-            d_model=self.h.value,
-            n_layers=self.layers.value,
-            n_heads=self.heads.value,
-            n_kv_heads=self.kv_heads.value,
-            d_ff=self.h_ffn.value,
-            vocab_size=self.vocab.value,
-            dtype=self.dtype.value,
-            moe=moe,
-        )
-        par = ParallelConfig(**{a: w.value for a, w in self.axes.items()})
-        kw = dict(
-            sequence_parallel=self.sp.value,
-            cp_kind=self.cp_kind.value,
-            microbatches=self.m.value,
-            zero=self.zero.value,
-            pp_rank=0 if self.stage.value == "first" else par.pp - 1,
-        )
-        return cfg, par, self.b.value, self.s.value, kw
+        return plan_state(self._base, self.controls())
 
     def summary(self) -> shapes.Summary:
-        try:
-            cfg, par, b, s, kw = self.state()
-        except ValueError as err:  # a config or a plan that cannot even be built
-            return shapes.Summary([], [], {}, [], [str(err)])
-        return shapes.summary(cfg, par, b, s, **kw)
+        return _summary(self._base, self.controls())
 
     def title(self) -> str:
+        return _title(self._base, self.controls())
+
+    def set(self, **controls) -> Explorer:
+        """Set controls by name (tp, cp, dp, pp, ep, etp, sp, b, s, m, cp_kind, zero, stage, dtype, h, layers,
+        heads, kv_heads, h_ffn, vocab, experts, top_k, expert_ffn), then recompute once. Returns self."""
+        self._loading = True
         try:
-            cfg, par, b, s, kw = self.state()
-        except ValueError:
-            return ""
-        return _describe(cfg, par, b, s, **kw)
+            for name, value in controls.items():
+                (self.axes[name] if name in self.axes else getattr(self, name)).value = value
+        finally:
+            self._loading = False
+        self.update()
+        return self
 
     def update(self) -> None:
         if not self._loading:
-            self.out.value = render_html(self.summary(), self.title())
+            self.heading.value, tabs = render_state(self._base, self.controls())
+            for pane, text in zip(self.panes, tabs):
+                pane.value = text
+
+    def close(self) -> None:
+        """Close every widget of this explorer (controls, layouts, styles), so that none is saved into a page."""
+        _close_all(self.widget)
+
+    def html(self) -> str:
+        """What the widget shows: the heading and the four tabs' HTML, one after another."""
+        return self.heading.value + "".join(p.value for p in self.panes)
 
     def text(self) -> str:
         return render_text(self.summary(), self.title())
@@ -242,3 +326,83 @@ class Explorer:
 
 def explorer(preset: str = DEFAULT) -> Explorer:
     return Explorer(preset)
+
+
+def _close_all(w) -> None:
+    for child in getattr(w, "children", ()):
+        _close_all(child)
+    for name in ("layout", "style"):
+        part = getattr(w, name, None)
+        if isinstance(part, widgets.Widget):
+            part.close()
+    w.close()
+
+
+def _tabs(children: list) -> widgets.Tab:
+    tab = widgets.Tab(children=children)
+    for i, name in enumerate(TAB_TITLES):
+        tab.set_title(i, name)
+    return tab
+
+
+# The plans a reader most wants, per preset, precomputed for the static page: (label, controls set on top of the
+# preset's own plan, by `Explorer.set`'s names). The first of each is the preset's plan unchanged.
+STATIC_PLANS: dict[str, list[tuple[str, dict]]] = {
+    "Llama-2-70B (GQA, SwiGLU)": [
+        ("TP 8 × PP 4 × DP 4, SP", {}),
+        ("same, no SP", dict(sp=False)),
+        ("TP 16 × PP 4 × DP 2", dict(tp=16, dp=2, b=2)),
+        ("TP 8 × CP 4 × PP 4, s = 32768", dict(cp=4, dp=1, b=1, s=32768)),
+        ("last pipeline stage", dict(stage="last")),
+    ],
+    "GPT-style 70B (MHA, GELU, 4h)": [
+        ("TP 8 × PP 4 × DP 4, SP", {}),
+        ("TP 8 × CP 4 × PP 4, s = 32768", dict(cp=4, dp=1, b=1, s=32768)),
+        ("TP 8 × CP 4 Ulysses, s = 32768", dict(cp=4, dp=1, b=1, s=32768, cp_kind="ulysses")),
+    ],
+    "Mixtral-8x7B-class MoE": [
+        ("TP 2 × PP 4 × DP 8, EP 8, SP", {}),
+        ("EP 8 with ETP 2", dict(etp=2)),
+        ("DP 8 ZeRO-1", dict(zero="zero1")),
+    ],
+    "DeepSeek-V3-class MoE": [
+        ("DP 64, EP 64", {}),
+        ("TP 8 × DP 8, EP 64, SP", dict(tp=8, dp=8, b=8, sp=True)),
+        ("DP 64, EP 32", dict(ep=32)),
+    ],
+    "this chapter's probe model": [
+        ("TP 2 × DP 2, EP 2, SP", {}),
+        ("CP 2 × DP 2, EP 2", dict(tp=1, cp=2, sp=False)),
+    ],
+}
+
+
+def static_states() -> dict[str, list[tuple[str, str, list[str]]]]:
+    """For every preset of STATIC_PLANS: (label, heading, the four tables' HTML) of each plan: `render_state` of the
+    preset's controls with the plan's on top, which is what the live explorer shows for those controls (no widget
+    is made, so nothing extra is saved into a page)."""
+    out = {}
+    for preset, plans in STATIC_PLANS.items():
+        base = PRESETS[preset][0]
+        out[preset] = [(label, *render_state(base, preset_controls(preset) | ctl)) for label, ctl in plans]
+    return out
+
+
+def static_explorer() -> widgets.VBox:
+    """The explorer that works on a static page: a preset dropdown and, per preset, a dropdown of its STATIC_PLANS,
+    each linked in the browser (`widgets.jslink`) to a stack of precomputed states, each state one HTML block
+    (`render_details`: the tables in <details> elements). No control of it needs a kernel. The box's `links` are
+    its jslinks."""
+    states = static_states()
+    preset = widgets.Dropdown(options=list(states), description="model")
+    per_preset, links = [], []
+    for plans in states.values():
+        choice = widgets.Dropdown(options=[label for label, _, _ in plans], description="plan")
+        stack = widgets.Stack([widgets.HTML(render_details(head, tabs)) for _, head, tabs in plans], selected_index=0)
+        links.append(widgets.jslink((choice, "index"), (stack, "selected_index")))
+        per_preset.append(widgets.VBox([choice, stack]))
+    presets = widgets.Stack(per_preset, selected_index=0)
+    links.append(widgets.jslink((preset, "index"), (presets, "selected_index")))
+    box = widgets.VBox([preset, presets])
+    box.links = links  # the browser-side links (tests read them)
+    return box
