@@ -9,13 +9,13 @@ column- and row-parallel shards (fig-mat-tp-col-row) and the FFN intermediate cu
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Rectangle
 
 from pylib.seedcheck.axis_cuts import DIMS, MODES
 
 from . import style
+from .tp import fig_column_vs_row
 
 DIM_TICKS = {"h": "h\n(residual)", "n_head": "n_head\n(heads)", "L": "L\n(layers)", "E": "E\n(experts)"}
 
@@ -80,76 +80,10 @@ def fig_dim_orth(cuts: dict[str, dict[str, float]], modes=MODES, dims=DIMS):
     return fig
 
 
-def _cells(ax, m: np.ndarray, title: str, colour: str):
-    """One small matrix as coloured cells with its numbers (one decimal), 7 pt: legible at page width."""
-    rows, cols = m.shape
-    ax.set_xlim(0, cols)
-    ax.set_ylim(rows, 0)
-    ax.set_aspect("equal")
-    ax.axis("off")
-    span = max(float(np.abs(m).max()), 1e-9)
-    for i in range(rows):
-        for j in range(cols):
-            alpha = 0.3 + 0.5 * abs(float(m[i, j])) / span
-            ax.add_patch(Rectangle((j, i), 1, 1, facecolor=colour, alpha=alpha, edgecolor=style.GRID, lw=0.5))
-            ink = style.ink_on(colour, alpha)
-            ax.text(j + 0.5, i + 0.5, f"{m[i, j]:.1f}", ha="center", va="center", fontsize=7, color=ink)
-    ax.set_title(title, fontsize=8)
-
-
-@style.styled
 def fig_col_row(ex):
-    """Seed B's fig-mat-tp-col-row from the real shards of `pylib.experiments.tp_runs.column_row_example`
-    (x [n, d_in], W [d_in, d_out] cut by columns, V [d_out, d_in] cut by rows, t ranks), drawn 7.2 in wide in four
-    rows so that every number is legible at page width: the column split's shards, its outputs and their
-    concatenation; the row split's shards, each rank's full-size partial sum and the all-reduced sum."""
-    t = len(ex.col_weights)
-    n, d_in = ex.x.shape
-    d_out = ex.reference_y.shape[1]
-    units = 2 * (d_in + 1) + d_out + 1 + 2  # grid columns, one per matrix column, with gaps
-    fig = plt.figure(figsize=(7.2, 8.4))
-    grid = fig.add_gridspec(
-        6,
-        units,
-        height_ratios=[0.2, 1, 1, 0.25, 1, 1],
-        hspace=0.45,
-        wspace=0.0,
-        left=0.01,
-        right=0.99,
-        top=0.99,
-        bottom=0.01,
-    )
-    rows = {0: 1, 1: 2, 2: 4, 3: 5}  # the four rows of matrices, below their two headings
-
-    def put(row, start, m, title, colour):
-        ax = fig.add_subplot(grid[rows[row], start : start + m.shape[1]])
-        _cells(ax, m, title, colour)
-        return start + m.shape[1] + 1
-
-    def heading(row, text):
-        ax = fig.add_subplot(grid[row, :])
-        ax.axis("off")
-        ax.text(0.0, 0.5, text, fontsize=9, fontweight="bold", va="center", transform=ax.transAxes)
-
-    x0 = put(0, 0, ex.x, "x [n, d_in]\nwhole on every rank", style.REPLICATED)
-    for r in range(t):
-        x0 = put(0, x0, ex.col_weights[r], f"rank {r}: W_{r}\ncolumns of W", style.rank_colour(r))
-    x0 = 0
-    for r in range(t):
-        x0 = put(1, x0, ex.col_outputs[r], f"rank {r}: y_{r} = x W_{r}", style.rank_colour(r))
-    put(1, x0, np.concatenate(ex.col_outputs, axis=1), "concat(y_r) = x W\nno communication", style.REPLICATED)
-    x0 = 0
-    for r in range(t):
-        x0 = put(2, x0, ex.row_weights[r], f"rank {r}: V_{r}\nrows of V", style.rank_colour(r))
-    x0 = 0
-    for r in range(t):
-        x0 = put(3, x0, ex.partials[r], f"rank {r}: y_{r} V_{r}\npartial sum", style.rank_colour(r))
-    x0 = put(3, x0, ex.reduced, "all-reduce:\nsum = x W V", style.REPLICATED)
-    ok_y = np.allclose(np.concatenate(ex.col_outputs, axis=1), ex.reference_y, atol=1e-5)
-    ok_z = np.allclose(ex.reduced, ex.reference_z, atol=1e-5)
-    heading(0, f"column split on {t} ranks (concat = x W on one device: {'yes' if ok_y else 'NO'})")
-    heading(3, f"row split on {t} ranks (sum = x W V on one device: {'yes' if ok_z else 'NO'})")
-    return fig
+    """Seed B's fig-mat-tp-col-row from the real shards of `pylib.experiments.tp_runs.column_row_example`: the TP
+    chapter's figure (`pylib.viz.tp.fig_column_vs_row`, one page column wide, four rows of matrices)."""
+    return fig_column_vs_row(ex)
 
 
 def superposition_pieces(runs: list[dict], b: int, s: int, d_ff: int) -> np.ndarray:
