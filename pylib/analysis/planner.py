@@ -742,11 +742,11 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
             continue
         if axis in ("tp", "tp-cp", "etp"):
             x *= tp_keep
-        elif axis == "cp" and plan.cp_kind == "ring":
-            x = max(0.0, x - m * t.core) if x else 0.0
         elif axis == "pp":
             x *= min(1.0, (pp - 1) / (v * m))
         out[axis] = out.get(axis, 0.0) + x
+    if "cp" in out and plan.cp_kind == "ring":  # the K/V passes run while the core computes
+        out["cp"] = max(0.0, out["cp"] - m * t.core)
     if not cluster.overlap_dp:
         out["dp"] = sum(dp.values())
     elif plan.zero_stage <= 1:
