@@ -111,6 +111,11 @@ LAYOUT_SEARCH = dict(
 )
 
 
+# The meshes the search compares a published one with: TP inside a node (1 to 8), CP of 1 or 2 at these lengths,
+# every PP and DP.
+MESH_SEARCH = dict(tp_sizes=(1, 2, 4, 8), cp_sizes=(1, 2))
+
+
 def megatron_flops(cfg, batch: int, seq: int, n_layers: int | None = None) -> float:
     """Model FLOPs of one step as Megatron-LM counts them (`num_floating_point_operations`, training.py):
     12 B s L h^2 [(1 + g/a + s/h) q/h + (h_ffn/h) k (3/2 if SwiGLU) + V / (2 L h)], q = a d the query width,
@@ -161,7 +166,7 @@ def evaluate(run: Run, cfg, model: CostModel | None = None, *, search: bool = Fa
     tflops = flops / (run.gpus * mine.step_time) / 1e12
     if not search:
         return Evaluated(run, mine, tflops)
-    ranked = P.rank_plans(cfg, work, c, top=top, **LAYOUT_SEARCH)
+    ranked = P.rank_plans(cfg, work, c, top=top, **LAYOUT_SEARCH, **MESH_SEARCH)
     faster = [x for x in ranked if x.step_time < mine.step_time and x.plan.par != run.par]
     return Evaluated(run, mine, tflops, ranked[0], len(faster) + 1)
 
@@ -189,4 +194,4 @@ def fit(rows, configs, grid: dict | None = None) -> tuple[CostModel, float]:
     return best
 
 
-__all__ = ["FIT_ROWS", "GRID", "HOLDOUT_ROWS", "LAYOUT_SEARCH", "RUNS", "Evaluated", "Run", "evaluate", "fit"]
+__all__ = ["FIT_ROWS", "GRID", "HOLDOUT_ROWS", "LAYOUT_SEARCH", "MESH_SEARCH", "RUNS", "Evaluated", "Run", "evaluate", "fit"]

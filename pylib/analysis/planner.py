@@ -260,6 +260,8 @@ def enumerate_plans(
     expert_tp: tuple[int, ...] | None = None,
     recompute: tuple = ("none",),
     meshes: tuple[ParallelConfig, ...] | None = None,
+    tp_sizes: tuple[int, ...] | None = None,
+    cp_sizes: tuple[int, ...] | None = None,
 ) -> list[Plan]:
     """Every plan `pylib.plan.problems` accepts for `cfg` on `world_size` ranks and a global batch [batch, seq], each
     once (`canonical`). Candidates: tp cp dp pp = world_size; for an MoE model every ep, etp with ep etp pp
@@ -269,12 +271,12 @@ def enumerate_plans(
     `sequence_parallel`, activation recomputation `recompute` ("none", "selective", "full": full with one layer per
     group, or (recompute, method, num_layers) triples such as ("full", "block", 2)); the rank order `order` is
     fixed (Megatron's default). meshes: only these (tp, cp, ep, dp, pp, etp), e.g. a published layout, with every
-    other knob still varied."""
+    other knob still varied. tp_sizes / cp_sizes: only these TP / CP sizes when given."""
     _positive(world_size=world_size, batch=batch, seq=seq)
     moe = cfg.moe is not None
     out = []
-    for tp in _divisors(world_size):
-        for cp in _divisors(world_size // tp):
+    for tp in [t for t in _divisors(world_size) if tp_sizes is None or t in tp_sizes]:
+        for cp in [c for c in _divisors(world_size // tp) if cp_sizes is None or c in cp_sizes]:
             for pp in _divisors(world_size // (tp * cp)):
                 dp = world_size // (tp * cp * pp)
                 if batch % dp:

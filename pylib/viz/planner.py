@@ -201,8 +201,9 @@ class PlannerExplorer:
     per GPU (`pylib.analysis.planner.rank_plans` over `EXPLORER_SEARCH`: one sequence per microbatch, no virtual
     stages, no expert TP, SP whenever TP > 1 -- the same TP bytes, fewer activations). On a 2-core CPU an update
     takes under a second for the dense presets and up to about 3 s for the MoE on 256 GPUs (answers are cached, so
-    going back is instant). The table is an HTML widget, so a page built without a kernel shows the default;
-    `text()` prints the same table."""
+    going back is instant). Its controls need a kernel: the container carries the class "pb-needs-kernel", which
+    the static site disables with a notice; `static_explorer` is the kernel-free version. `text()` prints the
+    default table."""
 
     def __init__(self, preset: str = DEFAULT, top: int = 8):
         import ipywidgets as widgets
@@ -228,6 +229,7 @@ class PlannerExplorer:
             [widgets.VBox([self.preset, self.world, self.memory]), widgets.VBox([self.batch, self.seq])]
         )
         self.widget = widgets.VBox([controls, self.out])
+        self.widget.add_class("pb-needs-kernel")  # the site disables these controls until a kernel runs
         self.update()
 
     def load(self, preset: str) -> None:
@@ -263,6 +265,35 @@ class PlannerExplorer:
             return self.title() + "\n" + plans_text(self.ranked())
         except ValueError as err:
             return self.title() + "\n" + str(err)
+
+
+# The states the static page carries: (preset, GPUs), each ranked once at build time, 80 GB GPUs, the preset's batch
+# and sequence length. Few and small: each is one HTML table in the page.
+STATIC_STATES = (
+    ("Llama-2-7B-class dense", 8),
+    ("Llama-2-7B-class dense", 64),
+    ("Llama-2-70B-class dense (GQA)", 64),
+    ("Llama-2-70B-class dense (GQA)", 256),
+    ("Mixtral-8x7B-class MoE", 64),
+)
+
+
+def static_explorer(states=STATIC_STATES, top: int = 5):
+    """A kernel-free explorer: one dropdown of `states`, each a precomputed table of the `top` plans, linked to a
+    widgets.Stack in the page itself (widgets.jslink, as book/intro.md does), so it works on the static site."""
+    import ipywidgets as widgets
+
+    labels, pages = [], []
+    for name, world in states:
+        _cfg, _w, batch, seq = PRESETS[name]
+        labels.append(f"{name}, {world} GPUs")
+        title = html.escape(explorer_title(name, world, batch, seq, 80e9))
+        body = plans_html(_ranked(name, world, batch, seq, 80e9, top))
+        pages.append(widgets.HTML(f"<p><b>{title}</b></p>{body}"))
+    choose = widgets.Dropdown(options=labels, value=labels[0], description="scenario")
+    stack = widgets.Stack(pages, selected_index=0)
+    widgets.jslink((choose, "index"), (stack, "selected_index"))
+    return widgets.VBox([choose, stack])
 
 
 @functools.lru_cache(maxsize=256)
