@@ -194,4 +194,16 @@ def fit(rows, configs, grid: dict | None = None) -> tuple[CostModel, float]:
     return best
 
 
-__all__ = ["FIT_ROWS", "GRID", "HOLDOUT_ROWS", "LAYOUT_SEARCH", "MESH_SEARCH", "RUNS", "Evaluated", "Run", "evaluate", "fit"]
+__all__ = [
+    "FIT_ROWS",
+    "GRID",
+    "HOLDOUT_ROWS",
+    "LAYOUT_SEARCH",
+    "MESH_SEARCH",
+    "RUNS",
+    "Evaluated",
+    "Run",
+    "evaluate",
+    "fit",
+    "megatron_flops",
+]

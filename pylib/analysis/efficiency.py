@@ -39,12 +39,17 @@ from .shapes import dtype_bytes
 class CostModel:
     """The cost model's free constants. eta: the fraction of peak a large GEMM achieves; c_elem: bytes of
     elementwise traffic per element of [T, h] per layer forward, in units of e; tp_overlap: the fraction of TP/SP
-    communication hidden behind GEMMs when the run overlaps it (`Cluster.tp_comm_overlap`); the defaults are the
+    communication hidden behind GEMMs when the run overlaps it (`Cluster.tp_comm_overlap`); latency: seconds each
+    message of a model axis waits before its bytes move (not fitted: NCCL's small-message latency inside a node is
+    of the order of 10-30 us); contention: compute seconds lost per second of communication hidden behind it (not
+    fitted: NCCL's collectives run on some 10-20% of the SMs); the other defaults are the
     fit of `calibration.fit` on its fit rows (`calibration.FIT_ROWS`, the grid `calibration.GRID`)."""
 
     eta: float = 0.60
-    c_elem: float = 220.0
-    tp_overlap: float = 0.5
+    c_elem: float = 140.0
+    tp_overlap: float = 0.8
+    latency: float = 20e-6
+    contention: float = 0.2
 
     def __post_init__(self):
         if not 0 < self.eta <= 1:

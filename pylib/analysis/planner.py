@@ -723,7 +723,11 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
     them; DP by ZeRO stage: DDP / ZeRO-1 reduce once, behind the last microbatch's backward, ZeRO-1/2 gather the
     updated parameters behind the next step's first forward, ZeRO-2 reduce-scatters every microbatch behind its
     backward, ZeRO-3 gathers every microbatch behind its forward and again (with the reduce-scatter) behind its
-    backward. Without `overlap_dp` every DP byte counts."""
+    backward. Without `overlap_dp` every DP byte counts. Every op of the model axes (tp, cp, ep, pp: each
+    collective, each ring step's send) also waits `CostModel.latency` before its bytes move ("latency"): what makes
+    many small messages (CP on short sequences, thousands of microbatches) cost more than their bytes. And hidden
+    communication is not free: NCCL's kernels take SMs from the GEMMs they overlap, so every hidden second slows
+    compute by `CostModel.contention` seconds ("contention")."""
     m, v, pp = plan.n_microbatches, plan.v, plan.par.pp
     secs: dict[tuple, float] = {}
     for r in moved_rows:
@@ -733,6 +737,8 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
     out: dict[str, float] = {}
     dp = {"reduce": 0.0, "gather_opt": 0.0, "gather_fwd": 0.0}
     tp_keep = 1 - cluster.model.tp_overlap if cluster.tp_comm_overlap else 1.0
+    ops = sum(r.count for r in moved_rows if r.axis not in DP_AXES and r.bytes_sent and r.op != "recv")
+    out["latency"] = cluster.model.latency * ops
     for (axis, phase, op), x in secs.items():
         if axis in DP_AXES:
             if op == "all_gather" and phase == "forward":
@@ -757,6 +763,8 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
         out["dp"] = m * max(0.0, dp["reduce"] / m - t.backward) + max(0.0, dp["gather_opt"] - t.forward)
     else:
         out["dp"] = m * (max(0.0, dp["gather_fwd"] / m - t.forward) + max(0.0, dp["reduce"] / m - t.backward))
+    hidden = sum(secs.values()) - sum(x for k, x in out.items() if k != "latency")
+    out["contention"] = cluster.model.contention * max(0.0, hidden)
     return out
 
 
