@@ -12,8 +12,9 @@ The terms, per layer and microbatch on one rank (T = b s / cp tokens, t = tp, e 
                     [T, h] x [h, m_in h_ffn / t], [T, h_ffn / t] x [h_ffn / t, h] (m_in = 2 for SwiGLU, 1 for GELU);
                     an MoE layer's experts the same with T k ep / E tokens per local expert and h_ffn / etp
     core            the attention core, 4 T s_kv (a / t) d FLOPs (half of it causal) at eta peak: it is a GEMM too
-    elementwise     c_elem e T h / t_s bytes at hbm (LayerNorms, residual adds, activation, dropout, rotary: each
-                    reads and writes [T, h]); t_s = t under SP, 1 without (the replicated LayerNorm region)
+    elementwise     c_elem e T h (1/2t_s + 1/2t) bytes at hbm (LayerNorms, residual adds, activation, dropout,
+                    rotary: each reads and writes [T, h]); half of it outside the TP region, cut by t_s = t under SP
+                    and replicated (t_s = 1) without, half inside it (the activation, attention's), cut by t
     backward        twice the forward's GEMMs and core; the elementwise work once more
     recompute       `recompute.extra_forward_flops` of the layer at eta peak, in backward
     LM head         [T, h] x [h, V / t] on the last stage, the embedding lookup on the first (elementwise)
@@ -113,7 +114,7 @@ def microbatch_seconds(
     causal = 0.5 if cfg.causal else 1.0
     core_flops = 4 * tokens * seq * heads * cfg.d_head * causal
     core = core_flops / (eta * peak_flops)
-    elem = model.c_elem * e * tokens * cfg.d_model / t_s / hbm_bandwidth
+    elem = model.c_elem * e * tokens * cfg.d_model * (0.5 / t_s + 0.5 / tp) / hbm_bandwidth
     fwd = bwd = core_total = 0.0
     n_stages = par.pp * plan.v
     for c, layers in enumerate(chunk_layers(cfg.n_layers, par.pp, plan.v, pp_rank)):

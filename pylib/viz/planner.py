@@ -301,3 +301,64 @@ def _ranked(name: str, world: int, batch: int, seq: int, memory: float, top: int
     cfg = PRESETS[name][0]
     cluster = P.Cluster(world, gpu_memory=memory)
     return P.rank_plans(cfg, P.Workload(batch, seq), cluster, top=top, **EXPLORER_SEARCH)
+
+
+# ------------------------------------------------------------------------------------------------ calibration, knobs
+
+CALIBRATION_HEADER = ["run", "GPUs", "mesh", "plan chosen", "published", "predicted", "error", "row"]
+
+
+def calibration_rows(evaluated) -> list[list[str]]:
+    """One row per `calibration.Evaluated`: the run, its GPUs and published mesh, the knobs the planner chose for
+    what the source leaves open, TFLOP/s per GPU published and predicted, the error and fit/holdout."""
+    rows = []
+    for e in evaluated:
+        r, plan = e.run, e.plan.plan
+        chosen = plan.describe().replace(r.par.describe(), "").replace("SP", "").strip() or "—"
+        rows.append(
+            [
+                r.name,
+                f"{r.gpus:,}",
+                r.par.describe(),
+                chosen,
+                f"{r.tflops:.0f}",
+                f"{e.predicted_tflops:.0f}",
+                f"{e.error:+.1%}",
+                "fit" if r.fit else "holdout",
+            ]
+        )
+    return rows
+
+
+KNOB_HEADER = ["change (one knob)", "plan", "memory / GPU", "step", "vs baseline", "what moved most"]
+
+
+def _terms(x: P.Prediction) -> dict[str, float]:
+    """Seconds by term of a prediction (compute, bubble, each exposed axis of the busiest rank)."""
+    rank = max(x.ranks, key=lambda r: r.comm_time)
+    out = {"compute": x.compute_time, "bubble": x.bubble_time}
+    out.update({f"exposed {k}": v for k, v in rank.exposed.items()})
+    return out
+
+
+def knob_rows(base: P.Prediction, changed: list[tuple[str, P.Prediction]], usable: float) -> list[list[str]]:
+    """The baseline and one row per single-knob change: the plan, its memory, its step time (only when it fits:
+    a plan that does not fit has no step time worth printing), the change against the baseline and the term of
+    the cost model that moved most (or the memory, when it decides)."""
+
+    def step(x):
+        return _seconds(x.step_time) if x.fits else f"does not fit (> {fmt_bytes(usable)})"
+
+    rows = [["baseline", base.plan.describe(), fmt_bytes(base.peak_memory), step(base), "—", "—"]]
+    t0 = _terms(base)
+    for label, x in changed:
+        if not x.fits or not base.fits:
+            why = f"memory {fmt_bytes(base.peak_memory)} → {fmt_bytes(x.peak_memory)}"
+            delta = "—"
+        else:
+            t1 = _terms(x)
+            k = max(set(t0) | set(t1), key=lambda k: abs(t1.get(k, 0) - t0.get(k, 0)))
+            why = f"{k} {_seconds(t0.get(k, 0))} → {_seconds(t1.get(k, 0))}"
+            delta = f"{x.step_time / base.step_time - 1:+.1%}"
+        rows.append([label, x.plan.describe(), fmt_bytes(x.peak_memory), step(x), delta, why])
+    return rows
