@@ -44,8 +44,18 @@ def test_the_fit_on_the_fit_rows_gives_the_default_constants():
     assert model == E.CostModel() and worst <= 0.10
 
 
+_BLIND = (
+    "pylib's SP keeps the gathered inputs for backward (Megatron re-gathers them), so a 16-stage pipeline of "
+    "one-layer chunks must recompute every layer to fit, and the planner prefers shallower pipelines"
+)
+_KNOWN = (pytest.mark.slow, pytest.mark.xfail(strict=True, reason=_BLIND))
+
+
 @pytest.mark.parametrize(
-    "i", [0, 1, 2, pytest.param(4, marks=pytest.mark.slow), pytest.param(5, marks=pytest.mark.slow)]
+    "i",
+    [0, 1, 2]
+    + [pytest.param(i, marks=pytest.mark.slow) for i in range(3, 8)]
+    + [pytest.param(i, marks=_KNOWN) for i in range(8, len(C.RUNS))],
 )
 def test_each_published_mesh_is_among_the_best_plans(i):
     e = C.evaluate(C.RUNS[i], CONFIGS[i], search=True)
