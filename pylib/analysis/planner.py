@@ -26,23 +26,22 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
   traffic   bytes each rank sends per step on each axis: `compose.step_traffic`, the sum of every mode's formulas,
             evaluated on this rank's flat buffers as `pylib.dp` would lay them out (one buffer per chunk and group;
             ZeRO-3 one per layer) and, for MoE layers, the expected routing (uniform, no dropping).
-  compute   training FLOPs of the whole batch (`step_flops`: 2 FLOPs per multiply-add, backward twice the forward)
-            shared equally by the ranks.
+  compute   seconds per microbatch on each evaluated rank (`efficiency.microbatch_seconds`): every GEMM of its
+            layers on a roofline with an achievable fraction eta of the peak, the elementwise work at the memory's
+            bandwidth, backward twice the forward, recomputation's extra forward (`recompute.extra_forward_flops`).
 
-The cost model, in one line: step time = compute + bubble + exposed communication, where
-  compute       = step_flops / (world x achieved FLOP/s per GPU)
-  bubble        = compute x (pp - 1) / (v m)                      (`pp.bubble_fraction`; 1F1B and interleaved)
-  communication = max over the evaluated ranks of
-                    sum over the other axes (tp, cp, tp-cp, ep, etp, pp) of bytes sent / the axis's bandwidth
-                  + max(0, DP time - the compute it hides behind)
-  DP time       = bytes sent on the data-parallel axes (dp-cp, edp) / their bandwidth: gradient buckets reduce
-                  while backward runs (2/3 of compute), and ZeRO-3 also prefetches its gathers during forward (all
-                  of compute) -- `Cluster.overlap_dp=False` counts DP in full like the rest
-and an axis's bandwidth is the intra-node link's when every group of that axis sits inside one node (the order
-string decides: `crosses_nodes`), the inter-node link's otherwise. Only DP overlaps (TP's and EP's collectives sit
-on the critical path; CP's and PP's sends could hide behind compute too: read those as upper bounds), a microbatch
-computes at the same rate whatever its size, and a plan must fit: peak memory <= usable GPU memory. Plans that fit
-are ranked by step time, ties by memory; plans that do not, after them, by memory.
+The cost model (book/part4/planner.md states each term with its formula):
+  step time  = m t_mu + (pp - 1) / v t_mu + the most exposed communication of the evaluated ranks, t_mu the
+               slowest rank's forward + backward of one microbatch (1F1B and interleaved 1F1B)
+  exposed    `exposed_seconds`: TP/SP in full, or (1 - tp_overlap) with `Cluster.tp_comm_overlap`; ring CP less
+               the attention core it hides behind; Ulysses and EP in full; PP's fill and drain, (pp-1)/(v m) of
+               its sends; DP by ZeRO stage (DDP / ZeRO-1 behind the last microbatch's backward, ZeRO-2's
+               reduce-scatter and ZeRO-3's gathers behind every microbatch's); a latency per message of a model
+               axis; `contention` seconds of compute per second of hidden communication
+  bandwidth  an axis's is the intra-node link's when every group of that axis sits inside one node (the order
+               string decides: `crosses_nodes`), the inter-node link's otherwise.
+A plan must fit: peak memory <= usable GPU memory. Plans that fit are ranked by step time, ties by memory; plans
+that do not, after them, by memory. The constants are fitted on published runs (`calibration`).
 
 How exact. tests/test_analysis_planner.py runs plans of every mode with `pylib.compose` at small sizes and finds
 each predicted number equal to the measured one, byte for byte: parameter, gradient and optimizer bytes, the bytes
