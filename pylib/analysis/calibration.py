@@ -17,7 +17,10 @@ Sources:
             later): GPT models of 2B to 462B parameters on H100 80 GB, V = 131072, s = 4096, with DP, TP
             (--tp-comm-overlap) and PP overlap; per-GPU teraFLOP/s and MFU per row.
   LLAMA3    Grattafiori et al. 2024, "The Llama 3 Herd of Models", Table 4 (scaling configurations of Llama 3
-            405B on H100, BF16), the same numbers shown by P. Balaji, SC'24; the model's shape from its Table 3.
+            405B on H100, BF16: GPUs, TP, CP, PP, 16M tokens per batch, TFLOP/s per GPU; the same rows shown by
+            P. Balaji, SC'24, as reproduced at glennklockwood.com/garden/llama-3.1), at the 8K-token sequences of
+            the initial pretraining; DP = GPUs / (TP CP PP); the model's shape from its Table 3. The third row
+            (CP 16 at 128K tokens) is left out: its sequence length is not in the table as read here.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ class Run:
 
 
 def _gpt(h: int, heads: int, layers: int) -> dict:
-    """The Megatron-LM benchmark GPT: MHA, GELU MLP of 4h, V = 131072, RoPE-free learned positions as in GPT."""
+    """The Megatron-LM benchmark GPT: V = 131072 (the README's); MHA and a GELU MLP of 4h, Megatron's GPT defaults
+    (the README does not say)."""
     return dict(vocab_size=131072, d_model=h, n_layers=layers, n_heads=heads, d_ff=4 * h, dtype="bfloat16")
 
 
