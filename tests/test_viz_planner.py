@@ -47,3 +47,15 @@ def test_comparison_table_reports_the_largest_difference_per_quantity():
     rows = {r[0]: r for r in compare_table(checks)}
     assert rows["params"] == ["params", "2", "100", "100", "0", "exact"]
     assert rows["sent on ep"][4:] == ["10", "expectation"]
+
+
+def test_the_static_explorer_links_precomputed_states_in_the_page_and_the_live_one_is_marked():
+    import ipywidgets as widgets
+
+    from pylib.viz.planner import STATIC_STATES, static_explorer
+
+    box = static_explorer(STATIC_STATES[:2], top=2)
+    choose, stack = box.children
+    assert isinstance(stack, widgets.Stack) and len(stack.children) == len(choose.options) == 2
+    assert all("memory / GPU" in page.value for page in stack.children)
+    assert "pb-needs-kernel" in PlannerExplorer().widget._dom_classes

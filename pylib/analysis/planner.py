@@ -26,23 +26,22 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
   traffic   bytes each rank sends per step on each axis: `compose.step_traffic`, the sum of every mode's formulas,
             evaluated on this rank's flat buffers as `pylib.dp` would lay them out (one buffer per chunk and group;
             ZeRO-3 one per layer) and, for MoE layers, the expected routing (uniform, no dropping).
-  compute   training FLOPs of the whole batch (`step_flops`: 2 FLOPs per multiply-add, backward twice the forward)
-            shared equally by the ranks.
+  compute   seconds per microbatch on each evaluated rank (`efficiency.microbatch_seconds`): every GEMM of its
+            layers on a roofline with an achievable fraction eta of the peak, the elementwise work at the memory's
+            bandwidth, backward twice the forward, recomputation's extra forward (`recompute.extra_forward_flops`).
 
-The cost model, in one line: step time = compute + bubble + exposed communication, where
-  compute       = step_flops / (world x achieved FLOP/s per GPU)
-  bubble        = compute x (pp - 1) / (v m)                      (`pp.bubble_fraction`; 1F1B and interleaved)
-  communication = max over the evaluated ranks of
-                    sum over the other axes (tp, cp, tp-cp, ep, etp, pp) of bytes sent / the axis's bandwidth
-                  + max(0, DP time - the compute it hides behind)
-  DP time       = bytes sent on the data-parallel axes (dp-cp, edp) / their bandwidth: gradient buckets reduce
-                  while backward runs (2/3 of compute), and ZeRO-3 also prefetches its gathers during forward (all
-                  of compute) -- `Cluster.overlap_dp=False` counts DP in full like the rest
-and an axis's bandwidth is the intra-node link's when every group of that axis sits inside one node (the order
-string decides: `crosses_nodes`), the inter-node link's otherwise. Only DP overlaps (TP's and EP's collectives sit
-on the critical path; CP's and PP's sends could hide behind compute too: read those as upper bounds), a microbatch
-computes at the same rate whatever its size, and a plan must fit: peak memory <= usable GPU memory. Plans that fit
-are ranked by step time, ties by memory; plans that do not, after them, by memory.
+The cost model (book/part4/planner.md states each term with its formula):
+  step time  = m t_mu + (pp - 1) / v t_mu + the most exposed communication of the evaluated ranks, t_mu the
+               slowest rank's forward + backward of one microbatch (1F1B and interleaved 1F1B)
+  exposed    `exposed_seconds`: TP/SP in full, or (1 - tp_overlap) with `Cluster.tp_comm_overlap`; ring CP less
+               the attention core it hides behind; Ulysses and EP in full; PP's fill and drain, (pp-1)/(v m) of
+               its sends; DP by ZeRO stage (DDP / ZeRO-1 behind the last microbatch's backward, ZeRO-2's
+               reduce-scatter and ZeRO-3's gathers behind every microbatch's); a latency per message of a model
+               axis; `contention` seconds of compute per second of hidden communication
+  bandwidth  an axis's is the intra-node link's when every group of that axis sits inside one node (the order
+               string decides: `crosses_nodes`), the inter-node link's otherwise.
+A plan must fit: peak memory <= usable GPU memory. Plans that fit are ranked by step time, ties by memory; plans
+that do not, after them, by memory. The constants are fitted on published runs (`calibration`).
 
 How exact. tests/test_analysis_planner.py runs plans of every mode with `pylib.compose` at small sizes and finds
 each predicted number equal to the measured one, byte for byte: parameter, gradient and optimizer bytes, the bytes
@@ -73,6 +72,7 @@ from . import ep as ep_analysis
 from . import pp as pp_analysis
 from . import tp as tp_analysis
 from .activations import ATTENTION_KERNELS, chunk_saved_bytes, expected_expert_rows, peak_saved_bytes
+from .efficiency import CostModel, MicrobatchTime, microbatch_seconds
 from .shapes import dtype_bytes, kv_heads_per_rank, weight_shapes
 
 PRECISIONS = ("uniform", "mixed")
@@ -87,9 +87,11 @@ GB = 1e9
 class Cluster:
     """The machines: `world_size` GPUs, `gpus_per_node` per node; bytes of memory per GPU and the fraction a plan
     may use (the rest: CUDA context, communication buffers, allocator fragmentation); bandwidths in bytes/s per GPU
-    and direction, inside a node and between nodes; `flops` the FLOP/s a GPU achieves on the model's matmuls.
-    Defaults: H100 SXM 80 GB, 8 per node, NVLink 4 (900 GB/s both directions), one 400 Gb/s NIC per GPU, 40% of
-    the 989 TFLOP/s bf16 dense peak. overlap_dp: data-parallel traffic hides behind compute (module docstring)."""
+    and direction, inside a node and between nodes; `peak_flops` the GPU's dense 16-bit peak and `hbm_bandwidth`
+    its memory's (the roofline of `efficiency`). Defaults: H100 SXM 80 GB, 8 per node, NVLink 4 (900 GB/s both
+    directions), one 400 Gb/s NIC per GPU, 989 TFLOP/s, 3.35 TB/s. overlap_dp: data-parallel traffic overlaps
+    compute (module docstring); tp_comm_overlap: the run overlaps TP/SP's collectives with the GEMMs
+    (Megatron's --tp-comm-overlap, TransformerEngine's userbuffers); `model` the cost model's constants."""
 
     world_size: int
     gpus_per_node: int = 8
@@ -97,14 +99,17 @@ class Cluster:
     usable_fraction: float = 0.9
     intra_node_bandwidth: float = 450e9
     inter_node_bandwidth: float = 50e9
-    flops: float = 400e12
+    peak_flops: float = 989e12
+    hbm_bandwidth: float = 3.35e12
     overlap_dp: bool = True
+    tp_comm_overlap: bool = False
+    model: CostModel = CostModel()
 
     def __post_init__(self):
         for name in ("world_size", "gpus_per_node"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a positive integer")
-        for name in ("gpu_memory", "intra_node_bandwidth", "inter_node_bandwidth", "flops"):
+        for name in ("gpu_memory", "intra_node_bandwidth", "inter_node_bandwidth", "peak_flops", "hbm_bandwidth"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be positive")
         if not 0 < self.usable_fraction <= 1:
@@ -252,18 +257,25 @@ def enumerate_plans(
     cp_kinds: tuple[str, ...] = CP_KINDS,
     sequence_parallel: tuple[bool, ...] = (True, False),
     expert_tp: tuple[int, ...] | None = None,
+    recompute: tuple = ("none",),
+    meshes: tuple[ParallelConfig, ...] | None = None,
+    tp_sizes: tuple[int, ...] | None = None,
+    cp_sizes: tuple[int, ...] | None = None,
 ) -> list[Plan]:
     """Every plan `pylib.plan.problems` accepts for `cfg` on `world_size` ranks and a global batch [batch, seq], each
     once (`canonical`). Candidates: tp cp dp pp = world_size; for an MoE model every ep, etp with ep etp pp
     dividing it (folded onto the dense mesh); m dividing B/dp, restricted to microbatches of `micro_batch_sizes`
     sequences when given; v dividing L/pp (v = 1 without PP), restricted to `virtual_stages` when given; etp
     restricted to `expert_tp` when given. The other knobs: ZeRO stages `zero_stages`, CP kinds `cp_kinds`, SP on/off
-    `sequence_parallel`; the rank order `order` is fixed (Megatron's default)."""
+    `sequence_parallel`, activation recomputation `recompute` ("none", "selective", "full": full with one layer per
+    group, or (recompute, method, num_layers) triples such as ("full", "block", 2)); the rank order `order` is
+    fixed (Megatron's default). meshes: only these (tp, cp, ep, dp, pp, etp), e.g. a published layout, with every
+    other knob still varied. tp_sizes / cp_sizes: only these TP / CP sizes when given."""
     _positive(world_size=world_size, batch=batch, seq=seq)
     moe = cfg.moe is not None
     out = []
-    for tp in _divisors(world_size):
-        for cp in _divisors(world_size // tp):
+    for tp in [t for t in _divisors(world_size) if tp_sizes is None or t in tp_sizes]:
+        for cp in [c for c in _divisors(world_size // tp) if cp_sizes is None or c in cp_sizes]:
             for pp in _divisors(world_size // (tp * cp)):
                 dp = world_size // (tp * cp * pp)
                 if batch % dp:
@@ -284,13 +296,16 @@ def enumerate_plans(
                     ms = [m for m in ms if batch // (dp * m) in micro_batch_sizes]
                 for ep, etp in folds:
                     par = ParallelConfig(tp=tp, cp=cp, ep=ep, dp=dp, pp=pp, etp=etp, order=order)
+                    if meshes is not None and par not in meshes:
+                        continue
                     has_dp = dp * cp > 1 or (moe and par.expert_dp(world_size) > 1)
                     for sp in sequence_parallel if tp > 1 else (False,):
                         for kind in cp_kinds if cp > 1 else ("ring",):
                             for zero in zero_stages if has_dp else (0,):
                                 for v in vs:
-                                    for m in ms:
-                                        plan = Plan(par, sp, kind, zero, m, v)
+                                    for m, rc in ((m, rc) for m in ms for rc in recompute):
+                                        rc = (rc, "uniform", 1) if isinstance(rc, str) else rc
+                                        plan = Plan(par, sp, kind, zero, m, v, *rc)
                                         if not problems(cfg, plan, world_size, batch, seq):
                                             out.append(plan)
     return out
@@ -506,6 +521,8 @@ class RankPrediction:
     memory: dict
     traffic: dict
     comm_time: float
+    times: MicrobatchTime | None = None
+    exposed: dict = field(default_factory=dict)  # axis (or "dp") -> seconds left on the critical path
 
 
 @dataclass
@@ -518,6 +535,13 @@ class Prediction:
     bubble_time: float
     comm_time: float
     intra_node: dict = field(default_factory=dict)  # axis -> True when its groups stay inside a node
+    model_flops: float = 0.0  # `step_flops` of the step (2 per multiply-add, backward twice, causal half)
+    world_size: int = 1
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        """Model FLOP/s per GPU in TFLOP/s: step_flops / (N t_step) / 1e12."""
+        return self.model_flops / (self.world_size * self.step_time) / 1e12
 
     @property
     def step_time(self) -> float:
@@ -677,6 +701,72 @@ def _bandwidths(plan: Plan, cluster: Cluster) -> dict[str, bool]:
     return {axis: not crosses_nodes(plan.par, cluster.world_size, axis, cluster.gpus_per_node) for axis in TRAFFIC_AXES}
 
 
+def rank_times(cfg, plan: Plan, workload: Workload, cluster: Cluster, pp_rank: int) -> MicrobatchTime:
+    """Seconds of one microbatch on this pipeline rank (`efficiency.microbatch_seconds`)."""
+    return microbatch_seconds(
+        cfg,
+        plan,
+        workload.seq,
+        pp_rank,
+        batch=workload.batch,
+        peak_flops=cluster.peak_flops,
+        hbm_bandwidth=cluster.hbm_bandwidth,
+        model=cluster.model,
+    )
+
+
+def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster, intra: dict) -> dict[str, float]:
+    """Seconds of this rank's communication left on the critical path, by axis (the module docstring's overlap
+    rules): TP/SP (and ETP, TP-CP) in full, or (1 - tp_overlap) of it with `tp_comm_overlap`; ring CP less the
+    attention core it hides behind; Ulysses and EP in full; PP's sends of the fill and drain, (pp - 1) / (v m) of
+    them; DP by ZeRO stage: DDP / ZeRO-1 reduce once, behind the last microbatch's backward, ZeRO-1/2 gather the
+    updated parameters behind the next step's first forward, ZeRO-2 reduce-scatters every microbatch behind its
+    backward, ZeRO-3 gathers every microbatch behind its forward and again (with the reduce-scatter) behind its
+    backward. Without `overlap_dp` every DP byte counts. Every op of the model axes (tp, cp, ep, pp: each
+    collective, each ring step's send) also waits `CostModel.latency` before its bytes move ("latency"): what makes
+    many small messages (CP on short sequences, thousands of microbatches) cost more than their bytes. And hidden
+    communication is not free: NCCL's kernels take SMs from the GEMMs they overlap, so every hidden second slows
+    compute by `CostModel.contention` seconds ("contention")."""
+    m, v, pp = plan.n_microbatches, plan.v, plan.par.pp
+    secs: dict[tuple, float] = {}
+    for r in moved_rows:
+        bw = cluster.intra_node_bandwidth if intra[r.axis] else cluster.inter_node_bandwidth
+        key = (r.axis, r.phase, r.op)
+        secs[key] = secs.get(key, 0.0) + r.bytes_sent / bw
+    out: dict[str, float] = {}
+    dp = {"reduce": 0.0, "gather_opt": 0.0, "gather_fwd": 0.0}
+    tp_keep = 1 - cluster.model.tp_overlap if cluster.tp_comm_overlap else 1.0
+    ops = sum(r.count for r in moved_rows if r.axis not in DP_AXES and r.bytes_sent and r.op != "recv")
+    out["latency"] = cluster.model.latency * ops
+    for (axis, phase, op), x in secs.items():
+        if axis in DP_AXES:
+            if op == "all_gather" and phase == "forward":
+                dp["gather_fwd"] += x
+            elif op == "all_gather" and phase != "backward":
+                dp["gather_opt"] += x
+            else:
+                dp["reduce"] += x
+            continue
+        if axis in ("tp", "tp-cp", "etp"):
+            x *= tp_keep
+        elif axis == "pp":
+            x *= min(1.0, (pp - 1) / (v * m))
+        out[axis] = out.get(axis, 0.0) + x
+    if "cp" in out and plan.cp_kind == "ring":  # the K/V passes run while the core computes
+        out["cp"] = max(0.0, out["cp"] - m * t.core)
+    if not cluster.overlap_dp:
+        out["dp"] = sum(dp.values())
+    elif plan.zero_stage <= 1:
+        out["dp"] = max(0.0, dp["reduce"] - t.backward) + max(0.0, dp["gather_opt"] - t.forward)
+    elif plan.zero_stage == 2:
+        out["dp"] = m * max(0.0, dp["reduce"] / m - t.backward) + max(0.0, dp["gather_opt"] - t.forward)
+    else:
+        out["dp"] = m * (max(0.0, dp["gather_fwd"] / m - t.forward) + max(0.0, dp["reduce"] / m - t.backward))
+    hidden = sum(secs.values()) - sum(x for k, x in out.items() if k != "latency")
+    out["contention"] = cluster.model.contention * max(0.0, hidden)
+    return out
+
+
 def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction:
     """Memory and traffic of the evaluated pipeline ranks, the times of the cost model, and whether it fits.
     Raises ValueError naming every constraint the plan breaks (`problems`) when the composed model cannot run it."""
@@ -685,18 +775,17 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
         raise ValueError(f"{plan.describe()} cannot run on {cluster.world_size} GPUs: " + "; ".join(bad))
     par = plan.par
     intra = _bandwidths(plan, cluster)
-    compute = compute_time(cfg, workload, cluster)
-    hidden = dp_hiding_time(plan, compute, cluster)
     ranks = []
     for r in evaluated_ranks(par.pp):
         mem = rank_memory(cfg, plan, workload, r, cluster.world_size)
-        moved = rank_traffic(cfg, plan, workload.batch, workload.seq, r, flat_layouts(cfg, plan, r, cluster.world_size))
-        seconds = {"model": 0.0, "dp": 0.0}
-        for a, t in moved.items():
-            bw = cluster.intra_node_bandwidth if intra[a] else cluster.inter_node_bandwidth
-            seconds["dp" if a in DP_AXES else "model"] += t["bytes_sent"] / bw
-        ranks.append(RankPrediction(r, mem, moved, seconds["model"] + max(0.0, seconds["dp"] - hidden)))
+        layouts = flat_layouts(cfg, plan, r, cluster.world_size)
+        rows = rank_traffic_rows(cfg, plan, workload.batch, workload.seq, r, layouts)
+        t = rank_times(cfg, plan, workload, cluster, r)
+        exposed = exposed_seconds(plan, rows, t, cluster, intra)
+        ranks.append(RankPrediction(r, mem, compose_analysis.per_axis(rows), sum(exposed.values()), t, exposed))
     peak = max(r.memory["total"] for r in ranks)
+    t_mb = max(r.times.total for r in ranks)
+    compute = plan.n_microbatches * t_mb
     return Prediction(
         plan=plan,
         ranks=ranks,
@@ -706,24 +795,18 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
         bubble_time=compute * pp_analysis.bubble_fraction(par.pp, plan.n_microbatches, plan.v),
         comm_time=max(r.comm_time for r in ranks),
         intra_node=intra,
+        model_flops=step_flops(cfg, workload.batch, workload.seq),
+        world_size=cluster.world_size,
     )
 
 
 DP_AXES = ("dp-cp", "edp")
 
 
-def dp_hiding_time(plan: Plan, compute: float, cluster: Cluster) -> float:
-    """Seconds of compute that data-parallel traffic hides behind: the backward pass (2/3 of compute: backward
-    costs twice the forward) while gradient buckets reduce; for ZeRO-3 all of compute (its gathers prefetch in
-    forward too); none when `cluster.overlap_dp` is False."""
-    if not cluster.overlap_dp:
-        return 0.0
-    return compute if plan.zero_stage == 3 else 2 * compute / 3
-
-
-def compute_time(cfg, workload: Workload, cluster: Cluster) -> float:
-    """Seconds of compute per step, each GPU doing 1/world of `step_flops` at `cluster.flops`."""
-    return step_flops(cfg, workload.batch, workload.seq) / (cluster.world_size * cluster.flops)
+def compute_time(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
+    """Seconds the slowest evaluated pipeline rank computes per step: m microbatches of `rank_times`."""
+    ranks = evaluated_ranks(plan.par.pp)
+    return plan.n_microbatches * max(rank_times(cfg, plan, workload, cluster, r).total for r in ranks)
 
 
 def peak_memory(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
@@ -732,17 +815,16 @@ def peak_memory(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
 
 
 def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
-    """Seconds of communication the first pipeline rank cannot avoid, from three of the terms `compose.step_traffic`
-    adds up (so at most its total): TP's collectives around attention in every held layer (`tp.layer_collectives`),
-    CP's ring or Ulysses exchange in every held layer (`cp.ring_traffic` / `cp.ulysses_traffic`), EP's dispatch and
-    combine, forward and backward, in every held MoE layer (`ep.expected_alltoall_bytes`), and DP's reduction of
-    the dense buffers (`dp.traffic_by_op`, once per step; ZeRO-2 and ZeRO-3 reduce in every microbatch; less the
-    compute it hides behind, `dp_hiding_time`). 1% below, for the bytes the ring formulas round down per buffer.
-    Used by `rank_plans` to skip plans that cannot win; never reported."""
+    """Seconds of exposed communication the first pipeline rank cannot avoid, from terms `exposed_seconds` counts
+    in full (so at most its total): TP's collectives around attention in every held layer (`tp.layer_collectives`,
+    times 1 - tp_overlap when the run overlaps them), Ulysses' all-to-alls in every held layer
+    (`cp.ulysses_traffic`), EP's dispatch and combine, forward and backward, in every held MoE layer
+    (`ep.expected_alltoall_bytes`). 1% below, for the bytes the formulas round down per buffer. Used by
+    `rank_plans` to skip plans that cannot win; never reported."""
     par = plan.par
     e = dtype_bytes(cfg.dtype)
     m, b, s_cp = plan.n_microbatches, plan.micro_batch(workload.batch), workload.seq // par.cp
-    layers = sum(len(c) for c in chunk_layers(cfg.n_layers, par.pp, plan.v, 0))
+    held = [i for c in chunk_layers(cfg.n_layers, par.pp, plan.v, 0) for i in c]
     intra = _bandwidths(plan, cluster)
 
     def bw(axis):
@@ -750,64 +832,38 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
 
     seconds = 0.0
     if par.tp > 1:
-        per_layer = sum(
-            c.bytes_sent
-            for c in tp_analysis.layer_collectives(
-                b, s_cp, cfg.d_model, par.tp, e, sequence_parallel=plan.sequence_parallel
-            )
-            if c.where == "attn"
+        keep = 1 - cluster.model.tp_overlap if cluster.tp_comm_overlap else 1.0
+        collectives = tp_analysis.layer_collectives(
+            b, s_cp, cfg.d_model, par.tp, e, sequence_parallel=plan.sequence_parallel
         )
-        seconds += m * layers * per_layer / bw("tp")
-    if par.cp > 1:
+        per_layer = sum(c.bytes_sent for c in collectives if c.where == "attn")
+        seconds += keep * m * len(held) * per_layer / bw("tp")
+    if par.cp > 1 and plan.cp_kind == "ulysses":
         heads, (kv, _) = cfg.n_heads // par.tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, par.tp)
-        if plan.cp_kind == "ring":
-            r = cp_analysis.ring_traffic(b, workload.seq, kv, cfg.d_head, par.cp, e)
-            per_layer = r["forward_bytes_sent"] + r["backward_bytes_sent"]
-        else:
-            u = cp_analysis.ulysses_traffic(b, workload.seq, heads, kv, cfg.d_head, par.cp, e)
-            per_layer = u["forward_bytes_sent"] + u["backward_bytes_sent"]
-        seconds += m * layers * per_layer / bw("cp")
+        u = cp_analysis.ulysses_traffic(b, workload.seq, heads, kv, cfg.d_head, par.cp, e)
+        seconds += m * len(held) * (u["forward_bytes_sent"] + u["backward_bytes_sent"]) / bw("cp")
     if cfg.moe is not None and par.ep > 1:
         s_out = s_cp // (par.tp if plan.sequence_parallel and par.tp > 1 else 1)
-        moe_layers = sum(cfg.is_moe_layer(i) for c in chunk_layers(cfg.n_layers, par.pp, plan.v, 0) for i in c)
+        moe_layers = sum(cfg.is_moe_layer(i) for i in held)
         per_layer = 4 * ep_analysis.expected_alltoall_bytes(b * s_out, cfg.moe.top_k, cfg.d_model, par.ep, e)
         seconds += m * moe_layers * per_layer / bw("ep")
-    d = plan.dp_cp
-    if d > 1:
-        dense = sum(
-            lay.padded_bytes if plan.zero_stage else lay.bytes
-            for lay in flat_layouts(cfg, plan, 0, cluster.world_size)
-            if lay.axis == "dp-cp"
-        )
-        times = {0: 2, 1: 2, 2: m + 1, 3: 3 * m}[plan.zero_stage]
-        dp_seconds = times * (d - 1) / d * dense / bw("dp-cp")
-        seconds += max(0.0, dp_seconds - dp_hiding_time(plan, compute_time(cfg, workload, cluster), cluster))
     return 0.99 * seconds
 
 
 def most_microbatches(plans: list[Plan]) -> list[Plan]:
-    """Drop the plans the cost model cannot prefer: under DDP and ZeRO-1, of plans that differ only in m keep the
-    largest m. More microbatches of fewer sequences move the same bytes (TP, CP, PP and EP traffic is per token;
-    DDP and ZeRO-1 reduce once per step), leave a smaller bubble and keep fewer activations. ZeRO-2 and ZeRO-3
-    communicate in every microbatch: all their m stay."""
-    best: dict[tuple, Plan] = {}
-    out = []
-    for p in plans:
-        if p.zero_stage >= 2:
-            out.append(p)
-            continue
-        key = (p.par, p.sequence_parallel, p.cp_kind, p.zero_stage, p.v)
-        if key not in best or p.n_microbatches > best[key].n_microbatches:
-            best[key] = p
-    return out + list(best.values())
+    """The plans the cost model can prefer: all of them. (An earlier cost model kept only the largest m of plans
+    that differ in m alone; with GEMM efficiency falling for small microbatches and DP hiding behind one
+    microbatch's backward, a larger m is no longer always faster.)"""
+    return list(plans)
 
 
 def rank_plans(
     cfg, workload: Workload, cluster: Cluster, *, top: int = 10, plans: list[Plan] | None = None, **enumerate_kw
 ) -> list[Prediction]:
     """The `top` plans by the cost model (module docstring): the plans that fit by step time, then the others by
-    peak memory. Exact top-k with little work: every plan's memory first (cheap), then traffic only while a plan's
-    compute + bubble, a lower bound of its step time, can still beat the k-th best found."""
+    peak memory. Exact top-k with little work: every plan's memory and compute first (cheap), then traffic only
+    while a plan's compute + bubble + `comm_lower_bound`, a lower bound of its step time, can still beat the k-th
+    best found."""
     if plans is None:
         plans = enumerate_plans(cfg, cluster.world_size, workload.batch, workload.seq, **enumerate_kw)
     if not plans:
@@ -815,17 +871,16 @@ def rank_plans(
             f"no plan runs this model on {cluster.world_size} GPUs with batch={workload.batch}, seq={workload.seq}: "
             "every candidate breaks a constraint of pylib.compose (see `problems`)"
         )
-    plans = most_microbatches(plans)
-    compute = compute_time(cfg, workload, cluster)
-    screened = []
-    for p in plans:
-        bound = compute * (1 + pp_analysis.bubble_fraction(p.par.pp, p.n_microbatches, p.v))
-        screened.append((peak_memory(cfg, p, workload, cluster), bound, p))
     usable = cluster.usable_memory
-    screened = [
-        (mem, bound + (comm_lower_bound(cfg, p, workload, cluster) if mem <= usable else 0), p)
-        for mem, bound, p in screened
-    ]
+    screened = []
+    for p in most_microbatches(plans):
+        mem = peak_memory(cfg, p, workload, cluster)
+        if mem > usable:
+            screened.append((mem, 0.0, p))
+            continue
+        compute = compute_time(cfg, p, workload, cluster)
+        bound = compute * (1 + pp_analysis.bubble_fraction(p.par.pp, p.n_microbatches, p.v))
+        screened.append((mem, bound + comm_lower_bound(cfg, p, workload, cluster), p))
     fitting = sorted((s for s in screened if s[0] <= usable), key=lambda s: (s[1], s[0]))
     best: list[Prediction] = []
     for _, bound, plan in fitting:

@@ -201,8 +201,9 @@ class PlannerExplorer:
     per GPU (`pylib.analysis.planner.rank_plans` over `EXPLORER_SEARCH`: one sequence per microbatch, no virtual
     stages, no expert TP, SP whenever TP > 1 -- the same TP bytes, fewer activations). On a 2-core CPU an update
     takes under a second for the dense presets and up to about 3 s for the MoE on 256 GPUs (answers are cached, so
-    going back is instant). The table is an HTML widget, so a page built without a kernel shows the default;
-    `text()` prints the same table."""
+    going back is instant). Its controls need a kernel: the container carries the class "pb-needs-kernel", which
+    the static site disables with a notice; `static_explorer` is the kernel-free version. `text()` prints the
+    default table."""
 
     def __init__(self, preset: str = DEFAULT, top: int = 8):
         import ipywidgets as widgets
@@ -228,6 +229,7 @@ class PlannerExplorer:
             [widgets.VBox([self.preset, self.world, self.memory]), widgets.VBox([self.batch, self.seq])]
         )
         self.widget = widgets.VBox([controls, self.out])
+        self.widget.add_class("pb-needs-kernel")  # the site disables these controls until a kernel runs
         self.update()
 
     def load(self, preset: str) -> None:
@@ -265,8 +267,98 @@ class PlannerExplorer:
             return self.title() + "\n" + str(err)
 
 
+# The states the static page carries: (preset, GPUs), each ranked once at build time, 80 GB GPUs, the preset's batch
+# and sequence length. Few and small: each is one HTML table in the page.
+STATIC_STATES = (
+    ("Llama-2-7B-class dense", 8),
+    ("Llama-2-7B-class dense", 64),
+    ("Llama-2-70B-class dense (GQA)", 64),
+    ("Llama-2-70B-class dense (GQA)", 256),
+    ("Mixtral-8x7B-class MoE", 64),
+)
+
+
+def static_explorer(states=STATIC_STATES, top: int = 5):
+    """A kernel-free explorer: one dropdown of `states`, each a precomputed table of the `top` plans, linked to a
+    widgets.Stack in the page itself (widgets.jslink, as book/intro.md does), so it works on the static site."""
+    import ipywidgets as widgets
+
+    labels, pages = [], []
+    for name, world in states:
+        _cfg, _w, batch, seq = PRESETS[name]
+        labels.append(f"{name}, {world} GPUs")
+        title = html.escape(explorer_title(name, world, batch, seq, 80e9))
+        body = plans_html(_ranked(name, world, batch, seq, 80e9, top))
+        pages.append(widgets.HTML(f"<p><b>{title}</b></p>{body}"))
+    choose = widgets.Dropdown(options=labels, value=labels[0], description="scenario")
+    stack = widgets.Stack(pages, selected_index=0)
+    widgets.jslink((choose, "index"), (stack, "selected_index"))
+    return widgets.VBox([choose, stack])
+
+
 @functools.lru_cache(maxsize=256)
 def _ranked(name: str, world: int, batch: int, seq: int, memory: float, top: int) -> list[P.Prediction]:
     cfg = PRESETS[name][0]
     cluster = P.Cluster(world, gpu_memory=memory)
     return P.rank_plans(cfg, P.Workload(batch, seq), cluster, top=top, **EXPLORER_SEARCH)
+
+
+# ------------------------------------------------------------------------------------------------ calibration, knobs
+
+CALIBRATION_HEADER = ["run", "GPUs", "mesh", "plan chosen", "published", "predicted", "error", "row"]
+
+
+def calibration_rows(evaluated) -> list[list[str]]:
+    """One row per `calibration.Evaluated`: the run, its GPUs and published mesh, the knobs the planner chose for
+    what the source leaves open, TFLOP/s per GPU published and predicted, the error and fit/holdout."""
+    rows = []
+    for e in evaluated:
+        r, plan = e.run, e.plan.plan
+        chosen = plan.describe().replace(r.par.describe(), "").replace("SP", "").strip() or "—"
+        rows.append(
+            [
+                r.name,
+                f"{r.gpus:,}",
+                r.par.describe(),
+                chosen,
+                f"{r.tflops:.0f}",
+                f"{e.predicted_tflops:.0f}",
+                f"{e.error:+.1%}",
+                "fit" if r.fit else "holdout",
+            ]
+        )
+    return rows
+
+
+KNOB_HEADER = ["change (one knob)", "plan", "memory / GPU", "step", "vs baseline", "what moved most"]
+
+
+def _terms(x: P.Prediction) -> dict[str, float]:
+    """Seconds by term of a prediction (compute, bubble, each exposed axis of the busiest rank)."""
+    rank = max(x.ranks, key=lambda r: r.comm_time)
+    out = {"compute": x.compute_time, "bubble": x.bubble_time}
+    out.update({f"exposed {k}": v for k, v in rank.exposed.items()})
+    return out
+
+
+def knob_rows(base: P.Prediction, changed: list[tuple[str, P.Prediction]], usable: float) -> list[list[str]]:
+    """The baseline and one row per single-knob change: the plan, its memory, its step time (only when it fits:
+    a plan that does not fit has no step time worth printing), the change against the baseline and the term of
+    the cost model that moved most (or the memory, when it decides)."""
+
+    def step(x):
+        return _seconds(x.step_time) if x.fits else f"does not fit (> {fmt_bytes(usable)})"
+
+    rows = [["baseline", base.plan.describe(), fmt_bytes(base.peak_memory), step(base), "—", "—"]]
+    t0 = _terms(base)
+    for label, x in changed:
+        if not x.fits or not base.fits:
+            why = f"memory {fmt_bytes(base.peak_memory)} → {fmt_bytes(x.peak_memory)}"
+            delta = "—"
+        else:
+            t1 = _terms(x)
+            k = max(set(t0) | set(t1), key=lambda k: abs(t1.get(k, 0) - t0.get(k, 0)))
+            why = f"{k} {_seconds(t0.get(k, 0))} → {_seconds(t1.get(k, 0))}"
+            delta = f"{x.step_time / base.step_time - 1:+.1%}"
+        rows.append([label, x.plan.describe(), fmt_bytes(x.peak_memory), step(x), delta, why])
+    return rows

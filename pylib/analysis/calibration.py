@@ -1,0 +1,213 @@
+"""Published training runs, as data, and the planner's prediction of each: the calibration table.
+
+    for run in RUNS: cfg = ModelConfig(**run.shape)                  # (pylib.model; this module loads no torch)
+    row = evaluate(run, cfg)                                         # predicted vs published TFLOP/s per GPU
+    model, err = fit(FIT_ROWS, configs)                              # the free constants, grid-searched
+
+Every row is a run whose layout and throughput a primary source prints, with the source and the table named in
+`source`; a number that could not be read in a source is not here. What the sources leave open (micro-batch size,
+virtual stages, the ZeRO stage of the distributed optimizer, selective recomputation) the planner chooses: the
+published layout is the mesh (tp, cp, pp, dp) and the batch, and the prediction is the best plan with that mesh.
+
+Throughput is compared as the sources count it: Megatron-LM's `num_floating_point_operations` (training.py), model
+FLOPs with the attention's full s x s (no causal half), 3 x the forward, no recomputation: `megatron_flops`.
+
+Sources:
+  MLM-H100  NVIDIA Megatron-LM, README.md "Performance Benchmarking", images/model_table.png (commit f2e5db4 and
+            later): GPT models of 2B to 462B parameters on H100 80 GB, V = 131072, s = 4096, with DP, TP
+            (--tp-comm-overlap) and PP overlap; per-GPU teraFLOP/s and MFU per row.
+  LLAMA3    Grattafiori et al. 2024, "The Llama 3 Herd of Models", Table 4 (scaling configurations of Llama 3
+            405B on H100, BF16: GPUs, TP, CP, PP, 16M tokens per batch, TFLOP/s per GPU; the same rows shown by
+            P. Balaji, SC'24, as reproduced at glennklockwood.com/garden/llama-3.1), at the 8K-token sequences of
+            the initial pretraining; DP = GPUs / (TP CP PP); the model's shape from its Table 3. The third row
+            (CP 16 at 128K tokens) is left out: its sequence length is not in the table as read here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pylib.plan.mesh import ParallelConfig
+
+from . import planner as P
+from .efficiency import CostModel
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run: `shape` the ModelConfig's keyword arguments (`flops_layers` the layer count the source's
+    FLOPs count, when the planner's model differs), the cluster (GPUs, H100 80 GB), the global batch in sequences
+    of `seq` tokens, the mesh and the published TFLOP/s per GPU; `fit` whether the constants are fitted on it."""
+
+    name: str
+    source: str
+    shape: dict
+    gpus: int
+    seq: int
+    batch: int
+    tp: int
+    pp: int
+    dp: int
+    cp: int = 1
+    tflops: float = 0.0
+    tp_comm_overlap: bool = True
+    fit: bool = False
+    flops_layers: int | None = None
+
+    @property
+    def par(self) -> ParallelConfig:
+        return ParallelConfig(tp=self.tp, cp=self.cp, dp=self.dp, pp=self.pp)
+
+    @property
+    def mfu(self) -> float:
+        return self.tflops * 1e12 / P.Cluster(1).peak_flops
+
+
+def _gpt(h: int, heads: int, layers: int) -> dict:
+    """The Megatron-LM benchmark GPT: V = 131072 (the README's); MHA and a GELU MLP of 4h, Megatron's GPT defaults
+    (the README does not say)."""
+    return dict(vocab_size=131072, d_model=h, n_layers=layers, n_heads=heads, d_ff=4 * h, dtype="bfloat16")
+
+
+_MLM = "Megatron-LM README, images/model_table.png (H100, s = 4096)"
+_L3 = "Llama 3 paper, Table 4 (405B on H100, BF16)"
+# Llama 3 405B (Table 3): 126 layers, h 16384, FFN 53248, 128 heads, 8 K/V heads, V 128256, SwiGLU. Meta removes
+# one layer from the first and the last of the 16 stages; pylib's split needs equal stages, so the planner runs
+# 128 layers (1.6% more work per step) and the FLOPs are counted for 126.
+_LLAMA3_405B = dict(
+    vocab_size=128256,
+    d_model=16384,
+    n_layers=128,
+    n_heads=128,
+    n_kv_heads=8,
+    d_ff=53248,
+    mlp="swiglu",
+    position="rope",
+    dtype="bfloat16",
+)
+
+RUNS = (
+    Run("GPT 1.7B", _MLM, _gpt(2048, 16, 24), 48, 4096, 192, 1, 1, 48, tflops=408.8, fit=True),
+    Run("GPT 7.1B", _MLM, _gpt(4096, 32, 30), 96, 4096, 192, 2, 1, 48, tflops=465.9),
+    Run("GPT 16B", _MLM, _gpt(6144, 48, 32), 192, 4096, 192, 4, 1, 48, tflops=489.1, fit=True),
+    Run("GPT 32B", _MLM, _gpt(7168, 56, 48), 384, 4096, 192, 8, 1, 48, tflops=459.6),
+    Run("GPT 70B", _MLM, _gpt(8192, 64, 84), 768, 4096, 384, 8, 2, 48, tflops=419.7, fit=True),
+    Run("GPT 119B", _MLM, _gpt(10240, 80, 92), 1536, 4096, 768, 8, 4, 48, tflops=420.5),
+    Run("GPT 177B", _MLM, _gpt(12288, 96, 96), 2304, 4096, 1152, 8, 6, 48, tflops=432.8, fit=True),
+    Run("GPT 314B", _MLM, _gpt(16384, 128, 96), 3072, 4096, 1536, 8, 8, 48, tflops=474.4),
+    Run("GPT 462B", _MLM, _gpt(18432, 144, 112), 6144, 4096, 3072, 8, 16, 48, tflops=459.9),
+    Run("Llama 3 405B", _L3, _LLAMA3_405B, 8192, 8192, 2048, 8, 16, 64, tflops=430, flops_layers=126),
+    Run("Llama 3 405B", _L3, _LLAMA3_405B, 16384, 8192, 2048, 8, 16, 128, tflops=400, flops_layers=126),
+)
+FIT_ROWS = tuple(i for i, r in enumerate(RUNS) if r.fit)
+HOLDOUT_ROWS = tuple(i for i, r in enumerate(RUNS) if not r.fit)
+
+# What a published layout leaves to the planner: micro-batches of 1 or 2 sequences, up to 8 virtual stages, DDP
+# or the distributed optimizer (ZeRO-1), no, selective or full recomputation of the first 1, 2 or 4 layers of each
+# chunk; SP wherever there is TP (Megatron requires it for --tp-comm-overlap); ring CP.
+LAYOUT_SEARCH = dict(
+    micro_batch_sizes=(1, 2),
+    virtual_stages=(1, 2, 3, 4, 5, 6, 7, 8),
+    zero_stages=(0, 1),
+    sequence_parallel=(True,),
+    cp_kinds=("ring",),
+    recompute=("none", "selective") + tuple(("full", "block", k) for k in (1, 2, 4)),
+)
+
+
+# The meshes the search compares a published one with: TP inside a node (1 to 8), CP of 1 or 2 at these lengths,
+# every PP and DP.
+MESH_SEARCH = dict(tp_sizes=(1, 2, 4, 8), cp_sizes=(1, 2))
+
+
+def megatron_flops(cfg, batch: int, seq: int, n_layers: int | None = None) -> float:
+    """Model FLOPs of one step as Megatron-LM counts them (`num_floating_point_operations`, training.py):
+    12 B s L h^2 [(1 + g/a + s/h) q/h + (h_ffn/h) k (3/2 if SwiGLU) + V / (2 L h)], q = a d the query width,
+    g the K/V heads, k the experts a token is routed to."""
+    L = cfg.n_layers if n_layers is None else n_layers
+    h, a, g = cfg.d_model, cfg.n_heads, cfg.kv_heads
+    q = a * cfg.d_head
+    k = 1 if cfg.moe is None else cfg.moe.top_k
+    gated = 1.5 if cfg.mlp == "swiglu" else 1.0
+    f = cfg.d_ff if cfg.moe is None else (cfg.moe.d_ff or cfg.d_ff)
+    per = (1 + g / a + seq / h) * q / h + f / h * k * gated + cfg.vocab_size / (2 * L * h)
+    return 12.0 * batch * seq * L * h * h * per
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """A run and the planner's view of it: the best plan on the published mesh, its TFLOP/s per GPU (the source's
+    FLOPs / predicted step time), whether it fits, and the best plan of the whole (restricted) search."""
+
+    run: Run
+    plan: P.Prediction
+    predicted_tflops: float
+    best: P.Prediction | None = None
+    rank: int | None = None  # 1-based place of the published mesh's best plan among the search's plans
+
+    @property
+    def error(self) -> float:
+        return self.predicted_tflops / self.run.tflops - 1
+
+    @property
+    def slower_than_best(self) -> float:
+        return 0.0 if self.best is None else self.plan.step_time / self.best.step_time - 1
+
+
+def cluster(run: Run, model: CostModel | None = None) -> P.Cluster:
+    return P.Cluster(run.gpus, tp_comm_overlap=run.tp_comm_overlap, model=model or CostModel())
+
+
+def evaluate(run: Run, cfg, model: CostModel | None = None, *, search: bool = False, top: int = 10) -> Evaluated:
+    """The planner on one run: the best plan with the published mesh (LAYOUT_SEARCH for the rest); with `search`
+    also the best `top` plans of every mesh (same knobs) and the published mesh's place among them."""
+    work, c = P.Workload(run.batch, run.seq), cluster(run, model)
+    plans = P.enumerate_plans(cfg, run.gpus, run.batch, run.seq, meshes=(run.par,), **LAYOUT_SEARCH)
+    if not plans:
+        raise ValueError(f"{run.name}: the planner accepts no plan with the published mesh {run.par.describe()}")
+    mine = P.rank_plans(cfg, work, c, top=1, plans=plans)[0]
+    flops = megatron_flops(cfg, run.batch, run.seq, run.flops_layers)
+    tflops = flops / (run.gpus * mine.step_time) / 1e12
+    if not search:
+        return Evaluated(run, mine, tflops)
+    ranked = P.rank_plans(cfg, work, c, top=top, **LAYOUT_SEARCH, **MESH_SEARCH)
+    faster = [x for x in ranked if x.step_time < mine.step_time and x.plan.par != run.par]
+    return Evaluated(run, mine, tflops, ranked[0], len(faster) + 1)
+
+
+def errors(model: CostModel, rows, configs) -> list[float]:
+    """Relative errors predicted / published - 1 of `rows` (indices into RUNS) under `model`."""
+    return [evaluate(RUNS[i], configs[i], model).error for i in rows]
+
+
+# The grid `fit` searches; its answer on FIT_ROWS is `efficiency.CostModel()`'s defaults.
+GRID = dict(eta=(0.6, 0.65, 0.7, 0.75, 0.8), c_elem=(100, 140, 180, 220, 260), tp_overlap=(0.5, 0.8))
+
+
+def fit(rows, configs, grid: dict | None = None) -> tuple[CostModel, float]:
+    """The constants minimising the largest |error| over `rows` on a grid (each constant's values in `grid`)."""
+    grid = grid or GRID
+    best = None
+    for eta in grid["eta"]:
+        for c_elem in grid["c_elem"]:
+            for tp_overlap in grid["tp_overlap"]:
+                model = CostModel(eta=eta, c_elem=c_elem, tp_overlap=tp_overlap)
+                worst = max(abs(x) for x in errors(model, rows, configs))
+                if best is None or worst < best[1]:
+                    best = (model, worst)
+    return best
+
+
+__all__ = [
+    "FIT_ROWS",
+    "GRID",
+    "HOLDOUT_ROWS",
+    "LAYOUT_SEARCH",
+    "MESH_SEARCH",
+    "RUNS",
+    "Evaluated",
+    "Run",
+    "evaluate",
+    "fit",
+    "megatron_flops",
+]

@@ -1,0 +1,157 @@
+"""How long one rank computes: GEMMs on a roofline with an achievable fraction of peak, the memory-bound
+elementwise work around them, and the forward run again under activation recomputation. Pure functions of sizes.
+
+    model = CostModel()                                    # the free constants (fitted in `calibration`)
+    t = microbatch_seconds(cfg, plan, seq, pp_rank, peak_flops=989e12, hbm_bandwidth=3.35e12, model=model)
+    t.forward, t.backward, t.core                          # seconds of one microbatch on that rank
+
+The terms, per layer and microbatch on one rank (T = b s / cp tokens, t = tp, e bytes per element):
+
+    GEMM (M, N, K)  seconds = max(2 M N K / (eta peak), e (M K + K N + M N) / hbm)           (a roofline)
+                    the layer's GEMMs: QKV [T, h] x [h, (a + 2 kv) d / t], W_O [T, a d / t] x [a d / t, h], the MLP
+                    [T, h] x [h, m_in h_ffn / t], [T, h_ffn / t] x [h_ffn / t, h] (m_in = 2 for SwiGLU, 1 for GELU);
+                    an MoE layer's experts the same with T k ep / E tokens per local expert and h_ffn / etp
+    core            the attention core, 4 T s_kv (a / t) d FLOPs (half of it causal) at eta peak: it is a GEMM too
+    elementwise     c_elem e T h (1/2t_s + 1/2t) bytes at hbm (LayerNorms, residual adds, activation, dropout,
+                    rotary: each reads and writes [T, h]); half of it outside the TP region, cut by t_s = t under SP
+                    and replicated (t_s = 1) without, half inside it (the activation, attention's), cut by t
+    backward        twice the forward's GEMMs and core; the elementwise work once more
+    recompute       `recompute.extra_forward_flops` of the layer at eta peak, in backward
+    LM head         [T, h] x [h, V / t] on the last stage, the embedding lookup on the first (elementwise)
+
+Small shards pay twice: a GEMM whose M = T is small falls under the roofline's memory slope, and the elementwise
+bytes per FLOP grow as 1/h, so a narrow model runs further below peak than a wide one (the weak-scaling tables of
+Megatron-LM show 41% for h = 2048 and 47-49% from h = 4096 up). What this does not model: wave quantisation,
+kernel-launch gaps, the optimizer step, fused kernels that skip the elementwise passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pylib.plan.heads import kv_heads_per_rank
+from pylib.plan.split import chunk_layers
+
+from .recompute import extra_forward_flops
+from .shapes import dtype_bytes
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """The cost model's free constants. eta: the fraction of peak a large GEMM achieves; c_elem: bytes of
+    elementwise traffic per element of [T, h] per layer forward, in units of e; tp_overlap: the fraction of TP/SP
+    communication hidden behind GEMMs when the run overlaps it (`Cluster.tp_comm_overlap`); latency: seconds each
+    message of a model axis waits before its bytes move (not fitted: NCCL's small-message latency inside a node is
+    of the order of 10-30 us); contention: compute seconds lost per second of communication hidden behind it (not
+    fitted: NCCL's collectives run on some 10-20% of the SMs); the other defaults are the
+    fit of `calibration.fit` on its fit rows (`calibration.FIT_ROWS`, the grid `calibration.GRID`)."""
+
+    eta: float = 0.60
+    c_elem: float = 140.0
+    tp_overlap: float = 0.8
+    latency: float = 20e-6
+    contention: float = 0.2
+
+    def __post_init__(self):
+        if not 0 < self.eta <= 1:
+            raise ValueError(f"eta={self.eta!r} must be in (0, 1]")
+        if self.c_elem < 0:
+            raise ValueError(f"c_elem={self.c_elem!r} must be >= 0")
+        if not 0 <= self.tp_overlap <= 1:
+            raise ValueError(f"tp_overlap={self.tp_overlap!r} must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class MicrobatchTime:
+    """Seconds one rank spends on one microbatch: forward, backward (recomputation included) and, of those, the
+    attention core's (what a ring CP exchange can hide behind)."""
+
+    forward: float
+    backward: float
+    core: float
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward
+
+
+def gemm_seconds(m: float, n: float, k: float, e: int, peak: float, hbm: float, eta: float) -> float:
+    """One GEMM [m, k] x [k, n] on the roofline: max(2 m n k / (eta peak), e (m k + k n + m n) / hbm)."""
+    if min(m, n, k) <= 0:
+        return 0.0
+    return max(2 * m * n * k / (eta * peak), e * (m * k + k * n + m * n) / hbm)
+
+
+def layer_gemms(cfg, tokens: float, tp: int, moe: bool, ep: int = 1, etp: int = 1) -> list[tuple]:
+    """(M, N, K) of every GEMM of one layer's forward on one rank (module docstring)."""
+    h, d = cfg.d_model, cfg.d_head
+    heads, (kv, _) = cfg.n_heads // tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)
+    m_in = 2 if cfg.mlp == "swiglu" else 1
+    out = [(tokens, (heads + 2 * kv) * d, h), (tokens, h, heads * d)]
+    if moe:
+        f = (cfg.moe.d_ff or cfg.d_ff) // etp
+        local = cfg.moe.n_experts // ep
+        rows = tokens * cfg.moe.top_k * ep / cfg.moe.n_experts  # tokens one local expert receives
+        out += [(rows, m_in * f, h), (rows, h, f)] * local
+        out.append((tokens, cfg.moe.n_experts, h))  # the router
+    else:
+        f = cfg.d_ff // tp
+        out += [(tokens, m_in * f, h), (tokens, h, f)]
+    return out
+
+
+def microbatch_seconds(
+    cfg, plan, seq: int, pp_rank: int, *, batch: int, peak_flops: float, hbm_bandwidth: float, model: CostModel
+) -> MicrobatchTime:
+    """Seconds of one microbatch on pipeline rank `pp_rank` of `plan` (a `planner.Plan`), every chunk it holds."""
+    par = plan.par
+    e = dtype_bytes(cfg.dtype)
+    b = plan.micro_batch(batch)
+    tokens = b * seq / par.cp
+    tp, eta = par.tp, model.eta
+    t_s = tp if plan.sequence_parallel and tp > 1 else 1
+    heads = cfg.n_heads // tp
+    causal = 0.5 if cfg.causal else 1.0
+    core_flops = 4 * tokens * seq * heads * cfg.d_head * causal
+    core = core_flops / (eta * peak_flops)
+    elem = model.c_elem * e * tokens * cfg.d_model * (0.5 / t_s + 0.5 / tp) / hbm_bandwidth
+    fwd = bwd = core_total = 0.0
+    n_stages = par.pp * plan.v
+    for c, layers in enumerate(chunk_layers(cfg.n_layers, par.pp, plan.v, pp_rank)):
+        stage = c * par.pp + pp_rank
+        for i in layers:
+            moe = cfg.moe is not None and cfg.is_moe_layer(i)
+            g = sum(
+                gemm_seconds(m, n, k, e, peak_flops, hbm_bandwidth, eta)
+                for m, n, k in layer_gemms(cfg, tokens, tp, moe, par.ep, par.etp)
+            )
+            fwd += g + core + elem
+            bwd += 2 * (g + core) + elem
+            core_total += 3 * core
+        if plan.recompute != "none" and layers:
+            extra = _recompute_flops(cfg, b, seq, par, plan, len(layers))
+            bwd += extra / (eta * peak_flops)
+        if stage == n_stages - 1:  # the LM head, forward and its two backward GEMMs
+            head = gemm_seconds(tokens, cfg.vocab_size / tp, cfg.d_model, e, peak_flops, hbm_bandwidth, eta)
+            fwd += head
+            bwd += 2 * head
+        if stage == 0:
+            fwd += 2 * e * tokens * cfg.d_model / t_s / hbm_bandwidth  # the embedding's gather and write
+    return MicrobatchTime(fwd, bwd, core_total)
+
+
+def _recompute_flops(cfg, b: int, seq: int, par, plan, n_layers: int) -> float:
+    """Matmul FLOPs one chunk's recomputation runs again on one rank (`recompute.extra_forward_flops`, per layer
+    for selective, per group of `recompute_num_layers` for full); the sequence is this rank's s / cp."""
+    s = seq // par.cp
+    if plan.recompute == "selective":
+        return n_layers * extra_forward_flops(cfg, b, s, par.tp, "selective")
+    k = plan.recompute_num_layers
+    groups, rest = divmod(n_layers, k)
+    if plan.recompute_method == "block":
+        return min(k, n_layers) * extra_forward_flops(cfg, b, s, par.tp, "full", 1)
+    total = groups * extra_forward_flops(cfg, b, s, par.tp, "full", k)
+    return total + (extra_forward_flops(cfg, b, s, par.tp, "full", rest) if rest else 0)
+
+
+__all__ = ["CostModel", "MicrobatchTime", "gemm_seconds", "layer_gemms", "microbatch_seconds"]
