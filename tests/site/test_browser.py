@@ -433,7 +433,10 @@ def test_page_does_not_scroll_sideways_at_phone_width(page, visit):
 def test_nothing_is_cut_off_at_phone_width(page, visit):
     """What is wider than the screen scrolls in its own box (site.css): no box hides part of its content."""
     cut = visit.phone["cut"]
-    assert not cut, f"{page} at {PHONE['width']} px, content cut off:\n  " + "\n  ".join(cut[:12])
+    hint = ""
+    if any("widget-label" in c for c in cut):
+        hint = "\n(a widget's description ends in an ellipsis: give it style={'description_width': 'initial'})"
+    assert not cut, f"{page} at {PHONE['width']} px, content cut off:\n  " + "\n  ".join(cut[:12]) + hint
 
 
 # ------------------------------------------------------------------------------------------------- search
