@@ -218,10 +218,13 @@ def contrast_ratio(a, b) -> float:
 
 
 # How large a figure's text is on the page. The notebook's inline backend writes a PNG at the figure's dpi; the
-# page shows it at its natural width, or scaled down to the content column when it is wider (the book theme's
-# column at desktop width: COLUMN_PX; tests/site measures it). A figure whose smallest text lands under
-# LEGIBLE_PX pixels there is not legible; tests/test_viz_card.py holds every figure function of pylib.viz to it.
-COLUMN_PX = 720
+# page shows it at its natural width, or scaled down to the content column when it is wider. COLUMN_PX is that
+# column as measured on the built site in a 1280-px-wide window (a laptop): the article is 752 px wide, less its
+# 2 x 32 px padding and a figure's (or a cell output's) 2 x 8 px, so a wide figure is shown 672 px wide;
+# tests/site/test_browser.py checks that no figure is shown narrower than this assumes. A figure whose smallest
+# text lands under LEGIBLE_PX pixels there is not legible; tests/test_viz_card.py holds every figure function of
+# pylib.viz to it.
+COLUMN_PX = 672
 LEGIBLE_PX = 9.0
 
 
