@@ -241,3 +241,11 @@ def smallest_text_px(fig, column_px: int = COLUMN_PX) -> float:
         if t.get_visible() and t.get_text().strip() and t.figure is fig
     ]
     return min(sizes, default=float("inf"))
+
+
+def legible_pt(fig, pt: float) -> float:
+    """`pt`, or the font size (points, 1% above the bound) whose text is LEGIBLE_PX high on the page once `fig` is
+    scaled to the content column, whichever is larger: for a figure function that draws on a caller's axes and so
+    does not choose the figure's width (`legible_pt(ax.figure, 7)` is 7 pt on a figure up to COLUMN_PX wide)."""
+    scale = min(1.0, COLUMN_PX / (fig.get_figwidth() * fig.dpi))
+    return max(pt, 1.01 * LEGIBLE_PX * 72 / (fig.dpi * scale))
