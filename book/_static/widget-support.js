@@ -5,7 +5,17 @@
   // module, require.js would resolve it next to the page. content_root is the site root relative to this page.
   var root = document.documentElement.dataset.content_root || "";
   window.requirejs.config({
-    paths: { "@jupyter-widgets/html-manager/dist": root + "_static/vendor/html-manager" },
+    // The bundled controls and base modules find their Font Awesome files (a Tab's or an Accordion's icons) beside
+    // their own module URL: map them into the same folder, or the browser looks for the fonts beside the page.
+    paths: {
+      "@jupyter-widgets/html-manager/dist": root + "_static/vendor/html-manager",
+      "@jupyter-widgets/html-manager": root + "_static/vendor/html-manager/html-manager",
+      "@jupyter-widgets/controls": root + "_static/vendor/html-manager/controls",
+      "@jupyter-widgets/controls7": root + "_static/vendor/html-manager/controls7",
+      "@jupyter-widgets/base": root + "_static/vendor/html-manager/base",
+      "@jupyter-widgets/base7": root + "_static/vendor/html-manager/base7",
+      "@jupyter-widgets/output": root + "_static/vendor/html-manager/output",
+    },
   });
   // ipywidgets' controls typeset a widget's description with MathJax 2's MathJax.Hub.Queue whenever MathJax is on
   // the page; the site loads MathJax 3, whose API is typesetPromise. Bridge the one call they make.

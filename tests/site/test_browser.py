@@ -505,7 +505,7 @@ CONTROLS = (
           ? "button" : c.querySelector("input[type=checkbox]") ? "checkbox" : "text",
         label: ((label && label.textContent) || c.getAttribute("title") || c.textContent || "").trim().slice(0, 40),
         needsKernel: !!box, disabled: parts.every(off), shown: visible(c),
-        notice: note && visible(note) ? note.textContent.trim() : null,
+        notice: note ? note.textContent.trim() : null, noticeShown: !!note && visible(note),
       });
     });
   });
@@ -518,6 +518,7 @@ CONTROLS = (
 SNAPSHOT = """
 i => {
   const c = document.querySelector(`[data-pb-probe="${i}"]`);
+  if (!c) return null;  // re-rendered by an earlier control (a Stack's page that was switched away and back)
   const area = c.closest(".widget-subarea").cloneNode(true);
   area.querySelector(`[data-pb-probe="${i}"]`).remove();
   return area.innerHTML;
@@ -574,11 +575,15 @@ def test_widget_controls_change_the_page_or_are_marked_as_needing_a_kernel(brows
                 if not control["disabled"]:
                     problems.append(f"{what}: in a pb-needs-kernel container but not disabled")
                 if not control["notice"] or "kernel" not in control["notice"]:
-                    problems.append(f"{what}: in a pb-needs-kernel container with no visible notice")
+                    problems.append(f"{what}: in a pb-needs-kernel container with no notice")
+                elif control["shown"] and not control["noticeShown"]:  # folded away (an Accordion): both hidden
+                    problems.append(f"{what}: shown in a pb-needs-kernel container whose notice is not visible")
                 continue
             if not control["shown"]:
                 continue  # on a page of a Stack or a Tab that is not shown
             before = tab.evaluate(SNAPSHOT, control["i"])
+            if before is None:
+                continue  # its widget was drawn anew when an earlier control switched its Stack's page
             _move(tab, control)
             (live if tab.evaluate(SNAPSHOT, control["i"]) != before else dead).append(what)
         if dead:
