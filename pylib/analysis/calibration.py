@@ -104,8 +104,11 @@ HOLDOUT_ROWS = tuple(i for i, r in enumerate(RUNS) if not r.fit)
 
 # What a published layout leaves to the planner: micro-batches of 1 or 2 sequences, up to 8 virtual stages, DDP
 # or the distributed optimizer (ZeRO-1), no, selective or full recomputation of the first 1, 2 or 4 layers of each
-# chunk; SP wherever there is TP (Megatron requires it for --tp-comm-overlap); ring CP.
+# chunk; SP wherever there is TP (Megatron requires it for --tp-comm-overlap), as Megatron runs it (the saved
+# inputs of the column-parallel linears kept as sequence shards and all-gathered again in backward:
+# `planner.Plan.sp_regather`); ring CP.
 LAYOUT_SEARCH = dict(
+    sp_regather=True,
     micro_batch_sizes=(1, 2),
     virtual_stages=(1, 2, 3, 4, 5, 6, 7, 8),
     zero_stages=(0, 1),

@@ -147,7 +147,11 @@ class Workload:
 
 @dataclass(frozen=True)
 class Plan:
-    """One way to run: the mesh and the composed model's options."""
+    """One way to run: the mesh and the composed model's options. sp_regather: predict Megatron's sequence
+    parallelism rather than pylib's -- the column-parallel linears (QKV, the MLP's first, the LM head) save their
+    input as the s/(cp tp) shard and all-gather it again in backward (Megatron-Core's
+    `LinearWithGradAccumulationAndAsyncCommunication`, launched async under the input-gradient GEMM); pylib.tp
+    saves the gathered input. Not a `RunOptions` field: pylib.compose has one SP, the planner predicts both."""
 
     par: ParallelConfig
     sequence_parallel: bool = SEQUENCE_PARALLEL
@@ -158,6 +162,7 @@ class Plan:
     recompute: str = "none"
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
+    sp_regather: bool = False
 
     @property
     def schedule(self) -> str:
@@ -198,6 +203,8 @@ class Plan:
         parts = [self.par.describe()]
         if self.sequence_parallel:
             parts.append("SP")
+        if self.sp_regather and self.sequence_parallel:
+            parts.append("regather")
         if self.par.cp > 1:
             parts.append(self.cp_kind)
         if self.zero_stage:
@@ -220,6 +227,7 @@ def canonical(plan: Plan, has_experts: bool = True) -> Plan:
     return replace(
         plan,
         sequence_parallel=plan.sequence_parallel and par.tp > 1,
+        sp_regather=plan.sp_regather and plan.sequence_parallel and par.tp > 1,
         cp_kind=plan.cp_kind if par.cp > 1 else "ring",
         zero_stage=plan.zero_stage if dp_groups else 0,
     )
@@ -261,6 +269,7 @@ def enumerate_plans(
     meshes: tuple[ParallelConfig, ...] | None = None,
     tp_sizes: tuple[int, ...] | None = None,
     cp_sizes: tuple[int, ...] | None = None,
+    sp_regather: bool = False,
 ) -> list[Plan]:
     """Every plan `pylib.plan.problems` accepts for `cfg` on `world_size` ranks and a global batch [batch, seq], each
     once (`canonical`). Candidates: tp cp dp pp = world_size; for an MoE model every ep, etp with ep etp pp
@@ -270,7 +279,8 @@ def enumerate_plans(
     `sequence_parallel`, activation recomputation `recompute` ("none", "selective", "full": full with one layer per
     group, or (recompute, method, num_layers) triples such as ("full", "block", 2)); the rank order `order` is
     fixed (Megatron's default). meshes: only these (tp, cp, ep, dp, pp, etp), e.g. a published layout, with every
-    other knob still varied. tp_sizes / cp_sizes: only these TP / CP sizes when given."""
+    other knob still varied. tp_sizes / cp_sizes: only these TP / CP sizes when given. sp_regather: every SP plan
+    predicted as Megatron runs SP (`Plan.sp_regather`)."""
     _positive(world_size=world_size, batch=batch, seq=seq)
     moe = cfg.moe is not None
     out = []
@@ -305,7 +315,7 @@ def enumerate_plans(
                                 for v in vs:
                                     for m, rc in ((m, rc) for m in ms for rc in recompute):
                                         rc = (rc, "uniform", 1) if isinstance(rc, str) else rc
-                                        plan = Plan(par, sp, kind, zero, m, v, *rc)
+                                        plan = Plan(par, sp, kind, zero, m, v, *rc, sp_regather and sp)
                                         if not problems(cfg, plan, world_size, batch, seq):
                                             out.append(plan)
     return out
@@ -606,7 +616,7 @@ def rank_traffic_rows(
     takes the `expected_routing` (uniform, no dropping), which is what the planner predicts with."""
     layouts = flat_layouts(cfg, plan, pp_rank) if layouts is None else layouts
     kw = dict(batch=batch, seq=seq, pp_rank=pp_rank, layouts=layouts, dp_index=dp_index, edp_index=edp_index)
-    kw.update(ep_index=ep_index, etp_index=etp_index, options=plan.run_options)
+    kw.update(ep_index=ep_index, etp_index=etp_index, options=plan.run_options, sp_regather=plan.sp_regather)
     if moe_routing is not None:
         return compose_analysis.step_traffic(cfg, plan.par, moe_routing=moe_routing, **kw)
     routing = expected_routing(cfg, plan, batch, seq, pp_rank)
@@ -668,13 +678,14 @@ def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank:
         attention,
         par.etp,
         (plan.recompute, plan.recompute_method, plan.recompute_num_layers),
+        plan.sp_regather,
     )
     return peak_saved_bytes(list(chunks), plan.schedule, par.pp, plan.n_microbatches, plan.v, pp_rank)
 
 
 @functools.lru_cache(maxsize=65536)
 def _chunk_bytes(
-    cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, etp, recompute=("none", "uniform", 1)
+    cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, etp, recompute=("none", "uniform", 1), regather=False
 ) -> tuple[int, ...]:
     return tuple(
         chunk_saved_bytes(
@@ -693,6 +704,7 @@ def _chunk_bytes(
             recompute=recompute[0],
             recompute_method=recompute[1],
             recompute_num_layers=recompute[2],
+            sp_regather=regather,
         )
     )
 
@@ -731,7 +743,7 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
     secs: dict[tuple, float] = {}
     for r in moved_rows:
         bw = cluster.intra_node_bandwidth if intra[r.axis] else cluster.inter_node_bandwidth
-        key = (r.axis, r.phase, r.op)
+        key = (r.axis, r.phase, "regather" if r.where.endswith(".regather") else r.op)
         secs[key] = secs.get(key, 0.0) + r.bytes_sent / bw
     out: dict[str, float] = {}
     dp = {"reduce": 0.0, "gather_opt": 0.0, "gather_fwd": 0.0}
@@ -747,7 +759,9 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
             else:
                 dp["reduce"] += x
             continue
-        if axis in ("tp", "tp-cp", "etp"):
+        if op == "regather":  # launched async before the input-gradient GEMM it runs under
+            x = min(tp_keep * x, max(0.0, x - m * t.column_dgrad))
+        elif axis in ("tp", "tp-cp", "etp"):
             x *= tp_keep
         elif axis == "pp":
             x *= min(1.0, (pp - 1) / (v * m))

@@ -134,7 +134,9 @@ PRESETS: dict[str, tuple[ModelConfig, int, int, int]] = {
     "DeepSeek-V3-class MoE": (deepseek_v3_like(), 256, 1024, 4096),
 }
 DEFAULT = "Llama-2-70B-class dense (GQA)"
-SEARCH = dict(micro_batch_sizes=(1, 2), virtual_stages=(1, 2))  # the explorer's search (see rank_plans)
+# The chapter's search (see rank_plans). sp_regather: real models are predicted as Megatron runs SP (the saved
+# inputs of the column-parallel linears kept as shards, all-gathered again in backward: `planner.Plan.sp_regather`).
+SEARCH = dict(micro_batch_sizes=(1, 2), virtual_stages=(1, 2), sp_regather=True)
 
 
 # ------------------------------------------------------------------------------------------------ tables
@@ -186,7 +188,9 @@ def plans_html(ranked: list[P.Prediction]) -> str:
 
 # ------------------------------------------------------------------------------------------------ the explorer
 
-EXPLORER_SEARCH = dict(micro_batch_sizes=(1,), virtual_stages=(1,), expert_tp=(1,), sequence_parallel=(True,))
+EXPLORER_SEARCH = dict(
+    micro_batch_sizes=(1,), virtual_stages=(1,), expert_tp=(1,), sequence_parallel=(True,), sp_regather=True
+)
 EXPLORER_PRESETS = [name for name in PRESETS if not name.startswith("DeepSeek")]  # 256 experts: seconds per update
 WORLD_SIZES = [8, 16, 32, 64, 128, 256]
 GPU_MEMORY = {"40 GB (A100 40G)": 40e9, "80 GB (H100)": 80e9, "141 GB (H200)": 141e9}
