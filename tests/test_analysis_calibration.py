@@ -155,6 +155,29 @@ def test_megatron_sp_saves_shards_and_regathers_them_in_backward():
 def test_pylib_runs_are_predicted_without_regather_by_default():
     plans = P.enumerate_plans(GPT, 16, 32, 256, micro_batch_sizes=(1,), zero_stages=(0,))
     assert plans and not any(p.sp_regather for p in plans)
-    assert all(p.sp_regather == p.sequence_parallel for p in P.enumerate_plans(
-        GPT, 16, 32, 256, micro_batch_sizes=(1,), zero_stages=(0,), sp_regather=True
-    ))
+    assert all(
+        p.sp_regather == p.sequence_parallel
+        for p in P.enumerate_plans(GPT, 16, 32, 256, micro_batch_sizes=(1,), zero_stages=(0,), sp_regather=True)
+    )
+
+
+def test_fp32_gradients_double_the_gradient_bytes_and_the_dp_reductions_only():
+    """Workload.grad_reduce="float32" (Megatron-LM's default for bf16): 4-byte gradient buffers (what pylib.dp
+    holds under MixedPrecision(grad_reduce="float32"): tests/test_dp_mixed_precision.py) and 4-byte DP
+    reductions; the parameters, the optimizer state and the parameter all-gathers are unchanged."""
+    plan = P.Plan(pc(tp=8, dp=8), sequence_parallel=True, zero_stage=1, n_microbatches=4)
+    bf16, fp32 = WORK, replace(WORK, grad_reduce="float32")
+    m16, m32 = (P.rank_memory(GPT, plan, w, 0) for w in (bf16, fp32))
+    assert m32["grads"] == 2 * m16["grads"] and m32["params"] == m16["params"] and m32["optim"] == m16["optim"]
+    rows = P.rank_traffic_rows(GPT, plan, WORK.batch, WORK.seq, 0)
+    wide = P.gradient_dtype_rows(rows, fp32)
+    for r, w in zip(rows, wide):
+        grads = r.axis in P.DP_AXES and r.op in ("all_reduce", "reduce_scatter")
+        assert w.bytes_sent == (2 if grads else 1) * r.bytes_sent
+    assert any(r.axis == "dp-cp" and r.op == "reduce_scatter" for r in rows)
+    assert (
+        _step(plan).ranks[0].traffic["dp-cp"]["bytes_sent"]
+        < P.predict(GPT, plan, fp32, P.Cluster(64)).ranks[0].traffic["dp-cp"]["bytes_sent"]
+    )
+    with pytest.raises(ValueError, match="grad_reduce"):
+        P.Workload(8, 64, precision="uniform", grad_reduce="float32")

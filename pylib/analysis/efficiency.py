@@ -123,9 +123,10 @@ def microbatch_seconds(
         stage = c * par.pp + pp_rank
         for i in layers:
             moe = cfg.moe is not None and cfg.is_moe_layer(i)
-            gs = [gemm_seconds(m, n, k, e, peak_flops, hbm_bandwidth, eta) for m, n, k in layer_gemms(
-                cfg, tokens, tp, moe, par.ep, par.etp
-            )]
+            gs = [
+                gemm_seconds(m, n, k, e, peak_flops, hbm_bandwidth, eta)
+                for m, n, k in layer_gemms(cfg, tokens, tp, moe, par.ep, par.etp)
+            ]
             g = sum(gs)
             dgrad += gs[0] + (0.0 if moe else gs[2])  # dX of QKV and of the MLP's first GEMM: as long as forward
             fwd += g + core + elem

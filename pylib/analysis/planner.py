@@ -19,7 +19,8 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
             is pylib's one-dtype run (Adam's two moments in it: `dp.held_bytes`), "mixed" the ZeRO paper's
             16-bit weights and gradients with 12 bytes of fp32 state per parameter (`dp.paper_bytes`) -- what
             `pylib.dp` holds under `MixedPrecision(grad_reduce="bfloat16")`, byte for byte (tests/
-            test_dp_mixed_precision.py; fp32 gradient reduction is `dp.mixed_held_bytes`, not a planner option);
+            test_dp_mixed_precision.py); `Workload.grad_reduce="float32"` keeps and reduces the gradients in fp32
+            (`dp.mixed_held_bytes` of `MixedPrecision(grad_reduce="float32")`, Megatron-LM's default for bf16);
             activations: the bytes each chunk keeps for backward per microbatch (`activations.chunk_saved_bytes`)
             at the peak of the schedule (`activations.peak_saved_bytes`); under ZeRO-3 also the two largest
             layers' gathered parameters (`dp.zero3_peak_param_bytes`, one running and one prefetched).
@@ -60,7 +61,7 @@ from fractions import Fraction
 
 from pylib.plan.layout import FlatEntry, FlatLayout
 from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
-from pylib.plan.options import CP_KINDS, SEQUENCE_PARALLEL, ZERO_STAGES, RunOptions
+from pylib.plan.options import CP_KINDS, SEQUENCE_PARALLEL, ZERO_STAGES, MixedPrecision, RunOptions
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
 from pylib.plan.split import chunk_layers
@@ -76,6 +77,7 @@ from .efficiency import CostModel, MicrobatchTime, microbatch_seconds
 from .shapes import dtype_bytes, kv_heads_per_rank, weight_shapes
 
 PRECISIONS = ("uniform", "mixed")
+GRAD_REDUCE = ("bfloat16", "float32")
 MIXED_STATE_BYTES = dp_analysis.PAPER_K  # fp32 master copy, momentum and variance per parameter
 GB = 1e9
 
@@ -129,13 +131,18 @@ class Workload:
     """One training step: `batch` sequences of `seq` tokens (the global batch), the precision of the model state
     ("mixed": 16-bit parameters and gradients, 12 bytes of fp32 state per parameter; "uniform": everything in the
     model's dtype with `optimizer_states` tensors of state, as pylib runs) and the attention kernel outside CP
-    ("flash" keeps no score matrix; "math" is pylib's unfused core)."""
+    ("flash" keeps no score matrix; "math" is pylib's unfused core). grad_reduce (with "mixed"): the dtype the
+    gradients are accumulated, kept and reduced in -- "bfloat16" (the ZeRO paper's 2 bytes) or "float32" (4 bytes:
+    Megatron-LM's default for bf16 training, `--main-grads-dtype fp32`, which sets
+    `accumulate_allreduce_grads_in_fp32`; pylib's `MixedPrecision(grad_reduce="float32")`). The DP reductions
+    then move 4-byte gradients; the parameter all-gathers stay 16-bit."""
 
     batch: int
     seq: int
     precision: str = "mixed"
     attention: str = "flash"
     optimizer_states: int = 2
+    grad_reduce: str = "bfloat16"
 
     def __post_init__(self):
         _positive(batch=self.batch, seq=self.seq)
@@ -143,6 +150,15 @@ class Workload:
             raise ValueError(f"precision={self.precision!r} must be one of {PRECISIONS}")
         if self.attention not in ATTENTION_KERNELS:
             raise ValueError(f"attention={self.attention!r} must be one of {ATTENTION_KERNELS}")
+        if self.grad_reduce not in GRAD_REDUCE:
+            raise ValueError(f"grad_reduce={self.grad_reduce!r} must be one of {GRAD_REDUCE}")
+        if self.grad_reduce != "bfloat16" and self.precision != "mixed":
+            raise ValueError(f"grad_reduce={self.grad_reduce!r} needs precision='mixed'")
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes of one gradient element as kept and reduced: 2 or 4."""
+        return 4 if self.grad_reduce == "float32" else 2
 
 
 @dataclass(frozen=True)
@@ -436,10 +452,13 @@ def _flat_layouts(cfg, tp, ep, etp, pp, v, pp_rank, zero, d_dense, d_expert) -> 
     return tuple(out)
 
 
-def model_state_bytes(layouts: list[FlatLayout], zero_stage: int, precision: str, optimizer_states: int = 2) -> dict:
+def model_state_bytes(
+    layouts: list[FlatLayout], zero_stage: int, precision: str, optimizer_states: int = 2, grad_bytes: int = 2
+) -> dict:
     """Parameter, gradient and optimizer-state bytes one rank holds: `compose.dp_held_bytes` (uniform precision,
     what pylib runs) or `dp.paper_bytes` per buffer (mixed precision, the ZeRO paper's 16-bit weights and 12 bytes
-    of fp32 state)."""
+    of fp32 state); grad_bytes=4: fp32 gradients, `dp.mixed_held_bytes` of `MixedPrecision(grad_reduce="float32")`
+    per buffer (what `pylib.dp` holds under that recipe)."""
     if precision == "uniform":
         return compose_analysis.dp_held_bytes(layouts, zero_stage, optimizer_states=optimizer_states)
     if precision != "mixed":
@@ -451,7 +470,12 @@ def model_state_bytes(layouts: list[FlatLayout], zero_stage: int, precision: str
             raise ValueError(f"precision='mixed' counts 16-bit parameters; the model's dtype is {lay.dtype}")
         d = lay.parts if zero_stage else 1
         n = lay.padded_numel if zero_stage else lay.numel
-        for k, v in dp_analysis.paper_bytes(n, d, stage, k=MIXED_STATE_BYTES).items():
+        if grad_bytes == 2:
+            held = dp_analysis.paper_bytes(n, d, stage, k=MIXED_STATE_BYTES)
+        else:
+            recipe = MixedPrecision("bfloat16", grad_reduce={4: "float32"}[grad_bytes])
+            held = dp_analysis.mixed_held_bytes(n, d, stage, recipe, padded_params=n, optimizer_states=2)
+        for k, v in held.items():
             total[k] += v
     return total
 
@@ -643,7 +667,9 @@ def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: i
     par = plan.par
     world = par.world_size if world_size is None else world_size
     key = (par.tp, par.ep, par.etp, par.pp, plan.v, pp_rank, plan.zero_stage, plan.dp_cp, par.expert_dp(world))
-    params, grads, optim, gathered = _state(cfg, key, workload.precision, workload.optimizer_states)
+    params, grads, optim, gathered = _state(
+        cfg, key, workload.precision, workload.optimizer_states, workload.grad_bytes
+    )
     acts = _activations(cfg, plan, workload.batch, workload.seq, workload.attention, pp_rank)
     return dict(
         params=params,
@@ -656,9 +682,9 @@ def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: i
 
 
 @functools.lru_cache(maxsize=65536)
-def _state(cfg, key: tuple, precision: str, optimizer_states: int) -> tuple:
+def _state(cfg, key: tuple, precision: str, optimizer_states: int, grad_bytes: int = 2) -> tuple:
     layouts = list(_flat_layouts(cfg, *key))
-    state = model_state_bytes(layouts, key[6], precision, optimizer_states)
+    state = model_state_bytes(layouts, key[6], precision, optimizer_states, grad_bytes)
     return state["params"], state["grads"], state["optim"], zero3_gathered_bytes(layouts, key[6])
 
 
@@ -793,7 +819,7 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
     for r in evaluated_ranks(par.pp):
         mem = rank_memory(cfg, plan, workload, r, cluster.world_size)
         layouts = flat_layouts(cfg, plan, r, cluster.world_size)
-        rows = rank_traffic_rows(cfg, plan, workload.batch, workload.seq, r, layouts)
+        rows = gradient_dtype_rows(rank_traffic_rows(cfg, plan, workload.batch, workload.seq, r, layouts), workload)
         t = rank_times(cfg, plan, workload, cluster, r)
         exposed = exposed_seconds(plan, rows, t, cluster, intra)
         ranks.append(RankPrediction(r, mem, compose_analysis.per_axis(rows), sum(exposed.values()), t, exposed))
@@ -815,6 +841,23 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
 
 
 DP_AXES = ("dp-cp", "edp")
+
+
+def gradient_dtype_rows(rows: list, workload: Workload) -> list:
+    """The traffic rows with the data-parallel gradient reductions (all-reduce, reduce-scatter on dp-cp and edp)
+    in the workload's gradient dtype: `compose.step_traffic` counts them in the parameters' 16 bits; fp32
+    gradients (`Workload.grad_reduce="float32"`) send twice the bytes (`dp.mixed_traffic_by_op`). Parameter
+    all-gathers stay 16-bit."""
+    scale = workload.grad_bytes // 2
+    if scale == 1:
+        return rows
+    grads = ("all_reduce", "reduce_scatter")
+    return [
+        replace(r, bytes_sent=r.bytes_sent * scale, payload=r.payload * scale)
+        if r.axis in DP_AXES and r.op in grads
+        else r
+        for r in rows
+    ]
 
 
 def compute_time(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:

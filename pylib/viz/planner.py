@@ -134,6 +134,15 @@ PRESETS: dict[str, tuple[ModelConfig, int, int, int]] = {
     "DeepSeek-V3-class MoE": (deepseek_v3_like(), 256, 1024, 4096),
 }
 DEFAULT = "Llama-2-70B-class dense (GQA)"
+
+
+def megatron_workload(batch: int, seq: int) -> P.Workload:
+    """A step of `batch` sequences of `seq` tokens as Megatron-LM trains it in bf16 by default: mixed precision
+    with fp32 gradients (`--main-grads-dtype fp32`, which turns on `accumulate_allreduce_grads_in_fp32`: 4-byte
+    gradient buffers and DP reductions). The chapter and the explorer rank real models on it."""
+    return P.Workload(batch, seq, grad_reduce="float32")
+
+
 # The chapter's search (see rank_plans). sp_regather: real models are predicted as Megatron runs SP (the saved
 # inputs of the column-parallel linears kept as shards, all-gathered again in backward: `planner.Plan.sp_regather`).
 SEARCH = dict(micro_batch_sizes=(1, 2), virtual_stages=(1, 2), sp_regather=True)
@@ -304,7 +313,7 @@ def static_explorer(states=STATIC_STATES, top: int = 5):
 def _ranked(name: str, world: int, batch: int, seq: int, memory: float, top: int) -> list[P.Prediction]:
     cfg = PRESETS[name][0]
     cluster = P.Cluster(world, gpu_memory=memory)
-    return P.rank_plans(cfg, P.Workload(batch, seq), cluster, top=top, **EXPLORER_SEARCH)
+    return P.rank_plans(cfg, megatron_workload(batch, seq), cluster, top=top, **EXPLORER_SEARCH)
 
 
 # ------------------------------------------------------------------------------------------------ calibration, knobs
