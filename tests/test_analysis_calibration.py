@@ -149,7 +149,8 @@ def test_megatron_sp_saves_shards_and_regathers_them_in_backward():
         r.bytes_sent for r in re
     )
     p0, p1 = _step(pylib_sp).ranks[0], _step(megatron).ranks[0]
-    assert p1.times.column_dgrad > 0 and p1.exposed["tp"] <= p0.exposed["tp"] + 1e-12  # hidden under dX GEMMs
+    # the regather and the input gradient's reduce-scatter run under the dX and dW GEMMs: less exposed
+    assert p1.times.column_dgrad > 0 and p1.exposed["tp"] < p0.exposed["tp"]
 
 
 def test_pylib_runs_are_predicted_without_regather_by_default():

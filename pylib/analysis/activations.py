@@ -18,6 +18,9 @@ which the TP tests measure byte for byte. Three things change them inside the co
                    `recompute.core_input_bytes`); recompute="full" keeps, for each group of layers
                    `pylib.plan.recompute.recompute_groups` names within a chunk, only the group's input
                    [b, s/cp, h] ([b, s/(cp tp), h] under SP), and the other layers' rows as they are
+  Megatron's SP    sp_regather=True: the QKV and MLP inputs (and the LM head's) are kept as the s/(cp tp) shard and
+                   all-gathered again in backward (`tp.compare_with_korthikanti(regather=True)`); pylib.tp keeps
+                   them gathered (the default, which the tests measure)
   the stage ends   the first virtual stage keeps the token ids and the vocab-parallel embedding's mask; the last keeps
                    the final LayerNorm's input and statistics, the LM head's input, one [b, s/cp, V/tp] logits tensor
                    and the targets with their mask (`stage_end_rows`).

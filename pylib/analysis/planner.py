@@ -24,9 +24,13 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
             activations: the bytes each chunk keeps for backward per microbatch (`activations.chunk_saved_bytes`)
             at the peak of the schedule (`activations.peak_saved_bytes`); under ZeRO-3 also the two largest
             layers' gathered parameters (`dp.zero3_peak_param_bytes`, one running and one prefetched).
+            Plan.sp_regather predicts Megatron's SP instead of pylib's: the column-parallel linears' inputs are
+            kept as sequence shards (`activations.chunk_saved_bytes(sp_regather=True)`).
   traffic   bytes each rank sends per step on each axis: `compose.step_traffic`, the sum of every mode's formulas,
             evaluated on this rank's flat buffers as `pylib.dp` would lay them out (one buffer per chunk and group;
-            ZeRO-3 one per layer) and, for MoE layers, the expected routing (uniform, no dropping).
+            ZeRO-3 one per layer) and, for MoE layers, the expected routing (uniform, no dropping); with
+            sp_regather one more all-gather per column-parallel linear in backward; DP's gradient reductions in
+            the workload's gradient dtype (`gradient_dtype_rows`).
   compute   seconds per microbatch on each evaluated rank (`efficiency.microbatch_seconds`): every GEMM of its
             layers on a roofline with an achievable fraction eta of the peak, the elementwise work at the memory's
             bandwidth, backward twice the forward, recomputation's extra forward (`recompute.extra_forward_flops`).
@@ -34,7 +38,8 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
 The cost model (book/part4/planner.md states each term with its formula):
   step time  = m t_mu + (pp - 1) / v t_mu + the most exposed communication of the evaluated ranks, t_mu the
                slowest rank's forward + backward of one microbatch (1F1B and interleaved 1F1B)
-  exposed    `exposed_seconds`: TP/SP in full, or (1 - tp_overlap) with `Cluster.tp_comm_overlap`; ring CP less
+  exposed    `exposed_seconds`: TP/SP in full, or (1 - tp_overlap) with `Cluster.tp_comm_overlap` (SP's
+               regather only past the input-gradient GEMMs it runs under); ring CP less
                the attention core it hides behind; Ulysses and EP in full; PP's fill and drain, (pp-1)/(v m) of
                its sends; DP by ZeRO stage (DDP / ZeRO-1 behind the last microbatch's backward, ZeRO-2's
                reduce-scatter and ZeRO-3's gathers behind every microbatch's); a latency per message of a model
@@ -754,13 +759,17 @@ def rank_times(cfg, plan: Plan, workload: Workload, cluster: Cluster, pp_rank: i
 
 
 def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster, intra: dict) -> dict[str, float]:
-    """Seconds of this rank's communication left on the critical path, by axis (the module docstring's overlap
-    rules): TP/SP (and ETP, TP-CP) in full, or (1 - tp_overlap) of it with `tp_comm_overlap`; ring CP less the
-    attention core it hides behind; Ulysses and EP in full; PP's sends of the fill and drain, (pp - 1) / (v m) of
-    them; DP by ZeRO stage: DDP / ZeRO-1 reduce once, behind the last microbatch's backward, ZeRO-1/2 gather the
-    updated parameters behind the next step's first forward, ZeRO-2 reduce-scatters every microbatch behind its
-    backward, ZeRO-3 gathers every microbatch behind its forward and again (with the reduce-scatter) behind its
-    backward. Without `overlap_dp` every DP byte counts. Every op of the model axes (tp, cp, ep, pp: each
+    """Seconds of this rank's communication left on the critical path, by axis (the module docstring's overlap rules):
+    TP/SP (and ETP, TP-CP) in full, or (1 - tp_overlap) of it with `tp_comm_overlap`; ring CP less the attention
+    core it hides behind; Ulysses and EP in full; PP's sends of the fill and drain, (pp - 1) / (v m) of them; DP by
+    ZeRO stage: DDP / ZeRO-1 reduce once, behind the last microbatch's backward, ZeRO-1/2 gather the updated
+    parameters behind the next step's first forward, ZeRO-2 reduce-scatters every microbatch behind its backward,
+    ZeRO-3 gathers every microbatch behind its forward and again (with the reduce-scatter) behind its backward.
+    Without `overlap_dp` every DP byte counts. Megatron's SP (`Plan.sp_regather`) issues two of its backward
+    collectives asynchronously in the column- parallel linears (`megatron/core/tensor_parallel/layers.py`): the
+    regather of the saved input, under the input- gradient GEMM, and the input gradient's reduce-scatter, under the
+    weight-gradient GEMM; each is exposed only past that GEMM (`MicrobatchTime.column_dgrad`, both GEMMs as long as
+    the forward's), and at most as much as the other TP traffic. Every op of the model axes (tp, cp, ep, pp: each
     collective, each ring step's send) also waits `CostModel.latency` before its bytes move ("latency"): what makes
     many small messages (CP on short sequences, thousands of microbatches) cost more than their bytes. And hidden
     communication is not free: NCCL's kernels take SMs from the GEMMs they overlap, so every hidden second slows
@@ -769,7 +778,12 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
     secs: dict[tuple, float] = {}
     for r in moved_rows:
         bw = cluster.intra_node_bandwidth if intra[r.axis] else cluster.inter_node_bandwidth
-        key = (r.axis, r.phase, "regather" if r.where.endswith(".regather") else r.op)
+        op = r.op
+        if r.where.endswith(".regather"):
+            op = "regather"
+        elif plan.sp_regather and r.axis == "tp" and r.phase == "backward" and r.op == "reduce_scatter":
+            op = "wgrad_overlap"  # Megatron: the input gradient's reduce-scatter runs under the weight gradient
+        key = (r.axis, r.phase, op)
         secs[key] = secs.get(key, 0.0) + r.bytes_sent / bw
     out: dict[str, float] = {}
     dp = {"reduce": 0.0, "gather_opt": 0.0, "gather_fwd": 0.0}
@@ -785,7 +799,7 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
             else:
                 dp["reduce"] += x
             continue
-        if op == "regather":  # launched async before the input-gradient GEMM it runs under
+        if op in ("regather", "wgrad_overlap"):  # launched async before the GEMM it runs under (dX, dW)
             x = min(tp_keep * x, max(0.0, x - m * t.column_dgrad))
         elif axis in ("tp", "tp-cp", "etp"):
             x *= tp_keep
