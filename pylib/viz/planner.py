@@ -212,7 +212,8 @@ def explorer_title(name: str, world: int, batch: int, seq: int, memory: float) -
 class PlannerExplorer:
     """Choose a model, the GPUs and the step's batch; see the cost model's best plans with their memory and traffic
     per GPU (`pylib.analysis.planner.rank_plans` over `EXPLORER_SEARCH`: one sequence per microbatch, no virtual
-    stages, no expert TP, SP whenever TP > 1 -- the same TP bytes, fewer activations). On a 2-core CPU an update
+    stages, no expert TP, SP whenever TP > 1 -- Megatron's, with the regather -- and Megatron's default fp32 gradients,
+    `megatron_workload`). On a 2-core CPU an update
     takes under a second for the dense presets and up to about 3 s for the MoE on 256 GPUs (answers are cached, so
     going back is instant). Its controls need a kernel: the container carries the class "pb-needs-kernel", which
     the static site disables with a notice; `static_explorer` is the kernel-free version. `text()` prints the
