@@ -164,3 +164,16 @@ def test_styled_runs_a_figure_function_under_the_style_and_keeps_its_signature()
 def test_amber_is_a_fill_that_takes_ink():
     assert style.ink_on(style.AMBER) == style.INK
     assert style.contrast_ratio(style.INK, style.AMBER) >= 7.0
+
+
+def test_legible_pt_keeps_small_text_legible_on_any_figure_width():
+    import matplotlib.pyplot as plt
+
+    for width_in in (3.0, style.COLUMN_PX / 100, 10.0, 16.0):
+        fig = plt.figure(figsize=(width_in, 2), dpi=100)
+        pt = style.legible_pt(fig, 7)
+        fig.text(0.5, 0.5, "1/2", fontsize=pt)
+        assert style.smallest_text_px(fig) >= style.LEGIBLE_PX
+        if width_in * 100 <= style.COLUMN_PX:
+            assert pt == 7  # a figure shown at its natural width keeps the size asked for
+        plt.close(fig)

@@ -19,7 +19,6 @@ from matplotlib.patches import Patch, Rectangle
 from pylib.plan.options import ZeroStage
 
 from . import style
-from ._legible import legible_pt
 
 TRANSIENT = style.PURPLE  # memory resident only for a while: ZeRO-3's gathered unit, ZeRO-2's buckets on the wire
 BUCKETS = (style.COMM, style.tint(style.COMM, 0.45))  # neighbouring gradient buckets, told apart
@@ -69,8 +68,8 @@ def plot_zero_memory(
         handles.append(Patch(facecolor="none", edgecolor=TRANSIENT, hatch="///", label="transient (peak)"))
     if formula is not None:
         handles.append(Line2D([], [], linestyle="--", color=style.TEXT, label="formula"))
-    ax.legend(handles=handles, fontsize=legible_pt(fig, 8), loc="upper right")
-    ax.set_title(title or "Model state per rank, measured", fontsize=legible_pt(fig, 10))
+    ax.legend(handles=handles, fontsize=style.legible_pt(fig, 8), loc="upper right")
+    ax.set_title(title or "Model state per rank, measured", fontsize=style.legible_pt(fig, 10))
     fig.tight_layout()
     return fig
 
@@ -101,7 +100,7 @@ def _memory_bar(ax, i: int, m: dict, scale: float, show_peak: bool) -> None:
             )
         )
     above = bottom + (extra / scale if show_peak and extra > 0 else 0)  # the label sits above any hatching
-    ax.text(i, above, f"{bottom:,.1f}", ha="center", va="bottom", fontsize=legible_pt(ax.figure, 8))
+    ax.text(i, above, f"{bottom:,.1f}", ha="center", va="bottom", fontsize=style.legible_pt(ax.figure, 8))
 
 
 @style.styled
@@ -156,12 +155,12 @@ def plot_bucket_overlap(reports, *, title: str | None = None, unit: str = "ms", 
         right = max(right, end * scale)
     ax.set_xlim(0, right * 1.03 if right > 0 else 1)
     ax.set_ylim(-y + 0.4, 0.6)
-    ax.set_yticks(ticks, labels, fontsize=legible_pt(fig, 8))
-    ax.tick_params(axis="x", labelsize=legible_pt(fig, 9))
-    ax.set_xlabel(f"time since backward began ({unit})", fontsize=legible_pt(fig, 10))
+    ax.set_yticks(ticks, labels, fontsize=style.legible_pt(fig, 8))
+    ax.tick_params(axis="x", labelsize=style.legible_pt(fig, 9))
+    ax.set_xlabel(f"time since backward began ({unit})", fontsize=style.legible_pt(fig, 10))
     hidden = sum(r.hidden_fraction for r in reports) / len(reports)
     ax.set_title(
-        title or f"Buckets during backward: {hidden:.0%} of communication hidden", fontsize=legible_pt(fig, 10)
+        title or f"Buckets during backward: {hidden:.0%} of communication hidden", fontsize=style.legible_pt(fig, 10)
     )
     fig.tight_layout()
     return fig
@@ -288,9 +287,9 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
     `layout.parts` equal slices, and which rank owns which slice (ZeRO's layout)."""
     n = layout.padded_numel
     fig, ax = style.figure_axes(ax, figsize=(7.2, 2.4), grid=False)
-    small = legible_pt(fig, 8)
+    small = style.legible_pt(fig, 8)
     ax.set_axis_off()
-    _draw_buffer(ax, layout, legible_pt(fig, 7))
+    _draw_buffer(ax, layout, style.legible_pt(fig, 7))
     for r in range(layout.parts):
         lo, hi = layout.shard_range(r)
         colour = style.rank_colour(r)
@@ -306,7 +305,7 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
         title
         or f"{layout.key}: {len(layout.entries)} parameters, {layout.numel} elements{pad}, "
         f"{layout.parts} slices of {layout.shard_numel}",
-        fontsize=legible_pt(fig, 10),
+        fontsize=style.legible_pt(fig, 10),
     )
     fig.tight_layout()
     return fig
@@ -360,7 +359,7 @@ def plot_zero3_resident(timeline, shard_bytes: int, *, unit: str = "KiB", ax=Non
     xs = list(range(len(rows)))
     bs = [b / scale for _, b, _ in rows]
     fig, ax = style.figure_axes(ax, figsize=(7.2, 3.4), grid="y")
-    small, label = legible_pt(fig, 7), legible_pt(fig, 8)
+    small, label = style.legible_pt(fig, 7), style.legible_pt(fig, 8)
     ax.step(xs + [len(rows)], bs + [bs[-1]], where="post", color=style.PARAMS, linewidth=1.8, gid="resident")
     ax.axhline(shard_bytes / scale, linestyle="--", color=style.TEXT, linewidth=1, gid="shards")
     top = max(bs)
@@ -378,6 +377,6 @@ def plot_zero3_resident(timeline, shard_bytes: int, *, unit: str = "KiB", ax=Non
     ax.set_xticks([])
     ax.set_xlabel("gathers and frees, in the order they happened")
     ax.set_ylabel(f"parameters resident ({unit})")
-    ax.set_title(f"ZeRO-3: one unit gathered at a time, peak {top:,.1f} {unit}", fontsize=legible_pt(fig, 10))
+    ax.set_title(f"ZeRO-3: one unit gathered at a time, peak {top:,.1f} {unit}", fontsize=style.legible_pt(fig, 10))
     fig.tight_layout()
     return fig

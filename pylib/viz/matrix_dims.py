@@ -63,17 +63,17 @@ def fig_dim_orth(cuts: dict[str, dict[str, float]], modes=MODES, dims=DIMS):
                     f"1/{round(1 / share)}",
                     ha="center",
                     va="center",
-                    fontsize=9,
+                    fontsize=style.legible_pt(fig, 9),
                     color=style.ink_on(colours[mode]),
                     fontweight="bold",
                 )
     ax.set_xticks(np.arange(len(dims)) + 0.5, [DIM_TICKS.get(d, d) for d in dims])
     ax.set_yticks(np.arange(len(modes)) + 0.5, modes)
-    ax.tick_params(length=0)
+    ax.tick_params(length=0, labelsize=style.legible_pt(fig, 9))
     ax.xaxis.tick_top()
     ax.set_title(
         "share of each dimension one rank holds, measured on 2 ranks per mode (SP: beyond TP's cuts)",
-        fontsize=9,
+        fontsize=style.legible_pt(fig, 9),
         pad=34,
     )
     fig.tight_layout()

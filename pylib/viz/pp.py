@@ -16,7 +16,6 @@ from matplotlib.patches import Patch, Rectangle
 from ..pp.simulate import simulate
 from ..pp.timeline import as_events, bubble, idle_intervals
 from . import style
-from ._legible import legible_pt
 
 
 def _shade(color: str, chunk: int, n_chunks: int) -> str:
@@ -48,7 +47,7 @@ def plot_timeline(
     if xlim is None:
         t_min, t_max = min(e.start for e in events), max(e.end for e in events)
         xlim = (t_min, t_max + 0.01 * (t_max - t_min))
-    small = legible_pt(fig, 7)  # bar labels: legible at the page's column on whatever figure ax is part of
+    small = style.legible_pt(fig, 7)  # bar labels: legible at the page's column on whatever figure ax is part of
     # a label is drawn only where it fits: about 0.6 of the font size per character, in data units
     per_char = 0.6 * small / 72 * (xlim[1] - xlim[0]) / (ax.get_position().width * fig.get_figwidth())
     _draw_compute(ax, compute, n_chunks, per_char, small)
@@ -62,13 +61,14 @@ def plot_timeline(
     ax.set_xlabel("time" + (f" ({unit})" if unit else ""))
     b = bubble(events)
     head = f"{title}: " if title else ""
-    title_pt = legible_pt(fig, 10)
+    title_pt = style.legible_pt(fig, 10)
     ax.set_title(f"{head}bubble {b.mean_relative:.3f} of ideal ({b.mean_share:.1%} of the step)", fontsize=title_pt)
-    ax.tick_params(labelsize=legible_pt(fig, 9))
-    ax.xaxis.label.set_fontsize(legible_pt(fig, 9))
+    ax.tick_params(labelsize=style.legible_pt(fig, 9))
+    ax.xaxis.label.set_fontsize(style.legible_pt(fig, 9))
     handles = _timeline_legend(n_chunks, shade_bubble, show_comm)
     ncol = len(handles) if len(handles) <= 4 else (len(handles) + 1) // 2
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=ncol, fontsize=legible_pt(fig, 8))
+    legend_pt = style.legible_pt(fig, 8)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=ncol, fontsize=legend_pt)
     fig.tight_layout()
     return fig
 
@@ -198,8 +198,8 @@ def plot_bubble_sweep(rows, *, title: str = "Bubble vs microbatches", ax=None):
     ax.minorticks_off()
     ax.set_xlabel("microbatches m")
     ax.set_ylabel("bubble / ideal time")
-    ax.set_title(title, fontsize=legible_pt(fig, 10))
-    ax.legend(fontsize=legible_pt(fig, 7))
+    ax.set_title(title, fontsize=style.legible_pt(fig, 10))
+    ax.legend(fontsize=style.legible_pt(fig, 7))
     fig.tight_layout()
     return fig
 
@@ -239,7 +239,7 @@ def plot_stage_map(specs_per_rank, *, title: str | None = None, ax=None):
     blocks = [b for b in ["embed", *layers, "head"] if b in owner]
     p = len(specs_per_rank)
     fig, ax = style.figure_axes(ax, figsize=(7.2, 0.6 * p + 1.4), grid=False)
-    small = legible_pt(fig, 8)
+    small = style.legible_pt(fig, 8)
     for x, block in enumerate(blocks):
         r = owner[block]
         colour = style.rank_colour(r)
@@ -267,11 +267,12 @@ def plot_stage_map(specs_per_rank, *, title: str | None = None, ax=None):
         range(len(blocks)), ["embed" if b == "embed" else "ln_f+head" if b == "head" else b.split()[1] for b in blocks]
     )
     ax.set_yticks([-r for r in range(p)], [f"rank {r}" for r in range(p)])
-    ax.tick_params(labelsize=legible_pt(fig, 9))
-    ax.set_xlabel("blocks in forward order (embedding, layers, ln_f + LM head)", fontsize=legible_pt(fig, 9))
+    ax.tick_params(labelsize=style.legible_pt(fig, 9))
+    ax.set_xlabel("blocks in forward order (embedding, layers, ln_f + LM head)", fontsize=style.legible_pt(fig, 9))
     head = f"{title}: " if title else ""
     ax.set_title(
-        f"{head}{boundaries} stage boundaries, each a P2P of [b, s, h] per microbatch", fontsize=legible_pt(fig, 10)
+        f"{head}{boundaries} stage boundaries, each a P2P of [b, s, h] per microbatch",
+        fontsize=style.legible_pt(fig, 10),
     )
     fig.tight_layout()
     return fig

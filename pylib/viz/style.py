@@ -218,10 +218,13 @@ def contrast_ratio(a, b) -> float:
 
 
 # How large a figure's text is on the page. The notebook's inline backend writes a PNG at the figure's dpi; the
-# page shows it at its natural width, or scaled down to the content column when it is wider (the book theme's
-# column at desktop width: COLUMN_PX; tests/site measures it). A figure whose smallest text lands under
-# LEGIBLE_PX pixels there is not legible; tests/test_viz_card.py holds every figure function of pylib.viz to it.
-COLUMN_PX = 720
+# page shows it at its natural width, or scaled down to the content column when it is wider. COLUMN_PX is that
+# column as measured on the built site in a 1280-px-wide window (a laptop): the article is 752 px wide, less its
+# 2 x 32 px padding and a figure's (or a cell output's) 2 x 8 px, so a wide figure is shown 672 px wide;
+# tests/site/test_browser.py checks that no figure is shown narrower than this assumes. A figure whose smallest
+# text lands under LEGIBLE_PX pixels there is not legible; tests/test_viz_card.py holds every figure function of
+# pylib.viz to it.
+COLUMN_PX = 672
 LEGIBLE_PX = 9.0
 
 
@@ -238,3 +241,11 @@ def smallest_text_px(fig, column_px: int = COLUMN_PX) -> float:
         if t.get_visible() and t.get_text().strip() and t.figure is fig
     ]
     return min(sizes, default=float("inf"))
+
+
+def legible_pt(fig, pt: float) -> float:
+    """`pt`, or the font size (points, 1% above the bound) whose text is LEGIBLE_PX high on the page once `fig` is
+    scaled to the content column, whichever is larger: for a figure function that draws on a caller's axes and so
+    does not choose the figure's width (`legible_pt(ax.figure, 7)` is 7 pt on a figure up to COLUMN_PX wide)."""
+    scale = min(1.0, COLUMN_PX / (fig.get_figwidth() * fig.dpi))
+    return max(pt, 1.01 * LEGIBLE_PX * 72 / (fig.dpi * scale))

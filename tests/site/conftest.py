@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -25,11 +26,21 @@ CHROMIUM_ARGS = [
 ]
 
 
+# What the browser measured on each page (width at phone size, weight, ...), for the summary at the end of the run
+# and _build/site-measures.json.
+MEASURES = pytest.StashKey[dict]()
+MEASURES_FILE = sitemap.ROOT / "_build" / "site-measures.json"
+
+
 def pytest_generate_tests(metafunc):
-    """`page` is every HTML page of the built site; `key_page` the few pages that get screenshots."""
+    """`page` is every HTML page of the built site; `widget_page` those that show saved widgets; `key_page` the
+    few pages that get screenshots."""
+    pages = sitemap.site_pages() if sitemap.SITE.is_dir() else []
     if "page" in metafunc.fixturenames:
-        pages = sitemap.site_pages() if sitemap.SITE.is_dir() else []
         metafunc.parametrize("page", pages or ["(no built site)"])
+    if "widget_page" in metafunc.fixturenames:
+        widget_pages = [p for p in pages if sitemap.WIDGET_VIEW in sitemap.parse(p).script_types]
+        metafunc.parametrize("widget_page", widget_pages or ["(no page with widgets)"])
     if "key_page" in metafunc.fixturenames:
         metafunc.parametrize("key_page", [d + ".html" for d in sitemap.key_docnames()])
 
@@ -71,14 +82,44 @@ def browser():
 
 
 @pytest.fixture(scope="session")
+def measures(pytestconfig) -> dict:
+    """{page: {what: value}}: each browser check adds what it measured."""
+    return pytestconfig.stash.setdefault(MEASURES, {})
+
+
+@pytest.fixture(scope="session")
 def screenshots() -> Path:
     shutil.rmtree(sitemap.SCREENSHOTS, ignore_errors=True)
     sitemap.SCREENSHOTS.mkdir(parents=True)
     return sitemap.SCREENSHOTS
 
 
+def _report_measures(terminalreporter) -> None:
+    measured = terminalreporter.config.stash.get(MEASURES, {})
+    if not measured:
+        return
+    MEASURES_FILE.parent.mkdir(parents=True, exist_ok=True)
+    MEASURES_FILE.write_text(json.dumps(measured, indent=1, sort_keys=True) + "\n")
+    terminalreporter.section("pages as measured (also in _build/site-measures.json)")
+    terminalreporter.write_line(
+        f"{'page':34} {'width@390':>9} {'weight MB':>9} {'gzip MB':>8} {'requests':>8} {'widgets':>7}  heaviest"
+    )
+    for page in sorted(measured):
+        m = measured[page]
+        heaviest = ", ".join(f"{name} {size / 1e6:.2f}" for name, size in m.get("heaviest", [])[:3])
+        terminalreporter.write_line(
+            f"{page:34} {m.get('phone_width', '-'):>9} {m.get('weight', 0) / 1e6:>9.2f} "
+            f"{m.get('weight_gzip', 0) / 1e6:>8.2f} {m.get('requests', 0):>8} {m.get('widget_views', 0):>7}  {heaviest}"
+        )
+    if any("column_px" in m for m in measured.values()):
+        widths = sorted({m["column_px"] for m in measured.values() if m.get("column_px")})
+        terminalreporter.write_line(f"width a wide figure gets at 1280 px (pylib.viz.style.COLUMN_PX): {widths}")
+
+
 def pytest_terminal_summary(terminalreporter):
-    """List the labels whose chapter is not in the TOC yet (not a failure; see book/labels.yml)."""
+    """The measures of each page; then the labels whose chapter is not in the TOC yet (not a failure; see
+    book/labels.yml)."""
+    _report_measures(terminalreporter)
     if not sitemap.LABELS.is_file():
         return
     in_toc = set(sitemap.toc_docnames())

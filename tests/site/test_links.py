@@ -1,9 +1,11 @@
 """The built site's links, anchors and assets, read from its HTML files (no browser): every internal link and
 cross-reference lands on an existing page and anchor, every label of book/labels.yml is defined by its chapter, no
-page loads an asset from another host, and the launch and download buttons point where they should."""
+page loads an asset from another host, the widget manager only where there are widgets and the theme's icon script
+nowhere, no emoji check marks, and the launch and download buttons point where they should."""
 
 from __future__ import annotations
 
+import html
 import json
 import posixpath
 import re
@@ -77,6 +79,47 @@ def test_saved_widget_state_covers_every_widget_view(site, page):
     scripts = {sitemap.resolve(page, sitemap.strip_query(s))[0] for s, _ in parsed.scripts}
     needed = {"_static/vendor/requirejs/require.js", "_static/vendor/html-manager/embed-amd.js"}
     assert needed <= scripts, f"{page} shows widgets but does not load {sorted(needed - scripts)}"
+
+
+WIDGET_SCRIPTS = {
+    "_static/vendor/requirejs/require.js",
+    "_static/widget-support.js",
+    "_static/vendor/html-manager/embed-amd.js",
+}
+
+
+def test_widget_manager_loads_only_on_pages_with_widgets(site, page):
+    """The widget manager's bundle is 3.6 MB: a page without saved widget views must not load it."""
+    parsed = sitemap.parse(page, site)
+    if parsed.script_types.count(sitemap.WIDGET_VIEW):
+        return
+    scripts = {sitemap.resolve(page, sitemap.strip_query(s))[0] for s, _ in parsed.scripts}
+    assert not scripts & WIDGET_SCRIPTS, f"{page} shows no widget but loads {sorted(scripts & WIDGET_SCRIPTS)}"
+
+
+ICON_SCRIPT = "_static/scripts/fontawesome.js"
+
+
+def test_no_page_loads_the_theme_icon_script(site, page):
+    """pydata-sphinx-theme's fontawesome.js (1.5 MB) draws nothing its stylesheet's icon fonts do not already draw;
+    tools/site/sphinx_site.py leaves it out (and tests/site/test_browser.py checks that every icon is drawn)."""
+    scripts = {sitemap.resolve(page, sitemap.strip_query(s))[0] for s, _ in sitemap.parse(page, site).scripts}
+    assert ICON_SCRIPT not in scripts, f"{page} loads {ICON_SCRIPT}"
+    assert not (site / ICON_SCRIPT).exists(), f"{ICON_SCRIPT} is in the site"
+
+
+# The emoji check marks: without an emoji font (many Linux desktops) they are empty boxes; the book writes ✓ and ✗.
+EMOJI_MARKS = re.compile("\u2705|\u274c|\u274e|\u2714\ufe0f|\u2716\ufe0f")
+_JSON_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
+
+
+def test_no_emoji_check_marks(site, page):
+    """Over the whole page as written: its text, code, outputs, and the saved widget state (whose HTML is in JSON,
+    where a character may be \\u-escaped)."""
+    text = html.unescape((site / page).read_text(encoding="utf-8"))
+    text = _JSON_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
+    found = Counter(m.group(0) for m in EMOJI_MARKS.finditer(text))
+    assert not found, f"{page}: emoji check marks {dict(found)} (write ✓ and ✗)"
 
 
 def test_every_chapter_in_the_toc_was_built(site):

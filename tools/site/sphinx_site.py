@@ -10,11 +10,20 @@ faults of the Jupyter Book 1 stack that the site test found:
   (which serves that file) gave a notebook without outputs on every rebuild. `restore_executed_notebook` merges
   the cached outputs (and widget state) back in before the theme copies the file.
 
+And it takes out a script nothing needs:
+
+- The icon script. pydata-sphinx-theme puts `_static/scripts/fontawesome.js` (Font Awesome's SVG replacement, 1.5 MB,
+  "so that users can add custom icons") on every page, but its own stylesheet already draws every icon the themes
+  use (`<i class="fa-solid fa-...">`) from Font Awesome's web fonts, which load only with a page that shows one.
+  The template has no switch for it, so `drop_icon_script` takes the tag out of each written page and the file out
+  of the site. tests/site checks that every icon still renders.
+
 It also loads launch_links (this folder): the launch buttons, the run-locally note and the notebook download.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +69,32 @@ def restore_executed_notebook(app, pagename: str, templatename: str, context: di
     nbformat.write(merged, path)
 
 
+# The theme's tag, as its webpack-macros.html writes it: <script defer src="../_static/scripts/fontawesome.js?digest=">
+ICON_SCRIPT = "_static/scripts/fontawesome.js"
+_ICON_SCRIPT_TAG = re.compile(
+    r'[ \t]*<script\b[^>]*\bsrc="[^"]*' + re.escape(ICON_SCRIPT) + r'[^"]*"[^>]*>\s*</script>[ \t]*\n?'
+)
+
+
+def drop_icon_script(app, exception) -> None:
+    """build-finished: take the icon script's tag out of every page of the site, and the script out of _static."""
+    if exception is not None or app.builder.format != "html":
+        return
+    out = Path(app.outdir)
+    for page in out.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        kept = _ICON_SCRIPT_TAG.sub("", text)
+        if kept != text:
+            page.write_text(kept, encoding="utf-8")
+    for path in out.joinpath(ICON_SCRIPT).parent.glob(Path(ICON_SCRIPT).name + "*"):  # the script, map, licence
+        path.unlink()
+
+
 def setup(app) -> dict:
     launch_links.setup(app)
     # Before sphinx-book-theme copies the notebook for its download button (html-page-context, priority 501).
     app.connect("html-page-context", restore_executed_notebook, priority=400)
     # After the extensions that add per-page scripts in html-page-context (myst-nb's widgets: priority 500).
     app.connect("html-page-context", drop_repeated_scripts, priority=900)
+    app.connect("build-finished", drop_icon_script)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
