@@ -205,6 +205,13 @@ WORLD_SIZES = [8, 16, 32, 64, 128, 256]
 GPU_MEMORY = {"40 GB (A100 40G)": 40e9, "80 GB (H100)": 80e9, "141 GB (H200)": 141e9}
 
 
+def explorer_cluster(world: int, memory: float) -> P.Cluster:
+    """The explorer's machines: H100-class nodes of 8 with `memory` bytes per GPU, TP's collectives overlapped
+    with the GEMMs (`tp_comm_overlap`, Megatron's --tp-comm-overlap) as in every published run the cost model's
+    constants were fitted on (`calibration.RUNS`) and in NVIDIA's recipes for these models."""
+    return P.Cluster(world, gpu_memory=memory, tp_comm_overlap=True)
+
+
 def explorer_title(name: str, world: int, batch: int, seq: int, memory: float) -> str:
     return f"{name} on {world} GPUs of {memory / 1e9:.0f} GB, 8 per node; {batch} sequences of {seq} tokens per step"
 
@@ -213,7 +220,7 @@ class PlannerExplorer:
     """Choose a model, the GPUs and the step's batch; see the cost model's best plans with their memory and traffic
     per GPU (`pylib.analysis.planner.rank_plans` over `EXPLORER_SEARCH`: one sequence per microbatch, no virtual
     stages, no expert TP, SP whenever TP > 1 -- Megatron's, with the regather -- and Megatron's default fp32 gradients,
-    `megatron_workload`). On a 2-core CPU an update
+    `megatron_workload`; TP overlapped with the GEMMs, `explorer_cluster`). On a 2-core CPU an update
     takes under a second for the dense presets and up to about 3 s for the MoE on 256 GPUs (answers are cached, so
     going back is instant). Its controls need a kernel: the container carries the class "pb-needs-kernel", which
     the static site disables with a notice; `static_explorer` is the kernel-free version. `text()` prints the
@@ -313,7 +320,7 @@ def static_explorer(states=STATIC_STATES, top: int = 5):
 @functools.lru_cache(maxsize=256)
 def _ranked(name: str, world: int, batch: int, seq: int, memory: float, top: int) -> list[P.Prediction]:
     cfg = PRESETS[name][0]
-    cluster = P.Cluster(world, gpu_memory=memory)
+    cluster = explorer_cluster(world, memory)
     return P.rank_plans(cfg, megatron_workload(batch, seq), cluster, top=top, **EXPLORER_SEARCH)
 
 
