@@ -109,6 +109,8 @@ def test_memory_is_the_mixed_precision_formula_byte_for_byte():
             # and the traffic: gradients in the reduce dtype, parameters gathered in bf16
             elems = n if stage == "ddp" else r["padded"]
             assert r["sent"] == mixed_traffic_by_op(elems, d, stage, recipe), (stage, recipe.grad_reduce)
+            if recipe is BF16_FP32:  # the planner's "mixed" with fp32 gradients (Megatron's default for bf16)
+                assert model_state_bytes(r["layouts"], STAGES.index(stage), "mixed", grad_bytes=4) == got
             if recipe is BF16_BF16:  # the ZeRO paper's 2 + 2 + 12 bytes per parameter, sharded per stage
                 # and the planner's "mixed" precision, from the run's own layouts
                 assert model_state_bytes(r["layouts"], STAGES.index(stage), "mixed") == got

@@ -18,6 +18,9 @@ which the TP tests measure byte for byte. Three things change them inside the co
                    `recompute.core_input_bytes`); recompute="full" keeps, for each group of layers
                    `pylib.plan.recompute.recompute_groups` names within a chunk, only the group's input
                    [b, s/cp, h] ([b, s/(cp tp), h] under SP), and the other layers' rows as they are
+  Megatron's SP    sp_regather=True: the QKV and MLP inputs (and the LM head's) are kept as the s/(cp tp) shard and
+                   all-gathered again in backward (`tp.compare_with_korthikanti(regather=True)`); pylib.tp keeps
+                   them gathered (the default, which the tests measure)
   the stage ends   the first virtual stage keeps the token ids and the vocab-parallel embedding's mask; the last keeps
                    the final LayerNorm's input and statistics, the LM head's input, one [b, s/cp, V/tp] logits tensor
                    and the targets with their mask (`stage_end_rows`).
@@ -119,10 +122,14 @@ def layer_saved_rows(
     etp: int = 1,
     expert_rows: int | None = None,
     recompute: str = "none",
+    sp_regather: bool = False,
 ) -> dict[str, int]:
     """Bytes one layer keeps for backward on one rank, by tensor: `tp.compare_with_korthikanti` at s/cp tokens, the
     attention core as `attention_core_bytes` (its inputs under recompute="selective"), and for a MoE layer the MLP
-    rows replaced by `moe_saved_rows`. recompute="full": the layer's input alone (one layer recomputed whole)."""
+    rows replaced by `moe_saved_rows`. recompute="full": the layer's input alone (one layer recomputed whole).
+    sp_regather: under SP, the column-parallel linears keep their input as the s/(cp tp) shard and all-gather it
+    again in backward (Megatron's choice; `tp.compare_with_korthikanti(regather=True)`); False keeps it gathered,
+    as pylib.tp does."""
     check_recompute(recompute)
     sp = sequence_parallel and tp > 1
     if recompute == "full":
@@ -134,7 +141,7 @@ def layer_saved_rows(
     s_cp = s // cp
     rows = {
         r.item: r.ours_bytes
-        for r in tp_analysis.compare_with_korthikanti(cfg, b, s_cp, tp, sequence_parallel=sp)
+        for r in tp_analysis.compare_with_korthikanti(cfg, b, s_cp, tp, sequence_parallel=sp, regather=sp_regather)
         if r.ours_bytes and r.item not in CORE_ROWS
     }
     core = "attention core" + (f" ({cp_kind})" if cp > 1 else f" ({attention})")
@@ -160,8 +167,10 @@ def stage_end_rows(
     sequence_parallel: bool = SEQUENCE_PARALLEL,
     first: bool = False,
     last: bool = False,
+    sp_regather: bool = False,
 ) -> dict[str, int]:
-    """What the first stage keeps around the embedding and the last around the head, by tensor."""
+    """What the first stage keeps around the embedding and the last around the head, by tensor (sp_regather: the
+    LM head, a column-parallel linear, keeps its input as the SP shard, as `layer_saved_rows`)."""
     e = dtype_bytes(cfg.dtype)
     s_cp = s // cp
     s_out = s_cp // tp if sequence_parallel and tp > 1 else s_cp
@@ -171,7 +180,10 @@ def stage_end_rows(
         rows["token ids and vocab mask [b, s/cp]"] = b * s_cp * (INT64 + BOOL)
     if last:
         rows["final LayerNorm input and statistics"] = b * s_out * h * e + 2 * b * s_out * e
-        rows["LM head input [b, s/cp, h]"] = b * s_cp * h * e
+        if sp_regather and sequence_parallel and tp > 1:
+            rows["LM head input, SP shard [b, s/(cp tp), h]"] = b * s_out * h * e
+        else:
+            rows["LM head input [b, s/cp, h]"] = b * s_cp * h * e
         rows["logits [b, s/cp, V/tp]"] = b * s_cp * V * e
         rows["targets and vocab mask [b, s/cp]"] = b * s_cp * (INT64 + BOOL)
     return rows
@@ -195,15 +207,17 @@ def chunk_saved_bytes(
     recompute: str = "none",
     recompute_method: str = "uniform",
     recompute_num_layers: int = 1,
+    sp_regather: bool = False,
 ) -> list[int]:
     """Bytes one microbatch's forward keeps in each chunk of pipeline rank `pp_rank` (a list of v numbers).
     expert_rows: {layer: R} measured; missing layers take the expectation. recompute, recompute_method,
-    recompute_num_layers: `pylib.plan.recompute`, the groups counted within each chunk (as pylib.compose runs them)."""
+    recompute_num_layers: `pylib.plan.recompute`, the groups counted within each chunk (as pylib.compose runs them).
+    sp_regather: Megatron's SP (the column-parallel linears' inputs kept as shards, `layer_saved_rows`)."""
     check_recompute(recompute, recompute_method, recompute_num_layers)
     kept = "selective" if recompute == "selective" else "none"  # what a layer outside a recomputed group keeps
     out = []
     sp = sequence_parallel and tp > 1
-    kw = dict(tp=tp, cp=cp, sequence_parallel=sequence_parallel)
+    kw = dict(tp=tp, cp=cp, sequence_parallel=sequence_parallel, sp_regather=sp_regather)
     same: dict[bool, int] = {}  # dense and MoE layers at the expected routing: one sum each
 
     def layer(i):

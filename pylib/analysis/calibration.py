@@ -53,6 +53,10 @@ class Run:
     tp_comm_overlap: bool = True
     fit: bool = False
     flops_layers: int | None = None
+    # The gradients' dtype in the DP reduction. No source states it; Megatron-LM defaults to fp32 for bf16, NVIDIA's
+    # own H100 performance scripts pass --grad-reduce-in-bf16 (examples/llama/train_llama3_8b_h100_fp8.sh), and
+    # these are tuned benchmark runs: bf16 (the ZeRO paper's 2 bytes per gradient).
+    grad_reduce: str = "bfloat16"
 
     @property
     def par(self) -> ParallelConfig:
@@ -104,8 +108,11 @@ HOLDOUT_ROWS = tuple(i for i, r in enumerate(RUNS) if not r.fit)
 
 # What a published layout leaves to the planner: micro-batches of 1 or 2 sequences, up to 8 virtual stages, DDP
 # or the distributed optimizer (ZeRO-1), no, selective or full recomputation of the first 1, 2 or 4 layers of each
-# chunk; SP wherever there is TP (Megatron requires it for --tp-comm-overlap); ring CP.
+# chunk; SP wherever there is TP (Megatron requires it for --tp-comm-overlap), as Megatron runs it (the saved
+# inputs of the column-parallel linears kept as sequence shards and all-gathered again in backward:
+# `planner.Plan.sp_regather`); ring CP.
 LAYOUT_SEARCH = dict(
+    sp_regather=True,
     micro_batch_sizes=(1, 2),
     virtual_stages=(1, 2, 3, 4, 5, 6, 7, 8),
     zero_stages=(0, 1),
@@ -158,10 +165,15 @@ def cluster(run: Run, model: CostModel | None = None) -> P.Cluster:
     return P.Cluster(run.gpus, tp_comm_overlap=run.tp_comm_overlap, model=model or CostModel())
 
 
+def workload(run: Run) -> P.Workload:
+    """The run's step: mixed precision with gradients reduced in `run.grad_reduce`."""
+    return P.Workload(run.batch, run.seq, grad_reduce=run.grad_reduce)
+
+
 def evaluate(run: Run, cfg, model: CostModel | None = None, *, search: bool = False, top: int = 10) -> Evaluated:
     """The planner on one run: the best plan with the published mesh (LAYOUT_SEARCH for the rest); with `search`
     also the best `top` plans of every mesh (same knobs) and the published mesh's place among them."""
-    work, c = P.Workload(run.batch, run.seq), cluster(run, model)
+    work, c = workload(run), cluster(run, model)
     plans = P.enumerate_plans(cfg, run.gpus, run.batch, run.seq, meshes=(run.par,), **LAYOUT_SEARCH)
     if not plans:
         raise ValueError(f"{run.name}: the planner accepts no plan with the published mesh {run.par.describe()}")
@@ -209,5 +221,6 @@ __all__ = [
     "Run",
     "evaluate",
     "fit",
+    "workload",
     "megatron_flops",
 ]

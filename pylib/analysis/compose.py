@@ -113,6 +113,7 @@ class _Step:
     holds_first: bool
     holds_last: bool
     rows: list[Traffic] = field(default_factory=list)
+    sp_regather: bool = False  # Megatron's SP: the column-parallel linears all-gather their saved shard again
 
     @property
     def m(self) -> int:
@@ -138,12 +139,13 @@ def _tp_rows(st: _Step) -> None:
     kw = dict(sequence_parallel=st.opt.sequence_parallel)
     if st.holds_first:
         st.add_collectives("tp", tp_formulas.embedding_collectives(st.b, s_cp, h, tp, e, **kw), m)
+    regather = st.sp_regather and st.opt.sequence_parallel
     for i in st.layers:
         wanted = ("attn",) if cfg.is_moe_layer(i) else ("attn", "mlp")
-        ops = [c for c in tp_formulas.layer_collectives(st.b, s_cp, h, tp, e, **kw) if c.where in wanted]
-        st.add_collectives("tp", ops, m)
+        ops = tp_formulas.layer_collectives(st.b, s_cp, h, tp, e, regather=regather, **kw)
+        st.add_collectives("tp", [c for c in ops if c.where.split(".")[0] in wanted], m)
     if st.holds_last:
-        st.add_collectives("tp", tp_formulas.lm_head_collectives(st.b, s_cp, h, tp, e, **kw), m)
+        st.add_collectives("tp", tp_formulas.lm_head_collectives(st.b, s_cp, h, tp, e, regather=regather, **kw), m)
         st.add_collectives("tp", tp_formulas.cross_entropy_collectives(st.b, s_cp, tp, e), m)
 
 
@@ -320,18 +322,24 @@ def step_traffic(
     etp_index: int = 0,
     ep_index: int = 0,
     moe_routing=(),
+    sp_regather: bool = False,
 ) -> list[Traffic]:
     """Every op one rank issues in one training step of the composed model, as rows (see the module docstring).
 
     options: the run's `pylib.plan.RunOptions` (sequence parallelism, CP kind, m, v, ZeRO stage; None: defaults);
     layouts: the run's data-parallel flat buffers (`ParallelTransformer.layouts`: names, sizes, padding, group);
     dp_index / edp_index: the rank's index in its dp-cp / edp group (which ZeRO slices it holds);
-    moe_routing: (layer, send_counts [ep, E_local], recv_counts [ep, E_local], etp_rows) per MoE forward."""
+    moe_routing: (layer, send_counts [ep, E_local], recv_counts [ep, E_local], etp_rows) per MoE forward;
+    sp_regather: model Megatron's SP instead of pylib's: each column-parallel linear (QKV, the MLP's first, the LM
+    head) keeps its input as the sequence shard and all-gathers it again in backward, one more all-gather of
+    b s h e per entry (rows whose `where` ends in ".regather"; `tp.layer_collectives(regather=True)`). pylib.tp
+    keeps the gathered input instead (False, what its runs measure)."""
     opt = RunOptions() if options is None else options
     pp, v = pc.pp, opt.v
     layers = [i for c in chunk_layers(cfg.n_layers, pp, v, pp_rank) for i in c]
     b = batch // (pc.dp * opt.n_microbatches)
     st = _Step(cfg, pc, opt, b, seq, pp_rank, layers, pp_rank == 0, pp_rank == (pp * v - 1) % pp)
+    st.sp_regather = sp_regather
     if pc.tp > 1:
         _tp_rows(st)
     if pc.cp > 1:

@@ -64,11 +64,13 @@ class CostModel:
 @dataclass(frozen=True)
 class MicrobatchTime:
     """Seconds one rank spends on one microbatch: forward, backward (recomputation included) and, of those, the
-    attention core's (what a ring CP exchange can hide behind)."""
+    attention core's (what a ring CP exchange can hide behind) and the input-gradient GEMMs of the column-parallel
+    linears (QKV, the dense MLP's first, the LM head: what Megatron's SP re-gather of their input runs under)."""
 
     forward: float
     backward: float
     core: float
+    column_dgrad: float = 0.0
 
     @property
     def total(self) -> float:
@@ -115,16 +117,18 @@ def microbatch_seconds(
     core_flops = 4 * tokens * seq * heads * cfg.d_head * causal
     core = core_flops / (eta * peak_flops)
     elem = model.c_elem * e * tokens * cfg.d_model * (0.5 / t_s + 0.5 / tp) / hbm_bandwidth
-    fwd = bwd = core_total = 0.0
+    fwd = bwd = core_total = dgrad = 0.0
     n_stages = par.pp * plan.v
     for c, layers in enumerate(chunk_layers(cfg.n_layers, par.pp, plan.v, pp_rank)):
         stage = c * par.pp + pp_rank
         for i in layers:
             moe = cfg.moe is not None and cfg.is_moe_layer(i)
-            g = sum(
+            gs = [
                 gemm_seconds(m, n, k, e, peak_flops, hbm_bandwidth, eta)
                 for m, n, k in layer_gemms(cfg, tokens, tp, moe, par.ep, par.etp)
-            )
+            ]
+            g = sum(gs)
+            dgrad += gs[0] + (0.0 if moe else gs[2])  # dX of QKV and of the MLP's first GEMM: as long as forward
             fwd += g + core + elem
             bwd += 2 * (g + core) + elem
             core_total += 3 * core
@@ -135,9 +139,10 @@ def microbatch_seconds(
             head = gemm_seconds(tokens, cfg.vocab_size / tp, cfg.d_model, e, peak_flops, hbm_bandwidth, eta)
             fwd += head
             bwd += 2 * head
+            dgrad += head
         if stage == 0:
             fwd += 2 * e * tokens * cfg.d_model / t_s / hbm_bandwidth  # the embedding's gather and write
-    return MicrobatchTime(fwd, bwd, core_total)
+    return MicrobatchTime(fwd, bwd, core_total, dgrad)
 
 
 def _recompute_flops(cfg, b: int, seq: int, par, plan, n_layers: int) -> float:

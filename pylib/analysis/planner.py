@@ -19,13 +19,18 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
             is pylib's one-dtype run (Adam's two moments in it: `dp.held_bytes`), "mixed" the ZeRO paper's
             16-bit weights and gradients with 12 bytes of fp32 state per parameter (`dp.paper_bytes`) -- what
             `pylib.dp` holds under `MixedPrecision(grad_reduce="bfloat16")`, byte for byte (tests/
-            test_dp_mixed_precision.py; fp32 gradient reduction is `dp.mixed_held_bytes`, not a planner option);
+            test_dp_mixed_precision.py); `Workload.grad_reduce="float32"` keeps and reduces the gradients in fp32
+            (`dp.mixed_held_bytes` of `MixedPrecision(grad_reduce="float32")`, Megatron-LM's default for bf16);
             activations: the bytes each chunk keeps for backward per microbatch (`activations.chunk_saved_bytes`)
             at the peak of the schedule (`activations.peak_saved_bytes`); under ZeRO-3 also the two largest
             layers' gathered parameters (`dp.zero3_peak_param_bytes`, one running and one prefetched).
+            Plan.sp_regather predicts Megatron's SP instead of pylib's: the column-parallel linears' inputs are
+            kept as sequence shards (`activations.chunk_saved_bytes(sp_regather=True)`).
   traffic   bytes each rank sends per step on each axis: `compose.step_traffic`, the sum of every mode's formulas,
             evaluated on this rank's flat buffers as `pylib.dp` would lay them out (one buffer per chunk and group;
-            ZeRO-3 one per layer) and, for MoE layers, the expected routing (uniform, no dropping).
+            ZeRO-3 one per layer) and, for MoE layers, the expected routing (uniform, no dropping); with
+            sp_regather one more all-gather per column-parallel linear in backward; DP's gradient reductions in
+            the workload's gradient dtype (`gradient_dtype_rows`).
   compute   seconds per microbatch on each evaluated rank (`efficiency.microbatch_seconds`): every GEMM of its
             layers on a roofline with an achievable fraction eta of the peak, the elementwise work at the memory's
             bandwidth, backward twice the forward, recomputation's extra forward (`recompute.extra_forward_flops`).
@@ -33,7 +38,8 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
 The cost model (book/part4/planner.md states each term with its formula):
   step time  = m t_mu + (pp - 1) / v t_mu + the most exposed communication of the evaluated ranks, t_mu the
                slowest rank's forward + backward of one microbatch (1F1B and interleaved 1F1B)
-  exposed    `exposed_seconds`: TP/SP in full, or (1 - tp_overlap) with `Cluster.tp_comm_overlap`; ring CP less
+  exposed    `exposed_seconds`: TP/SP in full, or (1 - tp_overlap) with `Cluster.tp_comm_overlap` (SP's
+               regather only past the input-gradient GEMMs it runs under); ring CP less
                the attention core it hides behind; Ulysses and EP in full; PP's fill and drain, (pp-1)/(v m) of
                its sends; DP by ZeRO stage (DDP / ZeRO-1 behind the last microbatch's backward, ZeRO-2's
                reduce-scatter and ZeRO-3's gathers behind every microbatch's); a latency per message of a model
@@ -60,7 +66,7 @@ from fractions import Fraction
 
 from pylib.plan.layout import FlatEntry, FlatLayout
 from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
-from pylib.plan.options import CP_KINDS, SEQUENCE_PARALLEL, ZERO_STAGES, RunOptions
+from pylib.plan.options import CP_KINDS, SEQUENCE_PARALLEL, ZERO_STAGES, MixedPrecision, RunOptions
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
 from pylib.plan.split import chunk_layers
@@ -76,6 +82,7 @@ from .efficiency import CostModel, MicrobatchTime, microbatch_seconds
 from .shapes import dtype_bytes, kv_heads_per_rank, weight_shapes
 
 PRECISIONS = ("uniform", "mixed")
+GRAD_REDUCE = ("bfloat16", "float32")
 MIXED_STATE_BYTES = dp_analysis.PAPER_K  # fp32 master copy, momentum and variance per parameter
 GB = 1e9
 
@@ -129,13 +136,18 @@ class Workload:
     """One training step: `batch` sequences of `seq` tokens (the global batch), the precision of the model state
     ("mixed": 16-bit parameters and gradients, 12 bytes of fp32 state per parameter; "uniform": everything in the
     model's dtype with `optimizer_states` tensors of state, as pylib runs) and the attention kernel outside CP
-    ("flash" keeps no score matrix; "math" is pylib's unfused core)."""
+    ("flash" keeps no score matrix; "math" is pylib's unfused core). grad_reduce (with "mixed"): the dtype the
+    gradients are accumulated, kept and reduced in -- "bfloat16" (the ZeRO paper's 2 bytes) or "float32" (4 bytes:
+    Megatron-LM's default for bf16 training, `--main-grads-dtype fp32`, which sets
+    `accumulate_allreduce_grads_in_fp32`; pylib's `MixedPrecision(grad_reduce="float32")`). The DP reductions
+    then move 4-byte gradients; the parameter all-gathers stay 16-bit."""
 
     batch: int
     seq: int
     precision: str = "mixed"
     attention: str = "flash"
     optimizer_states: int = 2
+    grad_reduce: str = "bfloat16"
 
     def __post_init__(self):
         _positive(batch=self.batch, seq=self.seq)
@@ -143,11 +155,24 @@ class Workload:
             raise ValueError(f"precision={self.precision!r} must be one of {PRECISIONS}")
         if self.attention not in ATTENTION_KERNELS:
             raise ValueError(f"attention={self.attention!r} must be one of {ATTENTION_KERNELS}")
+        if self.grad_reduce not in GRAD_REDUCE:
+            raise ValueError(f"grad_reduce={self.grad_reduce!r} must be one of {GRAD_REDUCE}")
+        if self.grad_reduce != "bfloat16" and self.precision != "mixed":
+            raise ValueError(f"grad_reduce={self.grad_reduce!r} needs precision='mixed'")
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes of one gradient element as kept and reduced: 2 or 4."""
+        return 4 if self.grad_reduce == "float32" else 2
 
 
 @dataclass(frozen=True)
 class Plan:
-    """One way to run: the mesh and the composed model's options."""
+    """One way to run: the mesh and the composed model's options. sp_regather: predict Megatron's sequence
+    parallelism rather than pylib's -- the column-parallel linears (QKV, the MLP's first, the LM head) save their
+    input as the s/(cp tp) shard and all-gather it again in backward (Megatron-Core's
+    `LinearWithGradAccumulationAndAsyncCommunication`, launched async under the input-gradient GEMM); pylib.tp
+    saves the gathered input. Not a `RunOptions` field: pylib.compose has one SP, the planner predicts both."""
 
     par: ParallelConfig
     sequence_parallel: bool = SEQUENCE_PARALLEL
@@ -158,6 +183,7 @@ class Plan:
     recompute: str = "none"
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
+    sp_regather: bool = False
 
     @property
     def schedule(self) -> str:
@@ -198,6 +224,8 @@ class Plan:
         parts = [self.par.describe()]
         if self.sequence_parallel:
             parts.append("SP")
+        if self.sp_regather and self.sequence_parallel:
+            parts.append("regather")
         if self.par.cp > 1:
             parts.append(self.cp_kind)
         if self.zero_stage:
@@ -220,6 +248,7 @@ def canonical(plan: Plan, has_experts: bool = True) -> Plan:
     return replace(
         plan,
         sequence_parallel=plan.sequence_parallel and par.tp > 1,
+        sp_regather=plan.sp_regather and plan.sequence_parallel and par.tp > 1,
         cp_kind=plan.cp_kind if par.cp > 1 else "ring",
         zero_stage=plan.zero_stage if dp_groups else 0,
     )
@@ -261,6 +290,7 @@ def enumerate_plans(
     meshes: tuple[ParallelConfig, ...] | None = None,
     tp_sizes: tuple[int, ...] | None = None,
     cp_sizes: tuple[int, ...] | None = None,
+    sp_regather: bool = False,
 ) -> list[Plan]:
     """Every plan `pylib.plan.problems` accepts for `cfg` on `world_size` ranks and a global batch [batch, seq], each
     once (`canonical`). Candidates: tp cp dp pp = world_size; for an MoE model every ep, etp with ep etp pp
@@ -270,7 +300,8 @@ def enumerate_plans(
     `sequence_parallel`, activation recomputation `recompute` ("none", "selective", "full": full with one layer per
     group, or (recompute, method, num_layers) triples such as ("full", "block", 2)); the rank order `order` is
     fixed (Megatron's default). meshes: only these (tp, cp, ep, dp, pp, etp), e.g. a published layout, with every
-    other knob still varied. tp_sizes / cp_sizes: only these TP / CP sizes when given."""
+    other knob still varied. tp_sizes / cp_sizes: only these TP / CP sizes when given. sp_regather: every SP plan
+    predicted as Megatron runs SP (`Plan.sp_regather`)."""
     _positive(world_size=world_size, batch=batch, seq=seq)
     moe = cfg.moe is not None
     out = []
@@ -305,7 +336,7 @@ def enumerate_plans(
                                 for v in vs:
                                     for m, rc in ((m, rc) for m in ms for rc in recompute):
                                         rc = (rc, "uniform", 1) if isinstance(rc, str) else rc
-                                        plan = Plan(par, sp, kind, zero, m, v, *rc)
+                                        plan = Plan(par, sp, kind, zero, m, v, *rc, sp_regather and sp)
                                         if not problems(cfg, plan, world_size, batch, seq):
                                             out.append(plan)
     return out
@@ -426,10 +457,13 @@ def _flat_layouts(cfg, tp, ep, etp, pp, v, pp_rank, zero, d_dense, d_expert) -> 
     return tuple(out)
 
 
-def model_state_bytes(layouts: list[FlatLayout], zero_stage: int, precision: str, optimizer_states: int = 2) -> dict:
+def model_state_bytes(
+    layouts: list[FlatLayout], zero_stage: int, precision: str, optimizer_states: int = 2, grad_bytes: int = 2
+) -> dict:
     """Parameter, gradient and optimizer-state bytes one rank holds: `compose.dp_held_bytes` (uniform precision,
     what pylib runs) or `dp.paper_bytes` per buffer (mixed precision, the ZeRO paper's 16-bit weights and 12 bytes
-    of fp32 state)."""
+    of fp32 state); grad_bytes=4: fp32 gradients, `dp.mixed_held_bytes` of `MixedPrecision(grad_reduce="float32")`
+    per buffer (what `pylib.dp` holds under that recipe)."""
     if precision == "uniform":
         return compose_analysis.dp_held_bytes(layouts, zero_stage, optimizer_states=optimizer_states)
     if precision != "mixed":
@@ -441,7 +475,12 @@ def model_state_bytes(layouts: list[FlatLayout], zero_stage: int, precision: str
             raise ValueError(f"precision='mixed' counts 16-bit parameters; the model's dtype is {lay.dtype}")
         d = lay.parts if zero_stage else 1
         n = lay.padded_numel if zero_stage else lay.numel
-        for k, v in dp_analysis.paper_bytes(n, d, stage, k=MIXED_STATE_BYTES).items():
+        if grad_bytes == 2:
+            held = dp_analysis.paper_bytes(n, d, stage, k=MIXED_STATE_BYTES)
+        else:
+            recipe = MixedPrecision("bfloat16", grad_reduce={4: "float32"}[grad_bytes])
+            held = dp_analysis.mixed_held_bytes(n, d, stage, recipe, padded_params=n, optimizer_states=2)
+        for k, v in held.items():
             total[k] += v
     return total
 
@@ -606,7 +645,7 @@ def rank_traffic_rows(
     takes the `expected_routing` (uniform, no dropping), which is what the planner predicts with."""
     layouts = flat_layouts(cfg, plan, pp_rank) if layouts is None else layouts
     kw = dict(batch=batch, seq=seq, pp_rank=pp_rank, layouts=layouts, dp_index=dp_index, edp_index=edp_index)
-    kw.update(ep_index=ep_index, etp_index=etp_index, options=plan.run_options)
+    kw.update(ep_index=ep_index, etp_index=etp_index, options=plan.run_options, sp_regather=plan.sp_regather)
     if moe_routing is not None:
         return compose_analysis.step_traffic(cfg, plan.par, moe_routing=moe_routing, **kw)
     routing = expected_routing(cfg, plan, batch, seq, pp_rank)
@@ -633,7 +672,9 @@ def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: i
     par = plan.par
     world = par.world_size if world_size is None else world_size
     key = (par.tp, par.ep, par.etp, par.pp, plan.v, pp_rank, plan.zero_stage, plan.dp_cp, par.expert_dp(world))
-    params, grads, optim, gathered = _state(cfg, key, workload.precision, workload.optimizer_states)
+    params, grads, optim, gathered = _state(
+        cfg, key, workload.precision, workload.optimizer_states, workload.grad_bytes
+    )
     acts = _activations(cfg, plan, workload.batch, workload.seq, workload.attention, pp_rank)
     return dict(
         params=params,
@@ -646,9 +687,9 @@ def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: i
 
 
 @functools.lru_cache(maxsize=65536)
-def _state(cfg, key: tuple, precision: str, optimizer_states: int) -> tuple:
+def _state(cfg, key: tuple, precision: str, optimizer_states: int, grad_bytes: int = 2) -> tuple:
     layouts = list(_flat_layouts(cfg, *key))
-    state = model_state_bytes(layouts, key[6], precision, optimizer_states)
+    state = model_state_bytes(layouts, key[6], precision, optimizer_states, grad_bytes)
     return state["params"], state["grads"], state["optim"], zero3_gathered_bytes(layouts, key[6])
 
 
@@ -668,13 +709,14 @@ def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank:
         attention,
         par.etp,
         (plan.recompute, plan.recompute_method, plan.recompute_num_layers),
+        plan.sp_regather,
     )
     return peak_saved_bytes(list(chunks), plan.schedule, par.pp, plan.n_microbatches, plan.v, pp_rank)
 
 
 @functools.lru_cache(maxsize=65536)
 def _chunk_bytes(
-    cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, etp, recompute=("none", "uniform", 1)
+    cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, etp, recompute=("none", "uniform", 1), regather=False
 ) -> tuple[int, ...]:
     return tuple(
         chunk_saved_bytes(
@@ -693,6 +735,7 @@ def _chunk_bytes(
             recompute=recompute[0],
             recompute_method=recompute[1],
             recompute_num_layers=recompute[2],
+            sp_regather=regather,
         )
     )
 
@@ -716,13 +759,17 @@ def rank_times(cfg, plan: Plan, workload: Workload, cluster: Cluster, pp_rank: i
 
 
 def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster, intra: dict) -> dict[str, float]:
-    """Seconds of this rank's communication left on the critical path, by axis (the module docstring's overlap
-    rules): TP/SP (and ETP, TP-CP) in full, or (1 - tp_overlap) of it with `tp_comm_overlap`; ring CP less the
-    attention core it hides behind; Ulysses and EP in full; PP's sends of the fill and drain, (pp - 1) / (v m) of
-    them; DP by ZeRO stage: DDP / ZeRO-1 reduce once, behind the last microbatch's backward, ZeRO-1/2 gather the
-    updated parameters behind the next step's first forward, ZeRO-2 reduce-scatters every microbatch behind its
-    backward, ZeRO-3 gathers every microbatch behind its forward and again (with the reduce-scatter) behind its
-    backward. Without `overlap_dp` every DP byte counts. Every op of the model axes (tp, cp, ep, pp: each
+    """Seconds of this rank's communication left on the critical path, by axis (the module docstring's overlap rules):
+    TP/SP (and ETP, TP-CP) in full, or (1 - tp_overlap) of it with `tp_comm_overlap`; ring CP less the attention
+    core it hides behind; Ulysses and EP in full; PP's sends of the fill and drain, (pp - 1) / (v m) of them; DP by
+    ZeRO stage: DDP / ZeRO-1 reduce once, behind the last microbatch's backward, ZeRO-1/2 gather the updated
+    parameters behind the next step's first forward, ZeRO-2 reduce-scatters every microbatch behind its backward,
+    ZeRO-3 gathers every microbatch behind its forward and again (with the reduce-scatter) behind its backward.
+    Without `overlap_dp` every DP byte counts. Megatron's SP (`Plan.sp_regather`) issues two of its backward
+    collectives asynchronously in the column- parallel linears (`megatron/core/tensor_parallel/layers.py`): the
+    regather of the saved input, under the input- gradient GEMM, and the input gradient's reduce-scatter, under the
+    weight-gradient GEMM; each is exposed only past that GEMM (`MicrobatchTime.column_dgrad`, both GEMMs as long as
+    the forward's), and at most as much as the other TP traffic. Every op of the model axes (tp, cp, ep, pp: each
     collective, each ring step's send) also waits `CostModel.latency` before its bytes move ("latency"): what makes
     many small messages (CP on short sequences, thousands of microbatches) cost more than their bytes. And hidden
     communication is not free: NCCL's kernels take SMs from the GEMMs they overlap, so every hidden second slows
@@ -731,7 +778,12 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
     secs: dict[tuple, float] = {}
     for r in moved_rows:
         bw = cluster.intra_node_bandwidth if intra[r.axis] else cluster.inter_node_bandwidth
-        key = (r.axis, r.phase, r.op)
+        op = r.op
+        if r.where.endswith(".regather"):
+            op = "regather"
+        elif plan.sp_regather and r.axis == "tp" and r.phase == "backward" and r.op == "reduce_scatter":
+            op = "wgrad_overlap"  # Megatron: the input gradient's reduce-scatter runs under the weight gradient
+        key = (r.axis, r.phase, op)
         secs[key] = secs.get(key, 0.0) + r.bytes_sent / bw
     out: dict[str, float] = {}
     dp = {"reduce": 0.0, "gather_opt": 0.0, "gather_fwd": 0.0}
@@ -747,7 +799,9 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
             else:
                 dp["reduce"] += x
             continue
-        if axis in ("tp", "tp-cp", "etp"):
+        if op in ("regather", "wgrad_overlap"):  # launched async before the GEMM it runs under (dX, dW)
+            x = min(tp_keep * x, max(0.0, x - m * t.column_dgrad))
+        elif axis in ("tp", "tp-cp", "etp"):
             x *= tp_keep
         elif axis == "pp":
             x *= min(1.0, (pp - 1) / (v * m))
@@ -779,7 +833,7 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
     for r in evaluated_ranks(par.pp):
         mem = rank_memory(cfg, plan, workload, r, cluster.world_size)
         layouts = flat_layouts(cfg, plan, r, cluster.world_size)
-        rows = rank_traffic_rows(cfg, plan, workload.batch, workload.seq, r, layouts)
+        rows = gradient_dtype_rows(rank_traffic_rows(cfg, plan, workload.batch, workload.seq, r, layouts), workload)
         t = rank_times(cfg, plan, workload, cluster, r)
         exposed = exposed_seconds(plan, rows, t, cluster, intra)
         ranks.append(RankPrediction(r, mem, compose_analysis.per_axis(rows), sum(exposed.values()), t, exposed))
@@ -801,6 +855,23 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
 
 
 DP_AXES = ("dp-cp", "edp")
+
+
+def gradient_dtype_rows(rows: list, workload: Workload) -> list:
+    """The traffic rows with the data-parallel gradient reductions (all-reduce, reduce-scatter on dp-cp and edp)
+    in the workload's gradient dtype: `compose.step_traffic` counts them in the parameters' 16 bits; fp32
+    gradients (`Workload.grad_reduce="float32"`) send twice the bytes (`dp.mixed_traffic_by_op`). Parameter
+    all-gathers stay 16-bit."""
+    scale = workload.grad_bytes // 2
+    if scale == 1:
+        return rows
+    grads = ("all_reduce", "reduce_scatter")
+    return [
+        replace(r, bytes_sent=r.bytes_sent * scale, payload=r.payload * scale)
+        if r.axis in DP_AXES and r.op in grads
+        else r
+        for r in rows
+    ]
 
 
 def compute_time(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:

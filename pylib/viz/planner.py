@@ -134,7 +134,18 @@ PRESETS: dict[str, tuple[ModelConfig, int, int, int]] = {
     "DeepSeek-V3-class MoE": (deepseek_v3_like(), 256, 1024, 4096),
 }
 DEFAULT = "Llama-2-70B-class dense (GQA)"
-SEARCH = dict(micro_batch_sizes=(1, 2), virtual_stages=(1, 2))  # the explorer's search (see rank_plans)
+
+
+def megatron_workload(batch: int, seq: int) -> P.Workload:
+    """A step of `batch` sequences of `seq` tokens as Megatron-LM trains it in bf16 by default: mixed precision
+    with fp32 gradients (`--main-grads-dtype fp32`, which turns on `accumulate_allreduce_grads_in_fp32`: 4-byte
+    gradient buffers and DP reductions). The chapter and the explorer rank real models on it."""
+    return P.Workload(batch, seq, grad_reduce="float32")
+
+
+# The chapter's search (see rank_plans). sp_regather: real models are predicted as Megatron runs SP (the saved
+# inputs of the column-parallel linears kept as shards, all-gathered again in backward: `planner.Plan.sp_regather`).
+SEARCH = dict(micro_batch_sizes=(1, 2), virtual_stages=(1, 2), sp_regather=True)
 
 
 # ------------------------------------------------------------------------------------------------ tables
@@ -186,10 +197,19 @@ def plans_html(ranked: list[P.Prediction]) -> str:
 
 # ------------------------------------------------------------------------------------------------ the explorer
 
-EXPLORER_SEARCH = dict(micro_batch_sizes=(1,), virtual_stages=(1,), expert_tp=(1,), sequence_parallel=(True,))
+EXPLORER_SEARCH = dict(
+    micro_batch_sizes=(1,), virtual_stages=(1,), expert_tp=(1,), sequence_parallel=(True,), sp_regather=True
+)
 EXPLORER_PRESETS = [name for name in PRESETS if not name.startswith("DeepSeek")]  # 256 experts: seconds per update
 WORLD_SIZES = [8, 16, 32, 64, 128, 256]
 GPU_MEMORY = {"40 GB (A100 40G)": 40e9, "80 GB (H100)": 80e9, "141 GB (H200)": 141e9}
+
+
+def explorer_cluster(world: int, memory: float) -> P.Cluster:
+    """The explorer's machines: H100-class nodes of 8 with `memory` bytes per GPU, TP's collectives overlapped
+    with the GEMMs (`tp_comm_overlap`, Megatron's --tp-comm-overlap) as in every published run the cost model's
+    constants were fitted on (`calibration.RUNS`) and in NVIDIA's recipes for these models."""
+    return P.Cluster(world, gpu_memory=memory, tp_comm_overlap=True)
 
 
 def explorer_title(name: str, world: int, batch: int, seq: int, memory: float) -> str:
@@ -199,7 +219,8 @@ def explorer_title(name: str, world: int, batch: int, seq: int, memory: float) -
 class PlannerExplorer:
     """Choose a model, the GPUs and the step's batch; see the cost model's best plans with their memory and traffic
     per GPU (`pylib.analysis.planner.rank_plans` over `EXPLORER_SEARCH`: one sequence per microbatch, no virtual
-    stages, no expert TP, SP whenever TP > 1 -- the same TP bytes, fewer activations). On a 2-core CPU an update
+    stages, no expert TP, SP whenever TP > 1 -- Megatron's, with the regather -- and Megatron's default fp32 gradients,
+    `megatron_workload`; TP overlapped with the GEMMs, `explorer_cluster`). On a 2-core CPU an update
     takes under a second for the dense presets and up to about 3 s for the MoE on 256 GPUs (answers are cached, so
     going back is instant). Its controls need a kernel: the container carries the class "pb-needs-kernel", which
     the static site disables with a notice; `static_explorer` is the kernel-free version. `text()` prints the
@@ -299,8 +320,8 @@ def static_explorer(states=STATIC_STATES, top: int = 5):
 @functools.lru_cache(maxsize=256)
 def _ranked(name: str, world: int, batch: int, seq: int, memory: float, top: int) -> list[P.Prediction]:
     cfg = PRESETS[name][0]
-    cluster = P.Cluster(world, gpu_memory=memory)
-    return P.rank_plans(cfg, P.Workload(batch, seq), cluster, top=top, **EXPLORER_SEARCH)
+    cluster = explorer_cluster(world, memory)
+    return P.rank_plans(cfg, megatron_workload(batch, seq), cluster, top=top, **EXPLORER_SEARCH)
 
 
 # ------------------------------------------------------------------------------------------------ calibration, knobs
