@@ -234,7 +234,9 @@ class PlannerExplorer:
         self.top = top
         self.preset = widgets.Dropdown(options=EXPLORER_PRESETS, value=preset, description="model")
         self.world = widgets.SelectionSlider(options=WORLD_SIZES, value=world, description="GPUs", **slider)
-        self.memory = widgets.Dropdown(options=list(GPU_MEMORY), value="80 GB (H100)", description="GPU memory")
+        self.memory = widgets.Dropdown(
+            options=list(GPU_MEMORY), value="80 GB (H100)", description="GPU memory", style=slider["style"]
+        )
         self.batch = widgets.SelectionSlider(
             options=[2**i for i in range(3, 12)], value=batch, description="global batch (sequences)", **slider
         )
