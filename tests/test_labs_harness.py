@@ -297,7 +297,14 @@ def test_an_interrupted_run_writes_the_report_with_the_running_lab_interrupted(t
         time.sleep(0.2)
     kernel = int(pid_file.read_text())
     proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=60)
+    try:
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:  # a harness that did not stop must not outlive this test (the next tests count leftover processes)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if _pid_alive(kernel):
+            os.kill(kernel, signal.SIGKILL)
     assert proc.returncode == 128 + sig, stdout + stderr
     report = json.loads((out / "report.json").read_text())
     assert report["interrupted"] == sig.name and not report["passed"]

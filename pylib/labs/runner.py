@@ -566,8 +566,8 @@ class _Progress:
 
 @contextlib.contextmanager
 def interrupt_on_sigterm():
-    """While the block runs (in the main thread), SIGTERM raises `Interrupted` as SIGINT raises KeyboardInterrupt,
-    so the harness records the running lab and writes its report instead of vanishing."""
+    """While the block runs (in the main thread), SIGTERM and SIGINT raise `Interrupted`, so the harness records the
+    running lab and writes its report instead of vanishing."""
 
     def _raise(signum, frame):
         raise Interrupted(signum)
@@ -575,8 +575,12 @@ def interrupt_on_sigterm():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    saved = signal.signal(signal.SIGTERM, _raise)
+    # SIGINT too: left to Python's default handler, a SIGINT that lands while nbclient's event loop runs may be
+    # turned by asyncio into a cancellation of the running task (which the kernel client can absorb), not into the
+    # KeyboardInterrupt the harness acts on; raised from here, it ends the run as SIGTERM does.
+    saved = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, saved)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
