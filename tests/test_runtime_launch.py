@@ -207,8 +207,11 @@ def test_no_rank_survives_when_the_caller_is_interrupted_or_killed(tmp_path):
     script = _script(
         tmp_path,
         """
-        import os, sys, time
+        import os, signal, sys, time
         from pylib.runtime import launch
+        # Ctrl-C as in a terminal, however the suite was started (a job put in the background of a
+        # non-interactive shell inherits SIGINT ignored, and Python then leaves it ignored)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         def fn():
             time.sleep(120)
         print(os.getpid(), flush=True)
@@ -228,7 +231,12 @@ def test_no_rank_survives_when_the_caller_is_interrupted_or_killed(tmp_path):
         assert len(ranks) >= 3
         time.sleep(0.3)  # let the ranks reach their sleep
         p.send_signal(sig)
-        p.wait(timeout=60)
+        try:
+            p.wait(timeout=60)
+        finally:  # a caller that did not stop must not outlive this test (later tests count leftover processes)
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         deadline = time.monotonic() + 10
         while any(os.path.exists(f"/proc/{r}") and _alive(r) for r in ranks) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -575,9 +575,9 @@ def interrupt_on_sigterm():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    # SIGINT too: left to Python's default handler, a SIGINT that lands while nbclient's event loop runs may be
-    # turned by asyncio into a cancellation of the running task (which the kernel client can absorb), not into the
-    # KeyboardInterrupt the harness acts on; raised from here, it ends the run as SIGTERM does.
+    # SIGINT too: a harness started as a background job of a non-interactive shell inherits SIGINT ignored, and
+    # Python then never raises KeyboardInterrupt; with this handler Ctrl-C or `kill -INT` ends the run (report
+    # written, kernels killed) however the harness was started, as SIGTERM does.
     saved = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
