@@ -1,0 +1,79 @@
+"""The one message catalog of pylib's output: what a reader sees in a table caption or header, a figure's title,
+axes and legend, a verdict or a printed explanation, in the reader's language.
+
+    from pylib.i18n import tr
+    tr("{n} ranks, {bytes:,} bytes sent", n=4, bytes=8192)   # English: the message itself; Chinese: its entry
+
+The message is the English text (a format string); `tr` looks it up in the catalog of the current language and
+formats it with the same fields, so a number is formatted by the same format spec in both editions and only the
+words around it change. The language is `set_language(...)`, else the environment's `PYLIB_LANG` (the book's
+Chinese build sets `PYLIB_LANG=zh`), else English. A message missing from the Chinese catalog raises
+`MissingTranslation` naming it: the Chinese edition never shows English by accident (tests/test_i18n.py also
+checks, without running anything, that every literal passed to `tr` has its entry and that no entry is unused).
+
+The catalogs are dicts {English: Chinese} in this package, one module per area (`zh_book.py`: chapters, tables,
+figures; `zh_labs.py`: the lab harness), merged into one catalog; a message may be in only one of them.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache, lru_cache
+
+LANGUAGES = ("en", "zh")
+_ALIASES = {"en": "en", "en_us": "en", "en_gb": "en", "zh": "zh", "zh_cn": "zh", "zh_hans": "zh", "cn": "zh"}
+_chosen: str | None = None
+
+
+class MissingTranslation(KeyError):
+    """A message has no entry in the current language's catalog."""
+
+
+def normalise(language: str) -> str:
+    """'zh', 'zh_CN', 'zh-CN', 'zh-Hans' -> 'zh'; 'en', 'en_US' -> 'en'; anything else is an error."""
+    key = str(language).strip().lower().replace("-", "_")
+    if key not in _ALIASES:
+        raise ValueError(f"unknown language {language!r}: pylib speaks {', '.join(LANGUAGES)} (e.g. 'zh' or 'zh_CN')")
+    return _ALIASES[key]
+
+
+def language() -> str:
+    """The current language: set_language(...), else $PYLIB_LANG, else 'en'."""
+    if _chosen is not None:
+        return _chosen
+    return normalise(os.environ.get("PYLIB_LANG") or "en")
+
+
+def set_language(language: str | None) -> None:
+    """Choose the language for this process (None: back to $PYLIB_LANG or English)."""
+    global _chosen
+    _chosen = None if language is None else normalise(language)
+
+
+@cache
+def catalog(language: str) -> dict[str, str]:
+    """{English message: translation} for one language ('en' is empty: the message is its own text)."""
+    language = normalise(language)
+    if language == "en":
+        return {}
+    from pylib.i18n import zh_book, zh_labs
+
+    merged: dict[str, str] = {}
+    for module in (zh_book, zh_labs):
+        for message, text in module.MESSAGES.items():
+            if message in merged and merged[message] != text:
+                raise ValueError(f"message translated two ways in pylib.i18n: {message!r}")
+            merged[message] = text
+    return merged
+
+
+def tr(message: str, /, **fields) -> str:
+    """The message in the current language, formatted with `fields` (str.format)."""
+    lang = language()
+    if lang == "en":
+        text = message
+    else:
+        text = catalog(lang).get(message)
+        if text is None:
+            raise MissingTranslation(f"no {lang} entry in pylib.i18n for {message!r}")
+    return text.format(**fields) if fields else text

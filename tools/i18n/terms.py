@@ -1,0 +1,57 @@
+"""The glossary (book/part1/glossary.md) as the one source of the Chinese edition's terms.
+
+`load()` reads its three tables (this book | 中文 | from) into {English term: {Chinese renderings}}: the term is
+the cell's text before any parenthesis or backquote ("split by column", "microbatch"); where the seeds themselves
+give one English word two Chinese words (up-projection: seed A's 升维, seed B's 上投影) both are accepted.
+`violations(msgid, msgstr, glossary)` names each glossary term that the English message uses (outside code, math and
+roles; plural -s/-es included) and whose Chinese word the translation does not contain: the term translated another
+way."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import markup
+
+GLOSSARY = Path(__file__).resolve().parents[2] / "book" / "part1" / "glossary.md"
+ROW = re.compile(r"^\|\s*([^|]+?)\s*\|\s*([^|]+?)\s*\|\s*([^|]+?)\s*\|\s*$")
+
+
+def _base(english: str) -> str:
+    return re.split(r"\s*[(`]", english, maxsplit=1)[0].strip().lower()
+
+
+@lru_cache(maxsize=1)
+def load(path: Path = GLOSSARY) -> dict[str, frozenset[str]]:
+    table: dict[str, set[str]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        row = ROW.match(line)
+        if not row or row.group(1) in {"this book", "---"} or set(row.group(1)) <= {"-"}:
+            continue
+        english, chinese = _base(row.group(1)), row.group(2).strip()
+        if len(english) > 2:
+            table.setdefault(english, set()).add(chinese)
+    if not table:
+        raise ValueError(f"no terms found in {path}: the tables must be '| this book | 中文 | from |'")
+    return {k: frozenset(v) for k, v in table.items()}
+
+
+def _pattern(term: str) -> re.Pattern:
+    return re.compile(r"(?<![\w-])" + re.escape(term) + r"(?:s|es)?(?![\w-])", re.IGNORECASE)
+
+
+def _prose(text: str) -> str:
+    text = markup.ROLE.sub(" ", text)
+    text = markup.MATH.sub(" ", text)
+    return markup.CODE.sub(" ", text)
+
+
+def violations(msgid: str, msgstr: str, glossary: dict[str, frozenset[str]]) -> list[str]:
+    english = _prose(msgid)
+    faults = []
+    for term, chinese in glossary.items():
+        if _pattern(term).search(english) and not any(word in msgstr for word in chinese):
+            faults.append(f"'{term}' is {' / '.join(sorted(chinese))}")
+    return faults

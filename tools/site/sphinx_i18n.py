@@ -1,0 +1,94 @@
+"""Makes the book's table cells and figure alt texts translatable (loaded through _config.yml's
+`sphinx: local_extensions`, for every build: the English one, the gettext extraction and the Chinese one).
+
+Sphinx's gettext machinery (`sphinx.util.nodes.extract_messages`, used both to write the .pot catalogs and, in the
+Locale transform, to put the translations in) takes a text node only if it knows where it came from (`node.source`)
+and what its source text was (`node.rawsource`). MyST's table cells have neither, so a Markdown table in a chapter
+(the glossary's three tables, every hand-written comparison table) never reached the catalogs and stayed English in
+the Chinese edition. `mark_table_cells` gives each cell paragraph the chapter as its source and its text as its raw
+source, before the Locale transform runs (priority 20; this runs at 15). The msgid of a cell is its plain text, so a
+cell's inline markup (`code`, $math$) is written back by the translator in the msgstr, which MyST parses as usual.
+
+Figure alt texts are attributes, not text nodes, so Sphinx never extracts them. `AltTexts` puts each one in the
+catalog as a message of its own (gettext builder) and replaces it with its translation (any other builder): the
+Chinese edition's figures are described in Chinese.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from docutils import nodes
+from sphinx.locale import init as init_locale
+from sphinx.transforms import SphinxTransform
+from sphinx.util.i18n import docname_to_domain
+
+
+class MarkTableCells(SphinxTransform):
+    default_priority = 15  # before sphinx.transforms.i18n.Locale (20)
+
+    def apply(self, **kwargs) -> None:
+        source = self.document.get("source", "")
+        for entry in self.document.findall(nodes.entry):
+            for paragraph in entry.findall(nodes.paragraph):
+                if not paragraph.source:
+                    paragraph.source = source
+                if paragraph.line is None:
+                    paragraph.line = 0
+                if not paragraph.rawsource:
+                    paragraph.rawsource = paragraph.astext()
+
+
+def _alt_nodes(document):
+    for image in document.findall(nodes.image):
+        alt = image.get("alt", "")
+        if alt and alt.strip():
+            yield image, alt
+
+
+class TranslateAltTexts(SphinxTransform):
+    """Replace each figure's alt text by its translation from the chapter's own catalog (after Locale, 21)."""
+
+    default_priority = 21
+
+    def apply(self, **kwargs) -> None:
+        config = self.config
+        if not config.language or config.language == "en" or self.app.builder.name == "gettext":
+            return
+        domain = docname_to_domain(self.env.docname, config.gettext_compact)
+        dirs = [self.env.srcdir / d for d in config.locale_dirs]
+        catalog, has_catalog = init_locale(dirs, config.language, domain)
+        if not has_catalog:
+            return
+        for image, alt in _alt_nodes(self.document):
+            translated = catalog.gettext(alt)
+            if translated and translated != alt:
+                image["alt"] = translated
+
+
+ALT_OPTION = re.compile(r"^\s*:alt:\s*(.+?)\s*$")
+
+
+def add_alt_texts_to_catalog(app, doctree, docname: str) -> None:
+    """gettext builder only: each alt text becomes a message of the chapter's catalog. They are read from the
+    chapter's source (`:alt:` options), because a figure glued from an output has no image node when the
+    extraction runs without executing the notebooks."""
+    if app.builder.name != "gettext":
+        return
+    from sphinx.builders.gettext import MsgOrigin
+
+    domain = docname_to_domain(docname, app.builder.config.gettext_compact)
+    catalog = app.builder.catalogs[domain]
+    source = Path(app.env.doc2path(docname))
+    for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), start=1):
+        option = ALT_OPTION.match(line)
+        if option:
+            catalog.add(option.group(1), MsgOrigin(str(source), number))
+
+
+def setup(app):
+    app.add_transform(MarkTableCells)
+    app.add_transform(TranslateAltTexts)
+    app.connect("doctree-resolved", add_alt_texts_to_catalog)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
