@@ -18,7 +18,7 @@ figures; `zh_labs.py`: the lab harness), merged into one catalog; a message may 
 from __future__ import annotations
 
 import os
-from functools import cache, lru_cache
+from functools import cache
 
 LANGUAGES = ("en", "zh")
 _ALIASES = {"en": "en", "en_us": "en", "en_gb": "en", "zh": "zh", "zh_cn": "zh", "zh_hans": "zh", "cn": "zh"}

@@ -43,7 +43,8 @@ def extract() -> None:
     GETTEXT_CONFIG.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
     try:
         command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT), "--config"]
-        command += [str(GETTEXT_CONFIG), "--builder", "custom", "--custom-builder", "gettext", "--path-output", str(ROOT / "_build" / "i18n"), "--all", "-q"]
+        command += [str(GETTEXT_CONFIG), "--builder", "custom", "--custom-builder", "gettext"]
+        command += ["--path-output", str(ROOT / "_build" / "i18n"), "--all", "-q"]
         subprocess.run(command, check=True, cwd=ROOT)
     finally:
         GETTEXT_CONFIG.unlink(missing_ok=True)
