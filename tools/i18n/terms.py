@@ -5,7 +5,7 @@ the cell's text before any parenthesis or backquote ("split by column", "microba
 give one English word two Chinese words (up-projection: seed A's 升维, seed B's 上投影) both are accepted.
 `violations(msgid, msgstr, glossary)` names each glossary term that the English message uses (outside code, math and
 roles; plural -s/-es included) and whose Chinese word the translation does not contain: the term translated another
-way."""
+way. A message kept unchanged (msgstr = msgid: a number, a code name, the glossary's English column) is exempt."""
 
 from __future__ import annotations
 
@@ -49,6 +49,8 @@ def _prose(text: str) -> str:
 
 
 def violations(msgid: str, msgstr: str, glossary: dict[str, frozenset[str]]) -> list[str]:
+    if msgstr == msgid:  # kept as it is on purpose: a number, a symbol, the glossary's own English column
+        return []
     english = _prose(msgid)
     faults = []
     for term, chinese in glossary.items():
