@@ -63,7 +63,7 @@ def _read(path: Path) -> Catalog:
 def _write(catalog: Catalog, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
-        write_po(f, catalog, width=0, omit_header=False, sort_by_file=True, include_previous=True)
+        write_po(f, catalog, width=0, omit_header=False, include_previous=True)  # in the template's order
 
 
 def _entries(catalog: Catalog):

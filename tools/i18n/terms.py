@@ -42,7 +42,12 @@ def _pattern(term: str) -> re.Pattern:
     return re.compile(r"(?<![\w-])" + re.escape(term) + r"(?:s|es)?(?![\w-])", re.IGNORECASE)
 
 
+# Proper names that contain a glossary word in another sense: the paper's name stays as it is.
+PROPER_NAMES = re.compile(r"Switch Transformers?", re.IGNORECASE)
+
+
 def _prose(text: str) -> str:
+    text = PROPER_NAMES.sub(" ", text)
     text = markup.ROLE.sub(" ", text)
     text = markup.MATH.sub(" ", text)
     return markup.CODE.sub(" ", text)
