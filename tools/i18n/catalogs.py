@@ -5,6 +5,8 @@
     python tools/i18n/catalogs.py check     # 0 missing, 0 outdated, markup kept, glossary terms: or exit 1
     python tools/i18n/catalogs.py todo PO   # the entries of one .po still to translate, as JSON (for translators)
     python tools/i18n/catalogs.py fill PO JSON   # put translations ({"msgid": "msgstr", ...}) into one .po
+        (or [{"msgid": ..., "msgstr": ..., "other_senses": ["rank"]}, ...]: a glossary word the message uses in
+        another sense, e.g. the verb "rank", recorded as a translator comment the term check honours)
 
 `extract` runs Sphinx's own gettext builder over the book with notebook execution off (the messages are the
 chapters' Markdown; code cells and their outputs are never messages: outputs are translated by pylib's catalog,
@@ -112,7 +114,8 @@ def problems() -> dict[str, list[str]]:
             else:
                 for fault in markup.differences(message.id, message.string):
                     found.setdefault(name, []).append(f"markup ({fault}): {short}")
-                for fault in terms.violations(message.id, message.string, glossary):
+                senses = terms.other_senses(message.user_comments)
+                for fault in terms.violations(message.id, message.string, glossary, senses):
                     found.setdefault(name, []).append(f"term ({fault}): {short}")
     return found
 
@@ -148,7 +151,9 @@ def todo(po_path: Path) -> None:
 
 def fill(po_path: Path, json_path: Path) -> None:
     translations = json.loads(json_path.read_text(encoding="utf-8"))
-    if isinstance(translations, list):
+    senses: dict[str, list[str]] = {}
+    if isinstance(translations, list):  # [{"msgid", "msgstr", optional "other_senses": ["rank", ...]}]
+        senses = {t["msgid"]: t["other_senses"] for t in translations if t.get("other_senses")}
         translations = {t["msgid"]: t["msgstr"] for t in translations}
     catalog = _read(po_path)
     unknown = [k for k in translations if k not in catalog]
@@ -159,6 +164,9 @@ def fill(po_path: Path, json_path: Path) -> None:
         message.string = msgstr
         message.flags.discard("fuzzy")
         message.previous_id = []
+        if msgid in senses:
+            kept = [c for c in message.user_comments if not c.strip().startswith(terms.OTHER_SENSE)]
+            message.user_comments = kept + [f"{terms.OTHER_SENSE} {', '.join(senses[msgid])}"]
     _write(catalog, po_path)
     print(f"{len(translations)} entries written to {po_path}")
 

@@ -53,12 +53,36 @@ def _prose(text: str) -> str:
     return markup.CODE.sub(" ", text)
 
 
-def violations(msgid: str, msgstr: str, glossary: dict[str, frozenset[str]]) -> list[str]:
+def violations(
+    msgid: str, msgstr: str, glossary: dict[str, frozenset[str]], other_senses: frozenset[str] = frozenset()
+) -> list[str]:
+    """The glossary terms `msgid` uses whose Chinese word `msgstr` lacks. A term inside a longer term that matched
+    ("rank" in "rank generator") is that longer term's; `other_senses` are terms the message uses in another sense
+    than the glossary's (the verb "rank", a network "switch"), recorded on the catalog entry by the translator."""
     if msgstr == msgid:  # kept as it is on purpose: a number, a symbol, the glossary's own English column
         return []
     english = _prose(msgid)
+    claimed: list[tuple[int, int]] = []
     faults = []
-    for term, chinese in glossary.items():
-        if _pattern(term).search(english) and not any(word in msgstr for word in chinese):
-            faults.append(f"'{term}' is {' / '.join(sorted(chinese))}")
+    for term in sorted(glossary, key=len, reverse=True):
+        spans = [m.span() for m in _pattern(term).finditer(english)]
+        spans = [(a, b) for a, b in spans if not any(c <= a and b <= d for c, d in claimed)]
+        if not spans:
+            continue
+        claimed += spans
+        if term not in other_senses and not any(word in msgstr for word in glossary[term]):
+            faults.append(f"'{term}' is {' / '.join(sorted(glossary[term]))}")
     return faults
+
+
+OTHER_SENSE = "not the glossary's term:"
+
+
+def other_senses(comments) -> frozenset[str]:
+    """The terms a catalog entry's translator comments mark as used in another sense
+    (`# not the glossary's term: rank, switch`)."""
+    found: set[str] = set()
+    for comment in comments:
+        if comment.strip().startswith(OTHER_SENSE):
+            found |= {t.strip().lower() for t in comment.split(":", 1)[1].split(",") if t.strip()}
+    return frozenset(found)
