@@ -117,7 +117,7 @@ RC: dict[str, object] = {
 # The Chinese edition's figures: Noto Sans CJK SC, from the `mplfonts` wheel (requirements-common.txt; the wheel is
 # found, not imported). Figures reach the page as PNG (the notebook's inline backend; an SVG would carry its text as
 # paths, matplotlib's svg.fonttype default), so the reader's browser needs no CJK font. DejaVu Sans stays behind it
-# in font.sans-serif: matplotlib falls back glyph by glyph to the next family for what the first lacks.
+# in font.family: matplotlib falls back glyph by glyph to the next family for what the first lacks.
 CJK_FAMILY = "Noto Sans CJK SC"
 CJK_FILE = "NotoSansCJKsc-Regular.otf"
 
@@ -151,8 +151,11 @@ def rc() -> dict[str, object]:
     if language() == "zh":
         if cjk_font_path() is None:
             raise RuntimeError(f"the Chinese figures need {CJK_FAMILY}: pip install mplfonts (requirements-common.txt)")
-        params["font.family"] = "sans-serif"
-        params["font.sans-serif"] = [CJK_FAMILY, *[f for f in mpl.rcParamsDefault["font.sans-serif"] if f != CJK_FAMILY]]
+        # font.family names the families themselves, not "sans-serif": a Text keeps its family list and resolves
+        # a generic name at draw time, with the rcParams of then (after `use()` has restored them).
+        families = [CJK_FAMILY, "DejaVu Sans"]  # DejaVu Sans: matplotlib's own, always there
+        params["font.family"] = families
+        params["font.sans-serif"] = families
     return params
 
 
