@@ -93,4 +93,32 @@ MESSAGES: dict[str, str] = {
     "the costs.":
     "异步 send 与阻塞 send 下的气泡，m = 8，来自模拟器。只有交错调度在反向比前向更贵时才为阻塞 send 付出代价，"
     "代价多少取决于 p 和各项开销。",
+    # -- pylib/viz/tp.py: tensor-parallel figures
+    "x [n, d_in]\nwhole on every rank": "x [n, d_in]\n每个 rank 上完整一份",
+    "rank {r}: W_{r}, columns\n[d_in, d_out/t]": "rank {r}：W_{r}，按列\n[d_in, d_out/t]",
+    "rank {r}: y_{r} = x W_{r}\n[n, d_out/t]": "rank {r}：y_{r} = x W_{r}\n[n, d_out/t]",
+    "rank {r}: V_{r}, rows\n[d_out/t, d_in]": "rank {r}：V_{r}，按行\n[d_out/t, d_in]",
+    "rank {r}: y_{r} V_{r}\npartial sum, full size": "rank {r}：y_{r} V_{r}\n部分和，完整尺寸",
+    "column split:\nW cut by its\noutput columns": "列切分：\nW 按其\n输出列切开",
+    "concat(y_r) = x W: no communication": "concat(y_r) = x W：无需通信",
+    "row split: V cut by its input\nrows; rank r multiplies\nits own y_r by V_r": "行切分：V 按其输入\n行切开；rank r 用\n自己的 y_r 乘以 V_r",
+    "all-reduce: sum\nof the partial sums": "All-Reduce：\n对部分和求和",
+    "one device:\nconcat = x W {ok_y}\nsum = x W V {ok_z}": "单设备对照：\nconcat = x W {ok_y}\nsum = x W V {ok_z}",
+    "TP on {t} ranks: a column split's results concatenate (rows 1-2);\n"
+    "a row split's results are full-size partial sums, all-reduced (rows 3-4)":
+    "{t} 个 rank 上的 TP：列切分的结果直接拼接（第 1–2 行）；\n行切分的结果是完整尺寸的部分和，需要 All-Reduce（第 3–4 行）",
+    "1/t of heads": "1/t 的头",
+    "1/t of h_ffn": "1/t 的 h_ffn",
+    "1/t of columns": "1/t 的列",
+    "{part}: {what}\nall {s} tokens": "{part}：{what}\n全部 {s} 个 token",
+    "LN, residual\n{n} tokens": "LN、残差\n{n} 个 token",
+    "identity": "恒等",
+    "nothing sent": "不发送数据",
+    " (regather)": "（重新 gather）",
+    "weight grads\nfrom rebuilt input": "由重建的输入\n计算权重梯度",
+    "sent {bytes}": "发送 {bytes}",
+    "One layer, t = {t}, b = {b}, s = {s}, h = {h} ({dtype}): SP turns each\n"
+    "all-reduce into an all-gather into the TP region and a reduce-scatter out of it":
+    "一层，t = {t}，b = {b}，s = {s}，h = {h}（{dtype}）：SP 把每个 All-Reduce\n"
+    "变成进入 TP 区域的 All-Gather 和离开它的 Reduce-Scatter",
 }
