@@ -143,8 +143,12 @@ def _bubble_rows():
     from pylib.pp.timeline import bubble
 
     return [
-        {"schedule": name, "m": m, "formula": A.bubble_fraction(4, m, v),
-         "measured: schedule": bubble(simulate(build(name, 4, m, v))).mean_relative}
+        {
+            "schedule": name,
+            "m": m,
+            "formula": A.bubble_fraction(4, m, v),
+            "measured: schedule": bubble(simulate(build(name, 4, m, v))).mean_relative,
+        }
         for name, v in [("1f1b", 1), ("interleaved", 2)]
         for m in (4, 8, 16)
     ]

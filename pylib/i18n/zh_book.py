@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (a catalog: one message, one line, as the English it translates)
 """Chinese for the chapters' output: table captions and headers, figure text, verdicts (see pylib.i18n).
 
 Terms follow book/part1/glossary.md (微批次, 气泡, 分片, 容量因子, 通信原语 ...); TP/SP/CP/EP/PP/DP, All-Reduce and the
@@ -33,16 +34,14 @@ MESSAGES: dict[str, str] = {
     "rank": "rank",
     "what it holds": "持有的内容",
     "The reference model's {n_layers} layers dealt out by `stage_layers` / `rank_chunks`: a plain "
-    "pipeline, and an interleaved one with v = 2 chunks per rank (chunk c of rank r is virtual stage c·p + r).":
-    "参考模型的 {n_layers} 层由 `stage_layers` / `rank_chunks` 分配：普通流水线，以及每个 rank 持有 v = 2 个块的"
+    "pipeline, and an interleaved one with v = 2 chunks per rank (chunk c of rank r is virtual stage c·p + r).": "参考模型的 {n_layers} 层由 `stage_layers` / `rank_chunks` 分配：普通流水线，以及每个 rank 持有 v = 2 个块的"
     "交错流水线（rank r 的块 c 是虚拟 stage c·p + r）。",
     "weight (seed B)": "权重（seed B）",
     "seed B says (PP column)": "seed B 的说法（PP 列）",
     "held by (from `shard_specs`, p = {p})": "持有者（来自 `shard_specs`，p = {p}）",
     "shape on that rank": "该 rank 上的形状",
     "Seed B's PP column, rebuilt from `shard_specs`: every weight is held whole ([out, in], as nn.Linear "
-    "stores it) by exactly one rank.":
-    "由 `shard_specs` 重建的 seed B 的 PP 列：每个权重都由恰好一个 rank 完整持有（[out, in]，与 nn.Linear 的存储方式一致）。",
+    "stores it) by exactly one rank.": "由 `shard_specs` 重建的 seed B 的 PP 列：每个权重都由恰好一个 rank 完整持有（[out, in]，与 nn.Linear 的存储方式一致）。",
     "sends (fwd: activation)": "send（前向：激活）",
     "recvs (fwd)": "recv（前向）",
     "sends (bwd: gradient)": "send（反向：梯度）",
@@ -51,8 +50,7 @@ MESSAGES: dict[str, str] = {
     "formula": "公式",
     "The point-to-point ops of one 1F1B step, p = {p}, m = {m} microbatches of [b, s, h] = "
     "{shape} float64 ({message} B each), traced on real ranks, against `p2p_bytes_per_rank`. All ranks "
-    "together: {total} B = 2·(p−1)·m·b·s·h·8.":
-    "一个 1F1B 步骤中的点对点操作，p = {p}，m = {m} 个 [b, s, h] = {shape} 的 float64 微批次（每个 {message} B），"
+    "together: {total} B = 2·(p−1)·m·b·s·h·8.": "一个 1F1B 步骤中的点对点操作，p = {p}，m = {m} 个 [b, s, h] = {shape} 的 float64 微批次（每个 {message} B），"
     "在真实 rank 上追踪，并与 `p2p_bytes_per_rank` 对照。所有 rank 合计：{total} B = 2·(p−1)·m·b·s·h·8。",
     "schedule": "调度",
     "loss (rank {r})": "loss（rank {r}）",
@@ -60,38 +58,33 @@ MESSAGES: dict[str, str] = {
     "gradients compared": "比较的梯度数",
     "max |grad − reference|": "最大 |grad − 参考值|",
     "One training step of each schedule on {p} gloo ranks, m = {m}, against the single-device model "
-    "(reference loss {ref_loss:.12f}). Every parameter's gradient is compared, each held by exactly one rank.":
-    "每种调度在 {p} 个 gloo rank 上训练一步，m = {m}，与单设备模型对照（参考 loss {ref_loss:.12f}）。"
+    "(reference loss {ref_loss:.12f}). Every parameter's gradient is compared, each held by exactly one rank.": "每种调度在 {p} 个 gloo rank 上训练一步，m = {m}，与单设备模型对照（参考 loss {ref_loss:.12f}）。"
     "每个参数的梯度都参与比较，每个参数都由恰好一个 rank 持有。",
     "formula (p−1)/(v·m)": "公式 (p−1)/(v·m)",
     "schedule (simulated)": "调度（模拟）",
     "replay of the real run": "真实运行的回放",
     "share of the step (formula)": "占一步的比例（公式）",
     "The bubble, idle time relative to compute time, mean over the {p} ranks: the formula, the "
-    "simulated schedule and the replayed real run agree exactly.":
-    "气泡，即空闲时间相对计算时间的比值，取 {p} 个 rank 的平均：公式、模拟的调度与真实运行的回放完全一致。",
+    "simulated schedule and the replayed real run agree exactly.": "气泡，即空闲时间相对计算时间的比值，取 {p} 个 rank 的平均：公式、模拟的调度与真实运行的回放完全一致。",
     "in flight, measured": "在途数（实测）",
     "in stages' worth": "折合 stage 数",
     "bytes saved per microbatch (per chunk)": "每个微批次保存的字节数（每块）",
     "peak activation bytes, measured": "激活峰值字节数（实测）",
     "formula: in flight × bytes": "公式：在途数 × 字节数",
     "Peak microbatches in flight and peak activation memory per rank, p = {p}, m = {m}, measured on the "
-    "real runs (bytes autograd saved for backward) against `peak_in_flight` and `activation_memory`.":
-    "每个 rank 的在途微批次峰值与激活显存峰值，p = {p}，m = {m}，在真实运行上实测（autograd 为反向保存的字节数），"
+    "real runs (bytes autograd saved for backward) against `peak_in_flight` and `activation_memory`.": "每个 rank 的在途微批次峰值与激活显存峰值，p = {p}，m = {m}，在真实运行上实测（autograd 为反向保存的字节数），"
     "并与 `peak_in_flight` 和 `activation_memory` 对照。",
     "‖grad‖ / ‖reference‖, loss not scaled": "‖grad‖ / ‖参考值‖，loss 未缩放",
     "the same, loss / m (the fix)": "同上，loss / m（修正）",
     "logged loss (both)": "记录的 loss（两者）",
     "1F1B on 4 ranks with and without dividing each microbatch's loss by m before its backward: "
-    "unscaled, every gradient is exactly m times the reference; the logged loss cannot tell.":
-    "4 个 rank 上的 1F1B，反向前是否将每个微批次的 loss 除以 m：不缩放时，每个梯度都恰好是参考值的 m 倍；"
+    "unscaled, every gradient is exactly m times the reference; the logged loss cannot tell.": "4 个 rank 上的 1F1B，反向前是否将每个微批次的 loss 除以 m：不缩放时，每个梯度都恰好是参考值的 m 倍；"
     "记录的 loss 看不出区别。",
     "posted sends (simulated)": "异步 send（模拟）",
     "blocking sends (simulated)": "阻塞 send（模拟）",
     "Bubble with posted and with blocking sends, m = 8, from the simulator. Only the interleaved "
     "schedule, with a backward dearer than a forward, pays for blocking sends, and how much depends on p and "
-    "the costs.":
-    "异步 send 与阻塞 send 下的气泡，m = 8，来自模拟器。只有交错调度在反向比前向更贵时才为阻塞 send 付出代价，"
+    "the costs.": "异步 send 与阻塞 send 下的气泡，m = 8，来自模拟器。只有交错调度在反向比前向更贵时才为阻塞 send 付出代价，"
     "代价多少取决于 p 和各项开销。",
     # -- pylib/viz/tp.py: tensor-parallel figures
     "x [n, d_in]\nwhole on every rank": "x [n, d_in]\n每个 rank 上完整一份",
@@ -105,8 +98,7 @@ MESSAGES: dict[str, str] = {
     "all-reduce: sum\nof the partial sums": "All-Reduce：\n对部分和求和",
     "one device:\nconcat = x W {ok_y}\nsum = x W V {ok_z}": "单设备对照：\nconcat = x W {ok_y}\nsum = x W V {ok_z}",
     "TP on {t} ranks: a column split's results concatenate (rows 1-2);\n"
-    "a row split's results are full-size partial sums, all-reduced (rows 3-4)":
-    "{t} 个 rank 上的 TP：列切分的结果直接拼接（第 1–2 行）；\n行切分的结果是完整尺寸的部分和，需要 All-Reduce（第 3–4 行）",
+    "a row split's results are full-size partial sums, all-reduced (rows 3-4)": "{t} 个 rank 上的 TP：列切分的结果直接拼接（第 1–2 行）；\n行切分的结果是完整尺寸的部分和，需要 All-Reduce（第 3–4 行）",
     "1/t of heads": "1/t 的头",
     "1/t of h_ffn": "1/t 的 h_ffn",
     "1/t of columns": "1/t 的列",
@@ -118,8 +110,7 @@ MESSAGES: dict[str, str] = {
     "weight grads\nfrom rebuilt input": "由重建的输入\n计算权重梯度",
     "sent {bytes}": "发送 {bytes}",
     "One layer, t = {t}, b = {b}, s = {s}, h = {h} ({dtype}): SP turns each\n"
-    "all-reduce into an all-gather into the TP region and a reduce-scatter out of it":
-    "一层，t = {t}，b = {b}，s = {s}，h = {h}（{dtype}）：SP 把每个 All-Reduce\n"
+    "all-reduce into an all-gather into the TP region and a reduce-scatter out of it": "一层，t = {t}，b = {b}，s = {s}，h = {h}（{dtype}）：SP 把每个 All-Reduce\n"
     "变成进入 TP 区域的 All-Gather 和离开它的 Reduce-Scatter",
     # -- pylib/viz/dp.py: data-parallel figures
     "held by one rank ({unit})": "单个 rank 持有（{unit}）",
@@ -179,8 +170,7 @@ MESSAGES: dict[str, str] = {
     "collective": "通信原语",
     "sent per rank": "每个 rank 发送",
     "Bytes each rank sends (and receives), traced, for S = {psi:,} B.": "每个 rank 发送（与接收）的字节数，实测追踪，S = {psi:,} B。",
-    "✓ {steps} steps on {n} ranks; after step {k} rank r holds the sum of chunk r (a reduce-scatter), after the last step all of them":
-    "✓ {n} 个 rank 上共 {steps} 步；第 {k} 步之后 rank r 持有块 r 的和（即 Reduce-Scatter），最后一步之后持有全部块的和",
+    "✓ {steps} steps on {n} ranks; after step {k} rank r holds the sum of chunk r (a reduce-scatter), after the last step all of them": "✓ {n} 个 rank 上共 {steps} 步；第 {k} 步之后 rank r 持有块 r 的和（即 Reduce-Scatter），最后一步之后持有全部块的和",
     "steps": "步数",
     "chunk (B)": "块（B）",
     "sent per rank (B)": "每个 rank 发送（B）",
@@ -316,7 +306,7 @@ MESSAGES: dict[str, str] = {
     "dtype": "dtype",
     "flash-attn installed": "已安装 flash-attn",
     "torch fused op that works": "可用的 torch 融合算子",
-    "kernel=\"auto\" picks": "kernel=\"auto\" 的选择",
+    'kernel="auto" picks': 'kernel="auto" 的选择',
     "The kernel choice: flash-attn if installed, else torch's own fused attention on CUDA; always the plain torch kernel on the CPU.": "kernel 的选择：安装了 flash-attn 就用它，否则在 CUDA 上用 torch 自带的融合注意力；CPU 上总是用普通的 torch kernel。",
     "max error: each rank's own gradient": "最大误差：每个 rank 自己的梯度",
     "after the all-reduce over cp": "在 cp 上 All-Reduce 之后",

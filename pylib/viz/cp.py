@@ -150,7 +150,9 @@ def sequence_split_figure(specs_by_rank, seq_len: int, *, name: str = "x", causa
     shown_h = min(width, 8)
     ax_x.imshow(colours[owner][:, None, :].repeat(shown_h, axis=1), aspect="auto", interpolation="nearest")
     ax_x.set_title(tr("{name} [s, h]: rows split over cp = {cp}", name=name, cp=cp))
-    ax_x.set_xlabel(tr("feature (h = {h}, first 8 shown)", h=width) if width > shown_h else tr("feature (h = {h})", h=width))
+    ax_x.set_xlabel(
+        tr("feature (h = {h}, first 8 shown)", h=width) if width > shown_h else tr("feature (h = {h})", h=width)
+    )
     ax_x.set_ylabel(tr("token position (s)"))
     ax_x.set_xticks([])
     local = owner[:, None] == owner[None, :]

@@ -161,7 +161,8 @@ def plot_bucket_overlap(reports, *, title: str | None = None, unit: str = "ms", 
     ax.set_xlabel(tr("time since backward began ({unit})", unit=unit), fontsize=style.legible_pt(fig, 10))
     hidden = sum(r.hidden_fraction for r in reports) / len(reports)
     ax.set_title(
-        title or tr("Buckets during backward: {hidden:.0%} of communication hidden", hidden=hidden), fontsize=style.legible_pt(fig, 10)
+        title or tr("Buckets during backward: {hidden:.0%} of communication hidden", hidden=hidden),
+        fontsize=style.legible_pt(fig, 10),
     )
     fig.tight_layout()
     return fig
@@ -264,7 +265,14 @@ def _dp_weight_gradient(ax, d, h_in, h_out, weight, x0, *, tall, wide_in, wide_o
                 gid="partial",
             )
         )
-    ax.text(x + wide_out / 2, top + 0.12 + d * off, tr("d{weight} = Σ partials", weight=weight), ha="center", va="bottom", fontsize=10)
+    ax.text(
+        x + wide_out / 2,
+        top + 0.12 + d * off,
+        tr("d{weight} = Σ partials", weight=weight),
+        ha="center",
+        va="bottom",
+        fontsize=10,
+    )
     ax.text(x + wide_out / 2, top - wide_in - 0.12, f"[{h_in}, {h_out}]", ha="center", va="top", fontsize=8)
     ax.text(
         (x0 + x + wide_out) / 2,
@@ -306,7 +314,11 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
         title
         or tr(
             "{key}: {n} parameters, {numel} elements{pad}, {parts} slices of {shard}",
-            key=layout.key, n=len(layout.entries), numel=layout.numel, pad=pad, parts=layout.parts,
+            key=layout.key,
+            n=len(layout.entries),
+            numel=layout.numel,
+            pad=pad,
+            parts=layout.parts,
             shard=layout.shard_numel,
         ),
         fontsize=style.legible_pt(fig, 10),
@@ -381,6 +393,9 @@ def plot_zero3_resident(timeline, shard_bytes: int, *, unit: str = "KiB", ax=Non
     ax.set_xticks([])
     ax.set_xlabel(tr("gathers and frees, in the order they happened"))
     ax.set_ylabel(tr("parameters resident ({unit})", unit=unit))
-    ax.set_title(tr("ZeRO-3: one unit gathered at a time, peak {top:,.1f} {unit}", top=top, unit=unit), fontsize=style.legible_pt(fig, 10))
+    ax.set_title(
+        tr("ZeRO-3: one unit gathered at a time, peak {top:,.1f} {unit}", top=top, unit=unit),
+        fontsize=style.legible_pt(fig, 10),
+    )
     fig.tight_layout()
     return fig

@@ -72,7 +72,8 @@ def fig_dim_orth(cuts: dict[str, dict[str, float]], modes=MODES, dims=DIMS):
     ax.set_yticks(np.arange(len(modes)) + 0.5, modes)
     ax.tick_params(length=0, labelsize=style.legible_pt(fig, 9))
     ax.xaxis.tick_top()
-    ax.set_title(tr("share of each dimension one rank holds, measured on 2 ranks per mode (SP: beyond TP's cuts)"),
+    ax.set_title(
+        tr("share of each dimension one rank holds, measured on 2 ranks per mode (SP: beyond TP's cuts)"),
         fontsize=style.legible_pt(fig, 9),
         pad=34,
     )
@@ -145,7 +146,13 @@ def fig_superposition(runs: list[dict], b: int, s: int, d_ff: int, tp: int, cp: 
         tr(
             "FFN intermediate [b, s, h_ffn] = [{b}, {s}, {d_ff}]: the part rank {rank} holds\n"
             "(coordinates tp {tp}, cp {cp}, dp {dp})",
-            b=b, s=s, d_ff=d_ff, rank=rank, tp=me["coords"]["tp"], cp=me["coords"]["cp"], dp=me["coords"]["dp"],
+            b=b,
+            s=s,
+            d_ff=d_ff,
+            rank=rank,
+            tp=me["coords"]["tp"],
+            cp=me["coords"]["cp"],
+            dp=me["coords"]["dp"],
         ),
         fontsize=10,
     )

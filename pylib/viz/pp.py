@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from matplotlib.patches import Patch, Rectangle
 
+from ..i18n import tr
 from ..pp.simulate import simulate
 from ..pp.timeline import as_events, bubble, idle_intervals
-from ..i18n import tr
 from . import style
 
 
@@ -149,7 +149,10 @@ def _draw_comm(ax, events) -> None:
 
 def _timeline_legend(n_chunks: int, shade_bubble: bool, show_comm: bool) -> list:
     if n_chunks == 1:
-        handles = [Patch(facecolor=style.FORWARD, label=tr("forward")), Patch(facecolor=style.BACKWARD, label=tr("backward"))]
+        handles = [
+            Patch(facecolor=style.FORWARD, label=tr("forward")),
+            Patch(facecolor=style.BACKWARD, label=tr("backward")),
+        ]
     else:
         handles = [
             Patch(facecolor=_shade(color, c, n_chunks), label=tr("{kind} chunk {c}", kind=kind, c=c))

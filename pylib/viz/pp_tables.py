@@ -25,7 +25,9 @@ def stages(n_layers: int, held: dict) -> str:
             parts = []
             for c, stage, layers, first, last in chunks:
                 extra = (tr(" + embedding") if first else "") + (tr(" + ln_f, LM head, loss") if last else "")
-                parts.append(tr("chunk {c} = virtual stage {stage}: layers {layers}", c=c, stage=stage, layers=layers) + extra)
+                parts.append(
+                    tr("chunk {c} = virtual stage {stage}: layers {layers}", c=c, stage=stage, layers=layers) + extra
+                )
             rows.append([f"p = {p}, v = {v}", tr("rank {r}", r=r), tr("; ").join(parts)])
     return markdown_table(
         [tr("split"), tr("rank"), tr("what it holds")],
@@ -42,7 +44,12 @@ def stages(n_layers: int, held: dict) -> str:
 def weights(rows: list[list], p: int) -> str:
     """tbl-pp-weights. rows: [weight (seed B), what seed B says, where it is held, its shapes]."""
     return markdown_table(
-        [tr("weight (seed B)"), tr("seed B says (PP column)"), tr("held by (from `shard_specs`, p = {p})", p=p), tr("shape on that rank")],
+        [
+            tr("weight (seed B)"),
+            tr("seed B says (PP column)"),
+            tr("held by (from `shard_specs`, p = {p})", p=p),
+            tr("shape on that rank"),
+        ],
         rows,
         caption=tr(
             "Seed B's PP column, rebuilt from `shard_specs`: every weight is held whole ([out, in], as nn.Linear "
@@ -55,7 +62,15 @@ def weights(rows: list[list], p: int) -> str:
 def p2p(counts: list[dict], sent: list[int], formula: list[int], p: int, m: int, shape, message: int) -> str:
     """tbl-pp-p2p. counts[r][(op, phase)]: rank r's traced sends / recvs; sent, formula: its bytes."""
     rows = [
-        [tr("rank {r}", r=r), c["send", "forward"], c["recv", "forward"], c["send", "backward"], c["recv", "backward"], s, f]
+        [
+            tr("rank {r}", r=r),
+            c["send", "forward"],
+            c["recv", "forward"],
+            c["send", "backward"],
+            c["recv", "backward"],
+            s,
+            f,
+        ]
         for r, (c, s, f) in enumerate(zip(counts, sent, formula))
     ]
     return markdown_table(
@@ -73,7 +88,11 @@ def p2p(counts: list[dict], sent: list[int], formula: list[int], p: int, m: int,
             "The point-to-point ops of one 1F1B step, p = {p}, m = {m} microbatches of [b, s, h] = "
             "{shape} float64 ({message} B each), traced on real ranks, against `p2p_bytes_per_rank`. All ranks "
             "together: {total} B = 2·(p−1)·m·b·s·h·8.",
-            p=p, m=m, shape=list(shape), message=message, total=sum(sent),
+            p=p,
+            m=m,
+            shape=list(shape),
+            message=message,
+            total=sum(sent),
         ),
         name="tbl-pp-p2p",
     )
@@ -87,12 +106,20 @@ def equal(results: dict, p: int, m: int, ref_loss: float) -> str:
         for (name, v), (loss, loss_err, n, grad_err) in results.items()
     ]
     return markdown_table(
-        [tr("schedule"), tr("loss (rank {r})", r=p - 1), tr("|loss − reference|"), tr("gradients compared"), tr("max |grad − reference|")],
+        [
+            tr("schedule"),
+            tr("loss (rank {r})", r=p - 1),
+            tr("|loss − reference|"),
+            tr("gradients compared"),
+            tr("max |grad − reference|"),
+        ],
         rows,
         caption=tr(
             "One training step of each schedule on {p} gloo ranks, m = {m}, against the single-device model "
             "(reference loss {ref_loss:.12f}). Every parameter's gradient is compared, each held by exactly one rank.",
-            p=p, m=m, ref_loss=ref_loss,
+            p=p,
+            m=m,
+            ref_loss=ref_loss,
         ),
         name="tbl-pp-equal",
     )
@@ -161,7 +188,8 @@ def in_flight(rows: list[dict], p: int, m: int) -> str:
         caption=tr(
             "Peak microbatches in flight and peak activation memory per rank, p = {p}, m = {m}, measured on the "
             "real runs (bytes autograd saved for backward) against `peak_in_flight` and `activation_memory`.",
-            p=p, m=m,
+            p=p,
+            m=m,
         ),
         name="tbl-pp-inflight",
     )
@@ -171,7 +199,12 @@ def unscaled(rows: list[list]) -> str:
     """tbl-pp-unscaled. rows: [m, gradient norm ratio unscaled, scaled, logged loss]."""
     body = [[m, f"{a:.6f}", f"{b:.6f}", f"{loss:.6f}"] for m, a, b, loss in rows]
     return markdown_table(
-        ["m", tr("‖grad‖ / ‖reference‖, loss not scaled"), tr("the same, loss / m (the fix)"), tr("logged loss (both)")],
+        [
+            "m",
+            tr("‖grad‖ / ‖reference‖, loss not scaled"),
+            tr("the same, loss / m (the fix)"),
+            tr("logged loss (both)"),
+        ],
         body,
         caption=tr(
             "1F1B on 4 ranks with and without dividing each microbatch's loss by m before its backward: "
@@ -185,7 +218,14 @@ def blocking(rows: list[list]) -> str:
     """tbl-pp-blocking. rows: [p, schedule, (t_f, t_b), formula, posted sends, blocking sends]."""
     body = [[p, name, f"{c[0]} : {c[1]}", f"{f:.4f}", f"{e:.4f}", f"{b:.4f}"] for p, name, c, f, e, b in rows]
     return markdown_table(
-        ["p", tr("schedule"), "t_f : t_b", tr("formula"), tr("posted sends (simulated)"), tr("blocking sends (simulated)")],
+        [
+            "p",
+            tr("schedule"),
+            "t_f : t_b",
+            tr("formula"),
+            tr("posted sends (simulated)"),
+            tr("blocking sends (simulated)"),
+        ],
         body,
         caption=tr(
             "Bubble with posted and with blocking sends, m = 8, from the simulator. Only the interleaved "

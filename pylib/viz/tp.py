@@ -84,7 +84,9 @@ def fig_column_vs_row(ex):
     ok_y = np.allclose(concat, ex.reference_y, atol=1e-5)
     ok_z = np.allclose(ex.reduced, ex.reference_z, atol=1e-5)
     mark = {True: "✓", False: "✗"}
-    note(panel_at(3, t + 1), tr("one device:\nconcat = x W {ok_y}\nsum = x W V {ok_z}", ok_y=mark[ok_y], ok_z=mark[ok_z]))
+    note(
+        panel_at(3, t + 1), tr("one device:\nconcat = x W {ok_y}\nsum = x W V {ok_z}", ok_y=mark[ok_y], ok_z=mark[ok_z])
+    )
     fig.suptitle(
         tr(
             "TP on {t} ranks: a column split's results concatenate (rows 1-2);\n"
@@ -194,7 +196,11 @@ def fig_sp_region(traces: dict):
         tr(
             "One layer, t = {t}, b = {b}, s = {s}, h = {h} ({dtype}): SP turns each\n"
             "all-reduce into an all-gather into the TP region and a reduce-scatter out of it",
-            t=t, b=traces["b"], s=s, h=traces["h"], dtype=traces["dtype"],
+            t=t,
+            b=traces["b"],
+            s=s,
+            h=traces["h"],
+            dtype=traces["dtype"],
         ),
         fontsize=FONT + 1,
     )
