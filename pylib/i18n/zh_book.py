@@ -564,4 +564,18 @@ MESSAGES: dict[str, str] = {
     "× one all-reduce of Ψ": "× 一次 Ψ 的 All-Reduce",
     "max error": "最大误差",
     "Gradient accumulation over k = {k} micro-batches per rank on {d} ranks, against one device on the whole batch.": "{d} 个 rank 上每个 rank 对 k = {k} 个微批次做梯度累积，与使用整个 batch 的单设备对照。",
+    # -- pylib/seedcheck/traffic_light.py
+    "Each stage run on the whole sequence, and on two halves on two real ranks (rank 0: *The cat*, *A dog*; rank 1: *sat here*, *ran fast*).": "每个阶段分别在整条序列上运行，以及切成两半在两个真实 rank 上运行（rank 0：*The cat*、*A dog*；rank 1：*sat here*、*ran fast*）。",
+    "modules": "模块",
+    "halves = whole?": "两半 = 整体？",
+    "max abs. diff.": "最大绝对差",
+    "ops sent": "发出的操作",
+    "Seed A's traffic lights, computed: red where the split test fails, yellow where it passes and the stage holds a weight matrix, green otherwise; the remedy derived from how TP, SP, CP and EP hold the layer on two real ranks, beside seed A's column.": "计算得到的 seed A 红绿灯：切分测试失败处为红，通过且该阶段持有权重矩阵处为黄，其余为绿；对策由 TP、SP、CP 和 EP 在两个真实 rank 上如何持有该层推导而来，与 seed A 的列并排。",
+    "colour": "颜色",
+    "weight matrices": "权重矩阵",
+    "remedy, from the specs": "对策（由分片规格推导）",
+    "seed A's remedy": "seed A 的对策",
+    "the two": "两者比较",
+    "agrees": "一致",
+    "agrees; seed A is less specific": "一致；seed A 说得不够具体",
 }
