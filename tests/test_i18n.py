@@ -94,6 +94,28 @@ def test_fields_match(message):
     string.Formatter().parse(zh)  # a well-formed format string
 
 
+def test_every_call_passes_its_fields():
+    """A tr(...) call's keyword arguments are exactly its message's fields (a chapter cell fails late otherwise)."""
+    bad = []
+    for where, src in _sources():
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            f = getattr(node, "func", None)
+            if not (isinstance(node, ast.Call) and node.args and getattr(f, "id", getattr(f, "attr", None)) == "tr"):
+                continue
+            arg = node.args[0]
+            kws = {k.arg for k in node.keywords}
+            if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)) or None in kws:
+                continue
+            fields = {name for name, _, _ in _fields(arg.value)}
+            if fields != kws:
+                bad.append(f"{where}:{node.lineno}: fields {sorted(fields)}, arguments {sorted(kws)}")
+    assert not bad, "\n".join(bad)
+
+
 def test_unknown_message_raises():
     set_language("zh")
     try:
