@@ -16,6 +16,7 @@ held["EP"]["specs"].
 
 from __future__ import annotations
 
+from pylib.i18n import tr
 from pylib.viz.tables import markdown_table
 
 
@@ -81,6 +82,13 @@ def _covers(general: str, specific: str) -> bool:  # seed A's "cut" names no one
     )
 
 
+# verdict() returns the English key (chapters compare it with ==); a table shows it in the reader's language
+_VERDICT_TEXT = {
+    "agrees": lambda: tr("agrees"),
+    "agrees; seed A is less specific": lambda: tr("agrees; seed A is less specific"),
+}
+
+
 def verdict(said: list[str], got: list[str]) -> str:
     """ "agrees" when seed A names exactly the derived remedies; "agrees; seed A is less specific" when each of seed
     A's names covers derived ones and each derived one is covered; a ValueError otherwise."""
@@ -98,11 +106,18 @@ def locality_table(checks: dict, labels: dict) -> str:
         + [c.comm_events]
         for n, (mods, c) in checks.items()
     ]
-    caption = (
+    caption = tr(
         "Each stage run on the whole sequence, and on two halves on two real ranks (rank 0: *The cat*, *A dog*; "
         "rank 1: *sat here*, *ran fast*)."
     )
-    header = ["stage", "modules", "rank 0 holds", "halves = whole?", "max abs. diff.", "ops sent"]
+    header = [
+        tr("stage"),
+        tr("modules"),
+        tr("rank 0 holds"),
+        tr("halves = whole?"),
+        tr("max abs. diff."),
+        tr("ops sent"),
+    ]
     return markdown_table(header, rows, caption=caption, name="tbl-token-locality")
 
 
@@ -115,14 +130,21 @@ def traffic_light_table(labels: dict, colours: dict, matrices: dict, derived: di
             ", ".join(f"`{m}`" for m in matrices[n]) or "none",
             " + ".join(WORDS[r] for r in derived[n]),
             SEED_A_REMEDY[n][0],
-            verdict(SEED_A_REMEDY[n][1], derived[n]),
+            _VERDICT_TEXT[verdict(SEED_A_REMEDY[n][1], derived[n])](),
         ]
         for n in colours
     ]
-    caption = (
+    caption = tr(
         "Seed A's traffic lights, computed: red where the split test fails, yellow where it passes and the stage "
         "holds a weight matrix, green otherwise; the remedy derived from how TP, SP, CP and EP hold the layer on "
         "two real ranks, beside seed A's column."
     )
-    header = ["stage", "colour", "weight matrices", "remedy, from the specs", "seed A's remedy", "the two"]
+    header = [
+        tr("stage"),
+        tr("colour"),
+        tr("weight matrices"),
+        tr("remedy, from the specs"),
+        tr("seed A's remedy"),
+        tr("the two"),
+    ]
     return markdown_table(header, rows, caption=caption, name="tbl-traffic-light")

@@ -20,6 +20,7 @@ from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
 from pylib.plan.mesh import AXES, ParallelConfig, coordinates, rank_groups
 
+from ..i18n import tr
 from . import style
 
 MEMORY_PARTS = ("params", "grads", "optim", "activations")
@@ -175,8 +176,8 @@ def plot_token_placement(owner, *, microbatch_rows: int | None = None, dp_rows: 
         ax.set_xticklabels([str(s) for s in range(S)], fontsize=8)
         ax.set_yticks([b + 0.5 for b in range(B)])
         ax.set_yticklabels([str(b) for b in range(B)], fontsize=8)
-        ax.set_xlabel("position in the sequence")
-        ax.set_ylabel("sequence (row of the global batch)")
+        ax.set_xlabel(tr("position in the sequence"))
+        ax.set_ylabel(tr("sequence (row of the global batch)"))
         for side in ax.spines.values():
             side.set_visible(False)
         ax.tick_params(length=0)
@@ -222,9 +223,9 @@ def plot_rank_report(
         _side_legend(mem_ax, handles, memory_formula is not None)
         handles = [Patch(facecolor=AXIS_COLOURS.get(a, style.MUTED), label=a) for a in axes]
         _side_legend(net_ax, handles, traffic_formula is not None)
-        net_ax.set_xlabel("rank")
-        mem_ax.set_title("memory per rank", fontsize=10)
-        net_ax.set_title("traffic per rank, by mesh axis", fontsize=10)
+        net_ax.set_xlabel(tr("rank"))
+        mem_ax.set_title(tr("memory per rank"), fontsize=10)
+        net_ax.set_title(tr("traffic per rank, by mesh axis"), fontsize=10)
         if title:
             fig.suptitle(title, fontsize=10)
         fig.tight_layout()
@@ -275,5 +276,5 @@ def _rank_axis(ax, rows, top: float, ylabel: str) -> None:
 
 def _side_legend(ax, handles: list, formula: bool) -> None:
     if formula:
-        handles.append(Line2D([], [], ls="none", marker="_", ms=12, mew=2, color=style.TEXT, label="formula"))
+        handles.append(Line2D([], [], ls="none", marker="_", ms=12, mew=2, color=style.TEXT, label=tr("formula")))
     ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))

@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import ListedColormap, to_rgba
 
+from ..i18n import tr
 from . import style
 
 
@@ -83,7 +84,7 @@ def zigzag_balance_figure(work, *, what: str = "score entries computed", title: 
         )
     ax.set_xticks(range(n), [f"rank {r}" for r in range(n)])
     ax.set_ylabel(what)
-    ax.set_title(title or f"Causal attention work per rank, cp = {n}")
+    ax.set_title(title or tr("Causal attention work per rank, cp = {n}", n=n))
     ax.legend(loc="upper left")
     fig.tight_layout()
     return fig
@@ -108,11 +109,11 @@ def causal_ownership_figure(seq_len: int, cp: int, layouts=("contiguous", "zigza
         ax.set_xticks(ticks)
         ax.set_yticks(ticks)
         ax.set_title(layout)
-        ax.set_xlabel("key position")
-        ax.set_ylabel("query position")
+        ax.set_xlabel(tr("key position"))
+        ax.set_ylabel(tr("query position"))
     fig.tight_layout(rect=(0, 0, 0.82, 0.92))
     fig.legend(_rank_handles(cp), [f"rank {r}" for r in range(cp)], loc="center right")
-    fig.suptitle(f"Who computes which scores (causal, s = {seq_len}, cp = {cp})")
+    fig.suptitle(tr("Who computes which scores (causal, s = {s}, cp = {cp})", s=seq_len, cp=cp))
     return fig
 
 
@@ -148,9 +149,11 @@ def sequence_split_figure(specs_by_rank, seq_len: int, *, name: str = "x", causa
     fig, (ax_x, ax_s) = style.subplots(1, 2, figsize=(8.6, 4.0), gridspec_kw=dict(width_ratios=[1, 2.2]), grid=False)
     shown_h = min(width, 8)
     ax_x.imshow(colours[owner][:, None, :].repeat(shown_h, axis=1), aspect="auto", interpolation="nearest")
-    ax_x.set_title(f"{name} [s, h]: rows split over cp = {cp}")
-    ax_x.set_xlabel(f"feature (h = {width}{', first 8 shown' if width > shown_h else ''})")
-    ax_x.set_ylabel("token position (s)")
+    ax_x.set_title(tr("{name} [s, h]: rows split over cp = {cp}", name=name, cp=cp))
+    ax_x.set_xlabel(
+        tr("feature (h = {h}, first 8 shown)", h=width) if width > shown_h else tr("feature (h = {h})", h=width)
+    )
+    ax_x.set_ylabel(tr("token position (s)"))
     ax_x.set_xticks([])
     local = owner[:, None] == owner[None, :]
     rgba = colours[owner][:, None, :].repeat(seq_len, axis=1).copy()
@@ -162,9 +165,9 @@ def sequence_split_figure(specs_by_rank, seq_len: int, *, name: str = "x", causa
     ax_s.set_xticks(ticks)
     ax_s.set_yticks(ticks)
     ax_x.set_yticks(ticks)
-    ax_s.set_title("scores q k^T [s, s]: row i computed by token i's rank")
-    ax_s.set_xlabel("key position (its K/V: solid = on the same rank, pale = from another rank)")
-    ax_s.set_ylabel("query position")
+    ax_s.set_title(tr("scores q k^T [s, s]: row i computed by token i's rank"))
+    ax_s.set_xlabel(tr("key position (its K/V: solid = on the same rank, pale = from another rank)"))
+    ax_s.set_ylabel(tr("query position"))
     ax_s.legend(_rank_handles(cp), [f"rank {r}" for r in range(cp)], loc="upper right")
     fig.tight_layout()
     return fig
@@ -179,8 +182,8 @@ def merge_drift_figure(rows, *, title: str = "bf16 ring attention: error against
         ax.plot(cps, [r[key] for r in rows], marker="o", color=style.PALETTE[j + 1], label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(cps, [str(c) for c in cps])
-    ax.set_xlabel("cp (ring size = number of merged blocks)")
-    ax.set_ylabel("RMS error")
+    ax.set_xlabel(tr("cp (ring size = number of merged blocks)"))
+    ax.set_ylabel(tr("RMS error"))
     ax.set_ylim(bottom=0)
     ax.set_title(title)
     ax.legend()

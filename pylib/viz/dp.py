@@ -18,6 +18,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from pylib.plan.options import ZeroStage
 
+from ..i18n import tr
 from . import style
 
 TRANSIENT = style.PURPLE  # memory resident only for a while: ZeRO-3's gathered unit, ZeRO-2's buckets on the wire
@@ -58,18 +59,18 @@ def plot_zero_memory(
     ax.set_xlim(-0.6, len(stages) - 0.4)
     ax.set_ylim(0, 1.15 * max(tops) / scale)
     ax.set_xticks(range(len(stages)), [STAGE_LABELS.get(s, s) for s in stages])
-    ax.set_ylabel(f"held by one rank ({unit})")
+    ax.set_ylabel(tr("held by one rank ({unit})", unit=unit))
     handles = [
-        Patch(color=style.PARAMS, label="parameters"),
-        Patch(color=style.GRADS, label="gradients"),
-        Patch(color=style.OPTIM, label="optimizer state"),
+        Patch(color=style.PARAMS, label=tr("parameters")),
+        Patch(color=style.GRADS, label=tr("gradients")),
+        Patch(color=style.OPTIM, label=tr("optimizer state")),
     ]
     if show_peak:
-        handles.append(Patch(facecolor="none", edgecolor=TRANSIENT, hatch="///", label="transient (peak)"))
+        handles.append(Patch(facecolor="none", edgecolor=TRANSIENT, hatch="///", label=tr("transient (peak)")))
     if formula is not None:
-        handles.append(Line2D([], [], linestyle="--", color=style.TEXT, label="formula"))
+        handles.append(Line2D([], [], linestyle="--", color=style.TEXT, label=tr("formula")))
     ax.legend(handles=handles, fontsize=style.legible_pt(fig, 8), loc="upper right")
-    ax.set_title(title or "Model state per rank, measured", fontsize=style.legible_pt(fig, 10))
+    ax.set_title(title or tr("Model state per rank, measured"), fontsize=style.legible_pt(fig, 10))
     fig.tight_layout()
     return fig
 
@@ -157,10 +158,11 @@ def plot_bucket_overlap(reports, *, title: str | None = None, unit: str = "ms", 
     ax.set_ylim(-y + 0.4, 0.6)
     ax.set_yticks(ticks, labels, fontsize=style.legible_pt(fig, 8))
     ax.tick_params(axis="x", labelsize=style.legible_pt(fig, 9))
-    ax.set_xlabel(f"time since backward began ({unit})", fontsize=style.legible_pt(fig, 10))
+    ax.set_xlabel(tr("time since backward began ({unit})", unit=unit), fontsize=style.legible_pt(fig, 10))
     hidden = sum(r.hidden_fraction for r in reports) / len(reports)
     ax.set_title(
-        title or f"Buckets during backward: {hidden:.0%} of communication hidden", fontsize=style.legible_pt(fig, 10)
+        title or tr("Buckets during backward: {hidden:.0%} of communication hidden", hidden=hidden),
+        fontsize=style.legible_pt(fig, 10),
     )
     fig.tight_layout()
     return fig
@@ -207,8 +209,8 @@ def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weigh
     ax.set_xlim(-0.2, x + d * _PARTIAL_OFFSET + 0.3)
     ax.set_ylim(_TOP - sizes["tall"] - 1.75, _TOP + 0.6)
     ax.set_aspect("equal")
-    handles = [Patch(color=style.rank_colour(r), label=f"rank {r}") for r in range(d)]
-    handles.append(Patch(color=style.REPLICATED, label="replicated"))
+    handles = [Patch(color=style.rank_colour(r), label=tr("rank {r}", r=r)) for r in range(d)]
+    handles.append(Patch(color=style.REPLICATED, label=tr("replicated")))
     ax.legend(handles=handles, fontsize=8, loc="lower center", ncol=d + 1, bbox_to_anchor=(0.5, -0.08))
     fig.tight_layout()
     return fig
@@ -247,7 +249,7 @@ def _dp_weight_gradient(ax, d, h_in, h_out, weight, x0, *, tall, wide_in, wide_o
     _matrix(ax, x, top, tall, wide_in, strips=d, axis="cols", label="Xᵀ", shape=f"[{h_in}, b·s]")
     ax.text(x + tall + gap / 2, top - wide_in / 2, "·", ha="center", va="center", fontsize=16)
     x += tall + gap
-    _matrix(ax, x, top, wide_out, tall, strips=d, label="dY", shape=f"[b·s, {h_out}]")
+    _matrix(ax, x, top, wide_out, tall, strips=d, label=tr("dY"), shape=f"[b·s, {h_out}]")
     ax.text(x + wide_out + gap / 2, top - wide_in / 2, "=", ha="center", va="center", fontsize=14)
     x += wide_out + gap
     for r in reversed(range(d)):  # d stacked partial sums, rank 0 in front
@@ -263,7 +265,14 @@ def _dp_weight_gradient(ax, d, h_in, h_out, weight, x0, *, tall, wide_in, wide_o
                 gid="partial",
             )
         )
-    ax.text(x + wide_out / 2, top + 0.12 + d * off, f"d{weight} = Σ partials", ha="center", va="bottom", fontsize=10)
+    ax.text(
+        x + wide_out / 2,
+        top + 0.12 + d * off,
+        tr("d{weight} = Σ partials", weight=weight),
+        ha="center",
+        va="bottom",
+        fontsize=10,
+    )
     ax.text(x + wide_out / 2, top - wide_in - 0.12, f"[{h_in}, {h_out}]", ha="center", va="top", fontsize=8)
     ax.text(
         (x0 + x + wide_out) / 2,
@@ -300,11 +309,18 @@ def plot_flat_layout(layout, *, title: str | None = None, ax=None):
         ax.text((lo + hi) / 2, 0.575, f"rank {r}: [{lo}, {hi})", ha="center", va="center", fontsize=small, color=ink)
     ax.set_xlim(-0.01 * n, 1.01 * n)
     ax.set_ylim(0.2, 2.45)
-    pad = f", {layout.padding} padding" if layout.padding else ", no padding"
+    pad = tr(", {n} padding", n=layout.padding) if layout.padding else tr(", no padding")
     ax.set_title(
         title
-        or f"{layout.key}: {len(layout.entries)} parameters, {layout.numel} elements{pad}, "
-        f"{layout.parts} slices of {layout.shard_numel}",
+        or tr(
+            "{key}: {n} parameters, {numel} elements{pad}, {parts} slices of {shard}",
+            key=layout.key,
+            n=len(layout.entries),
+            numel=layout.numel,
+            pad=pad,
+            parts=layout.parts,
+            shard=layout.shard_numel,
+        ),
         fontsize=style.legible_pt(fig, 10),
     )
     fig.tight_layout()
@@ -366,17 +382,20 @@ def plot_zero3_resident(timeline, shard_bytes: int, *, unit: str = "KiB", ax=Non
     first_bwd = next((x for x, (_, _, w) in zip(xs, rows) if "backward" in w), None)
     if first_bwd is not None:
         ax.axvspan(first_bwd, len(rows), color=style.BACKWARD, alpha=0.15, linewidth=0, gid="backward")
-        ax.text(first_bwd + 0.2, top * 1.2, "backward", fontsize=label, va="bottom")
-    ax.text(0.2, top * 1.2, "forward", fontsize=label, va="bottom")
+        ax.text(first_bwd + 0.2, top * 1.2, tr("backward"), fontsize=label, va="bottom")
+    ax.text(0.2, top * 1.2, tr("forward"), fontsize=label, va="bottom")
     for x, b, (_, _, what) in zip(xs, bs, rows):
         if what.startswith("gather"):
             ax.text(x + 0.5, b + top * 0.02, what.split()[1], fontsize=small, ha="center", va="bottom")
-    ax.text(len(rows), shard_bytes / scale, "own shards ", fontsize=label, ha="right", va="bottom")
+    ax.text(len(rows), shard_bytes / scale, tr("own shards "), fontsize=label, ha="right", va="bottom")
     ax.set_xlim(0, len(rows))
     ax.set_ylim(0, top * 1.32)
     ax.set_xticks([])
-    ax.set_xlabel("gathers and frees, in the order they happened")
-    ax.set_ylabel(f"parameters resident ({unit})")
-    ax.set_title(f"ZeRO-3: one unit gathered at a time, peak {top:,.1f} {unit}", fontsize=style.legible_pt(fig, 10))
+    ax.set_xlabel(tr("gathers and frees, in the order they happened"))
+    ax.set_ylabel(tr("parameters resident ({unit})", unit=unit))
+    ax.set_title(
+        tr("ZeRO-3: one unit gathered at a time, peak {top:,.1f} {unit}", top=top, unit=unit),
+        fontsize=style.legible_pt(fig, 10),
+    )
     fig.tight_layout()
     return fig

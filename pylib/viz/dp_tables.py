@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pylib.analysis.dp import held_bytes, paper_bytes
 
+from ..i18n import tr
 from .tables import markdown_table
 
 _STATE = ("params", "grads", "optim")
@@ -43,10 +44,18 @@ def operators(d: int, err: dict, all_reduces: list[dict]) -> str:
         ],
     ]
     return markdown_table(
-        ["operator", "contracts over", "a rank vs one device on the whole batch", "communication (traced)"],
+        [
+            tr("operator"),
+            tr("contracts over"),
+            tr("a rank vs one device on the whole batch"),
+            tr("communication (traced)"),
+        ],
         rows,
-        caption=f"Seed B's rule for data parallelism, run on {d} ranks: only the operator that contracts over the "
-        "split batch axis needs a collective.",
+        caption=tr(
+            "Seed B's rule for data parallelism, run on {d} ranks: only the "
+            "operator that contracts over the split batch axis needs a collective.",
+            d=d,
+        ),
         name="tbl-dp-operators",
     )
 
@@ -65,10 +74,21 @@ def all_reduce_two_ways(psi: int, runs: dict) -> str:
         for d, (err, sent, formula) in runs.items()
     ]
     return markdown_table(
-        ["d", "Ψ (B)", "AR sent", "RS sent", "AG sent", "2(d−1)/d · Ψ", "sent / Ψ", "max |AR − (RS+AG)|"],
+        [
+            "d",
+            "Ψ (B)",
+            tr("AR sent"),
+            tr("RS sent"),
+            tr("AG sent"),
+            "2(d−1)/d · Ψ",
+            tr("sent / Ψ"),
+            tr("max |AR − (RS+AG)|"),
+        ],
         rows,
-        caption="Bytes each rank sends, traced: an all-reduce (AR) costs exactly a reduce-scatter (RS) plus an "
-        "all-gather (AG).",
+        caption=tr(
+            "Bytes each rank sends, traced: an all-reduce (AR) costs exactly a "
+            "reduce-scatter (RS) plus an all-gather (AG)."
+        ),
         name="tbl-dp-allreduce",
     )
 
@@ -80,10 +100,14 @@ def buckets(layouts_rows: list[dict], n_layers: int) -> str:
         for t in layouts_rows
     ]
     return markdown_table(
-        ["bucket", "parameters", "first", "last", "elements", "bytes"],
+        [tr("bucket"), tr("parameters"), tr("first"), tr("last"), tr("elements"), tr("bytes")],
         rows,
-        caption=f"DDP's buckets for the {n_layers}-layer model with a 128 KiB cap: parameters in reverse order, the "
-        "LM head first. A parameter is never split between buckets.",
+        caption=tr(
+            "DDP's buckets for the {n_layers}-layer model with a 128 KiB cap: "
+            "parameters in reverse order, the LM head first. A parameter is never "
+            "split between buckets.",
+            n_layers=n_layers,
+        ),
         name="tbl-dp-buckets",
     )
 
@@ -107,17 +131,20 @@ def bucket_sizes(sweep: list[dict], caps, first_at: dict) -> str:
         )
     return markdown_table(
         [
-            "cap",
-            "buckets",
-            "all-reduces",
-            "bytes sent per rank",
-            "first launch (% of backward)",
-            "hidden",
-            "exposed ms",
+            tr("cap"),
+            tr("buckets"),
+            tr("all-reduces"),
+            tr("bytes sent per rank"),
+            tr("first launch (% of backward)"),
+            tr("hidden"),
+            tr("exposed ms"),
         ],
         rows,
-        caption=f"The same step with three bucket caps on {len(sweep)} ranks (gloo, CPU; times vary from run to "
-        "run). Hidden and exposed: rank 0 / rank 1.",
+        caption=tr(
+            "The same step with three bucket caps on {len_sweep} ranks (gloo, CPU; "
+            "times vary from run to run). Hidden and exposed: rank 0 / rank 1.",
+            len_sweep=len(sweep),
+        ),
         name="tbl-dp-bucket-size",
     )
 
@@ -146,18 +173,22 @@ def zero_traffic(results: dict, d: int, steps: int) -> str:
     ]
     return markdown_table(
         [
-            "stage",
-            "collectives per step (traced, rank 0)",
-            "padding (B)",
-            "sent per rank per step",
-            "formula",
-            "max loss error",
-            f"max parameter error after {steps} steps",
+            tr("stage"),
+            tr("collectives per step (traced, rank 0)"),
+            tr("padding (B)"),
+            tr("sent per rank per step"),
+            tr("formula"),
+            tr("max loss error"),
+            tr("max parameter error after {steps} steps", steps=steps),
         ],
         rows,
-        caption=f"DDP and ZeRO-1/2/3 on {d} ranks, {steps} Adam steps (float64) against one device with the whole "
-        "batch. Formulas: 2(d−1)/d·Ψ for DDP, ZeRO-1 and ZeRO-2, 3(d−1)/d·Ψ for ZeRO-3, with Ψ including ZeRO's "
-        "padding.",
+        caption=tr(
+            "DDP and ZeRO-1/2/3 on {d} ranks, {steps} Adam steps (float64) against "
+            "one device with the whole batch. Formulas: 2(d−1)/d·Ψ for DDP, ZeRO-1 "
+            "and ZeRO-2, 3(d−1)/d·Ψ for ZeRO-3, with Ψ including ZeRO's padding.",
+            d=d,
+            steps=steps,
+        ),
         name="tbl-zero-traffic",
     )
 
@@ -186,17 +217,21 @@ def zero_memory(measured: dict, formula: dict, d: int) -> str:
         )
     return markdown_table(
         [
-            "stage",
-            "keeps (params · grads · optim)",
-            "parameters B (measured / formula)",
-            "gradients B",
-            "optimizer B",
-            "total B",
-            "transient peak B",
+            tr("stage"),
+            tr("keeps (params · grads · optim)"),
+            tr("parameters B (measured / formula)"),
+            tr("gradients B"),
+            tr("optimizer B"),
+            tr("total B"),
+            tr("transient peak B"),
         ],
         rows,
-        caption=f"Model state held by one of {d} ranks after a step (float64, Adam's two moments), measured against "
-        "`held_bytes`. Transient: ZeRO-2's full buckets while their reduce-scatter runs, ZeRO-3's gathered unit.",
+        caption=tr(
+            "Model state held by one of {d} ranks after a step (float64, Adam's "
+            "two moments), measured against `held_bytes`. Transient: ZeRO-2's full "
+            "buckets while their reduce-scatter runs, ZeRO-3's gathered unit.",
+            d=d,
+        ),
         name="tbl-zero-memory",
     )
 
@@ -215,10 +250,13 @@ def zero_paper(sizes, ds, stages) -> str:
                 cells.append(f"{paper:,.0f} · {fp32:,.0f} · {fp64:,.0f}")
             rows.append([f"{psi / 1e9:.0f}B", d, *cells])
     return markdown_table(
-        ["model", "d", "DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"],
+        [tr("model"), "d", tr("DDP"), tr("ZeRO-1"), tr("ZeRO-2"), tr("ZeRO-3")],
         rows,
-        caption="Model state per rank in GiB, each cell *paper (2Ψ + 2Ψ + 12Ψ, mixed-precision Adam) · ours in "
-        "float32 · ours in float64*. Activations come on top.",
+        caption=tr(
+            "Model state per rank in GiB, each cell *paper (2Ψ + 2Ψ + 12Ψ, "
+            "mixed-precision Adam) · ours in float32 · ours in float64*. "
+            "Activations come on top."
+        ),
         name="tbl-zero-paper",
     )
 
@@ -241,19 +279,25 @@ def zero_mixed(mixed: dict, d: int, n_params: int) -> str:
         )
     return markdown_table(
         [
-            "stage",
-            "reduce dtype",
-            "bf16 parameters B",
-            "gradients B",
-            "fp32 master + Adam B",
-            "total B",
-            "formula",
-            "measured / formula",
+            tr("stage"),
+            tr("reduce dtype"),
+            tr("bf16 parameters B"),
+            tr("gradients B"),
+            tr("fp32 master + Adam B"),
+            tr("total B"),
+            tr("formula"),
+            tr("measured / formula"),
         ],
         rows,
-        caption=f"Model state one of {d} ranks holds in bf16 mixed precision, measured (Ψ = {n_params} parameters, "
-        "padded to a multiple of d under ZeRO): the ZeRO paper's 16Ψ → 4Ψ + 12Ψ/d → 2Ψ + 14Ψ/d → 16Ψ/d, and "
-        "Megatron's 6 + 12/d bytes per parameter for ZeRO-1 with fp32 gradients.",
+        caption=tr(
+            "Model state one of {d} ranks holds in bf16 mixed precision, measured "
+            "(Ψ = {n_params} parameters, padded to a multiple of d under ZeRO): "
+            "the ZeRO paper's 16Ψ → 4Ψ + 12Ψ/d → 2Ψ + 14Ψ/d → 16Ψ/d, and "
+            "Megatron's 6 + 12/d bytes per parameter for ZeRO-1 with fp32 "
+            "gradients.",
+            d=d,
+            n_params=n_params,
+        ),
         name="tbl-zero-mixed",
     )
 
@@ -264,9 +308,11 @@ def zero3_events(units: dict, per_unit: dict, cols: list[str], d: int) -> str:
     total = {c: sum(per_unit[u].get(c, 0) for u in units) for c in cols}
     rows.append(["all units", f"{sum(units.values()):,}", *(f"{total[c]:,}" for c in cols)])
     return markdown_table(
-        ["unit", "full bytes (padded)", *(f"{c}, sent B" for c in cols)],
+        [tr("unit"), tr("full bytes (padded)"), *(f"{c}, sent B" for c in cols)],
         rows,
-        caption=f"ZeRO-3 on {d} ranks, one step, rank 0: every unit is gathered twice and reduce-scattered once.",
+        caption=tr(
+            "ZeRO-3 on {d} ranks, one step, rank 0: every unit is gathered twice and reduce-scattered once.", d=d
+        ),
         name="tbl-zero3-events",
     )
 
@@ -285,14 +331,16 @@ def dp_cp(runs: dict) -> str:
     ]
     return markdown_table(
         [
-            "gradients averaged over",
-            "collectives (traced)",
-            "max error vs one device",
-            "cp ranks of a replica differ by",
+            tr("gradients averaged over"),
+            tr("collectives (traced)"),
+            tr("max error vs one device"),
+            tr("cp ranks of a replica differ by"),
         ],
         rows,
-        caption="DP × CP on 4 ranks (dp = 2, cp = 2): only averaging over the dp-cp group gives every rank the "
-        "full-batch gradient.",
+        caption=tr(
+            "DP × CP on 4 ranks (dp = 2, cp = 2): only averaging over the dp-cp "
+            "group gives every rank the full-batch gradient."
+        ),
         name="tbl-dp-cp",
     )
 
@@ -306,14 +354,17 @@ def dp_ep(runs: dict) -> str:
     ]
     return markdown_table(
         [
-            "wrapper",
-            "expert sum over edp divided by",
-            "expert gradient / reference (all experts, all ranks)",
-            "dense max error",
+            tr("wrapper"),
+            tr("expert sum over edp divided by"),
+            tr("expert gradient / reference (all experts, all ranks)"),
+            tr("dense max error"),
         ],
         rows,
-        caption="DP × EP on 4 ranks (dp = 4, ep = 2, edp = 2): expert gradients reduced over edp are right only when "
-        "divided by the dense dp × cp size; averaged over edp they are ep = 2 times too large.",
+        caption=tr(
+            "DP × EP on 4 ranks (dp = 4, ep = 2, edp = 2): expert gradients "
+            "reduced over edp are right only when divided by the dense dp × cp "
+            "size; averaged over edp they are ep = 2 times too large."
+        ),
         name="tbl-dp-ep",
     )
 
@@ -402,9 +453,9 @@ def framework_names(first_bucket_mib: float) -> str:
         ],
     ]
     return markdown_table(
-        ["piece", "this book (`pylib.dp`)", "PyTorch", "Megatron-Core", "DeepSpeed"],
+        [tr("piece"), tr("this book (`pylib.dp`)"), tr("PyTorch"), tr("Megatron-Core"), tr("DeepSpeed")],
         rows,
-        caption="The same pieces under their names in PyTorch, Megatron-Core and DeepSpeed.",
+        caption=tr("The same pieces under their names in PyTorch, Megatron-Core and DeepSpeed."),
         name="tbl-dp-names",
     )
 
@@ -415,14 +466,15 @@ def sum_vs_avg(by_op: dict, d: int) -> str:
     rows = [[f"`{op}`", f"{ratio:.6f}", f"{sgd:.6f}", f"{adam:.1e}"] for op, (ratio, sgd, adam) in by_op.items()]
     return markdown_table(
         [
-            "all-reduce op",
-            "gradient / full-batch gradient",
-            "SGD step / correct step",
-            "Adam step: largest relative error of an element",
+            tr("all-reduce op"),
+            tr("gradient / full-batch gradient"),
+            tr("SGD step / correct step"),
+            tr("Adam step: largest relative error of an element"),
         ],
         rows,
-        caption=f"The LM head's gradient on {d} ranks, reduced with an average and with a sum, and the step "
-        "each makes.",
+        caption=tr(
+            "The LM head's gradient on {d} ranks, reduced with an average and with a sum, and the step each makes.", d=d
+        ),
         name="tbl-dp-sum",
     )
 
@@ -432,10 +484,13 @@ def unused(runs: list[dict]) -> str:
     launched)."""
     rows = [[f"rank {r}", " → ".join(run["naive"]), " → ".join(run["traced"])] for r, run in enumerate(runs)]
     return markdown_table(
-        ["rank", "launch when ready (would issue)", "pylib.dp, traced (did issue)"],
+        [tr("rank"), tr("launch when ready (would issue)"), tr("pylib.dp, traced (did issue)")],
         rows,
-        caption='The order of bucket all-reduces on each rank. "When ready" would pair rank 0\'s bucket of head A '
-        "with rank 1's of head B, and neither would ever launch the other's.",
+        caption=tr(
+            'The order of bucket all-reduces on each rank. "When ready" would pair '
+            "rank 0's bucket of head A with rank 1's of head B, and neither would "
+            "ever launch the other's."
+        ),
         name="tbl-dp-unused",
     )
 
@@ -448,9 +503,19 @@ def accumulate(variants: dict, k: int, d: int) -> str:
         for label, (sent, times, ratio, err) in variants.items()
     ]
     return markdown_table(
-        ["variant", "bytes sent per rank", "× one all-reduce of Ψ", "gradient / full-batch gradient", "max error"],
+        [
+            tr("variant"),
+            tr("bytes sent per rank"),
+            tr("× one all-reduce of Ψ"),
+            tr("gradient / full-batch gradient"),
+            tr("max error"),
+        ],
         rows,
-        caption=f"Gradient accumulation over k = {k} micro-batches per rank on {d} ranks, against one device on the "
-        "whole batch.",
+        caption=tr(
+            "Gradient accumulation over k = {k} micro-batches per rank on {d} "
+            "ranks, against one device on the whole batch.",
+            k=k,
+            d=d,
+        ),
         name="tbl-dp-accumulate",
     )

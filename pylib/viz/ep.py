@@ -11,6 +11,7 @@ from __future__ import annotations
 from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.patches import Rectangle
 
+from ..i18n import tr
 from . import style
 
 # plot_traffic_matrix's scale: no bytes on the card, the most bytes in the palette's blue
@@ -48,7 +49,7 @@ def plot_routing_table(rows: list[dict], n_experts: int, ep: int, one_based: boo
     ax.set_xticklabels([f"E{e + off}\nGPU{e // per}" for e in range(n_experts)], fontsize=8)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([r["token"] for r in rows])
-    ax.set_title(f"top-{len(rows[0]['experts'])} routing: token -> experts -> owning rank (EP={ep})")
+    ax.set_title(tr("top-{k} routing: token -> experts -> owning rank (EP={ep})", k=len(rows[0]["experts"]), ep=ep))
     fig.tight_layout()
     return fig
 
@@ -73,8 +74,8 @@ def plot_traffic_matrix(
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_yticks(range(n))
     ax.set_yticklabels(labels, fontsize=8)
-    ax.set_xlabel("to (destination)")
-    ax.set_ylabel("from (source)")
+    ax.set_xlabel(tr("to (destination)"))
+    ax.set_ylabel(tr("from (source)"))
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     return fig
@@ -104,8 +105,8 @@ def plot_folding(groups: dict, world_size: int):
         ax.set_yticks([i + 0.5 for i in range(len(axes))])
         ax.set_yticklabels([f"{a.upper()} ({len(g[0])})" for a, g in axes.items()], fontsize=8)
         ax.set_xticks([])
-        ax.set_title(f"{layout} layers: " + " x ".join(a.upper() for a in axes), fontsize=9)
-    fig.suptitle("the same ranks, two groupings (same colour = same group)", fontsize=10)
+        ax.set_title(tr("{layout} layers: ", layout=layout) + " x ".join(a.upper() for a in axes), fontsize=9)
+    fig.suptitle(tr("the same ranks, two groupings (same colour = same group)"), fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -122,9 +123,9 @@ def plot_load_balance(
         ax.plot(range(len(values)), values, color=style.rank_colour(i), lw=1.8, label=label)
         steps = max(steps, len(values))
     ax.axhline(1.0, color=style.MUTED, lw=1, ls=":")
-    ax.text(steps - 1, 1.0, "perfect balance ", color=style.MUTED, fontsize=8, va="bottom", ha="right")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("max / mean load")
+    ax.text(steps - 1, 1.0, tr("perfect balance "), color=style.MUTED, fontsize=8, va="bottom", ha="right")
+    ax.set_xlabel(tr("training step"))
+    ax.set_ylabel(tr("max / mean load"))
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     fig.tight_layout()
@@ -138,8 +139,8 @@ def plot_dropped(factors, dropped: dict, title: str = "assignments dropped vs ca
     fig, ax = style.subplots(figsize=(6.4, 3.0))
     for i, (label, values) in enumerate(dropped.items()):
         ax.plot(factors, [100 * v for v in values], marker="o", color=style.rank_colour(i), lw=1.8, label=label)
-    ax.set_xlabel("capacity factor")
-    ax.set_ylabel("dropped (%)")
+    ax.set_xlabel(tr("capacity factor"))
+    ax.set_ylabel(tr("dropped (%)"))
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -168,12 +169,12 @@ def plot_expert_placement(holdings_per_rank, n_experts: int, d_ff: int, title: s
         ink = style.ink_on(color, 0.8)
         for e, lo, hi in held:
             ax.add_patch(Rectangle((e + 0.05, lo), 0.9, hi - lo, color=color, alpha=0.8, lw=0))
-            ax.text(e + 0.5, (lo + hi) / 2, f"rank {rank}", ha="center", va="center", fontsize=7, color=ink)
+            ax.text(e + 0.5, (lo + hi) / 2, tr("rank {r}", r=rank), ha="center", va="center", fontsize=7, color=ink)
     ax.set_xlim(0, n_experts)
     ax.set_ylim(d_ff, 0)
     ax.set_xticks([e + 0.5 for e in range(n_experts)])
     ax.set_xticklabels([f"E{e}" for e in range(n_experts)], fontsize=8)
-    ax.set_ylabel("expert hidden unit (h_ffn)")
-    ax.set_title(title or "who holds which expert weights", fontsize=9)
+    ax.set_ylabel(tr("expert hidden unit (h_ffn)"))
+    ax.set_title(title or tr("who holds which expert weights"), fontsize=9)
     fig.tight_layout()
     return fig

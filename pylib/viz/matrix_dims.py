@@ -14,6 +14,7 @@ from matplotlib.patches import Rectangle
 
 from pylib.seedcheck.axis_cuts import DIMS, MODES
 
+from ..i18n import tr
 from . import style
 from .tp import fig_column_vs_row
 
@@ -72,7 +73,7 @@ def fig_dim_orth(cuts: dict[str, dict[str, float]], modes=MODES, dims=DIMS):
     ax.tick_params(length=0, labelsize=style.legible_pt(fig, 9))
     ax.xaxis.tick_top()
     ax.set_title(
-        "share of each dimension one rank holds, measured on 2 ranks per mode (SP: beyond TP's cuts)",
+        tr("share of each dimension one rank holds, measured on 2 ranks per mode (SP: beyond TP's cuts)"),
         fontsize=style.legible_pt(fig, 9),
         pad=34,
     )
@@ -140,10 +141,19 @@ def fig_superposition(runs: list[dict], b: int, s: int, d_ff: int, tp: int, cp: 
         if parts > 1:
             for j in range(1, tp):
                 ax.axvline(j * d_ff / tp, color=style.MUTED, lw=0.6, ls="--")
-        ax.set_title(f"{title}\nrank {rank} holds 1/{round(b * s * d_ff / held)}", fontsize=9)
+        ax.set_title(title + "\n" + tr("rank {r} holds 1/{n}", r=rank, n=round(b * s * d_ff / held)), fontsize=9)
     fig.suptitle(
-        f"FFN intermediate [b, s, h_ffn] = [{b}, {s}, {d_ff}]: the part rank {rank} holds\n"
-        f"(coordinates tp {me['coords']['tp']}, cp {me['coords']['cp']}, dp {me['coords']['dp']})",
+        tr(
+            "FFN intermediate [b, s, h_ffn] = [{b}, {s}, {d_ff}]: the part rank {rank} holds\n"
+            "(coordinates tp {tp}, cp {cp}, dp {dp})",
+            b=b,
+            s=s,
+            d_ff=d_ff,
+            rank=rank,
+            tp=me["coords"]["tp"],
+            cp=me["coords"]["cp"],
+            dp=me["coords"]["dp"],
+        ),
         fontsize=10,
     )
     fig.tight_layout()

@@ -13,9 +13,19 @@ from __future__ import annotations
 
 from matplotlib.patches import Patch, Rectangle
 
+from ..i18n import tr
 from ..pp.simulate import simulate
 from ..pp.timeline import as_events, bubble, idle_intervals
 from . import style
+
+
+def _measured(key: str) -> str:
+    """A measured series' name (a key of the rows) in the reader's language."""
+    return {"measured: schedule": tr("measured: schedule"), "measured: replay": tr("measured: replay")}.get(key, key)
+
+
+def _unit(unit: str) -> str:
+    return {"s": tr("s"), "units": tr("units")}.get(unit, unit)
 
 
 def _shade(color: str, chunk: int, n_chunks: int) -> str:
@@ -57,12 +67,15 @@ def plot_timeline(
         _draw_comm(ax, events)
     ax.set_xlim(*xlim)
     ax.set_ylim(-len(ranks) + 0.4, 0.6)
-    ax.set_yticks([-r for r in ranks], [f"rank {r}" for r in ranks])
-    ax.set_xlabel("time" + (f" ({unit})" if unit else ""))
+    ax.set_yticks([-r for r in ranks], [tr("rank {r}", r=r) for r in ranks])
+    ax.set_xlabel(tr("time ({unit})", unit=_unit(unit)) if unit else tr("time"))
     b = bubble(events)
     head = f"{title}: " if title else ""
     title_pt = style.legible_pt(fig, 10)
-    ax.set_title(f"{head}bubble {b.mean_relative:.3f} of ideal ({b.mean_share:.1%} of the step)", fontsize=title_pt)
+    ax.set_title(
+        head + tr("bubble {rel:.3f} of ideal ({share:.1%} of the step)", rel=b.mean_relative, share=b.mean_share),
+        fontsize=title_pt,
+    )
     ax.tick_params(labelsize=style.legible_pt(fig, 9))
     ax.xaxis.label.set_fontsize(style.legible_pt(fig, 9))
     handles = _timeline_legend(n_chunks, shade_bubble, show_comm)
@@ -136,17 +149,20 @@ def _draw_comm(ax, events) -> None:
 
 def _timeline_legend(n_chunks: int, shade_bubble: bool, show_comm: bool) -> list:
     if n_chunks == 1:
-        handles = [Patch(facecolor=style.FORWARD, label="forward"), Patch(facecolor=style.BACKWARD, label="backward")]
+        handles = [
+            Patch(facecolor=style.FORWARD, label=tr("forward")),
+            Patch(facecolor=style.BACKWARD, label=tr("backward")),
+        ]
     else:
         handles = [
-            Patch(facecolor=_shade(color, c, n_chunks), label=f"{kind} chunk {c}")
+            Patch(facecolor=_shade(color, c, n_chunks), label=tr("{kind} chunk {c}", kind=kind, c=c))
             for kind, color in (("F", style.FORWARD), ("B", style.BACKWARD))
             for c in range(n_chunks)
         ]
     if shade_bubble:
-        handles.append(Patch(facecolor=style.WASTE, edgecolor=style.WASTE, alpha=0.3, hatch="///", label="bubble"))
+        handles.append(Patch(facecolor=style.WASTE, edgecolor=style.WASTE, alpha=0.3, hatch="///", label=tr("bubble")))
     if show_comm:
-        handles.append(Patch(facecolor=style.COMM, label="send / recv wait"))
+        handles.append(Patch(facecolor=style.COMM, label=tr("send / recv wait")))
     return handles
 
 
@@ -167,7 +183,7 @@ def plot_schedule(
 
 
 @style.styled
-def plot_bubble_sweep(rows, *, title: str = "Bubble vs microbatches", ax=None):
+def plot_bubble_sweep(rows, *, title: str | None = None, ax=None):
     """rows: dicts with schedule, m, formula and one or more measured values (keys starting with "measured").
     Draws each schedule's formula as a line and the measurements as markers against m."""
     fig, ax = style.figure_axes(ax, figsize=(6, 4))
@@ -177,7 +193,7 @@ def plot_bubble_sweep(rows, *, title: str = "Bubble vs microbatches", ax=None):
         mine = sorted((r for r in rows if r["schedule"] == name), key=lambda r: r["m"])
         ms = [r["m"] for r in mine]
         colour = style.PALETTE[i % len(style.PALETTE)]
-        ax.plot(ms, [r["formula"] for r in mine], color=colour, label=f"{name}: formula")
+        ax.plot(ms, [r["formula"] for r in mine], color=colour, label=tr("{name}: formula", name=name))
         keys = [k for k in mine[0] if k.startswith("measured")]
         for j, k in enumerate(keys):  # later keys drawn smaller, so markers on the same spot stay visible
             ax.plot(
@@ -190,15 +206,15 @@ def plot_bubble_sweep(rows, *, title: str = "Bubble vs microbatches", ax=None):
                 markeredgewidth=1.4,
                 color=colour,
                 alpha=0.85,
-                label=f"{name}: {k}",
+                label=f"{name}: {_measured(k)}",
             )
     ax.set_xscale("log", base=2)
     all_m = sorted({r["m"] for r in rows})
     ax.set_xticks(all_m, [str(m) for m in all_m])
     ax.minorticks_off()
-    ax.set_xlabel("microbatches m")
-    ax.set_ylabel("bubble / ideal time")
-    ax.set_title(title, fontsize=style.legible_pt(fig, 10))
+    ax.set_xlabel(tr("microbatches m"))
+    ax.set_ylabel(tr("bubble / ideal time"))
+    ax.set_title(tr("Bubble vs microbatches") if title is None else title, fontsize=style.legible_pt(fig, 10))
     ax.legend(fontsize=style.legible_pt(fig, 7))
     fig.tight_layout()
     return fig
@@ -266,12 +282,12 @@ def plot_stage_map(specs_per_rank, *, title: str | None = None, ax=None):
     ax.set_xticks(
         range(len(blocks)), ["embed" if b == "embed" else "ln_f+head" if b == "head" else b.split()[1] for b in blocks]
     )
-    ax.set_yticks([-r for r in range(p)], [f"rank {r}" for r in range(p)])
+    ax.set_yticks([-r for r in range(p)], [tr("rank {r}", r=r) for r in range(p)])
     ax.tick_params(labelsize=style.legible_pt(fig, 9))
-    ax.set_xlabel("blocks in forward order (embedding, layers, ln_f + LM head)", fontsize=style.legible_pt(fig, 9))
+    ax.set_xlabel(tr("blocks in forward order (embedding, layers, ln_f + LM head)"), fontsize=style.legible_pt(fig, 9))
     head = f"{title}: " if title else ""
     ax.set_title(
-        f"{head}{boundaries} stage boundaries, each a P2P of [b, s, h] per microbatch",
+        head + tr("{n} stage boundaries, each a P2P of [b, s, h] per microbatch", n=boundaries),
         fontsize=style.legible_pt(fig, 10),
     )
     fig.tight_layout()

@@ -8,6 +8,7 @@ ranks and check the claims.
 
 from __future__ import annotations
 
+from ..i18n import tr
 from .tables import markdown_table
 
 
@@ -23,14 +24,19 @@ def stages(n_layers: int, held: dict) -> str:
         for r, chunks in enumerate(per_rank):
             parts = []
             for c, stage, layers, first, last in chunks:
-                extra = (" + embedding" if first else "") + (" + ln_f, LM head, loss" if last else "")
-                parts.append(f"chunk {c} = virtual stage {stage}: layers {layers}{extra}")
-            rows.append([f"p = {p}, v = {v}", f"rank {r}", "; ".join(parts)])
+                extra = (tr(" + embedding") if first else "") + (tr(" + ln_f, LM head, loss") if last else "")
+                parts.append(
+                    tr("chunk {c} = virtual stage {stage}: layers {layers}", c=c, stage=stage, layers=layers) + extra
+                )
+            rows.append([f"p = {p}, v = {v}", tr("rank {r}", r=r), tr("; ").join(parts)])
     return markdown_table(
-        ["split", "rank", "what it holds"],
+        [tr("split"), tr("rank"), tr("what it holds")],
         rows,
-        caption=f"The reference model's {n_layers} layers dealt out by `stage_layers` / `rank_chunks`: a plain "
-        "pipeline, and an interleaved one with v = 2 chunks per rank (chunk c of rank r is virtual stage c·p + r).",
+        caption=tr(
+            "The reference model's {n_layers} layers dealt out by `stage_layers` / `rank_chunks`: a plain "
+            "pipeline, and an interleaved one with v = 2 chunks per rank (chunk c of rank r is virtual stage c·p + r).",
+            n_layers=n_layers,
+        ),
         name="tbl-pp-stages",
     )
 
@@ -38,10 +44,17 @@ def stages(n_layers: int, held: dict) -> str:
 def weights(rows: list[list], p: int) -> str:
     """tbl-pp-weights. rows: [weight (seed B), what seed B says, where it is held, its shapes]."""
     return markdown_table(
-        ["weight (seed B)", "seed B says (PP column)", f"held by (from `shard_specs`, p = {p})", "shape on that rank"],
+        [
+            tr("weight (seed B)"),
+            tr("seed B says (PP column)"),
+            tr("held by (from `shard_specs`, p = {p})", p=p),
+            tr("shape on that rank"),
+        ],
         rows,
-        caption="Seed B's PP column, rebuilt from `shard_specs`: every weight is held whole ([out, in], as nn.Linear "
-        "stores it) by exactly one rank.",
+        caption=tr(
+            "Seed B's PP column, rebuilt from `shard_specs`: every weight is held whole ([out, in], as nn.Linear "
+            "stores it) by exactly one rank."
+        ),
         name="tbl-pp-weights",
     )
 
@@ -49,23 +62,38 @@ def weights(rows: list[list], p: int) -> str:
 def p2p(counts: list[dict], sent: list[int], formula: list[int], p: int, m: int, shape, message: int) -> str:
     """tbl-pp-p2p. counts[r][(op, phase)]: rank r's traced sends / recvs; sent, formula: its bytes."""
     rows = [
-        [f"rank {r}", c["send", "forward"], c["recv", "forward"], c["send", "backward"], c["recv", "backward"], s, f]
+        [
+            tr("rank {r}", r=r),
+            c["send", "forward"],
+            c["recv", "forward"],
+            c["send", "backward"],
+            c["recv", "backward"],
+            s,
+            f,
+        ]
         for r, (c, s, f) in enumerate(zip(counts, sent, formula))
     ]
     return markdown_table(
         [
-            "rank",
-            "sends (fwd: activation)",
-            "recvs (fwd)",
-            "sends (bwd: gradient)",
-            "recvs (bwd)",
-            "bytes sent, traced",
-            "formula",
+            tr("rank"),
+            tr("sends (fwd: activation)"),
+            tr("recvs (fwd)"),
+            tr("sends (bwd: gradient)"),
+            tr("recvs (bwd)"),
+            tr("bytes sent, traced"),
+            tr("formula"),
         ],
         rows,
-        caption=f"The point-to-point ops of one 1F1B step, p = {p}, m = {m} microbatches of [b, s, h] = "
-        f"{list(shape)} float64 ({message} B each), traced on real ranks, against `p2p_bytes_per_rank`. All ranks "
-        f"together: {sum(sent)} B = 2·(p−1)·m·b·s·h·8.",
+        caption=tr(
+            "The point-to-point ops of one 1F1B step, p = {p}, m = {m} microbatches of [b, s, h] = "
+            "{shape} float64 ({message} B each), traced on real ranks, against `p2p_bytes_per_rank`. All ranks "
+            "together: {total} B = 2·(p−1)·m·b·s·h·8.",
+            p=p,
+            m=m,
+            shape=list(shape),
+            message=message,
+            total=sum(sent),
+        ),
         name="tbl-pp-p2p",
     )
 
@@ -78,10 +106,21 @@ def equal(results: dict, p: int, m: int, ref_loss: float) -> str:
         for (name, v), (loss, loss_err, n, grad_err) in results.items()
     ]
     return markdown_table(
-        ["schedule", f"loss (rank {p - 1})", "|loss − reference|", "gradients compared", "max |grad − reference|"],
+        [
+            tr("schedule"),
+            tr("loss (rank {r})", r=p - 1),
+            tr("|loss − reference|"),
+            tr("gradients compared"),
+            tr("max |grad − reference|"),
+        ],
         rows,
-        caption=f"One training step of each schedule on {p} gloo ranks, m = {m}, against the single-device model "
-        f"(reference loss {ref_loss:.12f}). Every parameter's gradient is compared, each held by exactly one rank.",
+        caption=tr(
+            "One training step of each schedule on {p} gloo ranks, m = {m}, against the single-device model "
+            "(reference loss {ref_loss:.12f}). Every parameter's gradient is compared, each held by exactly one rank.",
+            p=p,
+            m=m,
+            ref_loss=ref_loss,
+        ),
         name="tbl-pp-equal",
     )
 
@@ -101,16 +140,19 @@ def bubble_sweep(rows: list[dict], p: int) -> str:
     ]
     return markdown_table(
         [
-            "schedule",
+            tr("schedule"),
             "m",
-            "formula (p−1)/(v·m)",
-            "schedule (simulated)",
-            "replay of the real run",
-            "share of the step (formula)",
+            tr("formula (p−1)/(v·m)"),
+            tr("schedule (simulated)"),
+            tr("replay of the real run"),
+            tr("share of the step (formula)"),
         ],
         body,
-        caption=f"The bubble, idle time relative to compute time, mean over the {p} ranks: the formula, the "
-        "simulated schedule and the replayed real run agree exactly.",
+        caption=tr(
+            "The bubble, idle time relative to compute time, mean over the {p} ranks: the formula, the "
+            "simulated schedule and the replayed real run agree exactly.",
+            p=p,
+        ),
         name="tbl-pp-bubble",
     )
 
@@ -121,7 +163,7 @@ def in_flight(rows: list[dict], p: int, m: int) -> str:
     body = [
         [
             _label(r["schedule"], r["v"]),
-            f"rank {r['rank']}",
+            tr("rank {r}", r=r["rank"]),
             r["measured"],
             r["formula"],
             f"{r['formula'] / r['v']:g}",
@@ -133,18 +175,22 @@ def in_flight(rows: list[dict], p: int, m: int) -> str:
     ]
     return markdown_table(
         [
-            "schedule",
-            "rank",
-            "in flight, measured",
-            "formula",
-            "in stages' worth",
-            "bytes saved per microbatch (per chunk)",
-            "peak activation bytes, measured",
-            "formula: in flight × bytes",
+            tr("schedule"),
+            tr("rank"),
+            tr("in flight, measured"),
+            tr("formula"),
+            tr("in stages' worth"),
+            tr("bytes saved per microbatch (per chunk)"),
+            tr("peak activation bytes, measured"),
+            tr("formula: in flight × bytes"),
         ],
         body,
-        caption=f"Peak microbatches in flight and peak activation memory per rank, p = {p}, m = {m}, measured on the "
-        "real runs (bytes autograd saved for backward) against `peak_in_flight` and `activation_memory`.",
+        caption=tr(
+            "Peak microbatches in flight and peak activation memory per rank, p = {p}, m = {m}, measured on the "
+            "real runs (bytes autograd saved for backward) against `peak_in_flight` and `activation_memory`.",
+            p=p,
+            m=m,
+        ),
         name="tbl-pp-inflight",
     )
 
@@ -153,10 +199,17 @@ def unscaled(rows: list[list]) -> str:
     """tbl-pp-unscaled. rows: [m, gradient norm ratio unscaled, scaled, logged loss]."""
     body = [[m, f"{a:.6f}", f"{b:.6f}", f"{loss:.6f}"] for m, a, b, loss in rows]
     return markdown_table(
-        ["m", "‖grad‖ / ‖reference‖, loss not scaled", "the same, loss / m (the fix)", "logged loss (both)"],
+        [
+            "m",
+            tr("‖grad‖ / ‖reference‖, loss not scaled"),
+            tr("the same, loss / m (the fix)"),
+            tr("logged loss (both)"),
+        ],
         body,
-        caption="1F1B on 4 ranks with and without dividing each microbatch's loss by m before its backward: "
-        "unscaled, every gradient is exactly m times the reference; the logged loss cannot tell.",
+        caption=tr(
+            "1F1B on 4 ranks with and without dividing each microbatch's loss by m before its backward: "
+            "unscaled, every gradient is exactly m times the reference; the logged loss cannot tell."
+        ),
         name="tbl-pp-unscaled",
     )
 
@@ -165,10 +218,19 @@ def blocking(rows: list[list]) -> str:
     """tbl-pp-blocking. rows: [p, schedule, (t_f, t_b), formula, posted sends, blocking sends]."""
     body = [[p, name, f"{c[0]} : {c[1]}", f"{f:.4f}", f"{e:.4f}", f"{b:.4f}"] for p, name, c, f, e, b in rows]
     return markdown_table(
-        ["p", "schedule", "t_f : t_b", "formula", "posted sends (simulated)", "blocking sends (simulated)"],
+        [
+            "p",
+            tr("schedule"),
+            "t_f : t_b",
+            tr("formula"),
+            tr("posted sends (simulated)"),
+            tr("blocking sends (simulated)"),
+        ],
         body,
-        caption="Bubble with posted and with blocking sends, m = 8, from the simulator. Only the interleaved "
-        "schedule, with a backward dearer than a forward, pays for blocking sends, and how much depends on p and "
-        "the costs.",
+        caption=tr(
+            "Bubble with posted and with blocking sends, m = 8, from the simulator. Only the interleaved "
+            "schedule, with a backward dearer than a forward, pays for blocking sends, and how much depends on p and "
+            "the costs."
+        ),
         name="tbl-pp-blocking",
     )

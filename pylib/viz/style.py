@@ -114,15 +114,60 @@ RC: dict[str, object] = {
 }
 
 
+# The Chinese edition's figures: Noto Sans CJK SC, from the `mplfonts` wheel (requirements-common.txt; the wheel is
+# found, not imported). Figures reach the page as PNG (the notebook's inline backend; an SVG would carry its text as
+# paths, matplotlib's svg.fonttype default), so the reader's browser needs no CJK font. DejaVu Sans stays behind it
+# in font.family: matplotlib falls back glyph by glyph to the next family for what the first lacks.
+CJK_FAMILY = "Noto Sans CJK SC"
+CJK_FILE = "NotoSansCJKsc-Regular.otf"
+
+
+@functools.cache
+def cjk_font_path():
+    """The CJK font file (a pathlib.Path), registered with matplotlib's font manager; None when it is not
+    installed."""
+    import importlib.util
+    from pathlib import Path
+
+    from matplotlib import font_manager
+
+    spec = importlib.util.find_spec("mplfonts")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for where in spec.submodule_search_locations:
+        path = Path(where) / "fonts" / CJK_FILE
+        if path.is_file():
+            font_manager.fontManager.addfont(str(path))
+            return path
+    return None
+
+
+def rc() -> dict[str, object]:
+    """RC, plus the CJK font first in font.sans-serif when pylib speaks Chinese (pylib.i18n.language()). Raises
+    when the Chinese edition is asked for and the font is missing: a figure of boxes would be worse than an error."""
+    from pylib.i18n import language
+
+    params = dict(RC)
+    if language() == "zh":
+        if cjk_font_path() is None:
+            raise RuntimeError(f"the Chinese figures need {CJK_FAMILY}: pip install mplfonts (requirements-common.txt)")
+        # font.family names the families themselves, not "sans-serif": a Text keeps its family list and resolves
+        # a generic name at draw time, with the rcParams of then (after `use()` has restored them).
+        families = [CJK_FAMILY, "DejaVu Sans"]  # DejaVu Sans: matplotlib's own, always there
+        params["font.family"] = families
+        params["font.sans-serif"] = families
+    return params
+
+
 def apply() -> None:
     """Use the book's style for every figure created from now on in this process (updates `matplotlib.rcParams`)."""
-    mpl.rcParams.update(RC)
+    mpl.rcParams.update(rc())
 
 
 @contextlib.contextmanager
 def use():
     """Use the book's style for the figures created inside the block only; rcParams are restored after."""
-    with mpl.rc_context(RC):
+    with mpl.rc_context(rc()):
         yield
 
 

@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import FancyBboxPatch
 
+from ..i18n import tr
 from . import style
 
 # fig_sp_region's boxes: where the activations live, outside the TP region (LN, residual) or inside it
@@ -68,25 +69,30 @@ def fig_column_vs_row(ex):
         ax.axis("off")
         ax.text(0.04, 0.5, text, fontsize=FONT + 0.5, va="center", ha="left", transform=ax.transAxes)
 
-    _matrix(panel_at(0, 0), ex.x, "x [n, d_in]\nwhole on every rank", style.REPLICATED)
+    _matrix(panel_at(0, 0), ex.x, tr("x [n, d_in]\nwhole on every rank"), style.REPLICATED)
     for r in range(t):
         c = style.rank_colour(r)
-        _matrix(panel_at(0, 1 + r), ex.col_weights[r], f"rank {r}: W_{r}, columns\n[d_in, d_out/t]", c)
-        _matrix(panel_at(1, r), ex.col_outputs[r], f"rank {r}: y_{r} = x W_{r}\n[n, d_out/t]", c)
-        _matrix(panel_at(2, r), ex.row_weights[r], f"rank {r}: V_{r}, rows\n[d_out/t, d_in]", c)
-        _matrix(panel_at(3, r), ex.partials[r], f"rank {r}: y_{r} V_{r}\npartial sum, full size", c)
-    note(panel_at(0, t + 1), "column split:\nW cut by its\noutput columns")
+        _matrix(panel_at(0, 1 + r), ex.col_weights[r], tr("rank {r}: W_{r}, columns\n[d_in, d_out/t]", r=r), c)
+        _matrix(panel_at(1, r), ex.col_outputs[r], tr("rank {r}: y_{r} = x W_{r}\n[n, d_out/t]", r=r), c)
+        _matrix(panel_at(2, r), ex.row_weights[r], tr("rank {r}: V_{r}, rows\n[d_out/t, d_in]", r=r), c)
+        _matrix(panel_at(3, r), ex.partials[r], tr("rank {r}: y_{r} V_{r}\npartial sum, full size", r=r), c)
+    note(panel_at(0, t + 1), tr("column split:\nW cut by its\noutput columns"))
     concat = np.concatenate(ex.col_outputs, axis=1)
-    _matrix(panel_at(1, t, span=2), concat, "concat(y_r) = x W: no communication", style.REPLICATED)
-    note(panel_at(2, t, span=2), "row split: V cut by its input\nrows; rank r multiplies\nits own y_r by V_r")
-    _matrix(panel_at(3, t), ex.reduced, "all-reduce: sum\nof the partial sums", style.REPLICATED)
+    _matrix(panel_at(1, t, span=2), concat, tr("concat(y_r) = x W: no communication"), style.REPLICATED)
+    note(panel_at(2, t, span=2), tr("row split: V cut by its input\nrows; rank r multiplies\nits own y_r by V_r"))
+    _matrix(panel_at(3, t), ex.reduced, tr("all-reduce: sum\nof the partial sums"), style.REPLICATED)
     ok_y = np.allclose(concat, ex.reference_y, atol=1e-5)
     ok_z = np.allclose(ex.reduced, ex.reference_z, atol=1e-5)
     mark = {True: "✓", False: "✗"}
-    note(panel_at(3, t + 1), f"one device:\nconcat = x W {mark[ok_y]}\nsum = x W V {mark[ok_z]}")
+    note(
+        panel_at(3, t + 1), tr("one device:\nconcat = x W {ok_y}\nsum = x W V {ok_z}", ok_y=mark[ok_y], ok_z=mark[ok_z])
+    )
     fig.suptitle(
-        f"TP on {t} ranks: a column split's results concatenate (rows 1-2);\n"
-        "a row split's results are full-size partial sums, all-reduced (rows 3-4)",
+        tr(
+            "TP on {t} ranks: a column split's results concatenate (rows 1-2);\n"
+            "a row split's results are full-size partial sums, all-reduced (rows 3-4)",
+            t=t,
+        ),
         fontsize=FONT + 1.5,
     )
     return fig
@@ -124,8 +130,8 @@ def _arrow(ax, x, y, label, below, colour=style.COMM, dashed=False, length=0.62)
 
 def _inside_label(tag: str, s: int) -> str:
     part = tag.split(".")[-1]
-    what = {"attn": "1/t of heads", "mlp": "1/t of h_ffn"}.get(part, "1/t of columns")
-    return f"{part}: {what}\nall {s} tokens"
+    what = {"attn": tr("1/t of heads"), "mlp": tr("1/t of h_ffn")}.get(part, tr("1/t of columns"))
+    return tr("{part}: {what}\nall {s} tokens", part=part, what=what, s=s)
 
 
 NAMES = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter"}
@@ -139,18 +145,18 @@ def _phase_items(events, phase, t, s) -> list[tuple]:
     drawn dashed."""
     evs = [e for e in events if e["phase"] == phase]
     sp = any(e["op"] != "all_reduce" for e in evs)
-    outside = ("box", f"LN, residual\n{s // t if sp else s} tokens", OUTSIDE)
+    outside = ("box", tr("LN, residual\n{n} tokens", n=s // t if sp else s), OUTSIDE)
     items, where = [outside], "out"
     for e in evs:
         regather = e["tag"].endswith("regather")
         if e["op"] != "all_gather" and where == "out":  # TP: the entry that moves nothing
-            items += [("arrow", "identity", "nothing sent", style.MUTED, True)]
+            items += [("arrow", tr("identity"), tr("nothing sent"), style.MUTED, True)]
             items += [("box", _inside_label(e["tag"], s), INSIDE)]
             where = "in"
-        label = NAMES[e["op"]] + (" (regather)" if regather else "")
+        label = NAMES[e["op"]] + (tr(" (regather)") if regather else "")
         items.append(("arrow", label, f"{_nbytes(e['payload_bytes'])}, {e['tag']}", style.COMM, False))
         if regather:  # Megatron's SP backward: rebuild the input that was kept as a sequence slice
-            items.append(("box", "weight grads\nfrom rebuilt input", INSIDE))
+            items.append(("box", tr("weight grads\nfrom rebuilt input"), INSIDE))
             continue
         where = "in" if e["op"] == "all_gather" else "out"
         items.append(("box", _inside_label(e["tag"], s), INSIDE) if where == "in" else outside)
@@ -172,7 +178,7 @@ def fig_sp_region(traces: dict):
     fig, ax = style.subplots(figsize=(WIDTH_IN, 0.86 * (depth + 1.7) + 0.4), grid=False)
     for i, ((mode, phase), chain) in enumerate(zip(columns, chains)):
         x, top = i * pitch, 0.0  # top: where the next item starts
-        ax.text(x, 0.45, f"{mode}\n{phase}", ha="center", va="center", fontsize=FONT + 1)
+        ax.text(x, 0.45, f"{mode}\n{tr(phase)}", ha="center", va="center", fontsize=FONT + 1)
         for item in chain:
             if item[0] == "box":
                 _box(ax, x, top - box_h / 2, item[1], item[2], h=box_h)
@@ -181,14 +187,21 @@ def fig_sp_region(traces: dict):
                 _arrow(ax, x, top, item[1], item[2], colour=item[3], dashed=item[4], length=arrow_len)
                 top -= arrow_len
         total = sum(e["bytes_sent"] for e in events[mode] if e["phase"] == phase)
-        ax.text(x, top - 0.12, f"sent {_nbytes(total)}", ha="center", va="top", fontsize=FONT + 0.5)
+        ax.text(x, top - 0.12, tr("sent {bytes}", bytes=_nbytes(total)), ha="center", va="top", fontsize=FONT + 0.5)
     y = -depth
     ax.set_xlim(-0.95, (len(columns) - 1) * pitch + 1.15)
     ax.set_ylim(y - 0.5, 0.8)
     ax.axis("off")
     ax.set_title(
-        f"One layer, t = {t}, b = {traces['b']}, s = {s}, h = {traces['h']} ({traces['dtype']}): SP turns each\n"
-        "all-reduce into an all-gather into the TP region and a reduce-scatter out of it",
+        tr(
+            "One layer, t = {t}, b = {b}, s = {s}, h = {h} ({dtype}): SP turns each\n"
+            "all-reduce into an all-gather into the TP region and a reduce-scatter out of it",
+            t=t,
+            b=traces["b"],
+            s=s,
+            h=traces["h"],
+            dtype=traces["dtype"],
+        ),
         fontsize=FONT + 1,
     )
     fig.tight_layout()
