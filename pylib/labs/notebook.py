@@ -254,14 +254,33 @@ def learner_version(nb) -> nbformat.NotebookNode:
     return nb
 
 
-def write_learner_versions(labs: list[Lab], out_dir: Path) -> list[Path]:
-    """Write each lab's learner version to `out_dir`/<lab>.ipynb; returns the paths written."""
+def localised(nb, lang: str, lab: Lab) -> nbformat.NotebookNode:
+    """`nb` with its markdown in `lang` (labs/locale catalogs) and its parameters cell's `lang` default set to it;
+    code cells otherwise identical."""
+    from pylib.i18n import normalise
+
+    from .i18n import translated
+
+    lang = normalise(lang)
+    if lang == "en":
+        return nb
+    nb = translated(nb, lang, lab)
+    i = parameters_cell(nb)
+    if i is not None:
+        nb.cells[i].source = re.sub(r'^lang\s*=\s*"[^"]*"', f'lang = "{lang}"', nb.cells[i].source, flags=re.M)
+    return nb
+
+
+def write_learner_versions(labs: list[Lab], out_dir: Path, lang: str = "en", solved: bool = False) -> list[Path]:
+    """Write each lab's learner version (`solved`: the solved lab, stripped) to `out_dir`/<lab>.ipynb, its
+    instructions in `lang`; returns the paths written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for lab in labs:
         dest = out_dir / lab.path.name
-        nbformat.write(learner_version(lab.read()), dest)
+        nb = strip_outputs(lab.read()) if solved else learner_version(lab.read())
+        nbformat.write(localised(nb, lang, lab), dest)
         written.append(dest)
     return written
 
