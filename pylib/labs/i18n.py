@@ -168,7 +168,9 @@ def problems(labs: list[Lab] | None = None) -> dict[str, list[str]]:
             elif message.fuzzy:
                 found.setdefault(lab.name, []).append(f"outdated: {short}")
             else:
-                for fault in markup.differences(message.id, message.string):
+                # a line break inside inline math or a code span is a space to Markdown (and to this check)
+                flat_id, flat_str = message.id.replace("\n", " "), message.string.replace("\n", " ")
+                for fault in markup.differences(flat_id, flat_str):
                     found.setdefault(lab.name, []).append(f"markup ({fault}): {short}")
                 for fault in terms.violations(message.id, message.string, glossary):
                     found.setdefault(lab.name, []).append(f"term ({fault}): {short}")
