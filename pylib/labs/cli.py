@@ -25,7 +25,7 @@ import ast
 import sys
 from pathlib import Path
 
-from pylib.i18n import normalise
+from pylib.i18n import normalise, set_language, tr
 
 from .notebook import (
     EXERCISE_NUMBER,
@@ -193,14 +193,23 @@ def _run(args) -> int:
     overrides = dict(args.overrides)
     if args.lang is not None:
         overrides["lang"] = normalise(args.lang)
+        set_language(overrides["lang"])  # the terminal summary and failures in the labs' language
     resolve_overrides(labs, overrides)  # reject unknown names and ill-typed values before anything runs
     check_writable(Path(out))
-    print(
-        f"running {len(labs)} lab(s) in {args.mode} mode"
-        + (f" with {overrides}" if overrides else "")
-        + f"; executed notebooks and report in {out}",
-        flush=True,
-    )
+    mode = tr("solution") if args.mode == "solution" else tr("learner")
+    if overrides:
+        text = tr(
+            "running {n} lab(s) in {mode} mode with {overrides}; executed notebooks and report in {out}",
+            n=len(labs),
+            mode=mode,
+            overrides=overrides,
+            out=out,
+        )
+    else:
+        text = tr(
+            "running {n} lab(s) in {mode} mode; executed notebooks and report in {out}", n=len(labs), mode=mode, out=out
+        )
+    print(text, flush=True)
     try:
         with interrupt_on_sigterm():
             report = run_labs(
@@ -211,8 +220,8 @@ def _run(args) -> int:
         if report is not None:
             print()
             print(terminal_table(report))
-            print(f"report: {Path(out) / 'report.json'} and {Path(out) / 'report.html'}")
-        print(f"INTERRUPTED ({stop}): the report marks the running lab 'interrupted'", file=sys.stderr)
+            print(tr("report: {json} and {html}", json=Path(out) / "report.json", html=Path(out) / "report.html"))
+        print(tr("INTERRUPTED ({why}): the report marks the running lab 'interrupted'", why=stop), file=sys.stderr)
         return 128 + stop.signum
     json_path, html_path = Path(out) / "report.json", Path(out) / "report.html"
     print()
@@ -220,11 +229,17 @@ def _run(args) -> int:
     details = failure_text(report)
     if details:
         print(details, file=sys.stderr if not report["passed"] else sys.stdout, flush=True)
-    print(f"report: {json_path} and {html_path}")
+    print(tr("report: {json} and {html}", json=json_path, html=html_path))
     if not report["passed"]:
         bad = [r["lab"] for r in report["labs"] if r["status"] not in ("passed", "blocked")]
         print(
-            f"FAILED: {len(bad)} of {len(labs)} lab(s) did not pass ({args.mode} mode): {', '.join(bad)}",
+            tr(
+                "FAILED: {bad} of {n} lab(s) did not pass ({mode} mode): {names}",
+                bad=len(bad),
+                n=len(labs),
+                mode=mode,
+                names=", ".join(bad),
+            ),
             file=sys.stderr,
         )
         return 1
