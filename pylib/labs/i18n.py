@@ -172,7 +172,7 @@ def problems(labs: list[Lab] | None = None) -> dict[str, list[str]]:
                 flat_id, flat_str = message.id.replace("\n", " "), message.string.replace("\n", " ")
                 for fault in markup.differences(flat_id, flat_str):
                     found.setdefault(lab.name, []).append(f"markup ({fault}): {short}")
-                for fault in terms.violations(message.id, message.string, glossary):
+                for fault in terms.violations(flat_id, flat_str, glossary):
                     found.setdefault(lab.name, []).append(f"term ({fault}): {short}")
     return found
 
