@@ -293,13 +293,16 @@ _TEMPLATE = [
         'world_size = 2  # ranks\nbackend = "gloo"  # "gloo" on CPU; "nccl" with one GPU per rank\n'
         'device = "cpu"  # "cpu", or "cuda" (with the nccl backend)\nh = 16  # sizes: tiny on CPU\n'
         "solution = True  # the harness runs the solved lab; the learner version sets False\n"
+        'lang = "en"  # "en" or "zh": the language of the messages (the harness passes it)\n'
         "checks_report = None  # the harness passes a file; checks append one JSON line each",
     ),
     (
         "code",
         [],
         "import torch\nimport torch.distributed as dist\n\nfrom pylib.runtime import current_device, launch\n"
-        "from pylib.labs.checks import ExerciseNotDone, begin, check, step, summary\n\nbegin(checks_report)",
+        "from pylib.i18n import set_language\n"
+        "from pylib.labs.checks import ExerciseNotDone, begin, check, step, summary\n\n"
+        "set_language(lang)  # the checks and pylib speak the lab's language\nbegin(checks_report)",
     ),
     ("markdown", [], "## Exercise 1\n\nWhat to write, and the idea behind it."),
     (
