@@ -39,6 +39,8 @@ import time
 import traceback
 from pathlib import Path
 
+from pylib.i18n import tr
+
 PASSED, FAILED, BLOCKED = "passed", "failed", "blocked"
 _MARK = {PASSED: "✓", FAILED: "✗", BLOCKED: "⊘"}
 _MISSING = object()
@@ -48,7 +50,7 @@ class ExerciseNotDone(RuntimeError):
     """Raised by an exercise's placeholder body: `raise ExerciseNotDone(2, "write the backward: ...")`."""
 
     def __init__(self, number: int, what: str):
-        super().__init__(f"Exercise {number} not done yet: {what}")
+        super().__init__(tr("Exercise {number} not done yet: {what}", number=number, what=what))
         self.number = number
 
 
@@ -60,8 +62,11 @@ class StepUnavailable(Exception):
     """Raised when a check uses the value of a step that failed or was blocked."""
 
     def __init__(self, step: str, status: str, reason: str):
-        verb = "which failed" if status == FAILED else "which is blocked"
-        super().__init__(f"needs step {step!r}, {verb}: {reason}")
+        if status == FAILED:
+            text = tr("needs step {step!r}, which failed: {reason}", step=step, reason=reason)
+        else:
+            text = tr("needs step {step!r}, which is blocked: {reason}", step=step, reason=reason)
+        super().__init__(text)
         self.step, self.status, self.reason = step, status, reason
 
 
@@ -107,6 +112,11 @@ def begin(report: str | Path | None = None) -> None:
     runs on ({"kind": "begin", "python": ..., "torch": ..., "cuda_gpus": ...})."""
     _state.records = {}
     _state.report = Path(report) if report else None
+    import os
+
+    from pylib.i18n import language
+
+    os.environ["PYLIB_LANG"] = language()  # the ranks `launch` spawns speak the notebook's language too
     if _state.report is not None:
         import platform
 
@@ -163,7 +173,9 @@ def missing(needs) -> str | None:
             raise ValueError(f"unknown need {need!r}: use 'gpu' or 'gpu:N' (N CUDA devices)")
         want, have = int(m.group(1) or 1), gpu_count()
         if have < want:
-            return f"needs {want} CUDA GPU{'s' if want > 1 else ''}, {have} visible on this machine"
+            if want > 1:
+                return tr("needs {want} CUDA GPUs, {have} visible on this machine", want=want, have=have)
+            return tr("needs {want} CUDA GPU, {have} visible on this machine", want=want, have=have)
     return None
 
 
@@ -196,7 +208,7 @@ def explain(exc: BaseException) -> tuple[str, str, int | None]:
         return str(exc), str(exc), None
     text = str(exc).strip()
     if isinstance(exc, AssertionError):
-        message = text or "assertion failed"
+        message = text or tr("assertion failed")
     else:
         message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     lines = message.splitlines()
@@ -210,11 +222,11 @@ def _truth(value) -> tuple[bool, str]:
     if value is None or value is True:
         return True, ""
     if value is False:
-        return False, "the condition is False"
+        return False, tr("the condition is False")
     try:
-        return bool(value), "the condition is falsy"
+        return bool(value), tr("the condition is falsy")
     except Exception as exc:  # e.g. a many-element tensor
-        return False, f"cannot tell whether {type(value).__name__} is true: {exc}"
+        return False, tr("cannot tell whether {kind} is true: {exc}", kind=type(value).__name__, exc=exc)
 
 
 def _record(name, kind, status, seconds, message="", detail="", needs=None, rank=None) -> dict:
@@ -235,9 +247,9 @@ def _record(name, kind, status, seconds, message="", detail="", needs=None, rank
             f.write(json.dumps(rec) + "\n")
     line = f"{_MARK[status]} {name}"
     if status == PASSED:
-        line += f"  ({seconds:.2f} s)"
+        line += tr("  ({seconds:.2f} s)", seconds=seconds)
     elif status == BLOCKED:
-        line += f"  [blocked: {message}]"
+        line += tr("  [blocked: {message}]", message=message)
     else:
         line += "\n" + "\n".join("    " + ln for ln in message.splitlines())
     print(line, flush=True)
@@ -305,12 +317,20 @@ def summary() -> dict:
     """Print the tally; raise ChecksFailed naming every failed check (a lab's last cell calls this)."""
     counts = {s: sum(r["status"] == s for r in _state.records.values()) for s in (PASSED, FAILED, BLOCKED)}
     total = sum(counts.values())
-    print(f"{total} checks: {counts[PASSED]} passed, {counts[FAILED]} failed, {counts[BLOCKED]} blocked")
+    print(
+        tr(
+            "{total} checks: {passed} passed, {failed} failed, {blocked} blocked",
+            total=total,
+            passed=counts[PASSED],
+            failed=counts[FAILED],
+            blocked=counts[BLOCKED],
+        )
+    )
     if total == 0:
-        raise ChecksFailed("no check ran: a lab must record at least one check")
+        raise ChecksFailed(tr("no check ran: a lab must record at least one check"))
     failed = [r for r in _state.records.values() if r["status"] == FAILED]
     if failed:
-        lines = [f"{len(failed)} of {total} checks failed:"]
+        lines = [tr("{failed} of {total} checks failed:", failed=len(failed), total=total)]
         lines += [f"  ✗ {r['name']}: {r['message'].splitlines()[0] if r['message'] else ''}" for r in failed]
         raise ChecksFailed("\n".join(lines))
     return counts

@@ -7,6 +7,9 @@
     python -m pylib.labs list                            # labs, their parameters and exercises
     python -m pylib.labs lint                            # check every lab's format (--strip clears outputs)
     python -m pylib.labs new labs/08_my_topic.ipynb      # a skeleton lab in the format
+    python -m pylib.labs run 00 --lang zh                # the lab in Chinese: instructions and messages
+    python -m pylib.labs learner /srv/course/zh --lang zh   # the learner versions with Chinese instructions
+    python -m pylib.labs i18n extract|check|todo|fill    # the labs' translation catalogs (see pylib.labs.i18n)
 
 `run` exits 0 when every lab passed (or was blocked: it needs GPUs this machine lacks), 1 when any lab failed (the
 failures are printed: lab, cell, check, rank and traceback), 2 on a usage error (a bad -p value, --timeout <= 0, a
@@ -21,6 +24,8 @@ import argparse
 import ast
 import sys
 from pathlib import Path
+
+from pylib.i18n import normalise, set_language, tr
 
 from .notebook import (
     EXERCISE_NUMBER,
@@ -84,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
         help="run the learner versions (solutions removed): their checks fail until solved",
     )
     run.set_defaults(mode="solution")
+    run.add_argument("--lang", default=None, help="the labs' language: en (default) or zh (passed as -p lang=...)")
     run.add_argument(
         "-p",
         "--parameter",
@@ -111,6 +117,19 @@ def _parser() -> argparse.ArgumentParser:
     learner = sub.add_parser("learner", parents=[common], help="write the learner versions of labs to a folder")
     learner.add_argument("out", type=Path, help="folder to write NN_name.ipynb files to")
     learner.add_argument("labs", nargs="*", help="labs to export (default: all)")
+    learner.add_argument("--lang", default="en", help="the instructions' language: en (default) or zh")
+    learner.add_argument("--solved", action="store_true", help="write the solved labs instead (e.g. with --lang zh)")
+
+    i18n = sub.add_parser("i18n", parents=[common], help="the labs' translation catalogs (labs/locale)")
+    i18n_sub = i18n.add_subparsers(dest="i18n_command", required=True)
+    i18n_sub.add_parser("extract", parents=[common], help="create or update every lab's catalog from its markdown")
+    i18n_check = i18n_sub.add_parser("check", parents=[common], help="0 missing, 0 outdated, markup, terms")
+    i18n_check.add_argument("labs", nargs="*", help="labs to check (default: all)")
+    i18n_todo = i18n_sub.add_parser("todo", parents=[common], help="entries still to translate, as JSON")
+    i18n_todo.add_argument("labs", nargs="*", help="labs (default: all)")
+    i18n_fill = i18n_sub.add_parser("fill", parents=[common], help="put translations from a JSON file into a catalog")
+    i18n_fill.add_argument("lab")
+    i18n_fill.add_argument("json", type=Path)
 
     sub.add_parser("list", parents=[common], help="list the labs, their parameters and exercises")
 
@@ -172,14 +191,25 @@ def _run(args) -> int:
     labs_dir = args.labs_dir or default_labs_dir()
     out = args.out or (Path(labs_dir) / "_runs" / args.mode)
     overrides = dict(args.overrides)
+    if args.lang is not None:
+        overrides["lang"] = normalise(args.lang)
+        set_language(overrides["lang"])  # the terminal summary and failures in the labs' language
     resolve_overrides(labs, overrides)  # reject unknown names and ill-typed values before anything runs
     check_writable(Path(out))
-    print(
-        f"running {len(labs)} lab(s) in {args.mode} mode"
-        + (f" with {overrides}" if overrides else "")
-        + f"; executed notebooks and report in {out}",
-        flush=True,
-    )
+    mode = tr("solution") if args.mode == "solution" else tr("learner")
+    if overrides:
+        text = tr(
+            "running {n} lab(s) in {mode} mode with {overrides}; executed notebooks and report in {out}",
+            n=len(labs),
+            mode=mode,
+            overrides=overrides,
+            out=out,
+        )
+    else:
+        text = tr(
+            "running {n} lab(s) in {mode} mode; executed notebooks and report in {out}", n=len(labs), mode=mode, out=out
+        )
+    print(text, flush=True)
     try:
         with interrupt_on_sigterm():
             report = run_labs(
@@ -190,8 +220,8 @@ def _run(args) -> int:
         if report is not None:
             print()
             print(terminal_table(report))
-            print(f"report: {Path(out) / 'report.json'} and {Path(out) / 'report.html'}")
-        print(f"INTERRUPTED ({stop}): the report marks the running lab 'interrupted'", file=sys.stderr)
+            print(tr("report: {json} and {html}", json=Path(out) / "report.json", html=Path(out) / "report.html"))
+        print(tr("INTERRUPTED ({why}): the report marks the running lab 'interrupted'", why=stop), file=sys.stderr)
         return 128 + stop.signum
     json_path, html_path = Path(out) / "report.json", Path(out) / "report.html"
     print()
@@ -199,11 +229,17 @@ def _run(args) -> int:
     details = failure_text(report)
     if details:
         print(details, file=sys.stderr if not report["passed"] else sys.stdout, flush=True)
-    print(f"report: {json_path} and {html_path}")
+    print(tr("report: {json} and {html}", json=json_path, html=html_path))
     if not report["passed"]:
         bad = [r["lab"] for r in report["labs"] if r["status"] not in ("passed", "blocked")]
         print(
-            f"FAILED: {len(bad)} of {len(labs)} lab(s) did not pass ({args.mode} mode): {', '.join(bad)}",
+            tr(
+                "FAILED: {bad} of {n} lab(s) did not pass ({mode} mode): {names}",
+                bad=len(bad),
+                n=len(labs),
+                mode=mode,
+                names=", ".join(bad),
+            ),
             file=sys.stderr,
         )
         return 1
@@ -240,11 +276,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return _run(args)
         if args.command == "learner":
-            for path in write_learner_versions(_labs(args, args.labs), args.out):
+            lang = normalise(args.lang)
+            for path in write_learner_versions(_labs(args, args.labs), args.out, lang=lang, solved=args.solved):
                 print(path)
             return 0
         if args.command == "list":
             return _list(args)
+        if args.command == "i18n":
+            from .i18n import main as i18n_main
+
+            return i18n_main(args)
         if args.command == "lint":
             return _lint(args)
         print(new_lab(args.path))

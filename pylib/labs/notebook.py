@@ -254,14 +254,33 @@ def learner_version(nb) -> nbformat.NotebookNode:
     return nb
 
 
-def write_learner_versions(labs: list[Lab], out_dir: Path) -> list[Path]:
-    """Write each lab's learner version to `out_dir`/<lab>.ipynb; returns the paths written."""
+def localised(nb, lang: str, lab: Lab) -> nbformat.NotebookNode:
+    """`nb` with its markdown in `lang` (labs/locale catalogs) and its parameters cell's `lang` default set to it;
+    code cells otherwise identical."""
+    from pylib.i18n import normalise
+
+    from .i18n import translated
+
+    lang = normalise(lang)
+    if lang == "en":
+        return nb
+    nb = translated(nb, lang, lab)
+    i = parameters_cell(nb)
+    if i is not None:
+        nb.cells[i].source = re.sub(r'^lang\s*=\s*"[^"]*"', f'lang = "{lang}"', nb.cells[i].source, flags=re.M)
+    return nb
+
+
+def write_learner_versions(labs: list[Lab], out_dir: Path, lang: str = "en", solved: bool = False) -> list[Path]:
+    """Write each lab's learner version (`solved`: the solved lab, stripped) to `out_dir`/<lab>.ipynb, its
+    instructions in `lang`; returns the paths written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for lab in labs:
         dest = out_dir / lab.path.name
-        nbformat.write(learner_version(lab.read()), dest)
+        nb = strip_outputs(lab.read()) if solved else learner_version(lab.read())
+        nbformat.write(localised(nb, lang, lab), dest)
         written.append(dest)
     return written
 
@@ -274,13 +293,16 @@ _TEMPLATE = [
         'world_size = 2  # ranks\nbackend = "gloo"  # "gloo" on CPU; "nccl" with one GPU per rank\n'
         'device = "cpu"  # "cpu", or "cuda" (with the nccl backend)\nh = 16  # sizes: tiny on CPU\n'
         "solution = True  # the harness runs the solved lab; the learner version sets False\n"
+        'lang = "en"  # "en" or "zh": the language of the messages (the harness passes it)\n'
         "checks_report = None  # the harness passes a file; checks append one JSON line each",
     ),
     (
         "code",
         [],
         "import torch\nimport torch.distributed as dist\n\nfrom pylib.runtime import current_device, launch\n"
-        "from pylib.labs.checks import ExerciseNotDone, begin, check, step, summary\n\nbegin(checks_report)",
+        "from pylib.i18n import set_language\n"
+        "from pylib.labs.checks import ExerciseNotDone, begin, check, step, summary\n\n"
+        "set_language(lang)  # the checks and pylib speak the lab's language\nbegin(checks_report)",
     ),
     ("markdown", [], "## Exercise 1\n\nWhat to write, and the idea behind it."),
     (

@@ -49,10 +49,13 @@ import os
 import re
 from pathlib import Path
 
+from pylib.i18n import tr
+
 SCHEMA = "pylib.labs.report/1"
 _MARK = {"passed": "✓", "failed": "✗", "blocked": "⊘", "timeout": "⏱", "interrupted": "⏹"}
 _COUNTS = ("passed", "failed", "blocked", "not_run")
-_NOT_DONE = re.compile(r"Exercise (\d+) not done yet: (.*)")
+# ExerciseNotDone's message in either language (pylib.i18n: "Exercise {number} not done yet: {what}")
+_NOT_DONE = re.compile(r"(?:Exercise (\d+) not done yet: |练习 (\d+) 尚未完成：)(.*)")
 
 
 def build_report(
@@ -87,12 +90,40 @@ def build_report(
 def lab_line(result: dict) -> str:
     c = result["counts"]
     if result["status"] == "blocked":
-        return f"{_MARK['blocked']} {result['lab']}: blocked, {result['error']['evalue']}"
-    not_run = f", {c['not_run']} not run" if c.get("not_run") else ""
-    return (
-        f"{_MARK.get(result['status'], '?')} {result['lab']}: {result['status']} in {result['seconds']:.1f} s "
-        f"({c['passed']} passed, {c['failed']} failed, {c['blocked']} blocked{not_run})"
+        return tr(
+            "{mark} {lab}: blocked, {why}", mark=_MARK["blocked"], lab=result["lab"], why=result["error"]["evalue"]
+        )
+    not_run = tr(", {n} not run", n=c["not_run"]) if c.get("not_run") else ""
+    return tr(
+        "{mark} {lab}: {status} in {seconds:.1f} s ({passed} passed, {failed} failed, {blocked} blocked{not_run})",
+        mark=_MARK.get(result["status"], "?"),
+        lab=result["lab"],
+        status=status_text(result["status"]),
+        seconds=result["seconds"],
+        passed=c["passed"],
+        failed=c["failed"],
+        blocked=c["blocked"],
+        not_run=not_run,
     )
+
+
+def status_text(status: str) -> str:
+    """A lab's or a check's status in the current language (the report's JSON keeps the English word)."""
+    words = {
+        "passed": tr("passed"),
+        "failed": tr("failed"),
+        "blocked": tr("blocked"),
+        "interrupted": tr("interrupted"),
+        "timeout": tr("timeout"),
+    }
+    return words.get(status, status)
+
+
+def _width(text: str) -> int:
+    """Columns a terminal gives `text` (a CJK character takes two)."""
+    import unicodedata
+
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
 
 
 def _where(d: dict) -> str:
@@ -112,13 +143,13 @@ def _where(d: dict) -> str:
 
 def terminal_table(report: dict) -> str:
     """A plain-text table: one row per lab, then the totals."""
-    rows = [("lab", "status", "passed", "failed", "blocked", "not run", "seconds")]
+    rows = [(tr("lab"), tr("status"), tr("passed"), tr("failed"), tr("blocked"), tr("not run"), tr("seconds"))]
     for r in report["labs"]:
         c = r["counts"]
         rows.append(
             (
                 r["lab"],
-                f"{_MARK.get(r['status'], '?')} {r['status']}",
+                f"{_MARK.get(r['status'], '?')} {status_text(r['status'])}",
                 *(str(c.get(k, 0)) for k in _COUNTS),
                 f"{r['seconds']:.1f}",
             )
@@ -126,16 +157,17 @@ def terminal_table(report: dict) -> str:
     t = report["totals"]
     rows.append(
         (
-            f"{t['labs_passed']}/{t['labs']} labs passed",
+            tr("{passed}/{labs} labs passed", passed=t["labs_passed"], labs=t["labs"]),
             "",
             *(str(t["checks"].get(k, 0)) for k in _COUNTS),
             f"{report['seconds']:.1f}",
         )
     )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [max(_width(row[i]) for row in rows) for i in range(len(rows[0]))]
 
     def fmt(row):
-        return "  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+        pads = [" " * (w - _width(cell)) for cell, w in zip(row, widths)]
+        return "  ".join(cell + pad if i < 2 else pad + cell for i, (cell, pad) in enumerate(zip(row, pads)))
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([fmt(rows[0]), rule, *map(fmt, rows[1:-1]), rule, fmt(rows[-1])])
@@ -152,8 +184,8 @@ def _unfinished_exercises(checks: list[dict]) -> dict[int, tuple[str, int]]:
     for c in checks:
         m = _NOT_DONE.search(c["message"].splitlines()[0]) if c["status"] == "failed" and c["message"] else None
         if m:
-            n = int(m.group(1))
-            out[n] = (m.group(2).strip(), out.get(n, ("", 0))[1] + 1)
+            n = int(m.group(1) or m.group(2))
+            out[n] = (m.group(3).strip(), out.get(n, ("", 0))[1] + 1)
     return out
 
 
@@ -164,23 +196,26 @@ def failure_text(report: dict, blocked: bool = True) -> str:
     parts = []
     for r in report["labs"]:
         if r["status"] == "blocked":
-            parts.append(f"⊘ lab {r['lab']} blocked, {r['error']['evalue']}")
+            parts.append(tr("⊘ lab {lab} blocked, {why}", lab=r["lab"], why=r["error"]["evalue"]))
             continue
         if r["status"] != "passed":
-            parts.append(f"✗ lab {r['lab']} {r['status']} (executed notebook: {r['executed']})")
+            status = status_text(r["status"])
+            parts.append(
+                tr("✗ lab {lab} {status} (executed notebook: {path})", lab=r["lab"], status=status, path=r["executed"])
+            )
             unfinished = _unfinished_exercises(r["checks"])
             for n, (what, count) in sorted(unfinished.items()):
-                also = f" ({count} checks wait on it)" if count > 1 else ""
-                parts.append(f"  ✗ exercise {n} not done yet: {what}{also}")
+                also = tr(" ({count} checks wait on it)", count=count) if count > 1 else ""
+                parts.append(tr("  ✗ exercise {n} not done yet: {what}{also}", n=n, what=what, also=also))
             if r["counts"].get("not_run"):
-                parts.append(f"  … {r['counts']['not_run']} check(s) never ran (the lab stopped before them)")
+                parts.append(tr("  … {n} check(s) never ran (the lab stopped before them)", n=r["counts"]["not_run"]))
             for c in r["checks"]:
                 first = c["message"].splitlines()[0] if c["message"] else ""
                 if c["status"] == "failed" and not _NOT_DONE.search(first):
-                    parts.append(f"  ✗ check {c['name']!r} failed in {_where(c)}:")
+                    parts.append(tr("  ✗ check {name!r} failed in {where}:", name=c["name"], where=_where(c)))
                     parts.append(_indent(c["message"]))
                     if c.get("rank") is not None and c.get("detail"):
-                        parts.append(f"    rank {c['rank']}'s traceback:")
+                        parts.append(tr("    rank {rank}'s traceback:", rank=c["rank"]))
                         parts.append(_indent(c["detail"]))
             e = r.get("error")
             if e:
@@ -192,7 +227,9 @@ def failure_text(report: dict, blocked: bool = True) -> str:
         if blocked:
             for c in r["checks"]:
                 if c["status"] == "blocked":
-                    parts.append(f"  ⊘ {r['lab']}: check {c['name']!r} blocked: {c['message']}")
+                    parts.append(
+                        tr("  ⊘ {lab}: check {name!r} blocked: {why}", lab=r["lab"], name=c["name"], why=c["message"])
+                    )
     return "\n".join(parts)
 
 

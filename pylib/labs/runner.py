@@ -34,7 +34,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from pylib.runtime import leftovers
 
-from .notebook import Lab, first_line, learner_version, parameters, tags
+from .notebook import Lab, first_line, learner_version, localised, parameters, tags
 
 MODES = ("solution", "learner")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -222,6 +222,8 @@ def _prepare(lab: Lab, mode: str, overrides: dict | None, out_dir: Path) -> _Pre
         params["solution"] = True
     params["checks_report"] = str(checks_file.resolve())
     effective = {**parameters(ran_nb), **params}
+    if "lang" in params:
+        ran_nb = localised(ran_nb, str(params["lang"]), lab)
     effective.pop("checks_report", None)
     return _Prepared(ran_nb, checks_file, out_dir / f"{lab.name}.ipynb", params, effective)
 
