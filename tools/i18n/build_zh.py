@@ -38,6 +38,9 @@ def zh_config(base: dict) -> dict:
     sphinx = config.setdefault("sphinx", {}).setdefault("config", {})
     sphinx["language"] = "zh_CN"
     sphinx["html_search_language"] = "zh"  # Sphinx's Chinese search splits words with jieba when it is installed
+    # The theme's own texts come from its zh_CN catalog through `language`; the search box's placeholder is Jupyter
+    # Book's default theme option, in English, so it is set here (merged: _config.yml has recursive_update).
+    sphinx.setdefault("html_theme_options", {})["search_bar_text"] = "搜索本书……"
     return config
 
 
