@@ -34,13 +34,19 @@ MEASURES_FILE = sitemap.ROOT / "_build" / "site-measures.json"
 
 def pytest_generate_tests(metafunc):
     """`page` is every HTML page of the built site; `widget_page` those that show saved widgets; `key_page` the
-    few pages that get screenshots."""
+    few pages that get screenshots. `page` covers both editions: the Chinese pages are the site's zh/ folder."""
     pages = sitemap.site_pages() if sitemap.SITE.is_dir() else []
     if "page" in metafunc.fixturenames:
         metafunc.parametrize("page", pages or ["(no built site)"])
     if "widget_page" in metafunc.fixturenames:
-        widget_pages = [p for p in pages if sitemap.WIDGET_VIEW in sitemap.parse(p).script_types]
+        # English only: the controls move the same saved state in both editions (each page's widgets are rendered
+        # and checked in both by test_saved_widgets_render).
+        widget_pages = [
+            p for p in pages if not sitemap.edition(p) and sitemap.WIDGET_VIEW in sitemap.parse(p).script_types
+        ]
         metafunc.parametrize("widget_page", widget_pages or ["(no page with widgets)"])
+    if "edition" in metafunc.fixturenames:  # checks of the table of contents, once per edition ("" or "zh/")
+        metafunc.parametrize("edition", list(sitemap.EDITIONS.values()), ids=list(sitemap.EDITIONS))
     if "key_page" in metafunc.fixturenames:
         metafunc.parametrize("key_page", [d + ".html" for d in sitemap.key_docnames()])
 
@@ -49,6 +55,8 @@ def pytest_generate_tests(metafunc):
 def site() -> Path:
     if not (sitemap.SITE / "index.html").is_file():
         pytest.fail(f"no built site in {sitemap.SITE}: run `make book` first")
+    if not (sitemap.SITE / sitemap.ZH / "index.html").is_file():
+        pytest.fail(f"no Chinese edition in {sitemap.SITE / sitemap.ZH}: run `make book` (tools/i18n/build_zh.py)")
     return sitemap.SITE
 
 

@@ -15,6 +15,11 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "_build" / "html"
+# The two editions, as folders of the site: English at its root, Chinese in zh/ (tools/i18n/build_zh.py). A page
+# is named by its path in the site ("book/part3/tp.html", "zh/book/part3/tp.html"); checks that compare a path with
+# one of the edition's own (its _static/, its chapters) take the page's edition prefix off first (`in_edition`).
+ZH = "zh/"
+EDITIONS = {"en": "", "zh": ZH}
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 LABELS = ROOT / "book" / "labels.yml"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -110,6 +115,20 @@ def site_pages(site: Path = SITE) -> list[str]:
     return pages
 
 
+def edition(page: str) -> str:
+    """The edition prefix of a page of the site: "zh/" for the Chinese edition, "" for the English one."""
+    return ZH if page.startswith(ZH) else ""
+
+
+def in_edition(page: str, target: str) -> str:
+    """A site path resolved from `page`, relative to the root of the page's edition."""
+    return target.removeprefix(edition(page))
+
+
+def edition_pages(prefix: str, site: Path = SITE) -> list[str]:
+    return [p for p in site_pages(site) if edition(p) == prefix]
+
+
 @dataclass
 class Page:
     """The parts of one HTML page the checks read."""
@@ -121,6 +140,8 @@ class Page:
     script_types: list[str] = field(default_factory=list)  # type of every <script>, inline ones included
     stylesheets: list[tuple[str, str]] = field(default_factory=list)  # (href, rel) of <link>
     images: list[tuple[str, str | None]] = field(default_factory=list)  # (src, alt) of <img>
+    lang: str | None = None  # <html lang>
+    language_switch: list[str] = field(default_factory=list)  # href of the links in <p class="language-switch">
 
 
 class _Collector(HTMLParser):
@@ -128,8 +149,20 @@ class _Collector(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.page = Page()
 
+        self._in_switch = False
+
+    def handle_endtag(self, tag):
+        if tag == "p":
+            self._in_switch = False
+
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
+        if tag == "html":
+            self.page.lang = a.get("lang")
+        elif tag == "p" and "language-switch" in (a.get("class") or "").split():
+            self._in_switch = True
+        if tag == "a" and self._in_switch and a.get("href") is not None:
+            self.page.language_switch.append(a["href"])
         if a.get("id"):
             self.page.ids.add(a["id"])
         if tag == "a":

@@ -57,6 +57,7 @@ def test_page_loads_no_asset_from_another_host(site, page):
 
 def test_page_loads_each_script_once_and_only_the_vendored_entry_points(site, page):
     scripts = [sitemap.resolve(page, sitemap.strip_query(src))[0] for src, _ in sitemap.parse(page, site).scripts]
+    scripts = [sitemap.in_edition(page, s) for s in scripts]
     repeated = [s for s, n in Counter(scripts).items() if n > 1]
     assert not repeated, f"{page} loads these scripts more than once: {repeated}"
     # _static/vendor/fontawesome/ is the pydata theme's own; the rest of _static/vendor/ is book/_static/vendor/.
@@ -76,7 +77,7 @@ def test_saved_widget_state_covers_every_widget_view(site, page):
     if views == 0:
         return
     assert states == 1, f"{page}: {views} widget views but {states} saved widget-state scripts"
-    scripts = {sitemap.resolve(page, sitemap.strip_query(s))[0] for s, _ in parsed.scripts}
+    scripts = {sitemap.in_edition(page, sitemap.resolve(page, sitemap.strip_query(s))[0]) for s, _ in parsed.scripts}
     needed = {"_static/vendor/requirejs/require.js", "_static/vendor/html-manager/embed-amd.js"}
     assert needed <= scripts, f"{page} shows widgets but does not load {sorted(needed - scripts)}"
 
@@ -93,7 +94,7 @@ def test_widget_manager_loads_only_on_pages_with_widgets(site, page):
     parsed = sitemap.parse(page, site)
     if parsed.script_types.count(sitemap.WIDGET_VIEW):
         return
-    scripts = {sitemap.resolve(page, sitemap.strip_query(s))[0] for s, _ in parsed.scripts}
+    scripts = {sitemap.in_edition(page, sitemap.resolve(page, sitemap.strip_query(s))[0]) for s, _ in parsed.scripts}
     assert not scripts & WIDGET_SCRIPTS, f"{page} shows no widget but loads {sorted(scripts & WIDGET_SCRIPTS)}"
 
 
@@ -104,8 +105,9 @@ def test_no_page_loads_the_theme_icon_script(site, page):
     """pydata-sphinx-theme's fontawesome.js (1.5 MB) draws nothing its stylesheet's icon fonts do not already draw;
     tools/site/sphinx_site.py leaves it out (and tests/site/test_browser.py checks that every icon is drawn)."""
     scripts = {sitemap.resolve(page, sitemap.strip_query(s))[0] for s, _ in sitemap.parse(page, site).scripts}
+    scripts = {sitemap.in_edition(page, s) for s in scripts}
     assert ICON_SCRIPT not in scripts, f"{page} loads {ICON_SCRIPT}"
-    assert not (site / ICON_SCRIPT).exists(), f"{ICON_SCRIPT} is in the site"
+    assert not (site / sitemap.edition(page) / ICON_SCRIPT).exists(), f"{ICON_SCRIPT} is in the site"
 
 
 # The emoji check marks: without an emoji font (many Linux desktops) they are empty boxes; the book writes ✓ and ✗.
@@ -122,21 +124,21 @@ def test_no_emoji_check_marks(site, page):
     assert not found, f"{page}: emoji check marks {dict(found)} (write ✓ and ✗)"
 
 
-def test_every_chapter_in_the_toc_was_built(site):
-    missing = [d for d in sitemap.toc_docnames() if not (site / f"{d}.html").is_file()]
+def test_every_chapter_in_the_toc_was_built(site, edition):
+    missing = [d for d in sitemap.toc_docnames() if not (site / f"{edition}{d}.html").is_file()]
     assert not missing, f"chapters of _toc.yml with no page in the site: {missing}"
 
 
 # ------------------------------------------------------------------------------------------------ labels
 
 
-def test_labels_of_chapters_in_the_toc_are_defined_by_their_chapter(site):
+def test_labels_of_chapters_in_the_toc_are_defined_by_their_chapter(site, edition):
     in_toc = set(sitemap.toc_docnames())
     missing = []
     for chapter, labels in sitemap.label_map().items():
         if chapter not in in_toc:
             continue
-        ids = sitemap.parse(f"{chapter}.html", site).ids
+        ids = sitemap.parse(f"{edition}{chapter}.html", site).ids
         missing += [f"{label} (in {chapter})" for label in labels if label not in ids]
     assert not missing, (
         "labels of book/labels.yml whose chapter is in the TOC but defines no such anchor "
@@ -173,11 +175,11 @@ def _launch_settings():
 
 
 @pytest.mark.parametrize("docname", _notebook_chapters())
-def test_notebook_page_launches_its_own_source_or_says_how_to_run_it(site, docname):
+def test_notebook_page_launches_its_own_source_or_says_how_to_run_it(site, docname, edition):
     """With a hub configured, one launch link, exactly the one tools/site/launch_links.py makes for the chapter's
     source (the link make hub-test follows); with none, no launch link and the note on running it locally."""
     settings = _launch_settings()
-    page = sitemap.parse(f"{docname}.html", site)
+    page = sitemap.parse(f"{edition}{docname}.html", site)
     launches = [h for h in page.links if "/hub/user-redirect/" in h]
     source = sitemap.source_of(docname).relative_to(sitemap.ROOT).as_posix()
     if not settings.hub_url:
@@ -208,8 +210,8 @@ def test_no_page_links_to_a_placeholder(site):
 
 
 @pytest.mark.parametrize("docname", _notebook_chapters())
-def test_notebook_page_offers_the_executed_notebook_for_download(site, docname):
-    page = f"{docname}.html"
+def test_notebook_page_offers_the_executed_notebook_for_download(site, docname, edition):
+    page = f"{edition}{docname}.html"
     downloads = [h for h in sitemap.parse(page, site).links if h.endswith(".ipynb") and not sitemap.is_external(h)]
     assert downloads, (
         f"{page}: no download link to an .ipynb (tools/site/launch_links.py puts the executed notebook in _sources/ "
@@ -233,11 +235,11 @@ def _lab_names() -> list[str]:
     return sorted(p.name for p in (sitemap.ROOT / "labs").glob("[0-9][0-9]_*.ipynb"))
 
 
-def test_labs_page_launches_every_lab_or_says_how_to_run_it(site):
+def test_labs_page_launches_every_lab_or_says_how_to_run_it(site, edition):
     """With a hub, one launch link per lab in labs/, the one launch_links.launch_url makes for the lab's path; with
     none, no launch link and the section on running a lab locally."""
     settings = _launch_settings()
-    page = sitemap.parse(LABS_PAGE, site)
+    page = sitemap.parse(edition + LABS_PAGE, site)
     launches = [h for h in page.links if "/hub/user-redirect/" in h]
     if not settings.hub_url:
         assert not launches, f"{LABS_PAGE}: launch links with no hub configured: {launches}"
@@ -246,13 +248,13 @@ def test_labs_page_launches_every_lab_or_says_how_to_run_it(site):
     assert launches == [launch_links.launch_url(settings, f"labs/{name}") for name in _lab_names()], launches
 
 
-def test_labs_page_offers_every_learner_version_for_download(site):
+def test_labs_page_offers_every_learner_version_for_download(site, edition):
     """One download per lab in labs/, and each is the learner version (no solution cell, solution = False)."""
-    page = sitemap.parse(LABS_PAGE, site)
+    page = sitemap.parse(edition + LABS_PAGE, site)
     downloads = [h for h in page.links if h.endswith(".ipynb") and "_downloads/" in h and not sitemap.is_external(h)]
     assert sorted(posixpath.basename(h) for h in downloads) == _lab_names(), downloads
     for href in downloads:
-        target, _ = sitemap.resolve(LABS_PAGE, href)
+        target, _ = sitemap.resolve(edition + LABS_PAGE, href)
         notebook = json.loads((site / target).read_text())
         assert notebook["metadata"].get("pylib_lab") == {"version": "learner"}, f"{target}: not the learner version"
         solution_cells = [c for c in notebook["cells"] if "solution" in c.get("metadata", {}).get("tags", [])]

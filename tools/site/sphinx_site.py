@@ -18,6 +18,12 @@ And it takes out a script nothing needs:
   The template has no switch for it, so `drop_icon_script` takes the tag out of each written page and the file out
   of the site. tests/site checks that every icon still renders.
 
+And it adds the language switch:
+
+- `language_switch` puts a link to the same page in the other edition at the top of every page's article: "中文" on
+  an English page (to zh/<page>.html, relative), "English" on a Chinese one (the Chinese site is _build/html/zh/,
+  built by tools/i18n/build_zh.py with Sphinx's language zh_CN). tests/site follows it both ways.
+
 It also loads launch_links (this folder): the launch buttons, the run-locally note and the notebook download.
 """
 
@@ -90,11 +96,32 @@ def drop_icon_script(app, exception) -> None:
         path.unlink()
 
 
+def _is_chinese(app) -> bool:
+    return (app.config.language or "en").lower().startswith("zh")
+
+
+def language_switch_href(pagename: str, chinese: bool) -> str:
+    """The relative link from `pagename` in one edition to the same page in the other."""
+    up = "../" * pagename.count("/")
+    return f"{up}../{pagename}.html" if chinese else f"{up}zh/{pagename}.html"
+
+
+def language_switch(app, pagename: str, templatename: str, context: dict, doctree) -> None:
+    if "body" not in context or app.builder.format != "html":
+        return
+    chinese = _is_chinese(app)
+    text, lang = ("English", "en") if chinese else ("中文", "zh-CN")
+    href = language_switch_href(pagename, chinese)
+    link = f'<p class="language-switch"><a href="{href}" hreflang="{lang}" lang="{lang}">{text}</a></p>\n'
+    context["body"] = link + context["body"]
+
+
 def setup(app) -> dict:
     launch_links.setup(app)
     # Before sphinx-book-theme copies the notebook for its download button (html-page-context, priority 501).
     app.connect("html-page-context", restore_executed_notebook, priority=400)
     # After the extensions that add per-page scripts in html-page-context (myst-nb's widgets: priority 500).
     app.connect("html-page-context", drop_repeated_scripts, priority=900)
+    app.connect("html-page-context", language_switch)
     app.connect("build-finished", drop_icon_script)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,130 @@
+"""tools/i18n on small fixtures: the markup check (a lost role, lost math), the glossary-term check (a term
+translated another way) and the catalog check (a fuzzy entry counts as outdated, an empty one as missing)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from babel.messages.catalog import Catalog
+from babel.messages.pofile import write_po
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools" / "i18n"
+sys.path.insert(0, str(TOOLS))
+import catalogs  # noqa: E402
+import markup  # noqa: E402
+import terms  # noqa: E402
+
+
+def test_markup_kept_is_clean():
+    msgid = "See {numref}`Figure %s <fig-tp>` and $b \\cdot s$ with `all_reduce`, [docs](https://x.org/a)."
+    msgstr = "见 {numref}`图 %s <fig-tp>`，$b \\cdot s$ 与 `all_reduce`，[文档](https://x.org/a)。"
+    assert markup.differences(msgid, msgstr) == []
+
+
+def test_markup_lost_role():
+    faults = markup.differences("As in {ref}`the primer <collectives>`.", "如入门所述。")
+    assert faults == ["role lost: ('ref', 'collectives')"]
+
+
+def test_markup_role_label_changed():
+    faults = markup.differences("{ref}`x <tp-layer>`", "{ref}`张量并行 <tp-层>`")
+    assert "role lost: ('ref', 'tp-layer')" in faults and "role added: ('ref', 'tp-层')" in faults
+
+
+def test_markup_lost_math():
+    faults = markup.differences("Each rank holds $1/t$ of the weights.", "每个 rank 持有权重的 1/t。")
+    assert faults == ["math lost: 1/t"]
+
+
+def test_markup_altered_code_and_link():
+    faults = markup.differences("Call `psum` [here](a.md).", "调用 `psum()` [这里](b.md)。")
+    assert "code lost: psum" in faults and "link lost: a.md" in faults
+
+
+GLOSSARY = """
+| this book | 中文 | from |
+|---|---|---|
+| microbatch | 微批次 | seed A |
+| bubble (pipeline) | 气泡 | seed B |
+| up-projection | 升维 | seed A |
+| up-projection | 上投影 | seed B |
+"""
+
+
+@pytest.fixture
+def glossary(tmp_path):
+    path = tmp_path / "glossary.md"
+    path.write_text(GLOSSARY, encoding="utf-8")
+    return terms.load.__wrapped__(path)
+
+
+def test_glossary_reads_both_renderings(glossary):
+    assert glossary["bubble"] == {"气泡"}
+    assert glossary["up-projection"] == {"升维", "上投影"}
+
+
+def test_term_translated_another_way(glossary):
+    faults = terms.violations("Four microbatches fill the bubble.", "四个微批填满空泡。", glossary)
+    assert sorted(faults) == ["'bubble' is 气泡", "'microbatch' is 微批次"]
+
+
+def test_term_seed_word_passes(glossary):
+    assert terms.violations("The bubble shrinks.", "气泡变小。", glossary) == []
+    assert terms.violations("the up-projection", "上投影", glossary) == []
+
+
+def test_term_inside_code_or_math_is_not_prose(glossary):
+    assert terms.violations("Set `bubble` to $microbatch$.", "把 `bubble` 设为 $microbatch$。", glossary) == []
+
+
+def _po(path: Path, entries: list[tuple[str, str, bool]]) -> None:
+    catalog = Catalog(locale="zh_CN")
+    for msgid, msgstr, fuzzy in entries:
+        catalog.add(msgid, msgstr, flags=["fuzzy"] if fuzzy else [])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        write_po(f, catalog)
+
+
+@pytest.fixture
+def book(tmp_path, monkeypatch, glossary):
+    """A book of two pages: templates in TEMPLATES, catalogs in LOCALE."""
+    templates, locale = tmp_path / "gettext", tmp_path / "locale"
+    for page in ("part3/tp", "part3/pp"):
+        _po((templates / page).with_suffix(".pot"), [("A", "", False)])
+    monkeypatch.setattr(catalogs, "TEMPLATES", templates)
+    monkeypatch.setattr(catalogs, "LOCALE", locale)
+    monkeypatch.setattr(catalogs.terms, "load", lambda: glossary)
+    return locale
+
+
+def test_check_counts_outdated_missing_and_no_catalog(book, capsys):
+    _po(
+        book / "part3" / "tp.po",
+        [
+            ("The bubble.", "气泡。", False),  # fine
+            ("One microbatch.", "一个微批次。", True),  # fuzzy: outdated
+            ("Not yet.", "", False),  # missing
+            ("See $p$.", "见 p。", False),  # math lost
+            ("The bubble grows.", "空泡变大。", False),  # term another way
+        ],
+    )
+    found = catalogs.problems()
+    assert found["part3/pp"] == ["no catalog for this page"]
+    lines = found["part3/tp"]
+    assert "outdated: One microbatch." in lines
+    assert "missing: Not yet." in lines
+    assert any(line.startswith("markup (math lost: p)") for line in lines)
+    assert any(line.startswith("term ('bubble' is 气泡)") for line in lines)
+    assert len(lines) == 4
+    assert catalogs.check() == 1
+    assert "1 missing, 1 outdated, 1 markup, 1 term, 1 no catalog" in capsys.readouterr().out
+
+
+def test_check_passes_when_complete(book):
+    for page in ("tp", "pp"):
+        _po(book / "part3" / f"{page}.po", [("The bubble.", "气泡。", False)])
+    assert catalogs.problems() == {}
+    assert catalogs.check() == 0

@@ -1,0 +1,75 @@
+"""Build the Chinese edition: the same sources and code cells, Sphinx's language zh_CN, pylib's output in Chinese.
+
+    python tools/i18n/build_zh.py [--toc TOC] [--no-move]
+
+It writes a config generated from _config.yml (so nothing is duplicated) to a hidden file in the repository root
+(Jupyter Book resolves the config's relative paths from the config's own folder), runs
+
+    PYLIB_LANG=zh jupyter-book build . --config .i18n-zh.yml --path-output _build/zh -W -n
+
+and moves the site to _build/html/zh/ (English stays at _build/html/). The Chinese build has its own execution
+cache, _build/zh/_build/.jupyter_cache: outputs depend on the language (pylib prints Chinese under PYLIB_LANG=zh),
+and its executed notebooks are in _build/zh/_build/jupyter_execute/ (tests/site compares their numbers with the
+English ones). `--toc` builds only the pages of another table of contents (for measuring one chapter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ZH_CONFIG = ROOT / ".i18n-zh.yml"
+ZH_OUT = ROOT / "_build" / "zh"
+ZH_HTML = ZH_OUT / "_build" / "html"
+SITE_ZH = ROOT / "_build" / "html" / "zh"
+TITLE_ZH = "并行，算出来"
+
+
+def zh_config(base: dict) -> dict:
+    config = yaml.safe_load(yaml.safe_dump(base))  # a deep copy
+    config["title"] = TITLE_ZH
+    sphinx = config.setdefault("sphinx", {}).setdefault("config", {})
+    sphinx["language"] = "zh_CN"
+    sphinx["html_search_language"] = "zh"  # Sphinx's Chinese search splits words with jieba when it is installed
+    # The theme's own texts come from its zh_CN catalog through `language`; the search box's placeholder is Jupyter
+    # Book's default theme option, in English, so it is set here (merged: _config.yml has recursive_update).
+    sphinx.setdefault("html_theme_options", {})["search_bar_text"] = "搜索本书……"
+    return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--toc", help="another table of contents (default: the book's _toc.yml)")
+    parser.add_argument("--lenient", action="store_true", help="warnings are not errors (a partial --toc)")
+    parser.add_argument("--no-move", action="store_true", help="leave the site in _build/zh/_build/html")
+    args = parser.parse_args(argv)
+    config = zh_config(yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8")))
+    ZH_CONFIG.write_text(yaml.safe_dump(config, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT), "--config", str(ZH_CONFIG)]
+    command += ["--path-output", str(ZH_OUT), "-n", "--builder", "html", "--all"]
+    command += [] if args.lenient else ["-W"]
+    if args.toc:
+        command += ["--toc", args.toc]
+    try:
+        subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "PYLIB_LANG": "zh"})
+    except subprocess.CalledProcessError as error:
+        return error.returncode
+    finally:
+        ZH_CONFIG.unlink(missing_ok=True)
+    if not args.no_move:
+        shutil.rmtree(SITE_ZH, ignore_errors=True)
+        SITE_ZH.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(ZH_HTML, SITE_ZH)
+        print(f"Chinese edition in {SITE_ZH.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
