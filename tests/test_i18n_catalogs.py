@@ -88,12 +88,15 @@ def _po(path: Path, entries: list[tuple[str, str, bool]]) -> None:
         write_po(f, catalog)
 
 
+TP_MESSAGES = ("The bubble.", "One microbatch.", "Not yet.", "See $p$.", "The bubble grows.")
+
+
 @pytest.fixture
 def book(tmp_path, monkeypatch, glossary):
     """A book of two pages: templates in TEMPLATES, catalogs in LOCALE."""
     templates, locale = tmp_path / "gettext", tmp_path / "locale"
-    for page in ("part3/tp", "part3/pp"):
-        _po((templates / page).with_suffix(".pot"), [("A", "", False)])
+    _po(templates / "part3" / "tp.pot", [(m, "", False) for m in TP_MESSAGES])
+    _po(templates / "part3" / "pp.pot", [("The bubble.", "", False)])
     monkeypatch.setattr(catalogs, "TEMPLATES", templates)
     monkeypatch.setattr(catalogs, "LOCALE", locale)
     monkeypatch.setattr(catalogs.terms, "load", lambda: glossary)
@@ -123,8 +126,29 @@ def test_check_counts_outdated_missing_and_no_catalog(book, capsys):
     assert "1 missing, 1 outdated, 1 markup, 1 term, 1 no catalog" in capsys.readouterr().out
 
 
+COMPLETE_TP = [
+    ("The bubble.", "气泡。", False),
+    ("One microbatch.", "一个微批次。", False),
+    ("Not yet.", "还没有。", False),
+    ("See $p$.", "见 $p$。", False),
+    ("The bubble grows.", "气泡变大。", False),
+]
+
+
 def test_check_passes_when_complete(book):
-    for page in ("tp", "pp"):
-        _po(book / "part3" / f"{page}.po", [("The bubble.", "气泡。", False)])
+    _po(book / "part3" / "tp.po", COMPLETE_TP)
+    _po(book / "part3" / "pp.po", [("The bubble.", "气泡。", False)])
     assert catalogs.problems() == {}
     assert catalogs.check() == 0
+
+
+def test_check_compares_the_catalogs_with_the_english_as_extracted_now(book):
+    """An English paragraph edited after the last `update`: the new text is missing, the old one outdated."""
+    _po(book / "part3" / "tp.po", COMPLETE_TP)
+    _po(book / "part3" / "pp.po", [("The bubble shrinks.", "气泡变小。", False)])
+    assert catalogs.problems() == {
+        "part3/pp": [
+            "missing (English changed; run update): The bubble.",
+            "outdated (no longer in the English; run update): The bubble shrinks.",
+        ]
+    }

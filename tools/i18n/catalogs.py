@@ -105,6 +105,14 @@ def problems() -> dict[str, list[str]]:
         found.setdefault(str(name), []).append("no catalog for this page")
     for po_path in sorted(LOCALE.rglob("*.po")):
         name = str(po_path.relative_to(LOCALE).with_suffix(""))
+        pot = (TEMPLATES / name).with_suffix(".pot")
+        if pot.is_file():  # the English as extracted now, against the catalog as last updated
+            current = {m.id for m in _entries(_read(pot))}
+            held = {m.id for m in _entries(_read(po_path))}
+            for msgid in sorted(current - held):
+                found.setdefault(name, []).append(f"missing (English changed; run update): {msgid[:70]}")
+            for msgid in sorted(held - current):
+                found.setdefault(name, []).append(f"outdated (no longer in the English; run update): {msgid[:70]}")
         for message in _entries(_read(po_path)):
             short = message.id[:70].replace("\n", " ")
             if not message.string:
