@@ -735,12 +735,12 @@ def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank:
     return peak_saved_bytes(list(chunks), plan.schedule, par.pp, plan.n_microbatches, plan.v, pp_rank)
 
 
-_NO_RECOMPUTE = ("none", "uniform", 1)
+_NO_RC = ("none", "uniform", 1)
 
 
 @functools.lru_cache(maxsize=65536)
 def _chunk_bytes(
-    cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, etp, recompute=_NO_RECOMPUTE, regather=False, ends=False
+    cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, etp, recompute=_NO_RC, regather=False, ends=False
 ) -> tuple[int, ...]:
     return tuple(
         chunk_saved_bytes(
