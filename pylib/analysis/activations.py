@@ -129,7 +129,10 @@ def layer_saved_rows(
     rows replaced by `moe_saved_rows`. recompute="full": the layer's input alone (one layer recomputed whole).
     sp_regather: under SP, the column-parallel linears keep their input as the s/(cp tp) shard and all-gather it
     again in backward (Megatron's choice; `tp.compare_with_korthikanti(regather=True)`); False keeps it gathered,
-    as pylib.tp does."""
+    as pylib.tp does. sp_regather also counts Megatron's layer as Megatron-LM with Transformer Engine keeps it:
+    the fused bias-SwiGLU saves fc1's output [b, s, 2 h_ffn/tp] and fc2's input [b, s, h_ffn/tp] (3 h_ffn-wide
+    tensors, not pylib's 4: gate x, silu(gate x), up x and their product), and the flash kernel's saved output
+    is the very tensor the row-parallel W_O saves as its input (one storage, counted once, without CP)."""
     check_recompute(recompute)
     sp = sequence_parallel and tp > 1
     if recompute == "full":
@@ -144,6 +147,11 @@ def layer_saved_rows(
         for r in tp_analysis.compare_with_korthikanti(cfg, b, s_cp, tp, sequence_parallel=sp, regather=sp_regather)
         if r.ours_bytes and r.item not in CORE_ROWS
     }
+    if sp and sp_regather:  # Megatron's layer (see the docstring): its fused kernels keep fewer tensors
+        if cfg.mlp == "swiglu" and "MLP hidden" in rows:
+            rows["MLP hidden"] = rows["MLP hidden"] * 3 // 4  # fc1's [s, 2 f/t] output and fc2's [s, f/t] input
+        if cp == 1 and attention == "flash" and recompute != "selective":
+            rows.pop("W_O input (attention output)", None)  # the flash kernel's saved output, one storage
     core = "attention core" + (f" ({cp_kind})" if cp > 1 else f" ({attention})")
     if recompute == "selective":
         rows[core + ", recomputed: q, k, v"] = recompute_analysis.core_input_bytes(cfg, b, s, tp, cp)
@@ -208,11 +216,13 @@ def chunk_saved_bytes(
     recompute_method: str = "uniform",
     recompute_num_layers: int = 1,
     sp_regather: bool = False,
+    balance_ends: bool = False,
 ) -> list[int]:
     """Bytes one microbatch's forward keeps in each chunk of pipeline rank `pp_rank` (a list of v numbers).
     expert_rows: {layer: R} measured; missing layers take the expectation. recompute, recompute_method,
     recompute_num_layers: `pylib.plan.recompute`, the groups counted within each chunk (as pylib.compose runs them).
-    sp_regather: Megatron's SP (the column-parallel linears' inputs kept as shards, `layer_saved_rows`)."""
+    sp_regather: Megatron's SP (the column-parallel linears' inputs kept as shards, `layer_saved_rows`).
+    balance_ends: Llama 3's uneven split (`split_layers`)."""
     check_recompute(recompute, recompute_method, recompute_num_layers)
     kept = "selective" if recompute == "selective" else "none"  # what a layer outside a recomputed group keeps
     out = []
@@ -231,7 +241,7 @@ def chunk_saved_bytes(
             same[cfg.is_moe_layer(i)] = sum(rows.values())
         return sum(rows.values())
 
-    for c, layers in enumerate(chunk_layers(cfg.n_layers, pp, v, pp_rank)):
+    for c, layers in enumerate(split_layers(cfg.n_layers, pp, v, pp_rank, balance_ends)):
         stage = c * pp + pp_rank
         total = sum(stage_end_rows(cfg, b, s, first=stage == 0, last=stage == pp * v - 1, **kw).values())
         for group, whole in recompute_groups(len(layers), recompute, recompute_method, recompute_num_layers):
@@ -241,6 +251,17 @@ def chunk_saved_bytes(
                 total += sum(layer(layers[k]) for k in group)
         out.append(total)
     return out
+
+
+def split_layers(n_layers: int, pp: int, v: int, pp_rank: int, balance_ends: bool = False) -> list[range]:
+    """The layers of each chunk of pipeline rank `pp_rank`: `pylib.plan.split.chunk_layers`, or with `balance_ends`
+    Llama 3's split (Grattafiori et al. 2024, section 3.3.2): one layer fewer on the first and on the last virtual
+    stage, the embedding and the LM head in their place -- L + 2 slots cut into p v equal virtual stages, slot 0
+    the embedding, slot L + 1 the head (126 layers, p 16, v 8: the first chunk of rank 0 holds the embedding alone,
+    the last chunk of rank 15 the head alone). The analysis only: pylib.pp cuts equal stages."""
+    if not balance_ends:
+        return chunk_layers(n_layers, pp, v, pp_rank)
+    return [range(max(r.start - 1, 0), min(r.stop - 1, n_layers)) for r in chunk_layers(n_layers + 2, pp, v, pp_rank)]
 
 
 @functools.lru_cache(maxsize=4096)

@@ -53,6 +53,8 @@ class Run:
     tp_comm_overlap: bool = True
     fit: bool = False
     flops_layers: int | None = None
+    # The pipeline split: Llama 3's (one layer fewer on the first and the last virtual stage, `Plan.balance_ends`).
+    balance_ends: bool = False
     # The gradients' dtype in the DP reduction. No source states it; Megatron-LM defaults to fp32 for bf16, NVIDIA's
     # own H100 performance scripts pass --grad-reduce-in-bf16 (examples/llama/train_llama3_8b_h100_fp8.sh), and
     # these are tuned benchmark runs: bf16 (the ZeRO paper's 2 bytes per gradient).
@@ -76,12 +78,11 @@ def _gpt(h: int, heads: int, layers: int) -> dict:
 _MLM = "Megatron-LM README, images/model_table.png (H100, s = 4096)"
 _L3 = "Llama 3 paper, Table 4 (405B on H100, BF16)"
 # Llama 3 405B (Table 3): 126 layers, h 16384, FFN 53248, 128 heads, 8 K/V heads, V 128256, SwiGLU. Meta removes
-# one layer from the first and the last of the 16 stages; pylib's split needs equal stages, so the planner runs
-# 128 layers (1.6% more work per step) and the FLOPs are counted for 126.
+# one layer from the first and the last stage (section 3.3.2): the analysis' `balance_ends` split, 126 = 128 - 2.
 _LLAMA3_405B = dict(
     vocab_size=128256,
     d_model=16384,
-    n_layers=128,
+    n_layers=126,
     n_heads=128,
     n_kv_heads=8,
     d_ff=53248,
@@ -100,8 +101,8 @@ RUNS = (
     Run("GPT 177B", _MLM, _gpt(12288, 96, 96), 2304, 4096, 1152, 8, 6, 48, tflops=432.8, fit=True),
     Run("GPT 314B", _MLM, _gpt(16384, 128, 96), 3072, 4096, 1536, 8, 8, 48, tflops=474.4),
     Run("GPT 462B", _MLM, _gpt(18432, 144, 112), 6144, 4096, 3072, 8, 16, 48, tflops=459.9),
-    Run("Llama 3 405B", _L3, _LLAMA3_405B, 8192, 8192, 2048, 8, 16, 64, tflops=430, flops_layers=126),
-    Run("Llama 3 405B", _L3, _LLAMA3_405B, 16384, 8192, 2048, 8, 16, 128, tflops=400, flops_layers=126),
+    Run("Llama 3 405B", _L3, _LLAMA3_405B, 8192, 8192, 2048, 8, 16, 64, tflops=430, balance_ends=True),
+    Run("Llama 3 405B", _L3, _LLAMA3_405B, 16384, 8192, 2048, 8, 16, 128, tflops=400, balance_ends=True),
 )
 FIT_ROWS = tuple(i for i, r in enumerate(RUNS) if r.fit)
 HOLDOUT_ROWS = tuple(i for i, r in enumerate(RUNS) if not r.fit)
@@ -174,7 +175,8 @@ def evaluate(run: Run, cfg, model: CostModel | None = None, *, search: bool = Fa
     """The planner on one run: the best plan with the published mesh (LAYOUT_SEARCH for the rest); with `search`
     also the best `top` plans of every mesh (same knobs) and the published mesh's place among them."""
     work, c = workload(run), cluster(run, model)
-    plans = P.enumerate_plans(cfg, run.gpus, run.batch, run.seq, meshes=(run.par,), **LAYOUT_SEARCH)
+    ends = dict(balance_ends=run.balance_ends)
+    plans = P.enumerate_plans(cfg, run.gpus, run.batch, run.seq, meshes=(run.par,), **LAYOUT_SEARCH, **ends)
     if not plans:
         raise ValueError(f"{run.name}: the planner accepts no plan with the published mesh {run.par.describe()}")
     mine = P.rank_plans(cfg, work, c, top=1, plans=plans)[0]
@@ -182,7 +184,7 @@ def evaluate(run: Run, cfg, model: CostModel | None = None, *, search: bool = Fa
     tflops = flops / (run.gpus * mine.step_time) / 1e12
     if not search:
         return Evaluated(run, mine, tflops)
-    ranked = P.rank_plans(cfg, work, c, top=top, **LAYOUT_SEARCH, **MESH_SEARCH)
+    ranked = P.rank_plans(cfg, work, c, top=top, **LAYOUT_SEARCH, **MESH_SEARCH, **ends)
     faster = [x for x in ranked if x.step_time < mine.step_time and x.plan.par != run.par]
     return Evaluated(run, mine, tflops, ranked[0], len(faster) + 1)
 

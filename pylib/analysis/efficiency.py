@@ -30,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pylib.plan.heads import kv_heads_per_rank
-from pylib.plan.split import chunk_layers
 
+from .activations import split_layers
 from .recompute import extra_forward_flops
 from .shapes import dtype_bytes
 
@@ -119,7 +119,7 @@ def microbatch_seconds(
     elem = model.c_elem * e * tokens * cfg.d_model * (0.5 / t_s + 0.5 / tp) / hbm_bandwidth
     fwd = bwd = core_total = dgrad = 0.0
     n_stages = par.pp * plan.v
-    for c, layers in enumerate(chunk_layers(cfg.n_layers, par.pp, plan.v, pp_rank)):
+    for c, layers in enumerate(split_layers(cfg.n_layers, par.pp, plan.v, pp_rank, plan.balance_ends)):
         stage = c * par.pp + pp_rank
         for i in layers:
             moe = cfg.moe is not None and cfg.is_moe_layer(i)

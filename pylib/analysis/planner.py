@@ -69,7 +69,6 @@ from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
 from pylib.plan.options import CP_KINDS, SEQUENCE_PARALLEL, ZERO_STAGES, MixedPrecision, RunOptions
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
-from pylib.plan.split import chunk_layers
 
 from . import compose as compose_analysis
 from . import cp as cp_analysis
@@ -77,7 +76,7 @@ from . import dp as dp_analysis
 from . import ep as ep_analysis
 from . import pp as pp_analysis
 from . import tp as tp_analysis
-from .activations import ATTENTION_KERNELS, chunk_saved_bytes, expected_expert_rows, peak_saved_bytes
+from .activations import ATTENTION_KERNELS, chunk_saved_bytes, expected_expert_rows, peak_saved_bytes, split_layers
 from .efficiency import CostModel, MicrobatchTime, microbatch_seconds
 from .shapes import dtype_bytes, kv_heads_per_rank, weight_shapes
 
@@ -172,7 +171,10 @@ class Plan:
     parallelism rather than pylib's -- the column-parallel linears (QKV, the MLP's first, the LM head) save their
     input as the s/(cp tp) shard and all-gather it again in backward (Megatron-Core's
     `LinearWithGradAccumulationAndAsyncCommunication`, launched async under the input-gradient GEMM); pylib.tp
-    saves the gathered input. Not a `RunOptions` field: pylib.compose has one SP, the planner predicts both."""
+    saves the gathered input. Not a `RunOptions` field: pylib.compose has one SP, the planner predicts both.
+    balance_ends: Llama 3's uneven split, one layer fewer on the first and the last virtual stage
+    (`activations.split_layers`); the analysis only (pylib.pp cuts equal stages), so `problems` checks the L + 2
+    slots, and the TP traffic of ranks 0 and p-1 is counted for their slots' layers (one layer too many each)."""
 
     par: ParallelConfig
     sequence_parallel: bool = SEQUENCE_PARALLEL
@@ -184,6 +186,7 @@ class Plan:
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
     sp_regather: bool = False
+    balance_ends: bool = False
 
     @property
     def schedule(self) -> str:
@@ -270,7 +273,16 @@ def _divisors(n: int) -> list[int]:
 def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str]:
     """Every constraint `plan` breaks (`pylib.plan.problems`, what `pylib.compose` checks before it runs); empty
     when the composed model runs it."""
-    return plan_problems(cfg, plan.par, world_size, batch=batch, seq=seq, options=plan.run_options)
+    return plan_problems(_slots(cfg, plan), plan.par, world_size, batch=batch, seq=seq, options=plan.run_options)
+
+
+def _slots(cfg, plan: Plan):
+    """The model the pipeline split sees: `cfg`, or with `plan.balance_ends` its L + 2 slots (a dense model)."""
+    if not plan.balance_ends:
+        return cfg
+    if cfg.moe is not None:
+        raise ValueError("balance_ends: Llama 3's split is modelled for dense models only")
+    return replace(cfg, n_layers=cfg.n_layers + 2)
 
 
 def enumerate_plans(
@@ -291,6 +303,7 @@ def enumerate_plans(
     tp_sizes: tuple[int, ...] | None = None,
     cp_sizes: tuple[int, ...] | None = None,
     sp_regather: bool = False,
+    balance_ends: bool = False,
 ) -> list[Plan]:
     """Every plan `pylib.plan.problems` accepts for `cfg` on `world_size` ranks and a global batch [batch, seq], each
     once (`canonical`). Candidates: tp cp dp pp = world_size; for an MoE model every ep, etp with ep etp pp
@@ -301,7 +314,8 @@ def enumerate_plans(
     group, or (recompute, method, num_layers) triples such as ("full", "block", 2)); the rank order `order` is
     fixed (Megatron's default). meshes: only these (tp, cp, ep, dp, pp, etp), e.g. a published layout, with every
     other knob still varied. tp_sizes / cp_sizes: only these TP / CP sizes when given. sp_regather: every SP plan
-    predicted as Megatron runs SP (`Plan.sp_regather`)."""
+    predicted as Megatron runs SP (`Plan.sp_regather`). balance_ends: with PP, Llama 3's uneven split
+    (`Plan.balance_ends`) wherever L + 2 slots cut into equal stages, the equal split elsewhere."""
     _positive(world_size=world_size, batch=batch, seq=seq)
     moe = cfg.moe is not None
     out = []
@@ -319,7 +333,9 @@ def enumerate_plans(
                         for etp in _divisors(world_size // (pp * ep))
                         if expert_tp is None or etp in expert_tp
                     ]
-                vs = [1] if pp == 1 or cfg.n_layers % pp else [v for v in _divisors(cfg.n_layers // pp)]
+                ends = balance_ends and pp > 1 and (cfg.n_layers + 2) % pp == 0
+                slots = cfg.n_layers + 2 if ends else cfg.n_layers
+                vs = [1] if pp == 1 or slots % pp else [v for v in _divisors(slots // pp)]
                 if virtual_stages is not None:
                     vs = [v for v in vs if v in virtual_stages or v == 1]
                 ms = _divisors(batch // dp)
@@ -336,7 +352,7 @@ def enumerate_plans(
                                 for v in vs:
                                     for m, rc in ((m, rc) for m in ms for rc in recompute):
                                         rc = (rc, "uniform", 1) if isinstance(rc, str) else rc
-                                        plan = Plan(par, sp, kind, zero, m, v, *rc, sp_regather and sp)
+                                        plan = Plan(par, sp, kind, zero, m, v, *rc, sp_regather and sp, ends)
                                         if not problems(cfg, plan, world_size, batch, seq):
                                             out.append(plan)
     return out
@@ -419,11 +435,12 @@ def flat_layouts(cfg, plan: Plan, pp_rank: int, world_size: int | None = None) -
     par = plan.par
     world = par.world_size if world_size is None else world_size
     key = (par.tp, par.ep, par.etp, par.pp, plan.v, pp_rank, plan.zero_stage, plan.dp_cp, par.expert_dp(world))
+    key += (plan.balance_ends,)
     return list(_flat_layouts(cfg, *key))
 
 
 @functools.lru_cache(maxsize=16384)
-def _flat_layouts(cfg, tp, ep, etp, pp, v, pp_rank, zero, d_dense, d_expert) -> tuple[FlatLayout, ...]:
+def _flat_layouts(cfg, tp, ep, etp, pp, v, pp_rank, zero, d_dense, d_expert, ends=False) -> tuple[FlatLayout, ...]:
     sz = _sizes(cfg, tp, ep, etp)
     e = dtype_bytes(cfg.dtype)
     n_stages = pp * v
@@ -435,7 +452,7 @@ def _flat_layouts(cfg, tp, ep, etp, pp, v, pp_rank, zero, d_dense, d_expert) -> 
             parts = d if zero else 1
             out.append(_Layout(key, axis, tuple(range(d)), cfg.dtype, e, entries, parts))
 
-    for c, layers in enumerate(chunk_layers(cfg.n_layers, pp, v, pp_rank)):
+    for c, layers in enumerate(split_layers(cfg.n_layers, pp, v, pp_rank, ends)):
         stage = c * pp + pp_rank
         units: list[tuple[str, list, list]] = []  # (unit, dense, expert) in registration order
         if stage == 0:
@@ -620,7 +637,8 @@ def expected_routing(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> lis
     T, k, E = b * s_out, cfg.moe.top_k, cfg.moe.n_experts
     counts = [[Fraction(T * k, E)] * (E // par.ep) for _ in range(par.ep)]  # [ep, E_local], exact
     rows = [expected_expert_rows(T, k)] * par.etp
-    layers = [i for c in chunk_layers(cfg.n_layers, par.pp, plan.v, pp_rank) for i in c if cfg.is_moe_layer(i)]
+    layers = [i for c in split_layers(cfg.n_layers, par.pp, plan.v, pp_rank, plan.balance_ends) for i in c]
+    layers = [i for i in layers if cfg.is_moe_layer(i)]
     return [(i, counts, counts, rows) for _ in range(plan.n_microbatches) for i in layers]
 
 
@@ -649,6 +667,7 @@ def rank_traffic_rows(
     if moe_routing is not None:
         return compose_analysis.step_traffic(cfg, plan.par, moe_routing=moe_routing, **kw)
     routing = expected_routing(cfg, plan, batch, seq, pp_rank)
+    cfg = _slots(cfg, plan)  # compose cuts equal stages: the slots' layers (see `Plan`)
     rows = compose_analysis.step_traffic(cfg, plan.par, moe_routing=routing[:1], **kw)
     if len(routing) <= 1:
         return rows
@@ -672,6 +691,7 @@ def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: i
     par = plan.par
     world = par.world_size if world_size is None else world_size
     key = (par.tp, par.ep, par.etp, par.pp, plan.v, pp_rank, plan.zero_stage, plan.dp_cp, par.expert_dp(world))
+    key += (plan.balance_ends,)
     params, grads, optim, gathered = _state(
         cfg, key, workload.precision, workload.optimizer_states, workload.grad_bytes
     )
@@ -710,13 +730,17 @@ def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank:
         par.etp,
         (plan.recompute, plan.recompute_method, plan.recompute_num_layers),
         plan.sp_regather,
+        plan.balance_ends,
     )
     return peak_saved_bytes(list(chunks), plan.schedule, par.pp, plan.n_microbatches, plan.v, pp_rank)
 
 
+_NO_RC = ("none", "uniform", 1)
+
+
 @functools.lru_cache(maxsize=65536)
 def _chunk_bytes(
-    cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, etp, recompute=("none", "uniform", 1), regather=False
+    cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, etp, recompute=_NO_RC, regather=False, ends=False
 ) -> tuple[int, ...]:
     return tuple(
         chunk_saved_bytes(
@@ -736,6 +760,7 @@ def _chunk_bytes(
             recompute_method=recompute[1],
             recompute_num_layers=recompute[2],
             sp_regather=regather,
+            balance_ends=ends,
         )
     )
 
@@ -895,7 +920,7 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
     par = plan.par
     e = dtype_bytes(cfg.dtype)
     m, b, s_cp = plan.n_microbatches, plan.micro_batch(workload.batch), workload.seq // par.cp
-    held = [i for c in chunk_layers(cfg.n_layers, par.pp, plan.v, 0) for i in c]
+    held = [i for c in split_layers(cfg.n_layers, par.pp, plan.v, 0, plan.balance_ends) for i in c]
     intra = _bandwidths(plan, cluster)
 
     def bw(axis):
