@@ -578,4 +578,10 @@ MESSAGES: dict[str, str] = {
     "the two": "两者比较",
     "agrees": "一致",
     "agrees; seed A is less specific": "一致；seed A 说得不够具体",
+    # Part 0-II prints (pc2)
+    "contributed {rank}, all-reduce gave {sum:g}; traced {op} over ranks {group}, sent {sent} B": "贡献 {rank}，All-Reduce 得到 {sum:g}；追踪到 {op}，进程号 {group}，发送 {sent} B",
+    "4 ranks on {backend}: every rank holds the sum {sum:g} and sent {sent} bytes": "{backend} 上的 4 个进程号：每个进程号都持有总和 {sum:g}，发送了 {sent} 字节",
+    "contributed": "贡献",
+    "all-reduce gave": "All-Reduce 得到",
+    "world size": "进程数",
 }
