@@ -604,4 +604,8 @@ MESSAGES: dict[str, str] = {
     "error per position: {errs}": "各位置的误差：{errs}",
     "unmasked scores per rank: {per_rank}": "每个进程号未被掩码的分数个数：{per_rank}",
     "positions from 0 on each rank: {local}   global positions: {glob}": "每个进程号从 0 开始编位置：{local}   全局位置：{glob}",
+    "RMSNorm: {rms}  causal conv: {conv}  mean pooling: {pool}": "RMSNorm：{rms}  因果卷积：{conv}  平均池化：{pool}",
+    "causal conv, wrong positions: {rows}": "因果卷积出错的位置：{rows}",
+    "s = {s:2d}: receives {recv:5d} B of K and V, {scores:4d} scores": "s = {s:2d}：接收 {recv:5d} B 的 K 和 V，计算 {scores:4d} 个分数",
+    "MHA: {mha} B, GQA with 2 K/V heads: {gqa} B; scores computed: {mha_scores} and {gqa_scores}": "MHA：{mha} B，2 个 K/V head 的 GQA：{gqa} B；计算的分数：{mha_scores} 和 {gqa_scores}",
 }
