@@ -608,4 +608,13 @@ MESSAGES: dict[str, str] = {
     "causal conv, wrong positions: {rows}": "因果卷积出错的位置：{rows}",
     "s = {s:2d}: receives {recv:5d} B of K and V, {scores:4d} scores": "s = {s:2d}：接收 {recv:5d} B 的 K 和 V，计算 {scores:4d} 个分数",
     "MHA: {mha} B, GQA with 2 K/V heads: {gqa} B; scores computed: {mha_scores} and {gqa_scores}": "MHA：{mha} B，2 个 K/V head 的 GQA：{gqa} B；计算的分数：{mha_scores} 和 {gqa_scores}",
+    "the axes of a ParallelConfig: {axes}": "ParallelConfig 的轴：{axes}",
+    "  rank 0's {key:3s} group: {group}": "  进程号 0 的 {key:3s} 组：{group}",
+    "rank 0 sends {tp} B under TP, {tp_sp} B under TP + SP; green zone saved for backward: {green_tp} B -> {green_sp} B": "进程号 0 在 TP 下发送 {tp} B，在 TP + SP 下发送 {tp_sp} B；为反向保存的绿区：{green_tp} B -> {green_sp} B",
+    "TP = 2 × DP = 2, SP, DP ranks adjacent": "TP = 2 × DP = 2, SP，DP 进程号相邻",
+    "TP = 2 × CP = 2, no SP": "TP = 2 × CP = 2，不带 SP",
+    "{name:40s} GPU 0..3 hold {held}: seed A's placement? {verdict}": "{name:40s} GPU 0..3 持有 {held}：符合种子 A 的放置？{verdict}",
+    "attention scores per rank, causal: {work}": "每个进程号的 attention 分数个数（因果）：{work}",
+    "dispatch, rows GPU -> GPU: {sent} ; rows computed per GPU: {computed}": "分发，GPU -> GPU 的行数：{sent}；每个 GPU 计算的行数：{computed}",
+    "MoE on two halves: {mark}, max |difference| {err:.1e}, {ops} ops communicated": "MoE 在两半上运行：{mark}，最大 |差| {err:.1e}，通信了 {ops} 次操作",
 }
