@@ -116,7 +116,10 @@ def ring_round_rows(rounds: list[dict]) -> list[list[str]]:
     seen = [sorted({row["holds"][i] for row in rounds}) for i in range(n)]
     rows.append(
         [i18n.tr("end")]
-        + [i18n.tr("Q{i} saw {k} of {n} ✓", i=i, k=len(s), n=n) if len(s) == n else f"Q{i} ✗" for i, s in enumerate(seen)]
+        + [
+            i18n.tr("Q{i} saw {k} of {n} ✓", i=i, k=len(s), n=n) if len(s) == n else f"Q{i} ✗"
+            for i, s in enumerate(seen)
+        ]
     )
     return rows
 
@@ -170,7 +173,9 @@ def traffic_cell(results: list[dict], step: str) -> str:
         if e["op"] == "send":
             return i18n.tr("send {shape} to rank {peer}: {bytes} B", shape=shape, peer=e["peer"], bytes=e["bytes_sent"])
         if e["op"] == "recv":
-            return i18n.tr("recv {shape} from rank {peer}: {bytes} B", shape=shape, peer=e["peer"], bytes=e["bytes_recv"])
+            return i18n.tr(
+                "recv {shape} from rank {peer}: {bytes} B", shape=shape, peer=e["peer"], bytes=e["bytes_recv"]
+            )
         return i18n.tr("{op} of {shape}: receives {bytes} B", op=e["op"], shape=shape, bytes=e["bytes_recv"])
 
     return "; ".join(one(e) for e in mine)
@@ -190,7 +195,9 @@ def _ops(events, phase: str | None = None) -> str:
 def _ep_holds(res: dict) -> str:  # seed A counts experts from 1; pylib from 0
     experts = ", ".join(str(e + 1) for e in res["experts_held"])
     routed = "; ".join(
-        i18n.tr("{token} → experts {experts}", token=row["token"], experts=", ".join(str(e + 1) for e in row["experts"]))
+        i18n.tr(
+            "{token} → experts {experts}", token=row["token"], experts=", ".join(str(e + 1) for e in row["experts"])
+        )
         for row in res["table"]
     )
     return i18n.tr(
@@ -220,9 +227,11 @@ def three_axes_table(dp: list[dict], cp: list[dict], tp: list[dict], ep: list[di
          i18n.tr("forward: none; backward: {ops}", ops=_ops(dp[0]["events"]))],
         ["SP / CP", "seq", f"The cat, A dog: x {_shape(cp[0]['x'])}", f"sat here, ran fast: x {_shape(cp[1]['x'])}",
          i18n.tr("✓ ① ②; ③ needs the other half's K/V"), f"① ②: {_ops(cp[0]['events'])}"],
-        ["TP", i18n.tr("d (the weights)"), tp_holds(0), tp_holds(1), i18n.tr("✓ Q side by side; MLP after the all-reduce"),
+        ["TP", i18n.tr("d (the weights)"), tp_holds(0), tp_holds(1),
+         i18n.tr("✓ Q side by side; MLP after the all-reduce"),
          i18n.tr("Q: none; MLP: {ops}", ops=_ops(tp[0]["events"]))],
-        ["EP (MoE)", i18n.tr("experts (⑥ only)"), _ep_holds(ep[0]), _ep_holds(ep[1]), i18n.tr("✓ every token's MoE output"),
+        ["EP (MoE)", i18n.tr("experts (⑥ only)"), _ep_holds(ep[0]), _ep_holds(ep[1]),
+         i18n.tr("✓ every token's MoE output"),
          _ops(ep[0]["events"])],
     ]  # fmt: skip
     caption = i18n.tr(
