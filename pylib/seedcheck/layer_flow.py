@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pylib import i18n
+
 # Seed A numbers the Pre-LN layer ① .. ⑥; each stage is made of these submodules of a Block (in call order).
 STAGE_TITLES = {
     1: "LayerNorm",
@@ -36,6 +38,18 @@ STAGE_OF_MODULE = {
     "mlp.up_proj": 6,
     "mlp.down_proj": 6,
 }
+
+
+def stage_title(number: int) -> str:
+    """Stage `number`'s title in the reader's language (STAGE_TITLES keeps the English, which code compares)."""
+    return {
+        1: i18n.tr("LayerNorm"),
+        2: i18n.tr("QKV projection"),
+        3: i18n.tr("attention"),
+        4: i18n.tr("output projection W_o, + residual"),
+        5: i18n.tr("LayerNorm"),
+        6: i18n.tr("MLP, + residual"),
+    }[number]
 
 
 CIRCLED = {1: "①", 2: "②", 3: "③", 4: "④", 5: "⑤", 6: "⑥"}
@@ -62,7 +76,7 @@ class FlowStage:
 
     @property
     def label(self) -> str:
-        return f"{CIRCLED[self.number]} {self.title}"
+        return f"{CIRCLED[self.number]} {stage_title(self.number)}"
 
     @property
     def module_names(self) -> list[str]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
+from pylib import i18n
+
 from . import style
 
 
@@ -58,9 +60,9 @@ def fig_collective_shards(cases):
             arrowprops=dict(arrowstyle="->", color=style.COMM, lw=1.6),
         )
         for r in range(n):
-            ax.text(-0.15, -r - 0.5, f"rank {r}", ha="right", va="center", fontsize=9)
-        ax.text(k / 2, 0.25, "before", ha="center", va="bottom", fontsize=9, color=style.MUTED)
-        ax.text(x_after + k2 / 2, 0.25, "after", ha="center", va="bottom", fontsize=9, color=style.MUTED)
+            ax.text(-0.15, -r - 0.5, i18n.tr("rank {r}", r=r), ha="right", va="center", fontsize=9)
+        ax.text(k / 2, 0.25, i18n.tr("before"), ha="center", va="bottom", fontsize=9, color=style.MUTED)
+        ax.text(x_after + k2 / 2, 0.25, i18n.tr("after"), ha="center", va="bottom", fontsize=9, color=style.MUTED)
         ax.set_title(name, fontsize=11, pad=4)
         ax.set_xlim(-1.9, x_after + max(k2, 4) + 0.1)
         ax.set_ylim(-n - 0.1, 1.0)
@@ -88,7 +90,7 @@ def fig_ring_steps(held, *, title="Ring all-reduce on real ranks: the ranks summ
     axes[1, 0].text(
         0.5,
         0.5,
-        "cell: the ranks\nsummed into it\nΣ: all of them\n\nthick edge: the\nchunk received\nat this step",
+        i18n.tr("cell: the ranks\nsummed into it\nΣ: all of them\n\nthick edge: the\nchunk received\nat this step"),
         ha="center",
         va="center",
         fontsize=9,
@@ -105,7 +107,7 @@ def fig_ring_steps(held, *, title="Ring all-reduce on real ranks: the ranks summ
                 label = "Σ" if len(ranks) == n else "".join(map(str, ranks))
                 _cell(ax, c, -r - 1, label, fill, edge=edge, lw=lw, fontsize=10 if len(label) < 3 else 9)
         phase = "input" if s == 0 else ("reduce-scatter" if s < n else "all-gather")
-        ax.set_title(f"step {s}: {phase}" if s else "input", fontsize=9, pad=3)
+        ax.set_title(i18n.tr("step {s}: {phase}", s=s, phase=phase) if s else i18n.tr("input"), fontsize=9, pad=3)
         ax.set_xlim(-0.05, n + 0.05)
         ax.set_ylim(-n - 0.05, 0.05)
         ax.set_aspect("equal")

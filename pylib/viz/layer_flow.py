@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from matplotlib.patches import Circle, FancyArrowPatch, FancyBboxPatch, Rectangle
 
+from pylib import i18n
 from pylib.seedcheck.layer_flow import FlowStage
 
 from . import style
@@ -31,11 +32,11 @@ def _stage_detail(stage: FlowStage, mlp_kind: str | None = None) -> str:
     kinds = {c.kind for c in stage.calls}
     if kinds == {"LayerNorm"}:
         c = stage.calls[0]
-        return f"{c.name}: γ, β [{c.weight_shape[0]}], per row"
+        return i18n.tr("{name}: γ, β [{n}], per row", name=c.name, n=c.weight_shape[0])
     if stage.number == 3:
         c = stage.calls[0]
         s = c.in_shape[2]
-        return f"softmax(Q Kᵀ/√d_head) V, scores [{s}×{s}] per head"
+        return i18n.tr("softmax(Q Kᵀ/√d_head) V, scores [{s}×{s}] per head", s=s)
     parts = [lin(c) for c in stage.calls if c.weight_shape is not None]
     if stage.number == 6:
         act = (mlp_kind or "gelu").upper()
@@ -94,7 +95,7 @@ def _residual_add(ax, yc, prev_bottom, branch, r=0.17):
     ax.text(XM, yc, "+", ha="center", va="center", fontsize=11)
     ax.plot([XM, XR, XR], [branch, branch, yc], color=style.MUTED, linewidth=1.2)
     _arrow(ax, (XR, yc), (XM + r, yc))
-    ax.text(XR + 0.12, (branch + yc) / 2, "residual", rotation=90, ha="left", va="center", fontsize=9)
+    ax.text(XR + 0.12, (branch + yc) / 2, i18n.tr("residual"), rotation=90, ha="left", va="center", fontsize=9)
 
 
 def _legend(ax, yl, legend: dict[str, str]):
@@ -139,10 +140,17 @@ def draw_layer_flow(
         if prev_bottom is not None:
             _arrow(ax, (XM, prev_bottom), (XM, yc + HALF))
         if kind == "input":
-            _box(ax, yc, f"layer input x {list(first.in_shape)}   [b, s, h]", "none")
+            _box(ax, yc, i18n.tr("layer input x {shape}   [b, s, h]", shape=list(first.in_shape)), "none")
             branch = yc - HALF - 0.3
         elif kind == "output":
-            _box(ax, yc, f"layer output {list(last.in_shape[:-1]) + [last.out_shape[-1]]}   → the next layer", "none")
+            _box(
+                ax,
+                yc,
+                i18n.tr(
+                    "layer output {shape}   → the next layer", shape=list(last.in_shape[:-1]) + [last.out_shape[-1]]
+                ),
+                "none",
+            )
         else:
             _box(ax, yc, stage.label, COLOURS[colours.get(stage.number, "neutral")], _stage_detail(stage, mlp_kind))
         prev_bottom = yc - HALF

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from matplotlib.patches import Rectangle
 
+from pylib import i18n
+
 from . import style
 from .layer_flow import COLOURS
 
@@ -52,7 +54,7 @@ def draw_three_axes(
     handles = [Rectangle((0, 0), 1, 1, facecolor=COLOURS[f"rank{r}"]) for r in range(len(panels[0][1]))]
     fig.legend(
         handles,
-        [f"rank {r}" for r in range(len(handles))],
+        [i18n.tr("rank {r}", r=r) for r in range(len(handles))],
         loc="lower center",
         ncol=len(handles),
         fontsize=9,
