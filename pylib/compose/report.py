@@ -11,9 +11,9 @@ superposition claim is that the per-rank bytes are 1/(tp*cp*dp) of the single-de
 from __future__ import annotations
 
 from pylib.analysis.compose import Traffic, per_axis, step_traffic
+from pylib.i18n import tr
 from pylib.model import batches, build_model
 from pylib.plan.options import RunOptions
-from pylib.i18n import tr
 
 from .probe import ffn_probe
 
@@ -101,8 +101,19 @@ def format_report(results: list[dict], axes: tuple[str, ...] | None = None) -> s
         order = ["tp", "cp", "ep", "etp", "pp", "dp-cp", "edp", "tp-cp"]
         axes = tuple(sorted(seen, key=lambda a: order.index(a) if a in order else len(order)))
     head = [
-        tr("rank"), "tp", "cp", "dp", "pp", "ep", tr("layers"), tr("params"), tr("grads"), tr("optim"), tr("act"),
-        *axes, tr("step ms"),
+        tr("rank"),
+        "tp",
+        "cp",
+        "dp",
+        "pp",
+        "ep",
+        tr("layers"),
+        tr("params"),
+        tr("grads"),
+        tr("optim"),
+        tr("act"),
+        *axes,
+        tr("step ms"),
     ]
     lines = []
     table = [head]

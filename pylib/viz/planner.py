@@ -18,10 +18,9 @@ import html
 from dataclasses import dataclass
 
 from pylib.analysis import planner as P
+from pylib.i18n import tr
 from pylib.model import ModelConfig
 from pylib.model.presets import deepseek_v3_like, llama2_7b, llama2_70b, mixtral_8x7b
-
-from pylib.i18n import tr
 
 from .tables import fmt_bytes, html_table, text_table
 
@@ -127,8 +126,14 @@ COMPARE_HEADER = ["quantity", "ranks", "predicted (max)", "measured (max)", "max
 
 def compare_header() -> list[str]:
     """COMPARE_HEADER in the reader's language (pylib.i18n)."""
-    return [tr("quantity"), tr("ranks"), tr("predicted (max)"), tr("measured (max)"), tr("max |pred − meas|"),
-            tr("formula")]
+    return [
+        tr("quantity"),
+        tr("ranks"),
+        tr("predicted (max)"),
+        tr("measured (max)"),
+        tr("max |pred − meas|"),
+        tr("formula"),
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ presets
@@ -168,8 +173,17 @@ PLAN_HEADER = ["#", "plan", "fits", "memory / GPU", "state", "activations", "tra
 
 def plan_header() -> list[str]:
     """PLAN_HEADER in the reader's language (pylib.i18n)."""
-    return ["#", tr("plan"), tr("fits"), tr("memory / GPU"), tr("state"), tr("activations"),
-            tr("traffic / GPU / step"), tr("bubble"), tr("step")]
+    return [
+        "#",
+        tr("plan"),
+        tr("fits"),
+        tr("memory / GPU"),
+        tr("state"),
+        tr("activations"),
+        tr("traffic / GPU / step"),
+        tr("bubble"),
+        tr("step"),
+    ]
 
 
 def plan_rows(ranked: list[P.Prediction]) -> list[list[str]]:
@@ -227,8 +241,14 @@ def explorer_cluster(world: int, memory: float) -> P.Cluster:
 
 
 def explorer_title(name: str, world: int, batch: int, seq: int, memory: float) -> str:
-    return tr("{name} on {world} GPUs of {gb:.0f} GB, 8 per node; {batch} sequences of {seq} tokens per step",
-              name=name, world=world, gb=memory / 1e9, batch=batch, seq=seq)
+    return tr(
+        "{name} on {world} GPUs of {gb:.0f} GB, 8 per node; {batch} sequences of {seq} tokens per step",
+        name=name,
+        world=world,
+        gb=memory / 1e9,
+        batch=batch,
+        seq=seq,
+    )
 
 
 class PlannerExplorer:
@@ -348,8 +368,16 @@ CALIBRATION_HEADER = ["run", "GPUs", "mesh", "plan chosen", "published", "predic
 
 def calibration_header() -> list[str]:
     """CALIBRATION_HEADER in the reader's language (pylib.i18n)."""
-    return [tr("run"), tr("GPUs"), tr("mesh"), tr("plan chosen"), tr("published"), tr("predicted"), tr("error"),
-            tr("row")]
+    return [
+        tr("run"),
+        tr("GPUs"),
+        tr("mesh"),
+        tr("plan chosen"),
+        tr("published"),
+        tr("predicted"),
+        tr("error"),
+        tr("row"),
+    ]
 
 
 def calibration_rows(evaluated) -> list[list[str]]:
@@ -379,8 +407,14 @@ KNOB_HEADER = ["change (one knob)", "plan", "memory / GPU", "step", "vs baseline
 
 def knob_header() -> list[str]:
     """KNOB_HEADER in the reader's language (pylib.i18n)."""
-    return [tr("change (one knob)"), tr("plan"), tr("memory / GPU"), tr("step"), tr("vs baseline"),
-            tr("what moved most")]
+    return [
+        tr("change (one knob)"),
+        tr("plan"),
+        tr("memory / GPU"),
+        tr("step"),
+        tr("vs baseline"),
+        tr("what moved most"),
+    ]
 
 
 def _terms(x: P.Prediction) -> dict[str, float]:
