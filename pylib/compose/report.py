@@ -11,6 +11,7 @@ superposition claim is that the per-rank bytes are 1/(tp*cp*dp) of the single-de
 from __future__ import annotations
 
 from pylib.analysis.compose import Traffic, per_axis, step_traffic
+from pylib.i18n import tr
 from pylib.model import batches, build_model
 from pylib.plan.options import RunOptions
 
@@ -99,7 +100,21 @@ def format_report(results: list[dict], axes: tuple[str, ...] | None = None) -> s
                     seen.append(a)
         order = ["tp", "cp", "ep", "etp", "pp", "dp-cp", "edp", "tp-cp"]
         axes = tuple(sorted(seen, key=lambda a: order.index(a) if a in order else len(order)))
-    head = ["rank", "tp", "cp", "dp", "pp", "ep", "layers", "params", "grads", "optim", "act", *axes, "step ms"]
+    head = [
+        tr("rank"),
+        "tp",
+        "cp",
+        "dp",
+        "pp",
+        "ep",
+        tr("layers"),
+        tr("params"),
+        tr("grads"),
+        tr("optim"),
+        tr("act"),
+        *axes,
+        tr("step ms"),
+    ]
     lines = []
     table = [head]
     for r in rows:
@@ -136,7 +151,7 @@ def format_reduction_table(rows: list[dict]) -> str:
                 parts[i + 2] = "*"
         key = ".".join(parts)
         seen.setdefault(key, r)
-    head = ["parameter", "kind", "then sum over", "DP average over", "scale"]
+    head = [tr("parameter"), tr("kind"), tr("then sum over"), tr("DP average over"), tr("scale")]
     table = [head] + [
         [k, r["kind"], r["pre"] or "-", f"{r['dp_group']} ({r['dp_size']})", r["scale"]] for k, r in seen.items()
     ]

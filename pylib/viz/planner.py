@@ -18,6 +18,7 @@ import html
 from dataclasses import dataclass
 
 from pylib.analysis import planner as P
+from pylib.i18n import tr
 from pylib.model import ModelConfig
 from pylib.model.presets import deepseek_v3_like, llama2_7b, llama2_70b, mixtral_8x7b
 
@@ -123,6 +124,18 @@ def compare_table(checks: list[Check]) -> list[list[str]]:
 COMPARE_HEADER = ["quantity", "ranks", "predicted (max)", "measured (max)", "max |pred − meas|", "formula"]
 
 
+def compare_header() -> list[str]:
+    """COMPARE_HEADER in the reader's language (pylib.i18n)."""
+    return [
+        tr("quantity"),
+        tr("ranks"),
+        tr("predicted (max)"),
+        tr("measured (max)"),
+        tr("max |pred − meas|"),
+        tr("formula"),
+    ]
+
+
 # ------------------------------------------------------------------------------------------------ presets
 
 
@@ -158,6 +171,21 @@ def _seconds(x: float) -> str:
 PLAN_HEADER = ["#", "plan", "fits", "memory / GPU", "state", "activations", "traffic / GPU / step", "bubble", "step"]
 
 
+def plan_header() -> list[str]:
+    """PLAN_HEADER in the reader's language (pylib.i18n)."""
+    return [
+        "#",
+        tr("plan"),
+        tr("fits"),
+        tr("memory / GPU"),
+        tr("state"),
+        tr("activations"),
+        tr("traffic / GPU / step"),
+        tr("bubble"),
+        tr("step"),
+    ]
+
+
 def plan_rows(ranked: list[P.Prediction]) -> list[list[str]]:
     """One row per plan: the plan, whether it fits, the busiest rank's memory (model state = parameters +
     gradients + optimizer state, activations), bytes sent per axis (the busiest rank's, per axis; ⇄ marks an axis
@@ -188,11 +216,11 @@ def plan_rows(ranked: list[P.Prediction]) -> list[list[str]]:
 
 
 def plans_text(ranked: list[P.Prediction]) -> str:
-    return "\n".join(line.rstrip() for line in text_table(PLAN_HEADER, plan_rows(ranked)))
+    return "\n".join(line.rstrip() for line in text_table(plan_header(), plan_rows(ranked)))
 
 
 def plans_html(ranked: list[P.Prediction]) -> str:
-    return html_table(PLAN_HEADER, plan_rows(ranked))
+    return html_table(plan_header(), plan_rows(ranked))
 
 
 # ------------------------------------------------------------------------------------------------ the explorer
@@ -213,7 +241,14 @@ def explorer_cluster(world: int, memory: float) -> P.Cluster:
 
 
 def explorer_title(name: str, world: int, batch: int, seq: int, memory: float) -> str:
-    return f"{name} on {world} GPUs of {memory / 1e9:.0f} GB, 8 per node; {batch} sequences of {seq} tokens per step"
+    return tr(
+        "{name} on {world} GPUs of {gb:.0f} GB, 8 per node; {batch} sequences of {seq} tokens per step",
+        name=name,
+        world=world,
+        gb=memory / 1e9,
+        batch=batch,
+        seq=seq,
+    )
 
 
 class PlannerExplorer:
@@ -331,6 +366,20 @@ def _ranked(name: str, world: int, batch: int, seq: int, memory: float, top: int
 CALIBRATION_HEADER = ["run", "GPUs", "mesh", "plan chosen", "published", "predicted", "error", "row"]
 
 
+def calibration_header() -> list[str]:
+    """CALIBRATION_HEADER in the reader's language (pylib.i18n)."""
+    return [
+        tr("run"),
+        tr("GPUs"),
+        tr("mesh"),
+        tr("plan chosen"),
+        tr("published"),
+        tr("predicted"),
+        tr("error"),
+        tr("row"),
+    ]
+
+
 def calibration_rows(evaluated) -> list[list[str]]:
     """One row per `calibration.Evaluated`: the run, its GPUs and published mesh, the knobs the planner chose for
     what the source leaves open, TFLOP/s per GPU published and predicted, the error and fit/holdout."""
@@ -354,6 +403,18 @@ def calibration_rows(evaluated) -> list[list[str]]:
 
 
 KNOB_HEADER = ["change (one knob)", "plan", "memory / GPU", "step", "vs baseline", "what moved most"]
+
+
+def knob_header() -> list[str]:
+    """KNOB_HEADER in the reader's language (pylib.i18n)."""
+    return [
+        tr("change (one knob)"),
+        tr("plan"),
+        tr("memory / GPU"),
+        tr("step"),
+        tr("vs baseline"),
+        tr("what moved most"),
+    ]
 
 
 def _terms(x: P.Prediction) -> dict[str, float]:
