@@ -9,6 +9,12 @@ the Chinese edition. `mark_table_cells` gives each cell paragraph the chapter as
 source, before the Locale transform runs (priority 20; this runs at 15). The msgid of a cell is its plain text, so a
 cell's inline markup (`code`, $math$) is written back by the translator in the msgstr, which MyST parses as usual.
 
+A translated paragraph is parsed by Sphinx as a small document of its own, which has none of the notebook's
+state; a {glue:text} role in it found no glue data ("No key ... found in glue data for this document").
+`_patch_glue_lookup` notes the chapter's notebook renderer when its English glue roles are read (myst-nb keeps it
+on the document only while parsing) and lends it to those small documents, so a glued number reads the same in
+both editions.
+
 Figure alt texts are attributes, not text nodes, so Sphinx never extracts them. `AltTexts` puts each one in the
 catalog as a message of its own (gettext builder) and replaces it with its translation (any other builder): the
 Chinese edition's figures are described in Chinese.
@@ -38,6 +44,45 @@ class MarkTableCells(SphinxTransform):
                     paragraph.line = 0
                 if not paragraph.rawsource:
                     paragraph.rawsource = paragraph.astext()
+
+
+_RENDERER = "parallelism_book_nb_renderer"
+
+
+def _glue_data_from_the_chapter(original):
+    from myst_nb.ext.glue.utils import RetrievalError
+
+    def retrieve(document, key):
+        env = getattr(document.settings, "env", None)
+        if env is not None and "nb_renderer" in document and "<translated>" not in document.get("source", ""):
+            env.temp_data[_RENDERER] = document["nb_renderer"]  # the chapter's own, while its English is parsed
+        try:
+            return original(document, key)
+        except RetrievalError:
+            chapter = env.temp_data.get(_RENDERER) if env is not None else None
+            if chapter is None or document.get("nb_renderer") is chapter:
+                raise
+            own = document.get("nb_renderer")
+            document["nb_renderer"] = chapter  # the small document of a translated paragraph: read the chapter's
+            try:
+                return original(document, key)
+            finally:
+                if own is None:
+                    del document["nb_renderer"]
+                else:
+                    document["nb_renderer"] = own
+
+    return retrieve
+
+
+def _patch_glue_lookup() -> None:
+    from myst_nb.ext.glue import directives, roles, utils
+
+    for module in (utils, roles, directives):
+        if hasattr(module, "retrieve_glue_data") and not hasattr(module.retrieve_glue_data, "__wrapped_by_book__"):
+            patched = _glue_data_from_the_chapter(module.retrieve_glue_data)
+            patched.__wrapped_by_book__ = True
+            module.retrieve_glue_data = patched
 
 
 def _alt_nodes(document):
@@ -89,6 +134,7 @@ def add_alt_texts_to_catalog(app, doctree, docname: str) -> None:
 
 def setup(app):
     app.add_transform(MarkTableCells)
+    _patch_glue_lookup()
     app.add_transform(TranslateAltTexts)
     app.connect("doctree-resolved", add_alt_texts_to_catalog)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
