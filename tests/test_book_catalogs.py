@@ -44,11 +44,18 @@ def test_committed_catalogs_are_complete_and_keep_markup_and_terms():
     assert not faults, "\n".join(faults[:30])
 
 
+# pylib messages that use a glossary word in another sense (the catalogs' translator comments, for pylib.i18n).
+OTHER_SENSES = {
+    "{name}: published {par} ranks {rank}, {slower:.1%} slower than the best, {best}": frozenset({"rank"}),  # verb
+}
+
+
 def test_pylib_chinese_messages_use_the_glossary_terms():
     from pylib.i18n import catalog
 
     glossary = terms.load()
     faults = []
     for english, chinese in catalog("zh").items():
-        faults += [f"{english[:60]!r}: {f}" for f in terms.violations(english, chinese, glossary)]
+        senses = OTHER_SENSES.get(english, frozenset())
+        faults += [f"{english[:60]!r}: {f}" for f in terms.violations(english, chinese, glossary, senses)]
     assert not faults, "pylib.i18n's Chinese uses another word for a glossary term:\n" + "\n".join(faults[:30])
