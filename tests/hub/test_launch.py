@@ -7,6 +7,7 @@ The tests share one browser page and run in file order: each step starts where t
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -58,7 +59,7 @@ CURRENT = """
       } else if (m.type === "code") {
         out.cells.push({type: "code", count: m.executionCount, running: !!cell.node.querySelector(
           ".jp-InputArea-prompt") && cell.node.querySelector(".jp-InputArea-prompt").textContent.includes("*"),
-          outputs: m.outputs.toJSON()});
+          outputs: m.outputs.toJSON(), source: [].concat(m.toJSON().source).join("")});
       }
     }
   }
@@ -107,6 +108,12 @@ def _errors(cells: list[dict]) -> list[str]:
             elif out.get("output_type") == "stream" and out.get("name") == "stderr":
                 found.append(f"code cell {i} wrote to stderr: {''.join(out.get('text', ''))[:500]}")
     return found
+
+
+def _only_imports(source: str) -> bool:
+    """Whether a cell's source is import statements only (such a cell rightly shows nothing)."""
+    body = ast.parse(source).body
+    return bool(body) and all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in body)
 
 
 def _run_all(page, path: str) -> dict:
@@ -174,7 +181,12 @@ def test_chapter_runs_top_to_bottom_in_the_hubs_kernel(page, screenshots):
     page.screenshot(path=str(screenshots / "2-chapter-ran.png"), full_page=True)
     print(f"{CHAPTER} ran top to bottom in {time.monotonic() - t0:.1f} s")
     code = [c for c in seen["cells"] if c["type"] == "code"]
-    assert len(code) >= 3 and all(c["outputs"] for c in code), f"a code cell of {CHAPTER} shows nothing: {code}"
+    assert len(code) >= 3 and all(c["count"] is not None for c in code), f"a code cell of {CHAPTER} did not run: {code}"
+    errors = [out for c in code for out in c["outputs"] if out.get("output_type") == "error"]
+    assert not errors, f"a code cell of {CHAPTER} raised: {errors}"
+    # A cell of imports only has nothing to show; every other cell of the chapter prints, displays or records.
+    silent = [c for c in code if not c["outputs"] and not _only_imports(c["source"])]
+    assert not silent, f"a code cell of {CHAPTER} shows nothing: {silent}"
     assert not page.errors, f"JupyterLab raised in the page: {page.errors}"
 
 

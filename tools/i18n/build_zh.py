@@ -44,19 +44,34 @@ def zh_config(base: dict) -> dict:
     return config
 
 
+def prepare(toc: str | None = None, lenient: bool = False) -> list[str]:
+    """Write the generated config and return the command that builds the Chinese edition with it (run it with
+    PYLIB_LANG=zh; remove ZH_CONFIG afterwards)."""
+    config = zh_config(yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8")))
+    ZH_CONFIG.write_text(yaml.safe_dump(config, allow_unicode=True, sort_keys=False), encoding="utf-8")
+    command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT), "--config", str(ZH_CONFIG)]
+    command += ["--path-output", str(ZH_OUT), "-n", "--builder", "html", "--all"]
+    command += [] if lenient else ["-W"]
+    if toc:
+        command += ["--toc", toc]
+    return command
+
+
+def move_site() -> None:
+    """Copy the built Chinese site to _build/html/zh/, replacing an older one."""
+    shutil.rmtree(SITE_ZH, ignore_errors=True)
+    SITE_ZH.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(ZH_HTML, SITE_ZH)
+    print(f"Chinese edition in {SITE_ZH.relative_to(ROOT)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--toc", help="another table of contents (default: the book's _toc.yml)")
     parser.add_argument("--lenient", action="store_true", help="warnings are not errors (a partial --toc)")
     parser.add_argument("--no-move", action="store_true", help="leave the site in _build/zh/_build/html")
     args = parser.parse_args(argv)
-    config = zh_config(yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8")))
-    ZH_CONFIG.write_text(yaml.safe_dump(config, allow_unicode=True, sort_keys=False), encoding="utf-8")
-    command = [str(Path(sys.executable).parent / "jupyter-book"), "build", str(ROOT), "--config", str(ZH_CONFIG)]
-    command += ["--path-output", str(ZH_OUT), "-n", "--builder", "html", "--all"]
-    command += [] if args.lenient else ["-W"]
-    if args.toc:
-        command += ["--toc", args.toc]
+    command = prepare(args.toc, args.lenient)
     try:
         subprocess.run(command, check=True, cwd=ROOT, env={**os.environ, "PYLIB_LANG": "zh"})
     except subprocess.CalledProcessError as error:
@@ -64,10 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ZH_CONFIG.unlink(missing_ok=True)
     if not args.no_move:
-        shutil.rmtree(SITE_ZH, ignore_errors=True)
-        SITE_ZH.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(ZH_HTML, SITE_ZH)
-        print(f"Chinese edition in {SITE_ZH.relative_to(ROOT)}")
+        move_site()
     return 0
 
 

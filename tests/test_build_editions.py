@@ -1,0 +1,62 @@
+"""tools/i18n/build_editions.py runs the two editions' builds side by side: both must succeed, and one that fails
+stops the other at once, with everything it started (no orphan kernel or rank keeps running)."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools" / "i18n"
+sys.path.insert(0, str(TOOLS))
+import build_editions  # noqa: E402
+
+
+def _python(code: str) -> tuple[list[str], dict[str, str]]:
+    return [sys.executable, "-c", code], dict(os.environ)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by its parent) is not running.
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def test_both_succeed_and_their_lines_carry_their_edition():
+    out = io.StringIO()
+    failed, status = build_editions.run_side_by_side(
+        {"en": _python("print('one'); print('two')"), "zh": _python("print('三')")}, out=out
+    )
+    assert (failed, status) == (None, 0)
+    lines = out.getvalue().splitlines()
+    assert [line for line in lines if line.startswith("en| ")] == ["en| one", "en| two"]
+    assert [line for line in lines if line.startswith("zh| ")] == ["zh| 三"]
+
+
+def test_a_failed_build_stops_the_other_and_its_children(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    # The long build starts a child of its own (as Sphinx starts kernels, and kernels start ranks).
+    slow = _python(
+        "import subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(120)\n"
+    )
+    failing = _python(
+        f"import os, sys, time\nwhile not os.path.exists({str(pid_file)!r}): time.sleep(0.05)\nsys.exit(3)"
+    )
+    start = time.monotonic()
+    failed, status = build_editions.run_side_by_side({"en": slow, "zh": failing}, out=io.StringIO())
+    assert (failed, status) == ("zh", 3)
+    assert time.monotonic() - start < 30, "the other build was not stopped promptly"
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), "the stopped build left a process running"

@@ -1,0 +1,119 @@
+"""Build both editions side by side: English into _build/html/, Chinese into _build/html/zh/.
+
+    python tools/i18n/build_editions.py
+
+The two builds share nothing while they run (their own output folders, execution caches and kernels; a chapter's
+ranks meet through a fresh temporary folder, never a port), and each chapter's kernel keeps about one core busy, so
+on a 2-core machine the two side by side take little more than the slower one alone. Each build's output is
+printed line by line with its edition in front (`en| `, `zh| `). If one build fails, the other is stopped at once
+(its whole process group: Sphinx, the kernels and their ranks) and this exits with the failed build's status after
+naming it; the Chinese site is copied into _build/html/zh/ only when both succeeded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import build_zh  # noqa: E402 - tools/i18n is not a package
+
+ROOT = build_zh.ROOT
+
+
+def english_command() -> list[str]:
+    return [
+        str(Path(sys.executable).parent / "jupyter-book"),
+        "build",
+        str(ROOT),
+        "--all",
+        "--builder",
+        "html",
+        "-W",
+        "-n",
+    ]
+
+
+def _relay(name: str, stream, out, lock: threading.Lock) -> None:
+    for line in iter(stream.readline, b""):
+        text = line.decode("utf-8", errors="replace").rstrip("\n")
+        with lock:
+            out.write(f"{name}| {text}\n")
+            out.flush()
+    stream.close()
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """Stop a build and everything it started (it leads its own process group)."""
+    if process.poll() is not None:
+        return
+    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_side_by_side(builds: dict[str, tuple[list[str], dict[str, str]]], out=sys.stdout) -> tuple[str | None, int]:
+    """Run each build (name -> (command, environment)) at once; return (the first failed build or None, its status).
+
+    A build that fails stops the others; the function returns only when every build has ended."""
+    lock = threading.Lock()
+    processes: dict[str, subprocess.Popen] = {}
+    relays = []
+    try:
+        for name, (command, env) in builds.items():
+            process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            processes[name] = process
+            relay = threading.Thread(target=_relay, args=(name, process.stdout, out, lock), daemon=True)
+            relay.start()
+            relays.append(relay)
+        while True:
+            failed = next(((n, p.returncode) for n, p in processes.items() if p.poll() not in (None, 0)), None)
+            if failed or all(p.poll() == 0 for p in processes.values()):
+                break
+            time.sleep(0.5)
+    finally:
+        # On a failure, or on Ctrl-C here: no build is left running.
+        for process in processes.values():
+            _stop(process)
+        for relay in relays:
+            relay.join(timeout=10)
+    return failed if failed else (None, 0)
+
+
+def main() -> int:
+    zh_command = build_zh.prepare()
+    start = time.monotonic()
+    try:
+        failed, status = run_side_by_side(
+            {
+                "en": (english_command(), dict(os.environ)),
+                "zh": (zh_command, {**os.environ, "PYLIB_LANG": "zh"}),
+            }
+        )
+    finally:
+        build_zh.ZH_CONFIG.unlink(missing_ok=True)
+    if failed:
+        print(f"the {failed} build failed (status {status}); the other one was stopped", file=sys.stderr)
+        return status
+    build_zh.move_site()
+    print(f"both editions built side by side in {time.monotonic() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
