@@ -60,3 +60,25 @@ def test_a_failed_build_stops_the_other_and_its_children(tmp_path):
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child), "the stopped build left a process running"
+
+
+def _orders(node, path=()):
+    """Every mapping's keys, in order, by where it sits in the config."""
+    if isinstance(node, dict):
+        yield path, list(node)
+        for key, value in node.items():
+            yield from _orders(value, (*path, key))
+
+
+def test_the_chinese_config_keeps_the_order_of_every_mapping():
+    """The order of nb_ipywidgets_js is the order of the page's scripts: require.js must load before the widget
+    manager, or every page with saved widgets fails with "define is not defined" (it did, in the Chinese edition,
+    when the config was copied through a sorting YAML round trip)."""
+    import yaml
+
+    base = yaml.safe_load((build_editions.ROOT / "_config.yml").read_text(encoding="utf-8"))
+    chinese = dict(_orders(build_editions.build_zh.zh_config(base)))
+    for path, keys in _orders(base):
+        assert [k for k in chinese[path] if k in keys] == keys, path
+    scripts = list(build_editions.build_zh.zh_config(base)["sphinx"]["config"]["nb_ipywidgets_js"])
+    assert scripts.index("vendor/requirejs/require.js") < scripts.index("vendor/html-manager/embed-amd.js")

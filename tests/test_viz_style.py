@@ -177,3 +177,21 @@ def test_legible_pt_keeps_small_text_legible_on_any_figure_width():
         if width_in * 100 <= style.COLUMN_PX:
             assert pt == 7  # a figure shown at its natural width keeps the size asked for
         plt.close(fig)
+
+
+def test_a_bold_chinese_text_draws_without_a_font_warning(caplog):
+    """The CJK wheel has no bold face: a bold text in a Chinese figure is drawn in the regular one, and matplotlib
+    says nothing in the page's output (it logged "Failed to find font weight bold" on every such figure)."""
+    from pylib import i18n
+
+    before = i18n.language()
+    i18n.set_language("zh")
+    try:
+        with style.use(), caplog.at_level("WARNING", logger="matplotlib.font_manager"):
+            fig, ax = plt.subplots()
+            ax.set_title("进程号 0", fontweight="bold")
+            fig.canvas.draw()
+            plt.close(fig)
+    finally:
+        i18n.set_language(before)
+    assert not [r for r in caplog.records if "findfont" in r.getMessage() or "weight" in r.getMessage()]

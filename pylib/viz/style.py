@@ -49,6 +49,7 @@ case there).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 
 import matplotlib as mpl
@@ -137,7 +138,13 @@ def cjk_font_path():
     for where in spec.submodule_search_locations:
         path = Path(where) / "fonts" / CJK_FILE
         if path.is_file():
-            font_manager.fontManager.addfont(str(path))
+            manager = font_manager.fontManager
+            manager.addfont(str(path))
+            # The wheel has the regular weight only. A bold text (a figure's emphasis) would be drawn in it anyway,
+            # after matplotlib's "Failed to find font weight bold" warning in the page's output: register the same
+            # file as the bold face too, so the fallback is said here once instead of warned in every figure.
+            regular = [f for f in manager.ttflist if Path(f.fname) == path]
+            manager.ttflist += [dataclasses.replace(f, weight="bold") for f in regular]
             return path
     return None
 

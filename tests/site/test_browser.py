@@ -285,32 +285,7 @@ def visit(browser, base_url, page, measures) -> Visit:
     return _visits[page]
 
 
-# Found by this suite on the first full build of the Chinese edition and not yet diagnosed (issue 21 stays open):
-# the zh pages that hold saved widgets log a console error and their widgets do not render. Marked strict, so
-# each one fails the suite the day it starts to pass.
-ZH_KNOWN = {
-    "loads": {
-        "zh/book/intro.html",
-        "zh/book/part1/traffic-plan.html",
-        "zh/book/part2/matrix-view.html",
-        "zh/index.html",
-    },
-    "widgets": {
-        "zh/book/intro.html",
-        "zh/book/part1/traffic-plan.html",
-        "zh/book/part2/matrix-view.html",
-        "zh/index.html",
-    },
-}
-
-
-def _known_zh(request, page, kind: str) -> None:
-    if str(page) in ZH_KNOWN[kind]:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"zh edition, not yet diagnosed: {kind}"))
-
-
-def test_page_loads_with_no_failed_request_and_no_console_error(page, visit, request):
-    _known_zh(request, page, "loads")
+def test_page_loads_with_no_failed_request_and_no_console_error(page, visit):
     assert not visit.failed, f"{page}: failed requests: {visit.failed}"
     assert not visit.errors, f"{page}: errors: {visit.errors}"
 
@@ -346,8 +321,7 @@ def test_sidebar_reaches_every_chapter_in_the_toc(page, visit, base_url):
     assert not missing, f"{page}: the sidebar has no link to {missing}"
 
 
-def test_saved_widgets_render(page, visit, request):
-    _known_zh(request, page, "widgets")
+def test_saved_widgets_render(page, visit):
     d = visit.data
     assert d["widgetsRendered"] == d["widgetViews"], (
         f"{page}: {d['widgetViews']} saved widget views, {d['widgetsRendered']} rendered"

@@ -16,6 +16,7 @@ English ones). `--toc` builds only the pages of another table of contents (for m
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import shutil
 import subprocess
@@ -33,7 +34,9 @@ TITLE_ZH = "并行，算出来"
 
 
 def zh_config(base: dict) -> dict:
-    config = yaml.safe_load(yaml.safe_dump(base))  # a deep copy
+    # A deep copy that keeps every mapping's order: the order of nb_ipywidgets_js is the order of the page's scripts
+    # (require.js before the widget manager), and a YAML round trip would sort it.
+    config = copy.deepcopy(base)
     config["title"] = TITLE_ZH
     sphinx = config.setdefault("sphinx", {}).setdefault("config", {})
     sphinx["language"] = "zh_CN"
