@@ -265,13 +265,16 @@ def split_layers(n_layers: int, pp: int, v: int, pp_rank: int, balance_ends: boo
 
 
 @functools.lru_cache(maxsize=4096)
-def live_counts(schedule: str, pp: int, m: int, v: int, pp_rank: int) -> tuple[tuple[int, ...], ...]:
+def live_counts(
+    schedule: str, pp: int, m: int, v: int, pp_rank: int, group_size: int | None = None
+) -> tuple[tuple[int, ...], ...]:
     """The vectors (microbatches alive in chunk 0, ..., chunk v-1) right after each forward of rank `pp_rank`, in
     the order `pylib.plan.schedules.compute_order` runs them (its warm-up forwards, then one forward and one backward,
-    then the cool-down backwards; the interleaved chunk order from `interleaved_table`), keeping only the vectors no
-    other one dominates. Replayed on chunk indices alone: thousands of microbatches cost milliseconds."""
+    then the cool-down backwards; the interleaved chunk order from `interleaved_table` in groups of N = `group_size`
+    microbatches, default p), keeping only the vectors no other one dominates. Replayed on chunk indices alone:
+    thousands of microbatches cost milliseconds."""
 
-    group = check_schedule(schedule, pp, m, v)
+    group = check_schedule(schedule, pp, m, v, group_size=group_size)
     if schedule == "interleaved":
         forwards = [c for _, c in interleaved_table(m, v, group)]
     else:
@@ -297,8 +300,12 @@ def live_counts(schedule: str, pp: int, m: int, v: int, pp_rank: int) -> tuple[t
     return tuple(sorted(keep))
 
 
-def peak_saved_bytes(chunk_bytes: list[int], schedule: str, pp: int, m: int, v: int, pp_rank: int) -> int:
+def peak_saved_bytes(
+    chunk_bytes: list[int], schedule: str, pp: int, m: int, v: int, pp_rank: int, group_size: int | None = None
+) -> int:
     """The most bytes rank `pp_rank` holds for backward at once over one step: max over its forwards of
     sum over chunks (microbatches alive in the chunk x the chunk's bytes). For 1F1B (v = 1) that is
-    min(pp - pp_rank, m) microbatches (`pp.peak_in_flight`)."""
-    return max(sum(n * c for n, c in zip(vec, chunk_bytes)) for vec in live_counts(schedule, pp, m, v, pp_rank))
+    min(pp - pp_rank, m) microbatches (`pp.peak_in_flight`); interleaved, N = `group_size` microbatches per group
+    (default p) set the warm-up, 2(p - r - 1) + (v - 1) N forwards."""
+    vectors = live_counts(schedule, pp, m, v, pp_rank, group_size)
+    return max(sum(n * c for n, c in zip(vec, chunk_bytes)) for vec in vectors)

@@ -69,6 +69,7 @@ from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
 from pylib.plan.options import CP_KINDS, SEQUENCE_PARALLEL, ZERO_STAGES, MixedPrecision, RunOptions
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
+from pylib.plan.schedules import ScheduleError, check_schedule
 
 from . import compose as compose_analysis
 from . import cp as cp_analysis
@@ -174,7 +175,12 @@ class Plan:
     saves the gathered input. Not a `RunOptions` field: pylib.compose has one SP, the planner predicts both.
     balance_ends: Llama 3's uneven split, one layer fewer on the first and the last virtual stage
     (`activations.split_layers`); the analysis only (pylib.pp cuts equal stages), so `problems` checks the L + 2
-    slots, and the TP traffic of ranks 0 and p-1 is counted for their slots' layers (one layer too many each)."""
+    slots, and the TP traffic of ranks 0 and p-1 is counted for their slots' layers (one layer too many each).
+    group_size: N, the microbatches each group runs through one chunk before the next in the interleaved schedule
+    (Megatron-Core's `microbatch_group_size_per_vp_stage`); None is Megatron's default N = p. It sets the warm-up,
+    so the activations held (`activations.peak_saved_bytes`), and the bubble is measured on the schedule
+    (`pp.simulated_bubble_fraction`); Megatron's rule p <= N <= m, m % N == 0 or >= p (`problems`). Not a
+    `RunOptions` field: `pylib.compose` runs N = p (`pylib.pp` takes any N)."""
 
     par: ParallelConfig
     sequence_parallel: bool = SEQUENCE_PARALLEL
@@ -187,6 +193,7 @@ class Plan:
     recompute_num_layers: int = 1
     sp_regather: bool = False
     balance_ends: bool = False
+    group_size: int | None = None
 
     @property
     def schedule(self) -> str:
@@ -236,6 +243,8 @@ class Plan:
         parts.append(f"m={self.n_microbatches}")
         if self.v > 1:
             parts.append(f"v={self.v}")
+        if self.group_size is not None:
+            parts.append(f"N={self.group_size}")
         if self.recompute == "selective":
             parts.append("recompute=selective")
         elif self.recompute == "full":
@@ -245,7 +254,7 @@ class Plan:
 
 def canonical(plan: Plan, has_experts: bool = True) -> Plan:
     """The same run with the knobs that change nothing at their defaults: SP without TP, the CP kind without CP,
-    the ZeRO stage without a data-parallel group of more than one rank."""
+    the ZeRO stage without a data-parallel group of more than one rank, the group size N = p (Megatron's default)."""
     par = plan.par
     dp_groups = plan.dp_cp > 1 or (has_experts and par.expert_dp() > 1)
     return replace(
@@ -254,6 +263,7 @@ def canonical(plan: Plan, has_experts: bool = True) -> Plan:
         sp_regather=plan.sp_regather and plan.sequence_parallel and par.tp > 1,
         cp_kind=plan.cp_kind if par.cp > 1 else "ring",
         zero_stage=plan.zero_stage if dp_groups else 0,
+        group_size=None if plan.group_size == par.pp else plan.group_size,
     )
 
 
@@ -272,8 +282,38 @@ def _divisors(n: int) -> list[int]:
 
 def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str]:
     """Every constraint `plan` breaks (`pylib.plan.problems`, what `pylib.compose` checks before it runs); empty
-    when the composed model runs it."""
-    return plan_problems(_slots(cfg, plan), plan.par, world_size, batch=batch, seq=seq, options=plan.run_options)
+    when the composed model runs it; with `plan.group_size` also Megatron's rule for N (`schedules.check_schedule`:
+    interleaved only, p <= N <= m, m % N == 0 or m % N >= p)."""
+    out = plan_problems(_slots(cfg, plan), plan.par, world_size, batch=batch, seq=seq, options=plan.run_options)
+    if plan.group_size is None:
+        return out
+    p, m, v = plan.par.pp, plan.n_microbatches, plan.v
+    for n in (None, plan.group_size):  # the default N's complaint gives way to the chosen N's
+        try:
+            check_schedule(plan.schedule, p, m, v, group_size=n)
+        except ScheduleError as e:
+            out = [x for x in out if x != str(e)] if n is None else out + [str(e)]
+    return out
+
+
+def group_sizes_for(p: int, m: int, v: int, choice="default") -> tuple[int | None, ...]:
+    """The group sizes N the search tries for an interleaved plan of p ranks, m microbatches and v chunks: "default"
+    only Megatron's N = p (None); "megatron" every N Megatron accepts (p <= N <= m, m % N == 0 or m % N >= p: the
+    bubble stays (p-1)/(v m), the warm-up and the activations grow with N, so a larger N wins no step time here,
+    and the list is for asking what N costs); or the given values, those Megatron accepts. Plain 1F1B: (None,)."""
+    if v == 1 or p == 1:
+        return (None,)
+    if choice == "default":
+        return (None,)
+    candidates = range(p, m + 1) if choice == "megatron" else choice
+    ok = []
+    for n in candidates:
+        try:
+            check_schedule("interleaved", p, m, v, group_size=n)
+        except ScheduleError:
+            continue
+        ok.append(None if n == p else n)
+    return tuple(dict.fromkeys(ok))
 
 
 def _slots(cfg, plan: Plan):
@@ -304,6 +344,7 @@ def enumerate_plans(
     cp_sizes: tuple[int, ...] | None = None,
     sp_regather: bool = False,
     balance_ends: bool = False,
+    group_sizes="default",
 ) -> list[Plan]:
     """Every plan `pylib.plan.problems` accepts for `cfg` on `world_size` ranks and a global batch [batch, seq], each
     once (`canonical`). Candidates: tp cp dp pp = world_size; for an MoE model every ep, etp with ep etp pp
@@ -315,7 +356,9 @@ def enumerate_plans(
     fixed (Megatron's default). meshes: only these (tp, cp, ep, dp, pp, etp), e.g. a published layout, with every
     other knob still varied. tp_sizes / cp_sizes: only these TP / CP sizes when given. sp_regather: every SP plan
     predicted as Megatron runs SP (`Plan.sp_regather`). balance_ends: with PP, Llama 3's uneven split
-    (`Plan.balance_ends`) wherever L + 2 slots cut into equal stages, the equal split elsewhere."""
+    (`Plan.balance_ends`) wherever L + 2 slots cut into equal stages, the equal split elsewhere. group_sizes: the
+    interleaved group sizes N tried (`group_sizes_for`: "default" N = p, "megatron" every N Megatron accepts, or a
+    tuple of values)."""
     _positive(world_size=world_size, batch=batch, seq=seq)
     moe = cfg.moe is not None
     out = []
@@ -353,8 +396,10 @@ def enumerate_plans(
                                     for m, rc in ((m, rc) for m in ms for rc in recompute):
                                         rc = (rc, "uniform", 1) if isinstance(rc, str) else rc
                                         plan = Plan(par, sp, kind, zero, m, v, *rc, sp_regather and sp, ends)
-                                        if not problems(cfg, plan, world_size, batch, seq):
-                                            out.append(plan)
+                                        for n in dict.fromkeys((None,) + group_sizes_for(pp, m, v, group_sizes)):
+                                            with_n = plan if n is None else replace(plan, group_size=n)
+                                            if not problems(cfg, with_n, world_size, batch, seq):
+                                                out.append(with_n)
     return out
 
 
@@ -605,7 +650,7 @@ class Prediction:
 
     @property
     def bubble_fraction(self) -> float:
-        return pp_analysis.bubble_fraction(self.plan.par.pp, self.plan.n_microbatches, self.plan.v)
+        return bubble_fraction(self.plan)
 
     def traffic_by_axis(self) -> dict[str, float]:
         """Bytes sent per step on each axis by the busiest evaluated rank."""
@@ -617,6 +662,15 @@ class Prediction:
 
     def worst_rank(self) -> RankPrediction:
         return max(self.ranks, key=lambda r: r.memory["total"])
+
+
+def bubble_fraction(plan: Plan) -> float:
+    """Idle time relative to compute: (pp - 1) / (v m) (`pp.bubble_fraction`), or, for a group size N other than
+    Megatron's default, measured on the schedule (`pp.simulated_bubble_fraction`)."""
+    par = plan.par
+    if plan.group_size is None:
+        return pp_analysis.bubble_fraction(par.pp, plan.n_microbatches, plan.v)
+    return pp_analysis.simulated_bubble_fraction(plan.schedule, par.pp, plan.n_microbatches, plan.v, plan.group_size)
 
 
 def evaluated_ranks(pp: int) -> list[int]:
@@ -732,7 +786,8 @@ def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank:
         plan.sp_regather,
         plan.balance_ends,
     )
-    return peak_saved_bytes(list(chunks), plan.schedule, par.pp, plan.n_microbatches, plan.v, pp_rank)
+    m, v = plan.n_microbatches, plan.v
+    return peak_saved_bytes(list(chunks), plan.schedule, par.pp, m, v, pp_rank, plan.group_size)
 
 
 _NO_RC = ("none", "uniform", 1)
@@ -799,7 +854,7 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
     many small messages (CP on short sequences, thousands of microbatches) cost more than their bytes. And hidden
     communication is not free: NCCL's kernels take SMs from the GEMMs they overlap, so every hidden second slows
     compute by `CostModel.contention` seconds ("contention")."""
-    m, v, pp = plan.n_microbatches, plan.v, plan.par.pp
+    m = plan.n_microbatches
     secs: dict[tuple, float] = {}
     for r in moved_rows:
         bw = cluster.intra_node_bandwidth if intra[r.axis] else cluster.inter_node_bandwidth
@@ -829,7 +884,7 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
         elif axis in ("tp", "tp-cp", "etp"):
             x *= tp_keep
         elif axis == "pp":
-            x *= min(1.0, (pp - 1) / (v * m))
+            x *= min(1.0, bubble_fraction(plan))
         out[axis] = out.get(axis, 0.0) + x
     if "cp" in out and plan.cp_kind == "ring":  # the K/V passes run while the core computes
         out["cp"] = max(0.0, out["cp"] - m * t.core)
@@ -871,7 +926,7 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
         peak_memory=peak,
         fits=peak <= cluster.usable_memory,
         compute_time=compute,
-        bubble_time=compute * pp_analysis.bubble_fraction(par.pp, plan.n_microbatches, plan.v),
+        bubble_time=compute * bubble_fraction(plan),
         comm_time=max(r.comm_time for r in ranks),
         intra_node=intra,
         model_flops=step_flops(cfg, workload.batch, workload.seq),
@@ -975,7 +1030,7 @@ def rank_plans(
             screened.append((mem, 0.0, p))
             continue
         compute = compute_time(cfg, p, workload, cluster)
-        bound = compute * (1 + pp_analysis.bubble_fraction(p.par.pp, p.n_microbatches, p.v))
+        bound = compute * (1 + bubble_fraction(p))
         screened.append((mem, bound + comm_lower_bound(cfg, p, workload, cluster), p))
     fitting = sorted((s for s in screened if s[0] <= usable), key=lambda s: (s[1], s[0]))
     best: list[Prediction] = []

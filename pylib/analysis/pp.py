@@ -16,6 +16,12 @@ In flight (activations a rank holds at its peak, counted in (microbatch, chunk) 
 A chunk's activations are 1/v of a stage's, so interleaving rank 0 holds (v·p + p - 1)/v = p + (p-1)/v stage
 microbatches with N = p (Korthikanti et al. 2022) -- slightly more than 1F1B's p.
 
+The group size N. Megatron accepts p <= N <= m with m % N == 0 or m % N >= p (`schedules.check_interleaved`).
+Over that range the bubble stays (p-1)/(v·m) (`simulated_bubble_fraction` runs the schedule and finds it) while the
+warm-up grows by v-1 forwards per unit of N: N = p holds the fewest activations. N < p is no option of Megatron's
+order: with m a multiple of p its warm-up then deadlocks for every N < p (`logical_times` finds it for p 4, 8, 16
+and v 2, 4, 8: a rank waits for a forward its ring neighbour runs only after a backward that waits on it).
+
 P2P traffic. Each of the p·v - 1 stage boundaries carries, per microbatch, one activation forward and its gradient
 backward, each b·s·h elements of the activation dtype (divide s by the TP size with sequence parallelism and by the
 CP size with context parallelism: the caller passes the local shape).
@@ -23,12 +29,31 @@ CP size with context parallelism: the caller passes the local shape).
 
 from __future__ import annotations
 
+import functools
+
+from pylib.plan.schedules import check_schedule, compute_order, logical_times
 from pylib.plan.split import chunk_layers
 
 
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     """Idle time relative to the ideal (compute-only) time: (p-1)/(v·m)."""
     return (p - 1) / (v * m)
+
+
+@functools.lru_cache(maxsize=1024)
+def simulated_bubble_fraction(
+    schedule: str, p: int, m: int, v: int = 1, group_size: int | None = None, cost_f: float = 1.0, cost_b: float = 2.0
+) -> float:
+    """The bubble measured on the schedule itself: every rank's compute order (`schedules.compute_order`, N =
+    `group_size` microbatches per group when interleaved) run against its data dependencies with a chunk's forward
+    costing cost_f and its backward cost_b (`schedules.logical_times`); idle time relative to the ideal m v (cost_f
+    + cost_b). Raises ScheduleError for a schedule Megatron rejects (`schedules.check_schedule`). Equal to
+    `bubble_fraction` for every N Megatron accepts (tests/test_analysis_group_size.py)."""
+    group = check_schedule(schedule, p, m, v, group_size=group_size)
+    orders = [compute_order(schedule, p, m, r, v, group) for r in range(p)]
+    times = logical_times(orders, p * v, cost_f, cost_b)
+    ideal = m * v * (cost_f + cost_b)
+    return (max(end for _, end in times.values()) - ideal) / ideal
 
 
 def bubble_share(p: int, m: int, v: int = 1) -> float:

@@ -162,7 +162,12 @@ def check_interleaved(p: int, m: int, v: int, group_size: int | None = None) -> 
                 f"interleaved 1F1B needs at least p microbatches: m={m} < p={p} "
                 f"(Megatron runs microbatches in groups of N=p through each chunk)"
             )
-        raise ScheduleError(f"interleaved 1F1B needs p <= N <= m for the group size N: p={p}, N={n}, m={m}")
+        why = (
+            "fewer microbatches per group than ranks: Megatron's warm-up is not built for it, most such orders deadlock"
+            if n < p
+            else "a group cannot hold more microbatches than the step has"
+        )
+        raise ScheduleError(f"interleaved 1F1B needs p <= N <= m for the group size N: p={p}, N={n}, m={m} ({why})")
     rest = m % n
     if 0 < rest < p:
         if group_size is None:
