@@ -114,9 +114,10 @@ HOLDOUT_ROWS = tuple(i for i, r in enumerate(RUNS) if not r.fit)
 # or the distributed optimizer (ZeRO-1), no, selective or full recomputation of the first 1, 2 or 4 layers of each
 # chunk, where selective is the attention core (Megatron's default) or Megatron's modules "layernorm", "mlp" or
 # "layernorm" with "moe_act" in every layer (a set that changes nothing for the model is the plan without it:
-# `planner._recompute_choice`; in Megatron's layer a dense layer's norms are fused into the next GEMM); SP wherever there is TP (Megatron requires it for --tp-comm-overlap), as Megatron runs it (the saved
-# inputs of the column-parallel linears kept as sequence shards and all-gathered again in backward:
-# `planner.Plan.sp_regather`); ring CP.
+# `planner._recompute_choice`; in Megatron's layer a dense layer's norms are fused into the next GEMM); SP
+# wherever there is TP (Megatron requires it for --tp-comm-overlap), as Megatron runs it (the saved inputs of the
+# column-parallel linears kept as sequence shards and all-gathered again in backward: `planner.Plan.sp_regather`);
+# ring CP.
 LAYOUT_SEARCH = dict(
     sp_regather=True,
     micro_batch_sizes=(1, 2),

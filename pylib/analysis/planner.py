@@ -33,7 +33,9 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
             the workload's gradient dtype (`gradient_dtype_rows`).
   compute   seconds per microbatch on each evaluated rank (`efficiency.microbatch_seconds`): every GEMM of its
             layers on a roofline with an achievable fraction eta of the peak, the elementwise work at the memory's
-            bandwidth, backward twice the forward, recomputation's extra forward (`recompute.extra_forward_flops`).
+            bandwidth, backward twice the forward, recomputation's extra forward (`recompute.extra_forward_flops`;
+            Megatron's selective modules, `Plan.recompute_modules`: `recompute.module_extra_flops` and the norms'
+            and activations' bytes, with the "mlp" module's TP collectives sent again, `module_traffic_rows`).
 
 The cost model (book/part4/planner.md states each term with its formula):
   step time  = m t_mu + (pp - 1) / v t_mu + the most exposed communication of the evaluated ranks, t_mu the
