@@ -21,7 +21,8 @@ For "selective", Megatron-Core (v0.13 on) names the parts of every layer it reco
 "core_attn" and "mlp" as ordinary regions (their inputs kept, the whole region run again in backward); "layernorm"
 and "moe_act" discard their output and rebuild it in backward from the input the layer keeps anyway. Selective
 recomputation applies to every layer (Megatron refuses recompute_num_layers with it). Of Megatron's list these are
-modelled (`pylib.analysis.recompute`): core_attn, layernorm, mlp (dense layers), moe_act (the experts' activation);
+modelled (`pylib.analysis.recompute`): core_attn, layernorm, mlp (dense layers), moe_act (the experts' activation;
+Megatron asks for --moe-grouped-gemm with it);
 "moe" (the whole MoE layer: its EP dispatch would run again), "shared_experts" (pylib's MoE has none) and
 "mla_up_proj" (no MLA here) are refused by name. The modules are the analysis only: pylib.compose recomputes the
 attention core (recompute="selective") and nothing finer.
