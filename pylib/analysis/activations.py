@@ -15,7 +15,9 @@ which the TP tests measure byte for byte. Three things change them inside the co
                    activations, and the weighted combine. R depends on the routing: the expected value with uniform
                    routing and no dropping is T k etp (T = the rank's tokens); pass the measured R to be exact.
   recomputation    recompute="selective" replaces the attention core's rows by its inputs q, k, v (whatever the core:
-                   `recompute.core_input_bytes`); recompute="full" keeps, for each group of layers
+                   `recompute.core_input_bytes`); with Megatron's `recompute_modules` (`pylib.plan.recompute`) that
+                   is "core_attn", and "layernorm", "mlp", "moe_act" drop the rows `recompute.module_dropped_rows`
+                   names; recompute="full" keeps, for each group of layers
                    `pylib.plan.recompute.recompute_groups` names within a chunk, only the group's input
                    [b, s/cp, h] ([b, s/(cp tp), h] under SP), and the other layers' rows as they are
   Megatron's SP    sp_regather=True: the QKV and MLP inputs (and the LM head's) are kept as the s/(cp tp) shard and
@@ -40,7 +42,8 @@ import functools
 
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.options import SEQUENCE_PARALLEL
-from pylib.plan.recompute import check_recompute, recompute_groups
+from pylib.plan.recompute import check_recompute, modules_problems, recompute_groups
+from pylib.plan.recompute import recompute_modules as recompute_modules_of
 from pylib.plan.schedules import check_schedule, interleaved_table, warmup_forwards
 from pylib.plan.split import chunk_layers
 
@@ -123,6 +126,7 @@ def layer_saved_rows(
     expert_rows: int | None = None,
     recompute: str = "none",
     sp_regather: bool = False,
+    recompute_modules: tuple[str, ...] | None = None,
 ) -> dict[str, int]:
     """Bytes one layer keeps for backward on one rank, by tensor: `tp.compare_with_korthikanti` at s/cp tokens, the
     attention core as `attention_core_bytes` (its inputs under recompute="selective"), and for a MoE layer the MLP
@@ -132,8 +136,14 @@ def layer_saved_rows(
     as pylib.tp does. sp_regather also counts Megatron's layer as Megatron-LM with Transformer Engine keeps it:
     the fused bias-SwiGLU saves fc1's output [b, s, 2 h_ffn/tp] and fc2's input [b, s, h_ffn/tp] (3 h_ffn-wide
     tensors, not pylib's 4: gate x, silu(gate x), up x and their product), and the flash kernel's saved output
-    is the very tensor the row-parallel W_O saves as its input (one storage, counted once, without CP)."""
+    is the very tensor the row-parallel W_O saves as its input (one storage, counted once, without CP).
+    recompute_modules (with recompute="selective"; None: Megatron's default, the core alone): the modules each
+    layer recomputes, their rows removed (`recompute.module_dropped_rows`)."""
     check_recompute(recompute)
+    bad = modules_problems(recompute_modules, recompute)
+    if bad:
+        raise ValueError("; ".join(bad))
+    modules = recompute_modules_of(recompute, recompute_modules)
     sp = sequence_parallel and tp > 1
     if recompute == "full":
         return {
@@ -150,10 +160,10 @@ def layer_saved_rows(
     if sp and sp_regather:  # Megatron's layer (see the docstring): its fused kernels keep fewer tensors
         if cfg.mlp == "swiglu" and "MLP hidden" in rows:
             rows["MLP hidden"] = rows["MLP hidden"] * 3 // 4  # fc1's [s, 2 f/t] output and fc2's [s, f/t] input
-        if cp == 1 and attention == "flash" and recompute != "selective":
+        if cp == 1 and attention == "flash" and "core_attn" not in modules:
             rows.pop("W_O input (attention output)", None)  # the flash kernel's saved output, one storage
     core = "attention core" + (f" ({cp_kind})" if cp > 1 else f" ({attention})")
-    if recompute == "selective":
+    if "core_attn" in modules:
         rows[core + ", recomputed: q, k, v"] = recompute_analysis.core_input_bytes(cfg, b, s, tp, cp)
     else:
         rows[core] = attention_core_bytes(cfg, b, s, tp=tp, cp=cp, cp_kind=cp_kind, attention=attention)
@@ -162,6 +172,13 @@ def layer_saved_rows(
             rows.pop(item, None)
         tokens = b * (s_cp // tp if sp else s_cp)
         rows.update(moe_saved_rows(cfg, tokens, etp=etp, expert_rows=expert_rows))
+    dropped = recompute_analysis.module_dropped_rows(
+        rows, modules, moe_layer=cfg.is_moe_layer(layer), sequence_parallel=sp, sp_regather=sp_regather
+    )
+    for item, n in dropped.items():
+        rows[item] -= n
+        if not rows[item]:
+            del rows[item]
     return rows
 
 
@@ -217,17 +234,19 @@ def chunk_saved_bytes(
     recompute_num_layers: int = 1,
     sp_regather: bool = False,
     balance_ends: bool = False,
+    recompute_modules: tuple[str, ...] | None = None,
 ) -> list[int]:
     """Bytes one microbatch's forward keeps in each chunk of pipeline rank `pp_rank` (a list of v numbers).
     expert_rows: {layer: R} measured; missing layers take the expectation. recompute, recompute_method,
     recompute_num_layers: `pylib.plan.recompute`, the groups counted within each chunk (as pylib.compose runs them).
     sp_regather: Megatron's SP (the column-parallel linears' inputs kept as shards, `layer_saved_rows`).
-    balance_ends: Llama 3's uneven split (`split_layers`)."""
+    balance_ends: Llama 3's uneven split (`split_layers`). recompute_modules: Megatron's (`layer_saved_rows`)."""
     check_recompute(recompute, recompute_method, recompute_num_layers)
     kept = "selective" if recompute == "selective" else "none"  # what a layer outside a recomputed group keeps
     out = []
     sp = sequence_parallel and tp > 1
     kw = dict(tp=tp, cp=cp, sequence_parallel=sequence_parallel, sp_regather=sp_regather)
+    modules = recompute_modules if kept == "selective" else None
     same: dict[bool, int] = {}  # dense and MoE layers at the expected routing: one sum each
 
     def layer(i):
@@ -235,7 +254,17 @@ def chunk_saved_bytes(
         if rows_i is None and cfg.is_moe_layer(i) in same:
             return same[cfg.is_moe_layer(i)]
         rows = layer_saved_rows(
-            cfg, i, b, s, cp_kind=cp_kind, attention=attention, etp=etp, expert_rows=rows_i, recompute=kept, **kw
+            cfg,
+            i,
+            b,
+            s,
+            cp_kind=cp_kind,
+            attention=attention,
+            etp=etp,
+            expert_rows=rows_i,
+            recompute=kept,
+            recompute_modules=modules,
+            **kw,
         )
         if rows_i is None:
             same[cfg.is_moe_layer(i)] = sum(rows.values())

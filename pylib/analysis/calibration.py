@@ -112,9 +112,12 @@ HOLDOUT_ROWS = tuple(i for i, r in enumerate(RUNS) if not r.fit)
 
 # What a published layout leaves to the planner: micro-batches of 1 or 2 sequences, up to 8 virtual stages, DDP
 # or the distributed optimizer (ZeRO-1), no, selective or full recomputation of the first 1, 2 or 4 layers of each
-# chunk; SP wherever there is TP (Megatron requires it for --tp-comm-overlap), as Megatron runs it (the saved
-# inputs of the column-parallel linears kept as sequence shards and all-gathered again in backward:
-# `planner.Plan.sp_regather`); ring CP.
+# chunk, where selective is the attention core (Megatron's default) or Megatron's modules "layernorm", "mlp" or
+# "layernorm" with "moe_act" in every layer (a set that changes nothing for the model is the plan without it:
+# `planner._recompute_choice`; in Megatron's layer a dense layer's norms are fused into the next GEMM); SP
+# wherever there is TP (Megatron requires it for --tp-comm-overlap), as Megatron runs it (the saved inputs of the
+# column-parallel linears kept as sequence shards and all-gathered again in backward: `planner.Plan.sp_regather`);
+# ring CP.
 LAYOUT_SEARCH = dict(
     sp_regather=True,
     micro_batch_sizes=(1, 2),
@@ -122,7 +125,9 @@ LAYOUT_SEARCH = dict(
     zero_stages=(0, 1),
     sequence_parallel=(True,),
     cp_kinds=("ring",),
-    recompute=("none", "selective") + tuple(("full", "block", k) for k in (1, 2, 4)),
+    recompute=("none", "selective")
+    + tuple(("selective", mods) for mods in (("layernorm",), ("mlp",), ("layernorm", "moe_act")))
+    + tuple(("full", "block", k) for k in (1, 2, 4)),
 )
 
 

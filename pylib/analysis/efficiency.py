@@ -16,7 +16,9 @@ The terms, per layer and microbatch on one rank (T = b s / cp tokens, t = tp, e 
                     rotary: each reads and writes [T, h]); half of it outside the TP region, cut by t_s = t under SP
                     and replicated (t_s = 1) without, half inside it (the activation, attention's), cut by t
     backward        twice the forward's GEMMs and core; the elementwise work once more
-    recompute       `recompute.extra_forward_flops` of the layer at eta peak, in backward
+    recompute       `recompute.extra_forward_flops` of the layer at eta peak, in backward; Megatron's modules
+                    (`Plan.recompute_modules`) their `recompute.module_extra_flops` at eta peak and their
+                    `recompute.module_extra_hbm_bytes` (the norms, the experts' activation) at hbm
     LM head         [T, h] x [h, V / t] on the last stage, the embedding lookup on the first (elementwise)
 
 Small shards pay twice: a GEMM whose M = T is small falls under the roofline's memory slope, and the elementwise
@@ -30,9 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pylib.plan.heads import kv_heads_per_rank
+from pylib.plan.recompute import recompute_modules
 
-from .activations import split_layers
-from .recompute import extra_forward_flops
+from .activations import expected_expert_rows, split_layers
+from .recompute import extra_forward_flops, module_extra_flops, module_extra_hbm_bytes
 from .shapes import dtype_bytes
 
 
@@ -132,7 +135,10 @@ def microbatch_seconds(
             fwd += g + core + elem
             bwd += 2 * (g + core) + elem
             core_total += 3 * core
-        if plan.recompute != "none" and layers:
+        if plan.recompute == "selective" and layers:
+            flops, hbm = _module_work(cfg, b, seq, par, plan, layers)
+            bwd += flops / (eta * peak_flops) + hbm / hbm_bandwidth
+        elif plan.recompute != "none" and layers:
             extra = _recompute_flops(cfg, b, seq, par, plan, len(layers))
             bwd += extra / (eta * peak_flops)
         if stage == n_stages - 1:  # the LM head, forward and its two backward GEMMs
@@ -143,6 +149,32 @@ def microbatch_seconds(
         if stage == 0:
             fwd += 2 * e * tokens * cfg.d_model / t_s / hbm_bandwidth  # the embedding's gather and write
     return MicrobatchTime(fwd, bwd, core_total, dgrad)
+
+
+def _module_work(cfg, b: int, seq: int, par, plan, layers) -> tuple[int, int]:
+    """(matmul FLOPs, memory-bound bytes) one chunk's selective recomputation runs again on one rank: every layer's
+    modules (`Plan.recompute_modules`; the default, the attention core, is pylib's "selective")."""
+    s = seq // par.cp
+    modules = recompute_modules(plan.recompute, getattr(plan, "recompute_modules", None))
+    sp = plan.sequence_parallel and par.tp > 1
+    rows = expected_expert_rows(b * (s // par.tp if sp else s), cfg.moe.top_k, par.etp) if cfg.moe else 0
+    flops = hbm = 0
+    for i in layers:
+        moe = cfg.is_moe_layer(i)
+        flops += module_extra_flops(cfg, b, s, par.tp, modules, moe_layer=moe)
+        hbm += module_extra_hbm_bytes(
+            cfg,
+            b,
+            s,
+            par.tp,
+            modules,
+            moe_layer=moe,
+            sequence_parallel=sp,
+            sp_regather=getattr(plan, "sp_regather", False),
+            expert_rows=rows,
+            etp=par.etp,
+        )
+    return flops, hbm
 
 
 def _recompute_flops(cfg, b: int, seq: int, par, plan, n_layers: int) -> float:

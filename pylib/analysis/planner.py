@@ -33,7 +33,9 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
             the workload's gradient dtype (`gradient_dtype_rows`).
   compute   seconds per microbatch on each evaluated rank (`efficiency.microbatch_seconds`): every GEMM of its
             layers on a roofline with an achievable fraction eta of the peak, the elementwise work at the memory's
-            bandwidth, backward twice the forward, recomputation's extra forward (`recompute.extra_forward_flops`).
+            bandwidth, backward twice the forward, recomputation's extra forward (`recompute.extra_forward_flops`;
+            Megatron's selective modules, `Plan.recompute_modules`: `recompute.module_extra_flops` and the norms'
+            and activations' bytes, with the "mlp" module's TP collectives sent again, `module_traffic_rows`).
 
 The cost model (book/part4/planner.md states each term with its formula):
   step time  = m t_mu + (pp - 1) / v t_mu + the most exposed communication of the evaluated ranks, t_mu the
@@ -69,6 +71,7 @@ from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
 from pylib.plan.options import CP_KINDS, SEQUENCE_PARALLEL, ZERO_STAGES, MixedPrecision, RunOptions
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
+from pylib.plan.recompute import DEFAULT_MODULES, modules_problems, recompute_modules
 from pylib.plan.schedules import ScheduleError, check_schedule
 
 from . import compose as compose_analysis
@@ -76,6 +79,7 @@ from . import cp as cp_analysis
 from . import dp as dp_analysis
 from . import ep as ep_analysis
 from . import pp as pp_analysis
+from . import recompute as recompute_analysis
 from . import tp as tp_analysis
 from .activations import ATTENTION_KERNELS, chunk_saved_bytes, expected_expert_rows, peak_saved_bytes, split_layers
 from .efficiency import CostModel, MicrobatchTime, microbatch_seconds
@@ -180,7 +184,12 @@ class Plan:
     (Megatron-Core's `microbatch_group_size_per_vp_stage`); None is Megatron's default N = p. It sets the warm-up,
     so the activations held (`activations.peak_saved_bytes`), and the bubble is measured on the schedule
     (`pp.simulated_bubble_fraction`); Megatron's rule p <= N <= m, m % N == 0 or >= p (`problems`). Not a
-    `RunOptions` field: `pylib.compose` runs N = p (`pylib.pp` takes any N)."""
+    `RunOptions` field: `pylib.compose` runs N = p (`pylib.pp` takes any N).
+    recompute_modules: with recompute="selective", Megatron's --recompute-modules (`pylib.plan.recompute`; None is
+    its default, the attention core, pylib's "selective"): what each layer stops saving
+    (`activations.layer_saved_rows`), runs again (`efficiency.microbatch_seconds`) and, for "mlp", sends again (the
+    MLP's TP collectives, `recompute.module_extra_collectives`). The analysis only: `run_options` asks pylib for
+    its selective recomputation when "core_attn" is among them, for none otherwise."""
 
     par: ParallelConfig
     sequence_parallel: bool = SEQUENCE_PARALLEL
@@ -194,6 +203,12 @@ class Plan:
     sp_regather: bool = False
     balance_ends: bool = False
     group_size: int | None = None
+    recompute_modules: tuple[str, ...] | None = None
+
+    @property
+    def modules(self) -> frozenset:
+        """The modules every layer recomputes (`pylib.plan.recompute.recompute_modules`): empty unless selective."""
+        return recompute_modules(self.recompute, self.recompute_modules)
 
     @property
     def schedule(self) -> str:
@@ -209,7 +224,7 @@ class Plan:
             n_microbatches=self.n_microbatches,
             v=self.v,
             zero_stage=self.zero_stage,
-            recompute=self.recompute,
+            recompute=self.recompute if self.recompute != "selective" or "core_attn" in self.modules else "none",
             recompute_method=self.recompute_method,
             recompute_num_layers=self.recompute_num_layers,
         )
@@ -245,7 +260,9 @@ class Plan:
             parts.append(f"v={self.v}")
         if self.group_size is not None:
             parts.append(f"N={self.group_size}")
-        if self.recompute == "selective":
+        if self.recompute == "selective" and self.recompute_modules not in (None, DEFAULT_MODULES):
+            parts.append("recompute=selective/" + "+".join(self.recompute_modules))
+        elif self.recompute == "selective":
             parts.append("recompute=selective")
         elif self.recompute == "full":
             parts.append(f"recompute=full/{self.recompute_method}/{self.recompute_num_layers}")
@@ -264,6 +281,7 @@ def canonical(plan: Plan, has_experts: bool = True) -> Plan:
         cp_kind=plan.cp_kind if par.cp > 1 else "ring",
         zero_stage=plan.zero_stage if dp_groups else 0,
         group_size=None if plan.group_size == par.pp else plan.group_size,
+        recompute_modules=None if plan.recompute_modules == DEFAULT_MODULES else plan.recompute_modules,
     )
 
 
@@ -285,6 +303,7 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
     when the composed model runs it; with `plan.group_size` also Megatron's rule for N (`schedules.check_schedule`:
     interleaved only, p <= N <= m, m % N == 0 or m % N >= p)."""
     out = plan_problems(_slots(cfg, plan), plan.par, world_size, batch=batch, seq=seq, options=plan.run_options)
+    out += modules_problems(plan.recompute_modules, plan.recompute)
     if plan.group_size is None:
         return out
     p, m, v = plan.par.pp, plan.n_microbatches, plan.v
@@ -352,7 +371,8 @@ def enumerate_plans(
     sequences when given; v dividing L/pp (v = 1 without PP), restricted to `virtual_stages` when given; etp
     restricted to `expert_tp` when given. The other knobs: ZeRO stages `zero_stages`, CP kinds `cp_kinds`, SP on/off
     `sequence_parallel`, activation recomputation `recompute` ("none", "selective", "full": full with one layer per
-    group, or (recompute, method, num_layers) triples such as ("full", "block", 2)); the rank order `order` is
+    group, (recompute, method, num_layers) triples such as ("full", "block", 2), or ("selective", modules) pairs
+    of Megatron's modules such as ("selective", ("mlp",)): `_recompute_choice`); the rank order `order` is
     fixed (Megatron's default). meshes: only these (tp, cp, ep, dp, pp, etp), e.g. a published layout, with every
     other knob still varied. tp_sizes / cp_sizes: only these TP / CP sizes when given. sp_regather: every SP plan
     predicted as Megatron runs SP (`Plan.sp_regather`). balance_ends: with PP, Llama 3's uneven split
@@ -361,7 +381,7 @@ def enumerate_plans(
     tuple of values)."""
     _positive(world_size=world_size, batch=batch, seq=seq)
     moe = cfg.moe is not None
-    out = []
+    out, seen = [], set()
     for tp in [t for t in _divisors(world_size) if tp_sizes is None or t in tp_sizes]:
         for cp in [c for c in _divisors(world_size // tp) if cp_sizes is None or c in cp_sizes]:
             for pp in _divisors(world_size // (tp * cp)):
@@ -394,13 +414,31 @@ def enumerate_plans(
                             for zero in zero_stages if has_dp else (0,):
                                 for v in vs:
                                     for m, rc in ((m, rc) for m in ms for rc in recompute):
-                                        rc = (rc, "uniform", 1) if isinstance(rc, str) else rc
+                                        rc, mods = _recompute_choice(cfg, rc, sp and tp > 1)
                                         plan = Plan(par, sp, kind, zero, m, v, *rc, sp_regather and sp, ends)
+                                        plan = replace(plan, recompute_modules=mods) if mods else plan
                                         for n in dict.fromkeys((None,) + group_sizes_for(pp, m, v, group_sizes)):
                                             with_n = plan if n is None else replace(plan, group_size=n)
-                                            if not problems(cfg, with_n, world_size, batch, seq):
-                                                out.append(with_n)
+                                            if with_n in seen or problems(cfg, with_n, world_size, batch, seq):
+                                                continue
+                                            seen.add(with_n)
+                                            out.append(with_n)
     return out
+
+
+def _recompute_choice(cfg, rc, sequence_parallel: bool) -> tuple[tuple, tuple | None]:
+    """One entry of `enumerate_plans(recompute=...)` as ((recompute, method, num_layers), modules): a name, a
+    (recompute, method, num_layers) triple, or ("selective", modules) -- the modules that change nothing for
+    `cfg` dropped (`recompute.modules_with_effect`): none left is recompute="none", the core alone plain
+    "selective" (modules None), so a set that only repeats another gives the same plan, enumerated once."""
+    if isinstance(rc, str):
+        return (rc, "uniform", 1), None
+    if len(rc) == 2 and rc[0] == "selective":
+        mods = recompute_analysis.modules_with_effect(cfg, tuple(rc[1]), sequence_parallel)
+        if not mods:
+            return ("none", "uniform", 1), None
+        return ("selective", "uniform", 1), None if mods == DEFAULT_MODULES else mods
+    return tuple(rc), None
 
 
 # ------------------------------------------------------------------------------------------------ parameters
@@ -716,6 +754,32 @@ def rank_traffic_rows(
     place in the EP and ETP groups. moe_routing: the routing of a real run (`compose.train`'s "moe_routing"); None
     takes the `expected_routing` (uniform, no dropping), which is what the planner predicts with."""
     layouts = flat_layouts(cfg, plan, pp_rank) if layouts is None else layouts
+    ids = (dp_index, edp_index, ep_index, etp_index)
+    rows = _traffic_rows(cfg, plan, batch, seq, pp_rank, layouts, *ids, moe_routing)
+    return rows + module_traffic_rows(cfg, plan, batch, seq, pp_rank)
+
+
+def module_traffic_rows(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> list:
+    """The TP collectives Megatron's recomputed modules issue again in backward (phase "recompute"), one row per
+    op: under "mlp" every held dense layer's MLP forward ones, per microbatch (`recompute.module_extra_collectives`);
+    nothing for the other modules, and nothing without them."""
+    par = plan.par
+    if "mlp" not in plan.modules or par.tp == 1:
+        return []
+    ops = recompute_analysis.module_extra_collectives(
+        cfg, plan.micro_batch(batch), seq // par.cp, par.tp, plan.modules, sequence_parallel=plan.sequence_parallel
+    )
+    held = [i for c in split_layers(cfg.n_layers, par.pp, plan.v, pp_rank, plan.balance_ends) for i in c]
+    n = plan.n_microbatches * sum(not cfg.is_moe_layer(i) for i in held)
+    return [
+        compose_analysis.Traffic("tp", "recompute", c.op, f"{c.where}.recompute", n, n * c.bytes_sent, c.payload_bytes)
+        for c in ops
+        if n
+    ]
+
+
+def _traffic_rows(cfg, plan, batch, seq, pp_rank, layouts, dp_index, edp_index, ep_index, etp_index, moe_routing):
+    """`rank_traffic_rows` without the recomputed modules' rows."""
     kw = dict(batch=batch, seq=seq, pp_rank=pp_rank, layouts=layouts, dp_index=dp_index, edp_index=edp_index)
     kw.update(ep_index=ep_index, etp_index=etp_index, options=plan.run_options, sp_regather=plan.sp_regather)
     if moe_routing is not None:
@@ -785,6 +849,7 @@ def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank:
         (plan.recompute, plan.recompute_method, plan.recompute_num_layers),
         plan.sp_regather,
         plan.balance_ends,
+        plan.recompute_modules,
     )
     m, v = plan.n_microbatches, plan.v
     return peak_saved_bytes(list(chunks), plan.schedule, par.pp, m, v, pp_rank, plan.group_size)
@@ -795,7 +860,22 @@ _NO_RC = ("none", "uniform", 1)
 
 @functools.lru_cache(maxsize=65536)
 def _chunk_bytes(
-    cfg, b, seq, pp, v, pp_rank, tp, cp, sp, cp_kind, attention, etp, recompute=_NO_RC, regather=False, ends=False
+    cfg,
+    b,
+    seq,
+    pp,
+    v,
+    pp_rank,
+    tp,
+    cp,
+    sp,
+    cp_kind,
+    attention,
+    etp,
+    recompute=_NO_RC,
+    regather=False,
+    ends=False,
+    modules=None,
 ) -> tuple[int, ...]:
     return tuple(
         chunk_saved_bytes(
@@ -816,6 +896,7 @@ def _chunk_bytes(
             recompute_num_layers=recompute[2],
             sp_regather=regather,
             balance_ends=ends,
+            recompute_modules=modules,
         )
     )
 

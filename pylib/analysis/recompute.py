@@ -26,12 +26,35 @@ default): a matmul saves its inputs before it runs, so the region's last matmul 
 
 and for "full" the group's forward collectives once more except the one after that last matmul (the MLP's leave:
 all-reduce, or reduce-scatter under SP), issued in backward under the tracer's phase "recompute".
+
+Megatron's modules (`pylib.plan.recompute.recompute_modules`, recompute="selective", every layer): what each one stops
+saving per layer and rank is a set of rows of `activations.layer_saved_rows` (`module_dropped_rows`), and what it
+runs again (`module_extra_flops`, `module_extra_hbm_bytes`). T_o = b s/(cp t) tokens under SP, b s/cp without;
+T = b s/cp inside the TP region; R the rows an EP rank's experts receive; f = h_ffn. Megatron's layer (the planner's
+sp_regather, Transformer Engine) fuses the first norm into the QKV GEMM and a dense layer's second norm into the
+MLP's first GEMM (TELayerNormColumnParallelLinear: the layer has no norm module of its own there).
+
+    core_attn  the attention core's rows, q, k, v kept: "selective" above (Q K^T again, 2 b s^2 a_t d)
+    layernorm  the output of each norm that is a module of its own, which the next GEMM saves, e T_o h each:
+               LN1 -> QKV and a dense LN2 -> W_in only without SP (pylib's layer; under SP pylib's GEMM keeps the
+               gathered copy, not the norm's output, and Megatron's layer fuses them), a MoE layer's LN2 -> the
+               router always (Megatron keeps that norm apart); the norm runs again at memory speed, reading
+               its input and writing its output, 2 e T_o h bytes each
+    mlp        a dense layer's MLP hidden rows (3 f-wide tensors [T, f/t] in Megatron's layer, 4 SwiGLU / 2 GELU in
+               pylib's), and in Megatron's layer also W_in's saved input [T_o, h] and LN2's statistics [T_o] x 2 (the
+               fused norm is inside the checkpoint, whose input, LN2's input, stays); Megatron's checkpoint runs the
+               whole MLP again: 2 T h (f/t) (m_in + 1) FLOPs (m_in = 2 SwiGLU, 1 GELU), Megatron's fused LN2 at
+               2 e T_o h bytes, and the MLP's forward TP collectives once more (`module_extra_collectives`)
+    moe_act    half of the experts' hidden rows: the activation's outputs (SwiGLU: silu(gate x) and the product of
+               pylib's 4 tensors; GELU: the output of 2), its input, fc1's output [R, m_in f/etp], kept; the
+               activation runs again at memory speed, reading fc1's output and writing fc2's input,
+               e R f/etp (m_in + 1) bytes
 """
 
 from __future__ import annotations
 
 from pylib.plan.heads import kv_heads_per_rank
-from pylib.plan.recompute import RECOMPUTE, check_recompute, recompute_groups
+from pylib.plan.recompute import RECOMPUTE, check_recompute, recompute_groups, recompute_modules
 
 from . import tp as tp_analysis
 from .tp import dtype_bytes
@@ -148,6 +171,103 @@ def cp_recompute_ops(kind: str, recompute: str, cp: int, layers: int = 1) -> dic
     return {"all_to_all": (3 if recompute == "selective" else 4) * layers}
 
 
+def norm_is_own_module(moe_layer: bool, sequence_parallel: bool, norm: str) -> bool:
+    """Whether norm "ln1" / "ln2" of a layer leaves its own output saved for the next GEMM (see the module docstring:
+    a MoE layer's LN2 always; the others only without SP)."""
+    return (moe_layer and norm == "ln2") or not sequence_parallel
+
+
+def modules_with_effect(cfg, modules, sequence_parallel: bool) -> tuple[str, ...]:
+    """The modules of `modules` that change anything in `cfg`'s layers (sequence_parallel: SP with TP > 1):
+    core_attn always; layernorm where some norm is a module of its own (`norm_is_own_module`); mlp with a dense
+    layer, moe_act with a MoE layer. In `modules`' order."""
+    kinds = {cfg.is_moe_layer(i) for i in range(cfg.n_layers)}
+    has = {
+        "core_attn": True,
+        "layernorm": any(norm_is_own_module(k, sequence_parallel, n) for k in kinds for n in ("ln1", "ln2")),
+        "mlp": False in kinds,
+        "moe_act": True in kinds,
+    }
+    return tuple(m for m in modules if has.get(m, True))
+
+
+def module_dropped_rows(rows: dict, modules, *, moe_layer: bool, sequence_parallel: bool, sp_regather: bool) -> dict:
+    """{row: bytes} of `rows` (one layer's `activations.layer_saved_rows` before Megatron's modules other than the
+    attention core, which `layer_saved_rows` applies itself) that `modules` stop saving (the module docstring)."""
+    out = {}
+    fused = sequence_parallel and sp_regather  # Megatron's layer: LN1 inside QKV, a dense LN2 inside W_in
+
+    def drop(item, fraction=1):
+        if item in rows:
+            out[item] = rows[item] // fraction
+
+    if "layernorm" in modules:
+        if norm_is_own_module(moe_layer, sequence_parallel, "ln1"):
+            drop("QKV input (LN1 output)")
+        if norm_is_own_module(moe_layer, sequence_parallel, "ln2"):
+            drop("router input [T, h]" if moe_layer else "MLP input (LN2 output)")
+    if "mlp" in modules and not moe_layer:
+        drop("MLP hidden")
+        if fused:
+            drop("MLP input (LN2 output)")
+            drop("LayerNorm mean and 1/std", 2)  # LN2's of the two norms' statistics
+    if "moe_act" in modules and moe_layer:
+        for item in rows:
+            if item.startswith("expert hidden"):
+                drop(item, 2)
+    return out
+
+
+def module_extra_flops(cfg, b: int, s: int, t: int = 1, modules=(), *, moe_layer: bool = False) -> int:
+    """Matmul FLOPs one layer's modules run again in backward on one rank (s: this rank's s/cp tokens; the
+    module docstring): core_attn Q K^T, mlp the dense MLP's GEMMs."""
+    out = core_flops(cfg, b, s, t) // 2 if "core_attn" in modules else 0
+    if "mlp" in modules and not moe_layer:
+        m_in = 2 if cfg.mlp == "swiglu" else 1
+        out += 2 * b * s * cfg.d_model * (cfg.d_ff // t) * (m_in + 1)
+    return out
+
+
+def module_extra_hbm_bytes(
+    cfg,
+    b: int,
+    s: int,
+    t: int = 1,
+    modules=(),
+    *,
+    moe_layer: bool = False,
+    sequence_parallel: bool = False,
+    sp_regather: bool = False,
+    expert_rows: int = 0,
+    etp: int = 1,
+) -> int:
+    """Bytes the memory-bound reruns of one layer's modules read and write on one rank (s: s/cp; the module
+    docstring): each recomputed norm 2 e T_o h, Megatron's fused LN2 under "mlp", the experts' activation under
+    "moe_act" e R f/etp (m_in + 1)."""
+    e = dtype_bytes(cfg.dtype)
+    sp = sequence_parallel and t > 1
+    norm = 2 * e * b * (s // t if sp else s) * cfg.d_model
+    out = 0
+    if "layernorm" in modules:
+        out += norm * sum(norm_is_own_module(moe_layer, sp, n) for n in ("ln1", "ln2"))
+    if "mlp" in modules and not moe_layer and sp and sp_regather:
+        out += norm
+    if "moe_act" in modules and moe_layer:
+        m_in = 2 if cfg.mlp == "swiglu" else 1
+        out += e * expert_rows * ((cfg.moe.d_ff or cfg.d_ff) // etp) * (m_in + 1)
+    return out
+
+
+def module_extra_collectives(cfg, b: int, s: int, t: int = 1, modules=(), *, sequence_parallel=False) -> list:
+    """The TP collectives one dense layer's modules issue again in backward: under "mlp" the MLP's forward ones
+    (SP: the all-gather entering and the reduce-scatter leaving; TP alone: the all-reduce leaving)."""
+    if "mlp" not in modules:
+        return []
+    e = dtype_bytes(cfg.dtype)
+    fwd = tp_analysis.layer_collectives(b, s, cfg.d_model, t, e, sequence_parallel=sequence_parallel)
+    return [c for c in fwd if c.phase == "forward" and c.where == "mlp"]
+
+
 __all__ = [
     "CORE_ROWS",
     "RECOMPUTE",
@@ -162,4 +282,11 @@ __all__ = [
     "layer_input_bytes",
     "layer_saved_bytes",
     "model_layers_saved_bytes",
+    "module_dropped_rows",
+    "module_extra_collectives",
+    "module_extra_flops",
+    "module_extra_hbm_bytes",
+    "modules_with_effect",
+    "norm_is_own_module",
+    "recompute_modules",
 ]

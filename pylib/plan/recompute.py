@@ -15,12 +15,57 @@ For "full", Megatron's `recompute_method` and `recompute_num_layers` (k) choose 
 
     recompute_groups(4, "full", "uniform", 2)  -> ((0, 1), True), ((2, 3), True)
     recompute_groups(4, "full", "block", 1)    -> ((0,), True), ((1, 2, 3), False)
+
+For "selective", Megatron-Core (v0.13 on) names the parts of every layer it recomputes: `recompute_modules`
+(--recompute-modules; the default, and pylib's "selective", is the attention core alone). Megatron checkpoints
+"core_attn" and "mlp" as ordinary regions (their inputs kept, the whole region run again in backward); "layernorm"
+and "moe_act" discard their output and rebuild it in backward from the input the layer keeps anyway. Selective
+recomputation applies to every layer (Megatron refuses recompute_num_layers with it). Of Megatron's list these are
+modelled (`pylib.analysis.recompute`): core_attn, layernorm, mlp (dense layers), moe_act (the experts' activation;
+Megatron asks for --moe-grouped-gemm with it);
+"moe" (the whole MoE layer: its EP dispatch would run again), "shared_experts" (pylib's MoE has none) and
+"mla_up_proj" (no MLA here) are refused by name. The modules are the analysis only: pylib.compose recomputes the
+attention core (recompute="selective") and nothing finer.
 """
 
 from __future__ import annotations
 
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act")  # modelled, in Megatron's spelling
+UNMODELLED_MODULES = {
+    "moe": "the whole MoE layer recomputed runs its EP all-to-alls again, which the traffic model does not count",
+    "shared_experts": "pylib's MoE layer has no shared experts",
+    "mla_up_proj": "pylib has no multi-latent attention",
+}
+DEFAULT_MODULES = ("core_attn",)  # Megatron's default, and what recompute="selective" recomputes in pylib
+
+
+def modules_problems(modules, recompute="selective") -> list[str]:
+    """Every bad `recompute_modules` choice: a name outside Megatron's list or not modelled here, a repeated
+    name, an empty set, or modules without recompute="selective" (Megatron reads them only then)."""
+    if modules is None:
+        return []
+    out = []
+    if recompute != "selective":
+        out.append(f"recompute_modules={modules!r} needs recompute='selective' (got recompute={recompute!r})")
+    if not isinstance(modules, tuple) or not modules:
+        return out + [f"recompute_modules={modules!r} must be a non-empty tuple of {RECOMPUTE_MODULES}"]
+    for name in modules:
+        if name in UNMODELLED_MODULES:
+            out.append(f"recompute_modules: {name!r} is not modelled ({UNMODELLED_MODULES[name]})")
+        elif name not in RECOMPUTE_MODULES:
+            out.append(f"recompute_modules: {name!r} must be one of {RECOMPUTE_MODULES}")
+    if len(set(modules)) != len(modules):
+        out.append(f"recompute_modules={modules!r} names a module twice")
+    return out
+
+
+def recompute_modules(recompute: str, modules=None) -> frozenset:
+    """The modules each layer recomputes: none but under "selective", where None means `DEFAULT_MODULES`."""
+    if recompute != "selective":
+        return frozenset()
+    return frozenset(DEFAULT_MODULES if modules is None else modules)
 
 
 def recompute_problems(recompute, method="uniform", num_layers=1) -> list[str]:
@@ -56,4 +101,14 @@ def recompute_groups(n_layers: int, recompute: str, method: str = "uniform", num
     return head + (((rest, False),) if rest else ())
 
 
-__all__ = ["RECOMPUTE", "RECOMPUTE_METHODS", "check_recompute", "recompute_groups", "recompute_problems"]
+__all__ = [
+    "DEFAULT_MODULES",
+    "RECOMPUTE",
+    "RECOMPUTE_METHODS",
+    "RECOMPUTE_MODULES",
+    "check_recompute",
+    "modules_problems",
+    "recompute_groups",
+    "recompute_modules",
+    "recompute_problems",
+]
