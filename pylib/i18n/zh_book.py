@@ -975,4 +975,6 @@ MESSAGES: dict[str, str] = {
     "add PP": "加 PP",
     "none of it is enough and throughput must go up": "都不够，吞吐还要拉满",
     "stack the above, add DP (seed A: DeepSeek-V3 with CP, EP and TP)": "以上叠加 + DP，如 DeepSeek-V3 同时用 CP + EP + TP（种子 A）",
+    # -- pylib/runtime/launch.py: the prefix of each rank's printed line
+    "[rank {r}]": "[进程号 {r}]",
 }
