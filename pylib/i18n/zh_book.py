@@ -977,4 +977,14 @@ MESSAGES: dict[str, str] = {
     "stack the above, add DP (seed A: DeepSeek-V3 with CP, EP and TP)": "以上叠加 + DP，如 DeepSeek-V3 同时用 CP + EP + TP（种子 A）",
     # -- pylib/runtime/launch.py: the prefix of each rank's printed line
     "[rank {r}]": "[进程号 {r}]",
+    # -- pylib/plan/schedules.py, pylib/pp/simulate.py: a schedule's text picture, the errors a chapter triggers
+    "rank {r}: {actions}": "进程号 {r}：{actions}",
+    "interleaved 1F1B needs v >= 2 chunks per rank, got v={v} (v=1 is plain 1F1B)": "交错 1F1B 需要每个进程号 v >= 2 个块，实际 v={v}（v=1 即普通 1F1B）",
+    "interleaved 1F1B needs p >= 2 pipeline ranks, got p={p} (chunks pass activations round the ring of ranks)": "交错 1F1B 需要 p >= 2 个流水线进程号，实际 p={p}（各块沿进程号组成的环传递激活）",
+    "interleaved 1F1B needs at least p microbatches: m={m} < p={p} (Megatron runs microbatches in groups of N=p through each chunk)": "交错 1F1B 至少需要 p 个微批次：m={m} < p={p}（Megatron 让微批次以 N=p 个为一组依次通过每个块）",
+    "interleaved 1F1B needs p <= N <= m for the group size N: p={p}, N={n}, m={m}": "交错 1F1B 要求组大小 N 满足 p <= N <= m：p={p}，N={n}，m={m}",
+    "interleaved 1F1B needs m divisible by p: m={m}, p={p}, m % p = {rest} (Megatron: microbatches go through each chunk in groups of p)": "交错 1F1B 要求 m 能被 p 整除：m={m}，p={p}，m % p = {rest}（Megatron：微批次以 p 个为一组依次通过每个块）",
+    "interleaved 1F1B needs m % N == 0 or m % N >= p: m={m}, N={n}, m % N = {rest} < p={p} (a short last group would stall the pipeline; Megatron rejects it)": "交错 1F1B 要求 m % N == 0 或 m % N >= p：m={m}，N={n}，m % N = {rest} < p={p}（过短的最后一组会让流水线停顿；Megatron 拒绝这种情况）",
+    "rank {r} at {action}": "进程号 {r} 停在 {action}",
+    "deadlock ({sends} sends): {where}": "死锁（{sends} send）：{where}",
 }
