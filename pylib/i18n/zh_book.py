@@ -987,4 +987,16 @@ MESSAGES: dict[str, str] = {
     "interleaved 1F1B needs m % N == 0 or m % N >= p: m={m}, N={n}, m % N = {rest} < p={p} (a short last group would stall the pipeline; Megatron rejects it)": "交错 1F1B 要求 m % N == 0 或 m % N >= p：m={m}，N={n}，m % N = {rest} < p={p}（过短的最后一组会让流水线停顿；Megatron 拒绝这种情况）",
     "rank {r} at {action}": "进程号 {r} 停在 {action}",
     "deadlock ({sends} sends): {where}": "死锁（{sends} send）：{where}",
+    # -- pylib/viz/planner.py: the planner explorer's verdicts, presets and controls
+    "yes": "是",
+    "no": "否",
+    "Llama-2-7B-class dense": "Llama-2-7B 级稠密模型",
+    "Llama-2-70B-class dense (GQA)": "Llama-2-70B 级稠密模型（GQA）",
+    "Mixtral-8x7B-class MoE": "Mixtral-8x7B 级 MoE",
+    "DeepSeek-V3-class MoE": "DeepSeek-V3 级 MoE",
+    "GPU memory": "GPU 显存",
+    "global batch (sequences)": "全局 batch（序列数）",
+    "sequence length": "序列长度",
+    "{name}, {world} GPUs": "{name}，{world} 块 GPU",
+    "scenario": "场景",
 }

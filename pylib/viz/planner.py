@@ -203,7 +203,7 @@ def plan_rows(ranked: list[P.Prediction]) -> list[list[str]]:
             [
                 str(i),
                 p.plan.describe(),
-                "yes" if p.fits else "no",
+                tr("yes") if p.fits else tr("no"),
                 fmt_bytes(p.peak_memory),
                 fmt_bytes(state),
                 fmt_bytes(worst["activations"]),
@@ -240,10 +240,25 @@ def explorer_cluster(world: int, memory: float) -> P.Cluster:
     return P.Cluster(world, gpu_memory=memory, tp_comm_overlap=True)
 
 
+# A preset's name as the reader sees it (the English name stays the key of PRESETS).
+_PRESET_LABELS = {
+    "Llama-2-7B-class dense": lambda: tr("Llama-2-7B-class dense"),
+    "Llama-2-70B-class dense (GQA)": lambda: tr("Llama-2-70B-class dense (GQA)"),
+    "Mixtral-8x7B-class MoE": lambda: tr("Mixtral-8x7B-class MoE"),
+    "DeepSeek-V3-class MoE": lambda: tr("DeepSeek-V3-class MoE"),
+}
+
+
+def preset_label(name: str) -> str:
+    """A preset's name in the reader's language."""
+    label = _PRESET_LABELS.get(name)
+    return label() if label is not None else name
+
+
 def explorer_title(name: str, world: int, batch: int, seq: int, memory: float) -> str:
     return tr(
         "{name} on {world} GPUs of {gb:.0f} GB, 8 per node; {batch} sequences of {seq} tokens per step",
-        name=name,
+        name=preset_label(name),
         world=world,
         gb=memory / 1e9,
         batch=batch,
@@ -267,16 +282,18 @@ class PlannerExplorer:
         _cfg, world, batch, seq = PRESETS[preset]
         slider = dict(continuous_update=False, style={"description_width": "initial"})
         self.top = top
-        self.preset = widgets.Dropdown(options=EXPLORER_PRESETS, value=preset, description="model")
-        self.world = widgets.SelectionSlider(options=WORLD_SIZES, value=world, description="GPUs", **slider)
+        self.preset = widgets.Dropdown(
+            options=[(preset_label(n), n) for n in EXPLORER_PRESETS], value=preset, description=tr("model")
+        )
+        self.world = widgets.SelectionSlider(options=WORLD_SIZES, value=world, description=tr("GPUs"), **slider)
         self.memory = widgets.Dropdown(
-            options=list(GPU_MEMORY), value="80 GB (H100)", description="GPU memory", style=slider["style"]
+            options=list(GPU_MEMORY), value="80 GB (H100)", description=tr("GPU memory"), style=slider["style"]
         )
         self.batch = widgets.SelectionSlider(
-            options=[2**i for i in range(3, 12)], value=batch, description="global batch (sequences)", **slider
+            options=[2**i for i in range(3, 12)], value=batch, description=tr("global batch (sequences)"), **slider
         )
         self.seq = widgets.SelectionSlider(
-            options=[2**i for i in range(10, 18)], value=seq, description="sequence length", **slider
+            options=[2**i for i in range(10, 18)], value=seq, description=tr("sequence length"), **slider
         )
         self.out = widgets.HTML()
         self._loading = False
@@ -344,11 +361,11 @@ def static_explorer(states=STATIC_STATES, top: int = 5):
     labels, pages = [], []
     for name, world in states:
         _cfg, _w, batch, seq = PRESETS[name]
-        labels.append(f"{name}, {world} GPUs")
+        labels.append(tr("{name}, {world} GPUs", name=preset_label(name), world=world))
         title = html.escape(explorer_title(name, world, batch, seq, 80e9))
         body = plans_html(_ranked(name, world, batch, seq, 80e9, top))
         pages.append(widgets.HTML(f"<p><b>{title}</b></p>{body}"))
-    choose = widgets.Dropdown(options=labels, value=labels[0], description="scenario")
+    choose = widgets.Dropdown(options=labels, value=labels[0], description=tr("scenario"))
     stack = widgets.Stack(pages, selected_index=0)
     widgets.jslink((choose, "index"), (stack, "selected_index"))
     return widgets.VBox([choose, stack])
