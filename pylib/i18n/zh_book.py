@@ -1015,4 +1015,10 @@ MESSAGES: dict[str, str] = {
     "green": "绿",
     "yellow": "黄",
     "red": "红",
+    # -- book/part1/number-flow.md: the erratum admonition the chapter's code prints
+    "Erratum: the residual in seed A's run starts after the first LayerNorm": "勘误：种子 A 的运行中，残差从第一个 LayerNorm 之后才开始",
+    "Seed A's text (and its diagram) add back **the input from before ①**, $x$: 「Wo(attn_out) + h,又回到行内计算,加上残差跳线(把 ① 之前的输入直接加回来)」 (\"add the residual skip line: add back the input from before ① directly\"). Its printed row for *cat* after ④ is instead **the output of ①** plus the attention branch:": "种子 A 的正文（及其示意图）加回的是 **① 之前的输入** $x$：「Wo(attn_out) + h,又回到行内计算,加上残差跳线(把 ① 之前的输入直接加回来)」。可它打印的 *cat* 在 ④ 之后的那一行，却是 **① 的输出**加上 attention 分支：",
+    "what the text says: {formula}": "正文的说法：{formula}",
+    "what seed A prints": "种子 A 打印的值",
+    "The same holds further down: the printed {w_up} row and the printed layer output are reproduced by a layer whose residual stream is {ln1} from ① on, and by nothing else tried (the cells below search the alternatives). The run behind the numbers behaves as if it computed `h = ln1(x); h = h + attn(h); h = h + mlp(ln2(h))`, where a Pre-LN layer computes `x = x + attn(ln1(x)); x = x + mlp(ln2(x))`. The text describes the standard layer; the numbers come from this variant. None of seed A's conclusions depend on the difference (both layers are token-local everywhere but ③), but a reader who checks the arithmetic should know which layer the numbers belong to. This book's reference model is the standard Pre-LN layer; the cells of this chapter show both.": "后面也一样：打印的 {w_up} 一行和打印的层输出，都只能由一个从 ① 起残差流就是 {ln1} 的层复现，试过的其他方案都不行（下面的单元格搜索了这些备选）。这些数背后的运行就像是计算了 `h = ln1(x); h = h + attn(h); h = h + mlp(ln2(h))`，而 Pre-LN 层计算的是 `x = x + attn(ln1(x)); x = x + mlp(ln2(x))`。正文描述的是标准层；这些数来自这个变体。种子 A 的结论都不依赖这一差别（除 ③ 外，两种层处处都是 token 局部的），但核对算术的读者应当知道这些数属于哪一种层。本书的参考模型是标准的 Pre-LN 层；本章的单元格两者都展示。",
 }
