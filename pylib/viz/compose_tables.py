@@ -12,6 +12,10 @@ Formatting only: the chapter asserts what the rows show, on the records themselv
 
 from __future__ import annotations
 
+import re
+
+from pylib.i18n import tr
+
 SHARD_COLUMNS = ("TP", "EP", "ETP", "PP", "DP")
 _COLUMN_OF_AXIS = {"tp": "TP", "ep": "EP", "etp": "ETP", "pp": "PP", "dp-cp": "DP", "edp": "DP"}
 
@@ -65,17 +69,47 @@ def fold(name: str) -> str:
     return name
 
 
+# ShardSpec kinds (keys code compares) as a table shows them
+_KINDS = {
+    "column": lambda: tr("column"),
+    "row": lambda: tr("row"),
+    "vocab": lambda: tr("vocab"),
+    "replicated": lambda: tr("replicated"),
+    "expert": lambda: tr("expert"),
+}
+_VIRTUAL_STAGE = re.compile(r"virtual stage (\d+) of (\d+)")
+
+
+def shown_kind(kind: str) -> str:
+    """A ShardSpec kind in the reader's language (a kind without an entry stays as it is)."""
+    shown = _KINDS.get(kind)
+    return shown() if shown is not None else kind
+
+
+def _note(note: str) -> str:
+    """A PP or ETP spec's note as the table shows it: "stage 0 of 2" (from "virtual stage 0 of 2"), "whole
+    expert (etp=1)"; in the reader's language."""
+    m = _VIRTUAL_STAGE.fullmatch(note)
+    if m:
+        return tr("stage {stage} of {n}", stage=int(m[1]), n=int(m[2]))
+    if note == "whole expert (etp=1)":
+        return tr("whole expert (etp=1)")
+    return note
+
+
 def shard_cells(specs) -> dict[str, dict[str, str]]:
     """{folded parameter name: {column (SHARD_COLUMNS): how the axis holds it}} from a rank's shard specs: the
-    kind, and full -> local shape where the axis cuts; the stage for PP; "whole expert" for ETP = 1."""
+    kind, and full -> local shape where the axis cuts; the stage for PP; "whole expert" for ETP = 1 (in the
+    reader's language: the chapter asserts on the specs, not on these texts)."""
     cells: dict[str, dict[str, str]] = {}
     for s in specs:
         cut = s.full_shape != s.local_shape
-        text = f"{s.kind} {list(s.full_shape)}→{list(s.local_shape)}" if cut else s.kind
+        kind = shown_kind(s.kind)
+        text = f"{kind} {list(s.full_shape)}→{list(s.local_shape)}" if cut else kind
         if s.axis in ("pp", "etp") and not cut:
-            text = s.note.removeprefix("virtual ")  # "stage 0 of 2", "whole expert (etp=1)"
+            text = _note(s.note)  # "stage 0 of 2", "whole expert (etp=1)"
         if s.axis == "edp":
-            text = f"{s.kind} over edp"
+            text = tr("{kind} over edp", kind=kind)
         cells.setdefault(fold(s.name), {})[_COLUMN_OF_AXIS[s.axis]] = text
     return cells
 
@@ -93,6 +127,14 @@ KIND = {
     "kv-replicated": "K/V head copies (TP)",
     "router": "replicated router",
     "expert": "expert (EP)",
+}
+_KIND_SHOWN = {
+    "vocab": lambda: tr("vocab rows (TP)"),
+    "column": lambda: tr("column / row shard (TP)"),
+    "replicated": lambda: tr("replicated (SP)"),
+    "kv-replicated": lambda: tr("K/V head copies (TP)"),
+    "router": lambda: tr("replicated router"),
+    "expert": lambda: tr("expert (EP)"),
 }
 
 
@@ -119,7 +161,8 @@ def reduction_rules(table_rows: list[dict]) -> dict[tuple, list[str]]:
 def reduction_rule_rows(rules: dict, reason: dict[str, str]) -> list[list]:
     """[parameters, held as, then sum over, DP reduction over, scale, why] per rule of `reduction_rules`."""
     return [
-        [", ".join(f"`{n}`" for n in names), KIND[family], pre or "—", f"{group} ({size})", scale, reason[family]]
+        [", ".join(f"`{n}`" for n in names), _KIND_SHOWN[family](), pre or "—", f"{group} ({size})", scale]
+        + [reason[family]]
         for (family, pre, group, size, scale), names in rules.items()
     ]
 
