@@ -1315,4 +1315,10 @@ MESSAGES: dict[str, str] = {
     "overlap the parameter all-gather": "重叠参数的 All-Gather",
     "— (gathers on demand)": "—（按需 gather）",
     "FSDP `forward_prefetch`, FSDP2 prefetching": "FSDP `forward_prefetch`，FSDP2 预取",
+    # -- pylib/viz/cp_tables.py
+    "receives K{h}V{h} from rank {src}": "从进程号 {src} 接收 K{h}V{h}",
+    "attends to K{h}V{h}": "与 K{h}V{h} 计算 attention",
+    "Q has seen every K, V ✓": "Q 已看到所有 K、V ✓",
+    "overlapped (overlap=True)": "重叠（overlap=True）",
+    "blocking (overlap=False)": "阻塞（overlap=False）",
 }
