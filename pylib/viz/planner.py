@@ -99,6 +99,21 @@ def compare(cfg, plan: P.Plan, records: list[dict], *, batch: int, seq: int, rou
     return out
 
 
+def _quantity(q: str) -> str:
+    """A Check's quantity (a key: "params", "saved activations, chunk 0", "sent on tp", ...) as a table shows it."""
+    if q.startswith("saved activations, chunk "):
+        return tr("saved activations, chunk {c}", c=int(q.rsplit(" ", 1)[1]))
+    if q.startswith("sent on "):
+        return tr("sent on {axis}", axis=q.removeprefix("sent on "))
+    shown = {
+        "params": lambda: tr("params"),
+        "grads": lambda: tr("grads"),
+        "optim": lambda: tr("optim"),
+        "activation peak": lambda: tr("activation peak"),
+    }.get(q)
+    return shown() if shown is not None else q
+
+
 def compare_table(checks: list[Check]) -> list[list[str]]:
     """One row per quantity: how many ranks were checked, the largest predicted and measured values, the largest
     |predicted - measured| over the ranks and whether the formula is exact for it."""
@@ -110,12 +125,12 @@ def compare_table(checks: list[Check]) -> list[list[str]]:
         diff = max(abs(c.predicted - c.measured) for c in cs)
         rows.append(
             [
-                q,
+                _quantity(q),
                 str(len(cs)),
                 f"{max(c.predicted for c in cs):,.0f}",
                 f"{max(c.measured for c in cs):,.0f}",
                 f"{diff:,.0f}",
-                "exact" if all(c.exact for c in cs) else "expectation",
+                tr("exact") if all(c.exact for c in cs) else tr("expectation"),
             ]
         )
     return rows
@@ -448,18 +463,23 @@ def knob_rows(base: P.Prediction, changed: list[tuple[str, P.Prediction]], usabl
     the cost model that moved most (or the memory, when it decides)."""
 
     def step(x):
-        return _seconds(x.step_time) if x.fits else f"does not fit (> {fmt_bytes(usable)})"
+        return _seconds(x.step_time) if x.fits else tr("does not fit (> {memory})", memory=fmt_bytes(usable))
 
-    rows = [["baseline", base.plan.describe(), fmt_bytes(base.peak_memory), step(base), "—", "—"]]
+    def term(k: str) -> str:  # a key of `_terms`: "compute", "bubble", "exposed tp", ...
+        if k.startswith("exposed "):
+            return tr("exposed {axis}", axis=k.removeprefix("exposed "))
+        return {"compute": tr("compute"), "bubble": tr("bubble")}.get(k, k)
+
+    rows = [[tr("baseline"), base.plan.describe(), fmt_bytes(base.peak_memory), step(base), "—", "—"]]
     t0 = _terms(base)
     for label, x in changed:
         if not x.fits or not base.fits:
-            why = f"memory {fmt_bytes(base.peak_memory)} → {fmt_bytes(x.peak_memory)}"
+            why = tr("memory {before} → {after}", before=fmt_bytes(base.peak_memory), after=fmt_bytes(x.peak_memory))
             delta = "—"
         else:
             t1 = _terms(x)
             k = max(set(t0) | set(t1), key=lambda k: abs(t1.get(k, 0) - t0.get(k, 0)))
-            why = f"{k} {_seconds(t0.get(k, 0))} → {_seconds(t1.get(k, 0))}"
+            why = f"{term(k)} {_seconds(t0.get(k, 0))} → {_seconds(t1.get(k, 0))}"
             delta = f"{x.step_time / base.step_time - 1:+.1%}"
         rows.append([label, x.plan.describe(), fmt_bytes(x.peak_memory), step(x), delta, why])
     return rows
