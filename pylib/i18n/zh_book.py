@@ -1342,4 +1342,16 @@ MESSAGES: dict[str, str] = {
     "2 sequences per microbatch": "每个微批次 2 条序列",
     "selective recomputation": "选择性重计算",
     "TP overlapped with GEMMs": "TP 与 GEMM 重叠",
+    # -- book/part3/cp.md
+    "dim {d} (s)": "第 {d} 维（s）",
+    "all {n} parameters": "全部 {n} 个参数",
+    "their own": "各自的",
+    "the same": "相同",
+    "none: replicated": "无：复制",
+    "K, V blocks": "K、V 块",
+    "dK, dV accumulators": "dK、dV 累加器",
+    "{count} × send to rank r+1": "{count} × 发送给进程号 r+1",
+    "measured (= formula)": "实测（= 公式）",
+    "arange(s/cp), as on one device": "arange(s/cp)，与单设备一样",
+    "contiguous positions": "连续的位置",
 }
