@@ -1354,4 +1354,10 @@ MESSAGES: dict[str, str] = {
     "measured (= formula)": "实测（= 公式）",
     "arange(s/cp), as on one device": "arange(s/cp)，与单设备一样",
     "contiguous positions": "连续的位置",
+    # -- book/part3/dp.md, sp.md
+    "all-reduce after every micro-batch": "每个 micro-batch 之后都 All-Reduce",
+    "`no_sync`, loss not divided by k": "`no_sync`，loss 未除以 k",
+    "`no_sync`, loss / k (the fix)": "`no_sync`，loss / k（修正）",
+    "with the all-reduce": "带 All-Reduce",
+    "without": "不带",
 }
