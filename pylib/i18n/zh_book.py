@@ -1387,4 +1387,5 @@ MESSAGES: dict[str, str] = {
     "{msg} [after tp={tp}: each TP rank attends n_head/tp = {q} query and {kv} K/V head(s); Ulysses splits those over cp]": "{msg} [tp={tp} 之后：每个 TP 进程号计算 n_head/tp = {q} 个 query 头和 {kv} 个 K/V 头；Ulysses 把它们切分到 cp 上]",
     "ParallelConfig({plan}) on {n} ranks": "{n} 个进程号上的 ParallelConfig({plan})",
     "a global batch [{batch}, {seq}]": "全局 batch [{batch}, {seq}]",
+    "rank {r}: {a} → {b}": "进程号 {r}：{a} → {b}",
 }
