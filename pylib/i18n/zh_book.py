@@ -1388,4 +1388,7 @@ MESSAGES: dict[str, str] = {
     "ParallelConfig({plan}) on {n} ranks": "{n} 个进程号上的 ParallelConfig({plan})",
     "a global batch [{batch}, {seq}]": "全局 batch [{batch}, {seq}]",
     "rank {r}: {a} → {b}": "进程号 {r}：{a} → {b}",
+    "experts {first}..{last} of {n} on ep rank {r}": "{n} 个专家中的 {first}..{last}，位于 ep 进程号 {r}",
+    "h_ffn slice {r} of {etp}": "h_ffn 的第 {r} 片（共 {etp} 片）",
+    "{system} {machine} ({cpu}), {n} CPU cores, torch {torch}, gloo over loopback TCP": "{system} {machine}（{cpu}），{n} 个 CPU 核，torch {torch}，gloo 走本机回环 TCP",
 }

@@ -78,6 +78,8 @@ _KINDS = {
     "expert": lambda: tr("expert"),
 }
 _VIRTUAL_STAGE = re.compile(r"virtual stage (\d+) of (\d+)")
+_EXPERTS_HELD = re.compile(r"experts (\d+)\.\.(\d+) of (\d+) on ep rank (\d+)")  # pylib.ep.layer's notes
+_FFN_SLICE = re.compile(r"h_ffn slice (\d+) of (\d+)")
 
 
 def shown_kind(kind: str) -> str:
@@ -86,15 +88,23 @@ def shown_kind(kind: str) -> str:
     return shown() if shown is not None else kind
 
 
-def _note(note: str) -> str:
-    """A PP or ETP spec's note as the table shows it: "stage 0 of 2" (from "virtual stage 0 of 2"), "whole
-    expert (etp=1)"; in the reader's language."""
+def shown_note(note: str) -> str:
+    """A spec's note as a table shows it, in the reader's language: "stage 0 of 2" (from "virtual stage 0 of 2"),
+    "whole expert (etp=1)", the router's; any other note as it is."""
     m = _VIRTUAL_STAGE.fullmatch(note)
     if m:
         return tr("stage {stage} of {n}", stage=int(m[1]), n=int(m[2]))
-    if note == "whole expert (etp=1)":
-        return tr("whole expert (etp=1)")
-    return note
+    m = _EXPERTS_HELD.fullmatch(note)
+    if m:
+        return tr("experts {first}..{last} of {n} on ep rank {r}", first=m[1], last=m[2], n=m[3], r=m[4])
+    m = _FFN_SLICE.fullmatch(note)
+    if m:
+        return tr("h_ffn slice {r} of {etp}", r=m[1], etp=m[2])
+    shown = {
+        "whole expert (etp=1)": lambda: tr("whole expert (etp=1)"),
+        "each rank routes its own tokens": lambda: tr("each rank routes its own tokens"),
+    }.get(note)
+    return shown() if shown is not None else note
 
 
 def shard_cells(specs) -> dict[str, dict[str, str]]:
@@ -107,7 +117,7 @@ def shard_cells(specs) -> dict[str, dict[str, str]]:
         kind = shown_kind(s.kind)
         text = f"{kind} {list(s.full_shape)}→{list(s.local_shape)}" if cut else kind
         if s.axis in ("pp", "etp") and not cut:
-            text = _note(s.note)  # "stage 0 of 2", "whole expert (etp=1)"
+            text = shown_note(s.note)  # "stage 0 of 2", "whole expert (etp=1)"
         if s.axis == "edp":
             text = tr("{kind} over edp", kind=kind)
         cells.setdefault(fold(s.name), {})[_COLUMN_OF_AXIS[s.axis]] = text
