@@ -1391,4 +1391,11 @@ MESSAGES: dict[str, str] = {
     "experts {first}..{last} of {n} on ep rank {r}": "{n} 个专家中的 {first}..{last}，位于 ep 进程号 {r}",
     "h_ffn slice {r} of {etp}": "h_ffn 的第 {r} 片（共 {etp} 片）",
     "{system} {machine} ({cpu}), {n} CPU cores, torch {torch}, gloo over loopback TCP": "{system} {machine}（{cpu}），{n} 个 CPU 核，torch {torch}，gloo 走本机回环 TCP",
+    # -- pylib/cp/kernels.py, layer.py: why a kernel cannot run; the CP core's position guard
+    "flash-attn is not installed (optional: pip install flash-attn --no-build-isolation)": "未安装 flash-attn（可选：pip install flash-attn --no-build-isolation）",
+    "tensors are on {device}, flash-attn needs cuda": "张量在 {device} 上，flash-attn 需要 cuda",
+    "dtype {dtype} is not float16/bfloat16": "dtype {dtype} 不是 float16/bfloat16",
+    "d_head={d} is not a multiple of 8 up to {most}": "d_head={d} 不是不超过 {most} 的 8 的倍数",
+    "kernel='flash' cannot run: {problems}": "kernel='flash' 无法运行：{problems}",
+    "positions {got} are not cp rank {r}'s {layout} positions {want} (cp={cp}); shard with pylib.cp.shard_sequence(..., layout={kind!r})": "位置 {got} 不是 cp 进程号 {r} 的 {layout} 位置 {want}（cp={cp}）；请用 pylib.cp.shard_sequence(..., layout={kind!r}) 分片",
 }
