@@ -1398,4 +1398,7 @@ MESSAGES: dict[str, str] = {
     "d_head={d} is not a multiple of 8 up to {most}": "d_head={d} 不是不超过 {most} 的 8 的倍数",
     "kernel='flash' cannot run: {problems}": "kernel='flash' 无法运行：{problems}",
     "positions {got} are not cp rank {r}'s {layout} positions {want} (cp={cp}); shard with pylib.cp.shard_sequence(..., layout={kind!r})": "位置 {got} 不是 cp 进程号 {r} 的 {layout} 位置 {want}（cp={cp}）；请用 pylib.cp.shard_sequence(..., layout={kind!r}) 分片",
+    "b·s·h·dtype (all-gather and reduce-scatter)": "b·s·h·dtype（All-Gather 与 Reduce-Scatter）",
+    "K/V block: 2·b·n_kv_head·(s/N)·d_head·dtype": "K/V 块：2·b·n_kv_head·(s/N)·d_head·dtype",
+    "B·K·h·dtype (B = b·s tokens)": "B·K·h·dtype（B = b·s 个 token）",
 }
