@@ -1401,4 +1401,7 @@ MESSAGES: dict[str, str] = {
     "b·s·h·dtype (all-gather and reduce-scatter)": "b·s·h·dtype（All-Gather 与 Reduce-Scatter）",
     "K/V block: 2·b·n_kv_head·(s/N)·d_head·dtype": "K/V 块：2·b·n_kv_head·(s/N)·d_head·dtype",
     "B·K·h·dtype (B = b·s tokens)": "B·K·h·dtype（B = b·s 个 token）",
+    "rank {r} holds chunk {held} of {n}": "进程号 {r} 持有 {n} 块中的第 {held} 块",
+    "rank {r} holds chunks {held} of {n}": "进程号 {r} 持有 {n} 块中的第 {held} 块",
+    "gradient all-reduced over cp": "梯度在 cp 上做 All-Reduce",
 }

@@ -12,9 +12,9 @@ Formatting only: the chapter asserts what the rows show, on the records themselv
 
 from __future__ import annotations
 
-import re
-
 from pylib.i18n import tr
+
+from .spec_text import shown_kind, shown_note
 
 SHARD_COLUMNS = ("TP", "EP", "ETP", "PP", "DP")
 _COLUMN_OF_AXIS = {"tp": "TP", "ep": "EP", "etp": "ETP", "pp": "PP", "dp-cp": "DP", "edp": "DP"}
@@ -67,44 +67,6 @@ def fold(name: str) -> str:
         rest = rest[1:] if rest and (rest[0].isdigit() or rest[0] == "*") else rest
         return ".".join(parts[:i] + ["experts", "*"] + rest)
     return name
-
-
-# ShardSpec kinds (keys code compares) as a table shows them
-_KINDS = {
-    "column": lambda: tr("column"),
-    "row": lambda: tr("row"),
-    "vocab": lambda: tr("vocab"),
-    "replicated": lambda: tr("replicated"),
-    "expert": lambda: tr("expert"),
-}
-_VIRTUAL_STAGE = re.compile(r"virtual stage (\d+) of (\d+)")
-_EXPERTS_HELD = re.compile(r"experts (\d+)\.\.(\d+) of (\d+) on ep rank (\d+)")  # pylib.ep.layer's notes
-_FFN_SLICE = re.compile(r"h_ffn slice (\d+) of (\d+)")
-
-
-def shown_kind(kind: str) -> str:
-    """A ShardSpec kind in the reader's language (a kind without an entry stays as it is)."""
-    shown = _KINDS.get(kind)
-    return shown() if shown is not None else kind
-
-
-def shown_note(note: str) -> str:
-    """A spec's note as a table shows it, in the reader's language: "stage 0 of 2" (from "virtual stage 0 of 2"),
-    "whole expert (etp=1)", the router's; any other note as it is."""
-    m = _VIRTUAL_STAGE.fullmatch(note)
-    if m:
-        return tr("stage {stage} of {n}", stage=int(m[1]), n=int(m[2]))
-    m = _EXPERTS_HELD.fullmatch(note)
-    if m:
-        return tr("experts {first}..{last} of {n} on ep rank {r}", first=m[1], last=m[2], n=m[3], r=m[4])
-    m = _FFN_SLICE.fullmatch(note)
-    if m:
-        return tr("h_ffn slice {r} of {etp}", r=m[1], etp=m[2])
-    shown = {
-        "whole expert (etp=1)": lambda: tr("whole expert (etp=1)"),
-        "each rank routes its own tokens": lambda: tr("each rank routes its own tokens"),
-    }.get(note)
-    return shown() if shown is not None else note
 
 
 def shard_cells(specs) -> dict[str, dict[str, str]]:
