@@ -1404,4 +1404,11 @@ MESSAGES: dict[str, str] = {
     "rank {r} holds chunk {held} of {n}": "进程号 {r} 持有 {n} 块中的第 {held} 块",
     "rank {r} holds chunks {held} of {n}": "进程号 {r} 持有 {n} 块中的第 {held} 块",
     "gradient all-reduced over cp": "梯度在 cp 上做 All-Reduce",
+    # -- book/part3/pp.md: seed B's PP column rebuilt
+    "token embedding [V, h]": "token 嵌入 [V, h]",
+    "whole, on stage 0": "完整，在 stage 0 上",
+    "whole, on stage L−1 (the last)": "完整，在 stage L−1（最后一个）上",
+    "belongs to its layer's stage": "归属于其所在层的 stage",
+    "layers {first}–{last} → rank {r}": "层 {first}–{last} → 进程号 {r}",
+    "{shapes} = full": "{shapes} = 完整",
 }
