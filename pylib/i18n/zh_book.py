@@ -1411,4 +1411,12 @@ MESSAGES: dict[str, str] = {
     "belongs to its layer's stage": "归属于其所在层的 stage",
     "layers {first}–{last} → rank {r}": "层 {first}–{last} → 进程号 {r}",
     "{shapes} = full": "{shapes} = 完整",
+    # -- book/part3/tp.md, sp.md: the variants and quantities the checks print
+    "plain F.linear": "普通 F.linear",
+    "with f": "带 f",
+    "plain linear": "普通线性层",
+    "row-parallel (with g)": "行并行（带 g）",
+    "output": "输出",
+    "input gradient": "输入梯度",
+    "parameter gradients": "参数梯度",
 }
