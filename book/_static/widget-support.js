@@ -47,26 +47,40 @@
   var CONTROL =
     ".widget-inline-hbox, .widget-button, .widget-toggle-button, .widget-checkbox, .widget-play, .jupyter-button";
 
+  // The notice in the page's language: the Chinese edition's pages have <html lang="zh...">; English otherwise.
+  var ZH = /^zh/i.test(document.documentElement.lang || "");
+  var TEXT = ZH
+    ? {
+        title: "这些控件需要运行中的内核：",
+        launch: "请用启动按钮（页面顶部的火箭）打开本页，或在本地运行。",
+        local: "请在本地以 notebook 的形式运行本章。",
+        howTo: "如何运行。",
+        saved: "这里的探索器显示的是构建本页时保存的状态。",
+      }
+    : {
+        title: "These controls need a running kernel: ",
+        launch: "open this page with the launch button (the rocket at the top of the page) or run it locally.",
+        local: "run this chapter locally, as a notebook.",
+        howTo: "How to run it.",
+        saved: "What the explorer shows here is the state saved when the page was built.",
+      };
+
   function notice() {
     var box = document.createElement("div");
     box.className = "pb-kernel-notice";
     box.setAttribute("role", "note");
     var launch = document.querySelector('a[href*="/hub/user-redirect/"]');
     var local = document.getElementById("run-this-chapter");
-    var how = launch
-      ? "open this page with the launch button (the rocket at the top of the page) or run it locally."
-      : "run this chapter locally, as a notebook.";
-    box.appendChild(document.createElement("strong")).textContent = "These controls need a running kernel: ";
+    var how = launch ? TEXT.launch : TEXT.local;
+    box.appendChild(document.createElement("strong")).textContent = TEXT.title;
     box.appendChild(document.createTextNode(how + " "));
     if (local) {
       var link = box.appendChild(document.createElement("a"));
       link.href = "#run-this-chapter";
-      link.textContent = "How to run it.";
+      link.textContent = TEXT.howTo;
       box.appendChild(document.createTextNode(" "));
     }
-    box.appendChild(
-      document.createTextNode("What the explorer shows here is the state saved when the page was built."),
-    );
+    box.appendChild(document.createTextNode(TEXT.saved));
     return box;
   }
 

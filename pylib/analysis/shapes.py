@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pylib.i18n import tr
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.mesh import ParallelConfig
 from pylib.plan.options import SEQUENCE_PARALLEL, RunOptions, zero_stage
@@ -188,10 +189,10 @@ def _vocab_rows(w: _WeightRows) -> None:
     cfg, t = w.cfg, w.par.tp
     V, h = cfg.vocab_size, cfg.d_model
     first, last = w.pp_rank == 0, w.pp_rank == w.par.pp - 1
-    note = "vocab-parallel: rank holds token ids [r V/tp, (r+1) V/tp)"
+    note = tr("vocab-parallel: rank holds token ids [r V/tp, (r+1) V/tp)")
     w.row("token embedding", "embed.weight", "[V, h]", (V, h), (V // t, h), w.tp_split(0), int(first), 1, False, note)
     if not cfg.tie_embeddings:
-        note = "column-parallel over the vocabulary"
+        note = tr("column-parallel over the vocabulary")
         w.row("LM head", "lm_head.weight", "[h, V]", (V, h), (V // t, h), w.tp_split(0), int(last), 1, note=note)
 
 
@@ -201,15 +202,18 @@ def _attention_rows(w: _WeightRows) -> None:
     h, dh, n, L = cfg.d_model, cfg.d_head, len(w.layers), cfg.n_layers
     kv_local, kv_replicas = kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, t)
     q_full, q_local = (cfg.n_heads * dh, h), (cfg.n_heads // t * dh, h)
-    note = "column split by query head"
+    note = tr("column split by query head")
     w.row("W_Q", "layers.{i}.attn.q_proj.weight", "[h, h]", q_full, q_local, w.tp_split(0), n, L, note=note)
-    kv_note = "column split by K/V head" if kv_replicas == 1 else f"one K/V head, replicated on {kv_replicas} TP ranks"
+    if kv_replicas == 1:
+        kv_note = tr("column split by K/V head")
+    else:
+        kv_note = tr("one K/V head, replicated on {n} TP ranks", n=kv_replicas)
     kv_split = w.tp_split(0) if kv_replicas == 1 else w.tp_split(0, cfg.kv_heads)
     for name in ("K", "V"):
         param = f"layers.{{i}}.attn.{name.lower()}_proj.weight"
         full, local = (cfg.kv_heads * dh, h), (kv_local * dh, h)
         w.row(f"W_{name}", param, "[h, h_kv]", full, local, kv_split, n, L, note=kv_note)
-    note = "row split: partial sums all-reduced"
+    note = tr("row split: partial sums all-reduced")
     o_full, o_local = q_full[::-1], q_local[::-1]
     w.row("W_O", "layers.{i}.attn.o_proj.weight", "[h, h]", o_full, o_local, w.tp_split(1), n, L, note=note)
 
@@ -221,7 +225,7 @@ def _dense_mlp_rows(w: _WeightRows) -> None:
     cfg, t = w.cfg, w.par.tp
     h, ff, n, n_all = cfg.d_model, cfg.d_ff, len(w.dense), w.all_dense
     if cfg.mlp == "swiglu":
-        note = "column split, the same slice as W_up"
+        note = tr("column split, the same slice as W_up")
         w.row(
             "W_gate",
             "layers.{i}.mlp.gate_proj.weight",
@@ -242,9 +246,9 @@ def _dense_mlp_rows(w: _WeightRows) -> None:
         w.tp_split(0),
         n,
         n_all,
-        note="column split",
+        note=tr("column split"),
     )
-    note = "row split: partial sums all-reduced"
+    note = tr("row split: partial sums all-reduced")
     w.row(
         "W_down",
         "layers.{i}.mlp.down_proj.weight",
@@ -265,13 +269,13 @@ def _expert_rows(w: _WeightRows) -> None:
     cfg, par, h = w.cfg, w.par, w.cfg.d_model
     E, ffe, etp = cfg.moe.n_experts, cfg.moe.d_ff or cfg.d_ff, par.etp
     n_local, n, n_all = E // par.ep, len(w.moe), w.all_moe
-    note = "replicated: every rank routes its own tokens"
+    note = tr("replicated: every rank routes its own tokens")
     w.row("router", "layers.{i}.mlp.router.gate.weight", "[h, E]", (E, h), (E, h), [], n, n_all, note=note)
     esplit = [("ep", -1, par.ep)] if par.ep > 1 else []
-    per_rank = f"E/ep = {n_local} experts per rank"
+    per_rank = tr("E/ep = {n} experts per rank", n=n_local)
     for name in (["gate_proj"] if cfg.mlp == "swiglu" else []) + ["up_proj"]:
         splits = esplit + ([("etp", 0, etp)] if etp > 1 else [])
-        note = per_rank + (f", h_ffn/etp = {ffe // etp}" if etp > 1 else "")
+        note = tr("{per_rank}, h_ffn/etp = {n}", per_rank=per_rank, n=ffe // etp) if etp > 1 else per_rank
         param = f"layers.{{i}}.mlp.experts.{{e}}.{name}.weight"
         label = f"expert W_{name.split('_')[0]}"
         w.row(label, param, "[h, h_ffn]", (ffe, h), (ffe // etp, h), splits, n * n_local, n_all * E, note=note)
@@ -285,7 +289,7 @@ def _expert_rows(w: _WeightRows) -> None:
 def _norm_rows(w: _WeightRows) -> None:
     """LayerNorms: whole on every rank."""
     h, last = w.cfg.d_model, w.pp_rank == w.par.pp - 1
-    note = "whole on every rank (SP: gradient all-reduced over TP)"
+    note = tr("whole on every rank (SP: gradient all-reduced over TP)")
     ln = "layers.{i}.ln{1,2}.{weight,bias}"
     w.row("LayerNorm γ, β", ln, "[h]", (h,), (h,), [], 4 * len(w.layers), 4 * w.cfg.n_layers, False, note)
     w.row("final LayerNorm γ, β", "ln_f.{weight,bias}", "[h]", (h,), (h,), [], 2 * int(last), 2, linear=False)
@@ -449,28 +453,32 @@ def _attention_activations(a: _ActivationRows, *, cp_kind: str, layout: str, cp_
     """The layer's input, Q, K, V, the score blocks and the attention output."""
     cfg, par, loc, b, s = a.cfg, a.par, a.loc, a.b, a.s
     t, h, dh, n, L = par.tp, cfg.d_model, cfg.d_head, a.n_here, cfg.n_layers
-    note = "outside the TP region" + (": s/(cp tp) tokens under SP" if a.sp else ": whole h on every TP rank")
+    if a.sp:
+        note = tr("outside the TP region: s/(cp tp) tokens under SP")
+    else:
+        note = tr("outside the TP region: whole h on every TP rank")
     a.row("input hidden", "[b, s, h]", (b, s, h), (loc.b, loc.s_out, h), _hidden_split(a), n, L, note)
     qsplit = _splits(("dp", 0, par.dp), ("tp", 1, t), ("cp", 2, par.cp))
-    note = "inside the TP region: the whole s_c even under SP"
+    note = tr("inside the TP region: the whole s_c even under SP")
     a.row("Q", "[b, n_head, s, d_head]", (b, cfg.n_heads, s, dh), (loc.b, loc.heads, loc.s_c, dh), qsplit, n, L, note)
     kv_tp = t if loc.kv_replicas == 1 else cfg.kv_heads
     kvsplit = _splits(("dp", 0, par.dp), ("tp", 1, kv_tp), ("cp", 2, par.cp))
-    kv_note = "" if loc.kv_replicas == 1 else f"one K/V head held by {loc.kv_replicas} TP ranks"
+    kv_note = "" if loc.kv_replicas == 1 else tr("one K/V head held by {n} TP ranks", n=loc.kv_replicas)
     for w in ("K", "V"):
         full, local = (b, cfg.kv_heads, s, dh), (loc.b, loc.kv_heads, loc.s_c, dh)
         a.row(w, "[b, n_kv_head, s, d_head]", full, local, kvsplit, n, L, kv_note)
     blocks = score_blocks(cfg, par, b, s, cp_kind=cp_kind, layout=layout, cp_rank=cp_rank)
     bt = (("dp", 0, par.dp), ("tp", 1, t))
     if par.cp == 1:
-        ssplit, note = _splits(*bt), "whole s x s per head"
+        ssplit, note = _splits(*bt), tr("whole s x s per head")
     elif cp_kind == "ulysses":
-        ssplit, note = _splits(*bt, ("cp", 1, par.cp)), "Ulysses: heads cut by tp x cp, the whole s x s per head"
+        ssplit = _splits(*bt, ("cp", 1, par.cp))
+        note = tr("Ulysses: heads cut by tp x cp, the whole s x s per head")
     else:
         ssplit = _splits(*bt, ("cp", 2, par.cp), ("cp", 3, par.cp))
-        note = f"ring: {len(blocks)} blocks per forward, one at a time; never [.., s/cp, s] (score_blocks)"
+        note = tr("ring: {n} blocks per forward, one at a time; never [.., s/cp, s] (score_blocks)", n=len(blocks))
     a.row("attention scores", "[b, n_head, s, s]", (b, cfg.n_heads, s, s), blocks[0], ssplit, n, L, note)
-    note = "the input of W_O: h/tp columns"
+    note = tr("the input of W_O: h/tp columns")
     a.row("attention output", "[b, s, h]", (b, s, h), (loc.b, loc.s_c, loc.heads * dh), a.bsd(), n, L, note)
 
 
@@ -479,7 +487,7 @@ def _mlp_activations(a: _ActivationRows) -> None:
     cfg, par, loc, b, s = a.cfg, a.par, a.loc, a.b, a.s
     t, h, L = par.tp, cfg.d_model, cfg.n_layers
     if a.n_dense or cfg.moe is None:
-        note = "inside the TP region: the whole s_c even under SP"
+        note = tr("inside the TP region: the whole s_c even under SP")
         full, local = (b, s, cfg.d_ff), (loc.b, loc.s_c, cfg.d_ff // t)
         all_dense = sum(not cfg.is_moe_layer(i) for i in range(L))
         a.row("FFN intermediate", "[b, s, h_ffn]", full, local, a.bsd(), a.n_dense, all_dense, note)
@@ -489,13 +497,14 @@ def _mlp_activations(a: _ActivationRows) -> None:
     T = loc.b * loc.s_out
     all_moe = sum(cfg.is_moe_layer(i) for i in range(L))
     rsplit = _splits(("dp", 0, par.dp), ("cp", 0, par.cp), ("tp", 0, t if a.sp else 1))
-    a.row("router logits", "[b s, E]", (b * s, E), (T, E), rsplit, a.n_moe, all_moe, "each rank routes its own tokens")
+    note = tr("each rank routes its own tokens")
+    a.row("router logits", "[b s, E]", (b * s, E), (T, E), rsplit, a.n_moe, all_moe, note)
     rows_e = round(T * k * par.ep * par.etp / E)  # expected rows per local expert (uniform routing)
     n_e, all_e = a.n_moe * (E // par.ep), all_moe * E
-    note = "rows routed to one local expert: expected T k ep etp / E (uniform routing)"
+    note = tr("rows routed to one local expert: expected T k ep etp / E (uniform routing)")
     a.row("expert input", "[T_e, h]", (b * s * k // E, h), (rows_e, h), (), n_e, all_e, note, expected=True)
     full, local, esplit = (b * s * k // E, ffe), (rows_e, ffe // par.etp), _splits(("etp", 1, par.etp))
-    note = "expected, as the expert input"
+    note = tr("expected, as the expert input")
     a.row("expert intermediate", "[T_e, h_ffn]", full, local, esplit, n_e, all_e, note, expected=True)
 
 
@@ -503,9 +512,9 @@ def _output_activations(a: _ActivationRows) -> None:
     """The block output (after the reduce) and, on the last stage, the vocab-parallel logits."""
     cfg, par, loc, b, s = a.cfg, a.par, a.loc, a.b, a.s
     h, V, last = cfg.d_model, cfg.vocab_size, a.pp_rank == par.pp - 1
-    note = "after the reduce (all-reduce, or reduce-scatter under SP)"
+    note = tr("after the reduce (all-reduce, or reduce-scatter under SP)")
     a.row("block output", "[b, s, h]", (b, s, h), (loc.b, loc.s_out, h), _hidden_split(a), a.n_here, cfg.n_layers, note)
-    note = "vocab-parallel: V/tp columns; on the last stage only"
+    note = tr("vocab-parallel: V/tp columns; on the last stage only")
     a.row("logits", "[b, s, V]", (b, s, V), (loc.b, loc.s_c, V // par.tp), a.bsd(), int(last), 1, note)
 
 
@@ -555,6 +564,17 @@ class ModeTraffic:
 
 
 _DP_AXES = {"dp-cp": "dense parameters' buffers over dp x cp", "edp": "expert parameters' buffers over edp"}
+# What `when` shows, in the reader's language: the words among the places and phases (module tags such as attn or
+# dispatch stay as they are).
+_SHOWN = {
+    "dense parameters' buffers over dp x cp": lambda: tr("dense parameters' buffers over dp x cp"),
+    "expert parameters' buffers over edp": lambda: tr("expert parameters' buffers over edp"),
+    "stage boundary": lambda: tr("stage boundary"),
+    "forward": lambda: tr("forward"),
+    "backward": lambda: tr("backward"),
+    "forward+backward": lambda: tr("forward+backward"),
+    "optimizer": lambda: tr("optimizer"),
+}
 _SCALAR_PHASES = ("loss", "pp-sync")
 
 
@@ -566,8 +586,15 @@ def _mode(row, sequence_parallel: bool) -> str:
     return {"cp": "CP", "ep": "EP", "etp": "ETP", "pp": "PP", "dp-cp": "DP", "edp": "DP"}[row.axis]
 
 
+def _shown(word: str) -> str:
+    shown = _SHOWN.get(word)
+    return shown() if shown is not None else word
+
+
 def _when(where: str, phases: list[str]) -> str:
-    return where if phases == [where] else f"{where} ({', '.join(phases)})"
+    if phases == [where]:
+        return where
+    return tr("{where} ({phases})", where=_shown(where), phases=", ".join(_shown(p) for p in phases))
 
 
 def mode_traffic(rows, *, sequence_parallel: bool) -> list[ModeTraffic]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pylib.i18n import tr
 from pylib.plan.options import DTYPE_BYTES  # the one dtype -> bytes table
 
 # --------------------------------------------------------------------------------------------------- traffic
@@ -180,7 +181,9 @@ class MemoryRow:
 
     relation: "same" (the same tensor; ours = paper * e / 2, the paper counting 2-byte elements),
     "paper only" (the paper keeps it, we do not: dropout), "ours only" (we keep it, the paper neglects it or
-    has no such tensor), "different" (the same role, a different size: see `why`)."""
+    has no such tensor), "different" (the same role, a different size: see `why`). `item` and `relation` are
+    keys (code compares them; `pylib.viz.tp_tables` shows them in the reader's language); `why` is written in the
+    reader's language (pylib.i18n)."""
 
     item: str
     paper_bytes: float
@@ -214,19 +217,21 @@ def _norm_and_input_rows(z: _LayerSizes) -> list[MemoryRow]:
     if z.gathered:
         rel, why = (
             "different",
-            "SP without regather keeps the gathered [b, s, h]; Megatron keeps the s/t slice and "
-            "all-gathers it again in backward (regather=True)",
+            tr(
+                "SP without regather keeps the gathered [b, s, h]; Megatron keeps the s/t slice and "
+                "all-gathers it again in backward (regather=True)"
+            ),
         )
     else:
-        rel, why = "same", "the input of the column-parallel linears"
-    stats_why = "2 numbers per token per LayerNorm; the paper neglects them (O(sb), not O(sbh))"
+        rel, why = "same", tr("the input of the column-parallel linears")
+    stats_why = tr("2 numbers per token per LayerNorm; the paper neglects them (O(sb), not O(sbh))")
     return [
         MemoryRow(
             "LayerNorm inputs (LN1, LN2)",
             4 * z.sbh * z.p_out,
             2 * e * b * so * h,
             "same",
-            "outside the TP region: s/t tokens under SP",
+            tr("outside the TP region: s/t tokens under SP"),
         ),
         MemoryRow("LayerNorm mean and 1/std", 0, 2 * 2 * e * b * so, "ours only", stats_why),
         MemoryRow("QKV input (LN1 output)", 2 * z.sbh * z.p_out, e * b * z.s_in * h, rel, why),
@@ -239,16 +244,17 @@ def _attention_rows(z: _LayerSizes) -> list[MemoryRow]:
     cfg, e, b, s, t, sbh = z.cfg, z.e, z.b, z.s, z.t, z.sbh
     a, dh = cfg.n_heads, cfg.d_head
     a_l = a // t
-    gqa = "under GQA our core expands K to n_head/t heads before the matmul, so K costs as in MHA"
-    softmax = "[b, n_head/t, s, s]: the 5as/h term is this, the dropout mask and the dropout output"
-    mask = "our core keeps an [s, s] bool mask (1 byte each); the paper's fused kernel builds it on the fly"
-    rope = "GPT-3 has learned positions; RoPE keeps cos and sin [s, d_head] for Q and again for K"
-    no_dropout = "no dropout: the softmax output itself feeds the matmul with V"
+    gqa = tr("under GQA our core expands K to n_head/t heads before the matmul, so K costs as in MHA")
+    softmax = tr("[b, n_head/t, s, s]: the 5as/h term is this, the dropout mask and the dropout output")
+    mask = tr("our core keeps an [s, s] bool mask (1 byte each); the paper's fused kernel builds it on the fly")
+    rope = tr("GPT-3 has learned positions; RoPE keeps cos and sin [s, d_head] for Q and again for K")
+    no_dropout = tr("no dropout: the softmax output itself feeds the matmul with V")
+    none = tr("no dropout in our model")
     return [
         MemoryRow("Q and K", 4 * sbh / t, 2 * e * b * s * a_l * dh, "same", gqa),
-        MemoryRow("V", 2 * sbh / t, e * b * s * a_l * dh, "same", "expanded to n_head/t heads under GQA, as K"),
+        MemoryRow("V", 2 * sbh / t, e * b * s * a_l * dh, "same", tr("expanded to n_head/t heads under GQA, as K")),
         MemoryRow("softmax output", 2 * a * s * s * b / t, e * b * a_l * s * s, "same", softmax),
-        MemoryRow("softmax dropout mask", a * s * s * b / t, 0, "paper only", "no dropout in our model"),
+        MemoryRow("softmax dropout mask", a * s * s * b / t, 0, "paper only", none),
         MemoryRow("attention probabilities after dropout", 2 * a * s * s * b / t, 0, "paper only", no_dropout),
         MemoryRow("causal mask", 0, s * s if cfg.causal else 0, "ours only", mask),
         MemoryRow("RoPE cos and sin", 0, 4 * e * s * dh if cfg.position == "rope" else 0, "ours only", rope),
@@ -257,9 +263,9 @@ def _attention_rows(z: _LayerSizes) -> list[MemoryRow]:
             2 * sbh / t,
             e * b * s * a_l * dh,
             "same",
-            "a copy: heads transposed back to [b, s, h/t]",
+            tr("a copy: heads transposed back to [b, s, h/t]"),
         ),
-        MemoryRow("attention residual dropout mask", sbh * z.p_out, 0, "paper only", "no dropout in our model"),
+        MemoryRow("attention residual dropout mask", sbh * z.p_out, 0, "paper only", none),
     ]
 
 
@@ -269,13 +275,22 @@ def _mlp_rows(z: _LayerSizes) -> list[MemoryRow]:
     h, ff = cfg.d_model, cfg.d_ff
     swiglu, ratio = cfg.mlp == "swiglu", ff / h
     rel = "same" if not swiglu and ff == 4 * h else "different"
-    why = (
-        "SwiGLU keeps gate x, silu(gate x), up x and their product" if swiglu else "GELU keeps its input and output"
-    ) + f", each [b, s, h_ffn/t]; the paper: GELU, h_ffn = 4h (here h_ffn = {ratio:g}h)"
+    if swiglu:
+        why = tr(
+            "SwiGLU keeps gate x, silu(gate x), up x and their product, each [b, s, h_ffn/t]; the paper: GELU, "
+            "h_ffn = 4h (here h_ffn = {ratio:g}h)",
+            ratio=ratio,
+        )
+    else:
+        why = tr(
+            "GELU keeps its input and output, each [b, s, h_ffn/t]; the paper: GELU, h_ffn = 4h (here h_ffn = "
+            "{ratio:g}h)",
+            ratio=ratio,
+        )
     ours = (4 if swiglu else 2) * z.e * z.b * z.s * (ff // z.t)
     return [
         MemoryRow("MLP hidden", 16 * sbh / z.t, ours, rel, why),
-        MemoryRow("MLP residual dropout mask", sbh * z.p_out, 0, "paper only", "no dropout in our model"),
+        MemoryRow("MLP residual dropout mask", sbh * z.p_out, 0, "paper only", tr("no dropout in our model")),
     ]
 
 

@@ -9,6 +9,7 @@ planner alike); this module gives them compose's keyword arguments, the options 
 
 from __future__ import annotations
 
+from pylib.i18n import tr
 from pylib.plan.mesh import ParallelConfig
 from pylib.plan.options import CP_KINDS, ZERO_STAGES, RunOptions
 from pylib.plan.problems import ComposeConfigError, problems
@@ -30,4 +31,4 @@ def check_compose(cfg, pc: ParallelConfig, world_size: int | None = None, **kwar
     """Raise `ComposeConfigError` listing every problem `compose_problems` finds."""
     found = compose_problems(cfg, pc, world_size, **kwargs)
     if found:
-        raise ComposeConfigError(found, f"ParallelConfig({pc.describe()}) on {world_size} ranks")
+        raise ComposeConfigError(found, tr("ParallelConfig({plan}) on {n} ranks", plan=pc.describe(), n=world_size))

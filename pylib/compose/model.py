@@ -31,6 +31,7 @@ from pylib.cp.layout import shard_sequence
 from pylib.dp.buckets import DEFAULT_BUCKET_BYTES
 from pylib.dp.memory import HeldBytes
 from pylib.dp.wrap import micro_batch, wrap
+from pylib.i18n import tr
 from pylib.plan.options import SEQUENCE_PARALLEL, ZERO_STAGE_NAMES
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.recorder import PipelineRecorder
@@ -295,7 +296,7 @@ class ParallelTransformer:
                 self.cfg, self.mesh.config, self.mesh.world_size, batch=batch, seq=seq, **options
             )
         if self._problems[key]:
-            raise ComposeConfigError(self._problems[key], f"a global batch [{batch}, {seq}]")
+            raise ComposeConfigError(self._problems[key], tr("a global batch [{batch}, {seq}]", batch=batch, seq=seq))
 
     def _backward_context(self, mb: int, chunk: int):
         if mb == self._last_backward[chunk]:

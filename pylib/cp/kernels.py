@@ -36,6 +36,7 @@ import math
 
 import torch
 
+from pylib.i18n import tr
 from pylib.model.attention import expand_kv
 
 
@@ -381,17 +382,17 @@ def choose_kernel(
         return "sdpa"
     problems = []
     if not flash_is_available:
-        problems.append("flash-attn is not installed (optional: pip install flash-attn --no-build-isolation)")
+        problems.append(tr("flash-attn is not installed (optional: pip install flash-attn --no-build-isolation)"))
     if device_type != "cuda":
-        problems.append(f"tensors are on {device_type}, flash-attn needs cuda")
+        problems.append(tr("tensors are on {device}, flash-attn needs cuda", device=device_type))
     if dtype not in FLASH_DTYPES:
-        problems.append(f"dtype {str(dtype).replace('torch.', '')} is not float16/bfloat16")
+        problems.append(tr("dtype {dtype} is not float16/bfloat16", dtype=str(dtype).replace("torch.", "")))
     if d_head % 8 or d_head > FLASH_MAX_HEAD_DIM:
-        problems.append(f"d_head={d_head} is not a multiple of 8 up to {FLASH_MAX_HEAD_DIM}")
+        problems.append(tr("d_head={d} is not a multiple of 8 up to {most}", d=d_head, most=FLASH_MAX_HEAD_DIM))
     if not problems:
         return "flash"
     if requested == "flash":
-        raise ValueError("kernel='flash' cannot run: " + "; ".join(problems))
+        raise ValueError(tr("kernel='flash' cannot run: {problems}", problems=tr("; ").join(problems)))
     if device_type == "cuda" and fused is not None:
         return "sdpa"
     return "torch"

@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pylib.i18n import tr
 from pylib.model.attention import Attention
 from pylib.model.transformer import Block, Transformer
 from pylib.plan.recompute import check_recompute
@@ -84,9 +85,16 @@ class CPAttentionCore:
             expected = self.positions(q.shape[2], positions.device)
             if positions.shape != expected.shape or not torch.equal(positions, expected):
                 raise ValueError(
-                    f"positions {positions.tolist()} are not cp rank {self.cp_rank}'s {self.layout} positions "
-                    f"{expected.tolist()} (cp={self.cp_size}); shard with pylib.cp.shard_sequence(..., layout="
-                    f"{self.layout!r})"
+                    tr(
+                        "positions {got} are not cp rank {r}'s {layout} positions {want} (cp={cp}); shard with "
+                        "pylib.cp.shard_sequence(..., layout={kind!r})",
+                        got=positions.tolist(),
+                        r=self.cp_rank,
+                        layout=self.layout,
+                        want=expected.tolist(),
+                        cp=self.cp_size,
+                        kind=self.layout,
+                    )
                 )
         kw = dict(
             group=self.group,

@@ -36,6 +36,8 @@ import contextlib
 import torch
 import torch.nn as nn
 
+from pylib.i18n import tr
+
 from ..runtime import clock
 from ..runtime import collectives as C
 from ..runtime.mesh import AxisGroup
@@ -183,7 +185,7 @@ class GradientBuckets:
         """Accumulate gradients locally in the buckets (gradient accumulation over micro-batches); the first
         backward after the block reduces everything accumulated."""
         if not self.keep_full_grad:
-            raise ValueError("no_sync needs a full gradient buffer to accumulate into; ZeRO-2 keeps only its shard")
+            raise ValueError(tr("no_sync needs a full gradient buffer to accumulate into; ZeRO-2 keeps only its shard"))
         old, self._sync = self._sync, False
         try:
             yield

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from pylib.i18n import tr
 from pylib.plan.options import ZERO_STAGE_NAMES
 
 from ..runtime import tracer
@@ -157,5 +158,5 @@ def wrap(
 def micro_batch(ids: torch.Tensor, index: int, parts: int) -> torch.Tensor:
     """Rows [index*b/parts, (index+1)*b/parts) of a global batch [b, s]."""
     if ids.shape[0] % parts:
-        raise ValueError(f"dp={parts} does not divide the global batch size {ids.shape[0]}")
+        raise ValueError(tr("dp={dp} does not divide the global batch size {b}", dp=parts, b=ids.shape[0]))
     return ids.chunk(parts, dim=0)[index]

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from pylib.cp import RingStats, ring_attention, shard_sequence
+from pylib.i18n import tr
 from pylib.runtime import clock, launch, trace
 from pylib.runtime.collectives import all_reduce_
 
@@ -101,9 +102,13 @@ def _rank(full, repeats: int, causal: bool):
 def machine() -> str:
     """The machine these seconds were measured on, in one line."""
     cpu = platform.processor() or platform.machine()
-    return (
-        f"{platform.system()} {platform.machine()} ({cpu}), {os.cpu_count()} CPU cores, torch {torch.__version__}, "
-        "gloo over loopback TCP"
+    return tr(
+        "{system} {machine} ({cpu}), {n} CPU cores, torch {torch}, gloo over loopback TCP",
+        system=platform.system(),
+        machine=platform.machine(),
+        cpu=cpu,
+        n=os.cpu_count(),
+        torch=torch.__version__,
     )
 
 

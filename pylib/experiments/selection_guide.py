@@ -19,6 +19,7 @@ from pylib.analysis import dp as dpa
 from pylib.analysis import ep as epa
 from pylib.analysis import pp as ppa
 from pylib.analysis import tp as tpa
+from pylib.i18n import tr
 from pylib.model import build_model
 from pylib.model.presets import llama2_70b
 
@@ -74,10 +75,16 @@ def _dense_rows(n: dict, dense) -> tuple[str, str]:
     n["sp_green_sp"] = tpa.green_zone_bytes(dense, 1, s, 8, sequence_parallel=True)
     n["sp_fwd_tp"] = tpa.layer_traffic(1, s, h, 8, e)["forward_sent"]
     n["sp_fwd_sp"] = tpa.layer_traffic(1, s, h, 8, e, sequence_parallel=True)["forward_sent"]
-    why_sp = (
-        f"s = 4K, TP = 8: {n['sp_act_tp'] / GB:.1f} GB of activations per GPU over {L} layers; with SP "
-        f"{n['sp_act_sp'] / GB:.1f} GB. LayerNorm's share drops to 1/8 ({n['sp_green_tp'] / MB:.0f} → "
-        f"{n['sp_green_sp'] / MB:.1f} MB per layer); traffic stays {n['sp_fwd_tp'] / MB:.0f} MB per layer."
+    why_sp = tr(
+        "s = 4K, TP = 8: {act_tp:.1f} GB of activations per GPU over {L} layers; with SP {act_sp:.1f} GB. "
+        "LayerNorm's share drops to 1/8 ({green_tp:.0f} → {green_sp:.1f} MB per layer); traffic stays {fwd:.0f} MB "
+        "per layer.",
+        act_tp=n["sp_act_tp"] / GB,
+        L=L,
+        act_sp=n["sp_act_sp"] / GB,
+        green_tp=n["sp_green_tp"] / MB,
+        green_sp=n["sp_green_sp"] / MB,
+        fwd=n["sp_fwd_tp"] / MB,
     )
 
     # 2. The context is too long for one GPU's attention: CP.
@@ -90,11 +97,17 @@ def _dense_rows(n: dict, dense) -> tuple[str, str]:
     n["cp_balance_zigzag"] = cpa.balance_ratio(work["zigzag"])
     n["cp_ring"] = cpa.ring_traffic(1, s, dense.kv_heads, dense.d_head, 8, e)["forward_bytes_sent"]
     n["cp_flops"] = cpa.attention_flops(work["zigzag"][0] * dense.n_heads, dense.d_head)
-    why_cp = (
-        f"s = 128K, TP = 8 + SP: the attention scores alone {n['cp_scores'] / GB:.0f} GB per layer per GPU; the "
-        f"rest {n['cp_rest'] / GB:.0f} GB over {L} layers. CP = 8: {n['cp_rest_cp8'] / GB:.0f} GB, 1/8 of the "
-        f"attention work each (zig-zag: equal; contiguous: {n['cp_balance_contiguous']:.0f}× apart); the ring "
-        f"moves {n['cp_ring'] / MB:.0f} MB of K/V per GPU per layer against {n['cp_flops'] / 1e12:.0f} TFLOP."
+    why_cp = tr(
+        "s = 128K, TP = 8 + SP: the attention scores alone {scores:.0f} GB per layer per GPU; the rest {rest:.0f} GB "
+        "over {L} layers. CP = 8: {rest_cp8:.0f} GB, 1/8 of the attention work each (zig-zag: equal; contiguous: "
+        "{apart:.0f}× apart); the ring moves {ring:.0f} MB of K/V per GPU per layer against {tflop:.0f} TFLOP.",
+        scores=n["cp_scores"] / GB,
+        rest=n["cp_rest"] / GB,
+        L=L,
+        rest_cp8=n["cp_rest_cp8"] / GB,
+        apart=n["cp_balance_contiguous"],
+        ring=n["cp_ring"] / MB,
+        tflop=n["cp_flops"] / 1e12,
     )
     # Bounded per-GPU bytes are not DP's alone: TP's all-reduces and the CP ring are bounded the same way.
     for t in (8, 64):
@@ -115,10 +128,12 @@ def _moe_pp_dp_rows(n: dict, dense) -> tuple[str, str, str]:
     n["ep_all"] = epa.expert_params_per_rank(he, ffe, E, 1, mlp="swiglu") * moe_layers * e
     n["ep_64"] = epa.expert_params_per_rank(he, ffe, E, 64, mlp="swiglu") * moe_layers * e
     n["ep_a2a"] = epa.expected_alltoall_bytes(4096, k, he, 64, e)
-    why_ep = (
-        f"256 experts × 58 layers: {n['ep_all'] / GB:,.0f} GB of expert weights in bf16; EP = 64: "
-        f"{n['ep_64'] / GB:.1f} GB per GPU, for {n['ep_a2a'] / GB:.2f} GB per GPU per layer each way in the "
-        "all-to-all (4K tokens, top-8)."
+    why_ep = tr(
+        "256 experts × 58 layers: {all:,.0f} GB of expert weights in bf16; EP = 64: {ep64:.1f} GB per GPU, for "
+        "{a2a:.2f} GB per GPU per layer each way in the all-to-all (4K tokens, top-8).",
+        all=n["ep_all"] / GB,
+        ep64=n["ep_64"] / GB,
+        a2a=n["ep_a2a"] / GB,
     )
 
     # 4. Many layers, cut across machines: PP.
@@ -128,11 +143,16 @@ def _moe_pp_dp_rows(n: dict, dense) -> tuple[str, str, str]:
     n["tp_layer"] = sum(tpa.layer_traffic(1, 4096, h, 8, e)[f"{ph}_sent"] for ph in ("forward", "backward"))
     n["tp_stage"] = n["tp_layer"] * L // 4  # TP's traffic for one stage's 20 layers, per microbatch
     n["pp_bubble"] = ppa.bubble_share(4, 32)
-    why_pp = (
-        f"{n_params / 1e9:.0f}B parameters, mixed-precision Adam: {n['pp_state_tp8'] / GB:.0f} GB of model state "
-        f"per GPU at TP = 8; PP = 4: {n['pp_state_pp4'] / GB:.0f} GB. A stage boundary carries "
-        f"{n['pp_boundary'] / MB:.0f} MB per microbatch each way, TP {n['tp_layer'] / MB:.0f} MB per layer; the "
-        f"price is the bubble, {n['pp_bubble']:.0%} of a step with 32 microbatches."
+    why_pp = tr(
+        "{billions:.0f}B parameters, mixed-precision Adam: {tp8:.0f} GB of model state per GPU at TP = 8; PP = 4: "
+        "{pp4:.0f} GB. A stage boundary carries {boundary:.0f} MB per microbatch each way, TP {tp_layer:.0f} MB per "
+        "layer; the price is the bubble, {bubble:.0%} of a step with 32 microbatches.",
+        billions=n_params / 1e9,
+        tp8=n["pp_state_tp8"] / GB,
+        pp4=n["pp_state_pp4"] / GB,
+        boundary=n["pp_boundary"] / MB,
+        tp_layer=n["tp_layer"] / MB,
+        bubble=n["pp_bubble"],
     )
 
     # 5. Everything fits and throughput must still grow: stack them, add DP.
@@ -141,11 +161,14 @@ def _moe_pp_dp_rows(n: dict, dense) -> tuple[str, str, str]:
     for d in (8, 64, 1024):
         n[f"dp_{d}"] = dpa.traffic_per_step(shard, d, "ddp")
     n["dp_zero1"] = sum(dpa.paper_bytes(n_params // 32, 64, "zero1").values())
-    why_dp = (
-        f"the gradient all-reduce costs each GPU 2(d−1)/d of its shard's gradients per step: "
-        f"{n['dp_8'] / GB:.2f} GB at d = 8, {n['dp_1024'] / GB:.2f} GB at d = 1024, and it overlaps with "
-        f"backward; ZeRO-1 over d = 64 cuts model state from {n['pp_state_pp4'] / GB:.0f} to "
-        f"{n['dp_zero1'] / GB:.1f} GB."
+    why_dp = tr(
+        "the gradient all-reduce costs each GPU 2(d−1)/d of its shard's gradients per step: {dp8:.2f} GB at d = 8, "
+        "{dp1024:.2f} GB at d = 1024, and it overlaps with backward; ZeRO-1 over d = 64 cuts model state from "
+        "{pp4:.0f} to {zero1:.1f} GB.",
+        dp8=n["dp_8"] / GB,
+        dp1024=n["dp_1024"] / GB,
+        pp4=n["pp_state_pp4"] / GB,
+        zero1=n["dp_zero1"] / GB,
     )
     return why_ep, why_pp, why_dp
 
@@ -153,27 +176,32 @@ def _moe_pp_dp_rows(n: dict, dense) -> tuple[str, str, str]:
 def _rows(why_sp: str, why_cp: str, why_ep: str, why_pp: str, why_dp: str) -> list[list[str]]:
     return [
         [
-            "TP is at its maximum (8 GPUs, one NVLink domain) and activation memory is still tight",
+            tr("TP is at its maximum (8 GPUs, one NVLink domain) and activation memory is still tight"),
             "TP + SP",
             why_sp,
             "`tp.compare_with_korthikanti`, `tp.green_zone_bytes`, `tp.layer_traffic`",
         ],
         [
-            "the context is too long for one GPU to hold attention (32K or 128K training, long prefill)",
-            "add CP (ring attention)",
+            tr("the context is too long for one GPU to hold attention (32K or 128K training, long prefill)"),
+            tr("add CP (ring attention)"),
             why_cp,
             "`cp.causal_work_per_rank`, `cp.ring_traffic`, `cp.attention_flops`",
         ],
         [
-            "the model is an MoE and its experts must be spread over GPUs",
-            "add EP (all-to-all)",
+            tr("the model is an MoE and its experts must be spread over GPUs"),
+            tr("add EP (all-to-all)"),
             why_ep,
             "`ep.expert_params_per_rank`, `ep.expected_alltoall_bytes`",
         ],
-        ["many layers, to be cut across machines", "add PP", why_pp, "`dp.paper_bytes`, `pp.p2p_message_bytes`"],
         [
-            "none of it is enough and throughput must go up",
-            "stack the above, add DP (seed A: DeepSeek-V3 with CP, EP and TP)",
+            tr("many layers, to be cut across machines"),
+            tr("add PP"),
+            why_pp,
+            "`dp.paper_bytes`, `pp.p2p_message_bytes`",
+        ],
+        [
+            tr("none of it is enough and throughput must go up"),
+            tr("stack the above, add DP (seed A: DeepSeek-V3 with CP, EP and TP)"),
             why_dp,
             "`dp.traffic_per_step`, `dp.paper_bytes`",
         ],

@@ -62,3 +62,29 @@ MESSAGES.update(
         ),
     }
 )
+
+MESSAGES.update(
+    {
+        # pylib.labs.report: the HTML page (report.html)
+        "<b>Interrupted ({why})</b>; not started: {labs}. ": "<b>已中断（{why}）</b>；未开始：{labs}。",
+        "Labs report ({mode})": "实验报告（{mode}）",
+        "Labs report: {passed}/{labs} labs passed ({mode} mode)": "实验报告：{passed}/{labs} 个实验通过（{mode}模式）",
+        "{started}, {seconds:.1f} s. Checks: {passed} passed, {failed} failed, {blocked} blocked (need hardware this machine lacks), {not_run} never ran. ": (  # noqa: E501
+            "{started}，{seconds:.1f} 秒。检查：{passed} 项通过，{failed} 项失败，{blocked} 项阻塞（需要本机没有的硬件），{not_run} 项未运行。"  # noqa: E501
+        ),
+        "Machine: Python {python}, torch {torch}, {cpus} CPUs, {gpus} CUDA GPUs. ": (
+            "机器：Python {python}，torch {torch}，{cpus} 个 CPU，{gpus} 块 CUDA GPU。"
+        ),
+        "Overrides: {overrides}.": "覆盖参数：{overrides}。",
+        "Executed notebook: {link}. Parameters: {params}": "执行后的 notebook：{link}。参数：{params}",
+        " on rank {rank}": "（进程号 {rank}）",
+        "{error}{who} in {where}": "{error}{who}，位于 {where}",
+        "traceback": "traceback",
+        "check": "检查",
+        "cell": "单元格",
+        "details": "详情",
+        "(step)": "（步骤）",
+        "cell ?": "单元格 ?",
+        "cell {n}": "单元格 {n}",
+    }
+)

@@ -129,8 +129,8 @@ def _width(text: str) -> int:
 def _where(d: dict) -> str:
     """'cell 9 (In [7]) `check("...", ...)` [exercise]' -- the cell a check or an error belongs to."""
     if d.get("cell") is None and d.get("execution_count") is None:
-        return "cell ?"
-    text = f"cell {d.get('cell')}"
+        return tr("cell ?")
+    text = tr("cell {n}", n=d.get("cell"))
     if d.get("execution_count") is not None:
         text += f" (In [{d['execution_count']}])"
     if d.get("first_line"):
@@ -252,53 +252,82 @@ def html_page(report: dict) -> str:
     t = report["totals"]
     stopped = ""
     if report.get("interrupted"):
-        stopped = (
-            f"<b>Interrupted ({e(report['interrupted'])})</b>; not started: {e(', '.join(report['not_started']))}. "
+        stopped = tr(
+            "<b>Interrupted ({why})</b>; not started: {labs}. ",
+            why=e(report["interrupted"]),
+            labs=e(", ".join(report["not_started"])),
         )
+    m, mode = report["machine"], e(report["mode"])
+    checks = t["checks"]
     out = [
         "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>Labs report ({e(report['mode'])})</title><style>{_CSS}</style></head><body>",
-        f"<h1>Labs report: {t['labs_passed']}/{t['labs']} labs passed ({e(report['mode'])} mode)</h1>",
-        f"<p>{e(report['started'])}, {report['seconds']:.1f} s. Checks: {t['checks']['passed']} passed, "
-        f"{t['checks']['failed']} failed, {t['checks']['blocked']} blocked (need hardware this machine lacks), "
-        f"{t['checks'].get('not_run', 0)} never ran. {stopped}"
-        f"Machine: Python {e(str(report['machine'].get('python')))}, torch {e(str(report['machine'].get('torch')))}, "
-        f"{report['machine'].get('cpus')} CPUs, {report['machine'].get('cuda_gpus')} CUDA GPUs. "
-        f"Overrides: {e(json.dumps(report['overrides']))}.</p>",
-        "<table><tr><th>lab</th><th>status</th><th>passed</th><th>failed</th><th>blocked</th><th>not run</th>"
-        "<th>seconds</th></tr>",
+        "<title>" + tr("Labs report ({mode})", mode=mode) + f"</title><style>{_CSS}</style></head><body>",
+        "<h1>"
+        + tr(
+            "Labs report: {passed}/{labs} labs passed ({mode} mode)", passed=t["labs_passed"], labs=t["labs"], mode=mode
+        )
+        + "</h1>",
+        "<p>"
+        + tr(
+            "{started}, {seconds:.1f} s. Checks: {passed} passed, {failed} failed, {blocked} blocked (need hardware "
+            "this machine lacks), {not_run} never ran. ",
+            started=e(report["started"]),
+            seconds=report["seconds"],
+            passed=checks["passed"],
+            failed=checks["failed"],
+            blocked=checks["blocked"],
+            not_run=checks.get("not_run", 0),
+        )
+        + stopped
+        + tr(
+            "Machine: Python {python}, torch {torch}, {cpus} CPUs, {gpus} CUDA GPUs. ",
+            python=e(str(m.get("python"))),
+            torch=e(str(m.get("torch"))),
+            cpus=m.get("cpus"),
+            gpus=m.get("cuda_gpus"),
+        )
+        + tr("Overrides: {overrides}.", overrides=e(json.dumps(report["overrides"])))
+        + "</p>",
+        "<table><tr>"
+        + "".join(
+            f"<th>{e(h)}</th>"
+            for h in (tr("lab"), tr("status"), tr("passed"), tr("failed"), tr("blocked"), tr("not run"), tr("seconds"))
+        )
+        + "</tr>",
     ]
     for r in report["labs"]:
         c = r["counts"]
         out.append(
             f"<tr><td><a href='#{e(r['lab'])}'>{e(r['lab'])}</a></td>"
-            f"<td class='{e(r['status'])}'>{_MARK.get(r['status'], '?')} {e(r['status'])}</td>"
+            f"<td class='{e(r['status'])}'>{_MARK.get(r['status'], '?')} {e(status_text(r['status']))}</td>"
             f"<td class='n'>{c['passed']}</td><td class='n'>{c['failed']}</td><td class='n'>{c['blocked']}</td>"
             f"<td class='n'>{c.get('not_run', 0)}</td><td class='n'>{r['seconds']:.1f}</td></tr>"
         )
     out.append("</table>")
     for r in report["labs"]:
         out.append(f"<h2 id='{e(r['lab'])}' class='{e(r['status'])}'>{_MARK.get(r['status'], '?')} {e(r['lab'])}</h2>")
-        out.append(
-            f"<p>Executed notebook: <a href='{e(os.path.relpath(r['executed'], report['out_dir']))}'>"
-            f"<code>{e(r['executed'])}</code></a>. Parameters: "
-            f"<code>{e(json.dumps(r['parameters']))}</code></p>"
-        )
+        link = f"<a href='{e(os.path.relpath(r['executed'], report['out_dir']))}'><code>{e(r['executed'])}</code></a>"
+        params = f"<code>{e(json.dumps(r['parameters']))}</code>"
+        out.append("<p>" + tr("Executed notebook: {link}. Parameters: {params}", link=link, params=params) + "</p>")
         if r.get("error"):
             err = r["error"]
-            rank = f" on rank {err['rank']}" if err.get("rank") is not None else ""
-            out.append(f"<p class='failed'>{e(err['ename'])}{e(rank)} in {e(_where(err))}</p>")
+            rank = tr(" on rank {rank}", rank=err["rank"]) if err.get("rank") is not None else ""
+            where = tr("{error}{who} in {where}", error=e(err["ename"]), who=e(rank), where=e(_where(err)))
+            out.append(f"<p class='failed'>{where}</p>")
             out.append(f"<pre>{e(err['evalue'])}</pre>")
             if err.get("traceback"):
-                out.append(f"<details><summary>traceback</summary><pre>{e(err['traceback'])}</pre></details>")
-        out.append("<table><tr><th></th><th>check</th><th>cell</th><th>seconds</th><th>message</th></tr>")
+                summary = e(tr("traceback"))
+                out.append(f"<details><summary>{summary}</summary><pre>{e(err['traceback'])}</pre></details>")
+        head = "".join(f"<th>{e(h)}</th>" for h in ("", tr("check"), tr("cell"), tr("seconds"), tr("message")))
+        out.append(f"<table><tr>{head}</tr>")
         for c in r["checks"]:
             msg = f"<pre>{e(c['message'])}</pre>" if c["message"] else ""
             if c["status"] == "failed" and c.get("detail"):
-                msg += f"<details><summary>details</summary><pre>{e(c['detail'])}</pre></details>"
+                msg += f"<details><summary>{e(tr('details'))}</summary><pre>{e(c['detail'])}</pre></details>"
+            step = " <small>" + e(tr("(step)")) + "</small>" if c.get("kind") == "step" else ""
             out.append(
                 f"<tr><td class='{e(c['status'])}'>{_MARK[c['status']]}</td><td>{e(c['name'])}"
-                f"{' <small>(step)</small>' if c.get('kind') == 'step' else ''}</td><td>{e(_where(c))}</td>"
+                f"{step}</td><td>{e(_where(c))}</td>"
                 f"<td class='n'>{c['seconds']:.2f}</td><td>{msg}</td></tr>"
             )
         out.append("</table>")

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pylib.i18n import tr
+
 
 @dataclass(frozen=True)
 class HeadLayout:
@@ -29,7 +31,7 @@ class HeadLayout:
 def head_layout(n_head: int, n_kv_head: int, tp: int, rank: int) -> HeadLayout:
     """The query and K/V heads TP rank `rank` of `tp` holds; raises naming the constraint when none works."""
     if tp < 1 or n_head % tp:
-        raise ValueError(f"tp={tp} does not divide n_heads={n_head}")
+        raise ValueError(tr("tp={tp} does not divide n_heads={n}", tp=tp, n=n_head))
     q_count = n_head // tp
     if n_kv_head % tp == 0:
         kv_count = n_kv_head // tp
@@ -38,8 +40,12 @@ def head_layout(n_head: int, n_kv_head: int, tp: int, rank: int) -> HeadLayout:
         replicas = tp // n_kv_head
         return HeadLayout(rank * q_count, q_count, rank // replicas, 1, replicas)
     raise ValueError(
-        f"tp={tp} does not divide n_kv_heads={n_kv_head}, and n_kv_heads={n_kv_head} does not divide tp={tp}: "
-        "some rank's query heads would read K/V heads held by two ranks"
+        tr(
+            "tp={tp} does not divide n_kv_heads={n}, and n_kv_heads={n} does not divide tp={tp}: "
+            "some rank's query heads would read K/V heads held by two ranks",
+            tp=tp,
+            n=n_kv_head,
+        )
     )
 
 

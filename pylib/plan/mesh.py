@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pylib.i18n import tr
+
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
 # Group names returned by rank_groups. Dense groups use the dense layout, expert groups the folded one.
@@ -103,8 +105,13 @@ class ParallelConfig:
                 b = sorted(_groups_along(expert, self.order, ["pp"], world_size))
                 if a != b:
                     out.append(
-                        f"order {self.order!r} puts different ranks in a pipeline group for dense layers "
-                        f"({a[0]}, ...) and expert layers ({b[0]}, ...); put pp last in the order"
+                        tr(
+                            "order {order!r} puts different ranks in a pipeline group for dense layers "
+                            "({dense}, ...) and expert layers ({expert}, ...); put pp last in the order",
+                            order=self.order,
+                            dense=a[0],
+                            expert=b[0],
+                        )
                     )
         return out
 

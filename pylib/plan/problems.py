@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import functools
 
+from pylib.i18n import tr
+
 from .heads import head_layout
 from .options import CP_KINDS, CP_LAYOUTS, ZERO_STAGES, RunOptions
 from .recompute import recompute_problems
@@ -35,10 +37,11 @@ LAYOUTS = CP_LAYOUTS
 class ComposeConfigError(ValueError):
     """A configuration that cannot run; `.problems` lists every violated constraint as a sentence."""
 
-    def __init__(self, problems: list[str], what: str = "this configuration"):
+    def __init__(self, problems: list[str], what: str | None = None):
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{what} cannot run ({len(self.problems)} problem(s)):\n{lines}")
+        what = tr("this configuration") if what is None else what
+        super().__init__(tr("{what} cannot run ({n} problem(s)):", what=what, n=len(self.problems)) + f"\n{lines}")
 
 
 # ------------------------------------------------------------------------------------------------ the modes' rules
@@ -62,20 +65,32 @@ def check_sequence(seq_len: int, cp_size: int, layout: str) -> None:
         raise ValueError(f"cp={cp_size} must be >= 1")
     parts = n_chunks(cp_size, layout)
     if seq_len % parts:
-        what = f"2*cp={parts} chunks" if layout == "zigzag" else f"cp={cp_size} chunks"
+        what = tr("2*cp={n} chunks", n=parts) if layout == "zigzag" else tr("cp={n} chunks", n=cp_size)
         raise ValueError(
-            f"{layout} layout cuts the sequence into {what}: sequence length s={seq_len} is not divisible by {parts}"
+            tr(
+                "{layout} layout cuts the sequence into {what}: sequence length s={s} is not divisible by {parts}",
+                layout=layout,
+                what=what,
+                s=seq_len,
+                parts=parts,
+            )
         )
 
 
 def check_heads(n_head: int, n_kv_head: int, cp_size: int) -> None:
     """Ulysses gives each rank n_head/cp query heads and n_kv_head/cp K/V heads: both must divide."""
     if n_head % cp_size:
-        raise ValueError(f"ulysses: cp={cp_size} does not divide n_head={n_head} (each rank attends n_head/cp heads)")
+        raise ValueError(
+            tr("ulysses: cp={cp} does not divide n_head={n} (each rank attends n_head/cp heads)", cp=cp_size, n=n_head)
+        )
     if n_kv_head % cp_size:
         raise ValueError(
-            f"ulysses: cp={cp_size} does not divide n_kv_head={n_kv_head} (each rank needs whole K/V heads; "
-            f"use ring attention, or cp <= {n_kv_head})"
+            tr(
+                "ulysses: cp={cp} does not divide n_kv_head={n} (each rank needs whole K/V heads; "
+                "use ring attention, or cp <= {n})",
+                cp=cp_size,
+                n=n_kv_head,
+            )
         )
 
 
@@ -84,13 +99,13 @@ def expert_parallel_problems(moe, *, ep: int, etp: int, d_ff_expert: int) -> lis
     `etp` expert-tensor-parallel ranks, as sentences (empty when it can run)."""
     out = []
     if ep < 1 or moe.n_experts % ep:
-        out.append(f"ep={ep} does not divide n_experts={moe.n_experts}")
+        out.append(tr("ep={ep} does not divide n_experts={n}", ep=ep, n=moe.n_experts))
     if not 1 <= moe.top_k <= moe.n_experts:
         out.append(f"top_k={moe.top_k} must be between 1 and n_experts={moe.n_experts}")
     if moe.capacity_factor is not None and moe.capacity_factor <= 0:
         out.append(f"capacity_factor={moe.capacity_factor} must be > 0 (or None for no dropping)")
     if etp < 1 or d_ff_expert % etp:
-        out.append(f"etp={etp} does not divide expert h_ffn={d_ff_expert}")
+        out.append(tr("etp={etp} does not divide expert h_ffn={n}", etp=etp, n=d_ff_expert))
     return out
 
 
@@ -133,8 +148,10 @@ def _tp_problems(out: list[str], cfg, par) -> None:
     tp = par.tp
     _collect(out, head_layout, cfg.n_heads, cfg.kv_heads, tp, 0)
     if _layer_kinds(cfg)[1]:
-        _divides(out, tp, cfg.d_ff, f"tp={tp} does not divide d_ff={cfg.d_ff} (h_ffn of the dense MLP layers)")
-    _divides(out, tp, cfg.vocab_size, f"tp={tp} does not divide vocab_size={cfg.vocab_size}")
+        _divides(
+            out, tp, cfg.d_ff, tr("tp={tp} does not divide d_ff={n} (h_ffn of the dense MLP layers)", tp=tp, n=cfg.d_ff)
+        )
+    _divides(out, tp, cfg.vocab_size, tr("tp={tp} does not divide vocab_size={n}", tp=tp, n=cfg.vocab_size))
 
 
 def _ep_sizes(out: list[str], cfg, par) -> None:
@@ -156,8 +173,14 @@ def _ulysses_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
     found: list[str] = []
     _collect(found, check_heads, lay.q_count, lay.kv_count, cp)
     out += [
-        f"{msg} [after tp={tp}: each TP rank attends n_head/tp = {lay.q_count} query and "
-        f"{lay.kv_count} K/V head(s); Ulysses splits those over cp]"
+        tr(
+            "{msg} [after tp={tp}: each TP rank attends n_head/tp = {q} query and {kv} K/V head(s); Ulysses splits "
+            "those over cp]",
+            msg=msg,
+            tp=tp,
+            q=lay.q_count,
+            kv=lay.kv_count,
+        )
         for msg in found
     ]
 
@@ -171,14 +194,19 @@ def _data_problems(out: list[str], par, batch, seq, opt: RunOptions) -> None:
             return
     m_ok = isinstance(m, int) and not isinstance(m, bool) and m >= 1
     if batch is not None:
-        _divides(out, dp, batch, f"dp={dp} does not divide the global batch size B={batch}")
+        _divides(out, dp, batch, tr("dp={dp} does not divide the global batch size B={b}", dp=dp, b=batch))
         if dp >= 1 and batch % dp == 0 and m_ok:
             _divides(
                 out,
                 m,
                 batch // dp,
-                f"n_microbatches={m} does not divide the batch per data-parallel rank "
-                f"B/dp = {batch}/{dp} = {batch // dp}",
+                tr(
+                    "n_microbatches={m} does not divide the batch per data-parallel rank B/dp = {b}/{dp} = {per}",
+                    m=m,
+                    b=batch,
+                    dp=dp,
+                    per=batch // dp,
+                ),
             )
     if seq is not None:
         if opt.cp_layout in LAYOUTS:
@@ -188,8 +216,14 @@ def _data_problems(out: list[str], par, batch, seq, opt: RunOptions) -> None:
                 out,
                 tp,
                 seq // cp,
-                f"sequence parallelism splits each CP rank's s/cp = {seq}/{cp} = {seq // cp} tokens over tp={tp} "
-                f"ranks: tp does not divide {seq // cp}",
+                tr(
+                    "sequence parallelism splits each CP rank's s/cp = {s}/{cp} = {per} tokens over tp={tp} "
+                    "ranks: tp does not divide {per}",
+                    s=seq,
+                    cp=cp,
+                    per=seq // cp,
+                    tp=tp,
+                ),
             )
 
 
@@ -230,8 +264,12 @@ def _choice_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
     if _layer_kinds(cfg)[0]:
         if par.tp > 1 and not opt.sequence_parallel:
             out.append(
-                f"expert parallelism with tp={par.tp} needs sequence_parallel=True: the MoE layer takes each rank's "
-                "own tokens, and without SP every TP rank would hold (and route) the same tokens (Megatron requires SP)"
+                tr(
+                    "expert parallelism with tp={tp} needs sequence_parallel=True: the MoE layer takes each rank's "
+                    "own tokens, and without SP every TP rank would hold (and route) the same tokens (Megatron "
+                    "requires SP)",
+                    tp=par.tp,
+                )
             )
     else:
         if par.ep > 1:
@@ -269,4 +307,4 @@ def check(cfg, par, world_size: int | None = None, **kwargs) -> None:
     """Raise `ComposeConfigError` listing every problem `problems` finds."""
     found = problems(cfg, par, world_size, **kwargs)
     if found:
-        raise ComposeConfigError(found, f"ParallelConfig({par.describe()}) on {world_size} ranks")
+        raise ComposeConfigError(found, tr("ParallelConfig({plan}) on {n} ranks", plan=par.describe(), n=world_size))

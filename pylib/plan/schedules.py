@@ -41,6 +41,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from pylib.i18n import tr
+
 from .split import virtual_stage
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -131,7 +133,9 @@ class Schedule:
 
     def table(self) -> str:
         """A text picture: one row per rank, its compute actions in order (F3 = forward of microbatch 3)."""
-        return "\n".join(f"rank {r}: " + " ".join(str(a) for a in self.compute(r)) for r in range(self.p))
+        return "\n".join(
+            tr("rank {r}: {actions}", r=r, actions=" ".join(str(a) for a in self.compute(r))) for r in range(self.p)
+        )
 
 
 # --------------------------------------------------------------------------------------------- compute orders
@@ -151,33 +155,63 @@ def check_interleaved(p: int, m: int, v: int, group_size: int | None = None) -> 
     _check_sizes(p, m, v)
     n = p if group_size is None else group_size
     if v < 2:
-        raise ScheduleError(f"interleaved 1F1B needs v >= 2 chunks per rank, got v={v} (v=1 is plain 1F1B)")
+        raise ScheduleError(tr("interleaved 1F1B needs v >= 2 chunks per rank, got v={v} (v=1 is plain 1F1B)", v=v))
     if p < 2:
         raise ScheduleError(
-            f"interleaved 1F1B needs p >= 2 pipeline ranks, got p={p} (chunks pass activations round the ring of ranks)"
+            tr(
+                "interleaved 1F1B needs p >= 2 pipeline ranks, got p={p} (chunks pass activations round the ring of "
+                "ranks)",
+                p=p,
+            )
         )
     if not p <= n <= m:
         if group_size is None:
             raise ScheduleError(
-                f"interleaved 1F1B needs at least p microbatches: m={m} < p={p} "
-                f"(Megatron runs microbatches in groups of N=p through each chunk)"
+                tr(
+                    "interleaved 1F1B needs at least p microbatches: m={m} < p={p} "
+                    "(Megatron runs microbatches in groups of N=p through each chunk)",
+                    m=m,
+                    p=p,
+                )
             )
         why = (
-            "fewer microbatches per group than ranks: Megatron's warm-up is not built for it, most such orders deadlock"
+            tr(
+                "fewer microbatches per group than ranks: Megatron's warm-up is not built for it, most such "
+                "orders deadlock"
+            )
             if n < p
-            else "a group cannot hold more microbatches than the step has"
+            else tr("a group cannot hold more microbatches than the step has")
         )
-        raise ScheduleError(f"interleaved 1F1B needs p <= N <= m for the group size N: p={p}, N={n}, m={m} ({why})")
+        raise ScheduleError(
+            tr(
+                "interleaved 1F1B needs p <= N <= m for the group size N: p={p}, N={n}, m={m} ({why})",
+                p=p,
+                n=n,
+                m=m,
+                why=why,
+            )
+        )
     rest = m % n
     if 0 < rest < p:
         if group_size is None:
             raise ScheduleError(
-                f"interleaved 1F1B needs m divisible by p: m={m}, p={p}, m % p = {rest} "
-                f"(Megatron: microbatches go through each chunk in groups of p)"
+                tr(
+                    "interleaved 1F1B needs m divisible by p: m={m}, p={p}, m % p = {rest} "
+                    "(Megatron: microbatches go through each chunk in groups of p)",
+                    m=m,
+                    p=p,
+                    rest=rest,
+                )
             )
         raise ScheduleError(
-            f"interleaved 1F1B needs m % N == 0 or m % N >= p: m={m}, N={n}, m % N = {rest} < p={p} "
-            f"(a short last group would stall the pipeline; Megatron rejects it)"
+            tr(
+                "interleaved 1F1B needs m % N == 0 or m % N >= p: m={m}, N={n}, m % N = {rest} < p={p} "
+                "(a short last group would stall the pipeline; Megatron rejects it)",
+                m=m,
+                n=n,
+                rest=rest,
+                p=p,
+            )
         )
     return n
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 
+from pylib.i18n import tr
+
 
 def check_split(n_layers: int, pp: int, v: int = 1) -> None:
     """Raise a ValueError naming the numbers when L layers cannot be cut into pp·v equal blocks."""
@@ -22,8 +24,14 @@ def check_split(n_layers: int, pp: int, v: int = 1) -> None:
             raise ValueError(f"{name}={value!r} must be a positive integer")
     if n_layers % (pp * v):
         raise ValueError(
-            f"n_layers={n_layers} is not divisible by pp × v = {pp} × {v} = {pp * v} "
-            f"(every virtual stage must hold the same number of layers)"
+            tr(
+                "n_layers={n} is not divisible by pp × v = {pp} × {v} = {pv} "
+                "(every virtual stage must hold the same number of layers)",
+                n=n_layers,
+                pp=pp,
+                v=v,
+                pv=pp * v,
+            )
         )
 
 

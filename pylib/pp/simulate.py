@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from pylib.i18n import tr
+
 from .schedules import Action, Schedule, ScheduleError
 from .timeline import Event
 
@@ -172,8 +174,8 @@ class _Simulation:
         """The events, once every list ran to its end; otherwise the deadlock, or the messages never received."""
         stuck = {r: self.lists[r][self.pos[r]] for r in range(self.p) if self.pos[r] < len(self.lists[r])}
         if stuck:
-            where = "; ".join(f"rank {r} at {a}" for r, a in stuck.items())
-            raise DeadlockError(f"deadlock ({self.sends} sends): {where}", stuck)
+            where = tr("; ").join(tr("rank {r} at {action}", r=r, action=a) for r, a in stuck.items())
+            raise DeadlockError(tr("deadlock ({sends} sends): {where}", sends=self.sends, where=where), stuck)
         leftover = {k: len(v) for k, v in self.in_link.items() if v}
         if leftover:
             raise ScheduleError(f"messages sent but never received: {leftover} (src, dst) -> count")

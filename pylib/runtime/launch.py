@@ -50,6 +50,8 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from pylib.i18n import tr
+
 from . import leftovers
 
 # Errors that a rank raises because a *peer* went away; they never explain a failure on their own.
@@ -204,9 +206,11 @@ def _read(path: str) -> str:
 
 
 def _print_outputs(outputs: list[str]) -> None:
+    """Each rank's captured output, every line prefixed with its rank (`[rank r]`, in the reader's language)."""
     for r, text in enumerate(outputs):
+        prefix = tr("[rank {r}]", r=r)
         for line in text.splitlines():
-            print(f"[rank {r}] {line}")
+            print(f"{prefix} {line}")
 
 
 def _tail(text: str, n: int = 15) -> str:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pylib.i18n import tr
+
 
 @dataclass(frozen=True)
 class ShardSpec:
@@ -58,4 +60,6 @@ def shard(full: torch.Tensor, dim: int, index: int, parts: int, what: str = "") 
 def require_divisible(size: int, parts: int, axis: str, what: str) -> None:
     """Raise "tp=3 does not divide n_heads=8" when `parts` does not divide `size`."""
     if parts < 1 or size % parts:
-        raise ValueError(f"{axis}={parts} does not divide {what}={size}")
+        raise ValueError(
+            tr("{axis}={parts} does not divide {what}={size}", axis=axis, parts=parts, what=what, size=size)
+        )

@@ -4,6 +4,8 @@ they make in checkable form, with the English the book prints for the words.
 
 from __future__ import annotations
 
+from pylib import i18n
+
 # Seed B's words in its cut tables, in English (the tables print these; the Chinese stays in the data).
 SEED_WORDS = {
     "切 V 或 h (vocab parallel / TP)": "cut V or h (vocab parallel / TP)",
@@ -41,6 +43,12 @@ SEED_WORDS = {
     "(MoE) 不同 token 在不同 expert 卡": "(MoE) different tokens on different experts' ranks",
     "(可选) vocab parallel 切 V": "(optional) vocab parallel: cut V",
 }
+
+
+def seed_words(seed: str) -> str:
+    """Seed B's words as a table shows them: seed B wrote Chinese, so the Chinese edition shows its own words and
+    the English edition their English (SEED_WORDS)."""
+    return seed if i18n.language() == "zh" else SEED_WORDS[seed]
 
 
 # Seed B's tbl-mat-weight-cut, cell by cell: (its words, the claim they make in checkable form). Claims:

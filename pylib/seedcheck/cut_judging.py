@@ -11,17 +11,22 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from pylib.i18n import tr
 from pylib.viz.tables import fmt_shape
 
 from .axis_cuts import MODES, experts_held
-from .cut_claims import ACT_SYMBOLS, SEED_ACT_CUT, SEED_WEIGHT_CUT, SEED_WORDS, WEIGHT_PARAMS, WEIGHT_SYMBOLS
+from .cut_claims import ACT_SYMBOLS, SEED_ACT_CUT, SEED_WEIGHT_CUT, WEIGHT_PARAMS, WEIGHT_SYMBOLS, seed_words
 from .symbols import describe, evaluate, seed_b_shape, symbol_sizes
+from .tensor_names import shown_name
 
 
 @dataclass
 class Cell:
     """One cell of a cut table: seed B's words, what they claim (`claim`, see `judge`), what was measured, the
-    verdict ("agrees", "imprecise" or "wrong") and the measured value written out."""
+    verdict ("agrees", "imprecise" or "wrong") and the measured value written out (in the reader's language).
+    `kind` says what was measured, in words no edition translates: "shape" (the local shape on every rank),
+    "stage" (held whole by one pipeline stage, absent on the others), "experts" (E/N whole experts per rank),
+    "routed" (rows per expert) or "blocks" (one block of scores per ring step)."""
 
     row: str
     mode: str
@@ -29,6 +34,7 @@ class Cell:
     claim: str
     verdict: str
     measured: str
+    kind: str
 
 
 MARK = {"agrees": "✓", "imprecise": "≈", "wrong": "✗"}
@@ -67,8 +73,8 @@ def _experts_verdict(runs, params, full, moe_cfg) -> tuple[bool, str]:
     whole = all(_local(run["EP"], p) == full[p] for run in runs for p in params)
     ids = [tuple(run["EP"]["expert_ids"]) for run in runs]
     ok = whole and held == [moe_cfg.moe.n_experts // N] * N and len(set(sum(ids, ()))) == moe_cfg.moe.n_experts
-    spans = ", ".join(f"rank {r}: {i[0]}–{i[-1]}" for r, i in enumerate(ids))
-    return ok, f"E/N = {held[0]} experts per rank, each whole ({spans})"
+    spans = ", ".join(tr("rank {r}: {first}–{last}", r=r, first=i[0], last=i[-1]) for r, i in enumerate(ids))
+    return ok, tr("E/N = {n} experts per rank, each whole ({spans})", n=held[0], spans=spans)
 
 
 def _stage_verdict(runs, claim, params, full, n_layers) -> tuple[bool, str]:
@@ -82,9 +88,13 @@ def _stage_verdict(runs, claim, params, full, n_layers) -> tuple[bool, str]:
         stage_layers = {r: runs[r]["PP"]["layers"] for r in range(N)}
         held = stage_layers[stages[0]]
         ok = whole and list(stages) == [r for r in range(N) if layer in stage_layers[r]]
-        return ok, f"whole, on stage {stages[0]} only (layers {held[0]}–{held[-1]})"
+        text = tr("whole, on stage {stage} only (layers {first}–{last})", stage=stages[0], first=held[0], last=held[-1])
+        return ok, text
     target = 0 if claim == "stage 0" else n_layers - 1
-    text = f"whole, on stage {stages[0]} only" + ("" if claim == "stage 0" else " = N_PP − 1")
+    if claim == "stage 0":
+        text = tr("whole, on stage {stage} only", stage=stages[0])
+    else:
+        text = tr("whole, on stage {stage} only = N_PP − 1", stage=stages[0])
     return whole and list(stages) == [target], text
 
 
@@ -106,7 +116,7 @@ def _shape_verdict(runs, claim, params, full, sizes, rec_mode, tp_mode) -> tuple
         wanted = [evaluate(a.strip(), sizes) for a in claim.split("|")]
         ok = all(m in wanted for m in mine)
     measured = [f"{describe(locs[p][0], _symbol_of(p), sizes, N)} = {fmt_shape(locs[p][0])}" for p in params]
-    return ok, "; ".join(dict.fromkeys(measured))
+    return ok, tr("; ").join(dict.fromkeys(measured))
 
 
 def judge_weight(runs, row: str, mode: str, cfg, moe_cfg) -> Cell:
@@ -119,10 +129,10 @@ def judge_weight(runs, row: str, mode: str, cfg, moe_cfg) -> Cell:
     full = {p: seed_b_shape(ref_params[p], _is_linear(p)) for p in params}
     if claim == "experts/N":
         ok, text = _experts_verdict(runs, params, full, moe_cfg)
-        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
+        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text, "experts")
     if claim.startswith("stage") or claim == "by layer":
         ok, text = _stage_verdict(runs, claim, params, full, sizes["L"])
-        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
+        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text, "stage")
     # Experts under TP are ETP's (pylib's TP model shards dense layers only); SP adds no cut to any weight, so
     # its expert cell is read from the same ETP run, whose MoE sees each rank's own tokens as it would under SP.
     rec_mode = "ETP" if (moe_row and mode in ("TP", "SP")) else mode
@@ -132,7 +142,7 @@ def judge_weight(runs, row: str, mode: str, cfg, moe_cfg) -> Cell:
     verdict = "agrees" if ok else "wrong"
     if ok and "|" in claim:
         verdict = "imprecise"  # only one of the alternatives is what Megatron and pylib do
-    return Cell(row, mode, seed, claim, verdict, text)
+    return Cell(row, mode, seed, claim, verdict, text, "shape")
 
 
 def weight_cut_cells(runs, cfg, moe_cfg) -> list[Cell]:
@@ -151,30 +161,34 @@ def judge_activation(runs, row: str, mode: str, cfg, moe_cfg, b: int, s: int) ->
         rows = [r for run in runs for r in run["EP"]["expert_rows"]]
         k, E = moe_cfg.moe.top_k, moe_cfg.moe.n_experts
         ok = sum(rows) == N * b * s * k
-        text = (
-            f"expert e holds [T_e, h_ffn_e]; T_e per local expert: {rows} (data-dependent); the {E} experts "
-            f"together get N·b·s·K = {N * b * s * k} rows"
+        text = tr(
+            "expert e holds [T_e, h_ffn_e]; T_e per local expert: {rows} (data-dependent); the {E} experts "
+            "together get N·b·s·K = {total} rows",
+            rows=rows,
+            E=E,
+            total=N * b * s * k,
         )
-        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
+        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text, "routed")
     if claim in ("stage full", "stage L-1"):
         holders = [r for r, run in enumerate(runs) if key in run["PP"]["acts"]]
         shapes_ = {runs[r]["PP"]["acts"][key] for r in holders}
         ok = shapes_ == {full}
         if claim == "stage L-1":
             ok = ok and holders == [cfg.n_layers - 1]
-            text = f"whole {fmt_shape(full)}, on stage {holders[0]} = N_PP − 1 only"
+            text = tr("whole {shape}, on stage {stage} = N_PP − 1 only", shape=fmt_shape(full), stage=holders[0])
         else:
-            text = f"whole {fmt_shape(full)}, on the stage of its layer"
-        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
+            text = tr("whole {shape}, on the stage of its layer", shape=fmt_shape(full))
+        return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text, "stage")
     locs = [run[mode]["acts"].get(key) for run in runs]
     if claim == "blocks":
         blocks = [tuple(x) for run in runs for x in run["CP"]["scores"]]
         never_row = all(bl[3] < s for bl in blocks)
-        per_rank = "; ".join(
-            f"rank {r}: " + ", ".join(fmt_shape(x) for x in run["CP"]["scores"]) for r, run in enumerate(runs)
+        per_rank = tr("; ").join(
+            tr("rank {r}: {shapes}", r=r, shapes=", ".join(fmt_shape(x) for x in run["CP"]["scores"]))
+            for r, run in enumerate(runs)
         )
-        text = f"a block per ring step, never [b, n_head, s/N, s]: {per_rank}"
-        return Cell(row, mode, seed, claim, "imprecise" if never_row else "wrong", text)
+        text = tr("a block per ring step, never [b, n_head, s/N, s]: {per_rank}", per_rank=per_rank)
+        return Cell(row, mode, seed, claim, "imprecise" if never_row else "wrong", text, "blocks")
     if len(set(locs)) != 1:
         raise AssertionError(f"{mode} {row}: ranks hold different shapes {locs}")
     loc = locs[0]
@@ -185,7 +199,7 @@ def judge_activation(runs, row: str, mode: str, cfg, moe_cfg, b: int, s: int) ->
     else:
         ok = loc == evaluate(claim, sizes)
     text = f"{describe(loc, symbol, sizes, N)} = {fmt_shape(loc)}"
-    return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text)
+    return Cell(row, mode, seed, claim, "agrees" if ok else "wrong", text, "shape")
 
 
 def activation_cut_cells(runs, cfg, moe_cfg, b: int, s: int) -> list[Cell]:
@@ -193,17 +207,17 @@ def activation_cut_cells(runs, cfg, moe_cfg, b: int, s: int) -> list[Cell]:
 
 
 def cut_table_rows(cells: list[Cell], with_seed: bool = True) -> list[list[str]]:
-    """One table row per tensor: its name, then per mode the measured value with its verdict mark."""
+    """One table row per tensor: its name, then per mode the measured value with its verdict mark (and seed B's
+    words: its own Chinese in the Chinese edition, their English in the English one)."""
     by_row: dict[str, dict[str, Cell]] = defaultdict(dict)
     for c in cells:
         by_row[c.row][c.mode] = c
     out = []
     for row, cols in by_row.items():
-        line = [row]
+        line = [shown_name(row)]
         for mode in MODES:
             c = cols[mode]
-            line.append(
-                f"{MARK[c.verdict]} {c.measured}" + (f"<br>*seed B: {SEED_WORDS[c.seed]}*" if with_seed else "")
-            )
+            said = "<br>*" + tr("seed B: {words}", words=seed_words(c.seed)) + "*" if with_seed else ""
+            line.append(f"{MARK[c.verdict]} {c.measured}{said}")
         out.append(line)
     return out

@@ -63,15 +63,30 @@ SEED_A_REMEDY = {  # seed A's colour blocks, right-hand column, as printed, and 
     6: ("TP 切 / EP 切专家 (TP split / EP: split the experts)", ["TP", "EP experts"]),
 }
 
-WORDS = {
-    "SP cut": "SP: cut along seq",
-    "CP cut": "CP: cut along seq",
-    "TP column": "TP: column split",
-    "TP row": "TP: row split",
-    "all_reduce": "all-reduce (traced)",
-    "CP ring": "CP: ring attention",
-    "EP experts": "EP: split the experts",
+# seed A's words as a table shows them: the English edition keeps the English gloss beside seed A's Chinese, the
+# Chinese edition shows seed A's Chinese alone
+_SEED_A_SHOWN = {
+    1: lambda: tr("SP/CP 直接切 (SP / CP: cut directly)"),
+    2: lambda: tr("TP 按权重列切 (TP: split the weights by column)"),
+    3: lambda: "CP Ring Attention",
+    4: lambda: tr("TP 行切+AllReduce (TP: row split, + all-reduce)"),
+    5: lambda: tr("直接切 (cut directly)"),
+    6: lambda: tr("TP 切 / EP 切专家 (TP split / EP: split the experts)"),
 }
+
+# the derived remedies' names (the keys `derived_remedy` returns) as a table shows them
+WORDS = {
+    "SP cut": lambda: tr("SP: cut along seq"),
+    "CP cut": lambda: tr("CP: cut along seq"),
+    "TP column": lambda: tr("TP: column split"),
+    "TP row": lambda: tr("TP: row split"),
+    "all_reduce": lambda: tr("all-reduce (traced)"),
+    "CP ring": lambda: tr("CP: ring attention"),
+    "EP experts": lambda: tr("EP: split the experts"),
+}
+
+# the colours `traffic_light` returns (keys) as a table shows them
+COLOURS = {"green": lambda: tr("green"), "yellow": lambda: tr("yellow"), "red": lambda: tr("red")}
 
 
 def _covers(general: str, specific: str) -> bool:  # seed A's "cut" names no one; its "TP" no direction
@@ -126,10 +141,10 @@ def traffic_light_table(labels: dict, colours: dict, matrices: dict, derived: di
     rows = [
         [
             labels[n],
-            colours[n],
-            ", ".join(f"`{m}`" for m in matrices[n]) or "none",
-            " + ".join(WORDS[r] for r in derived[n]),
-            SEED_A_REMEDY[n][0],
+            COLOURS[colours[n]](),
+            ", ".join(f"`{m}`" for m in matrices[n]) or tr("none"),
+            " + ".join(WORDS[r]() for r in derived[n]),
+            _SEED_A_SHOWN[n](),
             _VERDICT_TEXT[verdict(SEED_A_REMEDY[n][1], derived[n])](),
         ]
         for n in colours

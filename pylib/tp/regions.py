@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pylib.i18n import tr
 from pylib.runtime import collectives as C
 from pylib.runtime.tracer import current_tag
 
@@ -29,8 +30,12 @@ def check_sequence_divisible(s: int, t: int) -> None:
     """Sequence parallelism needs t | s: each TP rank keeps s/t tokens outside the TP region."""
     if t > 1 and s % t:
         raise ValueError(
-            f"tp={t} does not divide sequence length s={s}: sequence parallelism splits the sequence over the "
-            f"{t} TP ranks"
+            tr(
+                "tp={t} does not divide sequence length s={s}: sequence parallelism splits the sequence over the "
+                "{t} TP ranks",
+                t=t,
+                s=s,
+            )
         )
 
 

@@ -30,6 +30,12 @@ MEMORY_LABELS = {
     "optim": "optimizer state",
     "activations": "saved activations (peak)",
 }
+_MEMORY_SHOWN = {
+    "params": lambda: tr("parameters"),
+    "grads": lambda: tr("gradients"),
+    "optim": lambda: tr("optimizer state"),
+    "activations": lambda: tr("saved activations (peak)"),
+}
 AXIS_ORDER = ("tp", "cp", "ep", "etp", "pp", "dp-cp", "edp", "tp-cp")
 AXIS_COLOURS = dict(zip(AXIS_ORDER, style.PALETTE))
 
@@ -119,7 +125,12 @@ def plot_rank_mesh(
             c = coordinates(config, world_size, r)
             label = f"{r}\n" + " ".join(str(c[a]) for a in dense_axes)
             _cell(ax, r % cols, r // cols, style.MUTED, label, f"mesh:rank:{r}", alpha=0.12, fontsize=8)
-        _grid_axes(ax, rows, cols, f"{rank_formula(config)}\n(cell: rank, then {' '.join(dense_axes)})")
+        _grid_axes(
+            ax,
+            rows,
+            cols,
+            tr("{formula}\n(cell: rank, then {axes})", formula=rank_formula(config), axes=" ".join(dense_axes)),
+        )
         for ax, axis in zip(flat[1:], axes):
             for gi, members in enumerate(groups[axis]):
                 colour = style.PALETTE[gi % len(style.PALETTE)]
@@ -139,10 +150,11 @@ def plot_rank_mesh(
                 for m in members:
                     _cell(ax, m % cols, m // cols, colour, str(m), f"mesh:{axis}:{gi}:{m}")
             size = len(groups[axis][0])
-            _grid_axes(ax, rows, cols, f"{axis}: {len(groups[axis])} groups of {size}")
+            _grid_axes(ax, rows, cols, tr("{axis}: {n} groups of {size}", axis=axis, n=len(groups[axis]), size=size))
         for ax in flat[1 + len(axes) :]:
             ax.set_visible(False)
-        fig.suptitle(title or f"{config.describe()} on {world_size} ranks, order {config.order!r}", fontsize=10)
+        default = tr("{plan} on {n} ranks, order {order!r}", plan=config.describe(), n=world_size, order=config.order)
+        fig.suptitle(title or default, fontsize=10)
         fig.tight_layout(h_pad=1.5)
     return fig
 
@@ -181,7 +193,7 @@ def plot_token_placement(owner, *, microbatch_rows: int | None = None, dp_rows: 
         for side in ax.spines.values():
             side.set_visible(False)
         ax.tick_params(length=0)
-        ax.set_title(title or "which rank holds each token after the embedding", fontsize=10)
+        ax.set_title(title or tr("which rank holds each token after the embedding"), fontsize=10)
         fig.tight_layout()
     return fig
 
@@ -217,9 +229,9 @@ def plot_rank_report(
         net_top = _traffic_bars(net_ax, rows, axes, scale)
         if traffic_formula is not None:
             _formula_marks(net_ax, [sum(f.values()) / scale for f in traffic_formula], "formula:traffic")
-        _rank_axis(mem_ax, rows, mem_top, f"held by the rank ({unit})")
-        _rank_axis(net_ax, rows, net_top, f"sent by the rank in one step ({unit})")
-        handles = [Patch(facecolor=style.PALETTE[k], label=MEMORY_LABELS[p]) for k, p in enumerate(MEMORY_PARTS)]
+        _rank_axis(mem_ax, rows, mem_top, tr("held by the rank ({unit})", unit=unit))
+        _rank_axis(net_ax, rows, net_top, tr("sent by the rank in one step ({unit})", unit=unit))
+        handles = [Patch(facecolor=style.PALETTE[k], label=_MEMORY_SHOWN[p]()) for k, p in enumerate(MEMORY_PARTS)]
         _side_legend(mem_ax, handles, memory_formula is not None)
         handles = [Patch(facecolor=AXIS_COLOURS.get(a, style.MUTED), label=a) for a in axes]
         _side_legend(net_ax, handles, traffic_formula is not None)

@@ -12,6 +12,10 @@ Formatting only: the chapter asserts what the rows show, on the records themselv
 
 from __future__ import annotations
 
+from pylib.i18n import tr
+
+from .spec_text import shown_kind, shown_note
+
 SHARD_COLUMNS = ("TP", "EP", "ETP", "PP", "DP")
 _COLUMN_OF_AXIS = {"tp": "TP", "ep": "EP", "etp": "ETP", "pp": "PP", "dp-cp": "DP", "edp": "DP"}
 
@@ -67,15 +71,17 @@ def fold(name: str) -> str:
 
 def shard_cells(specs) -> dict[str, dict[str, str]]:
     """{folded parameter name: {column (SHARD_COLUMNS): how the axis holds it}} from a rank's shard specs: the
-    kind, and full -> local shape where the axis cuts; the stage for PP; "whole expert" for ETP = 1."""
+    kind, and full -> local shape where the axis cuts; the stage for PP; "whole expert" for ETP = 1 (in the
+    reader's language: the chapter asserts on the specs, not on these texts)."""
     cells: dict[str, dict[str, str]] = {}
     for s in specs:
         cut = s.full_shape != s.local_shape
-        text = f"{s.kind} {list(s.full_shape)}→{list(s.local_shape)}" if cut else s.kind
+        kind = shown_kind(s.kind)
+        text = f"{kind} {list(s.full_shape)}→{list(s.local_shape)}" if cut else kind
         if s.axis in ("pp", "etp") and not cut:
-            text = s.note.removeprefix("virtual ")  # "stage 0 of 2", "whole expert (etp=1)"
+            text = shown_note(s.note)  # "stage 0 of 2", "whole expert (etp=1)"
         if s.axis == "edp":
-            text = f"{s.kind} over edp"
+            text = tr("{kind} over edp", kind=kind)
         cells.setdefault(fold(s.name), {})[_COLUMN_OF_AXIS[s.axis]] = text
     return cells
 
@@ -93,6 +99,14 @@ KIND = {
     "kv-replicated": "K/V head copies (TP)",
     "router": "replicated router",
     "expert": "expert (EP)",
+}
+_KIND_SHOWN = {
+    "vocab": lambda: tr("vocab rows (TP)"),
+    "column": lambda: tr("column / row shard (TP)"),
+    "replicated": lambda: tr("replicated (SP)"),
+    "kv-replicated": lambda: tr("K/V head copies (TP)"),
+    "router": lambda: tr("replicated router"),
+    "expert": lambda: tr("expert (EP)"),
 }
 
 
@@ -119,7 +133,8 @@ def reduction_rules(table_rows: list[dict]) -> dict[tuple, list[str]]:
 def reduction_rule_rows(rules: dict, reason: dict[str, str]) -> list[list]:
     """[parameters, held as, then sum over, DP reduction over, scale, why] per rule of `reduction_rules`."""
     return [
-        [", ".join(f"`{n}`" for n in names), KIND[family], pre or "—", f"{group} ({size})", scale, reason[family]]
+        [", ".join(f"`{n}`" for n in names), _KIND_SHOWN[family](), pre or "—", f"{group} ({size})", scale]
+        + [reason[family]]
         for (family, pre, group, size, scale), names in rules.items()
     ]
 

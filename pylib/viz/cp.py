@@ -25,7 +25,7 @@ def _rank_handles(n: int) -> list:
 
 
 @style.styled
-def ring_rounds_figure(rows, *, title: str = "Ring attention: the K/V block each rank holds, round by round"):
+def ring_rounds_figure(rows, *, title: str | None = None):
     """A grid: one row per round, one column per rank; each cell is the K/V block that rank attends to, coloured
     by the block's owner, with arrows for the transfers between rounds (who received from whom)."""
     n = len(rows[0]["holds"])
@@ -52,10 +52,12 @@ def ring_rounds_figure(rows, *, title: str = "Ring attention: the K/V block each
                     ax.annotate("", xy=end, xytext=start, arrowprops=arrow, zorder=1)
     ax.set_xlim(-0.62, n - 0.38)
     ax.set_ylim(-len(rows) + 0.4, 0.6)
-    ax.set_xticks(range(n), [f"rank {r}\n(keeps Q{r})" for r in range(n)])
-    ax.set_yticks([-i for i in range(len(rows))], [f"round {row['round']}" for row in rows])
+    ax.set_xticks(range(n), [tr("rank {r}\n(keeps Q{r})", r=r) for r in range(n)])
+    ax.set_yticks([-i for i in range(len(rows))], [tr("round {n}", n=row["round"]) for row in rows])
     ax.xaxis.tick_top()
-    ax.set_title(title, pad=28)
+    ax.set_title(
+        tr("Ring attention: the K/V block each rank holds, round by round") if title is None else title, pad=28
+    )
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.tick_params(length=0)
@@ -63,8 +65,13 @@ def ring_rounds_figure(rows, *, title: str = "Ring attention: the K/V block each
     return fig
 
 
+def _layout_name(layout: str) -> str:
+    """A CP layout's name ("contiguous", "zigzag": the keys code uses) in the reader's language."""
+    return {"contiguous": tr("contiguous"), "zigzag": tr("zigzag")}.get(layout, layout)
+
+
 @style.styled
-def zigzag_balance_figure(work, *, what: str = "score entries computed", title: str | None = None):
+def zigzag_balance_figure(work, *, what: str | None = None, title: str | None = None):
     """Grouped bars of per-rank attention work for each layout. `work`: {"contiguous": [w_0, ..], "zigzag":
     [..]} measured on real rings (e.g. `RingStats.work()` per rank). Each layout's max/min ratio is in the
     legend."""
@@ -80,10 +87,10 @@ def zigzag_balance_figure(work, *, what: str = "score entries computed", title: 
             vals,
             width * 0.95,
             color=style.PALETTE[j],
-            label=f"{layout}  (max/min = {ratio:.2f})",
+            label=tr("{layout}  (max/min = {ratio:.2f})", layout=_layout_name(layout), ratio=ratio),
         )
-    ax.set_xticks(range(n), [f"rank {r}" for r in range(n)])
-    ax.set_ylabel(what)
+    ax.set_xticks(range(n), [tr("rank {r}", r=r) for r in range(n)])
+    ax.set_ylabel(tr("score entries computed") if what is None else what)
     ax.set_title(title or tr("Causal attention work per rank, cp = {n}", n=n))
     ax.legend(loc="upper left")
     fig.tight_layout()
@@ -108,11 +115,11 @@ def causal_ownership_figure(seq_len: int, cp: int, layouts=("contiguous", "zigza
         ticks = range(0, seq_len, max(1, seq_len // 4))
         ax.set_xticks(ticks)
         ax.set_yticks(ticks)
-        ax.set_title(layout)
+        ax.set_title(_layout_name(layout))
         ax.set_xlabel(tr("key position"))
         ax.set_ylabel(tr("query position"))
     fig.tight_layout(rect=(0, 0, 0.82, 0.92))
-    fig.legend(_rank_handles(cp), [f"rank {r}" for r in range(cp)], loc="center right")
+    fig.legend(_rank_handles(cp), [tr("rank {r}", r=r) for r in range(cp)], loc="center right")
     fig.suptitle(tr("Who computes which scores (causal, s = {s}, cp = {cp})", s=seq_len, cp=cp))
     return fig
 
@@ -168,24 +175,25 @@ def sequence_split_figure(specs_by_rank, seq_len: int, *, name: str = "x", causa
     ax_s.set_title(tr("scores q k^T [s, s]: row i computed by token i's rank"))
     ax_s.set_xlabel(tr("key position (its K/V: solid = on the same rank, pale = from another rank)"))
     ax_s.set_ylabel(tr("query position"))
-    ax_s.legend(_rank_handles(cp), [f"rank {r}" for r in range(cp)], loc="upper right")
+    ax_s.legend(_rank_handles(cp), [tr("rank {r}", r=r) for r in range(cp)], loc="upper right")
     fig.tight_layout()
     return fig
 
 
 @style.styled
-def merge_drift_figure(rows, *, title: str = "bf16 ring attention: error against float64 attention"):
+def merge_drift_figure(rows, *, title: str | None = None):
     """RMS error vs cp for the two merge accumulators, from `pylib.experiments.ring_merge_drift` rows (measured)."""
     cps = [r["cp"] for r in rows]
     fig, ax = style.subplots(figsize=(5.6, 3.3))
-    for j, (key, label) in enumerate((("bf16_merge", "merge accumulated in bf16"), ("fp32_merge", "in float32"))):
+    labels = (("bf16_merge", tr("merge accumulated in bf16")), ("fp32_merge", tr("in float32")))
+    for j, (key, label) in enumerate(labels):
         ax.plot(cps, [r[key] for r in rows], marker="o", color=style.PALETTE[j + 1], label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(cps, [str(c) for c in cps])
     ax.set_xlabel(tr("cp (ring size = number of merged blocks)"))
     ax.set_ylabel(tr("RMS error"))
     ax.set_ylim(bottom=0)
-    ax.set_title(title)
+    ax.set_title(tr("bf16 ring attention: error against float64 attention") if title is None else title)
     ax.legend()
     fig.tight_layout()
     return fig

@@ -9,6 +9,8 @@ overlap_order_rows(result)      per rank and ring step: was the K/V transfer in 
 
 from __future__ import annotations
 
+from pylib.i18n import tr
+
 MARK = {True: "✓", False: "✗"}
 
 
@@ -19,10 +21,12 @@ def ring_round_table_rows(rounds: list[dict]) -> list[list[str]]:
     table = []
     for row in rounds:
         if row["recv_from"] is not None:
-            cells = [f"receives K{h}V{h} from rank {src}" for h, src in zip(row["holds"], row["recv_from"])]
-            table.append(["pass ↓", *cells])
-        table.append([f"round {row['round']}", *(f"attends to K{h}V{h}" for h in row["holds"])])
-    table.append(["end", *["Q has seen every K, V ✓"] * n])
+            cells = [
+                tr("receives K{h}V{h} from rank {src}", h=h, src=src) for h, src in zip(row["holds"], row["recv_from"])
+            ]
+            table.append([tr("pass ↓"), *cells])
+        table.append([tr("round {n}", n=row["round"]), *(tr("attends to K{h}V{h}", h=h) for h in row["holds"])])
+    table.append([tr("end"), *[tr("Q has seen every K, V ✓")] * n])
     return table
 
 
@@ -30,7 +34,7 @@ def overlap_table_rows(result: dict) -> list[list[str]]:
     """Rows: variant, wall, compute, waiting on a transfer (ms, the slowest rank's median over the repeats),
     wait as a share of wall."""
     rows = []
-    for name, label in (("overlap", "overlapped (overlap=True)"), ("blocking", "blocking (overlap=False)")):
+    for name, label in (("overlap", tr("overlapped (overlap=True)")), ("blocking", tr("blocking (overlap=False)"))):
         v = result["variants"][name]
         rows.append(
             [

@@ -226,15 +226,27 @@ def _dp_forward(ax, d, h_in, h_out, weight, *, tall, wide_in, wide_out) -> float
     _matrix(ax, x, top, wide_in, tall, strips=d, label="X", shape=f"[b·s, {h_in}]")
     ax.text(x + wide_in + gap / 2, top - tall / 2, "·", ha="center", va="center", fontsize=16)
     x += wide_in + gap
-    _matrix(ax, x, top, wide_out, wide_in, label=weight, shape=f"[{h_in}, {h_out}]\non every rank", gid="weight")
+    _matrix(
+        ax,
+        x,
+        top,
+        wide_out,
+        wide_in,
+        label=weight,
+        shape=tr("[{h_in}, {h_out}]\non every rank", h_in=h_in, h_out=h_out),
+        gid="weight",
+    )
     ax.text(x + wide_out + gap / 2, top - tall / 2, "=", ha="center", va="center", fontsize=14)
     x += wide_out + gap
     _matrix(ax, x, top, wide_out, tall, strips=d, label="Y", shape=f"[b·s, {h_out}]")
     ax.text(
         (x + wide_out) / 2,
         top - tall - 0.55,
-        f"forward: contracts over h_in = {h_in},\nwhole on every rank → each rank's\nrows of Y are final: "
-        "no communication",
+        tr(
+            "forward: contracts over h_in = {h_in},\nwhole on every rank → each rank's\nrows of Y are final: "
+            "no communication",
+            h_in=h_in,
+        ),
         ha="center",
         va="top",
         fontsize=9,
@@ -277,7 +289,10 @@ def _dp_weight_gradient(ax, d, h_in, h_out, weight, x0, *, tall, wide_in, wide_o
     ax.text(
         (x0 + x + wide_out) / 2,
         top - tall - 0.55,
-        f"weight gradient: contracts over b·s,\nsplit over d = {d} → every rank holds\na partial sum: all-reduce",
+        tr(
+            "weight gradient: contracts over b·s,\nsplit over d = {d} → every rank holds\na partial sum: all-reduce",
+            d=d,
+        ),
         ha="center",
         va="top",
         fontsize=9,

@@ -24,23 +24,33 @@ def operators(d: int, err: dict, all_reduces: list[dict]) -> str:
     payload = sum(e["payload_bytes"] for e in all_reduces)
     rows = [
         [
-            "forward: every activation, e.g. `up_proj`'s output `[b/d, s, h_ffn]`",
-            "features $h$, whole",
-            f"rank r's rows are the full batch's (max error {err['y']:.0e})",
-            "none",
+            tr("forward: every activation, e.g. `up_proj`'s output `[b/d, s, h_ffn]`"),
+            tr("features $h$, whole"),
+            tr("rank r's rows are the full batch's (max error {err:.0e})", err=err["y"]),
+            tr("none"),
         ],
         [
-            "loss: the mean over the rank's own tokens",
-            "tokens $b \\cdot s$, split",
-            f"the mean of the {d} losses is the full-batch loss (max error {err['loss']:.0e})",
-            "none (a scalar)",
+            tr("loss: the mean over the rank's own tokens"),
+            tr("tokens $b \\cdot s$, split"),
+            tr("the mean of the {d} losses is the full-batch loss (max error {err:.0e})", d=d, err=err["loss"]),
+            tr("none (a scalar)"),
         ],
         [
-            "weight gradient $dW = X^\\top dY$, every parameter",
-            "tokens $b \\cdot s$, split",
-            f"a rank's own gradient is off by up to {err['own']:.3f}; the average of the {d} is exact (max error "
-            f"{err['avg']:.0e}), and so is what DDP leaves on every rank ({err['ddp']:.0e})",
-            f"all-reduce in backward: {n} bucket{'s' if n > 1 else ''}, {payload:,} B = Ψ in all",
+            tr("weight gradient $dW = X^\\top dY$, every parameter"),
+            tr("tokens $b \\cdot s$, split"),
+            tr(
+                "a rank's own gradient is off by up to {own:.3f}; the average of the {d} is exact (max error "
+                "{avg:.0e}), and so is what DDP leaves on every rank ({ddp:.0e})",
+                own=err["own"],
+                d=d,
+                avg=err["avg"],
+                ddp=err["ddp"],
+            ),
+            (
+                tr("all-reduce in backward: {n} buckets, {payload:,} B = Ψ in all", n=n, payload=payload)
+                if n > 1
+                else tr("all-reduce in backward: {n} bucket, {payload:,} B = Ψ in all", n=n, payload=payload)
+            ),
         ],
     ]
     return markdown_table(
@@ -306,9 +316,9 @@ def zero3_events(units: dict, per_unit: dict, cols: list[str], d: int) -> str:
     """tbl-zero3-events. units: unit -> full (padded) bytes; per_unit[unit][col]: bytes rank 0 sent."""
     rows = [[f"`{u}`", f"{units[u]:,}", *(f"{per_unit[u].get(c, 0):,}" for c in cols)] for u in units]
     total = {c: sum(per_unit[u].get(c, 0) for u in units) for c in cols}
-    rows.append(["all units", f"{sum(units.values()):,}", *(f"{total[c]:,}" for c in cols)])
+    rows.append([tr("all units"), f"{sum(units.values()):,}", *(f"{total[c]:,}" for c in cols)])
     return markdown_table(
-        [tr("unit"), tr("full bytes (padded)"), *(f"{c}, sent B" for c in cols)],
+        [tr("unit"), tr("full bytes (padded)"), *(tr("{column}, sent B", column=c) for c in cols)],
         rows,
         caption=tr(
             "ZeRO-3 on {d} ranks, one step, rank 0: every unit is gathered twice and reduce-scattered once.", d=d
@@ -323,7 +333,7 @@ def dp_cp(runs: dict) -> str:
     rows = [
         [
             f'"{group}"',
-            ", ".join(f"{op.replace('_', '-')} over {axis}" for op, axis in ops),
+            ", ".join(tr("{op} over {axis}", op=op.replace("_", "-"), axis=axis) for op, axis in ops),
             f"{err:.1e}",
             f"{split:.1e}",
         ]
@@ -349,7 +359,7 @@ def dp_ep(runs: dict) -> str:
     """tbl-dp-ep. runs[(wrapper, divided by dp x cp?)]: (min and max ratio of an expert gradient to the reference,
     dense max error)."""
     rows = [
-        [stage, "4 (dp × cp)" if divide else "2 (edp: an average)", f"{lo:.6f} … {hi:.6f}", f"{dense:.0e}"]
+        [stage, "4 (dp × cp)" if divide else tr("2 (edp: an average)"), f"{lo:.6f} … {hi:.6f}", f"{dense:.0e}"]
         for (stage, divide), (lo, hi, dense) in runs.items()
     ]
     return markdown_table(
@@ -374,80 +384,82 @@ def framework_names(first_bucket_mib: float) -> str:
     (PyTorch's read from the installed torch by the chapter's cell; first_bucket_mib: DDP's first bucket)."""
     rows = [
         [
-            "average gradients, bucketed, overlapping backward",
+            tr("average gradients, bucketed, overlapping backward"),
             "`DistributedDataParallel(module, group)`",
             "`torch.nn.parallel.DistributedDataParallel`",
             "`DistributedDataParallel`, `DistributedDataParallelConfig` with `overlap_grad_reduce=True`",
             "ZeRO stage 0, `overlap_comm`",
         ],
         [
-            "bucket size",
-            "`bucket_bytes` (bytes)",
-            f"`bucket_cap_mb` (25 MiB; first bucket {first_bucket_mib:g} MiB)",
-            "`bucket_size` (parameters; default max(40M, 1M · dp))",
+            tr("bucket size"),
+            tr("`bucket_bytes` (bytes)"),
+            tr("`bucket_cap_mb` (25 MiB; first bucket {mib:g} MiB)", mib=first_bucket_mib),
+            tr("`bucket_size` (parameters; default max(40M, 1M · dp))"),
             "`reduce_bucket_size`",
         ],
         [
-            "`p.grad` is a view into the flat bucket",
-            "always",
+            tr("`p.grad` is a view into the flat bucket"),
+            tr("always"),
             "`gradient_as_bucket_view=True`",
-            "always (`main_grad` in the grad buffer)",
+            tr("always (`main_grad` in the grad buffer)"),
             "`contiguous_gradients`",
         ],
         [
-            "accumulate without communicating",
+            tr("accumulate without communicating"),
             "`no_sync()`",
             "`no_sync()`; FSDP2 `set_requires_gradient_sync(False)`",
             "`no_sync()`",
             "`gradient_accumulation_steps`",
         ],
         [
-            "parameters that get no gradient",
-            "end of backward launches the rest, in order",
+            tr("parameters that get no gradient"),
+            tr("end of backward launches the rest, in order"),
             "`find_unused_parameters=True`",
             "—",
             "`ignore_unused_parameters`",
         ],
         [
-            "what the sum is divided by",
-            "`gradient_divide_factor` (default: the group's size)",
+            tr("what the sum is divided by"),
+            tr("`gradient_divide_factor` (default: the group's size)"),
             "FSDP2 `set_gradient_divide_factor`",
             "`gradient_scaling_factor` = 1/dp-cp size; `average_in_collective`",
             "—",
         ],
         [
-            "reduction groups",
+            tr("reduction groups"),
             '`group=mesh["dp-cp"]`, `group_for` → `mesh.edp`',
             "`process_group` / `device_mesh`",
             "`dp_cp_group`, `expt_dp_group`",
             "—",
         ],
         [
-            "ZeRO-1: shard optimizer state",
+            tr("ZeRO-1: shard optimizer state"),
             "`ZeroDataParallel(stage=1)`",
             "`ZeroRedundancyOptimizer`",
             "`DistributedOptimizer` (`use_distributed_optimizer=True`); Megatron-FSDP `'optim'`",
             "`stage: 1`",
         ],
         [
-            "ZeRO-2: also gradients",
+            tr("ZeRO-2: also gradients"),
             "`ZeroDataParallel(stage=2)`",
-            "closest: FSDP `SHARD_GRAD_OP`, FSDP2 `fully_shard` with `reshard_after_forward=False` (parameters stay "
-            "gathered from forward to the end of backward, sharded between steps)",
+            tr(
+                "closest: FSDP `SHARD_GRAD_OP`, FSDP2 `fully_shard` with `reshard_after_forward=False` (parameters "
+                "stay gathered from forward to the end of backward, sharded between steps)"
+            ),
             "Megatron-FSDP, `data_parallel_sharding_strategy` `'optim_grads'`",
             "`stage: 2`",
         ],
         [
-            "ZeRO-3: also parameters",
-            "`FullyShardedDataParallel` (units)",
+            tr("ZeRO-3: also parameters"),
+            tr("`FullyShardedDataParallel` (units)"),
             "FSDP `FULL_SHARD`; FSDP2 `fully_shard` with `reshard_after_forward=True`",
             "Megatron-FSDP `'optim_grads_params'` (`use_megatron_fsdp`)",
             "`stage: 3`",
         ],
         [
-            "overlap the parameter all-gather",
-            "— (gathers on demand)",
-            "FSDP `forward_prefetch`, FSDP2 prefetching",
+            tr("overlap the parameter all-gather"),
+            tr("— (gathers on demand)"),
+            tr("FSDP `forward_prefetch`, FSDP2 prefetching"),
             "`overlap_param_gather`",
             "`stage3_prefetch_bucket_size`",
         ],

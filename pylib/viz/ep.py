@@ -55,9 +55,7 @@ def plot_routing_table(rows: list[dict], n_experts: int, ep: int, one_based: boo
 
 
 @style.styled
-def plot_traffic_matrix(
-    matrix, title: str = "dispatch all-to-all: bytes from rank (row) to rank (column)", labels=None
-):
+def plot_traffic_matrix(matrix, title: str | None = None, labels=None):
     """A rank x rank heat map of bytes, each cell labelled; the diagonal (rows that stay local, never sent) is
     outlined. `matrix` from `pylib.ep.traffic.traffic_matrix` (a trace) or `pylib.analysis.ep.dispatch_matrix`."""
     n = len(matrix)
@@ -76,7 +74,9 @@ def plot_traffic_matrix(
     ax.set_yticklabels(labels, fontsize=8)
     ax.set_xlabel(tr("to (destination)"))
     ax.set_ylabel(tr("from (source)"))
-    ax.set_title(title, fontsize=9)
+    ax.set_title(
+        tr("dispatch all-to-all: bytes from rank (row) to rank (column)") if title is None else title, fontsize=9
+    )
     fig.tight_layout()
     return fig
 
@@ -112,9 +112,7 @@ def plot_folding(groups: dict, world_size: int):
 
 
 @style.styled
-def plot_load_balance(
-    histories: dict, title: str = "load imbalance while training (max / mean assignments per expert)"
-):
+def plot_load_balance(histories: dict, title: str | None = None):
     """One line per training variant: the imbalance at each step (`pylib.ep.balance.BalanceRun.worst()`), with
     perfect balance (1.0) marked. `histories`: {label: [imbalance per step]}."""
     fig, ax = style.subplots(figsize=(6.4, 3.6))
@@ -126,14 +124,16 @@ def plot_load_balance(
     ax.text(steps - 1, 1.0, tr("perfect balance "), color=style.MUTED, fontsize=8, va="bottom", ha="right")
     ax.set_xlabel(tr("training step"))
     ax.set_ylabel(tr("max / mean load"))
-    ax.set_title(title, fontsize=9)
+    ax.set_title(
+        tr("load imbalance while training (max / mean assignments per expert)") if title is None else title, fontsize=9
+    )
     ax.legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     fig.tight_layout()
     return fig
 
 
 @style.styled
-def plot_dropped(factors, dropped: dict, title: str = "assignments dropped vs capacity factor"):
+def plot_dropped(factors, dropped: dict, title: str | None = None):
     """One line per router: the share of assignments (in %) a capacity limit drops at each capacity factor.
     `dropped`: {label: [share in 0..1 per factor]} from `pylib.ep.balance.dropped_share`."""
     fig, ax = style.subplots(figsize=(6.4, 3.0))
@@ -141,7 +141,7 @@ def plot_dropped(factors, dropped: dict, title: str = "assignments dropped vs ca
         ax.plot(factors, [100 * v for v in values], marker="o", color=style.rank_colour(i), lw=1.8, label=label)
     ax.set_xlabel(tr("capacity factor"))
     ax.set_ylabel(tr("dropped (%)"))
-    ax.set_title(title, fontsize=9)
+    ax.set_title(tr("assignments dropped vs capacity factor") if title is None else title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

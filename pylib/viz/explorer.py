@@ -20,6 +20,7 @@ import html
 import ipywidgets as widgets
 
 from pylib.analysis import shapes
+from pylib.i18n import tr
 from pylib.model import ModelConfig, MoEConfig
 from pylib.model.presets import deepseek_v3_like, gpt_style_70b, llama2_70b, mixtral_8x7b, probe_moe_config
 from pylib.plan import ZERO_STAGE_NAMES, ParallelConfig
@@ -58,15 +59,41 @@ def _split(t: shapes.TensorShape) -> str:
     return ", ".join(parts) or "—"
 
 
+# The tensors' names (shapes.summary's keys) as the tables show them; a name without words stays as it is.
+_NAMES = {
+    "token embedding": lambda: tr("token embedding"),
+    "LayerNorm γ, β": lambda: "LayerNorm γ, β",
+    "final LayerNorm γ, β": lambda: tr("final LayerNorm γ, β"),
+    "router": lambda: tr("router"),
+    "expert W_gate": lambda: tr("expert W_gate"),
+    "expert W_up": lambda: tr("expert W_up"),
+    "expert W_down": lambda: tr("expert W_down"),
+    "input hidden": lambda: tr("input hidden"),
+    "attention scores": lambda: tr("attention scores"),
+    "attention output": lambda: tr("attention output"),
+    "FFN intermediate": lambda: tr("FFN intermediate"),
+    "block output": lambda: tr("block output"),
+    "router logits": lambda: tr("router logits"),
+    "expert input": lambda: tr("expert input"),
+    "expert intermediate": lambda: tr("expert intermediate"),
+}
+
+
+def _name(name: str) -> str:
+    shown = _NAMES.get(name)
+    return shown() if shown is not None else name
+
+
 def tables(summary: shapes.Summary) -> dict[str, tuple[list[str], list[list[str]]]]:
-    """The explorer's four tables as (header, rows) of strings."""
+    """The explorer's four tables as (header, rows) of strings, in the reader's language."""
     w_rows = [
-        [w.name, w.symbol, _seed_shape(w, False), _seed_shape(w), _split(w), str(w.count), fmt_bytes(w.held_bytes)]
+        [_name(w.name), w.symbol, _seed_shape(w, False), _seed_shape(w), _split(w), str(w.count)]
+        + [fmt_bytes(w.held_bytes)]
         for w in summary.weights
     ]
     a_rows = [
         [
-            a.name + (" (expected)" if a.expected else ""),
+            tr("{name} (expected)", name=_name(a.name)) if a.expected else _name(a.name),
             a.symbol,
             fmt_shape(a.full),
             fmt_shape(a.local),
@@ -78,25 +105,33 @@ def tables(summary: shapes.Summary) -> dict[str, tuple[list[str], list[list[str]
     ]
     m = summary.memory
     mem_rows = [
-        ["parameters", fmt_bytes(m["params"])],
-        ["gradients", fmt_bytes(m["grads"])],
-        ["optimizer state (Adam: 2 moments)", fmt_bytes(m["optim"])],
-        ["activations saved for backward, at the 1F1B schedule's peak", fmt_bytes(m["activations"])],
-        *([["ZeRO-3: gathered parameters (running + prefetched)", fmt_bytes(m["gathered"])]] if m["gathered"] else []),
-        ["total", fmt_bytes(m["total"])],
+        [tr("parameters"), fmt_bytes(m["params"])],
+        [tr("gradients"), fmt_bytes(m["grads"])],
+        [tr("optimizer state (Adam: 2 moments)"), fmt_bytes(m["optim"])],
+        [tr("activations saved for backward, at the 1F1B schedule's peak"), fmt_bytes(m["activations"])],
+        *(
+            [[tr("ZeRO-3: gathered parameters (running + prefetched)"), fmt_bytes(m["gathered"])]]
+            if m["gathered"]
+            else []
+        ),
+        [tr("total"), fmt_bytes(m["total"])],
     ]
     t_rows = [[t.mode, t.op, t.when, str(t.count), fmt_bytes(t.message), fmt_bytes(t.sent)] for t in summary.traffic]
     return {
-        "weights (seed B's [in, out]; per rank)": (
-            ["weight", "seed B", "full", "this rank", "split by", "count here", "bytes here"],
+        tr("weights (seed B's [in, out]; per rank)"): (
+            [tr("weight"), tr("seed B"), tr("full"), tr("this rank"), tr("split by"), tr("count here")]
+            + [tr("bytes here")],
             w_rows,
         ),
-        "activations of one layer, one micro-batch (per rank)": (
-            ["activation", "seed B", "full", "this rank", "split by", "bytes", "note"],
+        tr("activations of one layer, one micro-batch (per rank)"): (
+            [tr("activation"), tr("seed B"), tr("full"), tr("this rank"), tr("split by"), tr("bytes"), tr("note")],
             a_rows,
         ),
-        "memory of this rank": (["what", "bytes"], mem_rows),
-        "traffic of this rank, one step": (["mode", "op", "when", "ops", "message", "sent"], t_rows),
+        tr("memory of this rank"): ([tr("what"), tr("bytes")], mem_rows),
+        tr("traffic of this rank, one step"): (
+            [tr("mode"), tr("op"), tr("when"), tr("ops"), tr("message"), tr("sent")],
+            t_rows,
+        ),
     }
 
 
@@ -105,11 +140,16 @@ def _describe(cfg: ModelConfig, par: ParallelConfig, b: int, s: int, **kw) -> st
     return (
         f"h={cfg.d_model}, L={cfg.n_layers}, n_head={cfg.n_heads}, n_kv_head={cfg.kv_heads}, "
         f"h_ffn={cfg.d_ff}, V={cfg.vocab_size}{moe}, {cfg.dtype}; b={b}, s={s}; {par.describe()}"
-        f"{' + SP' if kw.get('sequence_parallel') else ''}; pipeline rank {kw.get('pp_rank', 0)}"
-    )
+        f"{' + SP' if kw.get('sequence_parallel') else ''}; "
+    ) + tr("pipeline rank {r}", r=kw.get("pp_rank", 0))
 
 
-TAB_TITLES = ["weights", "activations", "memory", "traffic"]  # one tab per table of `tables`
+def tab_titles() -> list[str]:
+    """One tab per table of `tables`, in the reader's language."""
+    return [tr("weights"), tr("activations"), tr("memory"), tr("traffic")]
+
+
+TAB_TITLES = ["weights", "activations", "memory", "traffic"]  # one tab per table of `tables` (English)
 _CSS = (
     "<style>.pb-x{overflow-x:auto;max-width:100%}.pb-x table{border-collapse:collapse;font-size:0.85em}"
     ".pb-x td,.pb-x th{padding:1px 6px;text-align:left;border-bottom:1px solid #ddd}</style>"
@@ -127,7 +167,8 @@ def render_tabs(summary: shapes.Summary) -> list[str]:
     """The four tables as HTML strings, one per tab (TAB_TITLES); a plan that does not fit: the reasons, in each."""
     if summary.problems:
         items = "".join(f"<li>{html.escape(p)}</li>" for p in summary.problems)
-        return [f"<div><b>This plan does not fit the model:</b><ul>{items}</ul></div>"] * len(TAB_TITLES)
+        head = html.escape(tr("This plan does not fit the model:"))
+        return [f"<div><b>{head}</b><ul>{items}</ul></div>"] * len(TAB_TITLES)
     return [
         f"{_CSS if i == 0 else ''}<p><b>{html.escape(name)}</b></p>{_html_table(head, rows)}"
         for i, (name, (head, rows)) in enumerate(tables(summary).items())
@@ -144,7 +185,7 @@ def render_html(summary: shapes.Summary, title: str = "") -> str:
 
 def render_text(summary: shapes.Summary, title: str = "") -> str:
     if summary.problems:
-        return "This plan does not fit the model:\n  " + "\n  ".join(summary.problems)
+        return tr("This plan does not fit the model:") + "\n  " + "\n  ".join(summary.problems)
     out = [title] if title else []
     for name, (head, rows) in tables(summary).items():
         out.append(f"\n{name}")
@@ -220,7 +261,7 @@ def render_details(heading: str, tabs: list[str]) -> str:
     """One precomputed state as a single HTML block: the heading, then each table in a <details> element (the
     first one open), which a browser opens and closes without a kernel or any script."""
     parts = [heading]
-    for i, (name, tab) in enumerate(zip(TAB_TITLES, tabs)):
+    for i, (name, tab) in enumerate(zip(tab_titles(), tabs)):
         parts.append(f"<details{' open' if i == 0 else ''}><summary>{name}</summary>{tab}</details>")
     return "".join(parts)
 
@@ -231,28 +272,32 @@ class Explorer:
     def __init__(self, preset: str = DEFAULT):
         cfg, plan = PRESETS[preset]
         slider = dict(continuous_update=False, style={"description_width": "initial"})
-        self.preset = widgets.Dropdown(options=list(PRESETS), value=preset, description="model")
+        self.preset = widgets.Dropdown(
+            options=[(preset_label(p), p) for p in PRESETS], value=preset, description=tr("model")
+        )
         self.h = widgets.IntSlider(min=16, max=16384, step=16, description="h", **slider)
-        self.layers = widgets.IntSlider(min=1, max=128, description="layers L", **slider)
-        self.heads = widgets.IntSlider(min=1, max=128, description="heads", **slider)
-        self.kv_heads = widgets.IntSlider(min=1, max=128, description="kv heads", **slider)
+        self.layers = widgets.IntSlider(min=1, max=128, description=tr("layers L"), **slider)
+        self.heads = widgets.IntSlider(min=1, max=128, description=tr("heads"), **slider)
+        self.kv_heads = widgets.IntSlider(min=1, max=128, description=tr("kv heads"), **slider)
         self.h_ffn = widgets.IntSlider(min=16, max=65536, step=16, description="h_ffn", **slider)
         self.vocab = widgets.IntSlider(min=16, max=262144, step=16, description="V", **slider)
-        self.experts = widgets.IntSlider(min=0, max=256, description="experts E (0: dense)", **slider)
+        self.experts = widgets.IntSlider(min=0, max=256, description=tr("experts E (0: dense)"), **slider)
         self.top_k = widgets.IntSlider(min=1, max=16, description="top-k", **slider)
-        self.expert_ffn = widgets.IntSlider(min=16, max=65536, step=16, description="expert h_ffn", **slider)
-        self.b = widgets.IntSlider(min=1, max=1024, description="b (across DP)", **slider)
+        self.expert_ffn = widgets.IntSlider(min=16, max=65536, step=16, description=tr("expert h_ffn"), **slider)
+        self.b = widgets.IntSlider(min=1, max=1024, description=tr("b (across DP)"), **slider)
         self.s = widgets.SelectionSlider(options=[2**i for i in range(4, 18)], description="s", **slider)
         self.dtype = widgets.Dropdown(options=DTYPES, description="dtype")
         self.axes = {
             a: widgets.SelectionSlider(options=POWERS, value=1, description=a.upper(), **slider)
             for a in ("tp", "cp", "dp", "pp", "ep", "etp")
         }
-        self.sp = widgets.Checkbox(description="sequence parallel (with TP)")
+        self.sp = widgets.Checkbox(description=tr("sequence parallel (with TP)"))
         self.cp_kind = widgets.ToggleButtons(options=["ring", "ulysses"], description="CP")
-        self.zero = widgets.Dropdown(options=ZERO, description="DP state")
-        self.m = widgets.IntSlider(min=1, max=64, description="micro-batches", **slider)
-        self.stage = widgets.ToggleButtons(options=["first", "last"], description="pipeline stage")
+        self.zero = widgets.Dropdown(options=ZERO, description=tr("DP state"))
+        self.m = widgets.IntSlider(min=1, max=64, description=tr("micro-batches"), **slider)
+        self.stage = widgets.ToggleButtons(
+            options=[(tr("first"), "first"), (tr("last"), "last")], description=tr("pipeline stage")
+        )
         self.heading = widgets.HTML()
         self.panes = [widgets.HTML() for _ in TAB_TITLES]
         self.tabs = _tabs(self.panes)
@@ -340,7 +385,7 @@ def _close_all(w) -> None:
 
 def _tabs(children: list) -> widgets.Tab:
     tab = widgets.Tab(children=children)
-    for i, name in enumerate(TAB_TITLES):
+    for i, name in enumerate(tab_titles()):
         tab.set_title(i, name)
     return tab
 
@@ -377,6 +422,32 @@ STATIC_PLANS: dict[str, list[tuple[str, dict]]] = {
 }
 
 
+# The presets' and the static plans' labels (keys of PRESETS and STATIC_PLANS) as the dropdowns show them; a label
+# without words (e.g. "DP 64, EP 64") stays as it is.
+_PRESET_LABELS = {
+    "Llama-2-70B (GQA, SwiGLU)": lambda: "Llama-2-70B (GQA, SwiGLU)",
+    "GPT-style 70B (MHA, GELU, 4h)": lambda: tr("GPT-style 70B (MHA, GELU, 4h)"),
+    "Mixtral-8x7B-class MoE": lambda: tr("Mixtral-8x7B-class MoE"),
+    "DeepSeek-V3-class MoE": lambda: tr("DeepSeek-V3-class MoE"),
+    "this chapter's probe model": lambda: tr("this chapter's probe model"),
+}
+_PLAN_LABELS = {
+    "same, no SP": lambda: tr("same, no SP"),
+    "last pipeline stage": lambda: tr("last pipeline stage"),
+    "EP 8 with ETP 2": lambda: tr("EP 8 with ETP 2"),
+}
+
+
+def preset_label(preset: str) -> str:
+    shown = _PRESET_LABELS.get(preset)
+    return shown() if shown is not None else preset
+
+
+def plan_label(label: str) -> str:
+    shown = _PLAN_LABELS.get(label)
+    return shown() if shown is not None else label
+
+
 def static_states() -> dict[str, list[tuple[str, str, list[str]]]]:
     """For every preset of STATIC_PLANS: (label, heading, the four tables' HTML) of each plan: `render_state` of the
     preset's controls with the plan's on top, which is what the live explorer shows for those controls (no widget
@@ -394,10 +465,10 @@ def static_explorer() -> widgets.VBox:
     (`render_details`: the tables in <details> elements). No control of it needs a kernel. The box's `links` are
     its jslinks."""
     states = static_states()
-    preset = widgets.Dropdown(options=list(states), description="model")
+    preset = widgets.Dropdown(options=[preset_label(p) for p in states], description=tr("model"))  # linked by index
     per_preset, links = [], []
     for plans in states.values():
-        choice = widgets.Dropdown(options=[label for label, _, _ in plans], description="plan")
+        choice = widgets.Dropdown(options=[plan_label(label) for label, _, _ in plans], description=tr("plan"))
         stack = widgets.Stack([widgets.HTML(render_details(head, tabs)) for _, head, tabs in plans], selected_index=0)
         links.append(widgets.jslink((choice, "index"), (stack, "selected_index")))
         per_preset.append(widgets.VBox([choice, stack]))

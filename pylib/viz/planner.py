@@ -99,6 +99,21 @@ def compare(cfg, plan: P.Plan, records: list[dict], *, batch: int, seq: int, rou
     return out
 
 
+def _quantity(q: str) -> str:
+    """A Check's quantity (a key: "params", "saved activations, chunk 0", "sent on tp", ...) as a table shows it."""
+    if q.startswith("saved activations, chunk "):
+        return tr("saved activations, chunk {c}", c=int(q.rsplit(" ", 1)[1]))
+    if q.startswith("sent on "):
+        return tr("sent on {axis}", axis=q.removeprefix("sent on "))
+    shown = {
+        "params": lambda: tr("params"),
+        "grads": lambda: tr("grads"),
+        "optim": lambda: tr("optim"),
+        "activation peak": lambda: tr("activation peak"),
+    }.get(q)
+    return shown() if shown is not None else q
+
+
 def compare_table(checks: list[Check]) -> list[list[str]]:
     """One row per quantity: how many ranks were checked, the largest predicted and measured values, the largest
     |predicted - measured| over the ranks and whether the formula is exact for it."""
@@ -110,12 +125,12 @@ def compare_table(checks: list[Check]) -> list[list[str]]:
         diff = max(abs(c.predicted - c.measured) for c in cs)
         rows.append(
             [
-                q,
+                _quantity(q),
                 str(len(cs)),
                 f"{max(c.predicted for c in cs):,.0f}",
                 f"{max(c.measured for c in cs):,.0f}",
                 f"{diff:,.0f}",
-                "exact" if all(c.exact for c in cs) else "expectation",
+                tr("exact") if all(c.exact for c in cs) else tr("expectation"),
             ]
         )
     return rows
@@ -203,7 +218,7 @@ def plan_rows(ranked: list[P.Prediction]) -> list[list[str]]:
             [
                 str(i),
                 p.plan.describe(),
-                "yes" if p.fits else "no",
+                tr("yes") if p.fits else tr("no"),
                 fmt_bytes(p.peak_memory),
                 fmt_bytes(state),
                 fmt_bytes(worst["activations"]),
@@ -240,10 +255,25 @@ def explorer_cluster(world: int, memory: float) -> P.Cluster:
     return P.Cluster(world, gpu_memory=memory, tp_comm_overlap=True)
 
 
+# A preset's name as the reader sees it (the English name stays the key of PRESETS).
+_PRESET_LABELS = {
+    "Llama-2-7B-class dense": lambda: tr("Llama-2-7B-class dense"),
+    "Llama-2-70B-class dense (GQA)": lambda: tr("Llama-2-70B-class dense (GQA)"),
+    "Mixtral-8x7B-class MoE": lambda: tr("Mixtral-8x7B-class MoE"),
+    "DeepSeek-V3-class MoE": lambda: tr("DeepSeek-V3-class MoE"),
+}
+
+
+def preset_label(name: str) -> str:
+    """A preset's name in the reader's language."""
+    label = _PRESET_LABELS.get(name)
+    return label() if label is not None else name
+
+
 def explorer_title(name: str, world: int, batch: int, seq: int, memory: float) -> str:
     return tr(
         "{name} on {world} GPUs of {gb:.0f} GB, 8 per node; {batch} sequences of {seq} tokens per step",
-        name=name,
+        name=preset_label(name),
         world=world,
         gb=memory / 1e9,
         batch=batch,
@@ -267,16 +297,18 @@ class PlannerExplorer:
         _cfg, world, batch, seq = PRESETS[preset]
         slider = dict(continuous_update=False, style={"description_width": "initial"})
         self.top = top
-        self.preset = widgets.Dropdown(options=EXPLORER_PRESETS, value=preset, description="model")
-        self.world = widgets.SelectionSlider(options=WORLD_SIZES, value=world, description="GPUs", **slider)
+        self.preset = widgets.Dropdown(
+            options=[(preset_label(n), n) for n in EXPLORER_PRESETS], value=preset, description=tr("model")
+        )
+        self.world = widgets.SelectionSlider(options=WORLD_SIZES, value=world, description=tr("GPUs"), **slider)
         self.memory = widgets.Dropdown(
-            options=list(GPU_MEMORY), value="80 GB (H100)", description="GPU memory", style=slider["style"]
+            options=list(GPU_MEMORY), value="80 GB (H100)", description=tr("GPU memory"), style=slider["style"]
         )
         self.batch = widgets.SelectionSlider(
-            options=[2**i for i in range(3, 12)], value=batch, description="global batch (sequences)", **slider
+            options=[2**i for i in range(3, 12)], value=batch, description=tr("global batch (sequences)"), **slider
         )
         self.seq = widgets.SelectionSlider(
-            options=[2**i for i in range(10, 18)], value=seq, description="sequence length", **slider
+            options=[2**i for i in range(10, 18)], value=seq, description=tr("sequence length"), **slider
         )
         self.out = widgets.HTML()
         self._loading = False
@@ -344,11 +376,11 @@ def static_explorer(states=STATIC_STATES, top: int = 5):
     labels, pages = [], []
     for name, world in states:
         _cfg, _w, batch, seq = PRESETS[name]
-        labels.append(f"{name}, {world} GPUs")
+        labels.append(tr("{name}, {world} GPUs", name=preset_label(name), world=world))
         title = html.escape(explorer_title(name, world, batch, seq, 80e9))
         body = plans_html(_ranked(name, world, batch, seq, 80e9, top))
         pages.append(widgets.HTML(f"<p><b>{title}</b></p>{body}"))
-    choose = widgets.Dropdown(options=labels, value=labels[0], description="scenario")
+    choose = widgets.Dropdown(options=labels, value=labels[0], description=tr("scenario"))
     stack = widgets.Stack(pages, selected_index=0)
     widgets.jslink((choose, "index"), (stack, "selected_index"))
     return widgets.VBox([choose, stack])
@@ -431,18 +463,23 @@ def knob_rows(base: P.Prediction, changed: list[tuple[str, P.Prediction]], usabl
     the cost model that moved most (or the memory, when it decides)."""
 
     def step(x):
-        return _seconds(x.step_time) if x.fits else f"does not fit (> {fmt_bytes(usable)})"
+        return _seconds(x.step_time) if x.fits else tr("does not fit (> {memory})", memory=fmt_bytes(usable))
 
-    rows = [["baseline", base.plan.describe(), fmt_bytes(base.peak_memory), step(base), "—", "—"]]
+    def term(k: str) -> str:  # a key of `_terms`: "compute", "bubble", "exposed tp", ...
+        if k.startswith("exposed "):
+            return tr("exposed {axis}", axis=k.removeprefix("exposed "))
+        return {"compute": tr("compute"), "bubble": tr("bubble")}.get(k, k)
+
+    rows = [[tr("baseline"), base.plan.describe(), fmt_bytes(base.peak_memory), step(base), "—", "—"]]
     t0 = _terms(base)
     for label, x in changed:
         if not x.fits or not base.fits:
-            why = f"memory {fmt_bytes(base.peak_memory)} → {fmt_bytes(x.peak_memory)}"
+            why = tr("memory {before} → {after}", before=fmt_bytes(base.peak_memory), after=fmt_bytes(x.peak_memory))
             delta = "—"
         else:
             t1 = _terms(x)
             k = max(set(t0) | set(t1), key=lambda k: abs(t1.get(k, 0) - t0.get(k, 0)))
-            why = f"{k} {_seconds(t0.get(k, 0))} → {_seconds(t1.get(k, 0))}"
+            why = f"{term(k)} {_seconds(t0.get(k, 0))} → {_seconds(t1.get(k, 0))}"
             delta = f"{x.step_time / base.step_time - 1:+.1%}"
         rows.append([label, x.plan.describe(), fmt_bytes(x.peak_memory), step(x), delta, why])
     return rows
