@@ -23,3 +23,15 @@ def test_a_chinese_header_and_its_numbers_end_in_the_same_column():
 def test_for_ascii_text_they_are_str_ljust_and_rjust(text, n):
     assert columns.ljust(text, n) == text.ljust(n)
     assert columns.rjust(text, n) == text.rjust(n)
+
+
+def test_the_books_text_tables_line_up_under_chinese_headers():
+    from pylib.viz.tables import text_table
+
+    lines = text_table(["进程号", "层", "步 ms"], [["0", "0,1", "945"], ["12", "2,3", "1021"]])
+    # Every column starts at the same display column on every line.
+    starts = [
+        [columns.width(line[: line.index(cell)]) for cell in cells]
+        for line, cells in zip(lines, [["进程号", "层", "步 ms"], ["0", "0,1", "945"], ["12", "2,3", "1021"]])
+    ]
+    assert starts[0] == starts[1] == starts[2] == [0, 8, 13]

@@ -11,7 +11,7 @@ superposition claim is that the per-rank bytes are 1/(tp*cp*dp) of the single-de
 from __future__ import annotations
 
 from pylib.analysis.compose import Traffic, per_axis, step_traffic
-from pylib.i18n import tr
+from pylib.i18n import columns, tr
 from pylib.model import batches, build_model
 from pylib.plan.options import RunOptions
 
@@ -132,9 +132,9 @@ def format_report(results: list[dict], axes: tuple[str, ...] | None = None) -> s
             cells.append(f"{_mib(sent)}/{ops}" if ops else "-")
         cells.append(f"{1000 * r['step_s']:.0f}")
         table.append(cells)
-    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    widths = [max(columns.width(row[i]) for row in table) for i in range(len(head))]
     for row in table:
-        lines.append("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+        lines.append("  ".join(columns.rjust(c, w) for c, w in zip(row, widths)))
     return "\n".join(lines)
 
 
@@ -155,5 +155,5 @@ def format_reduction_table(rows: list[dict]) -> str:
     table = [head] + [
         [k, r["kind"], r["pre"] or "-", f"{r['dp_group']} ({r['dp_size']})", r["scale"]] for k, r in seen.items()
     ]
-    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in table)
+    widths = [max(columns.width(row[i]) for row in table) for i in range(len(head))]
+    return "\n".join("  ".join(columns.ljust(c, w) for c, w in zip(row, widths)).rstrip() for row in table)

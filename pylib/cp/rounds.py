@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from pylib.i18n import columns
+
 _KV = re.compile(r"(?:^|\.)ring\.kv\.(\d+)$")
 
 
@@ -72,5 +74,5 @@ def format_round_table(rows) -> str:
         if row["recv_from"] is not None:
             lines.append(["  pass"] + [f"recv K{h}V{h} from {s}" for h, s in zip(row["holds"], row["recv_from"])])
         lines.append([str(row["round"])] + [f"K{h}V{h}" for h in row["holds"]])
-    widths = [max(len(line[c]) for line in lines) for c in range(len(head))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines)
+    widths = [max(columns.width(line[c]) for line in lines) for c in range(len(head))]
+    return "\n".join("  ".join(columns.ljust(cell, w) for cell, w in zip(line, widths)).rstrip() for line in lines)

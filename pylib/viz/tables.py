@@ -13,6 +13,8 @@ import html
 
 import torch
 
+from pylib.i18n import columns
+
 
 def markdown_table(header: list[str], rows: list[list], caption: str, name: str, align: str = "center") -> str:
     """A MyST `{table}` with a caption and a label, for a cell whose Markdown output is rendered as MyST."""
@@ -44,13 +46,13 @@ def format_rows(matrix, row_labels: list[str], col_labels: list[str] | None = No
     if m.dim() != 2 or m.shape[0] != len(row_labels):
         raise ValueError(f"need a [rows, cols] matrix with {len(row_labels)} rows, got shape {tuple(m.shape)}")
     cells = [[f"{v:.{decimals}f}" for v in row] for row in m.tolist()]
-    width = max(len(c) for row in cells for c in row)
-    pad = max(len(r) for r in row_labels)
+    width = max(columns.width(c) for row in cells for c in row)
+    pad = max(columns.width(r) for r in row_labels)
     lines = []
     if col_labels is not None:
-        lines.append(" " * (pad + 2) + "  ".join(c.rjust(width) for c in col_labels))
+        lines.append(" " * (pad + 2) + "  ".join(columns.rjust(c, width) for c in col_labels))
     for label, row in zip(row_labels, cells):
-        lines.append(f"{label.ljust(pad)} [" + ", ".join(c.rjust(width) for c in row) + "]")
+        lines.append(f"{columns.ljust(label, pad)} [" + ", ".join(columns.rjust(c, width) for c in row) + "]")
     return "\n".join(lines)
 
 
@@ -68,8 +70,9 @@ def fmt_bytes(n: float) -> str:
 
 def text_table(header: list[str], rows: list[list[str]]) -> list[str]:
     """The lines of a plain-text table: the header, then one per row, each column padded to its widest cell."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [header, *rows]]
+    width = columns.width
+    widths = [max(width(h), *(width(r[i]) for r in rows)) if rows else width(h) for i, h in enumerate(header)]
+    return ["  ".join(columns.ljust(c, w) for c, w in zip(r, widths)) for r in [header, *rows]]
 
 
 def html_table(header: list[str], rows: list[list[str]]) -> str:
