@@ -8,9 +8,12 @@ from pathlib import Path
 
 import yaml
 
+from pylib.i18n import pofile
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "i18n"))
 import catalogs  # noqa: E402
+import review  # noqa: E402
 import terms  # noqa: E402
 
 
@@ -31,16 +34,9 @@ def test_committed_catalogs_are_complete_and_keep_markup_and_terms():
     glossary = terms.load()
     faults = []
     for po in sorted(catalogs.LOCALE.rglob("*.po")):
-        for message in catalogs._entries(catalogs._read(po)):
+        for message in pofile.entries(pofile.read(po)):
             where = f"{po.relative_to(catalogs.LOCALE)}: {message.id[:60]!r}"
-            if not message.string:
-                faults.append(f"{where}: missing")
-            elif message.fuzzy:
-                faults.append(f"{where}: outdated")
-            else:
-                faults += [f"{where}: {f}" for f in catalogs.markup.differences(message.id, message.string)]
-                senses = terms.other_senses(message.user_comments)
-                faults += [f"{where}: {f}" for f in terms.violations(message.id, message.string, glossary, senses)]
+            faults += [f"{where}: {f}" for f in review.faults(message, glossary)]
     assert not faults, "\n".join(faults[:30])
 
 

@@ -22,13 +22,13 @@ from functools import cache
 from pathlib import Path
 
 from babel.messages.catalog import Catalog
-from babel.messages.pofile import read_po, write_po
 
-from pylib.i18n import normalise
+from pylib.i18n import normalise, pofile
+from pylib.i18n.pofile import LANGUAGE
 
 from .notebook import Lab, default_labs_dir, find_labs
 
-LANGUAGE = "zh_CN"
+PROJECT = "Parallelism, Computed: labs"
 FENCES = ("```", "~~~", "$$")
 
 
@@ -86,20 +86,13 @@ def messages(nb) -> list[tuple[str, int]]:
     return out
 
 
-def _read(path: Path) -> Catalog:
-    with path.open("rb") as f:
-        return read_po(f, locale=LANGUAGE)
-
-
 def _write(catalog: Catalog, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as f:
-        write_po(f, catalog, width=0, omit_header=False, include_previous=True)
+    pofile.write(catalog, path)
     _catalog.cache_clear()
 
 
 def _template(lab: Lab) -> Catalog:
-    template = Catalog(locale=LANGUAGE, project="Parallelism, Computed: labs", fuzzy=False)
+    template = Catalog(locale=LANGUAGE, project=PROJECT, fuzzy=False)
     for text, cell in messages(lab.read()):
         template.add(text, "", locations=[(f"labs/{lab.path.name}", cell)])
     return template
@@ -110,18 +103,8 @@ def extract(labs_dir: Path | None = None) -> list[Path]:
     written = []
     labs = find_labs(labs_dir)
     for lab in labs:
-        path, template = catalog_path(lab), _template(lab)
-        if path.is_file():
-            catalog = _read(path)
-            catalog.update(template, no_fuzzy_matching=False, update_header_comment=False)
-            catalog.obsolete.clear()
-        else:
-            catalog = Catalog(locale=LANGUAGE, project="Parallelism, Computed: labs", fuzzy=False)
-            for message in template:
-                if message.id:
-                    catalog.add(message.id, "", locations=message.locations)
-        catalog.fuzzy = False
-        _write(catalog, path)
+        path = catalog_path(lab)
+        pofile.merge(_template(lab), path, PROJECT)
         written.append(path)
     folder = locale_dir(labs_dir)
     for po in sorted(folder.glob("*.po")) if folder.is_dir() else []:
@@ -131,20 +114,21 @@ def extract(labs_dir: Path | None = None) -> list[Path]:
     return written
 
 
-def _tools():
+def _review():
+    """tools/i18n/review.py: the book's own checks of a translated entry (a checkout's tools, not a package)."""
     tools = Path(__file__).resolve().parents[2] / "tools" / "i18n"
     if str(tools) not in sys.path:
         sys.path.insert(0, str(tools))
-    import markup
+    import review
     import terms
 
-    return markup, terms
+    return review, terms
 
 
 def problems(labs: list[Lab] | None = None) -> dict[str, list[str]]:
     """{lab: lines} for missing and outdated entries, broken markup and glossary terms translated another way;
     an entry for a lab whose catalog lacks a message of its notebook or has one it no longer has (run extract)."""
-    markup, terms = _tools()
+    review, terms = _review()
     glossary = terms.load()
     found: dict[str, list[str]] = {}
     for lab in labs if labs is not None else find_labs():
@@ -152,68 +136,33 @@ def problems(labs: list[Lab] | None = None) -> dict[str, list[str]]:
         if not path.is_file():
             found.setdefault(lab.name, []).append("no catalog for this lab (run `python -m pylib.labs i18n extract`)")
             continue
-        catalog = _read(path)
-        ids = {m.id for m in catalog if m.id}
+        held = pofile.entries(pofile.read(path))
         wanted = {text for text, _ in messages(lab.read())}
-        for text in sorted(wanted - ids):
+        for text in sorted(wanted - {m.id for m in held}):
             found.setdefault(lab.name, []).append(f"missing: {text[:70]!r} (not in the catalog: run extract)")
-        for message in catalog:
-            if not message.id:
-                continue
-            short = message.id[:70].replace("\n", " ")
+        for message in held:
             if message.id not in wanted:
+                short = message.id[:70].replace("\n", " ")
                 found.setdefault(lab.name, []).append(f"outdated: {short} (gone from the lab: run extract)")
-            elif not message.string:
-                found.setdefault(lab.name, []).append(f"missing: {short}")
-            elif message.fuzzy:
-                found.setdefault(lab.name, []).append(f"outdated: {short}")
             else:
-                # a line break inside inline math or a code span is a space to Markdown (and to this check)
-                flat_id, flat_str = message.id.replace("\n", " "), message.string.replace("\n", " ")
-                for fault in markup.differences(flat_id, flat_str):
-                    found.setdefault(lab.name, []).append(f"markup ({fault}): {short}")
-                for fault in terms.violations(flat_id, flat_str, glossary):
-                    found.setdefault(lab.name, []).append(f"term ({fault}): {short}")
-    return found
+                found.setdefault(lab.name, []).extend(review.faults(message, glossary))
+    return {name: lines for name, lines in found.items() if lines}
 
 
 def check(labs: list[Lab] | None = None, verbose: bool = True) -> int:
-    found = problems(labs)
-    counts = {"missing": 0, "outdated": 0, "markup": 0, "term": 0, "no catalog": 0}
-    for name, lines in found.items():
-        for line in lines:
-            counts[next(k for k in counts if line.startswith(k))] += 1
-            if verbose:
-                print(f"{name}: {line}")
-    print(", ".join(f"{v} {k}" for k, v in counts.items()))
-    return 1 if any(counts.values()) else 0
+    review, _ = _review()
+    return review.tally(problems(labs), show=verbose)
 
 
 def todo(lab: Lab) -> list[dict]:
-    out = []
-    for message in _read(catalog_path(lab)):
-        if not message.id or (message.string and not message.fuzzy):
-            continue
-        entry = {"msgid": message.id}
-        if message.fuzzy and message.previous_id:
-            previous = message.previous_id
-            entry["previous_msgid"] = previous[0] if isinstance(previous, list | tuple) else previous
-            entry["previous_msgstr"] = message.string
-        out.append(entry)
-    return out
+    return pofile.todo(pofile.read(catalog_path(lab)))
 
 
-def fill(lab: Lab, translations: dict[str, str]) -> int:
+def fill(lab: Lab, translations: dict[str, str], senses: dict[str, list[str]] | None = None) -> int:
     path = catalog_path(lab)
-    catalog = _read(path)
-    unknown = [k for k in translations if k not in catalog]
-    if unknown:
-        raise ValueError(f"{len(unknown)} msgids are not in {path}, e.g. {unknown[0][:80]!r}")
-    for msgid, msgstr in translations.items():
-        message = catalog[msgid]
-        message.string = msgstr
-        message.flags.discard("fuzzy")
-        message.previous_id = []
+    catalog = pofile.read(path)
+    _, terms = _review()
+    pofile.fill(catalog, translations, senses or {}, terms.OTHER_SENSE)
     _write(catalog, path)
     return len(translations)
 
@@ -222,7 +171,7 @@ def fill(lab: Lab, translations: dict[str, str]) -> int:
 def _catalog(path: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
-    return {m.id: m.string for m in _read(path) if m.id and m.string and not m.fuzzy}
+    return {m.id: m.string for m in pofile.entries(pofile.read(path)) if m.string and not m.fuzzy}
 
 
 def translated(nb, lang: str, lab: Lab):
@@ -259,8 +208,6 @@ def main(args) -> int:
         print()
         return 0
     (lab,) = select_labs([args.lab], args.labs_dir)
-    translations = json.loads(Path(args.json).read_text(encoding="utf-8"))
-    if isinstance(translations, list):
-        translations = {t["msgid"]: t["msgstr"] for t in translations}
-    print(f"{fill(lab, translations)} entries written to {catalog_path(lab)}")
+    translations, senses = pofile.translations(json.loads(Path(args.json).read_text(encoding="utf-8")))
+    print(f"{fill(lab, translations, senses)} entries written to {catalog_path(lab)}")
     return 0
