@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from pylib.i18n import tr
+from pylib.i18n import shown, tr
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.mesh import ParallelConfig
 from pylib.plan.options import SEQUENCE_PARALLEL, RunOptions, zero_stage
@@ -587,8 +587,7 @@ def _mode(row, sequence_parallel: bool) -> str:
 
 
 def _shown(word: str) -> str:
-    shown = _SHOWN.get(word)
-    return shown() if shown is not None else word
+    return shown(_SHOWN, word)
 
 
 def _when(where: str, phases: list[str]) -> str:

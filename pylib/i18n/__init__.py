@@ -77,3 +77,11 @@ def tr(message: str, /, **fields) -> str:
         if text is None:
             raise MissingTranslation(f"no {lang} entry in pylib.i18n for {message!r}")
     return text.format(**fields) if fields else text
+
+
+def shown(table: dict, key: str) -> str:
+    """`key` in the reader's language when `table` (key -> a function returning `tr("the key's English")`) has it,
+    else `key` itself. The functions keep each English a literal at its tr(...) call, where the catalog test finds
+    it, and run only when a key is shown, in the language of then."""
+    text = table.get(key)
+    return text() if text is not None else key

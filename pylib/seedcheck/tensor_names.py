@@ -9,7 +9,7 @@ changes.
 
 from __future__ import annotations
 
-from pylib.i18n import tr
+from pylib.i18n import shown, tr
 
 _NAMES = {
     "token embedding": lambda: tr("token embedding"),
@@ -30,8 +30,7 @@ _NAMES = {
 def shown_name(name: str) -> str:
     """A tensor's key -> its name in the reader's language (symbols such as W_Q, Q, K, V, logits, LM head,
     LayerNorm γ are the same in both)."""
-    text = _NAMES.get(name)
-    return text() if text is not None else name
+    return shown(_NAMES, name)
 
 
 # meta_tables.SEED_WEIGHTS' "where" and SEED_ACTIVATIONS' "produced" texts (English keys of the data)

@@ -20,7 +20,7 @@ import html
 import ipywidgets as widgets
 
 from pylib.analysis import shapes
-from pylib.i18n import tr
+from pylib.i18n import shown, tr
 from pylib.model import ModelConfig, MoEConfig
 from pylib.model.presets import deepseek_v3_like, gpt_style_70b, llama2_70b, mixtral_8x7b, probe_moe_config
 from pylib.plan import ZERO_STAGE_NAMES, ParallelConfig
@@ -80,8 +80,7 @@ _NAMES = {
 
 
 def _name(name: str) -> str:
-    shown = _NAMES.get(name)
-    return shown() if shown is not None else name
+    return shown(_NAMES, name)
 
 
 def tables(summary: shapes.Summary) -> dict[str, tuple[list[str], list[list[str]]]]:
@@ -439,13 +438,11 @@ _PLAN_LABELS = {
 
 
 def preset_label(preset: str) -> str:
-    shown = _PRESET_LABELS.get(preset)
-    return shown() if shown is not None else preset
+    return shown(_PRESET_LABELS, preset)
 
 
 def plan_label(label: str) -> str:
-    shown = _PLAN_LABELS.get(label)
-    return shown() if shown is not None else label
+    return shown(_PLAN_LABELS, label)
 
 
 def static_states() -> dict[str, list[tuple[str, str, list[str]]]]:

@@ -18,7 +18,7 @@ import html
 from dataclasses import dataclass
 
 from pylib.analysis import planner as P
-from pylib.i18n import tr
+from pylib.i18n import shown, tr
 from pylib.model import ModelConfig
 from pylib.model.presets import deepseek_v3_like, llama2_7b, llama2_70b, mixtral_8x7b
 
@@ -105,13 +105,13 @@ def _quantity(q: str) -> str:
         return tr("saved activations, chunk {c}", c=int(q.rsplit(" ", 1)[1]))
     if q.startswith("sent on "):
         return tr("sent on {axis}", axis=q.removeprefix("sent on "))
-    shown = {
+    quantities = {
         "params": lambda: tr("params"),
         "grads": lambda: tr("grads"),
         "optim": lambda: tr("optim"),
         "activation peak": lambda: tr("activation peak"),
-    }.get(q)
-    return shown() if shown is not None else q
+    }
+    return shown(quantities, q)
 
 
 def compare_table(checks: list[Check]) -> list[list[str]]:
@@ -266,8 +266,7 @@ _PRESET_LABELS = {
 
 def preset_label(name: str) -> str:
     """A preset's name in the reader's language."""
-    label = _PRESET_LABELS.get(name)
-    return label() if label is not None else name
+    return shown(_PRESET_LABELS, name)
 
 
 def explorer_title(name: str, world: int, batch: int, seq: int, memory: float) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from pylib.i18n import tr
+from pylib.i18n import shown, tr
 
 # ShardSpec kinds (keys code compares) as a table shows them
 _KINDS = {
@@ -27,8 +27,7 @@ _CP_CHUNKS = re.compile(r"rank (\d+) holds (chunks?) (.+) of (\d+)")  # pylib.cp
 
 def shown_kind(kind: str) -> str:
     """A ShardSpec kind in the reader's language (a kind without an entry stays as it is)."""
-    shown = _KINDS.get(kind)
-    return shown() if shown is not None else kind
+    return shown(_KINDS, kind)
 
 
 def shown_note(note: str) -> str:
@@ -48,9 +47,9 @@ def shown_note(note: str) -> str:
         if m[2] == "chunk":
             return tr("rank {r} holds chunk {held} of {n}", r=m[1], held=m[3], n=m[4])
         return tr("rank {r} holds chunks {held} of {n}", r=m[1], held=m[3], n=m[4])
-    shown = {
+    notes = {
         "whole expert (etp=1)": lambda: tr("whole expert (etp=1)"),
         "each rank routes its own tokens": lambda: tr("each rank routes its own tokens"),
         "gradient all-reduced over cp": lambda: tr("gradient all-reduced over cp"),
-    }.get(note)
-    return shown() if shown is not None else note
+    }
+    return shown(notes, note)

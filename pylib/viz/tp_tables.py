@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 
-from pylib.i18n import tr
+from pylib.i18n import shown, tr
 from pylib.plan.heads import head_layout
 
 SPLIT_CONSEQUENCE = {  # seed B's rule, per kind of split
@@ -41,8 +41,7 @@ _CONSEQUENCES = {
 
 def split_kind(kind: str) -> str:
     """A ShardSpec kind ("column", "row", "vocab", "replicated", ...) in the reader's language."""
-    shown = _KINDS.get(kind)
-    return shown() if shown is not None else kind
+    return shown(_KINDS, kind)
 
 
 def split_consequence_rows() -> list[list[str]]:
