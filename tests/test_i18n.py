@@ -44,9 +44,10 @@ def _sources():
             yield f"{path.relative_to(ROOT)}[cell {k}]", _cell_source(m.group(1))
 
 
-def _tr_literals():
-    """{message: [where]} for every string literal passed as the first argument of `tr(...)`."""
-    found: dict[str, list[str]] = {}
+def _tr_calls():
+    """(where, call node, message) for every tr(...) call whose first argument is a string literal, each source
+    parsed once."""
+    calls = []
     for where, src in _sources():
         try:
             tree = ast.parse(src)
@@ -57,15 +58,16 @@ def _tr_literals():
                 continue
             f = node.func
             name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-            if name != "tr":
-                continue
             arg = node.args[0]
-            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                found.setdefault(arg.value, []).append(f"{where}:{node.lineno}")
-    return found
+            if name == "tr" and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                calls.append((f"{where}:{node.lineno}", node, arg.value))
+    return calls
 
 
-LITERALS = _tr_literals()
+TR_CALLS = _tr_calls()
+LITERALS: dict[str, list[str]] = {}  # message -> [where]
+for _where, _, _message in TR_CALLS:
+    LITERALS.setdefault(_message, []).append(_where)
 
 
 def _fields(message: str) -> list[tuple[str, str, str | None]]:
@@ -97,22 +99,13 @@ def test_fields_match(message):
 def test_every_call_passes_its_fields():
     """A tr(...) call's keyword arguments are exactly its message's fields (a chapter cell fails late otherwise)."""
     bad = []
-    for where, src in _sources():
-        try:
-            tree = ast.parse(src)
-        except SyntaxError:
+    for where, node, message in TR_CALLS:
+        kws = {k.arg for k in node.keywords}
+        if None in kws:  # tr(message, **fields): checked where it runs
             continue
-        for node in ast.walk(tree):
-            f = getattr(node, "func", None)
-            if not (isinstance(node, ast.Call) and node.args and getattr(f, "id", getattr(f, "attr", None)) == "tr"):
-                continue
-            arg = node.args[0]
-            kws = {k.arg for k in node.keywords}
-            if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)) or None in kws:
-                continue
-            fields = {name for name, _, _ in _fields(arg.value)}
-            if fields != kws:
-                bad.append(f"{where}:{node.lineno}: fields {sorted(fields)}, arguments {sorted(kws)}")
+        fields = {name for name, _, _ in _fields(message)}
+        if fields != kws:
+            bad.append(f"{where}: fields {sorted(fields)}, arguments {sorted(kws)}")
     assert not bad, "\n".join(bad)
 
 
@@ -203,3 +196,13 @@ def test_chinese_output_same_numbers(name):
     zh = _in("zh", build)
     assert CJK.search(zh), f"{name}: no Chinese in the zh output:\n{zh}"
     assert _numbers(en) == _numbers(zh), f"{name}: the numbers differ\nen: {en}\nzh: {zh}"
+
+
+def test_shown_is_the_entry_in_the_language_of_the_call_or_the_key():
+    table = {"params": lambda: tr("params")}
+    assert i18n.shown(table, "params") == "params" and i18n.shown(table, "other") == "other"
+    set_language("zh")
+    try:
+        assert i18n.shown(table, "params") == i18n.catalog("zh")["params"]
+    finally:
+        set_language(None)
