@@ -23,7 +23,14 @@ Sources:
             (CP 16 at 128K tokens) is left out: its sequence length is not in the table as read here.
             Section 3.3.2 says Meta's schedule lets N, the microbatches per group of the interleaved schedule, be
             set freely; no value for these runs is read here, so the planner chooses N on the published mesh as it
-            does on every row (`PUBLISHED_GROUP_SIZES`).
+            does on every row (`PUBLISHED_GROUP_SIZES`). Section 3.3.2 also says that with its memory work
+            Meta "could pre-train Llama 3 on sequences of 8K tokens without activation checkpointing": the planner
+            still recomputes on this mesh (`meta_mesh_without_recomputation` says how far from fitting it is).
+  DGXC      NVIDIA dgxc-benchmarking, llama3.1/README.md, the H100 table: Llama 3.1 405B at 8K tokens on 512
+            H100s, TP 8, PP 8, CP 2, VP 8, DP 4, micro-batch 1, global batch 256 (BF16 and FP8 recipes), with
+            Megatron-Bridge's split for the 405B model (account_for_embedding_in_pipeline_split and
+            account_for_loss_in_pipeline_split: Meta's one layer fewer on the first and the last stage). The README
+            prints no H100 throughput, so the row is in `LAYOUTS`: checked for acceptance, fit and rank, not speed.
 """
 
 from __future__ import annotations
@@ -108,6 +115,11 @@ RUNS = (
     Run("Llama 3 405B", _L3, _LLAMA3_405B, 16384, 8192, 2048, 8, 16, 128, tflops=400, balance_ends=True),
 )
 FIT_ROWS = tuple(i for i, r in enumerate(RUNS) if r.fit)
+
+_DGXC = "NVIDIA dgxc-benchmarking, llama3.1/README.md (H100, 8K tokens)"
+# Published layouts without a throughput this table can read (`tflops` 0): the planner must accept each, predict that
+# it fits and rank it among its best plans, as for RUNS; there is no speed to compare.
+LAYOUTS = (Run("Llama 3.1 405B", _DGXC, _LLAMA3_405B, 512, 8192, 256, 8, 8, 4, cp=2, balance_ends=True),)
 HOLDOUT_ROWS = tuple(i for i, r in enumerate(RUNS) if not r.fit)
 
 # What a published layout leaves to the planner: micro-batches of 1 or 2 sequences, up to 8 virtual stages, DDP
@@ -169,6 +181,8 @@ class Evaluated:
 
     @property
     def error(self) -> float:
+        if not self.run.tflops:
+            raise ValueError(f"{self.run.name} ({self.run.gpus} GPUs) has no published throughput to compare with")
         return self.predicted_tflops / self.run.tflops - 1
 
     @property
@@ -205,6 +219,47 @@ def evaluate(run: Run, cfg, model: CostModel | None = None, *, search: bool = Fa
     return Evaluated(run, mine, tflops, ranked[0], len(faster) + 1)
 
 
+@dataclass(frozen=True)
+class WithoutRecomputation:
+    """The published mesh's fastest plan with no recomputation, whether it fits or not (`without_recomputation`):
+    the TFLOP/s it would reach, its most loaded rank's memory, and `activation_share`, the largest fraction of
+    the activations this model counts that could be kept with the rest of that rank's bytes in the whole card."""
+
+    run: Run
+    plan: P.Prediction
+    tflops: float
+    gpu_memory: float
+
+    @property
+    def memory(self) -> dict:
+        return self.plan.worst_rank().memory
+
+    @property
+    def activation_share(self) -> float:
+        m = self.memory
+        return (self.gpu_memory - (m["total"] - m["activations"])) / m["activations"]
+
+
+def without_recomputation(run: Run, cfg, model: CostModel | None = None) -> WithoutRecomputation:
+    """The published mesh with LAYOUT_SEARCH's knobs but recompute="none", ranked by step time alone (the memory
+    limit ignored): what the planner says of a run whose source states it recomputed nothing."""
+    work, c = workload(run), cluster(run, model)
+    knobs = dict(LAYOUT_SEARCH, recompute=("none",))
+    plans = P.enumerate_plans(
+        cfg,
+        run.gpus,
+        run.batch,
+        run.seq,
+        meshes=(run.par,),
+        group_sizes=PUBLISHED_GROUP_SIZES,
+        balance_ends=run.balance_ends,
+        **knobs,
+    )
+    fastest = min((P.predict(cfg, p, work, c) for p in plans), key=lambda x: (x.step_time, x.peak_memory))
+    tflops = megatron_flops(cfg, run.batch, run.seq, run.flops_layers) / (run.gpus * fastest.step_time) / 1e12
+    return WithoutRecomputation(run, fastest, tflops, c.gpu_memory)
+
+
 def errors(model: CostModel, rows, configs) -> list[float]:
     """Relative errors predicted / published - 1 of `rows` (indices into RUNS) under `model`."""
     return [evaluate(RUNS[i], configs[i], model).error for i in rows]
@@ -232,14 +287,17 @@ __all__ = [
     "FIT_ROWS",
     "GRID",
     "HOLDOUT_ROWS",
+    "LAYOUTS",
     "LAYOUT_SEARCH",
     "MESH_SEARCH",
     "PUBLISHED_GROUP_SIZES",
     "RUNS",
     "Evaluated",
     "Run",
+    "WithoutRecomputation",
     "evaluate",
     "fit",
     "workload",
     "megatron_flops",
+    "without_recomputation",
 ]
