@@ -43,9 +43,6 @@ def test_committed_catalogs_are_complete_and_keep_markup_and_terms():
 # pylib messages that use a glossary word in another sense (the catalogs' translator comments, for pylib.i18n).
 OTHER_SENSES = {
     "{name}: published {par} ranks {rank}, {slower:.1%} slower than the best, {best}": frozenset({"rank"}),  # verb
-    "{name} on {gpus} GPUs: published {par} ranks {rank}, {slower:.1%} slower than the best, {best}": frozenset(
-        {"rank"}
-    ),  # verb
 }
 
 

@@ -25,7 +25,7 @@ Sources:
             set freely; no value for these runs is read here, so the planner chooses N on the published mesh as it
             does on every row (`PUBLISHED_GROUP_SIZES`). Section 3.3.2 also says that with its memory work
             Meta "could pre-train Llama 3 on sequences of 8K tokens without activation checkpointing": the planner
-            still recomputes on this mesh (`meta_mesh_without_recomputation` says how far from fitting it is).
+            still recomputes on this mesh (`without_recomputation` says how far from fitting it is).
   DGXC      NVIDIA dgxc-benchmarking, llama3.1/README.md, the H100 table: Llama 3.1 405B at 8K tokens on 512
             H100s, TP 8, PP 8, CP 2, VP 8, DP 4, micro-batch 1, global batch 256 (BF16 and FP8 recipes), with
             Megatron-Bridge's split for the 405B model (account_for_embedding_in_pipeline_split and
@@ -116,11 +116,12 @@ RUNS = (
 )
 FIT_ROWS = tuple(i for i, r in enumerate(RUNS) if r.fit)
 
+HOLDOUT_ROWS = tuple(i for i, r in enumerate(RUNS) if not r.fit)
+
 _DGXC = "NVIDIA dgxc-benchmarking, llama3.1/README.md (H100, 8K tokens)"
 # Published layouts without a throughput this table can read (`tflops` 0): the planner must accept each, predict that
 # it fits and rank it among its best plans, as for RUNS; there is no speed to compare.
 LAYOUTS = (Run("Llama 3.1 405B", _DGXC, _LLAMA3_405B, 512, 8192, 256, 8, 8, 4, cp=2, balance_ends=True),)
-HOLDOUT_ROWS = tuple(i for i, r in enumerate(RUNS) if not r.fit)
 
 # What a published layout leaves to the planner: micro-batches of 1 or 2 sequences, up to 8 virtual stages, DDP
 # or the distributed optimizer (ZeRO-1), no, selective or full recomputation of the first 1, 2 or 4 layers of each
@@ -199,22 +200,37 @@ def workload(run: Run) -> P.Workload:
     return P.Workload(run.batch, run.seq, grad_reduce=run.grad_reduce)
 
 
+def _published_plans(run: Run, cfg, **knobs) -> list[P.Plan]:
+    """Every plan of the published mesh with LAYOUT_SEARCH's knobs (`knobs` replacing some of them)."""
+    plans = P.enumerate_plans(
+        cfg,
+        run.gpus,
+        run.batch,
+        run.seq,
+        meshes=(run.par,),
+        group_sizes=PUBLISHED_GROUP_SIZES,
+        balance_ends=run.balance_ends,
+        **{**LAYOUT_SEARCH, **knobs},
+    )
+    if not plans:
+        raise ValueError(f"{run.name}: the planner accepts no plan with the published mesh {run.par.describe()}")
+    return plans
+
+
+def _tflops(run: Run, cfg, step_time: float) -> float:
+    """TFLOP/s per GPU as the sources count them (`megatron_flops`) for a step of `step_time` seconds."""
+    return megatron_flops(cfg, run.batch, run.seq, run.flops_layers) / (run.gpus * step_time) / 1e12
+
+
 def evaluate(run: Run, cfg, model: CostModel | None = None, *, search: bool = False, top: int = 10) -> Evaluated:
     """The planner on one run: the best plan with the published mesh (LAYOUT_SEARCH for the rest); with `search`
     also the best `top` plans of every mesh (same knobs) and the published mesh's place among them."""
     work, c = workload(run), cluster(run, model)
-    ends = dict(balance_ends=run.balance_ends)
-    plans = P.enumerate_plans(
-        cfg, run.gpus, run.batch, run.seq, meshes=(run.par,), group_sizes=PUBLISHED_GROUP_SIZES, **LAYOUT_SEARCH, **ends
-    )
-    if not plans:
-        raise ValueError(f"{run.name}: the planner accepts no plan with the published mesh {run.par.describe()}")
-    mine = P.rank_plans(cfg, work, c, top=1, plans=plans)[0]
-    flops = megatron_flops(cfg, run.batch, run.seq, run.flops_layers)
-    tflops = flops / (run.gpus * mine.step_time) / 1e12
+    mine = P.rank_plans(cfg, work, c, top=1, plans=_published_plans(run, cfg))[0]
+    tflops = _tflops(run, cfg, mine.step_time)
     if not search:
         return Evaluated(run, mine, tflops)
-    ranked = P.rank_plans(cfg, work, c, top=top, **LAYOUT_SEARCH, **MESH_SEARCH, **ends)
+    ranked = P.rank_plans(cfg, work, c, top=top, balance_ends=run.balance_ends, **LAYOUT_SEARCH, **MESH_SEARCH)
     faster = [x for x in ranked if x.step_time < mine.step_time and x.plan.par != run.par]
     return Evaluated(run, mine, tflops, ranked[0], len(faster) + 1)
 
@@ -244,20 +260,9 @@ def without_recomputation(run: Run, cfg, model: CostModel | None = None) -> With
     """The published mesh with LAYOUT_SEARCH's knobs but recompute="none", ranked by step time alone (the memory
     limit ignored): what the planner says of a run whose source states it recomputed nothing."""
     work, c = workload(run), cluster(run, model)
-    knobs = dict(LAYOUT_SEARCH, recompute=("none",))
-    plans = P.enumerate_plans(
-        cfg,
-        run.gpus,
-        run.batch,
-        run.seq,
-        meshes=(run.par,),
-        group_sizes=PUBLISHED_GROUP_SIZES,
-        balance_ends=run.balance_ends,
-        **knobs,
-    )
-    fastest = min((P.predict(cfg, p, work, c) for p in plans), key=lambda x: (x.step_time, x.peak_memory))
-    tflops = megatron_flops(cfg, run.batch, run.seq, run.flops_layers) / (run.gpus * fastest.step_time) / 1e12
-    return WithoutRecomputation(run, fastest, tflops, c.gpu_memory)
+    predicted = (P.predict(cfg, p, work, c) for p in _published_plans(run, cfg, recompute=("none",)))
+    fastest = min(predicted, key=lambda x: (x.step_time, x.peak_memory))
+    return WithoutRecomputation(run, fastest, _tflops(run, cfg, fastest.step_time), c.gpu_memory)
 
 
 def errors(model: CostModel, rows, configs) -> list[float]:

@@ -911,7 +911,6 @@ MESSAGES: dict[str, str] = {
     "largest |error|: {fit:.1%} on the fit rows, {hold:.1%} on the holdout": "最大 |误差|：拟合行上 {fit:.1%}，留出行上 {hold:.1%}",
     "{name}: published {par} ranks {rank}, {slower:.1%} slower than the best, {best}": "{name}：公开配置 {par} 排名 {rank}，比最优慢 {slower:.1%}，最优为 {best}",
     "searched in {t:.1f} s": "搜索用时 {t:.1f} 秒",
-    "{name} on {gpus} GPUs: published {par} ranks {rank}, {slower:.1%} slower than the best, {best}": "{name}（{gpus} 个 GPU）：公开配置 {par} 排名 {rank}，比最优慢 {slower:.1%}，最优为 {best}",
     "{gpus} GPUs, nothing recomputed: {plan}; {tflops:.0f} TFLOP/s (published {published:.0f}); {gb:.1f} GB on pipeline rank {rank}; fits 80 GB if its layers keep {share:.0%} of these activations": "{gpus} 个 GPU，不做重计算：{plan}；{tflops:.0f} TFLOP/s（公开值 {published:.0f}）；流水线进程号 {rank} 上 {gb:.1f} GB；若其层只保留这些激活的 {share:.0%}，则放得进 80 GB",
     "ranked in {t:.1f} s": "排序用时 {t:.1f} 秒",
     "{t:.2f} s": "{t:.2f} 秒",
