@@ -9,7 +9,7 @@
     from_megatron_args(argv, world_size) -> (ParallelConfig, RunOptions, global_batch)
 
 Every field of `ParallelConfig` and `RunOptions` has a row in `MAPPING`: the Megatron-LM flags that set it, or none
-and what Megatron offers instead. The flags' spelling and meaning were read in NVIDIA/Megatron-LM,
+(what Megatron offers instead is said below). The flags' spelling and meaning were read in NVIDIA/Megatron-LM,
 `megatron/training/arguments.py` at commit 67f3515c8a0539d38c23f59dd8b85efdcbb3af3d (January 2026, where each is
 an explicit `add_argument`), and checked at d98e8a64ddf34856e74b24714e3bedb2f5a39553 (August 2026), where most are
 generated from the config dataclasses' fields (`megatron/core/model_parallel_config.py`,
@@ -57,28 +57,26 @@ TP_PP_DP_ORDER = "tp-cp-ep-pp-dp"  # --use-tp-pp-dp-mapping
 CP_COMM_TYPE = {"ring": "p2p", "ulysses": "a2a"}
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}  # --data-parallel-sharding-strategy
 
-# Every field of ParallelConfig and RunOptions: (the Megatron-LM flags that set it, what Megatron does otherwise).
-MAPPING: dict[str, tuple[tuple[str, ...], str]] = {
-    "tp": (("--tensor-model-parallel-size",), ""),
-    "cp": (("--context-parallel-size",), ""),
-    "ep": (("--expert-model-parallel-size",), ""),
-    "dp": ((), "no flag: world / (tp cp pp), from the launcher's world size"),
-    "pp": (("--pipeline-model-parallel-size",), ""),
-    "etp": (("--expert-tensor-parallel-size",), "unset means etp = tp in Megatron"),
-    "order": (("--use-tp-pp-dp-mapping",), f"{MEGATRON_ORDER} by default, {TP_PP_DP_ORDER} with the flag"),
-    "sequence_parallel": (("--sequence-parallel",), "dropped by Megatron when tp = 1"),
-    "cp_kind": (("--cp-comm-type",), "ring = p2p, ulysses = a2a"),
-    "cp_layout": ((), "no flag: Megatron always cuts 2 cp chunks, zig-zag; contiguous has none"),
-    "schedule": ((), "no flag: 1F1B, interleaved when v > 1; no GPipe"),
-    "n_microbatches": (("--micro-batch-size", "--global-batch-size"), "m = global / (micro dp)"),
-    "v": (("--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage"), ""),
-    "zero_stage": (
-        ("--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy"),
-        "ZeRO-1 is the distributed optimizer; ZeRO-2/3 have no flag of it: Megatron-FSDP instead",
-    ),
-    "recompute": (("--recompute-granularity", "--recompute-modules"), "selective = core_attn"),
-    "recompute_method": (("--recompute-method",), "with full only"),
-    "recompute_num_layers": (("--recompute-num-layers",), "with full only"),
+# Every field of ParallelConfig and RunOptions -> the Megatron-LM flags that set it; () where Megatron has none
+# (the module docstring says what it does instead).
+MAPPING: dict[str, tuple[str, ...]] = {
+    "tp": ("--tensor-model-parallel-size",),
+    "cp": ("--context-parallel-size",),
+    "ep": ("--expert-model-parallel-size",),
+    "dp": (),
+    "pp": ("--pipeline-model-parallel-size",),
+    "etp": ("--expert-tensor-parallel-size",),
+    "order": ("--use-tp-pp-dp-mapping",),
+    "sequence_parallel": ("--sequence-parallel",),
+    "cp_kind": ("--cp-comm-type",),
+    "cp_layout": (),
+    "schedule": (),
+    "n_microbatches": ("--micro-batch-size", "--global-batch-size"),
+    "v": ("--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage"),
+    "zero_stage": ("--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy"),
+    "recompute": ("--recompute-granularity", "--recompute-modules"),
+    "recompute_method": ("--recompute-method",),
+    "recompute_num_layers": ("--recompute-num-layers",),
 }
 
 
@@ -158,7 +156,7 @@ UNSUPPORTED = {
 }
 SWITCHES = ("--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--use-tp-pp-dp-mapping")
 LISTS = ("--cp-comm-type", "--recompute-modules")  # nargs: one value or several
-VALUED = {f for flags, _ in MAPPING.values() for f in flags if f not in SWITCHES} | {"--num-layers", "--num-experts"}
+VALUED = {f for flags in MAPPING.values() for f in flags if f not in SWITCHES} | {"--num-layers", "--num-experts"}
 SHARDING = {"no_shard": 0, "optim": 1, **{s: z for z, s in FSDP_STRATEGY.items()}}  # Megatron-FSDP's strategies
 
 
