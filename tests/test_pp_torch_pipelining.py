@@ -13,7 +13,6 @@ about once in six runs.
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from pylib.model import build_model, random_tokens
 from pylib.model.presets import tiny
@@ -24,14 +23,18 @@ from tests.conftest import assert_float64_close
 
 CFG = tiny()
 B, S, M = 8, 8, 4
-TORCH_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
 
 
 def _torch_step(model, kind, scale_grads):
+    # Imported here, not at the top: importing torch.distributed.pipelining costs ~1.5 s, paid at every collection
+    # of the suite although every test of this file is slow.
+    from torch.distributed import pipelining
+
     rank, p = dist.get_rank(), dist.get_world_size()
     chunk = rank_chunks(model, rank, p)[0]
-    stage = PipelineStage(chunk, rank, p, torch.device("cpu"))
-    schedule = TORCH_SCHEDULES[kind](stage, M, loss_fn=lm_loss, scale_grads=scale_grads)
+    stage = pipelining.PipelineStage(chunk, rank, p, torch.device("cpu"))
+    schedule = getattr(pipelining, TORCH_SCHEDULES[kind])(stage, M, loss_fn=lm_loss, scale_grads=scale_grads)
     ids, targets = random_tokens(CFG, B, S, seed=3)
     losses = []
     if rank == 0:
