@@ -25,8 +25,7 @@ from pylib.i18n import shown, tr
 from pylib.model import ModelConfig, MoEConfig
 from pylib.model.presets import deepseek_v3_like, gpt_style_70b, llama2_70b, mixtral_8x7b, probe_moe_config
 from pylib.plan import ZERO_STAGE_NAMES, ParallelConfig
-
-from .tables import fmt_bytes, fmt_shape, text_table
+from pylib.tables import fmt_bytes, fmt_shape, text_table
 
 PRESETS: dict[str, tuple[ModelConfig, dict]] = {
     "Llama-2-70B (GQA, SwiGLU)": (llama2_70b(), dict(tp=8, pp=4, dp=4, b=4, s=4096, sp=True, m=8)),
