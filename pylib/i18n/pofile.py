@@ -1,7 +1,7 @@
 """Gettext catalogs (.po) as the book's and the labs' translations keep them: read, written in the template's
 order, merged from a template the way `msgmerge` does, and filled by translators. Babel (which Sphinx depends on)
 does the file format; this is the one place that says how the project uses it, for tools/i18n/catalogs.py (the
-book's pages) and pylib.labs.i18n (the labs' markdown) alike."""
+book's pages), pylib.labs.i18n (the labs' markdown) and pylib.i18n itself (pylib's messages) alike."""
 
 from __future__ import annotations
 
