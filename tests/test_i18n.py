@@ -178,10 +178,18 @@ def test_chinese_output_same_numbers(name):
 
 
 def test_shown_is_the_entry_in_the_language_of_the_call_or_the_key():
-    table = {"params": lambda: tr("params")}
-    assert i18n.shown(table, "params") == "params" and i18n.shown(table, "other") == "other"
+    """A label written once, N_("params"): the catalog holds it and `shown` translates it when it is shown; a key
+    without a label is shown as itself; a mapping gives a key other words."""
+    labels = frozenset({i18n.N_("params")})
+    words = {"optim": i18n.N_("optimizer state")}
+    assert "params" in LITERALS and "optimizer state" in LITERALS  # the scan finds N_(...) marks too
+    assert i18n.shown(labels, "params") == "params" and i18n.shown(labels, "other") == "other"
+    assert i18n.shown(words, "optim") == "optimizer state" and i18n.shown(words, "other") == "other"
     set_language("zh")
     try:
-        assert i18n.shown(table, "params") == i18n.catalog("zh")["params"]
+        zh = i18n.catalog("zh")
+        assert i18n.shown(labels, "params") == zh["params"] != "params"
+        assert i18n.shown(words, "optim") == zh["optimizer state"]
+        assert i18n.shown(labels, "other") == "other"
     finally:
         set_language(None)

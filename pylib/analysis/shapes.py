@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from pylib.i18n import shown, tr
+from pylib.i18n import N_, shown, tr
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.mesh import ParallelConfig
 from pylib.plan.options import SEQUENCE_PARALLEL, RunOptions, zero_stage
@@ -566,15 +566,17 @@ class ModeTraffic:
 _DP_AXES = {"dp-cp": "dense parameters' buffers over dp x cp", "edp": "expert parameters' buffers over edp"}
 # What `when` shows, in the reader's language: the words among the places and phases (module tags such as attn or
 # dispatch stay as they are).
-_SHOWN = {
-    "dense parameters' buffers over dp x cp": lambda: tr("dense parameters' buffers over dp x cp"),
-    "expert parameters' buffers over edp": lambda: tr("expert parameters' buffers over edp"),
-    "stage boundary": lambda: tr("stage boundary"),
-    "forward": lambda: tr("forward"),
-    "backward": lambda: tr("backward"),
-    "forward+backward": lambda: tr("forward+backward"),
-    "optimizer": lambda: tr("optimizer"),
-}
+_SHOWN = frozenset(
+    {
+        N_("dense parameters' buffers over dp x cp"),
+        N_("expert parameters' buffers over edp"),
+        N_("stage boundary"),
+        N_("forward"),
+        N_("backward"),
+        N_("forward+backward"),
+        N_("optimizer"),
+    }
+)
 _SCALAR_PHASES = ("loss", "pp-sync")
 
 

@@ -21,6 +21,7 @@ the source (tools/i18n/messages.py) into them, `check` reviews them with the cha
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
@@ -96,9 +97,16 @@ def tr(message: str, /, **fields) -> str:
     return text.format(**fields) if fields else text
 
 
-def shown(table: dict, key: str) -> str:
-    """`key` in the reader's language when `table` (key -> a function returning `tr("the key's English")`) has it,
-    else `key` itself. The functions keep each English a literal at its tr(...) call, where the catalog test finds
-    it, and run only when a key is shown, in the language of then."""
-    text = table.get(key)
-    return text() if text is not None else key
+def N_(message: str, /) -> str:
+    """`message` itself, marked as a message (gettext's N_): the catalogs hold it like a tr(...) literal, and `tr` or
+    `shown` translates it later, where it is shown. For labels held as data (a table's words for a key)."""
+    return message
+
+
+def shown(labels, key):
+    """`key` in the reader's language when `labels` has it, else `key` itself. `labels` is either a collection of
+    messages, each written once as N_("..."), or a mapping key -> N_("its label") for a key whose label is other
+    words (or a key that is not text)."""
+    if isinstance(labels, Mapping):
+        return tr(labels[key]) if key in labels else key
+    return tr(key) if key in labels else key

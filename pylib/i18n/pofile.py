@@ -84,6 +84,9 @@ def fill(catalog: Catalog, translated: dict[str, str], senses: dict[str, list[st
         message.string = msgstr
         message.flags.discard("fuzzy")
         message.previous_id = []
+        # Babel's reader keeps an outdated entry's "#| msgid ..." lines as translator comments ("| msgid ..."):
+        # they are the previous English, gone once the entry is translated again.
+        message.user_comments = [c for c in message.user_comments if not c.startswith("|")]
         if msgid in senses:
             kept = [c for c in message.user_comments if not c.strip().startswith(sense_comment)]
             message.user_comments = kept + [f"{sense_comment} {', '.join(senses[msgid])}"]

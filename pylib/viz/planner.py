@@ -18,7 +18,7 @@ import html
 from dataclasses import dataclass
 
 from pylib.analysis import planner as P
-from pylib.i18n import shown, tr
+from pylib.i18n import N_, shown, tr
 from pylib.model import ModelConfig
 from pylib.model.presets import deepseek_v3_like, llama2_7b, llama2_70b, mixtral_8x7b
 
@@ -105,12 +105,7 @@ def _quantity(q: str) -> str:
         return tr("saved activations, chunk {c}", c=int(q.rsplit(" ", 1)[1]))
     if q.startswith("sent on "):
         return tr("sent on {axis}", axis=q.removeprefix("sent on "))
-    quantities = {
-        "params": lambda: tr("params"),
-        "grads": lambda: tr("grads"),
-        "optim": lambda: tr("optim"),
-        "activation peak": lambda: tr("activation peak"),
-    }
+    quantities = frozenset({N_("params"), N_("grads"), N_("optim"), N_("activation peak")})
     return shown(quantities, q)
 
 
@@ -256,12 +251,14 @@ def explorer_cluster(world: int, memory: float) -> P.Cluster:
 
 
 # A preset's name as the reader sees it (the English name stays the key of PRESETS).
-_PRESET_LABELS = {
-    "Llama-2-7B-class dense": lambda: tr("Llama-2-7B-class dense"),
-    "Llama-2-70B-class dense (GQA)": lambda: tr("Llama-2-70B-class dense (GQA)"),
-    "Mixtral-8x7B-class MoE": lambda: tr("Mixtral-8x7B-class MoE"),
-    "DeepSeek-V3-class MoE": lambda: tr("DeepSeek-V3-class MoE"),
-}
+_PRESET_LABELS = frozenset(
+    {
+        N_("Llama-2-7B-class dense"),
+        N_("Llama-2-70B-class dense (GQA)"),
+        N_("Mixtral-8x7B-class MoE"),
+        N_("DeepSeek-V3-class MoE"),
+    }
+)
 
 
 def preset_label(name: str) -> str:

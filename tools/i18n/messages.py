@@ -1,5 +1,6 @@
-"""pylib's messages as gettext finds a program's: every string literal passed to `tr(...)` in pylib's modules and in
-the chapters' code cells, read from the source without running anything (Python's `ast`), with the files it is in.
+"""pylib's messages as gettext finds a program's: every string literal passed to `tr(...)` (or marked `N_(...)`, a
+label translated where it is shown) in pylib's modules and in the chapters' code cells, read from the source without
+running anything (Python's `ast`), with the files it is in.
 
 This is the template (.pot) of pylib's catalogs, pylib/i18n/locale/zh_CN/LC_MESSAGES/{pylib,labs}.po: a message
 every one of whose files is in pylib/labs/ belongs to `labs` (the lab harness), any other to `pylib` (the chapters'
@@ -54,7 +55,7 @@ def sources(root: Path = ROOT) -> Iterator[tuple[str, str, str]]:
 
 
 def tr_calls(root: Path = ROOT) -> list[tuple[str, str, ast.Call, str]]:
-    """(file, where, call node, message) for every tr(...) call whose first argument is a string literal."""
+    """(file, where, call node, message) for every tr(...) or N_(...) call whose first argument is a string literal."""
     calls = []
     for name, label, src in sources(root):
         try:
@@ -67,7 +68,7 @@ def tr_calls(root: Path = ROOT) -> list[tuple[str, str, ast.Call, str]]:
             f = node.func
             called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
             arg = node.args[0]
-            if called == "tr" and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            if called in ("tr", "N_") and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                 calls.append((name, f"{label}:{node.lineno}", node, arg.value))
     return calls
 
