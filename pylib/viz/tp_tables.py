@@ -1,7 +1,7 @@
 """The rows of the TP chapter's tables, formatted from what the runs hand over (specs, layouts, traces, sizes).
 
     shard_spec_rows(model.shard_specs())          # one row per parameter of layer 0 and the ends
-    SPLIT_CONSEQUENCE                             # split kind -> what it means for the next operator
+    SPLIT_KINDS                                   # the kinds of split a TP model's ShardSpecs have
     head_layout_rows(8, (8, 4, 2, 1), (1, 2, 4, 8))   # the heads the last TP rank holds, from plan.head_layout
     trace_summary_rows(events)                    # a step's traced collectives, counted per (phase, op, where)
     korthikanti_rows(items, e)                    # the paper's saved tensors beside ours, with a total row
@@ -17,31 +17,15 @@ import collections
 from pylib.i18n import N_, shown, tr
 from pylib.plan.heads import head_layout
 
-SPLIT_CONSEQUENCE = {  # seed B's rule, per kind of split
-    "column": "output features split: the next op is per feature, nothing to add; the input enters by f",
-    "row": "input (contracted) features split: outputs are partial sums, g all-reduces them",
-    "vocab": "vocabulary split: lookups are partial (zeros elsewhere), rows all-reduced",
-    "replicated": "whole on every rank: runs on the whole activation",
-}
+SPLIT_KINDS = ("column", "row", "vocab", "replicated")  # ShardSpec.kind of a TP model's parameters (tbl-tp-split-kinds)
 
-# The kinds (ShardSpec.kind, keys code compares) and their consequences as a table shows them.
+# The kinds (keys code compares) as a table shows them.
 _KINDS = frozenset({N_("column"), N_("row"), N_("vocab"), N_("replicated")})
-_CONSEQUENCES = {
-    "column": N_("output features split: the next op is per feature, nothing to add; the input enters by f"),
-    "row": N_("input (contracted) features split: outputs are partial sums, g all-reduces them"),
-    "vocab": N_("vocabulary split: lookups are partial (zeros elsewhere), rows all-reduced"),
-    "replicated": N_("whole on every rank: runs on the whole activation"),
-}
 
 
 def split_kind(kind: str) -> str:
     """A ShardSpec kind ("column", "row", "vocab", "replicated", ...) in the reader's language."""
     return shown(_KINDS, kind)
-
-
-def split_consequence_rows() -> list[list[str]]:
-    """[kind, what it means for the next operator] per kind of SPLIT_CONSEQUENCE, in the reader's language."""
-    return [[split_kind(k), tr(_CONSEQUENCES[k])] for k in SPLIT_CONSEQUENCE]
 
 
 def shard_spec_rows(specs, skip_prefix: str = "layers.1") -> list[list]:
