@@ -9,8 +9,9 @@ import re
 import nbformat
 import pytest
 
+from pylib.labs.files import find_labs, select_labs
 from pylib.labs.i18n import blocks, messages, problems
-from pylib.labs.notebook import find_labs, select_labs, write_learner_versions
+from pylib.labs.notebook import write_learner_versions
 from pylib.labs.runner import run_labs
 
 TRANSLATED = [lab.name for lab in find_labs()]  # every lab is translated

@@ -13,9 +13,9 @@ import torch.nn as nn
 from pylib.analysis import pp as A
 from pylib.model import build_model, random_tokens
 from pylib.model.presets import tiny_gqa
+from pylib.plan.schedules import build
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.pipeline import PipelineParallel
-from pylib.pp.schedules import build
 from pylib.pp.timeline import bubble, peak_in_flight, replay
 from pylib.runtime import AxisGroup, Mesh, ParallelConfig, launch, trace
 
