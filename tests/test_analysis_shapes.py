@@ -36,7 +36,7 @@ PLANS = {
 
 @pytest.fixture(scope="module")
 def modes():
-    return launch(probe_modes, N, CFG, MOE, B, S, microbatches=M, kv_replicated_cfg=MQA, ulysses=True)
+    return launch(probe_modes, N, CFG, MOE, B, S, n_microbatches=M, kv_replicated_cfg=MQA, ulysses=True)
 
 
 def _plan_kw(mode, rank):

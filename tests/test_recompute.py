@@ -291,7 +291,7 @@ def test_cp_attention_every_choice_same_gradients_bytes_and_rerun_passes(kind):
 def _pp_runs(cfg, m):
     import torch.distributed as dist
 
-    from pylib.pp import build, microbatches, run_pipeline
+    from pylib.pp import Boundary, build, microbatches, run_pipeline
     from pylib.pp.split import rank_chunks
 
     rank, p = dist.get_rank(), dist.get_world_size()
@@ -304,7 +304,7 @@ def _pp_runs(cfg, m):
             chunks,
             inputs=microbatches(ids, m),
             targets=microbatches(targets, m),
-            act_shape=(B, S, cfg.d_model),
+            boundary=Boundary((B, S, cfg.d_model)),
         )
         grads = [q.grad for c in chunks for q in c.parameters()]
         out.append((choice, run.activation_bytes, run.peak_activation_bytes, grads, run.loss))

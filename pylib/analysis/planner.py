@@ -68,7 +68,7 @@ from fractions import Fraction
 
 from pylib.plan.layout import FlatEntry, FlatLayout
 from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
-from pylib.plan.options import CP_KINDS, ZERO_STAGES, MixedPrecision, RunOptions
+from pylib.plan.options import CP_KINDS, DTYPE_BYTES, ZERO_STAGES, MixedPrecision, RunOptions
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
 from pylib.plan.recompute import DEFAULT_MODULES, Recompute, as_recompute, modules_problems, recompute_modules
@@ -86,7 +86,6 @@ from .efficiency import CostModel, MicrobatchTime, microbatch_seconds
 from .shapes import dtype_bytes, kv_heads_per_rank, weight_shapes
 
 PRECISIONS = ("uniform", "mixed")
-GRAD_REDUCE = ("bfloat16", "float32")
 MIXED_STATE_BYTES = dp_analysis.PAPER_K  # fp32 master copy, momentum and variance per parameter
 GB = 1e9
 
@@ -159,15 +158,16 @@ class Workload:
             raise ValueError(f"precision={self.precision!r} must be one of {PRECISIONS}")
         if self.attention not in ATTENTION_KERNELS:
             raise ValueError(f"attention={self.attention!r} must be one of {ATTENTION_KERNELS}")
-        if self.grad_reduce not in GRAD_REDUCE:
-            raise ValueError(f"grad_reduce={self.grad_reduce!r} must be one of {GRAD_REDUCE}")
+        bad = MixedPrecision(grad_reduce=self.grad_reduce).problems()  # bf16 compute: bf16 or fp32 reductions
+        if bad:
+            raise ValueError("; ".join(bad))
         if self.grad_reduce != "bfloat16" and self.precision != "mixed":
             raise ValueError(f"grad_reduce={self.grad_reduce!r} needs precision='mixed'")
 
     @property
     def grad_bytes(self) -> int:
         """Bytes of one gradient element as kept and reduced: 2 or 4."""
-        return 4 if self.grad_reduce == "float32" else 2
+        return DTYPE_BYTES[self.grad_reduce]
 
 
 @dataclass(frozen=True)
@@ -516,25 +516,38 @@ def flat_layouts(cfg, plan: Plan, pp_rank: int, world_size: int | None = None) -
     dense parameters over dp-cp and one of expert parameters over edp (ZeRO-3: one per unit -- the embedding, each
     layer, the final LayerNorm, the LM head), padded to a multiple of the group size under ZeRO. A real run cuts
     DDP's and ZeRO-1/2's buffers into 25 MiB buckets: the same bytes, up to that padding."""
-    par = plan.par
-    world = par.world_size if world_size is None else world_size
-    key = (
-        par.tp,
-        par.ep,
-        par.etp,
-        par.pp,
-        plan.options.v,
-        pp_rank,
-        plan.options.zero_stage,
-        plan.dp_cp,
-        par.expert_dp(world),
-    )
-    key += (plan.balance_ends,)
-    return list(_flat_layouts(cfg, *key))
+    return list(_flat_layouts(cfg, _LayoutKey.of(plan, pp_rank, world_size)))
+
+
+@dataclass(frozen=True)
+class _LayoutKey:
+    """What a rank's flat buffers depend on (the cache key of `_flat_layouts` and `_state`): the mesh's tp, ep, etp,
+    pp, the plan's v and ZeRO stage, the rank's pipeline index, the dense and expert data-parallel sizes and
+    Llama 3's uneven split."""
+
+    tp: int
+    ep: int
+    etp: int
+    pp: int
+    v: int
+    pp_rank: int
+    zero_stage: int
+    d_dense: int
+    d_expert: int
+    balance_ends: bool
+
+    @classmethod
+    def of(cls, plan: Plan, pp_rank: int, world_size: int | None = None) -> _LayoutKey:
+        par, o = plan.par, plan.options
+        world = par.world_size if world_size is None else world_size
+        d_expert = par.expert_dp(world)
+        return cls(par.tp, par.ep, par.etp, par.pp, o.v, pp_rank, o.zero_stage, plan.dp_cp, d_expert, plan.balance_ends)
 
 
 @functools.lru_cache(maxsize=16384)
-def _flat_layouts(cfg, tp, ep, etp, pp, v, pp_rank, zero, d_dense, d_expert, ends=False) -> tuple[FlatLayout, ...]:
+def _flat_layouts(cfg, key: _LayoutKey) -> tuple[FlatLayout, ...]:
+    tp, ep, etp, pp, v, pp_rank = key.tp, key.ep, key.etp, key.pp, key.v, key.pp_rank
+    zero, d_dense, d_expert, ends = key.zero_stage, key.d_dense, key.d_expert, key.balance_ends
     sz = _sizes(cfg, tp, ep, etp)
     e = dtype_bytes(cfg.dtype)
     n_stages = pp * v
@@ -822,20 +835,7 @@ def rank_traffic(cfg, plan: Plan, batch: int, seq: int, pp_rank: int, layouts=No
 def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: int | None = None) -> dict:
     """Bytes one rank holds: model state (`model_state_bytes` of its `flat_layouts`), the activations at the
     schedule's peak (`activations.peak_saved_bytes`), ZeRO-3's gathered units (`zero3_gathered_bytes`), the total."""
-    par = plan.par
-    world = par.world_size if world_size is None else world_size
-    key = (
-        par.tp,
-        par.ep,
-        par.etp,
-        par.pp,
-        plan.options.v,
-        pp_rank,
-        plan.options.zero_stage,
-        plan.dp_cp,
-        par.expert_dp(world),
-    )
-    key += (plan.balance_ends,)
+    key = _LayoutKey.of(plan, pp_rank, world_size)
     params, grads, optim, gathered = _state(
         cfg, key, workload.precision, workload.optimizer_states, workload.grad_bytes
     )
@@ -851,10 +851,10 @@ def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: i
 
 
 @functools.lru_cache(maxsize=65536)
-def _state(cfg, key: tuple, precision: str, optimizer_states: int, grad_bytes: int = 2) -> tuple:
-    layouts = list(_flat_layouts(cfg, *key))
-    state = model_state_bytes(layouts, key[6], precision, optimizer_states, grad_bytes)
-    return state["params"], state["grads"], state["optim"], zero3_gathered_bytes(layouts, key[6])
+def _state(cfg, key: _LayoutKey, precision: str, optimizer_states: int, grad_bytes: int = 2) -> tuple:
+    layouts = list(_flat_layouts(cfg, key))
+    state = model_state_bytes(layouts, key.zero_stage, precision, optimizer_states, grad_bytes)
+    return state["params"], state["grads"], state["optim"], zero3_gathered_bytes(layouts, key.zero_stage)
 
 
 def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank: int) -> int:

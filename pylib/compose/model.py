@@ -34,7 +34,7 @@ from pylib.dp.memory import HeldBytes
 from pylib.dp.wrap import micro_batch, wrap
 from pylib.i18n import tr
 from pylib.plan.options import RunOptions, ZeroStage
-from pylib.pp.executor import microbatches, run_pipeline
+from pylib.pp.executor import Boundary, microbatches, run_pipeline
 from pylib.pp.recorder import PipelineRecorder
 from pylib.pp.schedules import build
 from pylib.pp.split import virtual_stage
@@ -303,11 +303,10 @@ class ParallelTransformer:
             group=mesh.pp,
             inputs=microbatches(my_ids, m),
             targets=microbatches(my_targets, m),
-            act_shape=self.act_shape(B // (mesh.dp.size * m), S),
-            act_dtype=self.cfg.torch_dtype,
+            # the device: under ZeRO-3 the stages hold no parameters to read it from
+            boundary=Boundary(self.act_shape(B // (mesh.dp.size * m), S), self.cfg.torch_dtype, self.device),
             backward_context=self._backward_context,
             recorder=PipelineRecorder(measure_memory=measure_memory and not stage_probe),
-            device=self.device,  # under ZeRO-3 the stages hold no parameters to read it from
         )
         for stage in self.stages:
             stage.saved_probe = None

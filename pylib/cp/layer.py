@@ -57,7 +57,6 @@ class CPAttentionCore:
         layout: str = "zigzag",
         kind: str = "ring",
         causal: bool = True,
-        softmax_scale: float | None = None,
         kernel="auto",
         overlap: bool = True,
     ):
@@ -66,7 +65,7 @@ class CPAttentionCore:
             raise ValueError(f"kind={kind!r} must be one of {KINDS}")
         self.group = cp_group(group)
         self.layout, self.kind, self.causal = layout, kind, causal
-        self.softmax_scale, self.kernel, self.overlap = softmax_scale, kernel, overlap
+        self.kernel, self.overlap = kernel, overlap
 
     @property
     def cp_size(self) -> int:
@@ -100,7 +99,6 @@ class CPAttentionCore:
             group=self.group,
             causal=self.causal,
             layout=self.layout,
-            softmax_scale=self.softmax_scale,
             kernel=self.kernel,
         )
         if self.kind == "ring":

@@ -109,15 +109,15 @@ def _dp(model, ids, targets, group):
     return _record(_params(model), probe, tr, ddp.shard_specs())
 
 
-def _pp(model, ids, targets, group, microbatches):
+def _pp(model, ids, targets, group, n_microbatches):
     pipe = PipelineParallel(model, group=group)
     chunk = pipe.chunks[0]
     probe = ActivationProbe().watch_layer(next(iter(chunk.layers.values())))
     if chunk.lm_head is not None:
         probe.watch_head(chunk.lm_head)
-    big = [t.repeat(microbatches, 1) for t in (ids, targets)]  # m micro-batches of b sequences each
+    big = [t.repeat(n_microbatches, 1) for t in (ids, targets)]  # m micro-batches of b sequences each
     with trace() as tr:
-        pipe.step(*big, schedule="1f1b", n_microbatches=microbatches)
+        pipe.step(*big, schedule="1f1b", n_microbatches=n_microbatches)
     probe.remove()
     params = {n: tuple(p.shape) for n, p in pipe.named_parameters()}
     return _record(params, probe, tr, pipe.shard_specs(), layers=chunk.layer_ids, stage=chunk.stage)
@@ -144,7 +144,7 @@ def probe_modes(
     s: int,
     *,
     layout: str = "zigzag",
-    microbatches: int = 2,
+    n_microbatches: int = 2,
     kv_replicated_cfg=None,
     ulysses: bool = False,
 ) -> dict:
@@ -173,7 +173,7 @@ def probe_modes(
         "SP": _tp(build(cfg), ids, targets, None, True),
         "CP": _cp(build(moe_cfg), ids, targets, None, layout),
         "DP": _dp(build(moe_cfg), ids, targets, None),
-        "PP": _pp(build(moe_cfg), ids, targets, None, microbatches),
+        "PP": _pp(build(moe_cfg), ids, targets, None, n_microbatches),
     }
     ep_ids, ep_targets = (t.to(device) for t in random_tokens(moe_cfg, b, s, seed=100 + rank))
     out["EP"] = _ep(build(moe_cfg), ep_ids, ep_targets, None)
