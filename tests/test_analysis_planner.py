@@ -268,7 +268,7 @@ def test_predictions_under_every_recompute_choice_equal_the_runs_byte_for_byte()
     kinds = {c.quantity.split(",")[0] for _, c in checks}
     assert {"saved activations", "activation peak", "sent on tp", "sent on cp"} <= kinds, kinds
     # recomputation really saved something: the first plan's chunks against the same plan without it
-    base = replace(RECOMPUTE_PLANS[1], recompute="none")
+    base = RECOMPUTE_PLANS[1].with_options(recompute="none")
     work = P.Workload(B, S, precision="uniform", attention="math")
     full = P.rank_memory(DENSE, RECOMPUTE_PLANS[1], work, 0)["activations"]
     assert full * 4 < P.rank_memory(DENSE, base, work, 0)["activations"]
