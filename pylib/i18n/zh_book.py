@@ -913,6 +913,8 @@ MESSAGES: dict[str, str] = {
     "searched in {t:.1f} s": "搜索用时 {t:.1f} 秒",
     "{gpus} GPUs, nothing recomputed: {plan}; {tflops:.0f} TFLOP/s (published {published:.0f}); {gb:.1f} GB on pipeline rank {rank}; fits 80 GB if its layers keep {share:.0%} of these activations": "{gpus} 个 GPU，不做重计算：{plan}；{tflops:.0f} TFLOP/s（公开值 {published:.0f}）；流水线进程号 {rank} 上 {gb:.1f} GB；若其层只保留这些激活的 {share:.0%}，则放得进 80 GB",
     "ranked in {t:.1f} s": "排序用时 {t:.1f} 秒",
+    "Step 1: the busiest GPU of each mesh (Llama-2-70B, 64 H100s, 512 × 4096 tokens, ZeRO-1, one sequence per microbatch).": "第 1 步：每种网格中负载最重的 GPU（Llama-2-70B，64 张 H100，512 × 4096 个 token，ZeRO-1，每个微批次一条序列）。",
+    "Step 3: the five fastest layouts for Llama-2-70B on 64 H100s, 512 × 4096 tokens per step.": "第 3 步：Llama-2-70B 在 64 张 H100 上最快的五种布局，每步 512 × 4096 个 token。",
     "{t:.2f} s": "{t:.2f} 秒",
     "default links: {plan}, {t:.2f} s": "默认链路：{plan}，{t:.2f} 秒",
     "half-speed links: {plan}, {t:.2f} s": "半速链路：{plan}，{t:.2f} 秒",
