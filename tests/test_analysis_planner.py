@@ -4,7 +4,6 @@ model's order; bad inputs are refused with the constraint named."""
 
 import itertools
 import time
-from dataclasses import replace
 
 import pytest
 
