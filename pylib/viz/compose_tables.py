@@ -32,10 +32,10 @@ def spans(positions) -> str:
     return ", ".join(out)
 
 
-def token_rows(coords, held, cp_parts, microbatches, seq: int) -> list[list]:
+def token_rows(coords, held, cp_parts, pieces, seq: int) -> list[list]:
     """One row per rank: [rank, "tp cp dp pp" coordinates, sequences, microbatches' sequences, positions of its CP rank,
     positions it holds, tokens]. held[r] / cp_parts[r]: [B/dp, S/(cp·tp)] / [B/dp, S/cp] token indices
-    (sequence * seq + position); microbatches[r]: the pieces of held[r] the schedule runs."""
+    (sequence * seq + position); pieces[r]: the microbatches, the pieces of held[r] the schedule runs."""
 
     def seqs(t):
         return spans(sorted({int(x) // seq for x in t.flatten()}))
@@ -48,7 +48,7 @@ def token_rows(coords, held, cp_parts, microbatches, seq: int) -> list[list]:
             r,
             " ".join(str(c[a]) for a in ("tp", "cp", "dp", "pp")),
             seqs(held[r]),
-            " / ".join(seqs(mb) for mb in microbatches[r]),
+            " / ".join(seqs(mb) for mb in pieces[r]),
             positions(cp_parts[r]),
             positions(held[r]),
             held[r].numel(),

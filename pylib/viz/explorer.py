@@ -24,7 +24,7 @@ from pylib.analysis.weights import TensorShape
 from pylib.i18n import N_, shown, tr
 from pylib.model import ModelConfig, MoEConfig
 from pylib.model.presets import deepseek_v3_like, gpt_style_70b, llama2_70b, mixtral_8x7b, probe_moe_config
-from pylib.plan import ZERO_STAGE_NAMES, ParallelConfig
+from pylib.plan import ZERO_STAGE_NAMES, ParallelConfig, RunOptions, zero_stage
 from pylib.tables import fmt_bytes, fmt_shape, text_table
 
 PRESETS: dict[str, tuple[ModelConfig, dict]] = {
@@ -140,7 +140,7 @@ def _describe(cfg: ModelConfig, par: ParallelConfig, b: int, s: int, **kw) -> st
     return (
         f"h={cfg.d_model}, L={cfg.n_layers}, n_head={cfg.n_heads}, n_kv_head={cfg.kv_heads}, "
         f"h_ffn={cfg.d_ff}, V={cfg.vocab_size}{moe}, {cfg.dtype}; b={b}, s={s}; {par.describe()}"
-        f"{' + SP' if kw.get('sequence_parallel') else ''}; "
+        f"{' + SP' if kw['options'].sequence_parallel else ''}; "
     ) + tr("pipeline rank {r}", r=kw.get("pp_rank", 0))
 
 
@@ -228,10 +228,10 @@ def plan_state(base: ModelConfig, c: dict) -> tuple[ModelConfig, ParallelConfig,
         vocab_size=c["vocab"], dtype=c["dtype"], moe=moe,
     )  # fmt: skip
     par = ParallelConfig(**{a: c[a] for a in ("tp", "cp", "dp", "pp", "ep", "etp")})
-    kw = dict(
-        sequence_parallel=c["sp"], cp_kind=c["cp_kind"], microbatches=c["m"], zero=c["zero"],
-        pp_rank=0 if c["stage"] == "first" else par.pp - 1,
-    )  # fmt: skip
+    options = RunOptions(
+        sequence_parallel=c["sp"], cp_kind=c["cp_kind"], n_microbatches=c["m"], zero_stage=zero_stage(c["zero"])
+    )
+    kw = dict(options=options, pp_rank=0 if c["stage"] == "first" else par.pp - 1)
     return cfg, par, c["b"], c["s"], kw
 
 
