@@ -24,6 +24,7 @@ from pylib.analysis.compose import dp_held_bytes
 from pylib.compose import format_reduction_table, format_report, reference_ffn_bytes, traffic_matches_formulas
 from pylib.experiments.compose_training import compare_with_reference, train, train_reference
 from pylib.model import ModelConfig, MoEConfig
+from pylib.plan import RunOptions
 from pylib.runtime import ParallelConfig, launch
 
 
@@ -33,25 +34,25 @@ def configurations(dense, moe):
             dense,
             ParallelConfig(tp=2, cp=2, dp=2, pp=2),
             16,
-            dict(zero_stage=1, schedule="1f1b", n_microbatches=2, cp_kind="ring"),
+            RunOptions(zero_stage=1, schedule="1f1b", n_microbatches=2, cp_kind="ring"),
         ),
         "tp4 cp2 dp2 (ZeRO-2, seed B's 1/16)": (
             dense,
             ParallelConfig(tp=4, cp=2, dp=2),
             16,
-            dict(zero_stage=2, n_microbatches=1),
+            RunOptions(zero_stage=2, n_microbatches=1),
         ),
         "MoE tp2 dp4 ep4 etp1 (DDP, m=2)": (
             moe,
             ParallelConfig(tp=2, dp=4, ep=4),
             8,
-            dict(zero_stage=0, n_microbatches=2),
+            RunOptions(zero_stage=0, n_microbatches=2),
         ),
         "MoE tp2 cp2 dp2 pp2 ep2 (ZeRO-3, interleaved v=2, Ulysses)": (
             moe,
             ParallelConfig(tp=2, cp=2, dp=2, pp=2, ep=2),
             16,
-            dict(zero_stage=3, schedule="interleaved", v=2, n_microbatches=2, cp_kind="ulysses"),
+            RunOptions(zero_stage=3, schedule="interleaved", v=2, n_microbatches=2, cp_kind="ulysses"),
         ),
     }
 
@@ -93,7 +94,7 @@ def main():
     )
     summary = []
     refs = {}
-    for name, (cfg, pc, world, kw) in configurations(dense, moe).items():
+    for name, (cfg, pc, world, options) in configurations(dense, moe).items():
         if args.only and not any(o in name for o in args.only):
             continue
         key = "moe" if cfg.moe is not None else "dense"
@@ -109,21 +110,21 @@ def main():
             world,
             cfg,
             pc,
+            options,
             steps=steps,
             batch=B,
             seq=S,
             data="pattern",
-            probe_ffn=True,
+            record=("ffn",),
             timeout=600,
-            **kw,
             backend="gloo",
         )
         wall = time.perf_counter() - t0
         err = compare_with_reference(results, ref)
         traffic_ok = memory_ok = True
         for r in results:
-            traffic_ok &= traffic_matches_formulas(cfg, pc, r, batch=B, seq=S, **kw)
-            memory_ok &= dp_held_bytes(r["layouts"], kw["zero_stage"]) == {
+            traffic_ok &= traffic_matches_formulas(cfg, pc, r, options, batch=B, seq=S)
+            memory_ok &= dp_held_bytes(r["layouts"], options.zero_stage) == {
                 k: r["memory"][k] for k in ("params", "grads", "optim")
             }
         step_ms = 1000 * statistics.mean(statistics.mean(r["times"][1:] or r["times"]) for r in results)

@@ -67,6 +67,7 @@ from pylib.experiments.dp_training import train_data_parallel
 from pylib.experiments.dp_training import train_reference as dp_reference
 from pylib.model import ModelConfig, MoEConfig, build_model, random_tokens
 from pylib.model.presets import tiny, tiny_gqa, tiny_odd
+from pylib.plan import RunOptions
 from pylib.pp import PipelineParallel
 from pylib.runtime import ParallelConfig, current_device, launch, trace
 from pylib.runtime.placement import stray_tensors_to_meta
@@ -74,7 +75,7 @@ from pylib.tp import TPTransformer, gather_full
 
 MODES = ("tp", "tp+sp", "cp-ring", "cp-ulysses", "ep", "pp", *STAGES, "compose")
 TOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
-COMPOSE_OPTIONS = dict(zero_stage=3, schedule="1f1b", n_microbatches=2, cp_kind="ring")
+COMPOSE_OPTIONS = RunOptions(zero_stage=3, schedule="1f1b", n_microbatches=2, cp_kind="ring")
 
 
 # ------------------------------------------------------------------------------------------------ sizes
@@ -297,12 +298,12 @@ def _compose(spec) -> dict:
     return train(
         spec["cfg"],
         spec["pc"],
+        COMPOSE_OPTIONS,
         steps=spec["steps"],
         batch=spec["batch"],
         seq=spec["seq"],
         lr=spec["lr"],
         data="pattern",
-        **COMPOSE_OPTIONS,
     )
 
 
@@ -472,7 +473,7 @@ def check_compose(row, per_rank, spec):
     if err["missing"]:
         raise ValueError(f"reference parameters no rank holds: {err['missing']}")
     row.error = max(err["loss_err"], err["param_err"])
-    ok = all(traffic_matches_formulas(cfg, pc, r, batch=c["batch"], seq=c["seq"], **COMPOSE_OPTIONS) for r in per_rank)
+    ok = all(traffic_matches_formulas(cfg, pc, r, COMPOSE_OPTIONS, batch=c["batch"], seq=c["seq"]) for r in per_rank)
     row.bytes_ok = ok
     row.bytes_note = "every axis, every rank"
     row.seconds = max(sum(r["times"]) / len(r["times"]) for r in per_rank)
@@ -589,8 +590,8 @@ def main(argv=None) -> int:
         return 2
     spec = sizes(n, gpu=not args.cpu, quick=args.quick)
     c = spec["compose"]
-    c["batch"] = 2 * c["pc"].dp * COMPOSE_OPTIONS["n_microbatches"]
-    problems = compose_problems(c["cfg"], c["pc"], n, batch=c["batch"], seq=c["seq"], **COMPOSE_OPTIONS)
+    c["batch"] = 2 * c["pc"].dp * COMPOSE_OPTIONS.n_microbatches
+    problems = compose_problems(c["cfg"], c["pc"], n, batch=c["batch"], seq=c["seq"], options=COMPOSE_OPTIONS)
     if problems:
         raise SystemExit(f"internal: the composed configuration for {n} ranks is invalid: {problems}")
 

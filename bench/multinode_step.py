@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from pylib.experiments.compose_training import compare_with_reference, train, train_reference
 from pylib.model import ModelConfig
+from pylib.plan import RunOptions, ZeroStage
 from pylib.runtime import ParallelConfig
 
 
@@ -44,7 +45,8 @@ def composed_step(steps: int = 2) -> dict:
         dtype="float64",
     )
     batch, seq = 2 * dp, 4 * tp  # dp divides the batch; SP splits the sequence over tp
-    result = train(cfg, pc, steps=steps, batch=batch, seq=seq, zero_stage=1, sequence_parallel=True)
+    options = RunOptions(zero_stage=ZeroStage.ZERO1, sequence_parallel=True)
+    result = train(cfg, pc, options, steps=steps, batch=batch, seq=seq)
     ref = train_reference(cfg, steps=steps, batch=batch, seq=seq)
     err = compare_with_reference([result], ref)
     return dict(

@@ -10,6 +10,7 @@ from pylib.analysis import calibration as C
 from pylib.analysis import efficiency as E
 from pylib.analysis import planner as P
 from pylib.model import ModelConfig
+from pylib.plan import RunOptions
 from pylib.plan.mesh import ParallelConfig as pc
 
 CONFIGS = [ModelConfig(**r.shape) for r in C.RUNS]
@@ -96,7 +97,9 @@ def test_metas_mesh_without_recomputation_is_faster_but_over_the_card_as_this_mo
     mesh recomputes. Its fastest plan without is faster still and holds more than the whole 80 GB card."""
     w = C.without_recomputation(C.RUNS[i], CONFIGS[i])
     chosen = C.evaluate(C.RUNS[i], CONFIGS[i])
-    assert w.plan.plan.recompute == "none" and chosen.plan.plan.recompute != "none"
+    assert (
+        w.plan.plan.options.recompute.granularity == "none" and chosen.plan.plan.options.recompute.granularity != "none"
+    )
     assert w.plan.step_time < chosen.plan.step_time and w.tflops > chosen.predicted_tflops
     assert w.plan.peak_memory > w.gpu_memory and 0 < w.activation_share < 1
     m = w.memory
@@ -123,7 +126,7 @@ def test_a_gemm_on_the_roofline_is_memory_bound_when_its_rows_are_few():
 
 def test_small_microbatches_and_narrow_models_run_below_peak():
     short = P.Workload(256, 64)  # 4 sequences of 64 tokens per replica: GEMMs of 64 or 256 rows
-    four, one = (P.Plan(pc(dp=64), n_microbatches=m) for m in (4, 1))
+    four, one = (P.Plan(pc(dp=64), RunOptions(n_microbatches=m)) for m in (4, 1))
     t4 = P.rank_times(GPT, four, short, P.Cluster(64), 0).total * 4
     t1 = P.rank_times(GPT, one, short, P.Cluster(64), 0).total
     assert t4 > 1.5 * t1  # four microbatches of one sequence cost far more than one of four
@@ -133,39 +136,39 @@ def test_small_microbatches_and_narrow_models_run_below_peak():
 
 
 def test_recomputation_costs_compute_selective_less_than_full():
-    base = P.Plan(pc(tp=8, dp=8), sequence_parallel=True, n_microbatches=4)
-    t = {rc: _step(replace(base, recompute=rc)).compute_time for rc in ("none", "selective", "full")}
+    base = P.Plan(pc(tp=8, dp=8), RunOptions(sequence_parallel=True, n_microbatches=4))
+    t = {rc: _step(base.with_options(recompute=rc)).compute_time for rc in ("none", "selective", "full")}
     assert t["none"] < t["selective"] < t["full"] < 1.45 * t["none"]
 
 
 def test_zero2_reduces_every_microbatch_and_exposes_more_than_zero1():
     slow = P.Cluster(64, inter_node_bandwidth=5e9)
-    z1, z2 = (P.Plan(pc(dp=64), zero_stage=z, n_microbatches=4) for z in (1, 2))
+    z1, z2 = (P.Plan(pc(dp=64), RunOptions(zero_stage=z, n_microbatches=4)) for z in (1, 2))
     d1, d2 = (_step(p, slow).ranks[0].exposed["dp"] for p in (z1, z2))
     assert d2 > d1 > 0
 
 
 def test_dp_hides_behind_one_microbatchs_backward_and_counts_in_full_without_overlap():
-    plan = P.Plan(pc(dp=64), zero_stage=1, n_microbatches=4)
+    plan = P.Plan(pc(dp=64), RunOptions(zero_stage=1, n_microbatches=4))
     hidden, strict = _step(plan), _step(plan, P.Cluster(64, overlap_dp=False))
     assert strict.ranks[0].exposed["dp"] > hidden.ranks[0].exposed["dp"]
 
 
 def test_tp_comm_overlap_hides_part_of_tp_and_crossing_nodes_costs_more():
-    plan = P.Plan(pc(tp=8, dp=8), sequence_parallel=True, n_microbatches=4)
+    plan = P.Plan(pc(tp=8, dp=8), RunOptions(sequence_parallel=True, n_microbatches=4))
     off, on = _step(plan), _step(plan, P.Cluster(64, tp_comm_overlap=True))
     keep = 1 - E.CostModel().tp_overlap
     assert on.ranks[0].exposed["tp"] == pytest.approx(keep * off.ranks[0].exposed["tp"])
-    across = P.Plan(pc(tp=8, dp=8, order="dp-tp-cp-ep-pp"), sequence_parallel=True, n_microbatches=4)
+    across = P.Plan(pc(tp=8, dp=8, order="dp-tp-cp-ep-pp"), RunOptions(sequence_parallel=True, n_microbatches=4))
     assert not _step(across).intra_node["tp"] and _step(across).comm_time > off.comm_time
 
 
 def test_ring_cp_hides_behind_attention_and_pp_sends_behind_the_steady_state():
-    ring = P.Plan(pc(cp=8, dp=8), cp_kind="ring", n_microbatches=4)
+    ring = P.Plan(pc(cp=8, dp=8), RunOptions(cp_kind="ring", n_microbatches=4))
     r = _step(ring).ranks[0]
     sent = r.traffic["cp"]["bytes_sent"] / P.Cluster(64).intra_node_bandwidth
     assert r.exposed["cp"] == pytest.approx(max(0.0, sent - 4 * r.times.core)) and r.exposed["cp"] < sent
-    pp = _step(P.Plan(pc(dp=8, pp=8), n_microbatches=32)).ranks[1]
+    pp = _step(P.Plan(pc(dp=8, pp=8), RunOptions(n_microbatches=32))).ranks[1]
     sent = pp.traffic["pp"]["bytes_sent"] / P.Cluster(64).inter_node_bandwidth
     assert pp.exposed["pp"] == pytest.approx(sent * 7 / 32, rel=0.01)
 
@@ -173,7 +176,7 @@ def test_ring_cp_hides_behind_attention_and_pp_sends_behind_the_steady_state():
 def test_megatron_sp_saves_shards_and_regathers_them_in_backward():
     """sp_regather (Megatron's SP): the column-parallel inputs are kept as s/tp shards (less memory), one more
     all-gather of b s h e per column-parallel linear in backward, hidden under its input-gradient GEMM."""
-    pylib_sp = P.Plan(pc(tp=8, dp=8), sequence_parallel=True, n_microbatches=4)
+    pylib_sp = P.Plan(pc(tp=8, dp=8), RunOptions(sequence_parallel=True, n_microbatches=4))
     megatron = replace(pylib_sp, sp_regather=True)
     a, b = (P.rank_memory(GPT, p, WORK, 0)["activations"] for p in (pylib_sp, megatron))
     e, per_mb, s_h = 2, 256 // (8 * 4), 4096 * 4096
@@ -195,11 +198,13 @@ def test_megatron_sp_saves_shards_and_regathers_them_in_backward():
 
 
 def test_pylib_runs_are_predicted_without_regather_by_default():
-    plans = P.enumerate_plans(GPT, 16, 32, 256, micro_batch_sizes=(1,), zero_stages=(0,))
+    plans = P.enumerate_plans(GPT, 16, 32, 256, P.SearchSpace(micro_batch_sizes=(1,), zero_stages=(0,)))
     assert plans and not any(p.sp_regather for p in plans)
     assert all(
-        p.sp_regather == p.sequence_parallel
-        for p in P.enumerate_plans(GPT, 16, 32, 256, micro_batch_sizes=(1,), zero_stages=(0,), sp_regather=True)
+        p.sp_regather == p.options.sequence_parallel
+        for p in P.enumerate_plans(
+            GPT, 16, 32, 256, P.SearchSpace(micro_batch_sizes=(1,), zero_stages=(0,), sp_regather=True)
+        )
     )
 
 
@@ -207,7 +212,7 @@ def test_fp32_gradients_double_the_gradient_bytes_and_the_dp_reductions_only():
     """Workload.grad_reduce="float32" (Megatron-LM's default for bf16): 4-byte gradient buffers (what pylib.dp
     holds under MixedPrecision(grad_reduce="float32"): tests/test_dp_mixed_precision.py) and 4-byte DP
     reductions; the parameters, the optimizer state and the parameter all-gathers are unchanged."""
-    plan = P.Plan(pc(tp=8, dp=8), sequence_parallel=True, zero_stage=1, n_microbatches=4)
+    plan = P.Plan(pc(tp=8, dp=8), RunOptions(sequence_parallel=True, zero_stage=1, n_microbatches=4))
     bf16, fp32 = WORK, replace(WORK, grad_reduce="float32")
     m16, m32 = (P.rank_memory(GPT, plan, w, 0) for w in (bf16, fp32))
     assert m32["grads"] == 2 * m16["grads"] and m32["params"] == m16["params"] and m32["optim"] == m16["optim"]
@@ -231,8 +236,8 @@ def test_megatrons_layer_keeps_three_swiglu_tensors_and_the_flash_output_once():
     from pylib.analysis import activations as A
 
     cfg = CONFIGS[9]
-    kw = dict(tp=8, sequence_parallel=True, attention="flash")
-    ours, meg = (A.layer_saved_rows(cfg, 0, 1, 8192, sp_regather=r, **kw) for r in (False, True))
+    plans = (P.Plan(P.ParallelConfig(tp=8), RunOptions(sequence_parallel=True), sp_regather=r) for r in (False, True))
+    ours, meg = (A.layer_saved_rows(cfg, 0, 1, 8192, plan, attention="flash") for plan in plans)
     assert meg["MLP hidden"] == 3 * 8192 * (cfg.d_ff // 8) * 2 == ours["MLP hidden"] * 3 // 4
     assert "W_O input (attention output)" in ours and "W_O input (attention output)" not in meg
     # Korthikanti et al.'s count for this layer, SP and flash attention (bf16): the norms' inputs, QKV's input,
@@ -254,7 +259,7 @@ def test_llama3s_split_takes_a_layer_off_the_first_and_the_last_stage():
     )
     assert sorted(i for r in range(16) for c in split_layers(126, 16, 8, r, True) for i in c) == list(range(126))
     cfg, run = CONFIGS[9], C.RUNS[9]
-    plan = P.enumerate_plans(cfg, run.gpus, run.batch, run.seq, meshes=(run.par,), balance_ends=True)[0]
+    plan = P.enumerate_plans(cfg, run.gpus, run.batch, run.seq, P.SearchSpace(meshes=(run.par,), balance_ends=True))[0]
     assert plan.balance_ends and not P.problems(cfg, plan, run.gpus, run.batch, run.seq)
     eq = replace(cfg, n_layers=128)
     ends = [P.rank_memory(cfg, plan, C.workload(run), r)["params"] for r in (0, 1, 15)]

@@ -11,13 +11,14 @@ from pylib.analysis import calibration as C
 from pylib.analysis import planner as P
 from pylib.analysis import pp as pp_analysis
 from pylib.model import ModelConfig
+from pylib.plan import RunOptions
 from pylib.plan.mesh import ParallelConfig as pc
 from pylib.plan.schedules import ScheduleError, compute_order, logical_times
 
 GPT = ModelConfig(**C._gpt(1024, 8, 16))
 WORK = P.Workload(64, 1024)
 CLUSTER = P.Cluster(8)
-PLAN = P.Plan(pc(dp=2, pp=4), n_microbatches=16, v=2)  # p 4, m 16 (2 sequences each), v 2
+PLAN = P.Plan(pc(dp=2, pp=4), RunOptions(n_microbatches=16, v=2))  # p 4, m 16 (2 sequences each), v 2
 
 
 def test_megatrons_rule_gives_the_n_the_search_tries():
@@ -31,7 +32,7 @@ def test_an_invalid_n_is_a_problem_naming_the_constraint():
     small, rest = (P.problems(GPT, replace(PLAN, group_size=n), 8, 64, 1024) for n in (2, 7))
     assert len(small) == 1 and "p <= N <= m" in small[0] and "N=2" in small[0] and "deadlock" in small[0]
     assert len(rest) == 1 and "m % N == 0 or m % N >= p" in rest[0] and "m % N = 2" in rest[0]
-    one_chunk = P.problems(GPT, replace(PLAN, v=1, group_size=8), 8, 64, 1024)
+    one_chunk = P.problems(GPT, replace(PLAN.with_options(v=1), group_size=8), 8, 64, 1024)
     assert any("interleaved schedule only" in x for x in one_chunk)
     with pytest.raises(ValueError, match="p <= N <= m"):
         P.predict(GPT, replace(PLAN, group_size=2), WORK, CLUSTER)
@@ -39,12 +40,14 @@ def test_an_invalid_n_is_a_problem_naming_the_constraint():
 
 def test_a_valid_n_lifts_the_default_ns_complaint():
     """m = 10 on p = 4 breaks N = p (10 % 4 = 2) but runs with N = 5, 6 (a last group of 4) or 10."""
-    ten = replace(PLAN, n_microbatches=10)
+    ten = PLAN.with_options(n_microbatches=10)
     work = P.Workload(20, 1024)
     assert any("m divisible by p" in x for x in P.problems(GPT, ten, 8, 20, 1024))
     assert not P.problems(GPT, replace(ten, group_size=5), 8, 20, 1024)
-    plans = P.enumerate_plans(GPT, 8, 20, 1024, meshes=(PLAN.par,), group_sizes="megatron", zero_stages=(0,))
-    assert {p.group_size for p in plans if p.v == 2 and p.n_microbatches == 10} == {5, 6, 10}
+    plans = P.enumerate_plans(
+        GPT, 8, 20, 1024, P.SearchSpace(meshes=(PLAN.par,), group_sizes="megatron", zero_stages=(0,))
+    )
+    assert {p.group_size for p in plans if p.options.v == 2 and p.options.n_microbatches == 10} == {5, 6, 10}
     assert P.predict(GPT, replace(ten, group_size=5), work, CLUSTER).fits
 
 
@@ -88,8 +91,10 @@ def test_n_below_p_deadlocks_megatrons_order():
 
 
 def test_the_search_keeps_n_p_unless_asked_and_then_still_picks_it():
-    default = P.enumerate_plans(GPT, 8, 64, 1024, meshes=(PLAN.par,), zero_stages=(0,))
-    every = P.enumerate_plans(GPT, 8, 64, 1024, meshes=(PLAN.par,), zero_stages=(0,), group_sizes="megatron")
+    default = P.enumerate_plans(GPT, 8, 64, 1024, P.SearchSpace(meshes=(PLAN.par,), zero_stages=(0,)))
+    every = P.enumerate_plans(
+        GPT, 8, 64, 1024, P.SearchSpace(meshes=(PLAN.par,), zero_stages=(0,), group_sizes="megatron")
+    )
     assert all(p.group_size is None for p in default) and set(default) < set(every)
     assert all(not P.problems(GPT, p, 8, 64, 1024) for p in every)
     assert P.canonical(replace(PLAN, group_size=4)).group_size is None

@@ -4,7 +4,6 @@ model's order; bad inputs are refused with the constraint named."""
 
 import itertools
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -15,6 +14,7 @@ from pylib.compose import compose_problems
 from pylib.experiments.plan_runs import measure_plans
 from pylib.model import ModelConfig, MoEConfig
 from pylib.model.presets import tiny
+from pylib.plan import Recompute, RunOptions
 from pylib.runtime import ParallelConfig, rank_groups
 from pylib.viz.planner import compare
 
@@ -30,19 +30,19 @@ def pc(**kw) -> ParallelConfig:
 # One short step of each plan, on 4 and 8 gloo ranks: TP with and without SP, CP ring and Ulysses, PP 1F1B and
 # interleaved, DP with ZeRO 0..3, and for the MoE model EP, ETP and folding.
 DENSE_PLANS = [
-    P.Plan(pc(tp=2, dp=2), sequence_parallel=True, zero_stage=0, n_microbatches=2),
-    P.Plan(pc(tp=2, dp=2), sequence_parallel=False, zero_stage=1),
-    P.Plan(pc(cp=2, dp=2), cp_kind="ring", zero_stage=2, n_microbatches=2),
-    P.Plan(pc(tp=2, cp=2), sequence_parallel=True, cp_kind="ulysses", zero_stage=3),
-    P.Plan(pc(dp=2, pp=2), zero_stage=1, n_microbatches=4),
-    P.Plan(pc(tp=2, pp=2), sequence_parallel=True, n_microbatches=4, v=2),
-    P.Plan(pc(tp=2, cp=2, pp=2), sequence_parallel=True, cp_kind="ring", zero_stage=2, n_microbatches=2),
+    P.Plan(pc(tp=2, dp=2), RunOptions(sequence_parallel=True, zero_stage=0, n_microbatches=2)),
+    P.Plan(pc(tp=2, dp=2), RunOptions(sequence_parallel=False, zero_stage=1)),
+    P.Plan(pc(cp=2, dp=2), RunOptions(cp_kind="ring", zero_stage=2, n_microbatches=2)),
+    P.Plan(pc(tp=2, cp=2), RunOptions(sequence_parallel=True, cp_kind="ulysses", zero_stage=3)),
+    P.Plan(pc(dp=2, pp=2), RunOptions(zero_stage=1, n_microbatches=4)),
+    P.Plan(pc(tp=2, pp=2), RunOptions(sequence_parallel=True, n_microbatches=4, v=2)),
+    P.Plan(pc(tp=2, cp=2, pp=2), RunOptions(sequence_parallel=True, cp_kind="ring", zero_stage=2, n_microbatches=2)),
 ]
 MOE_PLANS = [
-    P.Plan(pc(tp=2, dp=2, ep=2), sequence_parallel=True, zero_stage=1, n_microbatches=2),
-    P.Plan(pc(cp=2, dp=2, ep=4), cp_kind="ulysses", zero_stage=3),
-    P.Plan(pc(tp=2, dp=2, ep=2, etp=2), sequence_parallel=True, zero_stage=2, n_microbatches=2),
-    P.Plan(pc(dp=2, pp=2, ep=2), n_microbatches=4, v=2),
+    P.Plan(pc(tp=2, dp=2, ep=2), RunOptions(sequence_parallel=True, zero_stage=1, n_microbatches=2)),
+    P.Plan(pc(cp=2, dp=2, ep=4), RunOptions(cp_kind="ulysses", zero_stage=3)),
+    P.Plan(pc(tp=2, dp=2, ep=2, etp=2), RunOptions(sequence_parallel=True, zero_stage=2, n_microbatches=2)),
+    P.Plan(pc(dp=2, pp=2, ep=2), RunOptions(n_microbatches=4, v=2)),
 ]
 
 
@@ -76,7 +76,7 @@ def test_predicted_parameter_gradient_and_optimizer_bytes_equal_every_ranks_meas
         assert not _unequal(checks), _unequal(checks)
         assert all(c.measured > 0 for _, c in checks)
     # the ZeRO stages really differ: ZeRO-3 holds a dp-cp share of the parameters of ZeRO-0
-    optim = {(p.par, p.zero_stage): c.measured for p, c in _checks(measured, "optim") if c.rank == 0}
+    optim = {(p.par, p.options.zero_stage): c.measured for p, c in _checks(measured, "optim") if c.rank == 0}
     assert optim[(pc(tp=2, dp=2), 1)] < 0.6 * optim[(pc(tp=2, dp=2), 0)]
 
 
@@ -128,8 +128,9 @@ def _brute_force(cfg, world: int, batch: int, seq: int) -> set:
         if par.problems(world):  # the mesh alone fails: compose_problems rejects every option below too
             continue
         for sp, kind, zero, v, m in itertools.product((False, True), P.CP_KINDS, P.ZERO_STAGES, vs, ms):
-            plan = P.Plan(par, sp, kind, zero, m, v)
-            if not compose_problems(cfg, par, world, batch=batch, seq=seq, **plan.options()):
+            schedule = "interleaved" if v > 1 else "1f1b"
+            plan = P.Plan(par, RunOptions(sp, kind, schedule=schedule, n_microbatches=m, v=v, zero_stage=zero))
+            if not compose_problems(cfg, par, world, batch=batch, seq=seq, options=plan.options):
                 out.add(P.canonical(plan, has_experts=moe))
     return out
 
@@ -144,8 +145,10 @@ def test_enumeration_is_exactly_the_plans_compose_problems_accepts(cfg):
 
 
 def test_enumeration_restrictions_keep_only_the_asked_microbatch_sizes_and_virtual_stages():
-    plans = P.enumerate_plans(DENSE, 8, 16, 16, micro_batch_sizes=(2,), virtual_stages=(1,), zero_stages=(0,))
-    assert plans and all(p.micro_batch(16) == 2 and p.v == 1 and p.zero_stage == 0 for p in plans)
+    plans = P.enumerate_plans(
+        DENSE, 8, 16, 16, P.SearchSpace(micro_batch_sizes=(2,), virtual_stages=(1,), zero_stages=(0,))
+    )
+    assert plans and all(p.micro_batch(16) == 2 and p.options.v == 1 and p.options.zero_stage == 0 for p in plans)
     assert {p.par.pp for p in plans} == {1, 2, 4}
 
 
@@ -155,7 +158,7 @@ def test_enumeration_restrictions_keep_only_the_asked_microbatch_sizes_and_virtu
 def test_rank_plans_returns_the_cost_models_best_plans_in_order():
     cfg = ModelConfig(vocab_size=32000, d_model=2048, n_layers=16, n_heads=16, d_ff=8192, dtype="bfloat16")
     work, cluster = P.Workload(batch=64, seq=2048), P.Cluster(16, gpu_memory=16e9)
-    plans = P.enumerate_plans(cfg, 16, 64, 2048, micro_batch_sizes=(1, 2), virtual_stages=(1, 2))
+    plans = P.enumerate_plans(cfg, 16, 64, 2048, P.SearchSpace(micro_batch_sizes=(1, 2), virtual_stages=(1, 2)))
     best = P.rank_plans(cfg, work, cluster, top=5, plans=plans)
     every = sorted(
         (P.predict(cfg, p, work, cluster) for p in P.most_microbatches(plans)),
@@ -170,8 +173,8 @@ def test_rank_plans_returns_the_cost_models_best_plans_in_order():
             sib = next(
                 k
                 for k in kept
-                if (k.par, k.sequence_parallel, k.cp_kind, k.zero_stage, k.v)
-                == (p.par, p.sequence_parallel, p.cp_kind, p.zero_stage, p.v)
+                if (k.par, k.options.sequence_parallel, k.options.cp_kind, k.options.zero_stage, k.options.v)
+                == (p.par, p.options.sequence_parallel, p.options.cp_kind, p.options.zero_stage, p.options.v)
             )
             assert P.predict(cfg, sib, work, cluster).step_time <= P.predict(cfg, p, work, cluster).step_time
 
@@ -204,7 +207,7 @@ def test_a_seven_billion_model_on_256_gpus_ranks_in_seconds_and_fits():
     from pylib.viz.planner import SEARCH, llama2_7b
 
     t0 = time.perf_counter()
-    best = P.rank_plans(llama2_7b(), P.Workload(512, 4096), P.Cluster(256), top=5, **SEARCH)
+    best = P.rank_plans(llama2_7b(), P.Workload(512, 4096), P.Cluster(256), top=5, space=SEARCH)
     assert time.perf_counter() - t0 < 20
     assert len(best) == 5 and all(x.fits for x in best)
     assert best[0].peak_memory <= P.Cluster(256).usable_memory
@@ -235,13 +238,22 @@ def test_bad_inputs_are_refused_with_the_constraint_named():
 # ------------------------------------------------------------------------------------------------ recomputation
 
 RECOMPUTE_PLANS = [
-    P.Plan(pc(tp=2, pp=2), sequence_parallel=True, n_microbatches=2, recompute="selective"),
-    P.Plan(pc(tp=2, cp=2), sequence_parallel=True, cp_kind="ring", recompute="full"),
-    P.Plan(pc(tp=2, cp=2), sequence_parallel=False, cp_kind="ring", recompute="selective"),
-    P.Plan(pc(cp=2, dp=2), cp_kind="ulysses", zero_stage=3, recompute="full", recompute_method="block"),
-    P.Plan(pc(cp=2, dp=2), cp_kind="ulysses", zero_stage=1, n_microbatches=2, recompute="selective"),
-    P.Plan(pc(tp=2, pp=2), sequence_parallel=True, n_microbatches=4, v=2, recompute="full", recompute_num_layers=2),
-    P.Plan(pc(tp=4), sequence_parallel=True, recompute="full", recompute_num_layers=2),
+    P.Plan(pc(tp=2, pp=2), RunOptions(sequence_parallel=True, n_microbatches=2, recompute="selective")),
+    P.Plan(pc(tp=2, cp=2), RunOptions(sequence_parallel=True, cp_kind="ring", recompute="full")),
+    P.Plan(pc(tp=2, cp=2), RunOptions(sequence_parallel=False, cp_kind="ring", recompute="selective")),
+    P.Plan(pc(cp=2, dp=2), RunOptions(cp_kind="ulysses", zero_stage=3, recompute=Recompute("full", method="block"))),
+    P.Plan(pc(cp=2, dp=2), RunOptions(cp_kind="ulysses", zero_stage=1, n_microbatches=2, recompute="selective")),
+    P.Plan(
+        pc(tp=2, pp=2),
+        RunOptions(
+            sequence_parallel=True,
+            n_microbatches=4,
+            v=2,
+            recompute=Recompute("full", num_layers=2),
+            schedule="interleaved",
+        ),
+    ),
+    P.Plan(pc(tp=4), RunOptions(sequence_parallel=True, recompute=Recompute("full", num_layers=2))),
 ]
 
 
@@ -255,7 +267,7 @@ def test_predictions_under_every_recompute_choice_equal_the_runs_byte_for_byte()
     kinds = {c.quantity.split(",")[0] for _, c in checks}
     assert {"saved activations", "activation peak", "sent on tp", "sent on cp"} <= kinds, kinds
     # recomputation really saved something: the first plan's chunks against the same plan without it
-    base = replace(RECOMPUTE_PLANS[1], recompute="none")
+    base = RECOMPUTE_PLANS[1].with_options(recompute="none")
     work = P.Workload(B, S, precision="uniform", attention="math")
     full = P.rank_memory(DENSE, RECOMPUTE_PLANS[1], work, 0)["activations"]
     assert full * 4 < P.rank_memory(DENSE, base, work, 0)["activations"]

@@ -3,6 +3,8 @@ parameter shape, every activation seed B lists, every score block of ring attent
 training step -- for each mode alone (TP, SP, CP ring and Ulysses, DP, PP, EP, ETP) and for the composed model of
 pylib.compose (TP x SP x CP x DP, and TP x SP x PP x EP x DP with MoE layers and micro-batches)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from pylib.analysis import shapes, weights
 from pylib.experiments.mode_probes import probe_compose, probe_modes
 from pylib.model import ModelConfig, MoEConfig
 from pylib.model.presets import probe_config
+from pylib.plan import RunOptions, ZeroStage, zero_stage
 from pylib.runtime import ParallelConfig, launch
 
 CFG = probe_config()
@@ -33,12 +36,12 @@ PLANS = {
 
 @pytest.fixture(scope="module")
 def modes():
-    return launch(probe_modes, N, CFG, MOE, B, S, microbatches=M, kv_replicated_cfg=MQA, ulysses=True)
+    return launch(probe_modes, N, CFG, MOE, B, S, n_microbatches=M, kv_replicated_cfg=MQA, ulysses=True)
 
 
 def _plan_kw(mode, rank):
     cfg, par, b, sp, kind = PLANS[mode]
-    return cfg, par, b, dict(sequence_parallel=sp, cp_kind=kind, pp_rank=rank if par.pp > 1 else 0)
+    return cfg, par, b, dict(options=RunOptions(sequence_parallel=sp, cp_kind=kind), pp_rank=rank if par.pp > 1 else 0)
 
 
 def _normalise(name: str) -> str:
@@ -74,7 +77,7 @@ def test_activation_shapes_equal_the_hooked_tensors_and_score_blocks(modes, mode
         assert compared >= (3 if mode == "ETP" else 7), (mode, compared)
         if mode == "ETP":
             continue
-        blocks = shapes.score_blocks(cfg, par, b, S, cp_kind=kw["cp_kind"], cp_rank=rank if par.cp > 1 else 0)
+        blocks = shapes.score_blocks(cfg, par, b, S, kw["options"], cp_rank=rank if par.cp > 1 else 0)
         assert rec["scores"] == blocks, (mode, rank, rec["scores"], blocks)
 
 
@@ -100,7 +103,8 @@ def test_traffic_equals_the_traced_bytes_of_one_step(modes, mode):
     for rank, run in enumerate(modes):
         cfg, par, b, kw = _plan_kw(mode, rank)
         ev = run[mode]["events"]
-        rows = shapes.traffic(cfg, par, b, S, microbatches=M if par.pp > 1 else 1, **kw)
+        options = replace(kw["options"], n_microbatches=M if par.pp > 1 else 1)
+        rows = shapes.traffic(cfg, par, b, S, options, pp_rank=kw["pp_rank"])
         if mode == "ETP":
             continue  # expert traffic is routing-dependent; its payload is checked for EP below
         by_mode = shapes.traffic_by_mode(rows)
@@ -140,7 +144,7 @@ COMPOSED = {
 @pytest.fixture(scope="module", params=list(COMPOSED))
 def composed(request):
     cfg, pc, m, batch = COMPOSED[request.param]
-    runs = launch(probe_compose, pc.world_size, cfg, pc, batch, S, sequence_parallel=True, n_microbatches=m)
+    runs = launch(probe_compose, pc.world_size, cfg, pc, batch, S, RunOptions(sequence_parallel=True, n_microbatches=m))
     return cfg, pc, m, batch, [r["model"] for r in runs]
 
 
@@ -149,19 +153,19 @@ def test_composed_model_holds_and_moves_what_shapes_predicts(composed):
     pylib.compose's model equal shapes.py's prediction on every rank (b = the micro-batch across DP)."""
     cfg, pc, m, batch, runs = composed
     b = batch // m
-    kw = dict(sequence_parallel=True, cp_kind="ring")
+    options = RunOptions(sequence_parallel=True, cp_kind="ring", n_microbatches=m)
     for run in runs:
         c = run["coords"]
         held = {_normalise(n): s for n, s in run["params"].items()}
         assert held == weights.local_parameters(cfg, pc, pp_rank=c["pp"]), c
         compared = 0
-        for a in shapes.activation_shapes(cfg, pc, b, S, pp_rank=c["pp"], cp_rank=c["cp"], **kw):
+        for a in shapes.activation_shapes(cfg, pc, b, S, options, pp_rank=c["pp"], cp_rank=c["cp"]):
             if a.local is not None and a.name in run["acts"] and not a.expected:
                 assert run["acts"][a.name] == a.local, (a.name, c)
                 compared += 1
         assert compared >= 7
         assert run["scores"] == shapes.score_blocks(cfg, pc, b, S, cp_rank=c["cp"])
-        rows = shapes.traffic(cfg, pc, b, S, microbatches=m, pp_rank=c["pp"], **kw)
+        rows = shapes.traffic(cfg, pc, b, S, options, pp_rank=c["pp"])
         ev = [e for e in run["events"] if e["phase"] != "loss"]  # the reported loss's two scalar all-reduces
         by_mode = shapes.traffic_by_mode(rows)
         assert _sent(ev, axis="tp") == by_mode["SP"], c
@@ -226,7 +230,7 @@ def test_parallel_parameters_partition_the_model_when_nothing_is_replicated():
 
 
 def test_check_plan_names_each_violated_constraint():
-    problems = shapes.check_plan(CFG, ParallelConfig(tp=3, pp=3, cp=5), b=4, s=16, sequence_parallel=True)
+    problems = shapes.check_plan(CFG, ParallelConfig(tp=3, pp=3, cp=5), 4, 16, RunOptions(sequence_parallel=True))
     text = "; ".join(problems)
     for part in (
         "tp=3 does not divide n_heads=8",
@@ -252,7 +256,7 @@ def test_memory_counts_the_local_parameters_and_shards_optimizer_state_under_zer
     e = 4
     n = sum(math_prod(s) for s in weights.local_parameters(CFG, par).values())
     ddp = shapes.memory(CFG, par, 8, S)
-    z1 = shapes.memory(CFG, par, 8, S, zero="zero1")
+    z1 = shapes.memory(CFG, par, 8, S, RunOptions(zero_stage=ZeroStage.ZERO1))
     assert ddp["params"] == n * e and ddp["grads"] == n * e and ddp["optim"] == 2 * n * e
     assert z1["params"] == n * e and z1["optim"] == 2 * n * e / 4
 
@@ -281,13 +285,12 @@ def test_the_explorer_and_the_planner_give_the_same_memory_and_traffic(case):
     from pylib.analysis import planner as P
 
     cfg, par, b, sp, kind, zero, m = SAME_PLANS[case]
-    plan = P.Plan(par, sp and par.tp > 1, kind, ("ddp", "zero1", "zero2", "zero3").index(zero), m)
+    options = RunOptions(sequence_parallel=sp, cp_kind=kind, n_microbatches=m, zero_stage=zero_stage(zero))
+    plan = P.Plan(par, replace(options, sequence_parallel=sp and par.tp > 1))
     workload = P.Workload(b * m, S, precision="uniform", attention="math")
     predicted = P.predict(cfg, plan, workload, P.Cluster(par.world_size))
     for rank in predicted.ranks:
-        shown = shapes.summary(
-            cfg, par, b, S, sequence_parallel=sp, cp_kind=kind, microbatches=m, zero=zero, pp_rank=rank.pp_rank
-        )
+        shown = shapes.summary(cfg, par, b, S, options, pp_rank=rank.pp_rank)
         assert not shown.problems, shown.problems
         assert {k: shown.memory[k] for k in rank.memory} == rank.memory, (case, rank.pp_rank)
         assert sum(t.sent for t in shown.traffic) == sum(a["bytes_sent"] for a in rank.traffic.values())

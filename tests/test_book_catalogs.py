@@ -1,5 +1,5 @@
 """The Chinese edition's catalogs as committed: every page of _toc.yml has one, every entry is translated and not
-outdated, the markup and the glossary's terms are carried over, and pylib's Chinese output uses the glossary's words.
+outdated, the markup and the glossary's terms are carried over; pylib's own catalogs (pylib/i18n/locale) likewise.
 (`make book` also re-extracts the English messages first, so an English paragraph changed since the catalogs were
 last updated fails there: `python tools/i18n/catalogs.py extract && ... update` marks it outdated.)"""
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from pylib import i18n
 from pylib.i18n import pofile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,25 +34,28 @@ def test_every_page_has_a_chinese_catalog():
 def test_committed_catalogs_are_complete_and_keep_markup_and_terms():
     glossary = terms.load()
     faults = []
-    for po in sorted(catalogs.LOCALE.rglob("*.po")):
-        for message in pofile.entries(pofile.read(po)):
-            where = f"{po.relative_to(catalogs.LOCALE)}: {message.id[:60]!r}"
-            faults += [f"{where}: {f}" for f in review.faults(message, glossary)]
+    for locale in (catalogs.LOCALE, i18n.LOCALE):
+        for po in sorted(locale.rglob("*.po")):
+            for message in pofile.entries(pofile.read(po)):
+                where = f"{po.relative_to(ROOT)}: {message.id[:60]!r}"
+                faults += [f"{where}: {f}" for f in review.faults(message, glossary)]
     assert not faults, "\n".join(faults[:30])
 
 
-# pylib messages that use a glossary word in another sense (the catalogs' translator comments, for pylib.i18n).
-OTHER_SENSES = {
-    "{name}: published {par} ranks {rank}, {slower:.1%} slower than the best, {best}": frozenset({"rank"}),  # verb
-}
-
-
-def test_pylib_chinese_messages_use_the_glossary_terms():
-    from pylib.i18n import catalog
-
-    glossary = terms.load()
-    faults = []
-    for english, chinese in catalog("zh").items():
-        senses = OTHER_SENSES.get(english, frozenset())
-        faults += [f"{english[:60]!r}: {f}" for f in terms.violations(english, chinese, glossary, senses)]
-    assert not faults, "pylib.i18n's Chinese uses another word for a glossary term:\n" + "\n".join(faults[:30])
+def test_check_reviews_pylib_catalogs(tmp_path, monkeypatch):
+    """`catalogs.py check` finds a fault in pylib's catalogs as in a chapter's: an entry emptied (missing), one
+    dropped (missing), one no tr(...) uses (outdated), a glossary term translated another way (term)."""
+    for domain in i18n.DOMAINS:
+        catalog = pofile.read(i18n.catalog_path(domain))
+        if domain == "pylib":
+            catalog["rank"].string = ""
+            catalog.delete("microbatches m")
+            catalog.add("a message nobody uses", "没人用的消息")
+            catalog["rank {r}"].string = "秩 {r}"
+        pofile.write(catalog, tmp_path / "zh_CN" / "LC_MESSAGES" / f"{domain}.po")
+    monkeypatch.setattr(i18n, "LOCALE", tmp_path)
+    found = catalogs.pylib_problems(terms.load())
+    name = str(i18n.catalog_path("pylib"))
+    assert list(found) == [name], found
+    lines = sorted(found[name])
+    assert [line.split(" ")[0].rstrip(":") for line in lines] == ["missing", "missing", "outdated", "term"], lines

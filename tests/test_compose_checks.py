@@ -8,6 +8,7 @@ from pylib.compose import ComposeConfigError, check_compose, compose_problems, h
 from pylib.cp import shard_sequence
 from pylib.model import ModelConfig, MoEConfig
 from pylib.model.presets import tiny
+from pylib.plan import RunOptions
 from pylib.runtime import ParallelConfig, launch
 
 DENSE = tiny()
@@ -25,9 +26,7 @@ def test_every_violated_constraint_is_listed_not_only_the_first():
         moe=MoEConfig(n_experts=6, top_k=2, d_ff=10, every=3),
     )
     pc = ParallelConfig(tp=4, cp=3, dp=2, pp=2, ep=4, etp=3)
-    options = dict(
-        batch=9,
-        seq=20,
+    options = RunOptions(
         sequence_parallel=False,
         cp_kind="ulysses",
         schedule="interleaved",
@@ -35,7 +34,7 @@ def test_every_violated_constraint_is_listed_not_only_the_first():
         v=2,
         zero_stage=4,
     )
-    problems = compose_problems(cfg, pc, 32, **options)
+    problems = compose_problems(cfg, pc, 32, batch=9, seq=20, options=options)
     expected = [
         "world_size=32 != tp*cp*dp*pp = 4*3*2*2 = 48",  # sizes vs world
         "etp*ep*pp = 3*4*2 = 24 does not divide world_size=32",  # folding
@@ -55,41 +54,49 @@ def test_every_violated_constraint_is_listed_not_only_the_first():
         assert any(text in p for p in problems), (text, problems)
     assert len(problems) >= len(expected)
     with pytest.raises(ComposeConfigError) as info:
-        check_compose(cfg, pc, 32, **options)
+        check_compose(cfg, pc, 32, batch=9, seq=20, options=options)
     assert info.value.problems == problems
     assert f"({len(problems)} problem(s))" in str(info.value)
 
 
 def test_sequence_must_split_over_cp_zigzag_then_tp_and_batch_over_dp_then_microbatches():
     pc = ParallelConfig(tp=4, cp=2, dp=2)
-    problems = compose_problems(DENSE, pc, 16, batch=8, seq=12, n_microbatches=3)
+    problems = compose_problems(DENSE, pc, 16, options=RunOptions(n_microbatches=3), batch=8, seq=12)
     assert any("tp does not divide 6" in p for p in problems), problems  # s/cp = 6 tokens over tp=4 (SP)
     assert any(
         "n_microbatches=3 does not divide the batch per data-parallel rank B/dp = 8/2 = 4" in p for p in problems
     ), problems
-    assert compose_problems(DENSE, pc, 16, batch=8, seq=16, n_microbatches=2) == []
+    assert compose_problems(DENSE, pc, 16, options=RunOptions(n_microbatches=2), batch=8, seq=16) == []
     # without SP the CP rank's sequence need not split over tp
-    assert not any("tp does not divide" in p for p in compose_problems(DENSE, pc, 16, seq=12, sequence_parallel=False))
+    assert not any(
+        "tp does not divide" in p
+        for p in compose_problems(DENSE, pc, 16, options=RunOptions(sequence_parallel=False), seq=12)
+    )
 
 
 def test_ulysses_needs_whole_heads_per_rank_after_tp():
     gqa = DENSE.with_(n_kv_heads=2)
-    problems = compose_problems(gqa, ParallelConfig(tp=2, cp=2), 4, cp_kind="ulysses")
+    problems = compose_problems(gqa, ParallelConfig(tp=2, cp=2), 4, options=RunOptions(cp_kind="ulysses"))
     assert len(problems) == 1 and "n_kv_head=1" in problems[0] and "after tp=2" in problems[0], problems
-    assert compose_problems(gqa, ParallelConfig(tp=2, cp=2), 4, cp_kind="ring") == []
+    assert compose_problems(gqa, ParallelConfig(tp=2, cp=2), 4, options=RunOptions(cp_kind="ring")) == []
 
 
 @pytest.mark.parametrize(
-    "cfg, pc, world, kw",
+    "cfg, pc, world, options",
     [
-        (DENSE, ParallelConfig(tp=2, cp=2, dp=2, pp=2), 16, dict(schedule="1f1b", n_microbatches=2)),
-        (MOE, ParallelConfig(tp=2, cp=2, dp=2, pp=2, ep=2), 16, dict(schedule="interleaved", n_microbatches=2, v=2)),
-        (MOE, ParallelConfig(tp=2, dp=4, ep=4), 8, dict(zero_stage=3)),
-        (MOE, ParallelConfig(tp=4, cp=2, dp=2, ep=4), 16, dict(cp_kind="ring", zero_stage=2)),
+        (DENSE, ParallelConfig(tp=2, cp=2, dp=2, pp=2), 16, RunOptions(schedule="1f1b", n_microbatches=2)),
+        (
+            MOE,
+            ParallelConfig(tp=2, cp=2, dp=2, pp=2, ep=2),
+            16,
+            RunOptions(schedule="interleaved", n_microbatches=2, v=2),
+        ),
+        (MOE, ParallelConfig(tp=2, dp=4, ep=4), 8, RunOptions(zero_stage=3)),
+        (MOE, ParallelConfig(tp=4, cp=2, dp=2, ep=4), 16, RunOptions(cp_kind="ring", zero_stage=2)),
     ],
 )
-def test_the_configurations_the_tests_run_are_valid(cfg, pc, world, kw):
-    assert compose_problems(cfg, pc, world, batch=8, seq=16, **kw) == []
+def test_the_configurations_the_tests_run_are_valid(cfg, pc, world, options):
+    assert compose_problems(cfg, pc, world, batch=8, seq=16, options=options) == []
 
 
 def test_a_dense_model_with_expert_axes_is_refused():

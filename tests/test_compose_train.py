@@ -22,6 +22,7 @@ from pylib.compose import format_reduction_table, format_report, formula_traffic
 from pylib.experiments.compose_training import compare_with_reference, train, train_reference
 from pylib.model import ModelConfig, MoEConfig
 from pylib.model.presets import tiny, tiny_gqa, tiny_moe
+from pylib.plan import RunOptions
 from pylib.runtime import ParallelConfig, launch
 
 pytestmark = pytest.mark.timeout(240)
@@ -43,27 +44,31 @@ RUNS = {
         DENSE,
         ParallelConfig(tp=2, cp=2, dp=2, pp=2),
         16,
-        dict(zero_stage=1, schedule="1f1b", n_microbatches=2, cp_kind="ring", bucket_bytes=4096),
+        RunOptions(zero_stage=1, schedule="1f1b", n_microbatches=2, cp_kind="ring"),
+        dict(bucket_bytes=4096),
     ),
     "moe8": (
         MOE,
         ParallelConfig(tp=2, dp=4, ep=4, etp=1),
         8,
-        dict(zero_stage=0, n_microbatches=2, optimizer=torch.optim.SGD, lr=0.5),
+        RunOptions(zero_stage=0, n_microbatches=2),
+        dict(optimizer=torch.optim.SGD, lr=0.5),
     ),
     "five16": (
         MOE_AUX,
         ParallelConfig(tp=2, cp=2, dp=2, pp=2, ep=2),
         16,
-        dict(zero_stage=3, schedule="interleaved", v=2, n_microbatches=2, cp_kind="ulysses"),
+        RunOptions(zero_stage=3, schedule="interleaved", v=2, n_microbatches=2, cp_kind="ulysses"),
+        {},
     ),
     "mqa8": (
         MQA,
         ParallelConfig(tp=2, dp=2, pp=2),
         8,
-        dict(zero_stage=2, schedule="gpipe", n_microbatches=2, sequence_parallel=False),
+        RunOptions(zero_stage=2, schedule="gpipe", n_microbatches=2, sequence_parallel=False),
+        {},
     ),
-    "super16": (MOE, ParallelConfig(tp=4, cp=2, dp=2, ep=4), 16, dict(zero_stage=2, n_microbatches=1)),
+    "super16": (MOE, ParallelConfig(tp=4, cp=2, dp=2, ep=4), 16, RunOptions(zero_stage=2, n_microbatches=1), {}),
 }
 _cache: dict[str, tuple] = {}
 
@@ -71,17 +76,16 @@ _cache: dict[str, tuple] = {}
 def run(name: str):
     """(results per rank, reference, the run's spec): launched once per test session."""
     if name not in _cache:
-        cfg, pc, world, kw = RUNS[name]
+        cfg, pc, world, options, kw = RUNS[name]
         steps = 1 if name == "super16" else STEPS
-        results = launch(
-            train, world, cfg, pc, steps=steps, batch=BATCH, seq=SEQ, data=DATA, probe_ffn=True, timeout=200, **kw
-        )
+        run_kw = dict(steps=steps, batch=BATCH, seq=SEQ, data=DATA, record=("ffn",), timeout=200)
+        results = launch(train, world, cfg, pc, options, **run_kw, **kw)
         ref_kw = {k: kw[k] for k in ("optimizer", "lr") if k in kw}
         like = None
         if cfg.moe is not None and (cfg.moe.aux_loss_coef or cfg.moe.capacity_factor):
-            like = dict(pc=pc, n_microbatches=kw.get("n_microbatches", 1), sequence_parallel=True)
+            like = (pc, options)
         ref = train_reference(cfg, steps=steps, batch=BATCH, seq=SEQ, data=DATA, like=like, **ref_kw)
-        _cache[name] = (results, ref, (cfg, pc, world, kw))
+        _cache[name] = (results, ref, (cfg, pc, world, options, kw))
     return _cache[name]
 
 
@@ -129,7 +133,7 @@ def test_float32_mqa_gpipe_zero2_without_sp_trains_like_the_reference():
 @pytest.mark.slow
 def test_every_rank_reports_the_global_loss_and_the_replicas_average_to_it():
     for name in ("dense16", "five16", "moe8"):
-        results, ref, (cfg, pc, world, kw) = run(name)
+        results, ref, (cfg, pc, world, options, kw) = run(name)
         for step in range(STEPS):
             losses = {r["losses"][step] for r in results}
             assert max(losses) - min(losses) < 1e-12
@@ -141,10 +145,10 @@ def test_every_rank_reports_the_global_loss_and_the_replicas_average_to_it():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_traffic_per_axis_equals_the_sum_of_the_per_mode_formulas(name):
-    results, _, (cfg, pc, world, kw) = run(name)
+    results, _, (cfg, pc, world, options, kw) = run(name)
     for r in results:
         traced = traced_traffic(r)
-        assert traced == per_axis(formula_traffic(cfg, pc, r, batch=BATCH, seq=SEQ, **kw)), (name, r["rank"])
+        assert traced == per_axis(formula_traffic(cfg, pc, r, options, batch=BATCH, seq=SEQ)), (name, r["rank"])
     axes = set().union(*(r["traffic"][0] for r in results))
     expected = {
         "tp" if pc.tp > 1 else None,
@@ -159,10 +163,10 @@ def test_traffic_per_axis_equals_the_sum_of_the_per_mode_formulas(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_held_parameter_gradient_and_optimizer_bytes_equal_the_dp_formulas(name):
-    results, _, (cfg, pc, world, kw) = run(name)
+    results, _, (cfg, pc, world, options, kw) = run(name)
     for r in results:
         states = 0 if kw.get("optimizer") is torch.optim.SGD else 2  # plain SGD keeps no state, Adam two moments
-        want = dp_held_bytes(r["layouts"], kw.get("zero_stage", 0), optimizer_states=states)
+        want = dp_held_bytes(r["layouts"], options.zero_stage, optimizer_states=states)
         got = {k: r["memory"][k] for k in ("params", "grads", "optim")}
         assert got == want, (name, r["rank"])
         assert r["peak_activation_bytes"] > 0
@@ -173,13 +177,13 @@ def test_each_gradient_reduction_runs_once_per_step_whatever_the_microbatches():
     """m = 2 microbatches, yet the DP wrapper reduces each bucket once (no_sync before a chunk's last backward)
     and the TP sums are one all-reduce each, after the DP reduction."""
     for name in ("dense16", "moe8"):
-        results, _, (cfg, pc, world, kw) = run(name)
+        results, _, (cfg, pc, world, options, kw) = run(name)
         for r in results:
             n_buckets = {}
             for lay in r["layouts"]:
                 n_buckets[lay.axis] = n_buckets.get(lay.axis, 0) + 1
             t = r["traffic"][0]
-            op = "reduce_scatter" if kw["zero_stage"] == 1 else "all_reduce"
+            op = "reduce_scatter" if options.zero_stage == 1 else "all_reduce"
             assert t["dp-cp"]["phases"]["backward"] == {op: n_buckets["dp-cp"]}
             if "edp" in n_buckets:
                 assert t["edp"]["phases"]["backward"] == {op: n_buckets["edp"]}
@@ -229,7 +233,7 @@ def test_superposition_tp4_cp2_dp2_ffn_activation_is_one_sixteenth_per_rank():
     activation [b/dp, s/cp, h_ffn/tp] is 1/16 of [b, s, h_ffn]. Measured on the real tensors (a hook on every
     down_proj). A MoE layer's experts take whatever tokens are routed to them: per rank the bytes vary, but they
     add up to the reference's, so the mean is still 1/16 -- EP changes which experts a rank holds, not the ratio."""
-    results, _, (cfg, pc, world, kw) = run("super16")
+    results, _, (cfg, pc, world, options, kw) = run("super16")
     ref = reference_ffn_bytes(cfg, batch=BATCH, seq=SEQ, data=DATA)
     n = pc.tp * pc.cp * pc.dp
     assert n == 16 and world == 16
@@ -242,7 +246,7 @@ def test_superposition_tp4_cp2_dp2_ffn_activation_is_one_sixteenth_per_rank():
 
 @pytest.mark.slow
 def test_pipeline_changes_which_layers_a_rank_holds_not_the_ratio():
-    results, _, (cfg, pc, world, kw) = run("dense16")
+    results, _, (cfg, pc, world, options, kw) = run("dense16")
     ref = reference_ffn_bytes(cfg, batch=BATCH, seq=SEQ, data=DATA)
     for r in results:
         held = r["ffn_hidden_bytes"]
@@ -262,13 +266,14 @@ def test_the_per_rank_report_prints_every_rank_and_axis():
 
 
 def _probes_and_zero_stages():
-    kw = dict(steps=1, batch=BATCH, seq=SEQ, data=DATA, n_microbatches=2)
+    kw = dict(steps=1, batch=BATCH, seq=SEQ, data=DATA)
+    zero1, zero3 = (RunOptions(zero_stage=z, n_microbatches=2) for z in (1, 3))
     pc = ParallelConfig(tp=2, dp=2, pp=2)
     return [
-        train(DENSE, pc, zero_stage=1, activation_probe="pipeline", **kw)["activation_bytes"],
-        train(DENSE, pc, zero_stage=1, **kw)["activation_bytes"],
-        train(DENSE, pc, zero_stage=3, **kw)["activation_bytes"],
-        train(DENSE, pc, zero_stage=3, activation_probe="pipeline", **kw)["activation_bytes"],
+        train(DENSE, pc, zero1, activation_probe="pipeline", **kw)["activation_bytes"],
+        train(DENSE, pc, zero1, **kw)["activation_bytes"],
+        train(DENSE, pc, zero3, **kw)["activation_bytes"],
+        train(DENSE, pc, zero3, activation_probe="pipeline", **kw)["activation_bytes"],
     ]
 
 

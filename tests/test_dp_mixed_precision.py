@@ -12,6 +12,7 @@ from pylib.analysis.planner import model_state_bytes
 from pylib.dp import SingleDeviceMixed, micro_batch, wrap
 from pylib.model import ModelConfig, build_model, random_tokens
 from pylib.model.presets import tiny_odd
+from pylib.plan import RunOptions
 from pylib.plan.options import MixedPrecision
 from pylib.runtime import ParallelConfig, launch, trace
 
@@ -192,7 +193,7 @@ def _compose_train(pc, zero_stage, recipe):
 
     mesh = Mesh(pc)
     model = ParallelTransformer.from_full(
-        build_model(COMPOSE_CFG), mesh, zero_stage=zero_stage, precision=recipe, lr=LR
+        build_model(COMPOSE_CFG), mesh, RunOptions(zero_stage=zero_stage), precision=recipe, lr=LR
     )
     losses = []
     for ids, targets in _batches():

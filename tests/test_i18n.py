@@ -3,68 +3,21 @@ the entries keep the English fields and format specs, and the Chinese output car
 
 from __future__ import annotations
 
-import ast
 import re
 import string
+import sys
 from pathlib import Path
 
 import pytest
 
 from pylib import i18n
-from pylib.i18n import MissingTranslation, set_language, tr, zh_book
+from pylib.i18n import MissingTranslation, pofile, set_language, tr
 
 ROOT = Path(__file__).resolve().parents[1]
-CELL = re.compile(r"^```\{code-cell\}[^\n]*\n(.*?)^```", re.S | re.M)
+sys.path.insert(0, str(ROOT / "tools" / "i18n"))
+import messages  # noqa: E402  (tools/i18n/messages.py: the tr(...) literals, the catalogs' template)
 
-
-def _cell_source(body: str) -> str:
-    """A MyST code cell's Python: its `:option:` / `---` front matter and IPython magics blanked (lines kept)."""
-    lines = body.split("\n")
-    out = []
-    front = bool(lines) and lines[0].strip() == "---"
-    closed = not front
-    for i, line in enumerate(lines):
-        if not closed:
-            out.append("")
-            if i > 0 and line.strip() == "---":
-                closed = True
-            continue
-        out.append("" if line.lstrip().startswith(("%", "!", ":")) and not out[-1:] == ["\\"] else line)
-    return "\n".join(out)
-
-
-def _sources():
-    """(label, python source) for every module of pylib and every code cell of the chapters."""
-    for path in sorted((ROOT / "pylib").rglob("*.py")):
-        yield str(path.relative_to(ROOT)), path.read_text(encoding="utf-8")
-    for path in sorted((ROOT / "book").rglob("*.md")):
-        if "_static" in path.parts or "locale" in path.parts:
-            continue
-        for k, m in enumerate(CELL.finditer(path.read_text(encoding="utf-8"))):
-            yield f"{path.relative_to(ROOT)}[cell {k}]", _cell_source(m.group(1))
-
-
-def _tr_calls():
-    """(where, call node, message) for every tr(...) call whose first argument is a string literal, each source
-    parsed once."""
-    calls = []
-    for where, src in _sources():
-        try:
-            tree = ast.parse(src)
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call) or not node.args:
-                continue
-            f = node.func
-            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-            arg = node.args[0]
-            if name == "tr" and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                calls.append((f"{where}:{node.lineno}", node, arg.value))
-    return calls
-
-
-TR_CALLS = _tr_calls()
+TR_CALLS = [(where, node, message) for _, where, node, message in messages.tr_calls()]
 LITERALS: dict[str, list[str]] = {}  # message -> [where]
 for _where, _, _message in TR_CALLS:
     LITERALS.setdefault(_message, []).append(_where)
@@ -81,12 +34,38 @@ def test_the_scan_finds_the_messages():
 def test_every_message_has_its_chinese_entry():
     zh = i18n.catalog("zh")
     missing = {m: w[0] for m, w in LITERALS.items() if m not in zh}
-    assert not missing, f"{len(missing)} messages without a zh entry in pylib/i18n/zh_book.py: {missing}"
+    assert not missing, f"{len(missing)} messages without a zh entry in {i18n.LOCALE.relative_to(ROOT)}: {missing}"
 
 
-def test_no_chinese_entry_is_unused():
-    unused = [m for m in zh_book.MESSAGES if m not in LITERALS]
-    assert not unused, f"zh_book entries no tr(...) call uses: {unused}"
+@pytest.mark.parametrize("domain", i18n.DOMAINS)
+def test_each_catalog_holds_exactly_its_messages(domain):
+    """No entry is unused, and a message is in the catalog of its domain (labs.po: used only by pylib/labs)."""
+    held = {m.id for m in pofile.entries(pofile.read(i18n.catalog_path(domain)))}
+    wanted = {m.id for m in pofile.entries(messages.templates()[domain])}
+    assert held == wanted, (
+        f"{domain}.po: unused {sorted(held - wanted)[:10]}, missing {sorted(wanted - held)[:10]} "
+        "(python tools/i18n/catalogs.py update)"
+    )
+
+
+def test_a_fuzzy_entry_counts_as_missing(tmp_path, monkeypatch):
+    """An entry whose English changed since it was translated (fuzzy) is not shown: tr raises."""
+    for domain in i18n.DOMAINS:
+        catalog = pofile.read(i18n.catalog_path(domain))
+        if domain == "pylib":
+            catalog["rank"].flags.add("fuzzy")
+        pofile.write(catalog, tmp_path / "zh_CN" / "LC_MESSAGES" / f"{domain}.po")
+    monkeypatch.setattr(i18n, "LOCALE", tmp_path)
+    i18n.catalog.cache_clear()
+    set_language("zh")
+    try:
+        assert tr("rank {r}", r=1) != "rank 1"
+        with pytest.raises(MissingTranslation, match="'rank'"):
+            tr("rank")
+    finally:
+        set_language(None)
+        monkeypatch.undo()
+        i18n.catalog.cache_clear()
 
 
 @pytest.mark.parametrize("message", sorted(i18n.catalog("zh")))
@@ -199,10 +178,18 @@ def test_chinese_output_same_numbers(name):
 
 
 def test_shown_is_the_entry_in_the_language_of_the_call_or_the_key():
-    table = {"params": lambda: tr("params")}
-    assert i18n.shown(table, "params") == "params" and i18n.shown(table, "other") == "other"
+    """A label written once, N_("params"): the catalog holds it and `shown` translates it when it is shown; a key
+    without a label is shown as itself; a mapping gives a key other words."""
+    labels = frozenset({i18n.N_("params")})
+    words = {"optim": i18n.N_("optimizer state")}
+    assert "params" in LITERALS and "optimizer state" in LITERALS  # the scan finds N_(...) marks too
+    assert i18n.shown(labels, "params") == "params" and i18n.shown(labels, "other") == "other"
+    assert i18n.shown(words, "optim") == "optimizer state" and i18n.shown(words, "other") == "other"
     set_language("zh")
     try:
-        assert i18n.shown(table, "params") == i18n.catalog("zh")["params"]
+        zh = i18n.catalog("zh")
+        assert i18n.shown(labels, "params") == zh["params"] != "params"
+        assert i18n.shown(words, "optim") == zh["optimizer state"]
+        assert i18n.shown(labels, "other") == "other"
     finally:
         set_language(None)

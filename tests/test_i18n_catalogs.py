@@ -100,6 +100,7 @@ def book(tmp_path, monkeypatch, glossary):
     monkeypatch.setattr(catalogs, "TEMPLATES", templates)
     monkeypatch.setattr(catalogs, "LOCALE", locale)
     monkeypatch.setattr(catalogs.terms, "load", lambda: glossary)
+    monkeypatch.setattr(catalogs, "pylib_problems", lambda glossary: {})  # pylib's own: test_book_catalogs
     return locale
 
 
@@ -152,3 +153,21 @@ def test_check_compares_the_catalogs_with_the_english_as_extracted_now(book):
             "outdated (no longer in the English; run update): The bubble shrinks.",
         ]
     }
+
+
+def test_fill_drops_the_previous_english_of_an_outdated_entry(tmp_path):
+    """An entry merged as outdated carries its old English ("#| msgid"); translated again, it carries none."""
+    from pylib.i18n import pofile
+
+    path = tmp_path / "tp.po"
+    _po(path, [("One microbatch.", "一个微批次。", False)])
+    template = Catalog(locale="zh_CN")
+    template.add("One microbatch, twice.")
+    pofile.merge(template, path, project="test")
+    assert "#| msgid" in path.read_text(encoding="utf-8")
+    catalog = pofile.read(path)
+    assert catalog["One microbatch, twice."].fuzzy
+    pofile.fill(catalog, {"One microbatch, twice.": "一个微批次，两次。"}, {}, terms.OTHER_SENSE)
+    pofile.write(catalog, path)
+    text = path.read_text(encoding="utf-8")
+    assert "One microbatch." not in text and "fuzzy" not in text, text

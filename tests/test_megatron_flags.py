@@ -9,7 +9,7 @@ import pytest
 
 from pylib.analysis import planner as P
 from pylib.model.presets import tiny, tiny_moe
-from pylib.plan import ParallelConfig, RunOptions
+from pylib.plan import ParallelConfig, Recompute, RunOptions
 from pylib.plan.megatron import MAPPING, from_megatron_args, megatron_args
 
 B = 8
@@ -24,7 +24,8 @@ def _round_trip(plan, world, moe):
 @pytest.mark.parametrize("cfg, world", [(tiny(), 8), (tiny_moe(), 4)], ids=["dense", "moe"])
 def test_every_enumerated_plan_round_trips_through_megatron_flags(cfg, world):
     moe = cfg.moe is not None
-    zero_01 = [p for p in P.enumerate_plans(cfg, world, B, 16, recompute=("none", "selective", ("full", "block", 2)))]
+    space = P.SearchSpace(recompute=("none", "selective", ("full", "block", 2)))
+    zero_01 = [p for p in P.enumerate_plans(cfg, world, B, 16, space)]
     plans = [p for p in zero_01 if p.group_size is None]
     assert len(plans) > 50
     for plan in plans:
@@ -35,7 +36,8 @@ def test_every_enumerated_plan_round_trips_through_megatron_flags(cfg, world):
 
 
 def test_every_field_of_the_mesh_and_the_options_has_a_mapping_row():
-    assert set(MAPPING) == {f.name for f in fields(ParallelConfig)} | {f.name for f in fields(RunOptions)}
+    recompute = {"recompute"} | {f"recompute.{f.name}" for f in fields(Recompute) if f.name != "granularity"}
+    assert set(MAPPING) == {f.name for f in fields(ParallelConfig)} | {f.name for f in fields(RunOptions)} | recompute
     assert [k for k, flags in MAPPING.items() if not flags] == ["dp", "cp_layout", "schedule"]
 
 
@@ -46,7 +48,7 @@ def test_every_flag_in_the_mapping_is_written_or_read():
             RunOptions(cp_kind="ulysses", zero_stage=2),
         ),
         (ParallelConfig(tp=2, ep=2, etp=1, dp=2, pp=2), RunOptions(schedule="interleaved", v=2, zero_stage=1)),
-        (ParallelConfig(dp=4), RunOptions(recompute="full", recompute_method="block", recompute_num_layers=2)),
+        (ParallelConfig(dp=4), RunOptions(recompute=Recompute("full", "block", 2))),
         (ParallelConfig(dp=4), RunOptions(zero_stage=3, recompute="selective")),
     ]
     written = {t for par, o in plans for t in megatron_args(par, o, global_batch=8, moe=True) if t.startswith("--")}
@@ -69,7 +71,7 @@ def test_every_flag_in_the_mapping_is_written_or_read():
         16,
         2,
         "interleaved",
-        "selective",
+        Recompute("selective"),
         32,
     )
 

@@ -65,7 +65,8 @@ def test_zero_stage_has_one_vocabulary_in_two_spellings():
     assert zero_stage("zero2") is ZeroStage.ZERO2 and zero_stage(2) is ZeroStage.ZERO2
     with pytest.raises(ValueError, match="must be one of"):
         zero_stage("zero4")
-    assert RunOptions(zero_stage=3).zero == "zero3"
+    assert RunOptions(zero_stage=3).zero_stage is ZeroStage.ZERO3 and RunOptions(zero_stage="zero3").zero_stage == 3
+    assert RunOptions(zero_stage=4).zero_stage == 4  # kept as given: `problems` names it
 
 
 def test_the_layer_split_is_one_formula():
@@ -82,16 +83,17 @@ def test_zigzag_needs_the_sequence_divisible_by_two_cp_for_ring_and_ulysses_alik
         assert any("2*cp=4 chunks" in p for p in found), (kind, found)
 
 
-def test_sequence_parallel_has_one_default_that_compose_and_analysis_ask():
+def test_the_options_have_one_default_that_compose_and_analysis_ask():
+    import dataclasses
     import inspect
 
-    from pylib.analysis import activations, planner, shapes
+    from pylib.analysis import planner, shapes
     from pylib.compose import ParallelTransformer
     from pylib.plan import SEQUENCE_PARALLEL
 
-    users = [ParallelTransformer.from_full, shapes.activation_shapes, shapes.memory, shapes.traffic, shapes.summary]
-    users += [shapes.check_plan, activations.chunk_saved_bytes]
-    for fn in users:
-        assert inspect.signature(fn).parameters["sequence_parallel"].default is SEQUENCE_PARALLEL, fn
-    assert planner.Plan.__dataclass_fields__["sequence_parallel"].default is SEQUENCE_PARALLEL
     assert RunOptions().sequence_parallel is SEQUENCE_PARALLEL
+    users = [ParallelTransformer.from_full, shapes.activation_shapes, shapes.memory, shapes.traffic, shapes.summary]
+    users += [shapes.check_plan]
+    for fn in users:
+        assert inspect.signature(fn).parameters["options"].default == RunOptions(), fn
+    assert {f.name: f.default for f in dataclasses.fields(planner.Plan)}["options"] == RunOptions()

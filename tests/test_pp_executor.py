@@ -14,7 +14,7 @@ from pylib.analysis import pp as A
 from pylib.model import build_model, random_tokens
 from pylib.model.presets import tiny_gqa
 from pylib.plan.schedules import build
-from pylib.pp.executor import microbatches, run_pipeline
+from pylib.pp.executor import Boundary, microbatches, run_pipeline
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.timeline import bubble, peak_in_flight, replay
 from pylib.runtime import AxisGroup, Mesh, ParallelConfig, launch, trace
@@ -246,7 +246,7 @@ def _generic(v, name, m):
         chunks,
         inputs=list(x.chunk(m)),
         targets=list(y.chunk(m)),
-        act_shape=lambda mb, stage: (6 // m, WIDTHS[stage]),
+        boundary=Boundary(lambda mb, stage: (6 // m, WIDTHS[stage])),
     )
     return run.loss, {c * p + rank: chunks[c].lin.weight.grad for c in range(v)}
 
@@ -272,11 +272,11 @@ def test_executor_names_what_is_missing():
     sched = build("1f1b", 2, 4)
     pp_group = AxisGroup("pp", (0, 1), 0, None)  # checked before any communication
     with pytest.raises(ValueError, match="p=2 ranks but the pipeline group has 3"):
-        run_pipeline(sched, [nn.Linear(2, 2)], group=AxisGroup("pp", (0, 1, 2), 0, None), act_shape=(1, 2))
+        run_pipeline(sched, [nn.Linear(2, 2)], Boundary((1, 2)), group=AxisGroup("pp", (0, 1, 2), 0, None))
     with pytest.raises(ValueError, match="v=1 chunks per rank but this rank holds 2"):
-        run_pipeline(sched, [nn.Linear(2, 2)] * 2, group=pp_group, act_shape=(1, 2))
+        run_pipeline(sched, [nn.Linear(2, 2)] * 2, Boundary((1, 2)), group=pp_group)
     with pytest.raises(ValueError, match="first stage and needs m=4 microbatch inputs"):
-        run_pipeline(sched, [nn.Linear(2, 2)], group=pp_group, inputs=[torch.zeros(1, 2)] * 3, act_shape=(1, 2))
+        run_pipeline(sched, [nn.Linear(2, 2)], Boundary((1, 2)), group=pp_group, inputs=[torch.zeros(1, 2)] * 3)
     with pytest.raises(ValueError, match="m=5 microbatches do not divide the batch size b=12"):
         microbatches(torch.zeros(12, 3), 5)
 
@@ -316,7 +316,7 @@ def _loose_interleaved():
     sched = build("interleaved", p, 3, 2, group_size=2, strict=False)  # m % N = 1 < p: Megatron rejects it
     chunks = rank_chunks(build_model(CFG), rank, p, 2)
     run = run_pipeline(
-        sched, chunks, inputs=microbatches(ids, 3), targets=microbatches(targets, 3), act_shape=(2, S, CFG.d_model)
+        sched, chunks, Boundary((2, S, CFG.d_model)), inputs=microbatches(ids, 3), targets=microbatches(targets, 3)
     )
     return run.loss, {k: q.grad for c in chunks for k, q in c.named_parameters()}
 

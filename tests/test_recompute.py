@@ -3,16 +3,18 @@ float64, saved bytes measured equal to pylib.analysis.recompute's formulas byte 
 (FLOPs, collectives) counted against the formulas, in the TP/SP layer, the CP attention, the pipeline stages and the
 composed model."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from pylib.analysis import planner as P
 from pylib.analysis import recompute as R
 from pylib.analysis.tp import korthikanti_bytes
 from pylib.model import ModelConfig, build_model, random_hidden, random_tokens, saved_activations
-from pylib.plan import RunOptions, problems
+from pylib.plan import Recompute, RunOptions, problems
 from pylib.plan.mesh import ParallelConfig
-from pylib.plan.recompute import recompute_groups
 from pylib.runtime import launch, trace
 from pylib.runtime.recompute import run_layers
 from pylib.tp import TPBlock, TPTransformer, scatter_to_sequence_parallel_region
@@ -39,22 +41,22 @@ CFGS = [_cfg(), _cfg("swiglu", 2, "rope"), _cfg(causal=False, kv=1)]
 
 
 def test_groups_follow_megatrons_uniform_and_block_methods():
-    assert recompute_groups(4, "none") == (((0, 1, 2, 3), False),)
-    assert recompute_groups(4, "selective") == (((0, 1, 2, 3), False),)
-    assert recompute_groups(4, "full", "uniform", 1) == tuple(((i,), True) for i in range(4))
-    assert recompute_groups(5, "full", "uniform", 2) == (((0, 1), True), ((2, 3), True), ((4,), True))
-    assert recompute_groups(4, "full", "block", 1) == (((0,), True), ((1, 2, 3), False))
-    assert recompute_groups(2, "full", "block", 3) == (((0,), True), ((1,), True))
+    assert Recompute("none").groups(4) == (((0, 1, 2, 3), False),)
+    assert Recompute("selective").groups(4) == (((0, 1, 2, 3), False),)
+    assert Recompute("full", "uniform", 1).groups(4) == tuple(((i,), True) for i in range(4))
+    assert Recompute("full", "uniform", 2).groups(5) == (((0, 1), True), ((2, 3), True), ((4,), True))
+    assert Recompute("full", "block", 1).groups(4) == (((0,), True), ((1, 2, 3), False))
+    assert Recompute("full", "block", 3).groups(2) == (((0,), True), ((1,), True))
 
 
 def test_bad_choices_are_named():
-    found = problems(_cfg(), ParallelConfig(), options=RunOptions(recompute="some", recompute_num_layers=0))
+    found = problems(_cfg(), ParallelConfig(), options=RunOptions(recompute=Recompute("some", num_layers=0)))
     assert any("recompute='some' must be one of ('none', 'selective', 'full')" in p for p in found)
     assert any("recompute_num_layers=0 must be a positive integer" in p for p in found)
-    zero3 = RunOptions(zero_stage=3, recompute="full", recompute_num_layers=2)
+    zero3 = RunOptions(zero_stage=3, recompute=Recompute("full", num_layers=2))
     assert any("spans several ZeRO-3 units" in p for p in problems(_cfg(), ParallelConfig(dp=2), options=zero3))
     with pytest.raises(ValueError, match="recompute_method='every' must be one of"):
-        recompute_groups(2, "full", "every")
+        Recompute("full", "every").groups(2)
     with pytest.raises(ValueError, match="recompute='partial' must be one of"):
         R.layer_saved_bytes(_cfg(), B, S, recompute="partial")
 
@@ -120,11 +122,9 @@ def test_selective_removes_the_5as_over_h_term_and_full_keeps_the_input():
         assert none - sel == e * B * (cfg.n_heads // t) * S * S + S * S + expanded_k_minus_k
 
 
-def _model_run(cfg, sp, recompute, method, k):
+def _model_run(cfg, sp, recompute):
     ref = build_model(cfg)
-    model = TPTransformer.from_full(
-        ref, sequence_parallel=sp, recompute=recompute, recompute_method=method, recompute_num_layers=k
-    )
+    model = TPTransformer.from_full(ref, sequence_parallel=sp, recompute=recompute)
     ids, targets = random_tokens(cfg, B, S, seed=3)
     with saved_activations(exclude=model.parameters()) as whole:
         loss = model.loss(ids, targets)
@@ -135,18 +135,18 @@ def _model_run(cfg, sp, recompute, method, k):
 
 
 CHOICES = [
-    ("none", "uniform", 1),
-    ("selective", "uniform", 1),
-    ("full", "uniform", 1),
-    ("full", "uniform", 2),
-    ("full", "uniform", 3),
-    ("full", "block", 1),
-    ("full", "block", 2),
+    Recompute("none"),
+    Recompute("selective"),
+    Recompute("full", "uniform", 1),
+    Recompute("full", "uniform", 2),
+    Recompute("full", "uniform", 3),
+    Recompute("full", "block", 1),
+    Recompute("full", "block", 2),
 ]
 
 
 def _model_runs(cfg, sp):
-    return [_model_run(cfg, sp, *c) for c in CHOICES]
+    return [_model_run(cfg, sp, c) for c in CHOICES]
 
 
 # t = 1 (one rank, no collective to re-send) is slow: the block test at t = 1 and the model at t = 2 prove its claim.
@@ -164,38 +164,36 @@ def test_tp_model_every_choice_same_gradients_and_the_group_formula(t, sp):
     for rank, runs in enumerate(launch(_model_runs, t, cfg, sp)):
         none_bytes, none_grads, _ = runs[0]
         layers_none = R.model_layers_saved_bytes(cfg, B, S, t, sequence_parallel=sp)
-        for (rc, method, k), (saved, grads, redo) in zip(CHOICES, runs):
-            assert all(torch.equal(a, b) for a, b in zip(grads, none_grads)), (rank, rc, method, k)
-            layers = R.model_layers_saved_bytes(
-                cfg, B, S, t, sequence_parallel=sp, recompute=rc, method=method, num_layers=k
-            )
-            assert saved - none_bytes == layers - layers_none, (rank, rc, method, k)
-            groups = [g for g, whole in recompute_groups(cfg.n_layers, rc, method, k) if whole]
+        for rc, (saved, grads, redo) in zip(CHOICES, runs):
+            assert all(torch.equal(a, b) for a, b in zip(grads, none_grads)), (rank, rc)
+            layers = R.model_layers_saved_bytes(cfg, B, S, t, sequence_parallel=sp, recompute=rc)
+            assert saved - none_bytes == layers - layers_none, (rank, rc)
+            groups = [g for g, whole in rc.groups(cfg.n_layers) if whole]
             expect = sum(
-                len(R.extra_collectives(cfg, B, S, t, sequence_parallel=sp, recompute=rc, layers=len(g)))
+                len(R.extra_collectives(cfg, B, S, t, sequence_parallel=sp, recompute=rc.granularity, layers=len(g)))
                 for g in groups
             )
-            assert redo == expect, (rank, rc, method, k)
+            assert redo == expect, (rank, rc)
 
 
 # ------------------------------------------------------------------------------------- composed model and planner
 
 COMPOSE_PLANS = [
     # TP + SP over 2 pipeline stages (1F1B, m = 2): the groups of "full" are counted within each stage
-    (ParallelConfig(tp=2, pp=2), dict(sequence_parallel=True, n_microbatches=2)),
+    (ParallelConfig(tp=2, pp=2), RunOptions(sequence_parallel=True, n_microbatches=2)),
     # TP + SP + CP ring: the ring's K/V passes sit inside the recomputed core
-    (ParallelConfig(tp=2, cp=2), dict(sequence_parallel=True, cp_kind="ring")),
+    (ParallelConfig(tp=2, cp=2), RunOptions(sequence_parallel=True, cp_kind="ring")),
     # CP Ulysses with DP (ZeRO-2)
-    (ParallelConfig(cp=2, dp=2), dict(cp_kind="ulysses", zero_stage=2)),
+    (ParallelConfig(cp=2, dp=2), RunOptions(cp_kind="ulysses", zero_stage=2)),
     # ZeRO-3 gathers a recomputed layer's parameters once more for the second forward
-    (ParallelConfig(tp=2, dp=2), dict(sequence_parallel=True, zero_stage=3)),
+    (ParallelConfig(tp=2, dp=2), RunOptions(sequence_parallel=True, zero_stage=3)),
 ]
 RECOMPUTE_CHOICES = [
-    dict(recompute="none"),
-    dict(recompute="selective"),
-    dict(recompute="full"),
-    dict(recompute="full", recompute_method="uniform", recompute_num_layers=2),
-    dict(recompute="full", recompute_method="block", recompute_num_layers=1),
+    Recompute("none"),
+    Recompute("selective"),
+    Recompute("full"),
+    Recompute("full", "uniform", 2),
+    Recompute("full", "block", 1),
 ]
 
 
@@ -204,9 +202,9 @@ def _compose_runs(cfg, par, options):
 
     out = []
     for choice in RECOMPUTE_CHOICES:
-        if options.get("zero_stage") == 3 and choice.get("recompute_num_layers", 1) > 1:
-            choice = dict(choice, recompute_method="block")  # refused with ZeRO-3 (test_bad_choices_are_named)
-        r = train(cfg, par, steps=1, batch=4, seq=8, keep_events=True, **options, **choice)
+        if options.zero_stage == 3 and choice.num_layers > 1:
+            choice = replace(choice, method="block")  # refused with ZeRO-3 (test_bad_choices_are_named)
+        r = train(cfg, par, replace(options, recompute=choice), steps=1, batch=4, seq=8, record=("events",))
         redo = sum(1 for e in r["events"][0] if e["phase"] == "recompute")
         out.append((choice, r["params"], dict(r["activation_bytes"]), r["peak_activation_bytes"], redo, r["coords"]))
     return out
@@ -215,7 +213,6 @@ def _compose_runs(cfg, par, options):
 @pytest.mark.slow
 @pytest.mark.parametrize("par, options", COMPOSE_PLANS, ids=[p.describe() for p, _ in COMPOSE_PLANS])
 def test_composed_model_every_choice_equal_parameters_and_planner_predicts_the_bytes(par, options):
-    from pylib.analysis import planner as P
     from pylib.analysis.activations import chunk_saved_bytes, peak_saved_bytes
     from pylib.model.presets import tiny
 
@@ -229,21 +226,18 @@ def test_composed_model_every_choice_equal_parameters_and_planner_predicts_the_b
             assert len(params) == len(none_params)
             for a, b in zip(params, none_params):
                 assert a[0] == b[0] and torch.equal(a[-1], b[-1]), f"{where}: {a[0]}"
-            plan = P.Plan(par, **options, **choice)
-            kw = dict(pp=par.pp, v=plan.v, pp_rank=coords["pp"], tp=par.tp, cp=par.cp)
-            kw.update(sequence_parallel=plan.sequence_parallel, cp_kind=plan.cp_kind, attention="math")
-            kw.update(recompute=plan.recompute, recompute_method=plan.recompute_method)
-            predicted = chunk_saved_bytes(
-                cfg, plan.micro_batch(batch), seq, **kw, recompute_num_layers=plan.recompute_num_layers
+            plan = P.Plan(par, replace(options, recompute=choice))
+            predicted = chunk_saved_bytes(cfg, plan.micro_batch(batch), seq, plan, coords["pp"], attention="math")
+            assert [chunks[(0, c)] for c in range(plan.options.v)] == predicted, where
+            assert peak == peak_saved_bytes(
+                predicted, plan.options.schedule, par.pp, plan.options.n_microbatches, plan.options.v, coords["pp"]
             )
-            assert [chunks[(0, c)] for c in range(plan.v)] == predicted, where
-            assert peak == peak_saved_bytes(predicted, plan.schedule, par.pp, plan.n_microbatches, plan.v, coords["pp"])
             work = P.Workload(batch, seq, precision="uniform", attention="math")
             assert P.rank_memory(cfg, plan, work, coords["pp"])["activations"] == peak, where
             # re-issued collectives: none without recompute; CP ring passes or TP/SP gathers when recomputing
-            if choice["recompute"] == "none":
+            if choice.granularity == "none":
                 assert redo == 0, where
-            elif par.cp > 1 or (choice["recompute"] == "full" and par.tp > 1):
+            elif par.cp > 1 or (choice.granularity == "full" and par.tp > 1):
                 assert redo > 0, where
             else:  # selective with the local core: nothing inside the core communicates
                 assert redo == 0, where
@@ -252,22 +246,14 @@ def test_composed_model_every_choice_equal_parameters_and_planner_predicts_the_b
 # ------------------------------------------------------------------------------------------ CP attention and PP
 
 GQA = _cfg("swiglu", 2, "rope", n_layers=2)
-LAYER_CHOICES = [
-    dict(recompute="none"),
-    dict(recompute="selective"),
-    dict(recompute="full"),
-    dict(recompute="full", recompute_method="block", recompute_num_layers=1),
-]
+LAYER_CHOICES = [Recompute("none"), Recompute("selective"), Recompute("full"), Recompute("full", "block", 1)]
 
 
 def _recomputed_layers(n_layers, choice):
     """How many layers run their attention again: all under selective, those in whole groups under full."""
-    if choice["recompute"] == "selective":
+    if choice.granularity == "selective":
         return n_layers
-    groups = recompute_groups(
-        n_layers, choice["recompute"], choice.get("recompute_method", "uniform"), choice.get("recompute_num_layers", 1)
-    )
-    return sum(len(g) for g, whole in groups if whole)
+    return sum(len(g) for g, whole in choice.groups(n_layers) if whole)
 
 
 def _cp_runs(cfg, kind, seq):
@@ -280,7 +266,7 @@ def _cp_runs(cfg, kind, seq):
     ids, targets = (shard_sequence(x, 1, r, n, "zigzag") for x in (ids, targets))
     out = []
     for choice in LAYER_CHOICES:
-        model = CPTransformer.from_full(build_model(cfg), layout="zigzag", kind=kind, **choice)
+        model = CPTransformer.from_full(build_model(cfg), layout="zigzag", kind=kind, recompute=choice)
         with trace() as tr:
             with saved_activations(exclude=model.parameters()) as saved:
                 loss = model.loss(ids, targets)
@@ -298,35 +284,36 @@ def test_cp_attention_every_choice_same_gradients_bytes_and_rerun_passes(kind):
 
     cp, seq = 2, 16
     for rank, runs in enumerate(launch(_cp_runs, cp, GQA, kind, seq)):
-        kw = dict(cp=cp, sequence_parallel=False, cp_kind=kind, attention="math")
-        none_predicted = chunk_saved_bytes(GQA, B, seq, **kw)[0]
+        options = RunOptions(sequence_parallel=False, cp_kind=kind)
+        none_predicted = chunk_saved_bytes(GQA, B, seq, P.Plan(ParallelConfig(cp=cp), options))[0]
         for choice, (saved, grads, redo) in zip(LAYER_CHOICES, runs):
             assert all(torch.equal(a, b) for a, b in zip(grads, runs[0][1])), (rank, kind, choice)
             # the embedding and the head are the reference's here, not the vocab-parallel ones the formula counts:
             # compare what recomputation changes, which is all in the layers
-            predicted = chunk_saved_bytes(GQA, B, seq, **kw, **choice)[0]
+            plan = P.Plan(ParallelConfig(cp=cp), replace(options, recompute=choice))
+            predicted = chunk_saved_bytes(GQA, B, seq, plan)[0]
             assert saved - runs[0][0] == predicted - none_predicted, (rank, kind, choice)
             layers = _recomputed_layers(GQA.n_layers, choice)
-            assert redo == R.cp_recompute_ops(kind, choice["recompute"], cp, layers), (rank, kind, choice)
+            assert redo == R.cp_recompute_ops(kind, choice.granularity, cp, layers), (rank, kind, choice)
 
 
 def _pp_runs(cfg, m):
     import torch.distributed as dist
 
-    from pylib.pp import build, microbatches, run_pipeline
+    from pylib.pp import Boundary, build, microbatches, run_pipeline
     from pylib.pp.split import rank_chunks
 
     rank, p = dist.get_rank(), dist.get_world_size()
     ids, targets = random_tokens(cfg, B * m, S, seed=4)
     out = []
-    for choice in LAYER_CHOICES + [dict(recompute="full", recompute_method="uniform", recompute_num_layers=2)]:
-        chunks = rank_chunks(build_model(cfg), rank, p, 2, **choice)
+    for choice in LAYER_CHOICES + [Recompute("full", "uniform", 2)]:
+        chunks = rank_chunks(build_model(cfg), rank, p, 2, choice)
         run = run_pipeline(
             build("interleaved", p, m, 2),
             chunks,
             inputs=microbatches(ids, m),
             targets=microbatches(targets, m),
-            act_shape=(B, S, cfg.d_model),
+            boundary=Boundary((B, S, cfg.d_model)),
         )
         grads = [q.grad for c in chunks for q in c.parameters()]
         out.append((choice, run.activation_bytes, run.peak_activation_bytes, grads, run.loss))
@@ -339,12 +326,13 @@ def test_pipeline_stages_every_choice_same_gradients_and_bytes_per_chunk():
     cfg = _cfg("swiglu", 2, "rope", n_layers=8)
     p, m, v = 2, 4, 2
     for rank, runs in enumerate(launch(_pp_runs, p, cfg, m)):
-        kw = dict(pp=p, v=v, pp_rank=rank, sequence_parallel=False, attention="math")
-        none_predicted = chunk_saved_bytes(cfg, B, S, **kw)
+        options = RunOptions(sequence_parallel=False, schedule="interleaved", v=v)
+        none_predicted = chunk_saved_bytes(cfg, B, S, P.Plan(ParallelConfig(pp=p), options), rank)
         _, none_bytes, none_peak, none_grads, none_loss = runs[0]
         for choice, saved, peak, grads, loss in runs:
             assert loss == none_loss and all(torch.equal(a, b) for a, b in zip(grads, none_grads)), (rank, choice)
-            predicted = chunk_saved_bytes(cfg, B, S, **kw, **choice)
+            plan = P.Plan(ParallelConfig(pp=p), replace(options, recompute=choice))
+            predicted = chunk_saved_bytes(cfg, B, S, plan, rank)
             for c in range(v):  # what recomputation changes (the stage ends are the reference's modules here)
                 assert saved[(0, c)] - none_bytes[(0, c)] == predicted[c] - none_predicted[c], (rank, choice, c)
             ends = [none_bytes[(0, c)] - none_predicted[c] for c in range(v)]
@@ -356,7 +344,7 @@ def _moe_runs(cfg, par):
 
     out = []
     for choice in RECOMPUTE_CHOICES[:3] + RECOMPUTE_CHOICES[4:]:
-        r = train(cfg, par, steps=1, batch=4, seq=8, sequence_parallel=True, **choice)
+        r = train(cfg, par, RunOptions(sequence_parallel=True, recompute=choice), steps=1, batch=4, seq=8)
         rows = {}
         for layer, _send, _recv, etp_rows in r["moe_routing"]:
             rows.setdefault(layer, sum(etp_rows))
@@ -378,5 +366,6 @@ def test_composed_moe_model_every_choice_equal_parameters_and_bytes_at_the_measu
             where = f"rank {rank} {choice}"
             assert all(torch.equal(a[-1], b[-1]) for a, b in zip(params, none_params)), where
             assert log == none_log, where
-            predicted = chunk_saved_bytes(cfg, 4 // par.dp, 8, tp=par.tp, attention="math", expert_rows=rows, **choice)
+            plan = P.Plan(ParallelConfig(tp=par.tp), RunOptions(recompute=choice))
+            predicted = chunk_saved_bytes(cfg, 4 // par.dp, 8, plan, attention="math", expert_rows=rows)
             assert chunks[(0, 0)] == predicted[0], where

@@ -13,6 +13,7 @@ from pylib.analysis import efficiency as E
 from pylib.analysis import planner as P
 from pylib.analysis import recompute as R
 from pylib.model import ModelConfig, MoEConfig
+from pylib.plan import RunOptions
 from pylib.plan.mesh import ParallelConfig as pc
 from pylib.plan.recompute import modules_problems, recompute_modules
 
@@ -22,9 +23,15 @@ MOE = GPT.with_(moe=MoEConfig(n_experts=8, top_k=2))
 b, s, e = 1, 4096, 2
 
 
+def _plan(tp=1, sequence_parallel=True, sp_regather=False, recompute="none", modules=None):
+    """A plan of `tp` ranks: what `layer_saved_rows` reads (the mesh, SP, recomputation, Megatron's knobs)."""
+    options = RunOptions(sequence_parallel=sequence_parallel, recompute=recompute)
+    return P.Plan(pc(tp=tp), options, sp_regather=sp_regather, recompute_modules=modules)
+
+
 def _rows(cfg, modules, layer=0, **kw):
     rc = "selective" if modules else "none"
-    return A.layer_saved_rows(cfg, layer, b, s, attention="flash", recompute=rc, recompute_modules=modules, **kw)
+    return A.layer_saved_rows(cfg, layer, b, s, _plan(recompute=rc, modules=modules, **kw), attention="flash")
 
 
 def _saved(cfg, modules, **kw):
@@ -42,17 +49,20 @@ def test_the_vocabulary_is_megatrons_and_the_unmodelled_modules_are_refused_by_n
     assert modules_problems(())
     with pytest.raises(ValueError, match="not modelled"):
         _rows(GPT, ("mla_up_proj",))
-    bad = P.Plan(pc(tp=2, dp=2), recompute="full", recompute_modules=("mlp",))
+    bad = P.Plan(pc(tp=2, dp=2), RunOptions(recompute="full"), recompute_modules=("mlp",))
     assert any("needs recompute='selective'" in p for p in P.problems(GPT, bad, 4, 8, 64))
 
 
 def test_recomputing_nothing_or_the_core_alone_is_todays_numbers():
     for cfg in (LLAMA, GPT, MOE):
         for kw in (dict(tp=8, sequence_parallel=True, sp_regather=True), dict(tp=2), dict()):
-            assert _rows(cfg, None, **kw) == A.layer_saved_rows(cfg, 0, b, s, attention="flash", **kw)
+            assert _rows(cfg, None, **kw) == A.layer_saved_rows(cfg, 0, b, s, _plan(**kw), attention="flash")
             core = _rows(cfg, ("core_attn",), **kw)
-            assert core == A.layer_saved_rows(cfg, 0, b, s, attention="flash", recompute="selective", **kw)
-    plan = P.Plan(pc(tp=8, dp=8), sequence_parallel=True, n_microbatches=4, recompute="selective", sp_regather=True)
+            selective = _plan(recompute="selective", **kw)
+            assert core == A.layer_saved_rows(cfg, 0, b, s, selective, attention="flash")
+    plan = P.Plan(
+        pc(tp=8, dp=8), RunOptions(sequence_parallel=True, n_microbatches=4, recompute="selective"), sp_regather=True
+    )
     work, cluster = P.Workload(256, 4096), P.Cluster(64)
     same = replace(plan, recompute_modules=("core_attn",))
     a, c = P.predict(GPT, plan, work, cluster), P.predict(GPT, same, work, cluster)
@@ -123,8 +133,8 @@ def test_the_modules_rerun_their_forward_and_mlp_its_collectives():
 
 def test_a_plan_with_mlp_recomputed_costs_its_formulas_in_time_and_traffic():
     work, cluster = P.Workload(256, 4096), P.Cluster(64)
-    base = P.Plan(pc(tp=8, dp=8), sequence_parallel=True, n_microbatches=4, sp_regather=True)
-    mlp = replace(base, recompute="selective", recompute_modules=("mlp",))
+    base = P.Plan(pc(tp=8, dp=8), RunOptions(sequence_parallel=True, n_microbatches=4), sp_regather=True)
+    mlp = replace(base.with_options(recompute="selective"), recompute_modules=("mlp",))
     t0, t1 = (P.rank_times(GPT, p, work, cluster, 0) for p in (base, mlp))
     bs = base.micro_batch(work.batch)
     flops = GPT.n_layers * R.module_extra_flops(GPT, bs, 4096, 8, {"mlp"})
@@ -138,20 +148,20 @@ def test_a_plan_with_mlp_recomputed_costs_its_formulas_in_time_and_traffic():
     }
     rows0, rows1 = (P.rank_traffic_rows(GPT, p, work.batch, work.seq, 0) for p in (base, mlp))
     assert rows1 == rows0 + again and not P.module_traffic_rows(GPT, base, work.batch, work.seq, 0)
-    assert mlp.run_options.recompute == "none" and mlp.describe().endswith("recompute=selective/mlp")
+    assert mlp.run_options.recompute.granularity == "none" and mlp.describe().endswith("recompute=selective/mlp")
     a0, a1 = (P.rank_memory(GPT, p, work, 0)["activations"] for p in (base, mlp))
     assert a1 < a0
 
 
 def test_the_search_varies_only_the_modules_that_change_something():
-    one = dict(micro_batch_sizes=(1,), zero_stages=(0,), sequence_parallel=(True,))
+    one = P.SearchSpace(micro_batch_sizes=(1,), zero_stages=(0,), sequence_parallel=(True,))
     choices = (
         "none",
         ("selective", ("layernorm",)),
         ("selective", ("mlp",)),
         ("selective", ("layernorm", "core_attn")),
     )
-    plans = P.enumerate_plans(GPT, 8, 8, 256, meshes=(pc(tp=8),), recompute=choices, sp_regather=True, **one)
+    plans = P.enumerate_plans(GPT, 8, 8, 256, replace(one, meshes=(pc(tp=8),), recompute=choices, sp_regather=True))
     # under Megatron's SP a dense layer's norms are fused: "layernorm" is the plan without it
     assert sorted(p.describe() for p in plans) == sorted(
         [
@@ -160,5 +170,7 @@ def test_the_search_varies_only_the_modules_that_change_something():
             "tp8 SP regather m=8 recompute=selective",
         ]
     )
-    flat = P.enumerate_plans(GPT, 8, 8, 256, meshes=(pc(dp=8),), recompute=choices, micro_batch_sizes=(1,))
+    flat = P.enumerate_plans(
+        GPT, 8, 8, 256, P.SearchSpace(meshes=(pc(dp=8),), recompute=choices, micro_batch_sizes=(1,))
+    )
     assert {p.recompute_modules for p in flat} == {None, ("layernorm",), ("mlp",), ("layernorm", "core_attn")}

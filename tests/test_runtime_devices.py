@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from pylib.model import ModelConfig, MoEConfig, Transformer
+from pylib.plan import RunOptions
 from pylib.runtime import collectives as C
 from pylib.runtime import launch
 from pylib.runtime.launch import _to_cpu
@@ -131,7 +132,7 @@ def _built_from_meta():
         "pp": _devices(*PipelineParallel(_on_meta(CFG)).chunks),
     }
     for zero in (0, 1, 2, 3):
-        model = ParallelTransformer.from_full(_on_meta(MOE_CFG), Mesh(ParallelConfig()), zero_stage=zero)
+        model = ParallelTransformer.from_full(_on_meta(MOE_CFG), Mesh(ParallelConfig()), RunOptions(zero_stage=zero))
         held = _devices(*model.stages, *[w if zero else w.ddp for w in model.wrappers])
         if zero in (1, 2):
             held |= {f"flat{i}": f.device.type for w in model.wrappers for i, f in enumerate(w.flats)}

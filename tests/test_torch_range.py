@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from pylib.plan import RunOptions
 from pylib.runtime import ParallelConfig, compat, launch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -346,9 +347,9 @@ def test_zero_1_2_3_train_the_same_with_every_post_2_6_api_hidden():
 
 COMPOSED = {
     # TP with SP, ETP (experts' rows all-gathered over the ETP group) and ZeRO-3 on one mesh
-    "tp+sp, etp, zero-3": (dict(tp=2, dp=2, ep=2, etp=2), "moe", dict(zero_stage=3, n_microbatches=1)),
+    "tp+sp, etp, zero-3": (dict(tp=2, dp=2, ep=2, etp=2), "moe", RunOptions(zero_stage=3, n_microbatches=1)),
     # CP (ring, zig-zag) with ZeRO-2 over dp-cp
-    "cp ring, zero-2": (dict(cp=2, dp=2), "dense", dict(zero_stage=2, n_microbatches=1, cp_kind="ring")),
+    "cp ring, zero-2": (dict(cp=2, dp=2), "dense", RunOptions(zero_stage=2, n_microbatches=1, cp_kind="ring")),
 }
 
 
@@ -357,11 +358,11 @@ def test_composed_steps_train_the_same_with_every_post_2_6_api_hidden(name):
     from pylib.experiments.compose_training import compare_with_reference, train, train_reference
     from pylib.model import ModelConfig, MoEConfig
 
-    axes, kind, kw = COMPOSED[name]
+    axes, kind, options = COMPOSED[name]
     moe = MoEConfig(n_experts=2, top_k=1) if kind == "moe" else None
     cfg = ModelConfig(vocab_size=16, d_model=8, n_layers=2, n_heads=2, n_kv_heads=2, d_ff=16, dtype="float64", moe=moe)
     pc = ParallelConfig(**axes)
-    plain, hidden, calls = _both(train, pc.dense_world_size, cfg, pc, steps=2, batch=4, seq=8, **kw)
+    plain, hidden, calls = _both(train, pc.dense_world_size, cfg, pc, options, steps=2, batch=4, seq=8)
     for a, b in zip(plain, hidden):
         _assert_same(a["losses"], b["losses"], "losses")
         _assert_same([p[-1] for p in a["params"]], [p[-1] for p in b["params"]], "params")

@@ -20,7 +20,7 @@ from pylib.viz.compose_tables import (
     spans,
     token_rows,
 )
-from pylib.viz.tp_tables import SPLIT_CONSEQUENCE, head_layout_rows, shard_spec_rows, trace_summary_rows
+from pylib.viz.tp_tables import SPLIT_KINDS, head_layout_rows, shard_spec_rows, trace_summary_rows
 
 
 def test_shard_spec_rows_are_the_specs_of_layer_0_and_the_ends():
@@ -31,7 +31,7 @@ def test_shard_spec_rows_are_the_specs_of_layer_0_and_the_ends():
     kept = [s for s in specs if not s.name.startswith("layers.1")]
     assert [r[0] for r in rows] == [f"`{s.name}`" for s in kept]
     assert [(r[2], r[3]) for r in rows] == [(list(s.full_shape), list(s.local_shape)) for s in kept]
-    assert {r[1] for r in rows} <= set(SPLIT_CONSEQUENCE)
+    assert {r[1] for r in rows} <= set(SPLIT_KINDS)
 
 
 def test_head_layout_rows_name_the_last_ranks_heads_and_the_copies():

@@ -12,6 +12,7 @@ from pylib.analysis.compose import dp_held_bytes, per_axis  # noqa: E402
 from pylib.compose import formula_traffic, holder_labels, report_rows  # noqa: E402
 from pylib.experiments.compose_training import train  # noqa: E402
 from pylib.model.presets import tiny  # noqa: E402
+from pylib.plan import RunOptions
 from pylib.runtime import ParallelConfig, coordinates, launch, rank_groups  # noqa: E402
 from pylib.viz import style  # noqa: E402
 from pylib.viz.compose import (  # noqa: E402
@@ -95,7 +96,7 @@ PC = ParallelConfig(tp=2, dp=2, pp=2)
 
 @pytest.fixture(scope="module")
 def run():
-    return launch(train, 8, CFG, PC, steps=1, batch=4, seq=8, zero_stage=1, n_microbatches=2, timeout=120)
+    return launch(train, 8, CFG, PC, RunOptions(zero_stage=1, n_microbatches=2), steps=1, batch=4, seq=8, timeout=120)
 
 
 @pytest.mark.timeout(120)
@@ -104,7 +105,7 @@ def test_report_bars_are_the_run_s_bytes_and_the_marks_the_formulas(run):
     memory = [dp_held_bytes(r["layouts"], 1) for r in run]
     traffic = []
     for r in run:
-        f = formula_traffic(CFG, PC, r, batch=4, seq=8, n_microbatches=2, zero_stage=1)
+        f = formula_traffic(CFG, PC, r, RunOptions(n_microbatches=2, zero_stage=1), batch=4, seq=8)
         traffic.append({a: v["bytes_sent"] for a, v in per_axis(f).items()})
     fig = plot_rank_report(rows, traffic_formula=traffic, memory_formula=memory, unit="B")
     mem_ax, net_ax = fig.axes[:2]

@@ -9,7 +9,7 @@ import ipywidgets as widgets
 import pytest
 
 from pylib.analysis import shapes
-from pylib.plan import ParallelConfig
+from pylib.plan import ParallelConfig, RunOptions
 from pylib.viz.explorer import (
     PRESETS,
     STATIC_PLANS,
@@ -81,14 +81,11 @@ def _summary_from_controls(preset: str, controls: dict) -> shapes.Summary:
     cfg, plan = PRESETS[preset]
     plan = {**plan, **controls}
     par = ParallelConfig(**{a: plan.get(a, 1) for a in ("tp", "cp", "dp", "pp", "ep", "etp")})
-    kw = dict(
-        sequence_parallel=plan.get("sp", False),
-        cp_kind=plan.get("cp_kind", "ring"),
-        microbatches=plan.get("m", 1),
-        zero=plan.get("zero", "ddp"),
-        pp_rank=par.pp - 1 if plan.get("stage") == "last" else 0,
-    )
-    return shapes.summary(cfg, par, plan["b"], plan["s"], **kw)
+    fields = dict(cp_kind="cp_kind", m="n_microbatches", zero="zero_stage")  # control -> RunOptions field
+    given = {fields[k]: plan[k] for k in fields if k in plan}
+    options = RunOptions(sequence_parallel=plan.get("sp", False), **given)
+    pp_rank = par.pp - 1 if plan.get("stage") == "last" else 0
+    return shapes.summary(cfg, par, plan["b"], plan["s"], options, pp_rank=pp_rank)
 
 
 @pytest.mark.parametrize("preset, i", CASES, ids=[f"{p[:12]}-{i}" for p, i in CASES])

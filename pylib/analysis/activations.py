@@ -39,10 +39,11 @@ compares every number here with those measurements).
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.options import SEQUENCE_PARALLEL
-from pylib.plan.recompute import check_recompute, modules_problems, recompute_groups
+from pylib.plan.recompute import check_recompute, modules_problems
 from pylib.plan.recompute import recompute_modules as recompute_modules_of
 from pylib.plan.schedules import check_schedule, interleaved_table, warmup_forwards
 from pylib.plan.split import chunk_layers
@@ -63,13 +64,14 @@ def attention_core_bytes(
     b: int,
     s: int,
     *,
-    tp: int = 1,
-    cp: int = 1,
-    cp_kind: str = "ring",
-    attention: str = "math",
-    layout: str = "zigzag",
+    tp: int,
+    cp: int,
+    cp_kind: str,
+    attention: str,
+    layout: str,
 ) -> int:
-    """Bytes the attention core of one layer keeps on one rank (see the module docstring)."""
+    """Bytes the attention core of one layer keeps on one rank (see the module docstring): cp_kind and layout are a
+    `RunOptions`' cp_kind and cp_layout."""
     if attention not in ATTENTION_KERNELS:
         raise ValueError(f"attention={attention!r} must be one of {ATTENTION_KERNELS}")
     e = dtype_bytes(cfg.dtype)
@@ -112,25 +114,13 @@ def moe_saved_rows(cfg, tokens: int, *, etp: int = 1, expert_rows: int | None = 
 
 
 def layer_saved_rows(
-    cfg,
-    layer: int,
-    b: int,
-    s: int,
-    *,
-    tp: int = 1,
-    cp: int = 1,
-    sequence_parallel: bool = SEQUENCE_PARALLEL,
-    cp_kind: str = "ring",
-    attention: str = "math",
-    etp: int = 1,
-    expert_rows: int | None = None,
-    recompute: str = "none",
-    sp_regather: bool = False,
-    recompute_modules: tuple[str, ...] | None = None,
+    cfg, layer: int, b: int, s: int, plan, *, attention: str = "math", expert_rows: int | None = None
 ) -> dict[str, int]:
-    """Bytes one layer keeps for backward on one rank, by tensor: `tp.compare_with_korthikanti` at s/cp tokens, the
-    attention core as `attention_core_bytes` (its inputs under recompute="selective"), and for a MoE layer the MLP
-    rows replaced by `moe_saved_rows`. recompute="full": the layer's input alone (one layer recomputed whole).
+    """Bytes one layer keeps for backward on one rank, by tensor, under `plan` (a `pylib.analysis.planner.Plan`: its
+    mesh's tp, cp, etp, its options' SP, CP kind and layout and recompute granularity, its sp_regather and
+    recompute_modules): `tp.compare_with_korthikanti` at s/cp tokens, the attention core as
+    `attention_core_bytes` (its inputs under recompute="selective"), and for a MoE layer the MLP rows replaced by
+    `moe_saved_rows`. recompute="full": the layer's input alone (one layer recomputed whole).
     sp_regather: under SP, the column-parallel linears keep their input as the s/(cp tp) shard and all-gather it
     again in backward (Megatron's choice; `tp.compare_with_korthikanti(regather=True)`); False keeps it gathered,
     as pylib.tp does. sp_regather also counts Megatron's layer as Megatron-LM with Transformer Engine keeps it:
@@ -139,12 +129,14 @@ def layer_saved_rows(
     is the very tensor the row-parallel W_O saves as its input (one storage, counted once, without CP).
     recompute_modules (with recompute="selective"; None: Megatron's default, the core alone): the modules each
     layer recomputes, their rows removed (`recompute.module_dropped_rows`)."""
-    check_recompute(recompute)
-    bad = modules_problems(recompute_modules, recompute)
+    par, o, sp_regather = plan.par, plan.options, plan.sp_regather
+    tp, cp, etp, cp_kind = par.tp, par.cp, par.etp, o.cp_kind
+    recompute = check_recompute(o.recompute).granularity
+    bad = modules_problems(plan.recompute_modules, recompute)
     if bad:
         raise ValueError("; ".join(bad))
-    modules = recompute_modules_of(recompute, recompute_modules)
-    sp = sequence_parallel and tp > 1
+    modules = recompute_modules_of(recompute, plan.recompute_modules)
+    sp = o.sequence_parallel and tp > 1
     if recompute == "full":
         return {
             "layer input (recomputed layer)": recompute_analysis.layer_input_bytes(
@@ -166,7 +158,9 @@ def layer_saved_rows(
     if "core_attn" in modules:
         rows[core + ", recomputed: q, k, v"] = recompute_analysis.core_input_bytes(cfg, b, s, tp, cp)
     else:
-        rows[core] = attention_core_bytes(cfg, b, s, tp=tp, cp=cp, cp_kind=cp_kind, attention=attention)
+        rows[core] = attention_core_bytes(
+            cfg, b, s, tp=tp, cp=cp, cp_kind=cp_kind, attention=attention, layout=o.cp_layout
+        )
     if cfg.is_moe_layer(layer):
         for item in MLP_ROWS:
             rows.pop(item, None)
@@ -215,65 +209,40 @@ def stage_end_rows(
 
 
 def chunk_saved_bytes(
-    cfg,
-    b: int,
-    s: int,
-    *,
-    pp: int = 1,
-    v: int = 1,
-    pp_rank: int = 0,
-    tp: int = 1,
-    cp: int = 1,
-    sequence_parallel: bool = SEQUENCE_PARALLEL,
-    cp_kind: str = "ring",
-    attention: str = "math",
-    etp: int = 1,
-    expert_rows: dict[int, int] | None = None,
-    recompute: str = "none",
-    recompute_method: str = "uniform",
-    recompute_num_layers: int = 1,
-    sp_regather: bool = False,
-    balance_ends: bool = False,
-    recompute_modules: tuple[str, ...] | None = None,
+    cfg, b: int, s: int, plan, pp_rank: int = 0, *, attention: str = "math", expert_rows: dict[int, int] | None = None
 ) -> list[int]:
-    """Bytes one microbatch's forward keeps in each chunk of pipeline rank `pp_rank` (a list of v numbers).
-    expert_rows: {layer: R} measured; missing layers take the expectation. recompute, recompute_method,
-    recompute_num_layers: `pylib.plan.recompute`, the groups counted within each chunk (as pylib.compose runs them).
-    sp_regather: Megatron's SP (the column-parallel linears' inputs kept as shards, `layer_saved_rows`).
-    balance_ends: Llama 3's uneven split (`split_layers`). recompute_modules: Megatron's (`layer_saved_rows`)."""
-    check_recompute(recompute, recompute_method, recompute_num_layers)
-    kept = "selective" if recompute == "selective" else "none"  # what a layer outside a recomputed group keeps
+    """Bytes one microbatch's forward keeps in each chunk of pipeline rank `pp_rank` (a list of v numbers) under
+    `plan` (a `pylib.analysis.planner.Plan`: its mesh, its options -- the recompute groups counted within each
+    chunk, as pylib.compose runs them -- and its sp_regather, balance_ends (Llama 3's uneven split,
+    `split_layers`) and recompute_modules, as `layer_saved_rows`). expert_rows: {layer: R} measured; missing layers
+    take the expectation."""
+    par, o = plan.par, plan.options
+    pp, v, tp, cp = par.pp, o.v, par.tp, par.cp
+    rc = check_recompute(o.recompute)
+    kept = "selective" if rc.granularity == "selective" else "none"  # what a layer outside a recomputed group keeps
+    layer_plan = replace(
+        plan,
+        options=replace(o, recompute=replace(rc, granularity=kept)),
+        recompute_modules=plan.recompute_modules if kept == "selective" else None,
+    )
     out = []
-    sp = sequence_parallel and tp > 1
-    kw = dict(tp=tp, cp=cp, sequence_parallel=sequence_parallel, sp_regather=sp_regather)
-    modules = recompute_modules if kept == "selective" else None
+    sp = o.sequence_parallel and tp > 1
+    ends = dict(tp=tp, cp=cp, sequence_parallel=o.sequence_parallel, sp_regather=plan.sp_regather)
     same: dict[bool, int] = {}  # dense and MoE layers at the expected routing: one sum each
 
     def layer(i):
         rows_i = (expert_rows or {}).get(i)
         if rows_i is None and cfg.is_moe_layer(i) in same:
             return same[cfg.is_moe_layer(i)]
-        rows = layer_saved_rows(
-            cfg,
-            i,
-            b,
-            s,
-            cp_kind=cp_kind,
-            attention=attention,
-            etp=etp,
-            expert_rows=rows_i,
-            recompute=kept,
-            recompute_modules=modules,
-            **kw,
-        )
+        rows = layer_saved_rows(cfg, i, b, s, layer_plan, attention=attention, expert_rows=rows_i)
         if rows_i is None:
             same[cfg.is_moe_layer(i)] = sum(rows.values())
         return sum(rows.values())
 
-    for c, layers in enumerate(split_layers(cfg.n_layers, pp, v, pp_rank, balance_ends)):
+    for c, layers in enumerate(split_layers(cfg.n_layers, pp, v, pp_rank, plan.balance_ends)):
         stage = c * pp + pp_rank
-        total = sum(stage_end_rows(cfg, b, s, first=stage == 0, last=stage == pp * v - 1, **kw).values())
-        for group, whole in recompute_groups(len(layers), recompute, recompute_method, recompute_num_layers):
+        total = sum(stage_end_rows(cfg, b, s, first=stage == 0, last=stage == pp * v - 1, **ends).values())
+        for group, whole in rc.groups(len(layers)):
             if whole:
                 total += recompute_analysis.layer_input_bytes(cfg, b, s, tp, sequence_parallel=sp, cp=cp)
             else:

@@ -35,7 +35,7 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pylib.plan.mesh import ParallelConfig
 
@@ -131,7 +131,7 @@ LAYOUTS = (Run("Llama 3.1 405B", _DGXC, _LLAMA3_405B, 512, 8192, 256, 8, 8, 4, c
 # wherever there is TP (Megatron requires it for --tp-comm-overlap), as Megatron runs it (the saved inputs of the
 # column-parallel linears kept as sequence shards and all-gathered again in backward: `planner.Plan.sp_regather`);
 # ring CP.
-LAYOUT_SEARCH = dict(
+LAYOUT_SEARCH = P.SearchSpace(
     sp_regather=True,
     micro_batch_sizes=(1, 2),
     virtual_stages=(1, 2, 3, 4, 5, 6, 7, 8),
@@ -151,7 +151,7 @@ PUBLISHED_GROUP_SIZES = "megatron"
 
 
 # The meshes the search compares a published one with: TP inside a node (1 to 8), CP of 1 or 2 at these lengths,
-# every PP and DP.
+# every PP and DP (`SearchSpace` fields, over LAYOUT_SEARCH's).
 MESH_SEARCH = dict(tp_sizes=(1, 2, 4, 8), cp_sizes=(1, 2))
 
 
@@ -202,16 +202,10 @@ def workload(run: Run) -> P.Workload:
 
 def _published_plans(run: Run, cfg, **knobs) -> list[P.Plan]:
     """Every plan of the published mesh with LAYOUT_SEARCH's knobs (`knobs` replacing some of them)."""
-    plans = P.enumerate_plans(
-        cfg,
-        run.gpus,
-        run.batch,
-        run.seq,
-        meshes=(run.par,),
-        group_sizes=PUBLISHED_GROUP_SIZES,
-        balance_ends=run.balance_ends,
-        **{**LAYOUT_SEARCH, **knobs},
+    space = replace(
+        LAYOUT_SEARCH, meshes=(run.par,), group_sizes=PUBLISHED_GROUP_SIZES, balance_ends=run.balance_ends, **knobs
     )
+    plans = P.enumerate_plans(cfg, run.gpus, run.batch, run.seq, space)
     if not plans:
         raise ValueError(f"{run.name}: the planner accepts no plan with the published mesh {run.par.describe()}")
     return plans
@@ -230,7 +224,8 @@ def evaluate(run: Run, cfg, model: CostModel | None = None, *, search: bool = Fa
     tflops = _tflops(run, cfg, mine.step_time)
     if not search:
         return Evaluated(run, mine, tflops)
-    ranked = P.rank_plans(cfg, work, c, top=top, balance_ends=run.balance_ends, **LAYOUT_SEARCH, **MESH_SEARCH)
+    space = replace(LAYOUT_SEARCH, balance_ends=run.balance_ends, **MESH_SEARCH)
+    ranked = P.rank_plans(cfg, work, c, top=top, space=space)
     faster = [x for x in ranked if x.step_time < mine.step_time and x.plan.par != run.par]
     return Evaluated(run, mine, tflops, ranked[0], len(faster) + 1)
 

@@ -38,9 +38,8 @@ from pylib.analysis import pp as pp_formulas
 from pylib.analysis import recompute as recompute_formulas
 from pylib.analysis import tp as tp_formulas
 from pylib.plan.heads import kv_heads_per_rank
-from pylib.plan.options import RunOptions
+from pylib.plan.options import RunOptions, ZeroStage
 from pylib.plan.options import zero_stage as _zero
-from pylib.plan.recompute import recompute_groups
 from pylib.plan.split import chunk_layers
 
 
@@ -174,19 +173,20 @@ def _cp_rows(st: _Step) -> None:
 def _recompute_rows(st: _Step, layouts) -> None:
     """What backward runs again, per microbatch and chunk (see the module docstring)."""
     cfg, opt, tp, cp, m, e = st.cfg, st.opt, st.pc.tp, st.pc.cp, st.m, st.e
-    if opt.recompute == "none":
+    rc = opt.recompute
+    if rc.granularity == "none":
         return
     if cfg.moe is not None:
         raise ValueError(
-            f"recompute={opt.recompute!r} with MoE layers: the traffic a recomputed MoE layer issues again is not "
+            f"recompute={rc.granularity!r} with MoE layers: the traffic a recomputed MoE layer issues again is not "
             "modelled here (the saved bytes are: pylib.analysis.activations)"
         )
     s_cp = st.seq // cp
     q_heads, kv_heads = cfg.n_heads // tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)[0]
     for chunk in chunk_layers(cfg.n_layers, st.pc.pp, opt.v, st.pp_rank):
-        groups = recompute_groups(len(chunk), opt.recompute, opt.recompute_method, opt.recompute_num_layers)
+        groups = rc.groups(len(chunk))
         rerun = [len(g) for g, whole in groups if whole]
-        if _zero(opt.zero_stage).key == "zero3":  # a recomputed layer's unit is gathered once more
+        if opt.zero_stage == ZeroStage.ZERO3:  # a recomputed layer's unit is gathered once more
             again = {f"layers.{chunk[k]}" for g, whole in groups if whole for k in g}
             for lay in layouts:
                 if lay.key in again and lay.parts > 1:
@@ -199,7 +199,7 @@ def _recompute_rows(st: _Step, layouts) -> None:
                 )
                 for c in ops:
                     st.add("tp", "recompute", c.op, c.where, m, m * c.bytes_sent, c.payload_bytes)
-        layers = len(chunk) if opt.recompute == "selective" else sum(rerun)
+        layers = len(chunk) if rc.granularity == "selective" else sum(rerun)
         if cp > 1 and layers:
             if opt.cp_kind == "ring":
                 r = cp_formulas.ring_traffic(st.b, st.seq, kv_heads, cfg.d_head, cp, e)
@@ -208,7 +208,7 @@ def _recompute_rows(st: _Step, layouts) -> None:
                 st.add("cp", "recompute", "recv", "ring", n, 0, msg)
             else:
                 u = cp_formulas.ulysses_traffic(st.b, st.seq, q_heads, kv_heads, cfg.d_head, cp, e)
-                names = ("q", "k", "v") if opt.recompute == "selective" else ("q", "k", "v", "out")
+                names = ("q", "k", "v") if rc.granularity == "selective" else ("q", "k", "v", "out")
                 sent = sum(u["sent_bytes"][k] for k in names)
                 st.add(
                     "cp",
@@ -310,32 +310,30 @@ def _loss_rows(st: _Step) -> None:
 
 def step_traffic(
     cfg,
-    pc,
-    options: RunOptions | None = None,
+    par,
+    options: RunOptions = RunOptions(),
     *,
     batch: int,
     seq: int,
-    pp_rank: int,
+    coords: dict[str, int],
     layouts,
-    dp_index: int = 0,
-    edp_index: int = 0,
-    etp_index: int = 0,
-    ep_index: int = 0,
     moe_routing=(),
     sp_regather: bool = False,
 ) -> list[Traffic]:
     """Every op one rank issues in one training step of the composed model, as rows (see the module docstring).
 
-    options: the run's `pylib.plan.RunOptions` (sequence parallelism, CP kind, m, v, ZeRO stage; None: defaults);
+    options: the run's `pylib.plan.RunOptions` (sequence parallelism, CP kind, m, v, ZeRO stage);
+    coords: the rank's index on the axes "pp", "dp-cp" (which ZeRO slices it holds), "ep" and "etp" (a missing
+    axis: index 0), e.g. a `train` record's "coords";
     layouts: the run's data-parallel flat buffers (`ParallelTransformer.layouts`: names, sizes, padding, group);
-    dp_index / edp_index: the rank's index in its dp-cp / edp group (which ZeRO slices it holds);
     moe_routing: (layer, send_counts [ep, E_local], recv_counts [ep, E_local], etp_rows) per MoE forward;
     sp_regather: model Megatron's SP instead of pylib's: each column-parallel linear (QKV, the MLP's first, the LM
     head) keeps its input as the sequence shard and all-gathers it again in backward, one more all-gather of
     b s h e per entry (rows whose `where` ends in ".regather"; `tp.layer_collectives(regather=True)`). pylib.tp
     keeps the gathered input instead (False, what its runs measure)."""
-    opt = RunOptions() if options is None else options
+    opt, pc = options, par
     pp, v = pc.pp, opt.v
+    pp_rank = coords.get("pp", 0)
     layers = [i for c in chunk_layers(cfg.n_layers, pp, v, pp_rank) for i in c]
     b = batch // (pc.dp * opt.n_microbatches)
     st = _Step(cfg, pc, opt, b, seq, pp_rank, layers, pp_rank == 0, pp_rank == (pp * v - 1) % pp)
@@ -345,12 +343,12 @@ def step_traffic(
     if pc.cp > 1:
         _cp_rows(st)
     _recompute_rows(st, layouts)
-    _moe_rows(st, moe_routing, ep_index, etp_index)
+    _moe_rows(st, moe_routing, coords.get("ep", 0), coords.get("etp", 0))
     if pp > 1:
         _pp_rows(st)
     _dp_rows(st, layouts)
     if pc.tp > 1:
-        _tp_grad_rows(st, layouts, dp_index)
+        _tp_grad_rows(st, layouts, coords.get("dp-cp", 0))
     _loss_rows(st)
     return st.rows
 

@@ -114,15 +114,15 @@ def microbatch_seconds(
     b = plan.micro_batch(batch)
     tokens = b * seq / par.cp
     tp, eta = par.tp, model.eta
-    t_s = tp if plan.sequence_parallel and tp > 1 else 1
+    t_s = tp if plan.options.sequence_parallel and tp > 1 else 1
     heads = cfg.n_heads // tp
     causal = 0.5 if cfg.causal else 1.0
     core_flops = 4 * tokens * seq * heads * cfg.d_head * causal
     core = core_flops / (eta * peak_flops)
     elem = model.c_elem * e * tokens * cfg.d_model * (0.5 / t_s + 0.5 / tp) / hbm_bandwidth
     fwd = bwd = core_total = dgrad = 0.0
-    n_stages = par.pp * plan.v
-    for c, layers in enumerate(split_layers(cfg.n_layers, par.pp, plan.v, pp_rank, plan.balance_ends)):
+    n_stages = par.pp * plan.options.v
+    for c, layers in enumerate(split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends)):
         stage = c * par.pp + pp_rank
         for i in layers:
             moe = cfg.moe is not None and cfg.is_moe_layer(i)
@@ -135,10 +135,10 @@ def microbatch_seconds(
             fwd += g + core + elem
             bwd += 2 * (g + core) + elem
             core_total += 3 * core
-        if plan.recompute == "selective" and layers:
+        if plan.options.recompute.granularity == "selective" and layers:
             flops, hbm = _module_work(cfg, b, seq, par, plan, layers)
             bwd += flops / (eta * peak_flops) + hbm / hbm_bandwidth
-        elif plan.recompute != "none" and layers:
+        elif plan.options.recompute.granularity != "none" and layers:
             extra = _recompute_flops(cfg, b, seq, par, plan, len(layers))
             bwd += extra / (eta * peak_flops)
         if stage == n_stages - 1:  # the LM head, forward and its two backward GEMMs
@@ -155,8 +155,8 @@ def _module_work(cfg, b: int, seq: int, par, plan, layers) -> tuple[int, int]:
     """(matmul FLOPs, memory-bound bytes) one chunk's selective recomputation runs again on one rank: every layer's
     modules (`Plan.recompute_modules`; the default, the attention core, is pylib's "selective")."""
     s = seq // par.cp
-    modules = recompute_modules(plan.recompute, getattr(plan, "recompute_modules", None))
-    sp = plan.sequence_parallel and par.tp > 1
+    modules = recompute_modules(plan.options.recompute.granularity, getattr(plan, "recompute_modules", None))
+    sp = plan.options.sequence_parallel and par.tp > 1
     rows = expected_expert_rows(b * (s // par.tp if sp else s), cfg.moe.top_k, par.etp) if cfg.moe else 0
     flops = hbm = 0
     for i in layers:
@@ -181,11 +181,11 @@ def _recompute_flops(cfg, b: int, seq: int, par, plan, n_layers: int) -> float:
     """Matmul FLOPs one chunk's recomputation runs again on one rank (`recompute.extra_forward_flops`, per layer
     for selective, per group of `recompute_num_layers` for full); the sequence is this rank's s / cp."""
     s = seq // par.cp
-    if plan.recompute == "selective":
+    if plan.options.recompute.granularity == "selective":
         return n_layers * extra_forward_flops(cfg, b, s, par.tp, "selective")
-    k = plan.recompute_num_layers
+    k = plan.options.recompute.num_layers
     groups, rest = divmod(n_layers, k)
-    if plan.recompute_method == "block":
+    if plan.options.recompute.method == "block":
         return min(k, n_layers) * extra_forward_flops(cfg, b, s, par.tp, "full", 1)
     total = groups * extra_forward_flops(cfg, b, s, par.tp, "full", k)
     return total + (extra_forward_flops(cfg, b, s, par.tp, "full", rest) if rest else 0)

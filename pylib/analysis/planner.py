@@ -69,10 +69,10 @@ from fractions import Fraction
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.layout import FlatEntry, FlatLayout
 from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
-from pylib.plan.options import CP_KINDS, SEQUENCE_PARALLEL, ZERO_STAGES, MixedPrecision, RunOptions
+from pylib.plan.options import CP_KINDS, DTYPE_BYTES, ZERO_STAGES, MixedPrecision, RunOptions
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
-from pylib.plan.recompute import DEFAULT_MODULES, modules_problems, recompute_modules
+from pylib.plan.recompute import DEFAULT_MODULES, Recompute, as_recompute, modules_problems, recompute_modules
 from pylib.plan.schedules import ScheduleError, check_schedule
 
 from . import compose as compose_analysis
@@ -88,7 +88,6 @@ from .tp import dtype_bytes
 from .weights import weight_shapes
 
 PRECISIONS = ("uniform", "mixed")
-GRAD_REDUCE = ("bfloat16", "float32")
 MIXED_STATE_BYTES = dp_analysis.PAPER_K  # fp32 master copy, momentum and variance per parameter
 GB = 1e9
 
@@ -161,20 +160,23 @@ class Workload:
             raise ValueError(f"precision={self.precision!r} must be one of {PRECISIONS}")
         if self.attention not in ATTENTION_KERNELS:
             raise ValueError(f"attention={self.attention!r} must be one of {ATTENTION_KERNELS}")
-        if self.grad_reduce not in GRAD_REDUCE:
-            raise ValueError(f"grad_reduce={self.grad_reduce!r} must be one of {GRAD_REDUCE}")
+        bad = MixedPrecision(grad_reduce=self.grad_reduce).problems()  # bf16 compute: bf16 or fp32 reductions
+        if bad:
+            raise ValueError("; ".join(bad))
         if self.grad_reduce != "bfloat16" and self.precision != "mixed":
             raise ValueError(f"grad_reduce={self.grad_reduce!r} needs precision='mixed'")
 
     @property
     def grad_bytes(self) -> int:
         """Bytes of one gradient element as kept and reduced: 2 or 4."""
-        return 4 if self.grad_reduce == "float32" else 2
+        return DTYPE_BYTES[self.grad_reduce]
 
 
 @dataclass(frozen=True)
 class Plan:
-    """One way to run: the mesh and the composed model's options. sp_regather: predict Megatron's sequence
+    """One way to run: the mesh `par` and the composed model's `options` (a `RunOptions`; its schedule is set from
+    v: 1F1B, interleaved 1F1B when v > 1, the schedules the planner models), plus the analysis-only knobs below,
+    which `pylib.compose` does not run. sp_regather: predict Megatron's sequence
     parallelism rather than pylib's -- the column-parallel linears (QKV, the MLP's first, the LM head) save their
     input as the s/(cp tp) shard and all-gather it again in backward (Megatron-Core's
     `LinearWithGradAccumulationAndAsyncCommunication`, launched async under the input-gradient GEMM); pylib.tp
@@ -194,50 +196,38 @@ class Plan:
     its selective recomputation when "core_attn" is among them, for none otherwise."""
 
     par: ParallelConfig
-    sequence_parallel: bool = SEQUENCE_PARALLEL
-    cp_kind: str = "ring"
-    zero_stage: int = 0
-    n_microbatches: int = 1
-    v: int = 1
-    recompute: str = "none"
-    recompute_method: str = "uniform"
-    recompute_num_layers: int = 1
+    options: RunOptions = RunOptions()
     sp_regather: bool = False
     balance_ends: bool = False
     group_size: int | None = None
     recompute_modules: tuple[str, ...] | None = None
 
+    def __post_init__(self):
+        schedule = "interleaved" if self.options.v > 1 else "1f1b"  # the schedules the planner models
+        if self.options.schedule != schedule:
+            object.__setattr__(self, "options", replace(self.options, schedule=schedule))
+
+    def with_options(self, **changes) -> Plan:
+        """The same plan with some `RunOptions` fields changed (`dataclasses.replace` of `options`)."""
+        return replace(self, options=replace(self.options, **changes))
+
     @property
     def modules(self) -> frozenset:
         """The modules every layer recomputes (`pylib.plan.recompute.recompute_modules`): empty unless selective."""
-        return recompute_modules(self.recompute, self.recompute_modules)
-
-    @property
-    def schedule(self) -> str:
-        return "interleaved" if self.v > 1 else "1f1b"
+        return recompute_modules(self.options.recompute.granularity, self.recompute_modules)
 
     @property
     def run_options(self) -> RunOptions:
-        """The composed run's options (`pylib.plan.RunOptions`; the CP layout at its default, zig-zag)."""
-        return RunOptions(
-            sequence_parallel=self.sequence_parallel,
-            cp_kind=self.cp_kind,
-            schedule=self.schedule,
-            n_microbatches=self.n_microbatches,
-            v=self.v,
-            zero_stage=self.zero_stage,
-            recompute=self.recompute if self.recompute != "selective" or "core_attn" in self.modules else "none",
-            recompute_method=self.recompute_method,
-            recompute_num_layers=self.recompute_num_layers,
-        )
-
-    def options(self) -> dict:
-        """Keyword arguments of `ParallelTransformer.from_full`, `compose.train` and `compose_problems`."""
-        return {k: v for k, v in self.run_options.as_dict().items() if k != "cp_layout"}
+        """What `pylib.compose` runs: `options`, with selective recomputation only when "core_attn" is among the
+        modules (none otherwise)."""
+        rc = self.options.recompute
+        if rc.granularity == "selective" and "core_attn" not in self.modules:
+            return replace(self.options, recompute=replace(rc, granularity="none"))
+        return self.options
 
     def micro_batch(self, batch: int) -> int:
         """Sequences per microbatch on one rank: B / (dp m)."""
-        return batch // (self.par.dp * self.n_microbatches)
+        return batch // (self.par.dp * self.options.n_microbatches)
 
     @property
     def dp_cp(self) -> int:
@@ -248,40 +238,47 @@ class Plan:
         return self.par.expert_dp()
 
     def describe(self) -> str:
+        o = self.options
         parts = [self.par.describe()]
-        if self.sequence_parallel:
+        if o.sequence_parallel:
             parts.append("SP")
-        if self.sp_regather and self.sequence_parallel:
+        if self.sp_regather and o.sequence_parallel:
             parts.append("regather")
         if self.par.cp > 1:
-            parts.append(self.cp_kind)
-        if self.zero_stage:
-            parts.append(f"ZeRO-{self.zero_stage}")
-        parts.append(f"m={self.n_microbatches}")
-        if self.v > 1:
-            parts.append(f"v={self.v}")
+            parts.append(o.cp_kind)
+        if o.zero_stage:
+            parts.append(f"ZeRO-{int(o.zero_stage)}")
+        parts.append(f"m={o.n_microbatches}")
+        if o.v > 1:
+            parts.append(f"v={o.v}")
         if self.group_size is not None:
             parts.append(f"N={self.group_size}")
-        if self.recompute == "selective" and self.recompute_modules not in (None, DEFAULT_MODULES):
+        rc = o.recompute
+        if rc.granularity == "selective" and self.recompute_modules not in (None, DEFAULT_MODULES):
             parts.append("recompute=selective/" + "+".join(self.recompute_modules))
-        elif self.recompute == "selective":
+        elif rc.granularity == "selective":
             parts.append("recompute=selective")
-        elif self.recompute == "full":
-            parts.append(f"recompute=full/{self.recompute_method}/{self.recompute_num_layers}")
+        elif rc.granularity == "full":
+            parts.append(f"recompute=full/{rc.method}/{rc.num_layers}")
         return " ".join(parts)
 
 
 def canonical(plan: Plan, has_experts: bool = True) -> Plan:
     """The same run with the knobs that change nothing at their defaults: SP without TP, the CP kind without CP,
     the ZeRO stage without a data-parallel group of more than one rank, the group size N = p (Megatron's default)."""
-    par = plan.par
+    par, o = plan.par, plan.options
     dp_groups = plan.dp_cp > 1 or (has_experts and par.expert_dp() > 1)
+    sp = o.sequence_parallel and par.tp > 1
+    default = RunOptions()
     return replace(
         plan,
-        sequence_parallel=plan.sequence_parallel and par.tp > 1,
-        sp_regather=plan.sp_regather and plan.sequence_parallel and par.tp > 1,
-        cp_kind=plan.cp_kind if par.cp > 1 else "ring",
-        zero_stage=plan.zero_stage if dp_groups else 0,
+        options=replace(
+            o,
+            sequence_parallel=sp,
+            cp_kind=o.cp_kind if par.cp > 1 else default.cp_kind,
+            zero_stage=o.zero_stage if dp_groups else default.zero_stage,
+        ),
+        sp_regather=plan.sp_regather and sp,
         group_size=None if plan.group_size == par.pp else plan.group_size,
         recompute_modules=None if plan.recompute_modules == DEFAULT_MODULES else plan.recompute_modules,
     )
@@ -305,13 +302,13 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
     when the composed model runs it; with `plan.group_size` also Megatron's rule for N (`schedules.check_schedule`:
     interleaved only, p <= N <= m, m % N == 0 or m % N >= p)."""
     out = plan_problems(_slots(cfg, plan), plan.par, world_size, batch=batch, seq=seq, options=plan.run_options)
-    out += modules_problems(plan.recompute_modules, plan.recompute)
+    out += modules_problems(plan.recompute_modules, plan.options.recompute.granularity)
     if plan.group_size is None:
         return out
-    p, m, v = plan.par.pp, plan.n_microbatches, plan.v
+    p, m, v = plan.par.pp, plan.options.n_microbatches, plan.options.v
     for n in (None, plan.group_size):  # the default N's complaint gives way to the chosen N's
         try:
-            check_schedule(plan.schedule, p, m, v, group_size=n)
+            check_schedule(plan.options.schedule, p, m, v, group_size=n)
         except ScheduleError as e:
             out = [x for x in out if x != str(e)] if n is None else out + [str(e)]
     return out
@@ -346,41 +343,46 @@ def _slots(cfg, plan: Plan):
     return replace(cfg, n_layers=cfg.n_layers + 2)
 
 
-def enumerate_plans(
-    cfg,
-    world_size: int,
-    batch: int,
-    seq: int,
-    *,
-    order: str = "tp-cp-ep-dp-pp",
-    micro_batch_sizes: tuple[int, ...] | None = None,
-    virtual_stages: tuple[int, ...] | None = None,
-    zero_stages: tuple[int, ...] = ZERO_STAGES,
-    cp_kinds: tuple[str, ...] = CP_KINDS,
-    sequence_parallel: tuple[bool, ...] = (True, False),
-    expert_tp: tuple[int, ...] | None = None,
-    recompute: tuple = ("none",),
-    meshes: tuple[ParallelConfig, ...] | None = None,
-    tp_sizes: tuple[int, ...] | None = None,
-    cp_sizes: tuple[int, ...] | None = None,
-    sp_regather: bool = False,
-    balance_ends: bool = False,
-    group_sizes="default",
-) -> list[Plan]:
+@dataclass(frozen=True)
+class SearchSpace:
+    """The candidates `enumerate_plans` tries beyond the meshes. micro_batch_sizes: only m giving microbatches of
+    these many sequences; virtual_stages: only these v (v = 1 always); expert_tp: only these etp. zero_stages,
+    cp_kinds, sequence_parallel (SP on/off): the ZeRO stages, CP kinds and SP choices tried. recompute: the
+    activation recomputation choices ("none", "selective", "full": full with one layer per group, a `Recompute`
+    or (granularity, method, num_layers) triple such as ("full", "block", 2), or ("selective", modules) pairs of
+    Megatron's modules such as ("selective", ("mlp",)): `_recompute_choice`). order: the rank order, fixed
+    (Megatron's default). meshes: only these (tp, cp, ep, dp, pp, etp), e.g. a published layout, with every other
+    knob still varied. tp_sizes / cp_sizes: only these TP / CP sizes. sp_regather: every SP plan predicted as
+    Megatron runs SP (`Plan.sp_regather`). balance_ends: with PP, Llama 3's uneven split (`Plan.balance_ends`)
+    wherever L + 2 slots cut into equal stages, the equal split elsewhere. group_sizes: the interleaved group
+    sizes N tried (`group_sizes_for`: "default" N = p, "megatron" every N Megatron accepts, or a tuple of
+    values). None: no restriction."""
+
+    order: str = "tp-cp-ep-dp-pp"
+    micro_batch_sizes: tuple[int, ...] | None = None
+    virtual_stages: tuple[int, ...] | None = None
+    zero_stages: tuple[int, ...] = ZERO_STAGES
+    cp_kinds: tuple[str, ...] = CP_KINDS
+    sequence_parallel: tuple[bool, ...] = (True, False)
+    expert_tp: tuple[int, ...] | None = None
+    recompute: tuple = ("none",)
+    meshes: tuple[ParallelConfig, ...] | None = None
+    tp_sizes: tuple[int, ...] | None = None
+    cp_sizes: tuple[int, ...] | None = None
+    sp_regather: bool = False
+    balance_ends: bool = False
+    group_sizes: str | tuple[int, ...] = "default"
+
+
+def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpace = SearchSpace()) -> list[Plan]:
     """Every plan `pylib.plan.problems` accepts for `cfg` on `world_size` ranks and a global batch [batch, seq], each
-    once (`canonical`). Candidates: tp cp dp pp = world_size; for an MoE model every ep, etp with ep etp pp
-    dividing it (folded onto the dense mesh); m dividing B/dp, restricted to microbatches of `micro_batch_sizes`
-    sequences when given; v dividing L/pp (v = 1 without PP), restricted to `virtual_stages` when given; etp
-    restricted to `expert_tp` when given. The other knobs: ZeRO stages `zero_stages`, CP kinds `cp_kinds`, SP on/off
-    `sequence_parallel`, activation recomputation `recompute` ("none", "selective", "full": full with one layer per
-    group, (recompute, method, num_layers) triples such as ("full", "block", 2), or ("selective", modules) pairs
-    of Megatron's modules such as ("selective", ("mlp",)): `_recompute_choice`); the rank order `order` is
-    fixed (Megatron's default). meshes: only these (tp, cp, ep, dp, pp, etp), e.g. a published layout, with every
-    other knob still varied. tp_sizes / cp_sizes: only these TP / CP sizes when given. sp_regather: every SP plan
-    predicted as Megatron runs SP (`Plan.sp_regather`). balance_ends: with PP, Llama 3's uneven split
-    (`Plan.balance_ends`) wherever L + 2 slots cut into equal stages, the equal split elsewhere. group_sizes: the
-    interleaved group sizes N tried (`group_sizes_for`: "default" N = p, "megatron" every N Megatron accepts, or a
-    tuple of values)."""
+    once (`canonical`), among the candidates of `space`. Candidates: tp cp dp pp = world_size; for an MoE model
+    every ep, etp with ep etp pp dividing it (folded onto the dense mesh); m dividing B/dp; v dividing L/pp (v = 1
+    without PP); the knobs of `space` (a `SearchSpace`)."""
+    sp_ = space
+    micro_batch_sizes, virtual_stages, expert_tp = sp_.micro_batch_sizes, sp_.virtual_stages, sp_.expert_tp
+    tp_sizes, cp_sizes, meshes, order = sp_.tp_sizes, sp_.cp_sizes, sp_.meshes, sp_.order
+    balance_ends, sp_regather, group_sizes = sp_.balance_ends, sp_.sp_regather, sp_.group_sizes
     _positive(world_size=world_size, batch=batch, seq=seq)
     moe = cfg.moe is not None
     out, seen = [], set()
@@ -411,14 +413,15 @@ def enumerate_plans(
                     if meshes is not None and par not in meshes:
                         continue
                     has_dp = dp * cp > 1 or (moe and par.expert_dp(world_size) > 1)
-                    for sp in sequence_parallel if tp > 1 else (False,):
-                        for kind in cp_kinds if cp > 1 else ("ring",):
-                            for zero in zero_stages if has_dp else (0,):
+                    default = RunOptions()
+                    for sp in sp_.sequence_parallel if tp > 1 else (False,):
+                        for kind in sp_.cp_kinds if cp > 1 else (default.cp_kind,):
+                            for zero in sp_.zero_stages if has_dp else (default.zero_stage,):
                                 for v in vs:
-                                    for m, rc in ((m, rc) for m in ms for rc in recompute):
+                                    for m, rc in ((m, rc) for m in ms for rc in sp_.recompute):
                                         rc, mods = _recompute_choice(cfg, rc, sp and tp > 1)
-                                        plan = Plan(par, sp, kind, zero, m, v, *rc, sp_regather and sp, ends)
-                                        plan = replace(plan, recompute_modules=mods) if mods else plan
+                                        o = RunOptions(sp, kind, n_microbatches=m, v=v, zero_stage=zero, recompute=rc)
+                                        plan = Plan(par, o, sp_regather and sp, ends, recompute_modules=mods)
                                         for n in dict.fromkeys((None,) + group_sizes_for(pp, m, v, group_sizes)):
                                             with_n = plan if n is None else replace(plan, group_size=n)
                                             if with_n in seen or problems(cfg, with_n, world_size, batch, seq):
@@ -428,19 +431,17 @@ def enumerate_plans(
     return out
 
 
-def _recompute_choice(cfg, rc, sequence_parallel: bool) -> tuple[tuple, tuple | None]:
-    """One entry of `enumerate_plans(recompute=...)` as ((recompute, method, num_layers), modules): a name, a
-    (recompute, method, num_layers) triple, or ("selective", modules) -- the modules that change nothing for
-    `cfg` dropped (`recompute.modules_with_effect`): none left is recompute="none", the core alone plain
-    "selective" (modules None), so a set that only repeats another gives the same plan, enumerated once."""
-    if isinstance(rc, str):
-        return (rc, "uniform", 1), None
-    if len(rc) == 2 and rc[0] == "selective":
+def _recompute_choice(cfg, rc, sequence_parallel: bool) -> tuple[Recompute, tuple | None]:
+    """One entry of `SearchSpace.recompute` as (`Recompute`, modules): a name, a `Recompute` or its triple, or
+    ("selective", modules) -- the modules that change nothing for `cfg` dropped
+    (`recompute.modules_with_effect`): none left is recompute="none", the core alone plain "selective" (modules
+    None), so a set that only repeats another gives the same plan, enumerated once."""
+    if isinstance(rc, tuple) and len(rc) == 2 and rc[0] == "selective":
         mods = recompute_analysis.modules_with_effect(cfg, tuple(rc[1]), sequence_parallel)
         if not mods:
-            return ("none", "uniform", 1), None
-        return ("selective", "uniform", 1), None if mods == DEFAULT_MODULES else mods
-    return tuple(rc), None
+            return Recompute("none"), None
+        return Recompute("selective"), None if mods == DEFAULT_MODULES else mods
+    return as_recompute(rc), None
 
 
 # ------------------------------------------------------------------------------------------------ parameters
@@ -517,15 +518,38 @@ def flat_layouts(cfg, plan: Plan, pp_rank: int, world_size: int | None = None) -
     dense parameters over dp-cp and one of expert parameters over edp (ZeRO-3: one per unit -- the embedding, each
     layer, the final LayerNorm, the LM head), padded to a multiple of the group size under ZeRO. A real run cuts
     DDP's and ZeRO-1/2's buffers into 25 MiB buckets: the same bytes, up to that padding."""
-    par = plan.par
-    world = par.world_size if world_size is None else world_size
-    key = (par.tp, par.ep, par.etp, par.pp, plan.v, pp_rank, plan.zero_stage, plan.dp_cp, par.expert_dp(world))
-    key += (plan.balance_ends,)
-    return list(_flat_layouts(cfg, *key))
+    return list(_flat_layouts(cfg, _LayoutKey.of(plan, pp_rank, world_size)))
+
+
+@dataclass(frozen=True)
+class _LayoutKey:
+    """What a rank's flat buffers depend on (the cache key of `_flat_layouts` and `_state`): the mesh's tp, ep, etp,
+    pp, the plan's v and ZeRO stage, the rank's pipeline index, the dense and expert data-parallel sizes and
+    Llama 3's uneven split."""
+
+    tp: int
+    ep: int
+    etp: int
+    pp: int
+    v: int
+    pp_rank: int
+    zero_stage: int
+    d_dense: int
+    d_expert: int
+    balance_ends: bool
+
+    @classmethod
+    def of(cls, plan: Plan, pp_rank: int, world_size: int | None = None) -> _LayoutKey:
+        par, o = plan.par, plan.options
+        world = par.world_size if world_size is None else world_size
+        d_expert = par.expert_dp(world)
+        return cls(par.tp, par.ep, par.etp, par.pp, o.v, pp_rank, o.zero_stage, plan.dp_cp, d_expert, plan.balance_ends)
 
 
 @functools.lru_cache(maxsize=16384)
-def _flat_layouts(cfg, tp, ep, etp, pp, v, pp_rank, zero, d_dense, d_expert, ends=False) -> tuple[FlatLayout, ...]:
+def _flat_layouts(cfg, key: _LayoutKey) -> tuple[FlatLayout, ...]:
+    tp, ep, etp, pp, v, pp_rank = key.tp, key.ep, key.etp, key.pp, key.v, key.pp_rank
+    zero, d_dense, d_expert, ends = key.zero_stage, key.d_dense, key.d_expert, key.balance_ends
     sz = _sizes(cfg, tp, ep, etp)
     e = dtype_bytes(cfg.dtype)
     n_stages = pp * v
@@ -709,8 +733,10 @@ def bubble_fraction(plan: Plan) -> float:
     Megatron's default, measured on the schedule (`pp.simulated_bubble_fraction`)."""
     par = plan.par
     if plan.group_size is None:
-        return pp_analysis.bubble_fraction(par.pp, plan.n_microbatches, plan.v)
-    return pp_analysis.simulated_bubble_fraction(plan.schedule, par.pp, plan.n_microbatches, plan.v, plan.group_size)
+        return pp_analysis.bubble_fraction(par.pp, plan.options.n_microbatches, plan.options.v)
+    return pp_analysis.simulated_bubble_fraction(
+        plan.options.schedule, par.pp, plan.options.n_microbatches, plan.options.v, plan.group_size
+    )
 
 
 def evaluated_ranks(pp: int) -> list[int]:
@@ -727,13 +753,13 @@ def expected_routing(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> lis
         return []
     par = plan.par
     b = plan.micro_batch(batch)
-    s_out = seq // par.cp // (par.tp if plan.sequence_parallel and par.tp > 1 else 1)
+    s_out = seq // par.cp // (par.tp if plan.options.sequence_parallel and par.tp > 1 else 1)
     T, k, E = b * s_out, cfg.moe.top_k, cfg.moe.n_experts
     counts = [[Fraction(T * k, E)] * (E // par.ep) for _ in range(par.ep)]  # [ep, E_local], exact
     rows = [expected_expert_rows(T, k)] * par.etp
-    layers = [i for c in split_layers(cfg.n_layers, par.pp, plan.v, pp_rank, plan.balance_ends) for i in c]
+    layers = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends) for i in c]
     layers = [i for i in layers if cfg.is_moe_layer(i)]
-    return [(i, counts, counts, rows) for _ in range(plan.n_microbatches) for i in layers]
+    return [(i, counts, counts, rows) for _ in range(plan.options.n_microbatches) for i in layers]
 
 
 def rank_traffic_rows(
@@ -744,20 +770,18 @@ def rank_traffic_rows(
     pp_rank: int,
     layouts=None,
     *,
-    dp_index: int = 0,
-    edp_index: int = 0,
-    ep_index: int = 0,
-    etp_index: int = 0,
+    coords: dict[str, int] | None = None,
     moe_routing: list | None = None,
 ) -> list:
     """Every op one rank issues in one step, as `compose.step_traffic` rows (axis, phase, op, where, count,
-    bytes_sent), on this rank's `flat_layouts`. dp_index / edp_index: which ZeRO shard the rank holds (it decides
-    how many LayerNorm elements its TP all-reduce carries; the planner takes the first); ep_index / etp_index: its
-    place in the EP and ETP groups. moe_routing: the routing of a real run (`compose.train`'s "moe_routing"); None
-    takes the `expected_routing` (uniform, no dropping), which is what the planner predicts with."""
+    bytes_sent), on this rank's `flat_layouts`. coords: the rank's index on "dp-cp" (which ZeRO shard it holds:
+    it decides how many LayerNorm elements its TP all-reduce carries; the planner takes the first), "ep" and
+    "etp" (a missing axis: 0; "pp" is pp_rank). moe_routing: the routing of a real run (`compose.train`'s
+    "moe_routing"); None takes the `expected_routing` (uniform, no dropping), which is what the planner predicts
+    with."""
     layouts = flat_layouts(cfg, plan, pp_rank) if layouts is None else layouts
-    ids = (dp_index, edp_index, ep_index, etp_index)
-    rows = _traffic_rows(cfg, plan, batch, seq, pp_rank, layouts, *ids, moe_routing)
+    coords = dict(coords or {}) | {"pp": pp_rank}
+    rows = _traffic_rows(cfg, plan, batch, seq, coords, layouts, moe_routing)
     return rows + module_traffic_rows(cfg, plan, batch, seq, pp_rank)
 
 
@@ -769,10 +793,15 @@ def module_traffic_rows(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> 
     if "mlp" not in plan.modules or par.tp == 1:
         return []
     ops = recompute_analysis.module_extra_collectives(
-        cfg, plan.micro_batch(batch), seq // par.cp, par.tp, plan.modules, sequence_parallel=plan.sequence_parallel
+        cfg,
+        plan.micro_batch(batch),
+        seq // par.cp,
+        par.tp,
+        plan.modules,
+        sequence_parallel=plan.options.sequence_parallel,
     )
-    held = [i for c in split_layers(cfg.n_layers, par.pp, plan.v, pp_rank, plan.balance_ends) for i in c]
-    n = plan.n_microbatches * sum(not cfg.is_moe_layer(i) for i in held)
+    held = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends) for i in c]
+    n = plan.options.n_microbatches * sum(not cfg.is_moe_layer(i) for i in held)
     return [
         compose_analysis.Traffic("tp", "recompute", c.op, f"{c.where}.recompute", n, n * c.bytes_sent, c.payload_bytes)
         for c in ops
@@ -780,13 +809,13 @@ def module_traffic_rows(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> 
     ]
 
 
-def _traffic_rows(cfg, plan, batch, seq, pp_rank, layouts, dp_index, edp_index, ep_index, etp_index, moe_routing):
+def _traffic_rows(cfg, plan, batch, seq, coords, layouts, moe_routing):
     """`rank_traffic_rows` without the recomputed modules' rows."""
-    kw = dict(batch=batch, seq=seq, pp_rank=pp_rank, layouts=layouts, dp_index=dp_index, edp_index=edp_index)
-    kw.update(ep_index=ep_index, etp_index=etp_index, options=plan.run_options, sp_regather=plan.sp_regather)
+    kw = dict(batch=batch, seq=seq, coords=coords, layouts=layouts)
+    kw.update(options=plan.run_options, sp_regather=plan.sp_regather)
     if moe_routing is not None:
         return compose_analysis.step_traffic(cfg, plan.par, moe_routing=moe_routing, **kw)
-    routing = expected_routing(cfg, plan, batch, seq, pp_rank)
+    routing = expected_routing(cfg, plan, batch, seq, coords["pp"])
     cfg = _slots(cfg, plan)  # compose cuts equal stages: the slots' layers (see `Plan`)
     rows = compose_analysis.step_traffic(cfg, plan.par, moe_routing=routing[:1], **kw)
     if len(routing) <= 1:
@@ -808,10 +837,7 @@ def rank_traffic(cfg, plan: Plan, batch: int, seq: int, pp_rank: int, layouts=No
 def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: int | None = None) -> dict:
     """Bytes one rank holds: model state (`model_state_bytes` of its `flat_layouts`), the activations at the
     schedule's peak (`activations.peak_saved_bytes`), ZeRO-3's gathered units (`zero3_gathered_bytes`), the total."""
-    par = plan.par
-    world = par.world_size if world_size is None else world_size
-    key = (par.tp, par.ep, par.etp, par.pp, plan.v, pp_rank, plan.zero_stage, plan.dp_cp, par.expert_dp(world))
-    key += (plan.balance_ends,)
+    key = _LayoutKey.of(plan, pp_rank, world_size)
     params, grads, optim, gathered = _state(
         cfg, key, workload.precision, workload.optimizer_states, workload.grad_bytes
     )
@@ -827,80 +853,30 @@ def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: i
 
 
 @functools.lru_cache(maxsize=65536)
-def _state(cfg, key: tuple, precision: str, optimizer_states: int, grad_bytes: int = 2) -> tuple:
-    layouts = list(_flat_layouts(cfg, *key))
-    state = model_state_bytes(layouts, key[6], precision, optimizer_states, grad_bytes)
-    return state["params"], state["grads"], state["optim"], zero3_gathered_bytes(layouts, key[6])
+def _state(cfg, key: _LayoutKey, precision: str, optimizer_states: int, grad_bytes: int = 2) -> tuple:
+    layouts = list(_flat_layouts(cfg, key))
+    state = model_state_bytes(layouts, key.zero_stage, precision, optimizer_states, grad_bytes)
+    return state["params"], state["grads"], state["optim"], zero3_gathered_bytes(layouts, key.zero_stage)
 
 
 def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank: int) -> int:
-    par = plan.par
-    chunks = _chunk_bytes(
-        cfg,
-        plan.micro_batch(batch),
-        seq,
-        par.pp,
-        plan.v,
-        pp_rank,
-        par.tp,
-        par.cp,
-        plan.sequence_parallel,
-        plan.cp_kind if par.cp > 1 else "ring",
-        attention,
-        par.etp,
-        (plan.recompute, plan.recompute_method, plan.recompute_num_layers),
-        plan.sp_regather,
-        plan.balance_ends,
-        plan.recompute_modules,
-    )
-    m, v = plan.n_microbatches, plan.v
-    return peak_saved_bytes(list(chunks), plan.schedule, par.pp, m, v, pp_rank, plan.group_size)
+    o = plan.options
+    chunks = _chunk_bytes(cfg, plan.micro_batch(batch), seq, _activation_key(plan), pp_rank, attention)
+    return peak_saved_bytes(list(chunks), o.schedule, plan.par.pp, o.n_microbatches, o.v, pp_rank, plan.group_size)
 
 
-_NO_RC = ("none", "uniform", 1)
+def _activation_key(plan: Plan) -> Plan:
+    """The plan with the options `chunk_saved_bytes` does not read at one value (ZeRO stage, m, N; the CP kind
+    without CP): plans that differ only there share `_chunk_bytes`' cache entry."""
+    o = plan.options
+    kind = o.cp_kind if plan.par.cp > 1 else RunOptions().cp_kind
+    options = RunOptions(o.sequence_parallel, kind, o.cp_layout, v=o.v, recompute=o.recompute)
+    return replace(plan, options=options, group_size=None)
 
 
 @functools.lru_cache(maxsize=65536)
-def _chunk_bytes(
-    cfg,
-    b,
-    seq,
-    pp,
-    v,
-    pp_rank,
-    tp,
-    cp,
-    sp,
-    cp_kind,
-    attention,
-    etp,
-    recompute=_NO_RC,
-    regather=False,
-    ends=False,
-    modules=None,
-) -> tuple[int, ...]:
-    return tuple(
-        chunk_saved_bytes(
-            cfg,
-            b,
-            seq,
-            pp=pp,
-            v=v,
-            pp_rank=pp_rank,
-            tp=tp,
-            cp=cp,
-            sequence_parallel=sp,
-            cp_kind=cp_kind,
-            attention=attention,
-            etp=etp,
-            recompute=recompute[0],
-            recompute_method=recompute[1],
-            recompute_num_layers=recompute[2],
-            sp_regather=regather,
-            balance_ends=ends,
-            recompute_modules=modules,
-        )
-    )
+def _chunk_bytes(cfg, b: int, seq: int, plan: Plan, pp_rank: int, attention: str) -> tuple[int, ...]:
+    return tuple(chunk_saved_bytes(cfg, b, seq, plan, pp_rank, attention=attention))
 
 
 def _bandwidths(plan: Plan, cluster: Cluster) -> dict[str, bool]:
@@ -937,7 +913,7 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
     many small messages (CP on short sequences, thousands of microbatches) cost more than their bytes. And hidden
     communication is not free: NCCL's kernels take SMs from the GEMMs they overlap, so every hidden second slows
     compute by `CostModel.contention` seconds ("contention")."""
-    m = plan.n_microbatches
+    m = plan.options.n_microbatches
     secs: dict[tuple, float] = {}
     for r in moved_rows:
         bw = cluster.intra_node_bandwidth if intra[r.axis] else cluster.inter_node_bandwidth
@@ -969,13 +945,13 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
         elif axis == "pp":
             x *= min(1.0, bubble_fraction(plan))
         out[axis] = out.get(axis, 0.0) + x
-    if "cp" in out and plan.cp_kind == "ring":  # the K/V passes run while the core computes
+    if "cp" in out and plan.options.cp_kind == "ring":  # the K/V passes run while the core computes
         out["cp"] = max(0.0, out["cp"] - m * t.core)
     if not cluster.overlap_dp:
         out["dp"] = sum(dp.values())
-    elif plan.zero_stage <= 1:
+    elif plan.options.zero_stage <= 1:
         out["dp"] = max(0.0, dp["reduce"] - t.backward) + max(0.0, dp["gather_opt"] - t.forward)
-    elif plan.zero_stage == 2:
+    elif plan.options.zero_stage == 2:
         out["dp"] = m * max(0.0, dp["reduce"] / m - t.backward) + max(0.0, dp["gather_opt"] - t.forward)
     else:
         out["dp"] = m * (max(0.0, dp["gather_fwd"] / m - t.forward) + max(0.0, dp["reduce"] / m - t.backward))
@@ -1002,7 +978,7 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
         ranks.append(RankPrediction(r, mem, compose_analysis.per_axis(rows), sum(exposed.values()), t, exposed))
     peak = max(r.memory["total"] for r in ranks)
     t_mb = max(r.times.total for r in ranks)
-    compute = plan.n_microbatches * t_mb
+    compute = plan.options.n_microbatches * t_mb
     return Prediction(
         plan=plan,
         ranks=ranks,
@@ -1040,7 +1016,7 @@ def gradient_dtype_rows(rows: list, workload: Workload) -> list:
 def compute_time(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
     """Seconds the slowest evaluated pipeline rank computes per step: m microbatches of `rank_times`."""
     ranks = evaluated_ranks(plan.par.pp)
-    return plan.n_microbatches * max(rank_times(cfg, plan, workload, cluster, r).total for r in ranks)
+    return plan.options.n_microbatches * max(rank_times(cfg, plan, workload, cluster, r).total for r in ranks)
 
 
 def peak_memory(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
@@ -1057,8 +1033,8 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
     `rank_plans` to skip plans that cannot win; never reported."""
     par = plan.par
     e = dtype_bytes(cfg.dtype)
-    m, b, s_cp = plan.n_microbatches, plan.micro_batch(workload.batch), workload.seq // par.cp
-    held = [i for c in split_layers(cfg.n_layers, par.pp, plan.v, 0, plan.balance_ends) for i in c]
+    m, b, s_cp = plan.options.n_microbatches, plan.micro_batch(workload.batch), workload.seq // par.cp
+    held = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, 0, plan.balance_ends) for i in c]
     intra = _bandwidths(plan, cluster)
 
     def bw(axis):
@@ -1068,16 +1044,16 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
     if par.tp > 1:
         keep = 1 - cluster.model.tp_overlap if cluster.tp_comm_overlap else 1.0
         collectives = tp_analysis.layer_collectives(
-            b, s_cp, cfg.d_model, par.tp, e, sequence_parallel=plan.sequence_parallel
+            b, s_cp, cfg.d_model, par.tp, e, sequence_parallel=plan.options.sequence_parallel
         )
         per_layer = sum(c.bytes_sent for c in collectives if c.where == "attn")
         seconds += keep * m * len(held) * per_layer / bw("tp")
-    if par.cp > 1 and plan.cp_kind == "ulysses":
+    if par.cp > 1 and plan.options.cp_kind == "ulysses":
         heads, (kv, _) = cfg.n_heads // par.tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, par.tp)
         u = cp_analysis.ulysses_traffic(b, workload.seq, heads, kv, cfg.d_head, par.cp, e)
         seconds += m * len(held) * (u["forward_bytes_sent"] + u["backward_bytes_sent"]) / bw("cp")
     if cfg.moe is not None and par.ep > 1:
-        s_out = s_cp // (par.tp if plan.sequence_parallel and par.tp > 1 else 1)
+        s_out = s_cp // (par.tp if plan.options.sequence_parallel and par.tp > 1 else 1)
         moe_layers = sum(cfg.is_moe_layer(i) for i in held)
         per_layer = 4 * ep_analysis.expected_alltoall_bytes(b * s_out, cfg.moe.top_k, cfg.d_model, par.ep, e)
         seconds += m * moe_layers * per_layer / bw("ep")
@@ -1092,14 +1068,20 @@ def most_microbatches(plans: list[Plan]) -> list[Plan]:
 
 
 def rank_plans(
-    cfg, workload: Workload, cluster: Cluster, *, top: int = 10, plans: list[Plan] | None = None, **enumerate_kw
+    cfg,
+    workload: Workload,
+    cluster: Cluster,
+    *,
+    top: int = 10,
+    plans: list[Plan] | None = None,
+    space: SearchSpace = SearchSpace(),
 ) -> list[Prediction]:
     """The `top` plans by the cost model (module docstring): the plans that fit by step time, then the others by
     peak memory. Exact top-k with little work: every plan's memory and compute first (cheap), then traffic only
     while a plan's compute + bubble + `comm_lower_bound`, a lower bound of its step time, can still beat the k-th
-    best found."""
+    best found. plans: these (default: `enumerate_plans` over `space`)."""
     if plans is None:
-        plans = enumerate_plans(cfg, cluster.world_size, workload.batch, workload.seq, **enumerate_kw)
+        plans = enumerate_plans(cfg, cluster.world_size, workload.batch, workload.seq, space)
     if not plans:
         raise ValueError(
             f"no plan runs this model on {cluster.world_size} GPUs with batch={workload.batch}, seq={workload.seq}: "

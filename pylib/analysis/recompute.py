@@ -54,7 +54,7 @@ MLP's first GEMM (TELayerNormColumnParallelLinear: the layer has no norm module 
 from __future__ import annotations
 
 from pylib.plan.heads import kv_heads_per_rank
-from pylib.plan.recompute import RECOMPUTE, check_recompute, recompute_groups, recompute_modules
+from pylib.plan.recompute import RECOMPUTE, Recompute, as_recompute, check_recompute, recompute_modules
 
 from . import tp as tp_analysis
 from .tp import dtype_bytes
@@ -89,24 +89,28 @@ def layer_saved_bytes(
     return sum(r.ours_bytes for r in rows if r.item not in CORE_ROWS) + core_input_bytes(cfg, b, s, t)
 
 
-def groups_saved_bytes(layer_bytes: list[int], input_bytes: list[int], recompute, method="uniform", num_layers=1):
-    """Bytes a stage's layers keep: layer_bytes[i] (what layer i keeps without "full") for layers outside recomputed
-    groups, input_bytes[i] (layer i's input) for the first layer of each recomputed group."""
+def groups_saved_bytes(layer_bytes: list[int], input_bytes: list[int], recompute: Recompute | str) -> int:
+    """Bytes a stage's layers keep under `recompute` (a `Recompute` or its granularity): layer_bytes[i] (what layer
+    i keeps without "full") for layers outside recomputed groups, input_bytes[i] (layer i's input) for the first
+    layer of each recomputed group."""
     total = 0
-    for group, whole in recompute_groups(len(layer_bytes), recompute, method, num_layers):
+    for group, whole in as_recompute(recompute).groups(len(layer_bytes)):
         total += input_bytes[group[0]] if whole else sum(layer_bytes[i] for i in group)
     return total
 
 
 def model_layers_saved_bytes(
-    cfg, b, s, t=1, *, sequence_parallel=False, regather=False, recompute="none", method="uniform", num_layers=1
+    cfg, b, s, t=1, *, sequence_parallel=False, regather=False, recompute: Recompute | str = Recompute()
 ) -> int:
-    """What the n_layers layers of a `pylib.tp.TPTransformer` keep on one rank (the embedding and head excluded)."""
+    """What the n_layers layers of a `pylib.tp.TPTransformer` keep on one rank (the embedding and head excluded),
+    under `recompute` (a `Recompute` or its granularity)."""
+    recompute = as_recompute(recompute)
     kw = dict(sequence_parallel=sequence_parallel, regather=regather)
-    per = layer_saved_bytes(cfg, b, s, t, recompute="selective" if recompute == "selective" else "none", **kw)
+    kept = "selective" if recompute.granularity == "selective" else "none"
+    per = layer_saved_bytes(cfg, b, s, t, recompute=kept, **kw)
     inp = layer_input_bytes(cfg, b, s, t, sequence_parallel=sequence_parallel)
     n = cfg.n_layers
-    return groups_saved_bytes([per] * n, [inp] * n, recompute, method, num_layers)
+    return groups_saved_bytes([per] * n, [inp] * n, recompute)
 
 
 def korthikanti_recompute_bytes(s, b, h, a, t=1, *, sequence_parallel=False, recompute="none") -> float:

@@ -2,8 +2,8 @@
 the traffic of one training step: seed B's matrix view as pure functions of sizes (the weights' shapes are
 `pylib.analysis.weights`', which the planner builds on too).
 
-    acts = activation_shapes(cfg, par, b, s, sequence_parallel=True)         # list[TensorShape]
-    memory(cfg, par, b, s, ...)  traffic(cfg, par, b, s, ...)  summary(...)  # bytes held, bytes moved per step
+    acts = activation_shapes(cfg, par, b, s, RunOptions(sequence_parallel=True))     # list[TensorShape]
+    memory(cfg, par, b, s, options)  traffic(cfg, par, b, s, options)  summary(...)  # bytes held, moved per step
 
 Shapes are this module's and `weights`'; memory and traffic are not computed here but asked of the one memory model
 and the one traffic model (`pylib.analysis.planner.rank_memory`, `planner.rank_traffic_rows` =
@@ -33,11 +33,11 @@ Conventions (seed B's symbols; `par` a `pylib.plan.ParallelConfig`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from pylib.i18n import shown, tr
+from pylib.i18n import N_, shown, tr
 from pylib.plan.heads import kv_heads_per_rank
-from pylib.plan.options import SEQUENCE_PARALLEL, RunOptions, zero_stage
+from pylib.plan.options import SEQUENCE_PARALLEL, RunOptions
 from pylib.plan.problems import problems as plan_problems
 
 from . import planner
@@ -58,15 +58,12 @@ def check_plan(
     par,
     b: int | None = None,
     s: int | None = None,
-    *,
-    sequence_parallel: bool = SEQUENCE_PARALLEL,
-    cp_kind: str = "ring",
-    microbatches: int = 1,
+    options: RunOptions = RunOptions(),
 ) -> list[str]:
     """Every constraint the plan violates, as sentences (empty: the plan runs): `pylib.plan.problems`, the one
-    validity model compose and the planner ask, with b x microbatches the global batch."""
-    opt = RunOptions(sequence_parallel=sequence_parallel, cp_kind=cp_kind, n_microbatches=microbatches)
-    return plan_problems(cfg, par, par.world_size, batch=None if b is None else b * microbatches, seq=s, options=opt)
+    validity model compose and the planner ask, with b x options.n_microbatches the global batch."""
+    batch = None if b is None else b * options.n_microbatches
+    return plan_problems(cfg, par, par.world_size, batch=batch, seq=s, options=options)
 
 
 # ------------------------------------------------------------------------------------------------ activations
@@ -91,15 +88,14 @@ def local_sizes(cfg, par, b: int, s: int, *, sequence_parallel: bool = SEQUENCE_
     return LocalSizes(b_r, s_c, s_out, cfg.n_heads // par.tp, kv, rep)
 
 
-def score_blocks(
-    cfg, par, b: int, s: int, *, cp_kind: str = "ring", layout: str = "zigzag", cp_rank: int = 0
-) -> list[tuple]:
+def score_blocks(cfg, par, b: int, s: int, options: RunOptions = RunOptions(), *, cp_rank: int = 0) -> list[tuple]:
     """The attention-score tensors CP rank `cp_rank` materialises in one forward of one layer, in order: without
     CP one [b_r, n_head/tp, s, s]; Ulysses one [b_r, n_head/(tp cp), s, s]; ring one block per ring step it does
     not skip (`pylib.cp.ring_block_plan`): step 0 its own [.., s_c, s_c] block; later steps the K/V block of rank
     (cp_rank - step) mod cp -- causal contiguous: whole from an earlier rank, skipped from a later one; causal
     zig-zag: from an earlier rank all queries against the first half of the keys [.., s_c, s_c/2], from a later
-    rank the second half of the queries against all keys [.., s_c/2, s_c]."""
+    rank the second half of the queries against all keys [.., s_c/2, s_c]. options: its cp_kind and cp_layout."""
+    cp_kind, layout = options.cp_kind, options.cp_layout
     loc = local_sizes(cfg, par, b, s, sequence_parallel=False)
     if par.cp == 1:
         return [(loc.b, loc.heads, s, s)]
@@ -161,7 +157,7 @@ def _hidden_split(a: _ActivationRows) -> tuple:
     return _splits(("dp", 0, a.par.dp), ("cp", 1, a.par.cp), ("tp", 1, a.par.tp if a.sp else 1))
 
 
-def _attention_activations(a: _ActivationRows, *, cp_kind: str, layout: str, cp_rank: int) -> None:
+def _attention_activations(a: _ActivationRows, options: RunOptions, cp_rank: int) -> None:
     """The layer's input, Q, K, V, the score blocks and the attention output."""
     cfg, par, loc, b, s = a.cfg, a.par, a.loc, a.b, a.s
     t, h, dh, n, L = par.tp, cfg.d_model, cfg.d_head, a.n_here, cfg.n_layers
@@ -179,11 +175,11 @@ def _attention_activations(a: _ActivationRows, *, cp_kind: str, layout: str, cp_
     for w in ("K", "V"):
         full, local = (b, cfg.kv_heads, s, dh), (loc.b, loc.kv_heads, loc.s_c, dh)
         a.row(w, "[b, n_kv_head, s, d_head]", full, local, kvsplit, n, L, kv_note)
-    blocks = score_blocks(cfg, par, b, s, cp_kind=cp_kind, layout=layout, cp_rank=cp_rank)
+    blocks = score_blocks(cfg, par, b, s, options, cp_rank=cp_rank)
     bt = (("dp", 0, par.dp), ("tp", 1, t))
     if par.cp == 1:
         ssplit, note = _splits(*bt), tr("whole s x s per head")
-    elif cp_kind == "ulysses":
+    elif options.cp_kind == "ulysses":
         ssplit = _splits(*bt, ("cp", 1, par.cp))
         note = tr("Ulysses: heads cut by tp x cp, the whole s x s per head")
     else:
@@ -235,20 +231,19 @@ def activation_shapes(
     par,
     b: int,
     s: int,
+    options: RunOptions = RunOptions(),
     *,
-    sequence_parallel: bool = SEQUENCE_PARALLEL,
-    cp_kind: str = "ring",
-    layout: str = "zigzag",
     pp_rank: int = 0,
     cp_rank: int = 0,
 ) -> list[TensorShape]:
     """Seed B's activations of one layer (and the logits) as one rank holds them in one forward of one
     micro-batch. full = the single-device shape for the whole micro-batch [b, s, ...]; count = layers of this
     kind on the stage (logits: 1 on the last stage). Dense and MoE rows appear when the model has such layers."""
-    check_sizes(cfg, par, b, s, sequence_parallel=sequence_parallel, cp_kind=cp_kind)
+    check_sizes(cfg, par, b, s, options)
+    sequence_parallel = options.sequence_parallel
     loc = local_sizes(cfg, par, b, s, sequence_parallel=sequence_parallel)
     a = _ActivationRows(cfg, par, b, s, loc, sequence_parallel and par.tp > 1, pp_rank)
-    _attention_activations(a, cp_kind=cp_kind, layout=layout, cp_rank=cp_rank)
+    _attention_activations(a, options, cp_rank)
     _mlp_activations(a)
     _output_activations(a)
     return a.out
@@ -278,15 +273,17 @@ class ModeTraffic:
 _DP_AXES = {"dp-cp": "dense parameters' buffers over dp x cp", "edp": "expert parameters' buffers over edp"}
 # What `when` shows, in the reader's language: the words among the places and phases (module tags such as attn or
 # dispatch stay as they are).
-_SHOWN = {
-    "dense parameters' buffers over dp x cp": lambda: tr("dense parameters' buffers over dp x cp"),
-    "expert parameters' buffers over edp": lambda: tr("expert parameters' buffers over edp"),
-    "stage boundary": lambda: tr("stage boundary"),
-    "forward": lambda: tr("forward"),
-    "backward": lambda: tr("backward"),
-    "forward+backward": lambda: tr("forward+backward"),
-    "optimizer": lambda: tr("optimizer"),
-}
+_SHOWN = frozenset(
+    {
+        N_("dense parameters' buffers over dp x cp"),
+        N_("expert parameters' buffers over edp"),
+        N_("stage boundary"),
+        N_("forward"),
+        N_("backward"),
+        N_("forward+backward"),
+        N_("optimizer"),
+    }
+)
 _SCALAR_PHASES = ("loss", "pp-sync")
 
 
@@ -333,14 +330,11 @@ def traffic(
     par,
     b: int,
     s: int,
+    options: RunOptions = RunOptions(),
     *,
-    sequence_parallel: bool = SEQUENCE_PARALLEL,
-    cp_kind: str = "ring",
-    microbatches: int = 1,
-    zero: str | int = "ddp",
     pp_rank: int = 0,
 ) -> list[ModeTraffic]:
-    """The communication of one training step (forward + backward of `microbatches` micro-batches of b sequences
+    """The communication of one training step (forward + backward of options.n_microbatches micro-batches of b sequences
     across DP, then the gradient reduction) of pipeline rank `pp_rank`, from the one traffic model: the planner's
     `rank_traffic_rows` (`compose.step_traffic` on this rank's flat buffers, MoE layers at their expected, uniform
     routing), by mode (`mode_traffic`):
@@ -352,10 +346,10 @@ def traffic(
              gathers and reduce-scatters
       PP     pp.p2p_bytes_per_rank: one activation forward and one gradient back per boundary and micro-batch
       DP     per flat buffer over dp x cp (dense weights; Megatron's "dp-cp") and over edp (experts), by ZeRO stage."""
-    check_sizes(cfg, par, b, s, sequence_parallel=sequence_parallel, cp_kind=cp_kind)
-    sp = sequence_parallel and par.tp > 1
-    plan = planner.Plan(par, sp, cp_kind, int(zero_stage(zero)), microbatches)
-    rows = planner.rank_traffic_rows(cfg, plan, b * microbatches, s, pp_rank)
+    check_sizes(cfg, par, b, s, options)
+    sp = options.sequence_parallel and par.tp > 1
+    plan = planner.Plan(par, replace(options, sequence_parallel=sp))
+    rows = planner.rank_traffic_rows(cfg, plan, b * options.n_microbatches, s, pp_rank)
     return mode_traffic(rows, sequence_parallel=sp)
 
 
@@ -374,11 +368,8 @@ def memory(
     par,
     b: int,
     s: int,
+    options: RunOptions = RunOptions(),
     *,
-    sequence_parallel: bool = SEQUENCE_PARALLEL,
-    cp_kind: str = "ring",
-    microbatches: int = 1,
-    zero: str | int = "ddp",
     pp_rank: int = 0,
     optimizer_states: int = 2,
     attention: str = "math",
@@ -387,12 +378,12 @@ def memory(
     ranks with, tested byte for byte against composed runs): parameters, gradients and optimizer state of the
     rank's flat buffers (one dtype throughout, `optimizer_states` tensors of state; dense state over dp x cp,
     expert state over edp, sharded and padded under ZeRO), the activations backward keeps at the peak of the 1F1B
-    schedule over `microbatches` micro-batches of b sequences (attention "math": pylib's unfused core keeps the
+    schedule over options.n_microbatches micro-batches of b sequences (attention "math": pylib's unfused core keeps the
     probabilities; "flash" keeps none), ZeRO-3's gathered parameters, and the total.
     params_elements: this rank's parameter elements (`parameter_counts`)."""
-    plan = planner.Plan(par, sequence_parallel, cp_kind, int(zero_stage(zero)), microbatches)
+    plan = planner.Plan(par, options)
     work = planner.Workload(
-        b * microbatches, s, precision="uniform", attention=attention, optimizer_states=optimizer_states
+        b * options.n_microbatches, s, precision="uniform", attention=attention, optimizer_states=optimizer_states
     )
     held = planner.rank_memory(cfg, plan, work, pp_rank)
     return dict(held, params_elements=parameter_counts(cfg, par, pp_rank=pp_rank)["total"])
@@ -414,26 +405,20 @@ def summary(
     par,
     b: int,
     s: int,
+    options: RunOptions = RunOptions(),
     *,
-    sequence_parallel: bool = SEQUENCE_PARALLEL,
-    cp_kind: str = "ring",
-    microbatches: int = 1,
-    zero: str | int = "ddp",
     pp_rank: int = 0,
     attention: str = "math",
 ) -> Summary:
     """weights, activations, memory and traffic of one rank; for an impossible plan, the problems only (the one
     validity model, `check_plan`). Memory and traffic are the planner's (`memory`, `traffic`), so the explorer and
     `planner.predict` answer alike for the same plan (tests/test_analysis_shapes.py)."""
-    problems = check_plan(
-        cfg, par, b, s, sequence_parallel=sequence_parallel, cp_kind=cp_kind, microbatches=microbatches
-    )
+    problems = check_plan(cfg, par, b, s, options)
     if problems:
         return Summary([], [], {}, [], problems)
-    kw = dict(sequence_parallel=sequence_parallel, cp_kind=cp_kind, pp_rank=pp_rank)
     return Summary(
         weight_shapes(cfg, par, pp_rank=pp_rank),
-        activation_shapes(cfg, par, b, s, **kw),
-        memory(cfg, par, b, s, microbatches=microbatches, zero=zero, attention=attention, **kw),
-        traffic(cfg, par, b, s, microbatches=microbatches, zero=zero, **kw),
+        activation_shapes(cfg, par, b, s, options, pp_rank=pp_rank),
+        memory(cfg, par, b, s, options, pp_rank=pp_rank, attention=attention),
+        traffic(cfg, par, b, s, options, pp_rank=pp_rank),
     )

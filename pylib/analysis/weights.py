@@ -13,12 +13,12 @@ conventions (seed B's symbols, which axis cuts which dimension) are `shapes`' do
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pylib.i18n import tr
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.mesh import ParallelConfig
-from pylib.plan.options import SEQUENCE_PARALLEL, RunOptions
+from pylib.plan.options import RunOptions
 from pylib.plan.problems import size_problems
 from pylib.plan.split import chunk_layers
 
@@ -97,11 +97,11 @@ def stage_layer_ids(n_layers: int, pp: int, pp_rank: int) -> range:
     return chunk_layers(n_layers, pp, 1, pp_rank)[0]
 
 
-def check_sizes(cfg, par, b=None, s=None, *, sequence_parallel: bool = SEQUENCE_PARALLEL, cp_kind: str = "ring"):
+def check_sizes(cfg, par, b=None, s=None, options: RunOptions = RunOptions()):
     """Raise when the shapes asked for do not exist: the size rules of `pylib.plan.problems` (what a mode alone
-    needs; the explorer's `summary` asks every rule, `check_plan`)."""
-    opt = RunOptions(sequence_parallel=sequence_parallel, cp_kind=cp_kind)
-    problems = size_problems(cfg, par, batch=b, seq=s, options=opt)
+    needs; the explorer's `summary` asks every rule, `check_plan`) under `options`; b is one micro-batch."""
+    one = replace(options, n_microbatches=1)
+    problems = size_problems(cfg, par, batch=b, seq=s, options=one)
     if problems:
         raise ValueError("the plan does not fit the model: " + "; ".join(problems))
 

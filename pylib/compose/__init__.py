@@ -1,12 +1,11 @@
 """All of it at once: the reference Transformer on a TP x SP x CP x EP x DP x PP mesh, trained exactly like the
 reference on one device.
 
-    ParallelTransformer.from_full(model, mesh, *, sequence_parallel=True, cp_layout="zigzag", cp_kind="ring",
-                                  schedule="1f1b", n_microbatches=1, v=1, zero_stage=0, lr=...)
+    ParallelTransformer.from_full(model, mesh, RunOptions(...), batch=, seq=, lr=...)   # pylib.plan.RunOptions
         .step(ids, targets) -> StepResult      # the global batch [B, S]; .loss = the reference's mean loss
         .reduction_table()                     # which group completes each parameter's gradient, as rows
         .memory(), .parameter_pieces(), .layouts, .shard_specs()
-    compose_problems(cfg, ParallelConfig, world, batch=, seq=, ...) -> [every violated constraint]
+    compose_problems(cfg, ParallelConfig, world, batch=, seq=, options=) -> [every violated constraint]
     holder_labels(seq, cp, tp, layout)          # which rank of a replica holds each position
 (The training loops, `train` and `train_reference`, are `pylib.experiments.compose_training`.)
 

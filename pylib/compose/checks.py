@@ -18,17 +18,16 @@ __all__ = ["CP_KINDS", "ZERO_STAGES", "ComposeConfigError", "check_compose", "co
 
 
 def compose_problems(
-    cfg, pc: ParallelConfig, world_size: int | None = None, *, batch=None, seq=None, **options
+    cfg, par: ParallelConfig, world_size: int | None = None, *, batch=None, seq=None, options=RunOptions()
 ) -> list[str]:
-    """Every violated constraint of running model `cfg` (a `pylib.model.ModelConfig`) on `pc` over `world_size`
-    ranks with a global batch [batch, seq]; empty when it can run. `batch` / `seq` None skip the data checks.
-    options: the fields of `pylib.plan.RunOptions` (sequence_parallel, cp_layout, cp_kind, schedule,
-    n_microbatches, v, zero_stage, recompute, recompute_method, recompute_num_layers), their defaults RunOptions's."""
-    return problems(cfg, pc, world_size, batch=batch, seq=seq, options=RunOptions(**options))
+    """Every violated constraint of running model `cfg` (a `pylib.model.ModelConfig`) on `par` over `world_size`
+    ranks with a global batch [batch, seq] and `options` (a `pylib.plan.RunOptions`); empty when it can run.
+    `batch` / `seq` None skip the data checks."""
+    return problems(cfg, par, world_size, batch=batch, seq=seq, options=options)
 
 
-def check_compose(cfg, pc: ParallelConfig, world_size: int | None = None, **kwargs) -> None:
+def check_compose(cfg, par: ParallelConfig, world_size: int | None = None, **kwargs) -> None:
     """Raise `ComposeConfigError` listing every problem `compose_problems` finds."""
-    found = compose_problems(cfg, pc, world_size, **kwargs)
+    found = compose_problems(cfg, par, world_size, **kwargs)
     if found:
-        raise ComposeConfigError(found, tr("ParallelConfig({plan}) on {n} ranks", plan=pc.describe(), n=world_size))
+        raise ComposeConfigError(found, tr("ParallelConfig({plan}) on {n} ranks", plan=par.describe(), n=world_size))

@@ -1,7 +1,8 @@
 """The composed model: the reference Transformer on a TP x SP x CP x EP x DP x PP mesh, trained step by step.
 
     mesh = Mesh(ParallelConfig(tp=2, cp=2, dp=2, pp=2))
-    model = ParallelTransformer.from_full(build_model(cfg), mesh, schedule="1f1b", n_microbatches=2, zero_stage=1)
+    options = RunOptions(schedule="1f1b", n_microbatches=2, zero_stage=ZeroStage.ZERO1)
+    model = ParallelTransformer.from_full(build_model(cfg), mesh, options)
     result = model.step(ids, targets)           # the GLOBAL batch [B, S], the same on every rank
     result.loss                                  # the reference's mean cross-entropy over the whole batch
 
@@ -33,9 +34,9 @@ from pylib.dp.buckets import DEFAULT_BUCKET_BYTES
 from pylib.dp.memory import HeldBytes
 from pylib.dp.wrap import wrap
 from pylib.i18n import tr
-from pylib.plan.options import SEQUENCE_PARALLEL, ZERO_STAGE_NAMES
+from pylib.plan.options import RunOptions, ZeroStage
 from pylib.plan.schedules import build
-from pylib.pp.executor import microbatches, run_pipeline
+from pylib.pp.executor import Boundary, microbatches, run_pipeline
 from pylib.pp.recorder import PipelineRecorder
 from pylib.pp.split import virtual_stage
 from pylib.runtime import collectives as C
@@ -54,20 +55,6 @@ from .reductions import (
     reduction_table,
 )
 from .stage import ParallelStage
-
-DP_STAGES = dict(enumerate(ZERO_STAGE_NAMES))  # zero_stage -> pylib.dp.wrap's name (pylib.plan.options)
-MODEL_OPTIONS = (
-    "sequence_parallel",
-    "cp_layout",
-    "cp_kind",
-    "schedule",
-    "n_microbatches",
-    "v",
-    "zero_stage",
-    "recompute",
-    "recompute_method",
-    "recompute_num_layers",
-)
 
 
 @dataclass
@@ -126,7 +113,7 @@ class _StageLayout:
         )
 
 
-def _wrap(stage, mesh, expert: set, zero_stage: int, bucket_bytes: int, optimizer, optim_kwargs: dict, precision):
+def _wrap(stage, mesh, expert: set, zero_stage: ZeroStage, bucket_bytes: int, optimizer, optim_kwargs: dict, precision):
     """The stage in its data-parallel wrapper: dense parameters over dp-cp, expert parameters over edp."""
     dense_group, expert_group = mesh["dp-cp"], mesh["edp"]
 
@@ -135,7 +122,7 @@ def _wrap(stage, mesh, expert: set, zero_stage: int, bucket_bytes: int, optimize
 
     return wrap(
         stage,
-        DP_STAGES[zero_stage],
+        zero_stage.key,
         dense_group,
         bucket_bytes=bucket_bytes,
         group_for=group_for,
@@ -168,10 +155,10 @@ class ParallelTransformer:
         self.cfg, self.mesh = cfg, mesh
         self.stages, self.wrappers = stages, wrappers
         self.table, self.infos, self.kv_replicas = table, infos, kv
-        self.options = options
-        self.schedule_name = options["schedule"]
-        self.m, self.v = options["n_microbatches"], options["v"]
-        self.zero_stage = options["zero_stage"]
+        self.options = options  # the `RunOptions` it runs
+        self.schedule_name = options.schedule
+        self.m, self.v = options.n_microbatches, options.v
+        self.zero_stage = options.zero_stage
         self.schedule = build(self.schedule_name, mesh.pp.size, self.m, self.v)
         self._problems: dict[tuple, list[str]] = {}
         self._moe_log: list = []
@@ -194,17 +181,8 @@ class ParallelTransformer:
         cls,
         model,
         mesh,
+        options: RunOptions = RunOptions(),
         *,
-        sequence_parallel: bool = SEQUENCE_PARALLEL,
-        cp_layout: str = "zigzag",
-        cp_kind: str = "ring",
-        schedule: str = "1f1b",
-        n_microbatches: int = 1,
-        v: int = 1,
-        zero_stage: int = 0,
-        recompute: str = "none",
-        recompute_method: str = "uniform",
-        recompute_num_layers: int = 1,
         batch: int | None = None,
         seq: int | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -212,7 +190,8 @@ class ParallelTransformer:
         precision=None,
         **optim_kwargs,
     ) -> ParallelTransformer:
-        """Shard the reference `model` (every rank passes the same full model) onto `mesh`.
+        """Shard the reference `model` (every rank passes the same full model) onto `mesh`, run with `options`
+        (`pylib.plan.RunOptions`: SP, the CP kind and layout, the schedule, m, v, the ZeRO stage, recomputation).
 
         Raises `ComposeConfigError` listing every constraint the configuration breaks (batch / seq, if given, are
         checked too; otherwise at the first step). optimizer(**optim_kwargs) is built on the parameters each
@@ -223,45 +202,20 @@ class ParallelTransformer:
         cfg = model.cfg
         _check_precision(precision, cfg)
         device = next(model.parameters()).device  # this rank's device (its GPU under NCCL): batches go there
-        opts = dict(
-            sequence_parallel=sequence_parallel,
-            cp_layout=cp_layout,
-            cp_kind=cp_kind,
-            schedule=schedule,
-            n_microbatches=n_microbatches,
-            v=v,
-            zero_stage=zero_stage,
-            recompute=recompute,
-            recompute_method=recompute_method,
-            recompute_num_layers=recompute_num_layers,
-        )
-        check_compose(cfg, mesh.config, mesh.world_size, batch=batch, seq=seq, **opts)
+        check_compose(cfg, mesh.config, mesh.world_size, batch=batch, seq=seq, options=options)
         pp = mesh.pp
-        n_stages = pp.size * v
+        n_stages = pp.size * options.v
         stages = [
-            ParallelStage.from_full(
-                model,
-                mesh,
-                virtual_stage(pp.rank, c, pp.size),
-                n_stages,
-                sequence_parallel=sequence_parallel,
-                cp_layout=cp_layout,
-                cp_kind=cp_kind,
-                n_microbatches=n_microbatches,
-                recompute=recompute,
-                recompute_method=recompute_method,
-                recompute_num_layers=recompute_num_layers,
-            )
-            for c in range(v)
+            ParallelStage.from_full(model, mesh, virtual_stage(pp.rank, c, pp.size), n_stages, options)
+            for c in range(options.v)
         ]
         # read the layout before the DP wrappers take the parameters over (ZeRO-3 removes them from the modules)
         held = _StageLayout.read(stages, mesh)
         wrappers = [
-            _wrap(s, mesh, held.expert, zero_stage, bucket_bytes, optimizer, optim_kwargs, precision) for s in stages
+            _wrap(s, mesh, held.expert, options.zero_stage, bucket_bytes, optimizer, optim_kwargs, precision)
+            for s in stages
         ]
-        model = cls(
-            cfg, mesh, stages, wrappers, held.table, held.infos, held.kv, opts | dict(bucket_bytes=bucket_bytes)
-        )
+        model = cls(cfg, mesh, stages, wrappers, held.table, held.infos, held.kv, options)
         model._stage_specs, model._stage_of = held.specs, held.stage_of
         model.device = device
         return model
@@ -292,9 +246,8 @@ class ParallelTransformer:
     def check_batch(self, batch: int, seq: int) -> None:
         key = (batch, seq)
         if key not in self._problems:
-            options = {k: self.options[k] for k in MODEL_OPTIONS}
             self._problems[key] = compose_problems(
-                self.cfg, self.mesh.config, self.mesh.world_size, batch=batch, seq=seq, **options
+                self.cfg, self.mesh.config, self.mesh.world_size, batch=batch, seq=seq, options=self.options
             )
         if self._problems[key]:
             raise ComposeConfigError(self._problems[key], tr("a global batch [{batch}, {seq}]", batch=batch, seq=seq))
@@ -316,7 +269,7 @@ class ParallelTransformer:
     def act_shape(self, b: int, seq: int):
         """Shape of the activation crossing a stage boundary: [b, s/(cp*tp), h] under SP, [b, s/cp, h] without."""
         s = seq // self.mesh.cp.size
-        if self.options["sequence_parallel"]:
+        if self.options.sequence_parallel:
             s //= self.mesh.tp.size
         return (b, s, self.cfg.d_model)
 
@@ -336,7 +289,7 @@ class ParallelTransformer:
         B, S = ids.shape
         self.check_batch(B, S)
         mesh = self.mesh
-        layout = self.options["cp_layout"]
+        layout = self.options.cp_layout
         ids, targets = ids.to(self.device), targets.to(self.device)
         my_ids, my_targets = local_batch(ids, mesh, layout), local_batch(targets, mesh, layout)
         m = self.m
@@ -351,11 +304,10 @@ class ParallelTransformer:
             group=mesh.pp,
             inputs=microbatches(my_ids, m),
             targets=microbatches(my_targets, m),
-            act_shape=self.act_shape(B // (mesh.dp.size * m), S),
-            act_dtype=self.cfg.torch_dtype,
+            # the device: under ZeRO-3 the stages hold no parameters to read it from
+            boundary=Boundary(self.act_shape(B // (mesh.dp.size * m), S), self.cfg.torch_dtype, self.device),
             backward_context=self._backward_context,
             recorder=PipelineRecorder(measure_memory=measure_memory and not stage_probe),
-            device=self.device,  # under ZeRO-3 the stages hold no parameters to read it from
         )
         for stage in self.stages:
             stage.saved_probe = None
@@ -432,7 +384,7 @@ class ParallelTransformer:
         axis (replicated under DDP; optimizer state, gradients, parameters sharded as the ZeRO stage says)."""
         specs = list(self._stage_specs)
         by_name = {r.name: r for r in self.table}
-        zero = DP_STAGES[self.zero_stage]
+        zero = self.zero_stage.key
         for info in self.infos:
             r = by_name[info.name]
             shape = info.local_shape
@@ -456,5 +408,5 @@ class ParallelTransformer:
         stages = ", ".join(s.extra_repr() for s in self.stages)
         return (
             f"ParallelTransformer({self.mesh.config.describe()}, rank {self.mesh.global_rank}: {stages}; "
-            f"{self.schedule_name} m={self.m} v={self.v}, {DP_STAGES[self.zero_stage]})"
+            f"{self.schedule_name} m={self.m} v={self.v}, {self.zero_stage.key})"
         )

@@ -31,23 +31,20 @@ def reference_ffn_bytes(cfg, *, batch: int, seq: int, data: str = "random", step
 TRAFFIC_OPTIONS = ("sequence_parallel", "cp_kind", "n_microbatches", "v", "zero_stage")
 
 
-def formula_traffic(cfg, pc, record: dict, *, batch: int, seq: int, **options) -> list[Traffic]:
+def formula_traffic(
+    cfg, par, record: dict, options: RunOptions = RunOptions(), *, batch: int, seq: int
+) -> list[Traffic]:
     """What the per-mode formulas (`pylib.analysis.compose.step_traffic`) say one rank of a `train` run sends in a
     step: evaluated at the rank's coordinates, on its own flat buffers and, for MoE layers, on the routing its step
-    produced. `options`: the run's model keywords (those outside TRAFFIC_OPTIONS are ignored)."""
-    c = record["coords"]
+    produced. `options`: the run's `RunOptions` (the fields outside TRAFFIC_OPTIONS are taken at their defaults)."""
     return step_traffic(
         cfg,
-        pc,
-        RunOptions(**{k: v for k, v in options.items() if k in TRAFFIC_OPTIONS}),
+        par,
+        RunOptions(**{k: getattr(options, k) for k in TRAFFIC_OPTIONS}),
         batch=batch,
         seq=seq,
-        pp_rank=c["pp"],
+        coords=record["coords"],
         layouts=record["layouts"],
-        dp_index=c["dp-cp"],
-        edp_index=c["edp"],
-        etp_index=c["etp"],
-        ep_index=c["ep"],
         moe_routing=record["moe_routing"],
     )
 
@@ -58,9 +55,9 @@ def traced_traffic(record: dict, step: int = 0) -> dict[str, dict]:
     return {a: dict(bytes_sent=t["bytes_sent"], ops=t["ops"]) for a, t in record["traffic"][step].items()}
 
 
-def traffic_matches_formulas(cfg, pc, record: dict, *, batch: int, seq: int, **options) -> bool:
+def traffic_matches_formulas(cfg, par, record: dict, options: RunOptions = RunOptions(), *, batch: int, seq: int):
     """Whether the rank's traced step-0 traffic equals the formulas on every axis, bytes and op counts."""
-    return traced_traffic(record) == per_axis(formula_traffic(cfg, pc, record, batch=batch, seq=seq, **options))
+    return traced_traffic(record) == per_axis(formula_traffic(cfg, par, record, options, batch=batch, seq=seq))
 
 
 def _mib(n: float) -> str:

@@ -28,6 +28,7 @@ import torch.nn as nn
 from pylib.cp.layer import CPAttentionCore
 from pylib.cp.layout import sequence_positions
 from pylib.ep.layer import ExpertParallelMoE
+from pylib.plan.options import RunOptions
 from pylib.pp.split import layers_of_stage
 from pylib.runtime import ShardSpec, tag
 from pylib.runtime.recompute import run_layers
@@ -40,29 +41,21 @@ from pylib.tp.mlp import TPMLP
 from pylib.tp.transformer import TPBlock, copy_layernorm, layernorm_specs, selective_core
 
 
-def build_layer(
-    block,
-    mesh,
-    *,
-    sequence_parallel: bool,
-    cp_layout: str,
-    cp_kind: str,
-    n_microbatches: int = 1,
-    recompute: str = "none",
-) -> TPBlock:
+def build_layer(block, mesh, options: RunOptions) -> TPBlock:
     """One reference `Block` on this rank: attention over TP x CP, the MLP over TP (dense) or EP x ETP (MoE).
 
     MoE auxiliary losses (load balancing, z-loss) are taken, as in Megatron, over the tokens of one microbatch of
     one data-parallel replica (the tp-cp group). Their coefficients are scaled by cp / m here, so that after the
     gradient average over dp-cp and the sum over m microbatches the objective is the *mean* over (replica,
     microbatch) of each group's aux loss (`train_reference(..., like=...)` computes exactly that on one device).
-    recompute="selective": the attention core (local, ring or Ulysses) is recomputed in backward."""
+    options.recompute "selective": the attention core (local, ring or Ulysses) is recomputed in backward."""
     cfg = block.attn.cfg
+    sequence_parallel = options.sequence_parallel
     tp = mesh.tp
     core = None
     if mesh.cp.size > 1:
-        core = CPAttentionCore(mesh.cp, layout=cp_layout, kind=cp_kind, causal=cfg.causal)
-    if recompute == "selective":
+        core = CPAttentionCore(mesh.cp, layout=options.cp_layout, kind=options.cp_kind, causal=cfg.causal)
+    if options.recompute.granularity == "selective":
         core = selective_core(core, cfg.causal)
     attn = TPAttention.from_full(block.attn, group=tp, sequence_parallel=sequence_parallel, core=core)
     if hasattr(block.mlp, "router"):
@@ -71,7 +64,7 @@ def build_layer(
             block.mlp, ep_group=mesh.ep, etp_group=mesh.etp, aux_group=mesh["tp-cp"] if aux else None
         )
         if aux:
-            k = Fraction(mesh.cp.size, n_microbatches)
+            k = Fraction(mesh.cp.size, options.n_microbatches)
             mlp.cfg = replace(
                 mlp.cfg, aux_loss_coef=float(mlp.cfg.aux_loss_coef * k), z_loss_coef=float(mlp.cfg.z_loss_coef * k)
             )
@@ -107,19 +100,16 @@ class ParallelStage(nn.Module):
         lm_head,
         tp_group,
         cp_group,
-        cp_layout,
-        sequence_parallel,
-        recompute=("none", "uniform", 1),
+        options: RunOptions,
     ):
         super().__init__()
-        self.recompute, self.recompute_method, self.recompute_num_layers = recompute
+        self.options = options  # sequence_parallel, cp_layout and recompute act here
         self.stage, self.n_stages = stage, n_stages
         self.is_first, self.is_last = stage == 0, stage == n_stages - 1
         self.embed = embed
         self.layers = nn.ModuleDict({str(i): layer for i, layer in layers.items()})
         self.ln_f, self.lm_head = ln_f, lm_head
-        self.tp_group, self.cp_group, self.cp_layout = tp_group, cp_group, cp_layout
-        self.sequence_parallel = sequence_parallel
+        self.tp_group, self.cp_group = tp_group, cp_group
         self._positions: dict[tuple, torch.Tensor] = {}
         self.saved_probe = None  # a `probe.SavedProbe`: measures what each forward saves for backward
         self.chunk = 0  # this stage's chunk index on its rank
@@ -131,26 +121,13 @@ class ParallelStage(nn.Module):
         mesh,
         stage: int,
         n_stages: int,
-        *,
-        sequence_parallel=True,
-        cp_layout="zigzag",
-        cp_kind="ring",
-        n_microbatches: int = 1,
-        recompute: str = "none",
-        recompute_method: str = "uniform",
-        recompute_num_layers: int = 1,
+        options: RunOptions = RunOptions(),
     ) -> ParallelStage:
-        """recompute, recompute_method, recompute_num_layers: `pylib.plan.recompute` (the groups of "full" are
-        counted within this stage, as Megatron counts them within a pipeline stage)."""
+        """options: the run's `pylib.plan.RunOptions` (the groups of options.recompute "full" are counted within
+        this stage, as Megatron counts them within a pipeline stage)."""
         ids = layers_of_stage(model.cfg.n_layers, stage, n_stages)
-        kw = dict(
-            sequence_parallel=sequence_parallel,
-            cp_layout=cp_layout,
-            cp_kind=cp_kind,
-            n_microbatches=n_microbatches,
-            recompute=recompute,
-        )
-        layers = {i: build_layer(model.layers[i], mesh, **kw) for i in ids}
+        sequence_parallel = options.sequence_parallel
+        layers = {i: build_layer(model.layers[i], mesh, options) for i in ids}
         first, last = stage == 0, stage == n_stages - 1
         tp = mesh.tp
         embed = None
@@ -171,9 +148,7 @@ class ParallelStage(nn.Module):
             lm_head=lm_head,
             tp_group=tp,
             cp_group=mesh.cp,
-            cp_layout=cp_layout,
-            sequence_parallel=sequence_parallel,
-            recompute=(recompute, recompute_method, recompute_num_layers),
+            options=options,
         )
 
     def positions(self, s_cp: int, device) -> torch.Tensor:
@@ -181,7 +156,7 @@ class ParallelStage(nn.Module):
         key = (s_cp, str(device))
         if key not in self._positions:
             g = self.cp_group
-            self._positions[key] = sequence_positions(s_cp * g.size, g.rank, g.size, self.cp_layout, device)
+            self._positions[key] = sequence_positions(s_cp * g.size, g.rank, g.size, self.options.cp_layout, device)
         return self._positions[key]
 
     @property
@@ -200,7 +175,7 @@ class ParallelStage(nn.Module):
             with tag("embed"):
                 x = self.embed(x)
         else:  # hidden [b, s/(cp*tp), h] under SP
-            s_cp = x.shape[1] * (self.tp_group.size if self.sequence_parallel else 1)
+            s_cp = x.shape[1] * (self.tp_group.size if self.options.sequence_parallel else 1)
         positions = self.positions(s_cp, x.device)
         ids = self.layer_ids
 
@@ -211,9 +186,7 @@ class ParallelStage(nn.Module):
         x = run_layers(
             self.layers.values(),
             x,
-            recompute=self.recompute,
-            method=self.recompute_method,
-            num_layers=self.recompute_num_layers,
+            recompute=self.options.recompute,
             wrap=one,
         )
         if self.lm_head is None:
@@ -230,7 +203,7 @@ class ParallelStage(nn.Module):
 
     def shard_specs(self) -> list[ShardSpec]:
         """How this rank holds each of its parameters over TP / EP / ETP (DP and PP are added by the model)."""
-        sp = self.sequence_parallel
+        sp = self.options.sequence_parallel
         specs = self.embed.shard_specs("embed.") if self.embed is not None else []
         for i, layer in self.layers.items():
             p = f"layers.{i}."

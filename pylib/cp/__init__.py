@@ -5,8 +5,8 @@ sequence-sharded to head-sharded and back).
     shard_sequence(x, dim, cp_rank, cp_size, layout="zigzag")       # this rank's part of x along dim
     unshard_sequence(parts, dim, layout="zigzag")                   # every rank's part -> original order
     sequence_positions(seq_len, cp_rank, cp_size, layout="zigzag")  # global token positions of a rank's rows
-    ring_attention(q, k, v, *, group=None, causal=False, layout="zigzag", softmax_scale=None)
-    ulysses_attention(q, k, v, *, group=None, causal=False, layout="zigzag", softmax_scale=None)
+    ring_attention(q, k, v, *, group=None, causal=False, layout="zigzag", kernel="auto", ...)
+    ulysses_attention(q, k, v, *, group=None, causal=False, layout="zigzag", kernel="auto")
         q [b, n_head, s/cp, d_head]; k, v [b, n_kv_head, s/cp, d_head] -> out [b, n_head, s/cp, d_head]
     CPAttentionCore(group, layout=, kind="ring"|"ulysses", causal=)  # core(q, k, v, positions)
     CPAttention.from_full(attn, group=, layout=, kind=); cp_block(block, ...); CPTransformer.from_full(model, ...)

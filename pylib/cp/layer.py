@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from pylib.i18n import tr
 from pylib.model.attention import Attention
 from pylib.model.transformer import Block, Transformer
-from pylib.plan.recompute import check_recompute
+from pylib.plan.recompute import Recompute, check_recompute
 from pylib.runtime import collectives as C
 from pylib.runtime.recompute import RecomputedCore, run_layers
 from pylib.runtime.sharding import ShardSpec
@@ -57,7 +57,6 @@ class CPAttentionCore:
         layout: str = "zigzag",
         kind: str = "ring",
         causal: bool = True,
-        softmax_scale: float | None = None,
         kernel="auto",
         overlap: bool = True,
     ):
@@ -66,7 +65,7 @@ class CPAttentionCore:
             raise ValueError(f"kind={kind!r} must be one of {KINDS}")
         self.group = cp_group(group)
         self.layout, self.kind, self.causal = layout, kind, causal
-        self.softmax_scale, self.kernel, self.overlap = softmax_scale, kernel, overlap
+        self.kernel, self.overlap = kernel, overlap
 
     @property
     def cp_size(self) -> int:
@@ -100,7 +99,6 @@ class CPAttentionCore:
             group=self.group,
             causal=self.causal,
             layout=self.layout,
-            softmax_scale=self.softmax_scale,
             kernel=self.kernel,
         )
         if self.kind == "ring":
@@ -146,14 +144,14 @@ class CPAttention(Attention):
 
 
 def cp_block(
-    block: Block, *, group=None, layout: str = "zigzag", kind: str = "ring", recompute: str = "none", **core_kw
+    block: Block, *, group=None, layout: str = "zigzag", kind: str = "ring", recompute=Recompute(), **core_kw
 ) -> Block:
     """A copy of a reference layer whose attention runs over the cp group; LN and MLP are the same modules
     (copied). x [b, s/cp, h] -> [b, s/cp, h]. recompute="selective": the cp core is recomputed in backward."""
-    check_recompute(recompute)
+    selective = check_recompute(recompute).granularity == "selective"
     new = copy.deepcopy(block)
     new.attn = CPAttention.from_full(block.attn, group=group, layout=layout, kind=kind, **core_kw)
-    if recompute == "selective":
+    if selective:
         new.attn.cp_core = RecomputedCore(new.attn.cp_core)
     return new
 
@@ -168,20 +166,13 @@ class CPTransformer(nn.Module):
         group,
         layout: str,
         kind: str,
-        recompute: str = "none",
-        recompute_method: str = "uniform",
-        recompute_num_layers: int = 1,
+        recompute: Recompute = Recompute(),
         **core_kw,
     ):
         super().__init__()
-        check_recompute(recompute, recompute_method, recompute_num_layers)
         g = cp_group(group)
         self.cfg, self.group, self.layout, self.kind = model.cfg, g, layout, kind
-        self.recompute, self.recompute_method, self.recompute_num_layers = (
-            recompute,
-            recompute_method,
-            recompute_num_layers,
-        )
+        self.recompute = recompute = check_recompute(recompute)
         self.embed = copy.deepcopy(model.embed)
         self.layers = nn.ModuleList(
             cp_block(b, group=g, layout=layout, kind=kind, recompute=recompute, **core_kw) for b in model.layers
@@ -193,7 +184,7 @@ class CPTransformer(nn.Module):
 
     @classmethod
     def from_full(cls, model: Transformer, *, group=None, layout: str = "zigzag", kind: str = "ring", **kw):
-        """kw: recompute, recompute_method, recompute_num_layers (`pylib.plan.recompute`) and the core's options."""
+        """kw: recompute (a `pylib.plan.recompute.Recompute` or its granularity) and the core's options."""
         return cls(model, group, layout, kind, **kw)
 
     def positions(self, s_local: int, device=None) -> torch.Tensor:
@@ -209,8 +200,6 @@ class CPTransformer(nn.Module):
             x,
             positions,
             recompute=self.recompute,
-            method=self.recompute_method,
-            num_layers=self.recompute_num_layers,
         )
         return self.lm_head(self.ln_f(x))
 

@@ -263,7 +263,6 @@ def ring_attention(
     group=None,
     causal: bool = False,
     layout: str = "zigzag",
-    softmax_scale: float | None = None,
     kernel="auto",
     overlap: bool = True,
     merge_dtype: torch.dtype | None = None,
@@ -273,7 +272,7 @@ def ring_attention(
 
     q [b, n_head, s/cp, d_head]; k, v [b, n_kv_head, s/cp, d_head] (GQA when n_kv_head < n_head): this rank's
     shard in `layout` ("contiguous" or "zigzag", see `pylib.cp.layout`). Returns out [b, n_head, s/cp, d_head],
-    this rank's rows of softmax(q k^T * scale [+ causal mask]) v. Autograd-aware.
+    this rank's rows of softmax(q k^T / sqrt(d_head) [+ causal mask]) v. Autograd-aware.
 
     kernel: "auto" | "torch" | "flash" | a kernel object (`pylib.cp.kernels`). overlap=False waits for each
     transfer before computing (the blocking baseline for measuring overlap). merge_dtype: the (out, lse)
@@ -283,7 +282,7 @@ def ring_attention(
     g = cp_group(group)
     check_qkv(q, k, v, g.size, layout, "ring_attention")
     agree("ring_attention", g, [q, k, v], params=[int(bool(causal))], param_names=["causal"])  # before any P2P
-    scale = default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    scale = default_scale(q.shape[-1])
     merge_dtype = accumulation_dtype(q.dtype) if merge_dtype is None else merge_dtype
     if not merge_dtype.is_floating_point:
         raise ValueError(f"merge_dtype={merge_dtype} must be a floating dtype")

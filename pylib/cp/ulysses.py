@@ -35,7 +35,6 @@ def ulysses_attention(
     group=None,
     causal: bool = False,
     layout: str = "zigzag",
-    softmax_scale: float | None = None,
     kernel="auto",
 ) -> torch.Tensor:
     """Attention of this rank's sequence shard via two head <-> sequence all-to-alls.
@@ -46,7 +45,7 @@ def ulysses_attention(
     g = cp_group(group)
     check_qkv(q, k, v, g.size, layout, "ulysses_attention")
     check_heads(q.shape[1], k.shape[1], g.size)
-    scale = default_scale(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    scale = default_scale(q.shape[-1])
     base = tracer.current_tag()
     name = f"{base}.ulysses" if base else "ulysses"
     # sequence-sharded -> head-sharded: scatter dim 1 (heads), gather dim 2 (sequence)

@@ -70,14 +70,15 @@ class BalanceRun:
         return [max(step) for step in self.imbalance]
 
 
+# The small model `train_balance` puts its MoE layers into (the MoE config and the seed are the run's).
+BALANCE_MODEL = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64)
+
+
 def train_balance(
     moe: MoEConfig,
     steps: int,
     *,
-    d_model: int = 32,
-    n_layers: int = 2,
-    n_heads: int = 4,
-    vocab_size: int = 64,
+    base: ModelConfig = BALANCE_MODEL,
     batch: int = 16,
     seq: int = 32,
     lr: float = 3e-3,
@@ -86,7 +87,8 @@ def train_balance(
 ) -> BalanceRun:
     """Train the reference model with MoE MLPs for `steps` Adam steps on `structured_tokens`, recording the load
     imbalance of every MoE layer at every step. When `moe.bias_update_rate` > 0 the expert bias is updated after
-    each optimizer step (DeepSeek-V3's aux-loss-free balancing).
+    each optimizer step (DeepSeek-V3's aux-loss-free balancing). base: the model whose MLPs become `moe`'s layers
+    (`BALANCE_MODEL`; its moe and seed are replaced by the run's).
 
     threads: torch's intra-op threads while training (restored after). The tensors are tiny, so one thread is the
     fastest; on a busy 2-core machine two threads contending made a 30-step run 10x slower. None: leave it alone."""
@@ -94,14 +96,13 @@ def train_balance(
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _train(moe, steps, d_model, n_layers, n_heads, vocab_size, batch, seq, lr, seed)
+        return _train(base.with_(moe=moe, seed=seed), steps, batch, seq, lr, seed)
     finally:
         torch.set_num_threads(saved)
 
 
-def _train(moe, steps, d_model, n_layers, n_heads, vocab_size, batch, seq, lr, seed) -> BalanceRun:
-    cfg = ModelConfig(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                      d_ff=2 * d_model, moe=moe, seed=seed)  # fmt: skip
+def _train(cfg, steps, batch, seq, lr, seed) -> BalanceRun:
+    moe, vocab_size = cfg.moe, cfg.vocab_size
     model = build_model(cfg)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     held_out, _ = structured_tokens(vocab_size, batch, seq, seed=10_000 + seed)

@@ -3,7 +3,7 @@
     out = launch(one_step_each, 8, cfg, pc, variants, batch=8, seq=16, lr=0.5)
     ratios, worst = update_ratios(out, name, cfg, batch=8, seq=16, lr=0.5)
 
-`variants` maps a name to (model keywords, bug, unchecked): `bug(model)` returns a context manager that injects the
+`variants` maps a name to (`RunOptions`, bug, unchecked): `bug(model)` returns a context manager that injects the
 bug (a `mock.patch` of one method or one table; None for the right run), and `unchecked` skips the configuration
 checks (to run a combination `compose_problems` refuses, and show why it is refused).
 """
@@ -25,17 +25,17 @@ from .compose_training import train_reference
 DP_AXES = ("dp-cp", "edp")
 
 
-def one_step_each(cfg, pc, variants: dict, *, batch: int, seq: int, lr: float) -> dict:
+def one_step_each(cfg, par, variants: dict, *, batch: int, seq: int, lr: float) -> dict:
     """On every rank: for each variant, the composed model from the same initial weights, one SGD step on step
     0's batch with the variant's bug injected. Per variant: the loss, the parameter pieces it holds afterwards,
     its reduction table, its DP reductions in backward, its TP sums after backward and its DP bytes sent."""
-    mesh = Mesh(pc)
+    mesh = Mesh(par)
     out = {}
-    for name, (kw, bug, unchecked) in variants.items():
+    for name, (options, bug, unchecked) in variants.items():
         no_check = mock.patch.object(compose_model, "check_compose", lambda *a, **k: None)
         with no_check if unchecked else nullcontext():
             full = build_model(cfg)
-            model = ParallelTransformer.from_full(full, mesh, optimizer=torch.optim.SGD, lr=lr, **kw)
+            model = ParallelTransformer.from_full(full, mesh, options, optimizer=torch.optim.SGD, lr=lr)
         if unchecked:
             model.check_batch = lambda batch, seq: None
         with bug(model) if bug else nullcontext(), trace() as tr:

@@ -20,6 +20,7 @@ import torch
 
 from pylib.compose import ParallelTransformer, ffn_probe, holder_labels
 from pylib.model import MoE, batches, build_model
+from pylib.plan.options import RunOptions
 from pylib.runtime import Mesh, ParallelConfig, clock, current_device
 from pylib.runtime.tracer import trace
 
@@ -38,32 +39,40 @@ def _traffic(tr) -> dict:
     return out
 
 
+LR = 1e-2  # Adam's learning rate in `train` and `train_reference`
+
+
 def train(
     model_cfg,
-    pc: ParallelConfig,
+    par: ParallelConfig,
+    options: RunOptions = RunOptions(),
     *,
     steps: int = 5,
     batch: int = 8,
     seq: int = 16,
-    lr: float = 1e-2,
     data: str = "random",
     data_seed: int = 0,
-    keep_events: bool = False,
-    probe_ffn: bool = False,
+    record: tuple[str, ...] = (),
     activation_probe: str = "stage",
     **model_kw,
 ) -> dict:
-    """Inside a launched rank: `steps` optimizer steps of the composed model on the global batches.
+    """Inside a launched rank: `steps` optimizer steps of the composed model, run with `options` (a
+    `pylib.plan.RunOptions`), on the global batches.
 
-    model_kw go to `ParallelTransformer.from_full` (sequence_parallel, cp_layout, cp_kind, schedule,
-    n_microbatches, v, zero_stage, ...). Returns this rank's record: losses (global, per step), local_losses
-    (its replica's, last-stage ranks), params (`parameter_pieces()` after the last step), memory (held bytes
-    after step 0), activation bytes (step 0), traffic per axis per step (from the tracer), step times, the
-    reduction table, the routing of step 0 (MoE), and the layouts of the data-parallel buffers; with
-    probe_ffn, the FFN hidden bytes per held layer in step 0 (`ffn_probe`)."""
-    mesh = Mesh(pc)
+    model_kw go to `ParallelTransformer.from_full` (bucket_bytes, optimizer, precision, the optimizer's keywords;
+    lr defaults to `LR`). Returns this rank's record: losses (global, per step), local_losses (its replica's,
+    last-stage ranks), params (`parameter_pieces()` after the last step), memory (held bytes after step 0),
+    activation bytes (step 0), traffic per axis per step (from the tracer), step times, the reduction table, the
+    routing of step 0 (MoE), and the layouts of the data-parallel buffers. record: what else to keep, "events"
+    (every traced op of every step) and "ffn" (the FFN hidden bytes per held layer in step 0, `ffn_probe`)."""
+    bad = set(record) - {"events", "ffn"}
+    if bad:
+        raise ValueError(f"record={record!r}: {sorted(bad)} not among ('events', 'ffn')")
+    keep_events, probe_ffn = "events" in record, "ffn" in record
+    mesh = Mesh(par)
     full = build_model(model_cfg).to(current_device())  # the rank's GPU under NCCL, else the CPU
-    model = ParallelTransformer.from_full(full, mesh, batch=batch, seq=seq, lr=lr, **model_kw)
+    model_kw = {"lr": LR} | model_kw
+    model = ParallelTransformer.from_full(full, mesh, options, batch=batch, seq=seq, **model_kw)
     out = dict(
         rank=mesh.global_rank,
         coords={k: mesh[k].rank for k in ("tp", "cp", "dp", "pp", "ep", "etp", "edp", "dp-cp")},
@@ -127,16 +136,16 @@ def train_reference(
     steps: int = 5,
     batch: int = 8,
     seq: int = 16,
-    lr: float = 1e-2,
+    lr: float = LR,
     data: str = "random",
     data_seed: int = 0,
     optimizer=torch.optim.Adam,
-    like: dict | None = None,
+    like: tuple[ParallelConfig, RunOptions] | None = None,
 ) -> dict:
     """The same steps on one device: the whole global batch, the reference model, `optimizer(lr=lr)`.
     Returns losses (per step) and params (name -> tensor after the last step).
 
-    like=dict(pc=ParallelConfig, n_microbatches=m, cp_layout=..., sequence_parallel=...): for MoE models with
+    like=(par, options), the composed run's `ParallelConfig` and `RunOptions`: for MoE models with
     auxiliary losses or a capacity factor, reproduce the composed run's grouping on one device -- the batch is run
     as dp*m groups (a data-parallel replica's microbatch each), each group's aux loss weighted 1/(dp*m), each
     token's capacity counted among the tokens of the rank that holds it (`MoE.drop_groups`). The mean
@@ -155,10 +164,10 @@ def _train_reference(model_cfg, steps, batch, seq, lr, data, data_seed, optimize
     groups, labels = 1, None
     cfg = model_cfg
     if like is not None:
-        pc = like["pc"]
-        groups = pc.dp * like.get("n_microbatches", 1)
-        tp = pc.tp if like.get("sequence_parallel", True) else 1
-        labels = holder_labels(seq, pc.cp, tp, like.get("cp_layout", "zigzag"))
+        par, options = like
+        groups = par.dp * options.n_microbatches
+        tp = par.tp if options.sequence_parallel else 1
+        labels = holder_labels(seq, par.cp, tp, options.cp_layout)
         if cfg.moe is not None:
             moe = cfg.moe
             cfg = cfg.with_(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from pylib.dp import DEFAULT_BUCKET_BYTES, micro_batch, overlap_from_trace, wrap
+from pylib.dp import micro_batch, overlap_from_trace, wrap
 from pylib.model import ModelConfig, build_model, random_tokens
 from pylib.runtime import clock, tracer
 from pylib.runtime.collectives import resolve_group
@@ -27,13 +27,13 @@ def train_data_parallel(
     global_batch: int = 8,
     seq: int = 8,
     steps: int = 1,
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    units: list[str] | None = None,
     data_seed: int = 0,
     lr: float = 1e-2,
     keep_events: bool = True,
+    **wrap_kw,
 ) -> dict:
-    """Inside a launched rank: `steps` Adam steps of the reference model under `stage`, this rank on its slice.
+    """Inside a launched rank: `steps` Adam steps of the reference model under `stage`, this rank on its slice;
+    wrap_kw: `pylib.dp.wrap`'s keywords (bucket_bytes, units, ...).
 
     Returns losses (this rank's, per step), grad_shards (what this rank holds of the averaged gradient after step
     0, by layout key), param_shards (what it holds of the parameters after the last step; `params`, the module's
@@ -46,7 +46,7 @@ def train_data_parallel(
     g = resolve_group(group)
     device = current_device()
     model = build_model(cfg).to(device)
-    dp = wrap(model, stage, g, bucket_bytes=bucket_bytes, units=units, lr=lr)
+    dp = wrap(model, stage, g, lr=lr, **wrap_kw)
     out = dict(stage=stage, d=g.size, rank=g.rank, losses=[], events=[], times=[])
     for step in range(steps):
         ids, targets = random_tokens(cfg, global_batch, seq, seed=data_seed + step)

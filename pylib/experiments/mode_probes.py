@@ -3,7 +3,7 @@ training step under the tracer, with `pylib.seedcheck.activation_probe.Activatio
 of every weight and activation seed B lists.
 
     launch(probe_modes, n, cfg, moe_cfg, b=8, s=16)      # -> per rank: {mode: record}
-    launch(probe_compose, world, cfg, ParallelConfig(...), b, s, **model_kw)   # every mode on one mesh (compose)
+    launch(probe_compose, world, cfg, ParallelConfig(...), b, s, RunOptions(...))   # every mode on one mesh (compose)
     launch(sp_without_tp, n, cfg, b, s)                  # seed B's FAQ: sequence parallelism with no TP
 
 Weight shapes are torch's [out, in] (seed B writes [in, out]). Every function returns plain data (tuples, dicts,
@@ -22,6 +22,7 @@ from pylib.cp.layout import sequence_positions
 from pylib.dp import DistributedDataParallel, micro_batch
 from pylib.ep import ExpertParallelMoE
 from pylib.model import build_model, random_hidden, random_tokens, saved_activations
+from pylib.plan.options import RunOptions
 from pylib.pp import PipelineParallel
 from pylib.runtime import Mesh, ParallelConfig, current_device, trace
 from pylib.runtime import collectives as C
@@ -108,15 +109,15 @@ def _dp(model, ids, targets, group):
     return _record(_params(model), probe, tr, ddp.shard_specs())
 
 
-def _pp(model, ids, targets, group, microbatches):
+def _pp(model, ids, targets, group, n_microbatches):
     pipe = PipelineParallel(model, group=group)
     chunk = pipe.chunks[0]
     probe = ActivationProbe().watch_layer(next(iter(chunk.layers.values())))
     if chunk.lm_head is not None:
         probe.watch_head(chunk.lm_head)
-    big = [t.repeat(microbatches, 1) for t in (ids, targets)]  # m micro-batches of b sequences each
+    big = [t.repeat(n_microbatches, 1) for t in (ids, targets)]  # m micro-batches of b sequences each
     with trace() as tr:
-        pipe.step(*big, schedule="1f1b", n_microbatches=microbatches)
+        pipe.step(*big, schedule="1f1b", n_microbatches=n_microbatches)
     probe.remove()
     params = {n: tuple(p.shape) for n, p in pipe.named_parameters()}
     return _record(params, probe, tr, pipe.shard_specs(), layers=chunk.layer_ids, stage=chunk.stage)
@@ -143,7 +144,7 @@ def probe_modes(
     s: int,
     *,
     layout: str = "zigzag",
-    microbatches: int = 2,
+    n_microbatches: int = 2,
     kv_replicated_cfg=None,
     ulysses: bool = False,
 ) -> dict:
@@ -172,7 +173,7 @@ def probe_modes(
         "SP": _tp(build(cfg), ids, targets, None, True),
         "CP": _cp(build(moe_cfg), ids, targets, None, layout),
         "DP": _dp(build(moe_cfg), ids, targets, None),
-        "PP": _pp(build(moe_cfg), ids, targets, None, microbatches),
+        "PP": _pp(build(moe_cfg), ids, targets, None, n_microbatches),
     }
     ep_ids, ep_targets = (t.to(device) for t in random_tokens(moe_cfg, b, s, seed=100 + rank))
     out["EP"] = _ep(build(moe_cfg), ep_ids, ep_targets, None)
@@ -191,11 +192,11 @@ def probe_modes(
 # ------------------------------------------------------------------------------------------------ composed
 
 
-def probe_compose(cfg, pc, batch: int, seq: int, *, variants=None, **model_kw) -> dict:
-    """Inside each rank of `pc`'s world: the composed model (`pylib.compose.ParallelTransformer`, every mode on
+def probe_compose(cfg, par, batch: int, seq: int, options: RunOptions = RunOptions(), *, variants=None) -> dict:
+    """Inside each rank of `par`'s world: the composed model (`pylib.compose.ParallelTransformer`, every mode on
     one mesh) takes one training step on the global batch [batch, seq] under the tracer, with the probe's hooks on
     the first layer this rank holds (and on the LM head on the last stage) and `pylib.compose.ffn_probe` on every
-    layer it holds. `variants` {name: model keyword overrides} runs several models one after the other (each on a
+    layer it holds, run with `options`. `variants` {name: RunOptions} runs several models one after the other (each on a
     mesh of its own); the default is one, named "model".
 
     Returns {variant: record}: params (local parameter shapes, the reference's names; experts numbered locally),
@@ -204,11 +205,10 @@ def probe_compose(cfg, pc, batch: int, seq: int, *, variants=None, **model_kw) -
     positions (CP) and rows (DP) of the global batch."""
     ids, targets = random_tokens(cfg, batch, seq, seed=0)  # `step` moves them to the model's device
     out = {}
-    for name, overrides in (variants or {"model": {}}).items():
-        mesh = Mesh(pc)
-        kw = dict(model_kw) | dict(overrides)
+    for name, run_options in (variants or {"model": options}).items():
+        mesh = Mesh(par)
         full = build_model(cfg).to(current_device())  # the rank's GPU under NCCL
-        model = ParallelTransformer.from_full(full, mesh, batch=batch, seq=seq, **kw)
+        model = ParallelTransformer.from_full(full, mesh, run_options, batch=batch, seq=seq)
         first = model.stages[0]
         probe = ActivationProbe().watch_layer(next(iter(first.layers.values())))
         last = model.stages[-1]
@@ -227,7 +227,7 @@ def probe_compose(cfg, pc, batch: int, seq: int, *, variants=None, **model_kw) -
             coords=coords,
             layers=[i for s in model.stages for i in s.layer_ids],
             rows=list(range(dp.rank * batch // dp.size, (dp.rank + 1) * batch // dp.size)),
-            positions=sequence_positions(seq, mesh.cp.rank, mesh.cp.size, kw.get("cp_layout", "zigzag")).tolist(),
+            positions=sequence_positions(seq, mesh.cp.rank, mesh.cp.size, run_options.cp_layout).tolist(),
             hidden_cols=list(
                 range(mesh.tp.rank * cfg.d_ff // mesh.tp.size, (mesh.tp.rank + 1) * cfg.d_ff // mesh.tp.size)
             ),

@@ -16,7 +16,7 @@ def _measure(cfg, plans, batch: int, seq: int) -> list[dict]:
     and moved. Traffic is summed per (axis, phase) from the tracer's events."""
     out = []
     for plan in plans:
-        r = train(cfg, plan.par, steps=1, batch=batch, seq=seq, keep_events=True, **plan.options())
+        r = train(cfg, plan.par, plan.run_options, steps=1, batch=batch, seq=seq, record=("events",))
         traffic: dict[str, dict[str, int]] = {}
         for e in r["events"][0]:
             by_phase = traffic.setdefault(e["axis"], {})

@@ -11,16 +11,23 @@ Chinese build sets `PYLIB_LANG=zh`), else English. A message missing from the Ch
 `MissingTranslation` naming it: the Chinese edition never shows English by accident (tests/test_i18n.py also
 checks, without running anything, that every literal passed to `tr` has its entry and that no entry is unused).
 
-The catalogs are dicts {English: Chinese} in this package, one module per area (`zh_book.py`: chapters, tables,
-figures; `zh_labs.py`: the lab harness), merged into one catalog; a message may be in only one of them.
+The catalogs are gettext .po files in this package, read as they are (no compiled .mo) with the book's own tooling
+(`pofile`): locale/zh_CN/LC_MESSAGES/pylib.po (the chapters' tables, figures and verdicts) and labs.po (the lab
+harness), merged into one catalog; a message is in only one of them. An entry marked fuzzy (its English changed
+since it was translated) counts as missing. `python tools/i18n/catalogs.py update` merges the messages found in
+the source (tools/i18n/messages.py) into them, `check` reviews them with the chapters' checks.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from functools import cache
+from pathlib import Path
 
 LANGUAGES = ("en", "zh")
+LOCALE = Path(__file__).resolve().parent / "locale"  # <LOCALE>/zh_CN/LC_MESSAGES/<domain>.po
+DOMAINS = ("pylib", "labs")
 _ALIASES = {"en": "en", "en_us": "en", "en_gb": "en", "zh": "zh", "zh_cn": "zh", "zh_hans": "zh", "cn": "zh"}
 _chosen: str | None = None
 
@@ -56,15 +63,25 @@ def catalog(language: str) -> dict[str, str]:
     language = normalise(language)
     if language == "en":
         return {}
-    from pylib.i18n import zh_book, zh_labs
+    # Babel reads the .po files: imported here, so English output (and `import pylib`) never needs it.
+    from pylib.i18n import pofile
 
     merged: dict[str, str] = {}
-    for module in (zh_book, zh_labs):
-        for message, text in module.MESSAGES.items():
-            if message in merged and merged[message] != text:
-                raise ValueError(f"message translated two ways in pylib.i18n: {message!r}")
-            merged[message] = text
+    for domain in DOMAINS:
+        path = catalog_path(domain)
+        for message in pofile.entries(pofile.read(path)):
+            if message.id in merged:
+                raise ValueError(f"message in two of pylib's catalogs ({path.name} and another): {message.id!r}")
+            if message.string and not message.fuzzy:
+                merged[message.id] = message.string
     return merged
+
+
+def catalog_path(domain: str) -> Path:
+    """The Chinese catalog of one of pylib's DOMAINS."""
+    from pylib.i18n.pofile import LANGUAGE
+
+    return LOCALE / LANGUAGE / "LC_MESSAGES" / f"{domain}.po"
 
 
 def tr(message: str, /, **fields) -> str:
@@ -75,13 +92,21 @@ def tr(message: str, /, **fields) -> str:
     else:
         text = catalog(lang).get(message)
         if text is None:
-            raise MissingTranslation(f"no {lang} entry in pylib.i18n for {message!r}")
+            where = ", ".join(str(catalog_path(d).relative_to(LOCALE.parent)) for d in DOMAINS)
+            raise MissingTranslation(f"no {lang} entry in pylib.i18n ({where}) for {message!r}")
     return text.format(**fields) if fields else text
 
 
-def shown(table: dict, key: str) -> str:
-    """`key` in the reader's language when `table` (key -> a function returning `tr("the key's English")`) has it,
-    else `key` itself. The functions keep each English a literal at its tr(...) call, where the catalog test finds
-    it, and run only when a key is shown, in the language of then."""
-    text = table.get(key)
-    return text() if text is not None else key
+def N_(message: str, /) -> str:
+    """`message` itself, marked as a message (gettext's N_): the catalogs hold it like a tr(...) literal, and `tr` or
+    `shown` translates it later, where it is shown. For labels held as data (a table's words for a key)."""
+    return message
+
+
+def shown(labels, key):
+    """`key` in the reader's language when `labels` has it, else `key` itself. `labels` is either a collection of
+    messages, each written once as N_("..."), or a mapping key -> N_("its label") for a key whose label is other
+    words (or a key that is not text)."""
+    if isinstance(labels, Mapping):
+        return tr(labels[key]) if key in labels else key
+    return tr(key) if key in labels else key

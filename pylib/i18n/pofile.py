@@ -1,7 +1,7 @@
 """Gettext catalogs (.po) as the book's and the labs' translations keep them: read, written in the template's
 order, merged from a template the way `msgmerge` does, and filled by translators. Babel (which Sphinx depends on)
 does the file format; this is the one place that says how the project uses it, for tools/i18n/catalogs.py (the
-book's pages) and pylib.labs.i18n (the labs' markdown) alike."""
+book's pages), pylib.labs.i18n (the labs' markdown) and pylib.i18n itself (pylib's messages) alike."""
 
 from __future__ import annotations
 
@@ -84,6 +84,9 @@ def fill(catalog: Catalog, translated: dict[str, str], senses: dict[str, list[st
         message.string = msgstr
         message.flags.discard("fuzzy")
         message.previous_id = []
+        # Babel's reader keeps an outdated entry's "#| msgid ..." lines as translator comments ("| msgid ..."):
+        # they are the previous English, gone once the entry is translated again.
+        message.user_comments = [c for c in message.user_comments if not c.startswith("|")]
         if msgid in senses:
             kept = [c for c in message.user_comments if not c.strip().startswith(sense_comment)]
             message.user_comments = kept + [f"{sense_comment} {', '.join(senses[msgid])}"]

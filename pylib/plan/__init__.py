@@ -2,6 +2,7 @@
 
     ParallelConfig(tp, cp, ep, dp, pp, etp, order)   rank_groups(config, world_size)   coordinates(...)   (mesh)
     RunOptions(sequence_parallel, cp_kind, ...)      ZeroStage, zero_stage(x)                            (options)
+    Recompute(granularity, method, num_layers): the recomputation choice RunOptions holds              (recompute)
     FlatEntry, FlatLayout, padded_numel, plan_buckets, single_flat                                       (layout)
     check_split, virtual_stage, layers_of_stage, chunk_layers, stage_layers                              (split)
     HeadLayout, head_layout, kv_heads_per_rank                                                           (heads)
@@ -29,6 +30,7 @@ from .options import (
     zero_stage,
 )
 from .problems import ComposeConfigError, check, problems, size_problems
+from .recompute import Recompute
 from .sequence import layout_chunks, token_positions
 from .split import check_split, chunk_layers, layers_of_stage, stage_layers, virtual_stage
 
@@ -46,6 +48,7 @@ __all__ = [
     "FlatLayout",
     "HeadLayout",
     "ParallelConfig",
+    "Recompute",
     "RunOptions",
     "ZeroStage",
     "check",

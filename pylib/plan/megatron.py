@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from .mesh import ParallelConfig
 from .options import RunOptions
+from .recompute import Recompute
 
 MEGATRON_COMMIT = "67f3515c8a0539d38c23f59dd8b85efdcbb3af3d"  # arguments.py read there (module docstring)
 MEGATRON_ORDER = "tp-cp-ep-dp-pp"
@@ -57,8 +58,9 @@ TP_PP_DP_ORDER = "tp-cp-ep-pp-dp"  # --use-tp-pp-dp-mapping
 CP_COMM_TYPE = {"ring": "p2p", "ulysses": "a2a"}
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}  # --data-parallel-sharding-strategy
 
-# Every field of ParallelConfig and RunOptions -> the Megatron-LM flags that set it; () where Megatron has none
-# (the module docstring says what it does instead).
+# Every field of ParallelConfig and RunOptions (and of its Recompute: "recompute" is its granularity,
+# "recompute.method" and "recompute.num_layers" the rest) -> the Megatron-LM flags that set it; () where Megatron has
+# none (the module docstring says what it does instead).
 MAPPING: dict[str, tuple[str, ...]] = {
     "tp": ("--tensor-model-parallel-size",),
     "cp": ("--context-parallel-size",),
@@ -75,8 +77,8 @@ MAPPING: dict[str, tuple[str, ...]] = {
     "v": ("--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage"),
     "zero_stage": ("--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy"),
     "recompute": ("--recompute-granularity", "--recompute-modules"),
-    "recompute_method": ("--recompute-method",),
-    "recompute_num_layers": ("--recompute-num-layers",),
+    "recompute.method": ("--recompute-method",),
+    "recompute.num_layers": ("--recompute-num-layers",),
 }
 
 
@@ -105,10 +107,11 @@ def megatron_args(par: ParallelConfig, options: RunOptions, *, global_batch: int
     elif o.zero_stage in FSDP_STRATEGY:
         argv += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_STRATEGY[o.zero_stage]]
         argv += ["--ckpt-format", "fsdp_dtensor"]
-    if o.recompute != "none":
-        argv += ["--recompute-granularity", o.recompute]
-    if o.recompute == "full":
-        argv += ["--recompute-method", o.recompute_method, "--recompute-num-layers", str(o.recompute_num_layers)]
+    rc = o.recompute
+    if rc.granularity != "none":
+        argv += ["--recompute-granularity", rc.granularity]
+    if rc.granularity == "full":
+        argv += ["--recompute-method", rc.method, "--recompute-num-layers", str(rc.num_layers)]
     micro = global_batch // (par.dp * o.n_microbatches)
     argv += ["--micro-batch-size", str(micro), "--global-batch-size", str(global_batch)]
     return argv
@@ -133,10 +136,11 @@ def _problems(par: ParallelConfig, o: RunOptions, global_batch: int, moe: bool) 
         out.append(f"ep={par.ep}, etp={par.etp} without experts: pass moe=True for a model with expert layers")
     if o.zero_stage not in (0, 1, *FSDP_STRATEGY):
         out.append(f"zero_stage={o.zero_stage!r} must be 0 (DDP), 1, 2 or 3")
-    if o.recompute not in ("none", "selective", "full"):
-        out.append(f"recompute={o.recompute!r} must be 'none', 'selective' or 'full' (--recompute-granularity)")
-    if o.recompute == "full" and o.recompute_method not in ("uniform", "block"):
-        out.append(f"recompute_method={o.recompute_method!r} must be 'uniform' or 'block' (--recompute-method)")
+    rc = o.recompute
+    if rc.granularity not in ("none", "selective", "full"):
+        out.append(f"recompute={rc.granularity!r} must be 'none', 'selective' or 'full' (--recompute-granularity)")
+    if rc.granularity == "full" and rc.method not in ("uniform", "block"):
+        out.append(f"recompute_method={rc.method!r} must be 'uniform' or 'block' (--recompute-method)")
     if not isinstance(global_batch, int) or global_batch % (par.dp * o.n_microbatches) or global_batch < 1:
         out.append(
             f"global_batch={global_batch!r} must be a positive multiple of dp x m = {par.dp} x {o.n_microbatches} "
@@ -236,12 +240,12 @@ def from_megatron_args(argv: list[str], world_size: int) -> tuple[ParallelConfig
             f"--recompute-modules {values['--recompute-modules']}: RunOptions recomputes the attention core "
             "(core_attn) only"
         )
-    full = {}
+    choice = Recompute(recompute)
     if recompute == "full":
         method = values.get("--recompute-method", [None])[0]
         if method not in ("uniform", "block"):
             raise ValueError(f"--recompute-granularity full needs --recompute-method uniform or block, not {method!r}")
-        full = dict(recompute_method=method, recompute_num_layers=number("--recompute-num-layers", 1))
+        choice = Recompute(recompute, method, number("--recompute-num-layers", 1))
 
     micro = number("--micro-batch-size", None)
     if micro is None or micro < 1:
@@ -258,7 +262,6 @@ def from_megatron_args(argv: list[str], world_size: int) -> tuple[ParallelConfig
         n_microbatches=batch // (micro * par.dp),
         v=v,
         zero_stage=zero,
-        recompute=recompute,
-        **full,
+        recompute=choice,
     )
     return par, options, batch

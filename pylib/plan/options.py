@@ -1,22 +1,22 @@
 """The options of a composed run, one type, and their vocabularies, stated once.
 
     RunOptions(sequence_parallel=True, cp_kind="ring", cp_layout="zigzag", schedule="1f1b", n_microbatches=1, v=1,
-               zero_stage=0, recompute="none", recompute_method="uniform", recompute_num_layers=1)
+               zero_stage=ZeroStage.DDP, recompute=Recompute("none", "uniform", 1))
 
 `pylib.compose` runs with these options, `pylib.plan.problems` checks them, `pylib.analysis` predicts what a run
 with them holds and moves, and the planner enumerates them. A field's default is the default everywhere.
 
-ZeRO stages: one vocabulary, two spellings of the same thing. `ZeroStage` is an int enum (0 = DDP, 1, 2, 3 = ZeRO-1,
--2, -3: what compose's `zero_stage` takes), its `.key` the name `pylib.dp` and `pylib.analysis.dp` take ("ddp",
-"zero1", "zero2", "zero3"); `zero_stage(x)` accepts either and returns the enum.
+ZeRO stages: one type, `ZeroStage`, an int enum (0 = DDP, 1, 2, 3 = ZeRO-1, -2, -3), and one parameter name,
+`zero_stage`, everywhere in pylib; `zero_stage(x)` turns an int or a name ("ddp", "zero1", ..., the enum's `.key`)
+into the enum. The recomputation choice is one value too, `pylib.plan.recompute.Recompute`.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
-from .recompute import RECOMPUTE, RECOMPUTE_METHODS
+from .recompute import RECOMPUTE, RECOMPUTE_METHODS, Recompute, as_recompute
 from .schedules import SCHEDULES
 
 # Sequence parallelism with TP on by default, as pylib.compose runs it: the activations outside the TP region are
@@ -66,11 +66,10 @@ class RunOptions:
     sequence_parallel: cut the activations outside the TP region over tp (needs tp > 1 to change anything);
     cp_kind: "ring" or "ulysses" context parallelism; cp_layout: "zigzag" (2 cp chunks, causal load balance) or
     "contiguous"; schedule: "gpipe", "1f1b" or "interleaved"; n_microbatches: m per step and data-parallel rank;
-    v: chunks per pipeline rank (interleaved); zero_stage: 0 (DDP) .. 3 (`ZeroStage`);
-    recompute: "none", "selective" (the attention core) or "full" (whole layers), with recompute_method "uniform"
-    or "block" and recompute_num_layers k for "full" (`pylib.plan.recompute`: Megatron's recompute_granularity,
-    recompute_method, recompute_num_layers).
-    Not validated here: `pylib.plan.problems` reports every bad value with the others."""
+    v: chunks per pipeline rank (interleaved); zero_stage: `ZeroStage` (an int 0..3 is taken as one);
+    recompute: a `Recompute` (granularity "none", "selective" or "full", method and num_layers for "full":
+    Megatron's recompute_granularity, recompute_method, recompute_num_layers); a granularity string is taken as
+    `Recompute(granularity)`. Not validated here: `pylib.plan.problems` reports every bad value with the others."""
 
     sequence_parallel: bool = SEQUENCE_PARALLEL
     cp_kind: str = "ring"
@@ -78,19 +77,13 @@ class RunOptions:
     schedule: str = "1f1b"
     n_microbatches: int = 1
     v: int = 1
-    zero_stage: int = 0
-    recompute: str = "none"
-    recompute_method: str = "uniform"
-    recompute_num_layers: int = 1
+    zero_stage: ZeroStage = ZeroStage.DDP
+    recompute: Recompute = Recompute()
 
-    def as_dict(self) -> dict:
-        """The keyword arguments of `ParallelTransformer.from_full` and `compose_problems`."""
-        return asdict(self)
-
-    @property
-    def zero(self) -> str:
-        """The ZeRO stage by name ("ddp", "zero1", ...)."""
-        return zero_stage(self.zero_stage).key
+    def __post_init__(self):
+        object.__setattr__(self, "recompute", as_recompute(self.recompute))
+        if self.zero_stage in ZERO_STAGES or self.zero_stage in ZERO_STAGE_NAMES:  # a bad one: `problems` says so
+            object.__setattr__(self, "zero_stage", zero_stage(self.zero_stage))
 
 
 COMPUTE_DTYPES = ("bfloat16", "float16")
@@ -163,6 +156,7 @@ __all__ = [
     "CP_LAYOUTS",
     "RECOMPUTE",
     "RECOMPUTE_METHODS",
+    "Recompute",
     "SCHEDULES",
     "SEQUENCE_PARALLEL",
     "ZERO_STAGES",

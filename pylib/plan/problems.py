@@ -27,7 +27,6 @@ from pylib.i18n import tr
 
 from .heads import head_layout
 from .options import CP_KINDS, CP_LAYOUTS, ZERO_STAGES, RunOptions
-from .recompute import recompute_problems
 from .schedules import SCHEDULES, ScheduleError, check_schedule
 from .split import check_split
 
@@ -248,9 +247,10 @@ def _choice_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
         out.append(f"cp_kind={opt.cp_kind!r} must be one of {CP_KINDS}")
     if opt.zero_stage not in ZERO_STAGES:
         out.append(f"zero_stage={opt.zero_stage!r} must be one of {ZERO_STAGES} (0 = DDP)")
-    out += recompute_problems(opt.recompute, opt.recompute_method, opt.recompute_num_layers)
-    k = opt.recompute_num_layers
-    if opt.zero_stage == 3 and opt.recompute == "full" and opt.recompute_method == "uniform" and k != 1:
+    rc = opt.recompute
+    out += rc.problems()
+    k = rc.num_layers
+    if opt.zero_stage == 3 and rc.granularity == "full" and rc.method == "uniform" and k != 1:
         out.append(
             f"recompute='full' with recompute_num_layers={k!r} (uniform) and zero_stage=3: a recomputed group spans "
             "several ZeRO-3 units, and each unit frees its gathered parameters after its forward, before the group's "

@@ -13,8 +13,12 @@ For "full", Megatron's `recompute_method` and `recompute_num_layers` (k) choose 
               may be shorter)
     block     the first k layers checkpointed one by one, the other n - k layers keep everything (k >= n: all)
 
-    recompute_groups(4, "full", "uniform", 2)  -> ((0, 1), True), ((2, 3), True)
-    recompute_groups(4, "full", "block", 1)    -> ((0,), True), ((1, 2, 3), False)
+    Recompute("full", "uniform", 2).groups(4)  -> ((0, 1), True), ((2, 3), True)
+    Recompute("full", "block", 1).groups(4)    -> ((0,), True), ((1, 2, 3), False)
+
+The choice is one frozen value, `Recompute(granularity, method, num_layers)` (Megatron's recompute_granularity,
+recompute_method, recompute_num_layers), held by `pylib.plan.RunOptions.recompute`; a bare granularity string
+("full") means that granularity with the other two at their defaults (`as_recompute`).
 
 For "selective", Megatron-Core (v0.13 on) names the parts of every layer it recomputes: `recompute_modules`
 (--recompute-modules; the default, and pylib's "selective", is the attention core alone). Megatron checkpoints
@@ -29,6 +33,8 @@ attention core (recompute="selective") and nothing finer.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -68,37 +74,72 @@ def recompute_modules(recompute: str, modules=None) -> frozenset:
     return frozenset(DEFAULT_MODULES if modules is None else modules)
 
 
-def recompute_problems(recompute, method="uniform", num_layers=1) -> list[str]:
-    """Every bad recompute choice, as sentences naming the value and the vocabulary."""
-    out = []
-    if recompute not in RECOMPUTE:
-        out.append(f"recompute={recompute!r} must be one of {RECOMPUTE}")
-    if method not in RECOMPUTE_METHODS:
-        out.append(f"recompute_method={method!r} must be one of {RECOMPUTE_METHODS}")
-    if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers < 1:
-        out.append(f"recompute_num_layers={num_layers!r} must be a positive integer (layers per recomputed group)")
-    return out
+@dataclass(frozen=True)
+class Recompute:
+    """Which activations a stage recomputes in backward: granularity "none", "selective" (the attention core) or
+    "full" (whole groups of layers, chosen by method "uniform" / "block" and num_layers k). Not validated here:
+    `problems()` lists every bad value."""
+
+    granularity: str = "none"
+    method: str = "uniform"
+    num_layers: int = 1
+
+    def problems(self) -> list[str]:
+        """Every bad recompute choice, as sentences naming the value and the vocabulary."""
+        out = []
+        if self.granularity not in RECOMPUTE:
+            out.append(f"recompute={self.granularity!r} must be one of {RECOMPUTE}")
+        if self.method not in RECOMPUTE_METHODS:
+            out.append(f"recompute_method={self.method!r} must be one of {RECOMPUTE_METHODS}")
+        k = self.num_layers
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            out.append(f"recompute_num_layers={k!r} must be a positive integer (layers per recomputed group)")
+        return out
+
+    def check(self) -> Recompute:
+        """Raise ValueError listing `problems()`."""
+        found = self.problems()
+        if found:
+            raise ValueError("; ".join(found))
+        return self
+
+    def groups(self, n_layers: int):
+        """A stage's n layers (by position 0..n-1) cut into (positions, recomputed whole) groups, in order.
+        Only "full" recomputes whole groups; "none" and "selective" give one group that keeps its activations."""
+        self.check()
+        positions = tuple(range(n_layers))
+        k = self.num_layers
+        if self.granularity != "full" or n_layers == 0:
+            return ((positions, False),) if n_layers else ()
+        if self.method == "uniform":
+            return tuple((positions[i : i + k], True) for i in range(0, n_layers, k))
+        head = tuple(((i,), True) for i in positions[:k])
+        rest = positions[k:]
+        return head + (((rest, False),) if rest else ())
 
 
-def check_recompute(recompute, method="uniform", num_layers=1) -> None:
-    """Raise ValueError listing `recompute_problems`."""
-    found = recompute_problems(recompute, method, num_layers)
-    if found:
-        raise ValueError("; ".join(found))
+def as_recompute(choice) -> Recompute:
+    """A `Recompute` from itself, a granularity string ("full") or a (granularity, method, num_layers) tuple."""
+    if isinstance(choice, Recompute):
+        return choice
+    if isinstance(choice, tuple):
+        return Recompute(*choice)
+    return Recompute(choice)
 
 
-def recompute_groups(n_layers: int, recompute: str, method: str = "uniform", num_layers: int = 1):
-    """A stage's n layers (by position 0..n-1) cut into (positions, recomputed whole) groups, in order.
-    Only "full" recomputes whole groups; "none" and "selective" give one group that keeps its activations."""
-    check_recompute(recompute, method, num_layers)
-    positions = tuple(range(n_layers))
-    if recompute != "full" or n_layers == 0:
-        return ((positions, False),) if n_layers else ()
-    if method == "uniform":
-        return tuple((positions[i : i + num_layers], True) for i in range(0, n_layers, num_layers))
-    head = tuple(((i,), True) for i in positions[:num_layers])
-    rest = positions[num_layers:]
-    return head + (((rest, False),) if rest else ())
+def recompute_problems(choice) -> list[str]:
+    """`Recompute.problems` of `as_recompute(choice)`."""
+    return as_recompute(choice).problems()
+
+
+def check_recompute(choice) -> Recompute:
+    """The choice as a `Recompute`; raises ValueError listing its problems."""
+    return as_recompute(choice).check()
+
+
+def recompute_groups(n_layers: int, choice):
+    """`Recompute.groups` of `as_recompute(choice)`."""
+    return as_recompute(choice).groups(n_layers)
 
 
 __all__ = [
@@ -106,6 +147,8 @@ __all__ = [
     "RECOMPUTE",
     "RECOMPUTE_METHODS",
     "RECOMPUTE_MODULES",
+    "Recompute",
+    "as_recompute",
     "check_recompute",
     "modules_problems",
     "recompute_groups",

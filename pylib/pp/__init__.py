@@ -9,7 +9,7 @@ bubble(timeline), peak_in_flight(timeline)
 # inside launched ranks:
 pipe = PipelineParallel(build_model(cfg), group=mesh.pp, v=1)
 run = pipe.step(ids, targets, schedule="1f1b", n_microbatches=8)     # run.loss, run.timeline
-run_pipeline(sched, chunks, group=..., inputs=..., targets=..., act_shape=...)   # any stage modules
+run_pipeline(sched, chunks, Boundary(shape), group=..., inputs=..., targets=...)   # any stage modules
 recorder=PipelineRecorder(measure_memory=False, compute_delay=(t_f, t_b))       # what observes a run
 """
 
@@ -29,7 +29,7 @@ from pylib.plan.schedules import (
     warmup_forwards,
 )
 
-from .executor import PipelineRun, microbatches, pipeline_device, run_pipeline
+from .executor import Boundary, PipelineRun, microbatches, pipeline_device, run_pipeline
 from .pipeline import PipelineParallel
 from .recorder import PipelineRecorder
 from .simulate import DeadlockError, simulate
@@ -47,6 +47,7 @@ from .split import (
 from .timeline import Bubble, Event, bubble, idle_intervals, peak_in_flight, replay
 
 __all__ = [
+    "Boundary",
     "SCHEDULES",
     "Action",
     "Bubble",

@@ -1,16 +1,16 @@
 """Run one rank's part of a pipeline schedule: its action list, over point-to-point ops on the pp group.
 
     sched = build("1f1b", p, m)                                   # pure; the same lists on every rank
-    run = run_pipeline(sched, my_chunks, group=mesh.pp, inputs=ids_mbs, targets=tgt_mbs, act_shape=(b, s, h))
+    run = run_pipeline(sched, my_chunks, Boundary((b, s, h)), group=mesh.pp, inputs=ids_mbs, targets=tgt_mbs)
     run.losses, run.timeline                                       # per-microbatch losses (last stage), events
 
 The executor is generic over the stage modules: `chunks[c]` is any nn.Module for this rank's chunk c (virtual
 stage c·p + rank). The first virtual stage is called as `chunk(inputs[mb])`; the last returns the microbatch's
-loss, called as `chunk(x, targets[mb])` (or `loss_fn(chunk(x), targets[mb])` when a loss_fn is given); every
-other stage as `chunk(x)` with x the activation received from the previous stage. The activation entering stage
-k for microbatch mb has shape `act_shape(mb, k)` (a tuple means the same shape everywhere); its gradient, sent
-back, has the same shape. A stage with tensor or context parallelism inside has local shapes that differ from the
-full [b, s, h] -- it passes its own function.
+loss, called as `chunk(x, targets[mb])`; every other stage as `chunk(x)` with x the activation received from the
+previous stage. What crosses a stage boundary is a `Boundary`: the activation entering stage k for microbatch mb
+has shape `boundary.shape(mb, k)` (a tuple means the same shape everywhere); its gradient, sent back, has the same
+shape. A stage with tensor or context parallelism inside has local shapes that differ from the full [b, s, h] --
+it passes its own function.
 
 Loss scaling. Each microbatch's loss is a mean over its own tokens; the full batch's loss is the mean of the m
 microbatch losses, so each is divided by m before its backward (`scale_loss=True`, as Megatron does). The
@@ -98,20 +98,32 @@ def pipeline_device(chunks: Sequence[nn.Module], device=None) -> torch.device:
     return current_device()
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """The tensors that cross a stage boundary (an activation forward, its gradient back): their shape, a tuple or
+    shape(mb, stage) for the activation entering `stage`; their dtype (None: the chunks' first floating dtype); the
+    device their receive buffers are allocated on (None: `pipeline_device`; pass it when the chunks hold no
+    parameters of their own, as under ZeRO-3)."""
+
+    shape: tuple | Callable[[int, int], tuple]
+    dtype: torch.dtype | None = None
+    device: torch.device | str | None = None
+
+    def shape_of(self, mb: int, stage: int) -> tuple:
+        return self.shape(mb, stage) if callable(self.shape) else tuple(self.shape)
+
+
 def run_pipeline(
     schedule: Schedule,
     chunks: Sequence[nn.Module],
+    boundary: Boundary,
     *,
     group=None,
     inputs: Sequence[torch.Tensor] | None = None,
     targets: Sequence | None = None,
-    act_shape: tuple | Callable[[int, int], tuple],
-    act_dtype: torch.dtype | None = None,
-    loss_fn: Callable | None = None,
     scale_loss: bool = True,
     blocking_sends: bool = False,
     backward_context: Callable[[int, int], AbstractContextManager] | None = None,
-    device: torch.device | str | None = None,
     recorder: PipelineRecorder | None = None,
 ) -> PipelineRun:
     """Run this rank's actions of `schedule` (one training step's forwards and backwards, no optimizer step).
@@ -125,13 +137,13 @@ def run_pipeline(
     wrapper is told to only accumulate (`no_sync()`) in every backward of a chunk but its last, so its gradients
     are reduced once per step, after the last microbatch (as Megatron's schedules do with their no_sync_func).
 
-    device: where received activations and gradients are allocated (`pipeline_device`; pass it when the chunks
-    hold no parameters of their own, as under ZeRO-3). recorder: what observes the run (`PipelineRecorder`: the
-    timeline, the activations held; its measure_memory and compute_delay options); a fresh one by default."""
+    boundary: the shape, dtype and device of what crosses a stage boundary (`Boundary`). recorder: what observes
+    the run (`PipelineRecorder`: the timeline, the activations held; its measure_memory and compute_delay
+    options); a fresh one by default."""
     g = C.resolve_group(group)
     _check_run(schedule, chunks, g, inputs, targets)
     rec = PipelineRecorder() if recorder is None else recorder
-    device = pipeline_device(chunks, device)
+    device = pipeline_device(chunks, boundary.device)
     step = RankStep(
         chunks,
         g,
@@ -139,10 +151,9 @@ def run_pipeline(
         targets,
         m=schedule.m,
         n_stages=schedule.p * schedule.v,
-        shape_of=act_shape if callable(act_shape) else (lambda mb, stage: tuple(act_shape)),
-        dtype=act_dtype or _first_float_dtype(chunks),
+        shape_of=boundary.shape_of,
+        dtype=boundary.dtype or _first_float_dtype(chunks),
         device=device,
-        loss_fn=loss_fn,
         scale_loss=scale_loss,
         blocking_sends=blocking_sends,
         backward_context=backward_context,
@@ -192,7 +203,6 @@ class RankStep:
     shape_of: Callable[[int, int], tuple]
     dtype: torch.dtype
     device: torch.device
-    loss_fn: Callable | None
     scale_loss: bool
     blocking_sends: bool
     backward_context: Callable[[int, int], AbstractContextManager] | None
@@ -225,7 +235,7 @@ class RankStep:
 
     def loss(self, chunk, x, mb: int) -> torch.Tensor:
         """The last stage: the microbatch's loss, kept unscaled, returned divided by m when scale_loss."""
-        loss = chunk(x, self.targets[mb]) if self.loss_fn is None else self.loss_fn(chunk(x), self.targets[mb])
+        loss = chunk(x, self.targets[mb])
         if loss.dim() != 0:
             raise ValueError(f"the last stage must return a scalar loss, got shape {tuple(loss.shape)}")
         self.losses[mb] = float(loss.detach())

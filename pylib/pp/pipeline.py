@@ -20,7 +20,7 @@ from pylib.plan.schedules import build
 
 from ..model import Transformer
 from ..runtime import collectives as C
-from .executor import PipelineRun, microbatches, run_pipeline
+from .executor import Boundary, PipelineRun, microbatches, run_pipeline
 from .split import rank_chunks, shard_specs
 
 
@@ -74,7 +74,6 @@ class PipelineParallel:
             group=self.group,
             inputs=microbatches(ids, m),
             targets=microbatches(targets, m),
-            act_shape=(b // m, s, self.cfg.d_model),
-            act_dtype=self.cfg.torch_dtype,
+            boundary=Boundary((b // m, s, self.cfg.d_model), self.cfg.torch_dtype),
             **run_kw,
         )

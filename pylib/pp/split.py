@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pylib.plan.recompute import check_recompute
+from pylib.plan.recompute import Recompute, as_recompute, check_recompute
 from pylib.plan.split import check_split, layers_of_stage, stage_layers, virtual_stage
 
 from ..model import Transformer
@@ -69,25 +69,26 @@ class PipelineChunk(nn.Module):
         ln_f=None,
         lm_head=None,
         vocab_size: int | None = None,
-        recompute=("none", "uniform", 1),
+        recompute: Recompute = Recompute(),
     ):
         super().__init__()
-        check_recompute(*recompute)
-        self.recompute, self.recompute_method, self.recompute_num_layers = recompute
+        self.recompute = check_recompute(recompute)
         self.stage, self.n_stages = stage, n_stages
         self.is_first, self.is_last = stage == 0, stage == n_stages - 1
         self.embed = embed
         self.layers = nn.ModuleDict({str(i): layer for i, layer in layers.items()})
         self.ln_f, self.lm_head = ln_f, lm_head
         self.vocab_size = vocab_size
-        if self.recompute == "selective":
+        if self.recompute.granularity == "selective":
             for layer in self.layers.values():
                 layer.attn.core = RecomputedCore(layer.attn.core)  # the instance's core shadows the method
 
     @classmethod
-    def from_full(cls, model: Transformer, stage: int, n_stages: int, **recompute) -> PipelineChunk:
-        """Virtual stage `stage` of `n_stages`, with copies of the reference model's weights. recompute: the
-        keywords recompute, recompute_method, recompute_num_layers (`pylib.plan.recompute`)."""
+    def from_full(
+        cls, model: Transformer, stage: int, n_stages: int, recompute: Recompute = Recompute()
+    ) -> PipelineChunk:
+        """Virtual stage `stage` of `n_stages`, with copies of the reference model's weights. recompute: a
+        `pylib.plan.recompute.Recompute` (or its granularity string)."""
         cfg = model.cfg
         ids = layers_of_stage(cfg.n_layers, stage, n_stages)
         if cfg.tie_embeddings and n_stages > 1:
@@ -104,7 +105,7 @@ class PipelineChunk(nn.Module):
             ln_f=copy.deepcopy(model.ln_f) if last else None,
             lm_head=copy.deepcopy(model.lm_head) if last else None,
             vocab_size=cfg.vocab_size,
-            recompute=_recompute_choice(**recompute),
+            recompute=as_recompute(recompute),
         )
 
     @property
@@ -118,8 +119,6 @@ class PipelineChunk(nn.Module):
             self.layers.values(),
             x,
             recompute=self.recompute,
-            method=self.recompute_method,
-            num_layers=self.recompute_num_layers,
         )
         if self.lm_head is None:
             return x
@@ -137,10 +136,6 @@ class PipelineChunk(nn.Module):
         return ", ".join(parts)
 
 
-def _recompute_choice(recompute="none", recompute_method="uniform", recompute_num_layers=1) -> tuple:
-    return recompute, recompute_method, recompute_num_layers
-
-
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy, as `Transformer.loss`: logits [b, s, V], targets [b, s] -> scalar."""
     flat = logits.reshape(-1, logits.shape[-1])
@@ -149,23 +144,23 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(flat, targets.reshape(-1))
 
 
-def split_model(model: Transformer, pp: int, v: int = 1, **recompute) -> list[list[PipelineChunk]]:
+def split_model(model: Transformer, pp: int, v: int = 1, recompute=Recompute()) -> list[list[PipelineChunk]]:
     """chunks[r][c]: the module for chunk c of rank r (virtual stage c·pp + r), copied from the full model.
     recompute: as `PipelineChunk.from_full`."""
     check_split(model.cfg.n_layers, pp, v)
     return [
-        [PipelineChunk.from_full(model, virtual_stage(r, c, pp), pp * v, **recompute) for c in range(v)]
+        [PipelineChunk.from_full(model, virtual_stage(r, c, pp), pp * v, recompute) for c in range(v)]
         for r in range(pp)
     ]
 
 
-def rank_chunks(model: Transformer, rank: int, pp: int, v: int = 1, **recompute) -> list[PipelineChunk]:
+def rank_chunks(model: Transformer, rank: int, pp: int, v: int = 1, recompute=Recompute()) -> list[PipelineChunk]:
     """This rank's chunks only (what a launched rank keeps), in chunk order. recompute: as
     `PipelineChunk.from_full`."""
     check_split(model.cfg.n_layers, pp, v)
     if not 0 <= rank < pp:
         raise ValueError(f"rank={rank} is outside 0..{pp - 1}")
-    return [PipelineChunk.from_full(model, virtual_stage(rank, c, pp), pp * v, **recompute) for c in range(v)]
+    return [PipelineChunk.from_full(model, virtual_stage(rank, c, pp), pp * v, recompute) for c in range(v)]
 
 
 def shard_specs(model: Transformer, rank: int, pp: int, v: int = 1) -> list[ShardSpec]:

@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_for
 
 import cloudpickle
@@ -117,21 +118,25 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _rank_main(
-    rank,
-    world,
-    backend,
-    store_path,
-    timeout,
-    result_conn,
-    control_conn,
-    out_path,
-    parent_pid,
-    job,
-    others,
-    deadline_wall,
-):
-    """Body of one rank process (forked or spawned)."""
+@dataclass(frozen=True)
+class _World:
+    """What every rank process of one launch is started with: the world size, the backend, the rendezvous file,
+    the timeout and its wall-clock deadline, the launching process and the pickled job (fn, args, kwargs)."""
+
+    size: int
+    backend: str
+    store_path: str
+    timeout: float
+    deadline_wall: float
+    parent_pid: int
+    job: object
+
+
+def _rank_main(rank, w: _World, result_conn, control_conn, out_path, others):
+    """Body of one rank process (forked or spawned): rank `rank` of the launch `w`, reporting on result_conn,
+    told to leave on control_conn, logging to out_path; `others` are the inherited pipe ends it closes."""
+    world, backend, store_path, timeout = w.size, w.backend, w.store_path, w.timeout
+    parent_pid, job, deadline_wall = w.parent_pid, w.job, w.deadline_wall
     for conn in others:  # forked ranks inherit every pipe; keep only our own so EOFs mean what they say
         conn.close()
     os.setpgid(0, 0)  # lead a process group of our own: killing it ends every process this rank starts
@@ -324,6 +329,7 @@ class _Run:
     def start(self, backend: str, job) -> None:
         """Start every rank; the parent keeps only the read ends of results and the write ends of control."""
         forked = self.ctx.get_start_method() == "fork"
+        deadline = time.time() + self.timeout
         for r in range(self.world):
             mine = {id(self.result_pipes[r][1]), id(self.control_pipes[r][0])}
             others = [c for pair in self.result_pipes + self.control_pipes for c in pair if id(c) not in mine]
@@ -331,17 +337,11 @@ class _Run:
                 target=_rank_main,
                 args=(
                     r,
-                    self.world,
-                    backend,
-                    self.store_path,
-                    self.timeout,
+                    _World(self.world, backend, self.store_path, self.timeout, deadline, os.getpid(), job),
                     self.result_pipes[r][1],
                     self.control_pipes[r][0],
                     self.out_paths[r],
-                    os.getpid(),
-                    job,
                     others if forked else [],
-                    time.time() + self.timeout,
                 ),
                 daemon=True,
                 name=f"pylib-rank-{r}",

@@ -1,7 +1,7 @@
 """Activation recomputation in torch: run part of the forward again in backward instead of keeping its activations.
 
     core = RecomputedCore(core)              # selective: the attention core keeps only q, k, v
-    x = run_layers(layers, x, positions, recompute="full", method="uniform", num_layers=2)
+    x = run_layers(layers, x, positions, recompute=Recompute("full", "uniform", 2))
 
 Both go through `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)` (torch 2.6's API). The region's tensor
 inputs are saved once (autograd's saved-tensor hooks see them: `saved_activations` counts them); what the region saves
@@ -20,7 +20,7 @@ import contextlib
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from pylib.plan.recompute import recompute_groups
+from pylib.plan.recompute import Recompute, as_recompute
 
 from .tracer import current_phase, phase
 
@@ -61,10 +61,10 @@ class RecomputedCore:
         return f"RecomputedCore({self.core!r})"
 
 
-def run_layers(layers, x, positions=None, *, recompute="none", method="uniform", num_layers=1, wrap=None):
+def run_layers(layers, x, positions=None, *, recompute: Recompute | str = Recompute(), wrap=None):
     """x -> layers[-1](... layers[0](x, positions)), with "full" recomputation over the groups that
-    `recompute_groups(len(layers), recompute, method, num_layers)` names. wrap(i, layer, x): how to call one layer
-    (the callers' tracer tags); default layer(x, positions)."""
+    `Recompute.groups(len(layers))` names (a granularity string is `Recompute(granularity)`). wrap(i, layer, x):
+    how to call one layer (the callers' tracer tags); default layer(x, positions)."""
     layers = list(layers)
     call = wrap if wrap is not None else (lambda i, layer, x_: layer(x_, positions))
 
@@ -73,6 +73,6 @@ def run_layers(layers, x, positions=None, *, recompute="none", method="uniform",
             x_ = call(i, layers[i], x_)
         return x_
 
-    for group, whole in recompute_groups(len(layers), recompute, method, num_layers):
+    for group, whole in as_recompute(recompute).groups(len(layers)):
         x = recomputed(lambda x_, g=group: run(g, x_), x) if whole and torch.is_grad_enabled() else run(group, x)
     return x

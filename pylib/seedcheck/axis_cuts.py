@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from pylib.i18n import tr
+from pylib.i18n import N_, shown
 from pylib.model import ModelConfig
 
 MODES = ("TP", "SP", "CP", "DP", "PP", "EP")
@@ -82,20 +82,22 @@ SEED_AXIS = {
 
 
 # SEED_AXIS's words as a table shows them: seed B's own Chinese in the Chinese edition.
-_SEED_AXIS_SHOWN = {
-    "h (or n_head)": lambda: tr("h (or n_head)"),
-    "weight matrices": lambda: tr("weight matrices"),
-    "activations (with TP)": lambda: tr("activations (with TP)"),
-    "activations": lambda: tr("activations"),
-    "data samples": lambda: tr("data samples"),
-    "layers": lambda: tr("layers"),
-    "MoE experts": lambda: tr("MoE experts"),
-}
+_SEED_AXIS_SHOWN = frozenset(
+    {
+        N_("h (or n_head)"),
+        N_("weight matrices"),
+        N_("activations (with TP)"),
+        N_("activations"),
+        N_("data samples"),
+        N_("layers"),
+        N_("MoE experts"),
+    }
+)
 
 
 def seed_axis_shown(mode: str) -> tuple[str, str]:
     """SEED_AXIS[mode] (dimension, object) in the reader's language."""
-    return tuple(_SEED_AXIS_SHOWN.get(w, lambda w=w: w)() for w in SEED_AXIS[mode])
+    return tuple(shown(_SEED_AXIS_SHOWN, w) for w in SEED_AXIS[mode])
 
 
 # The seed's "h (or n_head)" read as the dimensions it can mean in a measurement: the width inside attention

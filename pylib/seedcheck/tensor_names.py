@@ -9,22 +9,24 @@ changes.
 
 from __future__ import annotations
 
-from pylib.i18n import shown, tr
+from pylib.i18n import N_, shown, tr
 
-_NAMES = {
-    "token embedding": lambda: tr("token embedding"),
-    "router": lambda: tr("router"),
-    "expert W_gate": lambda: tr("expert W_gate"),
-    "expert W_up": lambda: tr("expert W_up"),
-    "expert W_down": lambda: tr("expert W_down"),
-    "MoE expert W_1, W_2": lambda: tr("MoE expert W_1, W_2"),
-    "input hidden": lambda: tr("input hidden"),
-    "attention scores": lambda: tr("attention scores"),
-    "attention output": lambda: tr("attention output"),
-    "FFN intermediate": lambda: tr("FFN intermediate"),
-    "block output": lambda: tr("block output"),
-    "LN output": lambda: tr("LN output"),
-}
+_NAMES = frozenset(
+    {
+        N_("token embedding"),
+        N_("router"),
+        N_("expert W_gate"),
+        N_("expert W_up"),
+        N_("expert W_down"),
+        N_("MoE expert W_1, W_2"),
+        N_("input hidden"),
+        N_("attention scores"),
+        N_("attention output"),
+        N_("FFN intermediate"),
+        N_("block output"),
+        N_("LN output"),
+    }
+)
 
 
 def shown_name(name: str) -> str:
@@ -34,32 +36,32 @@ def shown_name(name: str) -> str:
 
 
 # meta_tables.SEED_WEIGHTS' "where" and SEED_ACTIVATIONS' "produced" texts (English keys of the data)
-_WHERE = {
-    "input layer (one per model)": lambda: tr("input layer (one per model)"),
-    "output layer (one per model, often shared with the embedding)": lambda: tr(
-        "output layer (one per model, often shared with the embedding)"
-    ),
-    "every layer's attention": lambda: tr("every layer's attention"),
-    "every layer's attention output projection": lambda: tr("every layer's attention output projection"),
-    "every layer's FFN (SwiGLU only)": lambda: tr("every layer's FFN (SwiGLU only)"),
-    "every layer's FFN up projection": lambda: tr("every layer's FFN up projection"),
-    "every layer's FFN down projection": lambda: tr("every layer's FFN down projection"),
-    "every MoE layer (not in seed B's list)": lambda: tr("every MoE layer (not in seed B's list)"),
-    "every MoE layer, E times": lambda: tr("every MoE layer, E times"),
-    "twice per layer (before attention, before the FFN)": lambda: tr(
-        "twice per layer (before attention, before the FFN)"
-    ),
-    "with γ (LayerNorm only; RMSNorm has none)": lambda: tr("with γ (LayerNorm only; RMSNorm has none)"),
-    "the block's input": lambda: tr("the block's input"),
-    "after the QKV projection": lambda: tr("after the QKV projection"),
-    "after Q K^T": lambda: tr("after Q K^T"),
-    "after softmax · V (the input of W_O)": lambda: tr("after softmax · V (the input of W_O)"),
-    "after W_up (the input of W_down)": lambda: tr("after W_up (the input of W_down)"),
-    "after W_down and the residual": lambda: tr("after W_down and the residual"),
-    "after the LM head": lambda: tr("after the LM head"),
-}
+_WHERE = frozenset(
+    {
+        N_("input layer (one per model)"),
+        N_("output layer (one per model, often shared with the embedding)"),
+        N_("every layer's attention"),
+        N_("every layer's attention output projection"),
+        N_("every layer's FFN (SwiGLU only)"),
+        N_("every layer's FFN up projection"),
+        N_("every layer's FFN down projection"),
+        N_("every MoE layer (not in seed B's list)"),
+        N_("every MoE layer, E times"),
+        N_("twice per layer (before attention, before the FFN)"),
+        N_("with γ (LayerNorm only; RMSNorm has none)"),
+        N_("the block's input"),
+        N_("after the QKV projection"),
+        N_("after Q K^T"),
+        N_("after softmax · V (the input of W_O)"),
+        N_("after W_up (the input of W_down)"),
+        N_("after W_down and the residual"),
+        N_("after the LM head"),
+    }
+)
 
 
 def shown_where(text: str) -> str:
     """Where seed B's tensor appears (SEED_WEIGHTS / SEED_ACTIVATIONS) in the reader's language."""
-    return _WHERE[text]()
+    if text not in _WHERE:
+        raise KeyError(f"{text!r} is none of the data's 'where' and 'produced' texts")
+    return tr(text)

@@ -16,7 +16,7 @@ held["EP"]["specs"].
 
 from __future__ import annotations
 
-from pylib.i18n import tr
+from pylib.i18n import N_, shown, tr
 from pylib.tables import markdown_table
 
 
@@ -66,27 +66,27 @@ SEED_A_REMEDY = {  # seed A's colour blocks, right-hand column, as printed, and 
 # seed A's words as a table shows them: the English edition keeps the English gloss beside seed A's Chinese, the
 # Chinese edition shows seed A's Chinese alone
 _SEED_A_SHOWN = {
-    1: lambda: tr("SP/CP 直接切 (SP / CP: cut directly)"),
-    2: lambda: tr("TP 按权重列切 (TP: split the weights by column)"),
-    3: lambda: "CP Ring Attention",
-    4: lambda: tr("TP 行切+AllReduce (TP: row split, + all-reduce)"),
-    5: lambda: tr("直接切 (cut directly)"),
-    6: lambda: tr("TP 切 / EP 切专家 (TP split / EP: split the experts)"),
+    1: N_("SP/CP 直接切 (SP / CP: cut directly)"),
+    2: N_("TP 按权重列切 (TP: split the weights by column)"),
+    3: N_("CP Ring Attention"),
+    4: N_("TP 行切+AllReduce (TP: row split, + all-reduce)"),
+    5: N_("直接切 (cut directly)"),
+    6: N_("TP 切 / EP 切专家 (TP split / EP: split the experts)"),
 }
 
 # the derived remedies' names (the keys `derived_remedy` returns) as a table shows them
 WORDS = {
-    "SP cut": lambda: tr("SP: cut along seq"),
-    "CP cut": lambda: tr("CP: cut along seq"),
-    "TP column": lambda: tr("TP: column split"),
-    "TP row": lambda: tr("TP: row split"),
-    "all_reduce": lambda: tr("all-reduce (traced)"),
-    "CP ring": lambda: tr("CP: ring attention"),
-    "EP experts": lambda: tr("EP: split the experts"),
+    "SP cut": N_("SP: cut along seq"),
+    "CP cut": N_("CP: cut along seq"),
+    "TP column": N_("TP: column split"),
+    "TP row": N_("TP: row split"),
+    "all_reduce": N_("all-reduce (traced)"),
+    "CP ring": N_("CP: ring attention"),
+    "EP experts": N_("EP: split the experts"),
 }
 
 # the colours `traffic_light` returns (keys) as a table shows them
-COLOURS = {"green": lambda: tr("green"), "yellow": lambda: tr("yellow"), "red": lambda: tr("red")}
+COLOURS = frozenset({N_("green"), N_("yellow"), N_("red")})
 
 
 def _covers(general: str, specific: str) -> bool:  # seed A's "cut" names no one; its "TP" no direction
@@ -98,10 +98,7 @@ def _covers(general: str, specific: str) -> bool:  # seed A's "cut" names no one
 
 
 # verdict() returns the English key (chapters compare it with ==); a table shows it in the reader's language
-_VERDICT_TEXT = {
-    "agrees": lambda: tr("agrees"),
-    "agrees; seed A is less specific": lambda: tr("agrees; seed A is less specific"),
-}
+_VERDICT_TEXT = frozenset({N_("agrees"), N_("agrees; seed A is less specific")})
 
 
 def verdict(said: list[str], got: list[str]) -> str:
@@ -141,11 +138,11 @@ def traffic_light_table(labels: dict, colours: dict, matrices: dict, derived: di
     rows = [
         [
             labels[n],
-            COLOURS[colours[n]](),
+            shown(COLOURS, colours[n]),
             ", ".join(f"`{m}`" for m in matrices[n]) or tr("none"),
-            " + ".join(WORDS[r]() for r in derived[n]),
-            _SEED_A_SHOWN[n](),
-            _VERDICT_TEXT[verdict(SEED_A_REMEDY[n][1], derived[n])](),
+            " + ".join(tr(WORDS[r]) for r in derived[n]),
+            tr(_SEED_A_SHOWN[n]),
+            shown(_VERDICT_TEXT, verdict(SEED_A_REMEDY[n][1], derived[n])),
         ]
         for n in colours
     ]

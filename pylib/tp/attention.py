@@ -60,17 +60,16 @@ class TPAttention(nn.Module):
         o_proj,
         layout: HeadLayout,
         *,
-        d_head,
-        position,
-        rope_base,
+        cfg,
         group,
         sequence_parallel,
         regather,
         core,
     ):
+        """cfg: the reference model's config (its d_head, position encoding and RoPE base)."""
         super().__init__()
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = q_proj, k_proj, v_proj, o_proj
-        self.layout, self.d_head, self.position, self.rope_base = layout, d_head, position, rope_base
+        self.layout, self.d_head, self.position, self.rope_base = layout, cfg.d_head, cfg.position, cfg.rope_base
         self.group, self.sequence_parallel, self.regather = group, sequence_parallel, regather
         self.core = core
 
@@ -117,9 +116,7 @@ class TPAttention(nn.Module):
             v,
             o,
             lay,
-            d_head=dh,
-            position=cfg.position,
-            rope_base=cfg.rope_base,
+            cfg=cfg,
             group=g,
             sequence_parallel=sequence_parallel,
             regather=regather,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from pylib.plan.recompute import check_recompute
+from pylib.plan.recompute import Recompute, check_recompute
 from pylib.runtime import ShardSpec, require_divisible, tag
 from pylib.runtime import collectives as C
 from pylib.runtime.recompute import RecomputedCore, run_layers
@@ -85,14 +85,21 @@ class TPBlock(nn.Module):
 
     @classmethod
     def from_full(
-        cls, block, *, group=None, sequence_parallel: bool = False, regather: bool = False, core=None, recompute="none"
+        cls,
+        block,
+        *,
+        group=None,
+        sequence_parallel: bool = False,
+        regather: bool = False,
+        core=None,
+        recompute: Recompute = Recompute(),
     ):
-        """recompute="selective": the attention core is recomputed in backward (the other choices act on whole
-        layers: `TPTransformer`, `run_layers`)."""
-        check_recompute(recompute)
+        """recompute (a `Recompute` or its granularity) "selective": the attention core is recomputed in backward
+        (the other choices act on whole layers: `TPTransformer`, `run_layers`)."""
+        selective = check_recompute(recompute).granularity == "selective"
         g = C.resolve_group(group)
         kw = dict(group=g, sequence_parallel=sequence_parallel, regather=regather)
-        core = selective_core(core, block.attn.cfg.causal) if recompute == "selective" else core
+        core = selective_core(core, block.attn.cfg.causal) if selective else core
         return cls(
             copy_layernorm(block.ln1, sequence_parallel),
             TPAttention.from_full(block.attn, core=core, **kw),
@@ -123,12 +130,12 @@ class TPTransformer(nn.Module):
     `loss(ids, targets)` equals the reference model's mean cross-entropy; after backward call
     `finalize_grads()` (SP LayerNorm gradients, replicated K/V gradients) before the optimizer step."""
 
-    def __init__(self, cfg, embed, layers, ln_f, lm_head, group, sequence_parallel, recompute=("none", "uniform", 1)):
+    def __init__(self, cfg, embed, layers, ln_f, lm_head, group, sequence_parallel, recompute=Recompute()):
         super().__init__()
         self.cfg = cfg
         self.embed, self.layers, self.ln_f, self.lm_head = embed, nn.ModuleList(layers), ln_f, lm_head
         self.group, self.sequence_parallel = group, sequence_parallel
-        self.recompute, self.recompute_method, self.recompute_num_layers = recompute
+        self.recompute = recompute
 
     @classmethod
     def from_full(
@@ -139,13 +146,11 @@ class TPTransformer(nn.Module):
         sequence_parallel: bool = False,
         regather: bool = False,
         core=None,
-        recompute: str = "none",
-        recompute_method: str = "uniform",
-        recompute_num_layers: int = 1,
+        recompute: Recompute = Recompute(),
     ):
-        """Shard a reference `pylib.model.Transformer`. `core` replaces every layer's attention core; recompute,
-        recompute_method, recompute_num_layers as in `pylib.plan.recompute`."""
-        check_recompute(recompute, recompute_method, recompute_num_layers)
+        """Shard a reference `pylib.model.Transformer`. `core` replaces every layer's attention core; recompute: a
+        `pylib.plan.recompute.Recompute` (or its granularity string)."""
+        recompute = check_recompute(recompute)
         cfg = model.cfg
         g = C.resolve_group(group)
         check_tp_config(cfg, g.size)
@@ -167,8 +172,7 @@ class TPTransformer(nn.Module):
         )
         if cfg.tie_embeddings:  # the embedding's vocab rows and the head's output rows are the same slice
             lm_head.weight = embed.weight
-        recompute_choice = (recompute, recompute_method, recompute_num_layers)
-        return cls(cfg, embed, layers, ln_f, lm_head, g, sequence_parallel, recompute_choice)
+        return cls(cfg, embed, layers, ln_f, lm_head, g, sequence_parallel, recompute)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         with tag("embed"):
@@ -182,8 +186,6 @@ class TPTransformer(nn.Module):
             self.layers,
             x,
             recompute=self.recompute,
-            method=self.recompute_method,
-            num_layers=self.recompute_num_layers,
             wrap=one,
         )
         with tag("lm_head"):

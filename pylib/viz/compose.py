@@ -20,7 +20,7 @@ from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
 from pylib.plan.mesh import AXES, ParallelConfig, coordinates, rank_groups
 
-from ..i18n import tr
+from ..i18n import N_, tr
 from . import style
 
 MEMORY_PARTS = ("params", "grads", "optim", "activations")
@@ -31,10 +31,10 @@ MEMORY_LABELS = {
     "activations": "saved activations (peak)",
 }
 _MEMORY_SHOWN = {
-    "params": lambda: tr("parameters"),
-    "grads": lambda: tr("gradients"),
-    "optim": lambda: tr("optimizer state"),
-    "activations": lambda: tr("saved activations (peak)"),
+    "params": N_("parameters"),
+    "grads": N_("gradients"),
+    "optim": N_("optimizer state"),
+    "activations": N_("saved activations (peak)"),
 }
 AXIS_ORDER = ("tp", "cp", "ep", "etp", "pp", "dp-cp", "edp", "tp-cp")
 AXIS_COLOURS = dict(zip(AXIS_ORDER, style.PALETTE))
@@ -231,7 +231,7 @@ def plot_rank_report(
             _formula_marks(net_ax, [sum(f.values()) / scale for f in traffic_formula], "formula:traffic")
         _rank_axis(mem_ax, rows, mem_top, tr("held by the rank ({unit})", unit=unit))
         _rank_axis(net_ax, rows, net_top, tr("sent by the rank in one step ({unit})", unit=unit))
-        handles = [Patch(facecolor=style.PALETTE[k], label=_MEMORY_SHOWN[p]()) for k, p in enumerate(MEMORY_PARTS)]
+        handles = [Patch(facecolor=style.PALETTE[k], label=tr(_MEMORY_SHOWN[p])) for k, p in enumerate(MEMORY_PARTS)]
         _side_legend(mem_ax, handles, memory_formula is not None)
         handles = [Patch(facecolor=AXIS_COLOURS.get(a, style.MUTED), label=a) for a in axes]
         _side_legend(net_ax, handles, traffic_formula is not None)

@@ -12,7 +12,7 @@ Formatting only: the chapter asserts what the rows show, on the records themselv
 
 from __future__ import annotations
 
-from pylib.i18n import tr
+from pylib.i18n import N_, tr
 
 from .spec_text import shown_kind, shown_note
 
@@ -32,10 +32,10 @@ def spans(positions) -> str:
     return ", ".join(out)
 
 
-def token_rows(coords, held, cp_parts, microbatches, seq: int) -> list[list]:
+def token_rows(coords, held, cp_parts, pieces, seq: int) -> list[list]:
     """One row per rank: [rank, "tp cp dp pp" coordinates, sequences, microbatches' sequences, positions of its CP rank,
     positions it holds, tokens]. held[r] / cp_parts[r]: [B/dp, S/(cp·tp)] / [B/dp, S/cp] token indices
-    (sequence * seq + position); microbatches[r]: the pieces of held[r] the schedule runs."""
+    (sequence * seq + position); pieces[r]: the microbatches, the pieces of held[r] the schedule runs."""
 
     def seqs(t):
         return spans(sorted({int(x) // seq for x in t.flatten()}))
@@ -48,7 +48,7 @@ def token_rows(coords, held, cp_parts, microbatches, seq: int) -> list[list]:
             r,
             " ".join(str(c[a]) for a in ("tp", "cp", "dp", "pp")),
             seqs(held[r]),
-            " / ".join(seqs(mb) for mb in microbatches[r]),
+            " / ".join(seqs(mb) for mb in pieces[r]),
             positions(cp_parts[r]),
             positions(held[r]),
             held[r].numel(),
@@ -101,12 +101,12 @@ KIND = {
     "expert": "expert (EP)",
 }
 _KIND_SHOWN = {
-    "vocab": lambda: tr("vocab rows (TP)"),
-    "column": lambda: tr("column / row shard (TP)"),
-    "replicated": lambda: tr("replicated (SP)"),
-    "kv-replicated": lambda: tr("K/V head copies (TP)"),
-    "router": lambda: tr("replicated router"),
-    "expert": lambda: tr("expert (EP)"),
+    "vocab": N_("vocab rows (TP)"),
+    "column": N_("column / row shard (TP)"),
+    "replicated": N_("replicated (SP)"),
+    "kv-replicated": N_("K/V head copies (TP)"),
+    "router": N_("replicated router"),
+    "expert": N_("expert (EP)"),
 }
 
 
@@ -133,7 +133,7 @@ def reduction_rules(table_rows: list[dict]) -> dict[tuple, list[str]]:
 def reduction_rule_rows(rules: dict, reason: dict[str, str]) -> list[list]:
     """[parameters, held as, then sum over, DP reduction over, scale, why] per rule of `reduction_rules`."""
     return [
-        [", ".join(f"`{n}`" for n in names), _KIND_SHOWN[family](), pre or "—", f"{group} ({size})", scale]
+        [", ".join(f"`{n}`" for n in names), tr(_KIND_SHOWN[family]), pre or "—", f"{group} ({size})", scale]
         + [reason[family]]
         for (family, pre, group, size, scale), names in rules.items()
     ]

@@ -171,9 +171,10 @@ def plot_bucket_overlap(reports, *, title: str | None = None, unit: str = "ms", 
 # ------------------------------------------------------------------------------------------------ the matrix picture
 
 
-def _matrix(ax, x, y, w, h, *, strips=None, axis="rows", label="", shape="", colour=style.REPLICATED, gid=None):
-    """A matrix drawn as a w x h box with its top-left at (x, y); strips: split it into that many bands (rank
-    colours) along "rows" (horizontal bands) or "cols" (vertical bands)."""
+def _matrix(ax, box, *, strips=None, axis="rows", label="", shape="", colour=style.REPLICATED, gid=None):
+    """A matrix drawn as a box = (x, y, w, h): w x h with its top-left at (x, y); strips: split it into that many
+    bands (rank colours) along "rows" (horizontal bands) or "cols" (vertical bands)."""
+    x, y, w, h = box
     if strips is None:
         ax.add_patch(Rectangle((x, y - h), w, h, facecolor=colour, edgecolor="none", gid=gid or "replicated"))
     else:
@@ -223,22 +224,19 @@ def _dp_forward(ax, d, h_in, h_out, weight, *, tall, wide_in, wide_out) -> float
     """X [tokens, h_in] . W [h_in, h_out] = Y [tokens, h_out], from x = 0; returns where Y ends."""
     top, gap = _TOP, _GAP
     x = 0.0
-    _matrix(ax, x, top, wide_in, tall, strips=d, label="X", shape=f"[b·s, {h_in}]")
+    _matrix(ax, (x, top, wide_in, tall), strips=d, label="X", shape=f"[b·s, {h_in}]")
     ax.text(x + wide_in + gap / 2, top - tall / 2, "·", ha="center", va="center", fontsize=16)
     x += wide_in + gap
     _matrix(
         ax,
-        x,
-        top,
-        wide_out,
-        wide_in,
+        (x, top, wide_out, wide_in),
         label=weight,
         shape=tr("[{h_in}, {h_out}]\non every rank", h_in=h_in, h_out=h_out),
         gid="weight",
     )
     ax.text(x + wide_out + gap / 2, top - tall / 2, "=", ha="center", va="center", fontsize=14)
     x += wide_out + gap
-    _matrix(ax, x, top, wide_out, tall, strips=d, label="Y", shape=f"[b·s, {h_out}]")
+    _matrix(ax, (x, top, wide_out, tall), strips=d, label="Y", shape=f"[b·s, {h_out}]")
     ax.text(
         (x + wide_out) / 2,
         top - tall - 0.55,
@@ -258,10 +256,10 @@ def _dp_weight_gradient(ax, d, h_in, h_out, weight, x0, *, tall, wide_in, wide_o
     """X^T [h_in, tokens] . dY [tokens, h_out] = sum_r partial_r, from x0; returns the left edge of the partials."""
     top, gap, off = _TOP, _GAP, _PARTIAL_OFFSET
     x = x0
-    _matrix(ax, x, top, tall, wide_in, strips=d, axis="cols", label="Xᵀ", shape=f"[{h_in}, b·s]")
+    _matrix(ax, (x, top, tall, wide_in), strips=d, axis="cols", label="Xᵀ", shape=f"[{h_in}, b·s]")
     ax.text(x + tall + gap / 2, top - wide_in / 2, "·", ha="center", va="center", fontsize=16)
     x += tall + gap
-    _matrix(ax, x, top, wide_out, tall, strips=d, label=tr("dY"), shape=f"[b·s, {h_out}]")
+    _matrix(ax, (x, top, wide_out, tall), strips=d, label=tr("dY"), shape=f"[b·s, {h_out}]")
     ax.text(x + wide_out + gap / 2, top - wide_in / 2, "=", ha="center", va="center", fontsize=14)
     x += wide_out + gap
     for r in reversed(range(d)):  # d stacked partial sums, rank 0 in front

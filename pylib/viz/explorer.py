@@ -21,10 +21,10 @@ import ipywidgets as widgets
 
 from pylib.analysis import shapes
 from pylib.analysis.weights import TensorShape
-from pylib.i18n import shown, tr
+from pylib.i18n import N_, shown, tr
 from pylib.model import ModelConfig, MoEConfig
 from pylib.model.presets import deepseek_v3_like, gpt_style_70b, llama2_70b, mixtral_8x7b, probe_moe_config
-from pylib.plan import ZERO_STAGE_NAMES, ParallelConfig
+from pylib.plan import ZERO_STAGE_NAMES, ParallelConfig, RunOptions, zero_stage
 from pylib.tables import fmt_bytes, fmt_shape, text_table
 
 PRESETS: dict[str, tuple[ModelConfig, dict]] = {
@@ -60,23 +60,24 @@ def _split(t: TensorShape) -> str:
 
 
 # The tensors' names (shapes.summary's keys) as the tables show them; a name without words stays as it is.
-_NAMES = {
-    "token embedding": lambda: tr("token embedding"),
-    "LayerNorm γ, β": lambda: "LayerNorm γ, β",
-    "final LayerNorm γ, β": lambda: tr("final LayerNorm γ, β"),
-    "router": lambda: tr("router"),
-    "expert W_gate": lambda: tr("expert W_gate"),
-    "expert W_up": lambda: tr("expert W_up"),
-    "expert W_down": lambda: tr("expert W_down"),
-    "input hidden": lambda: tr("input hidden"),
-    "attention scores": lambda: tr("attention scores"),
-    "attention output": lambda: tr("attention output"),
-    "FFN intermediate": lambda: tr("FFN intermediate"),
-    "block output": lambda: tr("block output"),
-    "router logits": lambda: tr("router logits"),
-    "expert input": lambda: tr("expert input"),
-    "expert intermediate": lambda: tr("expert intermediate"),
-}
+_NAMES = frozenset(
+    {
+        N_("token embedding"),
+        N_("final LayerNorm γ, β"),
+        N_("router"),
+        N_("expert W_gate"),
+        N_("expert W_up"),
+        N_("expert W_down"),
+        N_("input hidden"),
+        N_("attention scores"),
+        N_("attention output"),
+        N_("FFN intermediate"),
+        N_("block output"),
+        N_("router logits"),
+        N_("expert input"),
+        N_("expert intermediate"),
+    }
+)
 
 
 def _name(name: str) -> str:
@@ -139,7 +140,7 @@ def _describe(cfg: ModelConfig, par: ParallelConfig, b: int, s: int, **kw) -> st
     return (
         f"h={cfg.d_model}, L={cfg.n_layers}, n_head={cfg.n_heads}, n_kv_head={cfg.kv_heads}, "
         f"h_ffn={cfg.d_ff}, V={cfg.vocab_size}{moe}, {cfg.dtype}; b={b}, s={s}; {par.describe()}"
-        f"{' + SP' if kw.get('sequence_parallel') else ''}; "
+        f"{' + SP' if kw['options'].sequence_parallel else ''}; "
     ) + tr("pipeline rank {r}", r=kw.get("pp_rank", 0))
 
 
@@ -227,10 +228,10 @@ def plan_state(base: ModelConfig, c: dict) -> tuple[ModelConfig, ParallelConfig,
         vocab_size=c["vocab"], dtype=c["dtype"], moe=moe,
     )  # fmt: skip
     par = ParallelConfig(**{a: c[a] for a in ("tp", "cp", "dp", "pp", "ep", "etp")})
-    kw = dict(
-        sequence_parallel=c["sp"], cp_kind=c["cp_kind"], microbatches=c["m"], zero=c["zero"],
-        pp_rank=0 if c["stage"] == "first" else par.pp - 1,
-    )  # fmt: skip
+    options = RunOptions(
+        sequence_parallel=c["sp"], cp_kind=c["cp_kind"], n_microbatches=c["m"], zero_stage=zero_stage(c["zero"])
+    )
+    kw = dict(options=options, pp_rank=0 if c["stage"] == "first" else par.pp - 1)
     return cfg, par, c["b"], c["s"], kw
 
 
@@ -423,18 +424,15 @@ STATIC_PLANS: dict[str, list[tuple[str, dict]]] = {
 
 # The presets' and the static plans' labels (keys of PRESETS and STATIC_PLANS) as the dropdowns show them; a label
 # without words (e.g. "DP 64, EP 64") stays as it is.
-_PRESET_LABELS = {
-    "Llama-2-70B (GQA, SwiGLU)": lambda: "Llama-2-70B (GQA, SwiGLU)",
-    "GPT-style 70B (MHA, GELU, 4h)": lambda: tr("GPT-style 70B (MHA, GELU, 4h)"),
-    "Mixtral-8x7B-class MoE": lambda: tr("Mixtral-8x7B-class MoE"),
-    "DeepSeek-V3-class MoE": lambda: tr("DeepSeek-V3-class MoE"),
-    "this chapter's probe model": lambda: tr("this chapter's probe model"),
-}
-_PLAN_LABELS = {
-    "same, no SP": lambda: tr("same, no SP"),
-    "last pipeline stage": lambda: tr("last pipeline stage"),
-    "EP 8 with ETP 2": lambda: tr("EP 8 with ETP 2"),
-}
+_PRESET_LABELS = frozenset(
+    {
+        N_("GPT-style 70B (MHA, GELU, 4h)"),
+        N_("Mixtral-8x7B-class MoE"),
+        N_("DeepSeek-V3-class MoE"),
+        N_("this chapter's probe model"),
+    }
+)
+_PLAN_LABELS = frozenset({N_("same, no SP"), N_("last pipeline stage"), N_("EP 8 with ETP 2")})
 
 
 def preset_label(preset: str) -> str:

@@ -18,7 +18,7 @@ import html
 from dataclasses import dataclass
 
 from pylib.analysis import planner as P
-from pylib.i18n import shown, tr
+from pylib.i18n import N_, shown, tr
 from pylib.model import ModelConfig
 from pylib.model.presets import deepseek_v3_like, llama2_7b, llama2_70b, mixtral_8x7b
 from pylib.tables import fmt_bytes, html_table, text_table
@@ -63,18 +63,14 @@ def compare(cfg, plan: P.Plan, records: list[dict], *, batch: int, seq: int, rou
         mem = P.rank_memory(cfg, plan, work, pp_rank)
         for k in ("params", "grads", "optim"):
             out.append(Check(r, k, mem[k], rec["memory"][k]))
-        kw = dict(pp=par.pp, v=plan.v, pp_rank=pp_rank, tp=par.tp, cp=par.cp, etp=par.etp)
-        kw.update(sequence_parallel=plan.sequence_parallel, cp_kind=plan.cp_kind, attention="math")
-        kw.update(
-            recompute=plan.recompute,
-            recompute_method=plan.recompute_method,
-            recompute_num_layers=plan.recompute_num_layers,
-        )
-        chunks = chunk_saved_bytes(cfg, b, seq, expert_rows=rec["expert_rows"], **kw)
+        ran = P.Plan(par, plan.options)  # pylib's SP, equal stages, no Megatron modules: what compose measures
+        chunks = chunk_saved_bytes(cfg, b, seq, ran, pp_rank, attention="math", expert_rows=rec["expert_rows"])
         for c, n in enumerate(chunks):
             out.append(Check(r, f"saved activations, chunk {c}", n, rec["activation_bytes"][(0, c)]))
         if cfg.moe is None:
-            peak = peak_saved_bytes(chunks, plan.schedule, par.pp, plan.n_microbatches, plan.v, pp_rank)
+            peak = peak_saved_bytes(
+                chunks, plan.options.schedule, par.pp, plan.options.n_microbatches, plan.options.v, pp_rank
+            )
             out.append(Check(r, "activation peak", peak, rec["peak_activation_bytes"]))
         rows = P.rank_traffic_rows(
             cfg,
@@ -82,10 +78,7 @@ def compare(cfg, plan: P.Plan, records: list[dict], *, batch: int, seq: int, rou
             batch,
             seq,
             pp_rank,
-            dp_index=co["dp-cp"],
-            edp_index=co["edp"],
-            ep_index=co["ep"],
-            etp_index=co["etp"],
+            coords=co,
             moe_routing=rec["moe_routing"] if routing == "measured" else None,
         )
         predicted: dict[str, int] = {}
@@ -104,12 +97,7 @@ def _quantity(q: str) -> str:
         return tr("saved activations, chunk {c}", c=int(q.rsplit(" ", 1)[1]))
     if q.startswith("sent on "):
         return tr("sent on {axis}", axis=q.removeprefix("sent on "))
-    quantities = {
-        "params": lambda: tr("params"),
-        "grads": lambda: tr("grads"),
-        "optim": lambda: tr("optim"),
-        "activation peak": lambda: tr("activation peak"),
-    }
+    quantities = frozenset({N_("params"), N_("grads"), N_("optim"), N_("activation peak")})
     return shown(quantities, q)
 
 
@@ -172,7 +160,7 @@ def megatron_workload(batch: int, seq: int) -> P.Workload:
 
 # The chapter's search (see rank_plans). sp_regather: real models are predicted as Megatron runs SP (the saved
 # inputs of the column-parallel linears kept as shards, all-gathered again in backward: `planner.Plan.sp_regather`).
-SEARCH = dict(micro_batch_sizes=(1, 2), virtual_stages=(1, 2), sp_regather=True)
+SEARCH = P.SearchSpace(micro_batch_sizes=(1, 2), virtual_stages=(1, 2), sp_regather=True)
 
 
 # ------------------------------------------------------------------------------------------------ tables
@@ -239,7 +227,7 @@ def plans_html(ranked: list[P.Prediction]) -> str:
 
 # ------------------------------------------------------------------------------------------------ the explorer
 
-EXPLORER_SEARCH = dict(
+EXPLORER_SEARCH = P.SearchSpace(
     micro_batch_sizes=(1,), virtual_stages=(1,), expert_tp=(1,), sequence_parallel=(True,), sp_regather=True
 )
 EXPLORER_PRESETS = [name for name in PRESETS if not name.startswith("DeepSeek")]  # 256 experts: seconds per update
@@ -255,12 +243,14 @@ def explorer_cluster(world: int, memory: float) -> P.Cluster:
 
 
 # A preset's name as the reader sees it (the English name stays the key of PRESETS).
-_PRESET_LABELS = {
-    "Llama-2-7B-class dense": lambda: tr("Llama-2-7B-class dense"),
-    "Llama-2-70B-class dense (GQA)": lambda: tr("Llama-2-70B-class dense (GQA)"),
-    "Mixtral-8x7B-class MoE": lambda: tr("Mixtral-8x7B-class MoE"),
-    "DeepSeek-V3-class MoE": lambda: tr("DeepSeek-V3-class MoE"),
-}
+_PRESET_LABELS = frozenset(
+    {
+        N_("Llama-2-7B-class dense"),
+        N_("Llama-2-70B-class dense (GQA)"),
+        N_("Mixtral-8x7B-class MoE"),
+        N_("DeepSeek-V3-class MoE"),
+    }
+)
 
 
 def preset_label(name: str) -> str:
@@ -388,7 +378,7 @@ def static_explorer(states=STATIC_STATES, top: int = 5):
 def _ranked(name: str, world: int, batch: int, seq: int, memory: float, top: int) -> list[P.Prediction]:
     cfg = PRESETS[name][0]
     cluster = explorer_cluster(world, memory)
-    return P.rank_plans(cfg, megatron_workload(batch, seq), cluster, top=top, **EXPLORER_SEARCH)
+    return P.rank_plans(cfg, megatron_workload(batch, seq), cluster, top=top, space=EXPLORER_SEARCH)
 
 
 # ------------------------------------------------------------------------------------------------ calibration, knobs

@@ -9,16 +9,10 @@ from __future__ import annotations
 
 import re
 
-from pylib.i18n import shown, tr
+from pylib.i18n import N_, shown, tr
 
 # ShardSpec kinds (keys code compares) as a table shows them
-_KINDS = {
-    "column": lambda: tr("column"),
-    "row": lambda: tr("row"),
-    "vocab": lambda: tr("vocab"),
-    "replicated": lambda: tr("replicated"),
-    "expert": lambda: tr("expert"),
-}
+_KINDS = frozenset({N_("column"), N_("row"), N_("vocab"), N_("replicated"), N_("expert")})
 _VIRTUAL_STAGE = re.compile(r"virtual stage (\d+) of (\d+)")
 _EXPERTS_HELD = re.compile(r"experts (\d+)\.\.(\d+) of (\d+) on ep rank (\d+)")  # pylib.ep.layer's notes
 _FFN_SLICE = re.compile(r"h_ffn slice (\d+) of (\d+)")
@@ -47,9 +41,7 @@ def shown_note(note: str) -> str:
         if m[2] == "chunk":
             return tr("rank {r} holds chunk {held} of {n}", r=m[1], held=m[3], n=m[4])
         return tr("rank {r} holds chunks {held} of {n}", r=m[1], held=m[3], n=m[4])
-    notes = {
-        "whole expert (etp=1)": lambda: tr("whole expert (etp=1)"),
-        "each rank routes its own tokens": lambda: tr("each rank routes its own tokens"),
-        "gradient all-reduced over cp": lambda: tr("gradient all-reduced over cp"),
-    }
+    notes = frozenset(
+        {N_("whole expert (etp=1)"), N_("each rank routes its own tokens"), N_("gradient all-reduced over cp")}
+    )
     return shown(notes, note)

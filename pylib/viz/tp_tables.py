@@ -1,7 +1,7 @@
 """The rows of the TP chapter's tables, formatted from what the runs hand over (specs, layouts, traces, sizes).
 
     shard_spec_rows(model.shard_specs())          # one row per parameter of layer 0 and the ends
-    SPLIT_CONSEQUENCE                             # split kind -> what it means for the next operator
+    SPLIT_KINDS                                   # the kinds of split a TP model's ShardSpecs have
     head_layout_rows(8, (8, 4, 2, 1), (1, 2, 4, 8))   # the heads the last TP rank holds, from plan.head_layout
     trace_summary_rows(events)                    # a step's traced collectives, counted per (phase, op, where)
     korthikanti_rows(items, e)                    # the paper's saved tensors beside ours, with a total row
@@ -14,39 +14,18 @@ from __future__ import annotations
 
 import collections
 
-from pylib.i18n import shown, tr
+from pylib.i18n import N_, shown, tr
 from pylib.plan.heads import head_layout
 
-SPLIT_CONSEQUENCE = {  # seed B's rule, per kind of split
-    "column": "output features split: the next op is per feature, nothing to add; the input enters by f",
-    "row": "input (contracted) features split: outputs are partial sums, g all-reduces them",
-    "vocab": "vocabulary split: lookups are partial (zeros elsewhere), rows all-reduced",
-    "replicated": "whole on every rank: runs on the whole activation",
-}
+SPLIT_KINDS = ("column", "row", "vocab", "replicated")  # ShardSpec.kind of a TP model's parameters (tbl-tp-split-kinds)
 
-# The kinds (ShardSpec.kind, keys code compares) and their consequences as a table shows them.
-_KINDS = {
-    "column": lambda: tr("column"),
-    "row": lambda: tr("row"),
-    "vocab": lambda: tr("vocab"),
-    "replicated": lambda: tr("replicated"),
-}
-_CONSEQUENCES = {
-    "column": lambda: tr("output features split: the next op is per feature, nothing to add; the input enters by f"),
-    "row": lambda: tr("input (contracted) features split: outputs are partial sums, g all-reduces them"),
-    "vocab": lambda: tr("vocabulary split: lookups are partial (zeros elsewhere), rows all-reduced"),
-    "replicated": lambda: tr("whole on every rank: runs on the whole activation"),
-}
+# The kinds (keys code compares) as a table shows them.
+_KINDS = frozenset({N_("column"), N_("row"), N_("vocab"), N_("replicated")})
 
 
 def split_kind(kind: str) -> str:
     """A ShardSpec kind ("column", "row", "vocab", "replicated", ...) in the reader's language."""
     return shown(_KINDS, kind)
-
-
-def split_consequence_rows() -> list[list[str]]:
-    """[kind, what it means for the next operator] per kind of SPLIT_CONSEQUENCE, in the reader's language."""
-    return [[split_kind(k), _CONSEQUENCES[k]()] for k in SPLIT_CONSEQUENCE]
 
 
 def shard_spec_rows(specs, skip_prefix: str = "layers.1") -> list[list]:
@@ -96,34 +75,31 @@ def trace_summary_rows(events) -> list[list]:
 
 
 # `compare_with_korthikanti`'s item and relation keys as a table shows them (the keys stay: code compares them)
-_SAVED_ITEMS = {
-    "LayerNorm inputs (LN1, LN2)": lambda: tr("LayerNorm inputs (LN1, LN2)"),
-    "LayerNorm mean and 1/std": lambda: tr("LayerNorm mean and 1/std"),
-    "QKV input (LN1 output)": lambda: tr("QKV input (LN1 output)"),
-    "MLP input (LN2 output)": lambda: tr("MLP input (LN2 output)"),
-    "Q and K": lambda: tr("Q and K"),
-    "softmax output": lambda: tr("softmax output"),
-    "softmax dropout mask": lambda: tr("softmax dropout mask"),
-    "attention probabilities after dropout": lambda: tr("attention probabilities after dropout"),
-    "causal mask": lambda: tr("causal mask"),
-    "RoPE cos and sin": lambda: tr("RoPE cos and sin"),
-    "W_O input (attention output)": lambda: tr("W_O input (attention output)"),
-    "attention residual dropout mask": lambda: tr("attention residual dropout mask"),
-    "MLP hidden": lambda: tr("MLP hidden"),
-    "MLP residual dropout mask": lambda: tr("MLP residual dropout mask"),
-}
-_RELATIONS = {
-    "same": lambda: tr("same"),
-    "different": lambda: tr("different"),
-    "paper only": lambda: tr("paper only"),
-    "ours only": lambda: tr("ours only"),
-}
+_SAVED_ITEMS = frozenset(
+    {
+        N_("LayerNorm inputs (LN1, LN2)"),
+        N_("LayerNorm mean and 1/std"),
+        N_("QKV input (LN1 output)"),
+        N_("MLP input (LN2 output)"),
+        N_("Q and K"),
+        N_("softmax output"),
+        N_("softmax dropout mask"),
+        N_("attention probabilities after dropout"),
+        N_("causal mask"),
+        N_("RoPE cos and sin"),
+        N_("W_O input (attention output)"),
+        N_("attention residual dropout mask"),
+        N_("MLP hidden"),
+        N_("MLP residual dropout mask"),
+    }
+)
+_RELATIONS = frozenset({N_("same"), N_("different"), N_("paper only"), N_("ours only")})
 
 
 def korthikanti_row(r, e: int) -> list:
     """One `compare_with_korthikanti` row as shown: [saved tensor, paper × e/2 (B), ours (B), relation, why]."""
-    item = _SAVED_ITEMS.get(r.item, lambda: r.item)()  # "V": the same in both languages
-    return [item, f"{r.paper_bytes * e / 2:.0f}", r.ours_bytes, _RELATIONS[r.relation](), r.why]
+    item = shown(_SAVED_ITEMS, r.item)  # "V": the same in both languages
+    return [item, f"{r.paper_bytes * e / 2:.0f}", r.ours_bytes, shown(_RELATIONS, r.relation), r.why]
 
 
 def korthikanti_rows(items, e: int) -> list[list]:

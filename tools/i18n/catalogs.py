@@ -1,7 +1,8 @@
 """The Chinese edition's translation catalogs: one gettext .po file per chapter, kept in step with the English text.
 
     python tools/i18n/catalogs.py extract   # English sources -> _build/i18n/_build/gettext/**/*.pot (no execution)
-    python tools/i18n/catalogs.py update    # .pot -> book/locale/zh_CN/LC_MESSAGES/**/*.po (new, outdated, gone)
+    python tools/i18n/catalogs.py update    # .pot -> book/locale/zh_CN/LC_MESSAGES/**/*.po (new, outdated, gone),
+                                            # and pylib's messages -> pylib/i18n/locale/zh_CN/LC_MESSAGES/*.po
     python tools/i18n/catalogs.py check     # 0 missing, 0 outdated, markup kept, glossary terms: or exit 1
     python tools/i18n/catalogs.py todo PO   # the entries of one .po still to translate, as JSON (for translators)
     python tools/i18n/catalogs.py fill PO JSON   # put translations ({"msgid": "msgstr", ...}) into one .po
@@ -14,6 +15,11 @@ chapters' Markdown; code cells and their outputs are never messages: outputs are
 depends on): a paragraph whose English changed keeps its old translation marked fuzzy, which is what "outdated"
 means here and what `check` counts; Sphinx ignores fuzzy translations, so an outdated paragraph shows in English
 until it is translated again. A message that left the English text is dropped.
+
+pylib's own messages (the literals passed to `pylib.i18n.tr`, found in the source by tools/i18n/messages.py
+without running anything) live in the catalogs pylib/i18n/locale/zh_CN/LC_MESSAGES/pylib.po and labs.po; `update`
+merges them the same way and `check` reviews them with the same checks (their template is the source itself, so
+they need no `extract`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 
 import yaml
 
+from pylib import i18n
 from pylib.i18n import pofile
 from pylib.i18n.pofile import LANGUAGE
 
@@ -35,6 +42,7 @@ TEMPLATES = ROOT / "_build" / "i18n" / "_build" / "gettext"
 GETTEXT_CONFIG = ROOT / ".i18n-gettext.yml"  # Jupyter Book resolves the config's relative paths from the root
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import messages  # noqa: E402  (tools/i18n/messages.py)
 import review  # noqa: E402  (tools/i18n/review.py)
 import terms  # noqa: E402  (tools/i18n/terms.py)
 
@@ -68,6 +76,8 @@ def update() -> None:
     for name in sorted(gone):
         (LOCALE / name).with_suffix(".po").unlink()
         print(f"removed the catalog of a page that is gone: {name}")
+    for domain, template in messages.templates().items():
+        pofile.merge(template, i18n.catalog_path(domain), project="pylib")
     check(strict=False)
 
 
@@ -89,6 +99,25 @@ def problems() -> dict[str, list[str]]:
                 found.setdefault(name, []).append(f"missing (English changed; run update): {msgid[:70]}")
             for msgid in sorted(ids - current):
                 found.setdefault(name, []).append(f"outdated (no longer in the English; run update): {msgid[:70]}")
+        for message in held:
+            found.setdefault(name, []).extend(review.faults(message, glossary))
+    found.update(pylib_problems(glossary))
+    return {name: lines for name, lines in found.items() if lines}
+
+
+def pylib_problems(glossary) -> dict[str, list[str]]:
+    """The same for pylib's catalogs, against the tr(...) messages in the source now."""
+    found: dict[str, list[str]] = {}
+    for domain, template in messages.templates().items():
+        path = i18n.catalog_path(domain)
+        name = str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+        current = {m.id for m in pofile.entries(template)}
+        held = pofile.entries(pofile.read(path))
+        ids = {m.id for m in held}
+        for msgid in sorted(current - ids):
+            found.setdefault(name, []).append(f"missing (a new tr(...) message; run update): {msgid[:70]}")
+        for msgid in sorted(ids - current):
+            found.setdefault(name, []).append(f"outdated (no tr(...) uses it; run update): {msgid[:70]}")
         for message in held:
             found.setdefault(name, []).extend(review.faults(message, glossary))
     return {name: lines for name, lines in found.items() if lines}

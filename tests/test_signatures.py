@@ -1,0 +1,100 @@
+"""pylib's signatures, read from the source (no import): short parameter lists and one name per concept.
+
+A function that needs more than ten parameters is carrying a bag of options or threading a measurement through
+an algorithm; the options travel as one `pylib.plan.RunOptions` (the planner's as a `Plan` or a `SearchSpace`),
+measurement as a recorder object. And one concept has one spelling: a `ParallelConfig` parameter is `par`, the
+microbatch count `n_microbatches`, the ZeRO stage `zero_stage` (a `ZeroStage`), the recomputation choice a
+`Recompute`, and no signature restates a `RunOptions` default.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+from pylib.plan import RunOptions
+
+PYLIB = Path(__file__).resolve().parent.parent / "pylib"
+MAX_PARAMETERS = 10
+
+
+def _functions():
+    """(where, function name, [(parameter, default node or None)]) of every def in pylib; self and cls left out,
+    keyword-only parameters counted, *args and **kwargs not."""
+    for path in sorted(PYLIB.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            a = node.args
+            positional = a.posonlyargs + a.args
+            defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+            params = list(zip(positional, defaults)) + list(zip(a.kwonlyargs, a.kw_defaults))
+            if params and params[0][0].arg in ("self", "cls"):
+                params = params[1:]
+            where = f"{path.relative_to(PYLIB.parent)}:{node.lineno}"
+            yield where, node.name, [(p.arg, d, p.annotation) for p, d in params]
+
+
+FUNCTIONS = list(_functions())
+
+
+def test_the_source_is_read():
+    names = {name for _, name, _ in FUNCTIONS}
+    assert {"run_pipeline", "from_full", "enumerate_plans", "chunk_saved_bytes"} <= names
+
+
+def test_no_function_takes_more_than_ten_parameters():
+    over = [f"{where} {name}: {len(params)}" for where, name, params in FUNCTIONS if len(params) > MAX_PARAMETERS]
+    assert not over, f"more than {MAX_PARAMETERS} parameters (pass a RunOptions, a Plan or a recorder):\n" + "\n".join(
+        over
+    )
+
+
+# parameter name -> the one spelling of its concept
+RENAMED = {
+    "pc": "par (a ParallelConfig)",
+    "microbatches": "n_microbatches (the microbatch count)",
+    "zero": "zero_stage (a ZeroStage)",
+    "recompute_method": "recompute, a Recompute(granularity, method, num_layers)",
+    "recompute_num_layers": "recompute, a Recompute(granularity, method, num_layers)",
+}
+
+
+def test_one_spelling_per_concept_in_signatures():
+    found = [
+        f"{where} {name}({p}): spell it {RENAMED[p]}"
+        for where, name, params in FUNCTIONS
+        for p, _, _ in params
+        if p in RENAMED
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_a_zero_stage_parameter_is_the_zero_stage_and_the_enum_is_called_zero_stage():
+    """Parameters annotated `ZeroStage` are named zero_stage, and none named zero_stage has a string default."""
+    found = []
+    for where, name, params in FUNCTIONS:
+        for p, default, annotation in params:
+            ann = ast.unparse(annotation) if annotation is not None else ""
+            if "ZeroStage" in ann and p != "zero_stage":
+                found.append(f"{where} {name}({p}: {ann})")
+            if p == "zero_stage" and isinstance(default, ast.Constant) and isinstance(default.value, str):
+                found.append(f"{where} {name}({p}={default.value!r})")
+    assert not found, "\n".join(found)
+
+
+def test_no_signature_restates_a_run_options_default():
+    """A parameter named like one of the composed run's options with RunOptions' default written as a literal is a
+    second copy of that default (RunOptions holds the one): take the options instead. The modes' own vocabulary
+    keeps its own defaults (the CP mode's `kind` and `layout`, a TP layer's `sequence_parallel` off, the pipeline's
+    `v` = 1 and its 1F1B `schedule`)."""
+    fields = {f.name: f.default for f in dataclasses.fields(RunOptions)}
+    found = []
+    for where, name, params in FUNCTIONS:
+        for p, default, _ in params:
+            if p in ("cp_kind", "cp_layout", "zero_stage", "recompute", "n_microbatches"):
+                if isinstance(default, ast.Constant) and default.value == fields[p]:
+                    found.append(f"{where} {name}({p}={default.value!r})")
+    assert not found, "\n".join(found)
