@@ -16,6 +16,7 @@ from pylib.analysis.dp import (
     zero3_peak_param_bytes,
 )
 from pylib.dp import assemble, join_shards, layout_table, padded_numel, plan_buckets, single_flat, unflatten
+from pylib.plan import ZeroStage
 
 PARAMS = [("c.bias", (3,)), ("c.weight", (3, 5)), ("b.weight", (7, 3)), ("a.bias", (5,)), ("a.weight", (5, 2))]
 
@@ -109,6 +110,15 @@ def test_zero3_peak_is_the_shards_plus_the_largest_units():
     assert zero3_peak_param_bytes(100, [40, 70, 10], resident_units=2) == 210
 
 
-def test_unknown_stage_is_refused():
-    with pytest.raises(ValueError, match="stage='zero4' must be one of"):
-        traffic_per_step(100, 2, "zero4")
+def test_unknown_stage_is_refused_naming_the_allowed_values():
+    for bad in ("zero4", 4, "ZeRO-1"):
+        with pytest.raises(ValueError, match=r"zero stage .* must be one of \(0, 1, 2, 3\) .* \('ddp', 'zero1'"):
+            traffic_per_step(100, 2, bad)
+
+
+def test_a_stage_is_a_zero_stage_its_name_or_its_int():
+    for stage in ZeroStage:
+        want = held_bytes(1000, 4, 4, stage.key, padded_params=1004)
+        assert held_bytes(1000, 4, 4, stage, padded_params=1004) == want
+        assert held_bytes(1000, 4, 4, int(stage), padded_params=1004) == want
+        assert traffic_by_op(4016, 4, stage) == traffic_by_op(4016, 4, stage.key)

@@ -3,6 +3,9 @@ measured item, the numbers as given."""
 
 from __future__ import annotations
 
+import pytest
+
+from pylib.plan import ZeroStage
 from pylib.viz import dp_tables, pp_tables
 
 
@@ -10,11 +13,13 @@ def _rows(table: str) -> list[str]:
     return [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
 
 
-def test_share_names_whole_a_dth_or_the_ratio():
-    measured = {"ddp": {"optim": 400}, "zero1": {"optim": 100}, "half": {"optim": 200}}
-    assert dp_tables.share(measured, "ddp", "optim", 4) == "whole"
+def test_share_names_whole_a_dth_or_the_ratio_for_a_zero_stage_its_name_or_its_int():
+    measured = {"ddp": {"optim": 400}, "zero1": {"optim": 100}, "zero2": {"optim": 200}}
+    assert dp_tables.share(measured, ZeroStage.DDP, "optim", 4) == "whole"
     assert dp_tables.share(measured, "zero1", "optim", 4) == "1/4"
-    assert dp_tables.share(measured, "half", "optim", 4) == "0.50"
+    assert dp_tables.share(measured, 2, "optim", 4) == "0.50"
+    with pytest.raises(ValueError, match="must be one of"):
+        dp_tables.share(measured, "half", "optim", 4)
 
 
 def test_dp_tables_carry_their_labels_and_one_row_per_item():

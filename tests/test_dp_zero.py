@@ -154,7 +154,7 @@ def _refusals(what):
 @pytest.mark.parametrize(
     "what, message",
     [
-        ("stage3", "ZeroDataParallel does stages 1 and 2, got stage=3"),
+        ("stage3", "ZeroDataParallel does stages 1 and 2, got zero_stage=3"),
         ("no_sync", "ZeRO-2 keeps only its shard"),
         ("units", r"units \['layers.7'\] are not modules of Transformer"),
     ],

@@ -363,14 +363,15 @@ def per_axis(rows: list[Traffic]) -> dict[str, dict]:
     return out
 
 
-def dp_held_bytes(layouts, zero_stage: int, *, optimizer_states: int = 2) -> dict[str, int]:
+def dp_held_bytes(layouts, zero_stage: ZeroStage, *, optimizer_states: int = 2) -> dict[str, int]:
     """Parameter, gradient and optimizer-state bytes one rank holds, from its flat buffers (`pylib.analysis.dp`'s
     held_bytes per buffer: DDP keeps whole buckets, ZeRO-1/2/3 shard as that module says). optimizer_states:
-    state tensors per parameter (Adam 2, SGD with momentum 1, plain SGD 0)."""
-    stage = _zero(zero_stage).key
+    state tensors per parameter (Adam 2, SGD with momentum 1, plain SGD 0). zero_stage: a `ZeroStage` (its int or
+    name converted)."""
+    stage = _zero(zero_stage)
     total = dict(params=0, grads=0, optim=0)
     for lay in layouts:
-        d = lay.parts if zero_stage else 1
+        d = lay.parts if stage else 1
         held = dp_formulas.held_bytes(
             lay.numel, lay.element_size, d, stage, padded_params=lay.padded_numel, optimizer_states=optimizer_states
         )

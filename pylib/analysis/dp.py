@@ -31,23 +31,31 @@ parameters, g = 2 or 4 bytes of gradient in the reduce dtype, K = 12 bytes of fp
 
     mixed     DDP  c Phi + g Phi + K Phi           ZeRO-1 c Phi_pad + g Phi_pad + K Phi_pad/d
               ZeRO-2 c Phi_pad + (g + K) Phi_pad/d           ZeRO-3 (c + g + K) Phi_pad/d
+
+Every function takes the stage as `zero_stage`, a `pylib.plan.ZeroStage`; its int (0..3) or its name ("ddp",
+"zero1", "zero2", "zero3") is converted on the way in by `pylib.plan.options.zero_stage`, which names the allowed
+values when given anything else.
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
 
-from pylib.plan.options import ZERO_STAGE_NAMES
+from pylib.plan.options import ZERO_STAGE_NAMES, ZeroStage
+from pylib.plan.options import zero_stage as as_zero_stage
 
 STAGES = ZERO_STAGE_NAMES  # ("ddp", "zero1", "zero2", "zero3"): pylib.plan.options.ZeroStage by name
+DDP, ZERO1, ZERO2, ZERO3 = ZeroStage
 PAPER_K = 12  # bytes of optimizer state per parameter in mixed-precision Adam (fp32 copy, momentum, variance)
 
 
-def _check(stage: str, d: int) -> None:
-    if stage not in STAGES:
-        raise ValueError(f"stage={stage!r} must be one of {STAGES}")
+def _check(zero_stage: ZeroStage, d: int) -> ZeroStage:
+    """The stage as a `ZeroStage` (an int 0..3 or a name "ddp", "zero1", ... converted; anything else raises, naming
+    both vocabularies); then d is checked."""
+    stage = as_zero_stage(zero_stage)
     if d < 1:
         raise ValueError(f"d={d} must be >= 1")
+    return stage
 
 
 def _exact(x: Fraction):
@@ -59,52 +67,58 @@ def padded_numel(numel: int, d: int) -> int:
     return -(-numel // d) * d
 
 
-def traffic_by_op(psi_bytes: int, d: int, stage: str) -> dict[str, int | float]:
+def traffic_by_op(psi_bytes: int, d: int, zero_stage: ZeroStage) -> dict[str, int | float]:
     """Bytes one rank sends per training step, by collective. `psi_bytes` is Psi for DDP and Psi_pad for ZeRO."""
-    _check(stage, d)
+    stage = _check(zero_stage, d)
     one = Fraction(d - 1, d) * psi_bytes  # one all-gather or one reduce-scatter of every parameter
-    if stage == "ddp":
+    if stage == DDP:
         return {"all_reduce": _exact(2 * one)}
-    if stage in ("zero1", "zero2"):
+    if stage in (ZERO1, ZERO2):
         return {"reduce_scatter": _exact(one), "all_gather": _exact(one)}
     return {"all_gather": _exact(2 * one), "reduce_scatter": _exact(one)}
 
 
-def traffic_per_step(psi_bytes: int, d: int, stage: str) -> int | float:
+def traffic_per_step(psi_bytes: int, d: int, zero_stage: ZeroStage) -> int | float:
     """Total bytes one rank sends per step: 2(d-1)/d Psi (DDP, ZeRO-1, ZeRO-2) or 3(d-1)/d Psi (ZeRO-3)."""
-    return _exact(sum(Fraction(v) for v in traffic_by_op(psi_bytes, d, stage).values()))
+    return _exact(sum(Fraction(v) for v in traffic_by_op(psi_bytes, d, zero_stage).values()))
 
 
 def held_bytes(
-    n_params: int, element_size: int, d: int, stage: str, *, padded_params: int | None = None, optimizer_states: int = 2
+    n_params: int,
+    element_size: int,
+    d: int,
+    zero_stage: ZeroStage,
+    *,
+    padded_params: int | None = None,
+    optimizer_states: int = 2,
 ) -> dict[str, int | float]:
     """Parameter, gradient and optimizer-state bytes one rank holds in pylib's runs (one dtype, no master copy).
 
     n_params: Phi; padded_params: Phi_pad, the elements of ZeRO's padded flat buffers (default Phi);
     optimizer_states: tensors of state per parameter (Adam 2, SGD with momentum 1)."""
-    _check(stage, d)
+    stage = _check(zero_stage, d)
     e = element_size
-    full = n_params * e if stage == "ddp" else (n_params if padded_params is None else padded_params) * e
+    full = n_params * e if stage == DDP else (n_params if padded_params is None else padded_params) * e
     part = Fraction(full, d)
-    params = full if stage in ("ddp", "zero1", "zero2") else part
-    grads = full if stage in ("ddp", "zero1") else part
-    optim = optimizer_states * (full if stage == "ddp" else part)
+    params = full if stage != ZERO3 else part
+    grads = full if stage in (DDP, ZERO1) else part
+    optim = optimizer_states * (full if stage == DDP else part)
     return {"params": _exact(Fraction(params)), "grads": _exact(Fraction(grads)), "optim": _exact(Fraction(optim))}
 
 
-def paper_bytes(n_params: int, d: int, stage: str, *, k: int = PAPER_K) -> dict[str, int | float]:
+def paper_bytes(n_params: int, d: int, zero_stage: ZeroStage, *, k: int = PAPER_K) -> dict[str, int | float]:
     """The ZeRO paper's per-rank bytes for mixed-precision Adam: 2 Psi parameters, 2 Psi gradients, K Psi state,
     the parts each stage shards divided by d (Psi = parameter count)."""
-    _check(stage, d)
+    stage = _check(zero_stage, d)
     psi = Fraction(n_params)
-    params = 2 * psi if stage != "zero3" else 2 * psi / d
-    grads = 2 * psi if stage in ("ddp", "zero1") else 2 * psi / d
-    optim = k * psi if stage == "ddp" else k * psi / d
+    params = 2 * psi if stage != ZERO3 else 2 * psi / d
+    grads = 2 * psi if stage in (DDP, ZERO1) else 2 * psi / d
+    optim = k * psi if stage == DDP else k * psi / d
     return {"params": _exact(params), "grads": _exact(grads), "optim": _exact(optim)}
 
 
 def mixed_held_bytes(
-    n_params: int, d: int, stage: str, recipe, *, padded_params: int | None = None, optimizer_states: int = 2
+    n_params: int, d: int, zero_stage: ZeroStage, recipe, *, padded_params: int | None = None, optimizer_states: int = 2
 ) -> dict[str, int | float]:
     """Parameter, gradient and optimizer-state bytes one rank holds under a mixed-precision recipe
     (`pylib.plan.options.MixedPrecision`), as `pylib.dp` runs it: c = compute bytes (2), g = reduce bytes (2 or 4),
@@ -114,23 +128,23 @@ def mixed_held_bytes(
         ZeRO-2 c Phi_pad + (g + K) Phi_pad/d          ZeRO-3 (c + g + K) Phi_pad/d
 
     With g = c = 2 that is the ZeRO paper's 16 Psi, 4 Psi + 12 Psi/d, 2 Psi + 14 Psi/d, 16 Psi/d."""
-    _check(stage, d)
+    stage = _check(zero_stage, d)
     c, g, m = recipe.compute_bytes, recipe.grad_bytes, recipe.master_bytes
     k = m * (1 + optimizer_states)
-    n = n_params if stage == "ddp" or padded_params is None else padded_params
+    n = n_params if stage == DDP or padded_params is None else padded_params
     part = Fraction(n, d)
-    params = n * c if stage != "zero3" else c * part
-    grads = n * g if stage in ("ddp", "zero1") else g * part
-    optim = k * n if stage == "ddp" else k * part
+    params = n * c if stage != ZERO3 else c * part
+    grads = n * g if stage in (DDP, ZERO1) else g * part
+    optim = k * n if stage == DDP else k * part
     return {"params": _exact(Fraction(params)), "grads": _exact(Fraction(grads)), "optim": _exact(Fraction(optim))}
 
 
-def mixed_traffic_by_op(n_params: int, d: int, stage: str, recipe) -> dict[str, int | float]:
+def mixed_traffic_by_op(n_params: int, d: int, zero_stage: ZeroStage, recipe) -> dict[str, int | float]:
     """Bytes one rank sends per step under a mixed-precision recipe, by collective: gradients move in the reduce
     dtype (all-reduce, reduce-scatter), parameters in the compute dtype (all-gather). n_params: Phi for DDP,
     Phi_pad for ZeRO."""
     out = {}
-    for op, elems in traffic_by_op(n_params, d, stage).items():
+    for op, elems in traffic_by_op(n_params, d, zero_stage).items():
         out[op] = _exact(Fraction(elems) * (recipe.compute_bytes if op == "all_gather" else recipe.grad_bytes))
     return out
 

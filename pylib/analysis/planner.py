@@ -69,7 +69,7 @@ from fractions import Fraction
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.layout import FlatEntry, FlatLayout
 from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
-from pylib.plan.options import CP_KINDS, DTYPE_BYTES, ZERO_STAGES, MixedPrecision, RunOptions
+from pylib.plan.options import CP_KINDS, DTYPE_BYTES, ZERO_STAGES, MixedPrecision, RunOptions, ZeroStage
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
 from pylib.plan.recompute import DEFAULT_MODULES, Recompute, as_recompute, modules_problems, recompute_modules
@@ -584,23 +584,23 @@ def _flat_layouts(cfg, key: _LayoutKey) -> tuple[FlatLayout, ...]:
 
 
 def model_state_bytes(
-    layouts: list[FlatLayout], zero_stage: int, precision: str, optimizer_states: int = 2, grad_bytes: int = 2
+    layouts: list[FlatLayout], zero_stage: ZeroStage, precision: str, optimizer_states: int = 2, grad_bytes: int = 2
 ) -> dict:
     """Parameter, gradient and optimizer-state bytes one rank holds: `compose.dp_held_bytes` (uniform precision,
     what pylib runs) or `dp.paper_bytes` per buffer (mixed precision, the ZeRO paper's 16-bit weights and 12 bytes
     of fp32 state); grad_bytes=4: fp32 gradients, `dp.mixed_held_bytes` of `MixedPrecision(grad_reduce="float32")`
-    per buffer (what `pylib.dp` holds under that recipe)."""
+    per buffer (what `pylib.dp` holds under that recipe). zero_stage: a `ZeroStage` (its int or name converted)."""
+    stage = as_zero_stage(zero_stage)
     if precision == "uniform":
-        return compose_analysis.dp_held_bytes(layouts, zero_stage, optimizer_states=optimizer_states)
+        return compose_analysis.dp_held_bytes(layouts, stage, optimizer_states=optimizer_states)
     if precision != "mixed":
         raise ValueError(f"precision={precision!r} must be one of {PRECISIONS}")
-    stage = as_zero_stage(zero_stage).key
     total = dict(params=0, grads=0, optim=0)
     for lay in layouts:
         if lay.element_size != 2:
             raise ValueError(f"precision='mixed' counts 16-bit parameters; the model's dtype is {lay.dtype}")
-        d = lay.parts if zero_stage else 1
-        n = lay.padded_numel if zero_stage else lay.numel
+        d = lay.parts if stage else 1
+        n = lay.padded_numel if stage else lay.numel
         if grad_bytes == 2:
             held = dp_analysis.paper_bytes(n, d, stage, k=MIXED_STATE_BYTES)
         else:
@@ -611,10 +611,10 @@ def model_state_bytes(
     return total
 
 
-def zero3_gathered_bytes(layouts: list[FlatLayout], zero_stage: int, resident_units: int = 2) -> int:
+def zero3_gathered_bytes(layouts: list[FlatLayout], zero_stage: ZeroStage, resident_units: int = 2) -> int:
     """ZeRO-3's gathered parameters on top of the shards: the `resident_units` largest units in full (the running
-    one and the prefetched next, `dp.zero3_peak_param_bytes`), in the parameters' dtype."""
-    if zero_stage != 3:
+    one and the prefetched next, `dp.zero3_peak_param_bytes`), in the parameters' dtype; 0 below ZeRO-3."""
+    if as_zero_stage(zero_stage) != ZeroStage.ZERO3:
         return 0
     units: dict[str, int] = {}
     for lay in layouts:

@@ -1,9 +1,10 @@
 """Data parallelism: bucketed DDP whose all-reduces overlap backward, and ZeRO stages 1, 2 and 3.
 
     DistributedDataParallel(module, group=None, *, bucket_bytes=..., group_for=None, gradient_divide_factor=None)
-    ZeroDataParallel(module, stage=1|2, group=None, *, bucket_bytes=..., group_for=None, optimizer=Adam, **kw)
+    ZeroDataParallel(module, zero_stage=1|2, group=None, *, bucket_bytes=..., group_for=None, optimizer=Adam, **kw)
     FullyShardedDataParallel(module, group=None, *, units=None, group_for=None, optimizer=Adam, **kw)   # ZeRO-3
-    wrap(module, "ddp" | "zero1" | "zero2" | "zero3", group, ...)   # any of them behind one training API
+    wrap(module, zero_stage, group, ...)   # any of them behind one training API; zero_stage: a ZeroStage, 0..3
+                                           # or "ddp" | "zero1" | "zero2" | "zero3"
     wrap(..., precision=MixedPrecision("bfloat16", grad_reduce="float32"))  # 16-bit compute, fp32 master + state
 
 `group` is the gradient-averaging group (Megatron's "dp-cp" when CP is on); `group_for(name, param)` overrides it

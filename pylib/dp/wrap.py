@@ -1,7 +1,8 @@
 """Any data-parallel stage behind one training API.
 
     STAGES = ("ddp", "zero1", "zero2", "zero3")
-    wrap(model, stage, group, ...)             # the stage's wrapper: finish_gradient_sync, step, zero_grad, memory
+    wrap(model, zero_stage, group, ...)        # the stage's wrapper: finish_gradient_sync, step, zero_grad, memory
+                                               # (zero_stage: a ZeroStage, its int 0..3 or its name "zero1", ...)
 
 Rank r of the data-parallel group takes rows [r*b/d, (r+1)*b/d) of every global batch [b, s]
 (`pylib.dp.batch.micro_batch`). Its loss is the mean over its rows; the mean of the d ranks' losses is the reference
@@ -14,7 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from pylib.plan.options import ZERO_STAGE_NAMES
+from pylib.plan.options import ZERO_STAGE_NAMES, ZeroStage
+from pylib.plan.options import zero_stage as as_zero_stage
 
 from ..runtime import tracer
 from .buckets import DEFAULT_BUCKET_BYTES
@@ -94,7 +96,7 @@ class DDPTrainer:
 
 def wrap(
     module: nn.Module,
-    stage: str,
+    zero_stage: ZeroStage,
     group=None,
     *,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -105,16 +107,18 @@ def wrap(
     precision=None,
     **optim_kwargs,
 ):
-    """`module` under data-parallel `stage` ("ddp", "zero1", "zero2", "zero3"), with its optimizer.
+    """`module` under data-parallel `zero_stage` (a `ZeroStage`, or its int 0..3 or name "ddp", "zero1", "zero2",
+    "zero3", converted here), with its optimizer.
 
     Every returned object has finish_gradient_sync(), step(), zero_grad(), memory(), scale_loss(), layouts,
     gradient_shards(), parameter_shards() and .module; the model's own forward (or `module.loss`) runs unchanged.
     precision: a `pylib.plan.options.MixedPrecision` recipe -- the module is cast to its compute dtype here, the
     gradients reduced in its reduce dtype, the optimizer run on fp32 masters (`pylib.dp.mixed`); None: one dtype.
     Call backward on `trainer.scale_loss(loss)` (the loss times the fp16 loss scale; the loss itself otherwise)."""
+    stage = as_zero_stage(zero_stage)  # raises naming the allowed values
     if precision is not None:
         cast_module(module, precision.check())
-    if stage == "ddp":
+    if stage == ZeroStage.DDP:
         ddp = DistributedDataParallel(
             module,
             group,
@@ -128,10 +132,10 @@ def wrap(
         params = [p for b in ddp.buckets.buckets for p in b.params]
         weights = MasterWeights(params, precision, optimizer, (), **optim_kwargs)
         return DDPTrainer(ddp, weights.optimizer, weights)
-    if stage in ("zero1", "zero2"):
+    if stage in (ZeroStage.ZERO1, ZeroStage.ZERO2):
         return ZeroDataParallel(
             module,
-            int(stage[-1]),
+            stage,
             group,
             bucket_bytes=bucket_bytes,
             group_for=group_for,
@@ -140,15 +144,14 @@ def wrap(
             precision=precision,
             **optim_kwargs,
         )
-    if stage == "zero3":
-        return FullyShardedDataParallel(
-            module,
-            group,
-            units=units,
-            group_for=group_for,
-            gradient_divide_factor=gradient_divide_factor,
-            optimizer=optimizer,
-            precision=precision,
-            **optim_kwargs,
-        )
-    raise ValueError(f"stage={stage!r} must be one of {STAGES}")
+    assert stage == ZeroStage.ZERO3
+    return FullyShardedDataParallel(
+        module,
+        group,
+        units=units,
+        group_for=group_for,
+        gradient_divide_factor=gradient_divide_factor,
+        optimizer=optimizer,
+        precision=precision,
+        **optim_kwargs,
+    )

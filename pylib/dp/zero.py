@@ -18,7 +18,7 @@ equal; every module parameter is a view into it (so the all-gather after the ste
 Rank r's optimizer sees one tensor per bucket, flat[r * n/d : (r + 1) * n/d]. Any elementwise optimizer works
 (Adam, AdamW, SGD): each element's update depends only on that element, so slicing cannot change the result.
 
-    zero = ZeroDataParallel(model, stage=2, group=mesh["dp-cp"], bucket_bytes=2**20, lr=1e-3)
+    zero = ZeroDataParallel(model, zero_stage=2, group=mesh["dp-cp"], bucket_bytes=2**20, lr=1e-3)
     loss = model.loss(ids_mine, targets_mine); loss.backward()
     zero.finish_gradient_sync(); zero.step(); zero.zero_grad()
 """
@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+
+from pylib.plan.options import ZeroStage
+from pylib.plan.options import zero_stage as as_zero_stage
 
 from ..runtime import collectives as C
 from ..runtime import tracer
@@ -40,7 +43,8 @@ from .overlap import OverlapReport
 
 
 class ZeroDataParallel(nn.Module):
-    """ZeRO-1 (`stage=1`) or ZeRO-2 (`stage=2`) over `group` (None = every rank) or per-parameter `group_for`.
+    """ZeRO-1 (`zero_stage=1`) or ZeRO-2 (`zero_stage=2`; a `ZeroStage`, its int or its name) over `group`
+    (None = every rank) or per-parameter `group_for`.
 
     The wrapper owns the sharded optimizer: `optimizer(list_of_slices, **optim_kwargs)`, torch.optim.Adam unless
     another elementwise optimizer is given. After backward call `finish_gradient_sync()`, then `step()`.
@@ -56,7 +60,7 @@ class ZeroDataParallel(nn.Module):
     def __init__(
         self,
         module: nn.Module,
-        stage: int,
+        zero_stage: ZeroStage,
         group=None,
         *,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -68,13 +72,15 @@ class ZeroDataParallel(nn.Module):
         **optim_kwargs,
     ):
         super().__init__()
-        if stage not in (1, 2):
+        stage = as_zero_stage(zero_stage)  # raises naming the allowed values
+        if stage not in (ZeroStage.ZERO1, ZeroStage.ZERO2):
             raise ValueError(
-                f"ZeroDataParallel does stages 1 and 2, got stage={stage} (stage 3: FullyShardedDataParallel)"
+                f"ZeroDataParallel does stages 1 and 2, got zero_stage={int(stage)} "
+                "(stage 0: DistributedDataParallel, stage 3: FullyShardedDataParallel)"
             )
-        self.module, self.stage = module, stage
+        self.module, self.zero_stage = module, stage
         divide_by = check_divide_factor(gradient_divide_factor)
-        self.tag_prefix = f"zero{stage}"
+        self.tag_prefix = stage.key  # "zero1" or "zero2"
         self.param_sets = split_by_group(list(module.named_parameters()), group, group_for)
         self.buckets = GradientBuckets(
             self.param_sets,
@@ -190,7 +196,7 @@ class ZeroDataParallel(nn.Module):
                 )
         for b in self.buckets.buckets:
             lay = b.layout
-            what = "optimizer state" if self.stage == 1 else "optimizer state and gradient"
+            what = "optimizer state" if self.zero_stage == 1 else "optimizer state and gradient"
             out.append(
                 ShardSpec(
                     f"{lay.key} (flat)",

@@ -4,12 +4,14 @@ rank or checks a claim; the chapter's visible cells do both.
 
     Markdown(operators(d, errors, all_reduces))           # tbl-dp-operators: seed B's rule, one row per operator
     Markdown(zero_traffic(results, d, steps))             # tbl-zero-traffic: collectives and bytes per stage
-    share(measured, stage, "optim", d)                     # "whole", "1/d" or the ratio to DDP's
+    share(measured, zero_stage, "optim", d)                    # "whole", "1/d" or the ratio to DDP's
 """
 
 from __future__ import annotations
 
 from pylib.analysis.dp import held_bytes, paper_bytes
+from pylib.plan.options import ZeroStage
+from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.tables import markdown_table
 
 from ..i18n import tr
@@ -203,9 +205,10 @@ def zero_traffic(results: dict, d: int, steps: int) -> str:
     )
 
 
-def share(measured: dict, stage: str, key: str, d: int) -> str:
-    """What `stage` keeps of one kind of model state, relative to DDP: "whole", "1/d", or the ratio."""
-    ratio = measured[stage][key] / measured["ddp"][key]
+def share(measured: dict, zero_stage: ZeroStage, key: str, d: int) -> str:
+    """What `zero_stage` (a `ZeroStage`, its int or its name) keeps of one kind of model state, relative to DDP:
+    "whole", "1/d", or the ratio. measured: by stage name ("ddp", "zero1", ...)."""
+    ratio = measured[as_zero_stage(zero_stage).key][key] / measured[ZeroStage.DDP.key][key]
     return "whole" if ratio > 0.99 else f"1/{d}" if ratio < 1.1 / d else f"{ratio:.2f}"
 
 
@@ -246,14 +249,14 @@ def zero_memory(measured: dict, formula: dict, d: int) -> str:
     )
 
 
-def zero_paper(sizes, ds, stages) -> str:
+def zero_paper(sizes, ds, zero_stages) -> str:
     """tbl-zero-paper: per-rank model state in GiB for each model size and d, the paper's mixed-precision Adam
     (`paper_bytes`) next to `held_bytes` in float32 and float64."""
     rows = []
     for psi in sizes:
         for d in ds:
             cells = []
-            for s in stages:
+            for s in zero_stages:
                 paper = sum(paper_bytes(int(psi), d, s).values()) / 2**30
                 fp32 = sum(held_bytes(int(psi), 4, d, s).values()) / 2**30
                 fp64 = sum(held_bytes(int(psi), 8, d, s).values()) / 2**30
