@@ -3,8 +3,9 @@
 A function that needs more than ten parameters is carrying a bag of options or threading a measurement through
 an algorithm; the options travel as one `pylib.plan.RunOptions` (the planner's as a `Plan` or a `SearchSpace`),
 measurement as a recorder object. And one concept has one spelling: a `ParallelConfig` parameter is `par`, the
-microbatch count `n_microbatches`, the ZeRO stage `zero_stage` (a `ZeroStage`), the recomputation choice a
-`Recompute`, and no signature restates a `RunOptions` default.
+microbatch count `n_microbatches` (never `m` or `microbatches`), the ZeRO stage `zero_stage` (a `ZeroStage`;
+never `stage` or `zero`), the recomputation choice a `Recompute`, and no signature restates a `RunOptions` default.
+Where `stage` or `m` means something else (a pipeline stage, a GEMM's rows) an allow-list says what.
 """
 
 from __future__ import annotations
@@ -70,6 +71,55 @@ def test_one_spelling_per_concept_in_signatures():
         if p in RENAMED
     ]
     assert not found, "\n".join(found)
+
+
+# Where a parameter named `stage` or `m` means something else than the ZeRO stage or the microbatch count:
+# (file under pylib/, function) -> what it means there. Anywhere else `stage` is the ZeRO stage spelled the old
+# way (spell it zero_stage, a ZeroStage) and `m` the microbatch count (spell it n_microbatches).
+OTHER_MEANING = {
+    "stage": {
+        # a pipeline stage: its index or the module that holds its layers
+        ("compose/model.py", "_wrap"): "the pipeline stage's module",
+        ("compose/reductions.py", "parameter_map"): "the pipeline stage's module",
+        ("compose/reductions.py", "reduction_table"): "the pipeline stage's module",
+        ("compose/reductions.py", "kv_replica_counts"): "the pipeline stage's module",
+        ("compose/stage.py", "__init__"): "the pipeline stage's index",
+        ("compose/stage.py", "from_full"): "the pipeline stage's index",
+        ("plan/split.py", "layers_of_stage"): "the pipeline stage's index",
+        ("pp/executor.py", "shape_of"): "the pipeline stage's index",
+        ("pp/split.py", "__init__"): "the pipeline stage's index",
+        ("pp/split.py", "from_full"): "the pipeline stage's index",
+        # a stage of one layer's computation (seed check, layer-flow figure)
+        ("seedcheck/traffic_light.py", "derived_remedy"): "a stage of the layer's flow",
+        ("viz/layer_flow.py", "_stage_detail"): "a stage of the layer's flow (FlowStage)",
+    },
+    "m": {
+        ("analysis/efficiency.py", "gemm_seconds"): "a GEMM's rows, [m, k] x [k, n]",
+        ("dp/fsdp.py", "walk"): "a module",
+        ("viz/dp.py", "_memory_bar"): "one stage's measured bytes",
+        ("viz/tp.py", "_matrix"): "a matrix to draw",
+    },
+}
+SPELLING = {"stage": "zero_stage (a ZeroStage)", "m": "n_microbatches (the microbatch count)"}
+
+
+def test_stage_and_m_are_not_the_zero_stage_or_the_microbatch_count():
+    found = [
+        f"{where} {name}({p}): spell it {SPELLING[p]}, or list it in OTHER_MEANING with what it means there"
+        for where, name, params in FUNCTIONS
+        for p, _, _ in params
+        if p in OTHER_MEANING and (where.split(":")[0].removeprefix("pylib/"), name) not in OTHER_MEANING[p]
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_every_other_meaning_is_still_there():
+    """An entry of OTHER_MEANING whose function is gone or renamed its parameter is stale: remove it."""
+    present = {
+        (where.split(":")[0].removeprefix("pylib/"), name, p) for where, name, params in FUNCTIONS for p, *_ in params
+    }
+    stale = [f"{key} ({p})" for p, keys in OTHER_MEANING.items() for key in keys if (*key, p) not in present]
+    assert not stale, "\n".join(stale)
 
 
 def test_a_zero_stage_parameter_is_the_zero_stage_and_the_enum_is_called_zero_stage():

@@ -264,7 +264,7 @@ def split_layers(n_layers: int, pp: int, v: int, pp_rank: int, balance_ends: boo
 
 @functools.lru_cache(maxsize=4096)
 def live_counts(
-    schedule: str, pp: int, m: int, v: int, pp_rank: int, group_size: int | None = None
+    schedule: str, pp: int, n_microbatches: int, v: int, pp_rank: int, group_size: int | None = None
 ) -> tuple[tuple[int, ...], ...]:
     """The vectors (microbatches alive in chunk 0, ..., chunk v-1) right after each forward of rank `pp_rank`, in
     the order `pylib.plan.schedules.compute_order` runs them (its warm-up forwards, then one forward and one backward,
@@ -272,13 +272,13 @@ def live_counts(
     microbatches, default p), keeping only the vectors no other one dominates. Replayed on chunk indices alone:
     thousands of microbatches cost milliseconds."""
 
-    group = check_schedule(schedule, pp, m, v, group_size=group_size)
+    group = check_schedule(schedule, pp, n_microbatches, v, group_size=group_size)
     if schedule == "interleaved":
-        forwards = [c for _, c in interleaved_table(m, v, group)]
+        forwards = [c for _, c in interleaved_table(n_microbatches, v, group)]
     else:
-        forwards = [0] * m
+        forwards = [0] * n_microbatches
     backwards = forwards if schedule != "interleaved" else [v - 1 - c for c in forwards]
-    warm = warmup_forwards(schedule, pp, m, pp_rank, v, group)
+    warm = warmup_forwards(schedule, pp, n_microbatches, pp_rank, v, group)
     alive = [0] * v
     seen = set()
 
@@ -299,11 +299,17 @@ def live_counts(
 
 
 def peak_saved_bytes(
-    chunk_bytes: list[int], schedule: str, pp: int, m: int, v: int, pp_rank: int, group_size: int | None = None
+    chunk_bytes: list[int],
+    schedule: str,
+    pp: int,
+    n_microbatches: int,
+    v: int,
+    pp_rank: int,
+    group_size: int | None = None,
 ) -> int:
     """The most bytes rank `pp_rank` holds for backward at once over one step: max over its forwards of
     sum over chunks (microbatches alive in the chunk x the chunk's bytes). For 1F1B (v = 1) that is
     min(pp - pp_rank, m) microbatches (`pp.peak_in_flight`); interleaved, N = `group_size` microbatches per group
     (default p) set the warm-up, 2(p - r - 1) + (v - 1) N forwards."""
-    vectors = live_counts(schedule, pp, m, v, pp_rank, group_size)
+    vectors = live_counts(schedule, pp, n_microbatches, v, pp_rank, group_size)
     return max(sum(n * c for n, c in zip(vec, chunk_bytes)) for vec in vectors)

@@ -314,7 +314,7 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
     return out
 
 
-def group_sizes_for(p: int, m: int, v: int, choice="default") -> tuple[int | None, ...]:
+def group_sizes_for(p: int, n_microbatches: int, v: int, choice="default") -> tuple[int | None, ...]:
     """The group sizes N the search tries for an interleaved plan of p ranks, m microbatches and v chunks: "default"
     only Megatron's N = p (None); "megatron" every N Megatron accepts (p <= N <= m, m % N == 0 or m % N >= p: the
     bubble stays (p-1)/(v m), the warm-up and the activations grow with N, so a larger N wins no step time here,
@@ -323,11 +323,11 @@ def group_sizes_for(p: int, m: int, v: int, choice="default") -> tuple[int | Non
         return (None,)
     if choice == "default":
         return (None,)
-    candidates = range(p, m + 1) if choice == "megatron" else choice
+    candidates = range(p, n_microbatches + 1) if choice == "megatron" else choice
     ok = []
     for n in candidates:
         try:
-            check_schedule("interleaved", p, m, v, group_size=n)
+            check_schedule("interleaved", p, n_microbatches, v, group_size=n)
         except ScheduleError:
             continue
         ok.append(None if n == p else n)

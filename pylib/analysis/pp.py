@@ -35,30 +35,36 @@ from pylib.plan.schedules import check_schedule, compute_order, logical_times
 from pylib.plan.split import chunk_layers
 
 
-def bubble_fraction(p: int, m: int, v: int = 1) -> float:
+def bubble_fraction(p: int, n_microbatches: int, v: int = 1) -> float:
     """Idle time relative to the ideal (compute-only) time: (p-1)/(v·m)."""
-    return (p - 1) / (v * m)
+    return (p - 1) / (v * n_microbatches)
 
 
 @functools.lru_cache(maxsize=1024)
 def simulated_bubble_fraction(
-    schedule: str, p: int, m: int, v: int = 1, group_size: int | None = None, cost_f: float = 1.0, cost_b: float = 2.0
+    schedule: str,
+    p: int,
+    n_microbatches: int,
+    v: int = 1,
+    group_size: int | None = None,
+    cost_f: float = 1.0,
+    cost_b: float = 2.0,
 ) -> float:
     """The bubble measured on the schedule itself: every rank's compute order (`schedules.compute_order`, N =
     `group_size` microbatches per group when interleaved) run against its data dependencies with a chunk's forward
     costing cost_f and its backward cost_b (`schedules.logical_times`); idle time relative to the ideal m v (cost_f
     + cost_b). Raises ScheduleError for a schedule Megatron rejects (`schedules.check_schedule`). Equal to
     `bubble_fraction` for every N Megatron accepts (tests/test_analysis_group_size.py)."""
-    group = check_schedule(schedule, p, m, v, group_size=group_size)
-    orders = [compute_order(schedule, p, m, r, v, group) for r in range(p)]
+    group = check_schedule(schedule, p, n_microbatches, v, group_size=group_size)
+    orders = [compute_order(schedule, p, n_microbatches, r, v, group) for r in range(p)]
     times = logical_times(orders, p * v, cost_f, cost_b)
-    ideal = m * v * (cost_f + cost_b)
+    ideal = n_microbatches * v * (cost_f + cost_b)
     return (max(end for _, end in times.values()) - ideal) / ideal
 
 
-def bubble_share(p: int, m: int, v: int = 1) -> float:
+def bubble_share(p: int, n_microbatches: int, v: int = 1) -> float:
     """Idle time as a share of the step: (p-1)/(v·m + p - 1)."""
-    return (p - 1) / (v * m + p - 1)
+    return (p - 1) / (v * n_microbatches + p - 1)
 
 
 def bubble_time(p: int, t_f: float, t_b: float, v: int = 1) -> float:
@@ -66,29 +72,37 @@ def bubble_time(p: int, t_f: float, t_b: float, v: int = 1) -> float:
     return (p - 1) * (t_f + t_b) / v
 
 
-def step_time(p: int, m: int, t_f: float, t_b: float, v: int = 1) -> float:
+def step_time(p: int, n_microbatches: int, t_f: float, t_b: float, v: int = 1) -> float:
     """Ideal pipelined step time: m·(t_f + t_b) of compute plus the bubble."""
-    return m * (t_f + t_b) + bubble_time(p, t_f, t_b, v)
+    return n_microbatches * (t_f + t_b) + bubble_time(p, t_f, t_b, v)
 
 
-def peak_in_flight(schedule: str, p: int, m: int, rank: int, v: int = 1, group_size: int | None = None) -> int:
+def peak_in_flight(
+    schedule: str, p: int, n_microbatches: int, rank: int, v: int = 1, group_size: int | None = None
+) -> int:
     """Most (microbatch, chunk) activations rank `rank` holds at once under `schedule`."""
     if schedule == "gpipe":
-        return m * v
+        return n_microbatches * v
     if schedule == "1f1b":
-        return min(p - rank, m)
+        return min(p - rank, n_microbatches)
     if schedule == "interleaved":
         n = p if group_size is None else group_size
-        return min(2 * (p - rank - 1) + (v - 1) * n + 1, v * m)
+        return min(2 * (p - rank - 1) + (v - 1) * n + 1, v * n_microbatches)
     raise ValueError(f"unknown schedule {schedule!r}: 'gpipe', '1f1b' or 'interleaved'")
 
 
 def activation_memory(
-    schedule: str, p: int, m: int, rank: int, bytes_per_microbatch: float, v: int = 1, group_size: int | None = None
+    schedule: str,
+    p: int,
+    n_microbatches: int,
+    rank: int,
+    bytes_per_microbatch: float,
+    v: int = 1,
+    group_size: int | None = None,
 ) -> float:
     """Peak activation bytes of rank `rank`: in-flight (microbatch, chunk) pairs x the bytes one chunk saves for
     one microbatch (`bytes_per_microbatch`, e.g. measured with `pylib.model.saved_activations`)."""
-    return peak_in_flight(schedule, p, m, rank, v, group_size) * bytes_per_microbatch
+    return peak_in_flight(schedule, p, n_microbatches, rank, v, group_size) * bytes_per_microbatch
 
 
 def p2p_message_bytes(b: int, s: int, h: int, dtype_bytes: int) -> int:
@@ -96,12 +110,14 @@ def p2p_message_bytes(b: int, s: int, h: int, dtype_bytes: int) -> int:
     return b * s * h * dtype_bytes
 
 
-def p2p_bytes_per_step(b: int, s: int, h: int, dtype_bytes: int, p: int, m: int, v: int = 1) -> int:
+def p2p_bytes_per_step(b: int, s: int, h: int, dtype_bytes: int, p: int, n_microbatches: int, v: int = 1) -> int:
     """Bytes sent over all links in one step, both directions: 2·(p·v - 1)·m·b·s·h·dtype_bytes."""
-    return 2 * (p * v - 1) * m * p2p_message_bytes(b, s, h, dtype_bytes)
+    return 2 * (p * v - 1) * n_microbatches * p2p_message_bytes(b, s, h, dtype_bytes)
 
 
-def p2p_bytes_per_rank(b: int, s: int, h: int, dtype_bytes: int, p: int, m: int, rank: int, v: int = 1) -> int:
+def p2p_bytes_per_rank(
+    b: int, s: int, h: int, dtype_bytes: int, p: int, n_microbatches: int, rank: int, v: int = 1
+) -> int:
     """Bytes rank `rank` sends in one step (it receives the same amount): for each of its chunks, m activations
     forward unless it holds the last stage, and m gradients backward unless it holds the first."""
     n_stages = p * v
@@ -109,7 +125,7 @@ def p2p_bytes_per_rank(b: int, s: int, h: int, dtype_bytes: int, p: int, m: int,
     for c in range(v):
         k = c * p + rank
         messages += (k < n_stages - 1) + (k > 0)
-    return messages * m * p2p_message_bytes(b, s, h, dtype_bytes)
+    return messages * n_microbatches * p2p_message_bytes(b, s, h, dtype_bytes)
 
 
 def params_per_rank(

@@ -49,14 +49,14 @@ ZERO_STAGES = tuple(int(s) for s in ZeroStage)  # (0, 1, 2, 3)
 ZERO_STAGE_NAMES = tuple(s.key for s in ZeroStage)  # ("ddp", "zero1", "zero2", "zero3")
 
 
-def zero_stage(stage: int | str) -> ZeroStage:
+def zero_stage(value: int | str) -> ZeroStage:
     """The stage named by an int (0..3) or a name ("ddp", "zero1", ...); raises naming both vocabularies."""
-    if isinstance(stage, str):
-        if stage in ZERO_STAGE_NAMES:
-            return ZeroStage(ZERO_STAGE_NAMES.index(stage))
-    elif isinstance(stage, int) and not isinstance(stage, bool) and stage in ZERO_STAGES:
-        return ZeroStage(stage)
-    raise ValueError(f"zero stage {stage!r} must be one of {ZERO_STAGES} (0 = DDP) or one of {ZERO_STAGE_NAMES}")
+    if isinstance(value, str):
+        if value in ZERO_STAGE_NAMES:
+            return ZeroStage(ZERO_STAGE_NAMES.index(value))
+    elif isinstance(value, int) and not isinstance(value, bool) and value in ZERO_STAGES:
+        return ZeroStage(value)
+    raise ValueError(f"zero stage {value!r} must be one of {ZERO_STAGES} (0 = DDP) or one of {ZERO_STAGE_NAMES}")
 
 
 @dataclass(frozen=True)

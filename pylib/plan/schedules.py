@@ -1,6 +1,6 @@
 """Pipeline schedules as data: for each rank, the plain list of actions it performs in one training step.
 
-    sched = one_f_one_b(p=4, m=8)
+    sched = one_f_one_b(p=4, n_microbatches=8)
     sched[0]            # rank 0's actions: [F mb0 c0, send act mb0 -> 1, F mb1 c0, send act mb1 -> 1, ...]
     simulate(sched)     # pylib.pp.simulate: run the lists against each other, no processes
 
@@ -141,18 +141,18 @@ class Schedule:
 # --------------------------------------------------------------------------------------------- compute orders
 
 
-def _check_sizes(p: int, m: int, v: int) -> None:
-    for name, value in (("p", p), ("m", m), ("v", v)):
+def _check_sizes(p: int, n_microbatches: int, v: int) -> None:
+    for name, value in (("p", p), ("m", n_microbatches), ("v", v)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ScheduleError(f"{name}={value!r} must be a positive integer")
 
 
-def check_interleaved(p: int, m: int, v: int, group_size: int | None = None) -> int:
+def check_interleaved(p: int, n_microbatches: int, v: int, group_size: int | None = None) -> int:
     """Megatron's conditions for the interleaved schedule; returns N (microbatches per group, default p).
 
     Raises ScheduleError naming the broken condition: v >= 2, p <= N <= m, and m % N == 0 or m % N >= p (with the
     default N = p: m must be a multiple of p)."""
-    _check_sizes(p, m, v)
+    _check_sizes(p, n_microbatches, v)
     n = p if group_size is None else group_size
     if v < 2:
         raise ScheduleError(tr("interleaved 1F1B needs v >= 2 chunks per rank, got v={v} (v=1 is plain 1F1B)", v=v))
@@ -164,13 +164,13 @@ def check_interleaved(p: int, m: int, v: int, group_size: int | None = None) -> 
                 p=p,
             )
         )
-    if not p <= n <= m:
+    if not p <= n <= n_microbatches:
         if group_size is None:
             raise ScheduleError(
                 tr(
                     "interleaved 1F1B needs at least p microbatches: m={m} < p={p} "
                     "(Megatron runs microbatches in groups of N=p through each chunk)",
-                    m=m,
+                    m=n_microbatches,
                     p=p,
                 )
             )
@@ -187,18 +187,18 @@ def check_interleaved(p: int, m: int, v: int, group_size: int | None = None) -> 
                 "interleaved 1F1B needs p <= N <= m for the group size N: p={p}, N={n}, m={m} ({why})",
                 p=p,
                 n=n,
-                m=m,
+                m=n_microbatches,
                 why=why,
             )
         )
-    rest = m % n
+    rest = n_microbatches % n
     if 0 < rest < p:
         if group_size is None:
             raise ScheduleError(
                 tr(
                     "interleaved 1F1B needs m divisible by p: m={m}, p={p}, m % p = {rest} "
                     "(Megatron: microbatches go through each chunk in groups of p)",
-                    m=m,
+                    m=n_microbatches,
                     p=p,
                     rest=rest,
                 )
@@ -207,7 +207,7 @@ def check_interleaved(p: int, m: int, v: int, group_size: int | None = None) -> 
             tr(
                 "interleaved 1F1B needs m % N == 0 or m % N >= p: m={m}, N={n}, m % N = {rest} < p={p} "
                 "(a short last group would stall the pipeline; Megatron rejects it)",
-                m=m,
+                m=n_microbatches,
                 n=n,
                 rest=rest,
                 p=p,
@@ -216,12 +216,12 @@ def check_interleaved(p: int, m: int, v: int, group_size: int | None = None) -> 
     return n
 
 
-def interleaved_table(m: int, v: int, group_size: int) -> list[tuple[int, int]]:
+def interleaved_table(n_microbatches: int, v: int, group_size: int) -> list[tuple[int, int]]:
     """Megatron's forward order of (microbatch, chunk) pairs: each group of N microbatches through chunk 0, then
     chunk 1, ... (the last group holds what is left). The k-th backward runs chunk v-1-c of the k-th pair."""
     out = []
-    for lo in range(0, m, group_size):
-        hi = m if lo + group_size >= m else lo + group_size
+    for lo in range(0, n_microbatches, group_size):
+        hi = n_microbatches if lo + group_size >= n_microbatches else lo + group_size
         out += [(mb, c) for c in range(v) for mb in range(lo, hi)]
     return out
 
@@ -236,20 +236,22 @@ def _loose_group_size(p: int, v: int, group_size: int | None) -> int:
     return n
 
 
-def warmup_forwards(name: str, p: int, m: int, rank: int, v: int = 1, group_size: int | None = None) -> int:
+def warmup_forwards(
+    name: str, p: int, n_microbatches: int, rank: int, v: int = 1, group_size: int | None = None
+) -> int:
     """Forwards a rank runs before its first backward (capped at its total number of forwards)."""
     if name == "gpipe":
-        return m
+        return n_microbatches
     if name == "1f1b":
-        return min(p - rank - 1, m)
+        return min(p - rank - 1, n_microbatches)
     if name == "interleaved":
         n = p if group_size is None else group_size
-        return min(2 * (p - rank - 1) + (v - 1) * n, m * v)
+        return min(2 * (p - rank - 1) + (v - 1) * n, n_microbatches * v)
     raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
 
 
 def compute_order(
-    name: str, p: int, m: int, rank: int, v: int = 1, group_size: int | None = None, *, strict: bool = True
+    name: str, p: int, n_microbatches: int, rank: int, v: int = 1, group_size: int | None = None, *, strict: bool = True
 ) -> list[Action]:
     """Rank `rank`'s forwards and backwards, in the order the schedule runs them (no communication yet).
 
@@ -263,18 +265,18 @@ def compute_order(
         return Action("B", mb, c, virtual_stage(rank, c, p))
 
     if name == "gpipe":
-        return [f(i, 0) for i in range(m)] + [b(i, 0) for i in range(m)]
+        return [f(i, 0) for i in range(n_microbatches)] + [b(i, 0) for i in range(n_microbatches)]
     if name == "1f1b":
-        fwd = [(i, 0) for i in range(m)]
+        fwd = [(i, 0) for i in range(n_microbatches)]
         bwd = fwd
     elif name == "interleaved":
-        n = check_interleaved(p, m, v, group_size) if strict else _loose_group_size(p, v, group_size)
-        fwd = interleaved_table(m, v, n)
+        n = check_interleaved(p, n_microbatches, v, group_size) if strict else _loose_group_size(p, v, group_size)
+        fwd = interleaved_table(n_microbatches, v, n)
         bwd = [(mb, v - 1 - c) for mb, c in fwd]
     else:
         raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
     total = len(fwd)
-    warm = warmup_forwards(name, p, m, rank, v, group_size)
+    warm = warmup_forwards(name, p, n_microbatches, rank, v, group_size)
     order = [f(*fwd[i]) for i in range(warm)]
     for k in range(total - warm):
         order += [f(*fwd[warm + k]), b(*bwd[k])]
@@ -422,17 +424,17 @@ def place_communication(
 
 
 def check_schedule(
-    name: str, p: int, m: int, v: int = 1, *, group_size: int | None = None, strict: bool = True
+    name: str, p: int, n_microbatches: int, v: int = 1, *, group_size: int | None = None, strict: bool = True
 ) -> int | None:
     """Everything `build` checks before it builds, without building (a schedule of p*m*v actions and its timing
     take seconds for thousands of microbatches; this is instant). Raises the ScheduleError `build` would raise;
     returns the interleaved group size N (None for the other schedules)."""
-    _check_sizes(p, m, v)
+    _check_sizes(p, n_microbatches, v)
     if name not in SCHEDULES:
         raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
     if name == "interleaved":
         if strict:
-            return check_interleaved(p, m, v, group_size)
+            return check_interleaved(p, n_microbatches, v, group_size)
         return _loose_group_size(p, v, group_size)
     if v != 1:
         raise ScheduleError(f"{name} runs one chunk per rank (v=1), got v={v}; use 'interleaved' for v > 1")
@@ -444,7 +446,7 @@ def check_schedule(
 def build(
     name: str,
     p: int,
-    m: int,
+    n_microbatches: int,
     v: int = 1,
     *,
     group_size: int | None = None,
@@ -458,22 +460,22 @@ def build(
     strict=False builds an interleaved schedule that Megatron would reject (m not a multiple of N, a short last
     group): it still runs and is still correct, but its bubble exceeds (p-1)/(v·m) -- which is why Megatron
     rejects it."""
-    group_size = check_schedule(name, p, m, v, group_size=group_size, strict=strict)
-    orders = [compute_order(name, p, m, r, v, group_size, strict=strict) for r in range(p)]
+    group_size = check_schedule(name, p, n_microbatches, v, group_size=group_size, strict=strict)
+    orders = [compute_order(name, p, n_microbatches, r, v, group_size, strict=strict) for r in range(p)]
     actions, times = place_communication(orders, p, v, cost_f, cost_b, policy)
-    return Schedule(name, p, m, v, actions, group_size, cost_f, cost_b, times)
+    return Schedule(name, p, n_microbatches, v, actions, group_size, cost_f, cost_b, times)
 
 
-def gpipe(p: int, m: int, **kw) -> Schedule:
+def gpipe(p: int, n_microbatches: int, **kw) -> Schedule:
     """GPipe: every rank runs all m forwards, then all m backwards."""
-    return build("gpipe", p, m, 1, **kw)
+    return build("gpipe", p, n_microbatches, 1, **kw)
 
 
-def one_f_one_b(p: int, m: int, **kw) -> Schedule:
+def one_f_one_b(p: int, n_microbatches: int, **kw) -> Schedule:
     """1F1B (PipeDream-Flush): p-r-1 warm-up forwards, then one forward / one backward, then the cool-down."""
-    return build("1f1b", p, m, 1, **kw)
+    return build("1f1b", p, n_microbatches, 1, **kw)
 
 
-def interleaved_1f1b(p: int, m: int, v: int, group_size: int | None = None, **kw) -> Schedule:
+def interleaved_1f1b(p: int, n_microbatches: int, v: int, group_size: int | None = None, **kw) -> Schedule:
     """Megatron's interleaved 1F1B with v model chunks per rank (virtual pipeline size v)."""
-    return build("interleaved", p, m, v, group_size=group_size, **kw)
+    return build("interleaved", p, n_microbatches, v, group_size=group_size, **kw)

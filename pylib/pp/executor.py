@@ -67,13 +67,13 @@ class PipelineRun:
     peak_activation_bytes: int = 0
 
 
-def microbatches(t: torch.Tensor, m: int) -> list[torch.Tensor]:
+def microbatches(t: torch.Tensor, n_microbatches: int) -> list[torch.Tensor]:
     """Split a batch along dim 0 into m equal microbatches (raises if m does not divide the batch)."""
-    if not isinstance(m, int) or m < 1:
-        raise ValueError(f"the number of microbatches must be a positive integer, got {m!r}")
-    if t.shape[0] % m:
-        raise ValueError(f"m={m} microbatches do not divide the batch size b={t.shape[0]}")
-    return list(t.chunk(m, dim=0))
+    if not isinstance(n_microbatches, int) or n_microbatches < 1:
+        raise ValueError(f"the number of microbatches must be a positive integer, got {n_microbatches!r}")
+    if t.shape[0] % n_microbatches:
+        raise ValueError(f"m={n_microbatches} microbatches do not divide the batch size b={t.shape[0]}")
+    return list(t.chunk(n_microbatches, dim=0))
 
 
 def _first_float_dtype(chunks: Sequence[nn.Module]) -> torch.dtype:

@@ -25,8 +25,8 @@ from .split import rank_chunks, shard_specs
 
 
 @functools.lru_cache(maxsize=64)
-def _cached_schedule(name: str, p: int, m: int, v: int, group_size: int | None):
-    return build(name, p, m, v, group_size=group_size)  # pure: the same arguments give the same lists
+def _cached_schedule(name: str, p: int, n_microbatches: int, v: int, group_size: int | None):
+    return build(name, p, n_microbatches, v, group_size=group_size)  # pure: the same arguments give the same lists
 
 
 class PipelineParallel:

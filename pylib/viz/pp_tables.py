@@ -60,7 +60,9 @@ def weights(rows: list[list], p: int) -> str:
     )
 
 
-def p2p(counts: list[dict], sent: list[int], formula: list[int], p: int, m: int, shape, message: int) -> str:
+def p2p(
+    counts: list[dict], sent: list[int], formula: list[int], p: int, n_microbatches: int, shape, message: int
+) -> str:
     """tbl-pp-p2p. counts[r][(op, phase)]: rank r's traced sends / recvs; sent, formula: its bytes."""
     rows = [
         [
@@ -90,7 +92,7 @@ def p2p(counts: list[dict], sent: list[int], formula: list[int], p: int, m: int,
             "{shape} float64 ({message} B each), traced on real ranks, against `p2p_bytes_per_rank`. All ranks "
             "together: {total} B = 2·(p−1)·m·b·s·h·8.",
             p=p,
-            m=m,
+            m=n_microbatches,
             shape=list(shape),
             message=message,
             total=sum(sent),
@@ -99,7 +101,7 @@ def p2p(counts: list[dict], sent: list[int], formula: list[int], p: int, m: int,
     )
 
 
-def equal(results: dict, p: int, m: int, ref_loss: float) -> str:
+def equal(results: dict, p: int, n_microbatches: int, ref_loss: float) -> str:
     """tbl-pp-equal. results[(name, v)]: (loss on the last rank, |loss - reference|, gradients compared, max
     gradient error)."""
     rows = [
@@ -119,7 +121,7 @@ def equal(results: dict, p: int, m: int, ref_loss: float) -> str:
             "One training step of each schedule on {p} gloo ranks, m = {m}, against the single-device model "
             "(reference loss {ref_loss:.12f}). Every parameter's gradient is compared, each held by exactly one rank.",
             p=p,
-            m=m,
+            m=n_microbatches,
             ref_loss=ref_loss,
         ),
         name="tbl-pp-equal",
@@ -158,7 +160,7 @@ def bubble_sweep(rows: list[dict], p: int) -> str:
     )
 
 
-def in_flight(rows: list[dict], p: int, m: int) -> str:
+def in_flight(rows: list[dict], p: int, n_microbatches: int) -> str:
     """tbl-pp-inflight. rows: schedule, v, rank, measured, formula, per_mb (bytes per chunk), peak_bytes, bytes
     (the formula's cell)."""
     body = [
@@ -190,7 +192,7 @@ def in_flight(rows: list[dict], p: int, m: int) -> str:
             "Peak microbatches in flight and peak activation memory per rank, p = {p}, m = {m}, measured on the "
             "real runs (bytes autograd saved for backward) against `peak_in_flight` and `activation_memory`.",
             p=p,
-            m=m,
+            m=n_microbatches,
         ),
         name="tbl-pp-inflight",
     )
