@@ -14,7 +14,7 @@ from pylib.analysis.pp import peak_in_flight
 from pylib.compose import compose_problems
 from pylib.experiments.plan_runs import measure_plans
 from pylib.model import ModelConfig, MoEConfig
-from pylib.model.presets import tiny
+from pylib.plan.presets import tiny
 from pylib.runtime import ParallelConfig, rank_groups
 from pylib.viz.planner import compare
 

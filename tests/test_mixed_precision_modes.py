@@ -16,10 +16,10 @@ import torch.distributed as dist
 from pylib.dp import SingleDeviceMixed
 from pylib.dp.mixed import MasterWeights
 from pylib.model import build_model, random_tokens
-from pylib.model.config import MoEConfig
 from pylib.model.moe import MoE
-from pylib.model.presets import tiny, tiny_gqa
+from pylib.plan.config import MoEConfig
 from pylib.plan.options import MixedPrecision
+from pylib.plan.presets import tiny, tiny_gqa
 from pylib.runtime import launch
 
 RECIPE = MixedPrecision("bfloat16", grad_reduce="float32")

@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from pylib.analysis import pp as A
 from pylib.model import build_model, random_tokens
-from pylib.model.presets import tiny_gqa
+from pylib.plan.presets import tiny_gqa
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.schedules import build

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from pylib.model import build_model, random_tokens
-from pylib.model.presets import tiny
+from pylib.plan.presets import tiny
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.split import lm_loss, rank_chunks
 from pylib.runtime import launch

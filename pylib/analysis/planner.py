@@ -68,7 +68,7 @@ from fractions import Fraction
 
 from pylib.plan.layout import FlatEntry, FlatLayout
 from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
-from pylib.plan.options import CP_KINDS, SEQUENCE_PARALLEL, ZERO_STAGES, MixedPrecision, RunOptions
+from pylib.plan.options import CP_KINDS, DTYPE_BYTES, SEQUENCE_PARALLEL, ZERO_STAGES, MixedPrecision, RunOptions
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
 from pylib.plan.recompute import DEFAULT_MODULES, modules_problems, recompute_modules
@@ -167,7 +167,7 @@ class Workload:
     @property
     def grad_bytes(self) -> int:
         """Bytes of one gradient element as kept and reduced: 2 or 4."""
-        return 4 if self.grad_reduce == "float32" else 2
+        return DTYPE_BYTES[self.grad_reduce]
 
 
 @dataclass(frozen=True)

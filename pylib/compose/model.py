@@ -32,6 +32,7 @@ from pylib.dp.buckets import DEFAULT_BUCKET_BYTES
 from pylib.dp.memory import HeldBytes
 from pylib.dp.wrap import micro_batch, wrap
 from pylib.i18n import tr
+from pylib.model import torch_dtype
 from pylib.plan.options import SEQUENCE_PARALLEL, ZERO_STAGE_NAMES
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.recorder import PipelineRecorder
@@ -351,7 +352,7 @@ class ParallelTransformer:
             inputs=microbatches(my_ids, m),
             targets=microbatches(my_targets, m),
             act_shape=self.act_shape(B // (mesh.dp.size * m), S),
-            act_dtype=self.cfg.torch_dtype,
+            act_dtype=torch_dtype(self.cfg.dtype),
             backward_context=self._backward_context,
             recorder=PipelineRecorder(measure_memory=measure_memory and not stage_probe),
             device=self.device,  # under ZeRO-3 the stages hold no parameters to read it from

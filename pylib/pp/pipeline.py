@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from ..model import Transformer
+from ..model import Transformer, torch_dtype
 from ..runtime import collectives as C
 from .executor import PipelineRun, microbatches, run_pipeline
 from .schedules import build
@@ -74,6 +74,6 @@ class PipelineParallel:
             inputs=microbatches(ids, m),
             targets=microbatches(targets, m),
             act_shape=(b // m, s, self.cfg.d_model),
-            act_dtype=self.cfg.torch_dtype,
+            act_dtype=torch_dtype(self.cfg.dtype),
             **run_kw,
         )
