@@ -13,7 +13,7 @@ from pylib.analysis.activations import live_counts, peak_saved_bytes
 from pylib.analysis.pp import peak_in_flight
 from pylib.compose import compose_problems
 from pylib.experiments.plan_runs import measure_plans
-from pylib.model import ModelConfig, MoEConfig
+from pylib.plan.config import ModelConfig, MoEConfig
 from pylib.plan.presets import tiny
 from pylib.runtime import ParallelConfig, rank_groups
 from pylib.viz.planner import compare

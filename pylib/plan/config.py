@@ -89,8 +89,8 @@ def expert_capacity(n_tokens: int, moe: MoEConfig) -> int | None:
 
     As Megatron-Core's get_capacity(T * k, E, capacity_factor), in its order of operations: in floating point
     ceil(1.1 * 100 / 5) = 23 but ceil((100 / 5) * 1.1) = 22. T is the number of tokens of one drop group (one
-    rank's tokens in an expert-parallel run). The reference MoE (`pylib.model.moe`), the expert-parallel layer
-    and `pylib.analysis.ep` all ask this one function."""
+    rank's tokens in an expert-parallel run). The reference MoE (`pylib.model.moe`) and the expert-parallel layer
+    drop by it; the analysis counts the drops with its C (`pylib.analysis.ep.dropped_assignments`)."""
     if moe.capacity_factor is None:
         return None
     return math.ceil((n_tokens * moe.top_k / moe.n_experts) * moe.capacity_factor)
