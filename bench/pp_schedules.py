@@ -25,9 +25,9 @@ import torch.distributed as dist
 
 from pylib.analysis import pp as A
 from pylib.model import ModelConfig, build_model, random_tokens, torch_dtype
+from pylib.plan.schedules import build
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.recorder import PipelineRecorder
-from pylib.pp.schedules import build
 from pylib.pp.simulate import simulate
 from pylib.pp.split import lm_loss, rank_chunks
 from pylib.pp.timeline import bubble, replay

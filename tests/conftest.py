@@ -1,4 +1,37 @@
+"""What the test files share: the float64 tolerances a parallel run is compared with, and the helpers they use.
+
+Import them as `from tests.conftest import FLOAT64_ATOL, assert_float64_close` (the repository root is on pytest's
+path, so `tests` is a namespace package).
+"""
+
+import torch
+
+from pylib.model.moe import MoE
+
 # tests/site checks the BUILT site (a real browser, the link and label checks): `make site-test` runs it after
 # `make book`. Left out of the main suite so that `make test` needs neither a build nor a browser, and never checks
 # a stale _build/html. Naming the folder (`pytest tests/site`) still collects it.
 collect_ignore = ["site", "hub"]
+
+# A parallel mode computes the reference's numbers with the same operations in another order (a sum split over
+# ranks, the ring's running softmax merge, a bucketed all-reduce, a pipeline's per-micro-batch accumulation). In
+# float64 that changes a result by rounding alone: a few units of 2.2e-16 on values of order 1, summed over at most a
+# few thousand terms at the suite's sizes, so about 1e-14. A real mistake (a rank's term missing or counted twice, a
+# wrong scale, the wrong rows) moves a value by 1e-3 or more. 1e-12 lies between, with two orders of room each side.
+FLOAT64_ATOL = 1e-12
+# DP's gradients are sums over every token of the batch and reach magnitudes where 1e-12 absolute is a handful of
+# ulps; the DP checks add this relative term (1e-10 of the value) so the bound scales with the gradient.
+FLOAT64_RTOL = 1e-10
+
+
+def assert_float64_close(actual, expected, msg=None, *, rtol=0.0):
+    """`actual` equals `expected` to float64 rounding (FLOAT64_ATOL, plus `rtol` of the value where given)."""
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=FLOAT64_ATOL, msg=msg)
+
+
+def seeded_moe(cfg, d_model=8, d_ff=16, kind="gelu", seed=0, dtype="float64"):
+    """The reference MoE layer (`pylib.model.moe.MoE`) of `cfg` with weights drawn from `seed`, in `dtype`; the
+    caller's random state is left as it was."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return MoE(d_model, d_ff, cfg, kind).to(getattr(torch, dtype))

@@ -6,7 +6,7 @@ pylib.compose (TP x SP x CP x DP, and TP x SP x PP x EP x DP with MoE layers and
 import pytest
 import torch
 
-from pylib.analysis import shapes
+from pylib.analysis import shapes, weights
 from pylib.experiments.mode_probes import probe_compose, probe_modes
 from pylib.model import ModelConfig, MoEConfig
 from pylib.plan.presets import probe_config
@@ -49,7 +49,7 @@ def _normalise(name: str) -> str:
 def test_local_parameter_shapes_equal_the_real_sharded_modules(modes, mode):
     for rank, run in enumerate(modes):
         cfg, par, _, kw = _plan_kw(mode, rank)
-        predicted = shapes.local_parameters(cfg, par, pp_rank=kw["pp_rank"])
+        predicted = weights.local_parameters(cfg, par, pp_rank=kw["pp_rank"])
         held = {_normalise(n): s for n, s in run[mode]["params"].items()}
         if mode == "ETP":  # that run shards only the experts (its dense layers are the reference's)
             predicted = {n: s for n, s in predicted.items() if "mlp.experts" in n or "router" in n}
@@ -153,7 +153,7 @@ def test_composed_model_holds_and_moves_what_shapes_predicts(composed):
     for run in runs:
         c = run["coords"]
         held = {_normalise(n): s for n, s in run["params"].items()}
-        assert held == shapes.local_parameters(cfg, pc, pp_rank=c["pp"]), c
+        assert held == weights.local_parameters(cfg, pc, pp_rank=c["pp"]), c
         compared = 0
         for a in shapes.activation_shapes(cfg, pc, b, S, pp_rank=c["pp"], cp_rank=c["cp"], **kw):
             if a.local is not None and a.name in run["acts"] and not a.expected:
@@ -199,11 +199,11 @@ def test_parameter_count_equals_the_meta_device_model():
     cfg = ModelConfig(vocab_size=32000, d_model=8192, n_layers=4, n_heads=64, n_kv_heads=8, d_ff=28672, mlp="swiglu")
     with torch.device("meta"):
         model = Transformer(cfg)
-    assert shapes.model_parameter_count(cfg) == sum(p.numel() for p in model.parameters())
+    assert weights.model_parameter_count(cfg) == sum(p.numel() for p in model.parameters())
     moe = cfg.with_(moe=MoEConfig(n_experts=16, top_k=2, d_ff=2048, every=2))
     with torch.device("meta"):
         model = Transformer(moe)
-    assert shapes.model_parameter_count(moe) == sum(p.numel() for p in model.parameters())
+    assert weights.model_parameter_count(moe) == sum(p.numel() for p in model.parameters())
 
 
 def test_parallel_parameters_partition_the_model_when_nothing_is_replicated():
@@ -213,7 +213,7 @@ def test_parallel_parameters_partition_the_model_when_nothing_is_replicated():
     par = ParallelConfig(tp=2, pp=2, dp=2, ep=4)
     total = 0
     for pp_rank in range(par.pp):
-        for w in shapes.weight_shapes(cfg, par, pp_rank=pp_rank):
+        for w in weights.weight_shapes(cfg, par, pp_rank=pp_rank):
             if w.local is None:
                 continue
             if w.name.startswith("expert"):
@@ -222,7 +222,7 @@ def test_parallel_parameters_partition_the_model_when_nothing_is_replicated():
                 total += w.local_numel * w.count * par.tp
             else:
                 total += w.local_numel * w.count
-    assert total == shapes.model_parameter_count(cfg)
+    assert total == weights.model_parameter_count(cfg)
 
 
 def test_check_plan_names_each_violated_constraint():
@@ -250,7 +250,7 @@ def test_kv_heads_replicate_when_tp_exceeds_them():
 def test_memory_counts_the_local_parameters_and_shards_optimizer_state_under_zero():
     par = ParallelConfig(tp=2, dp=4)
     e = 4
-    n = sum(math_prod(s) for s in shapes.local_parameters(CFG, par).values())
+    n = sum(math_prod(s) for s in weights.local_parameters(CFG, par).values())
     ddp = shapes.memory(CFG, par, 8, S)
     z1 = shapes.memory(CFG, par, 8, S, zero="zero1")
     assert ddp["params"] == n * e and ddp["grads"] == n * e and ddp["optim"] == 2 * n * e

@@ -16,9 +16,9 @@ from pylib.runtime import collectives  # noqa: E402
 from pylib.seedcheck.layer_flow import layer_flow, record_block_calls
 from pylib.seedcheck.primitives import primitive_names
 from pylib.seedcheck.printed import compare_printed, round_half_up
+from pylib.tables import format_rows, markdown_table
 from pylib.viz import style  # noqa: E402
 from pylib.viz.layer_flow import COLOURS, draw_layer_flow
-from pylib.viz.tables import format_rows, markdown_table
 from pylib.viz.three_axes import draw_three_axes
 
 

@@ -17,6 +17,7 @@ from pylib.cp import ring_attention, shard_sequence, ulysses_attention, unshard_
 from pylib.cp.kernels import SDPAKernel, TorchKernel, choose_kernel, fused_kernel, select_kernel
 from pylib.model import attention_core
 from pylib.runtime import launch
+from tests.conftest import assert_float64_close
 
 
 @pytest.fixture(autouse=True)
@@ -42,13 +43,13 @@ def test_torchs_fused_kernel_equals_the_reference_kernel_forward_and_backward(h_
     fused, ref = SDPAKernel("cpu"), TorchKernel()
     out, lse = fused.forward(q, k, v, causal=causal, scale=0.4)
     out_r, lse_r = ref.forward(q, k, v, causal=causal, scale=0.4)
-    torch.testing.assert_close(out, out_r, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(lse, lse_r, rtol=1e-12, atol=1e-12)
+    assert_float64_close(out, out_r)
+    assert_float64_close(lse, lse_r)
     assert lse.dtype == torch.float64 and lse.shape == (2, 4, 6)
     grads = fused.backward(dout, q, k, v, out_r, lse_r, causal=causal, scale=0.4)
     for got, want in zip(grads, ref.backward(dout, q, k, v, out_r, lse_r, causal=causal, scale=0.4)):
         assert got.shape == want.shape and got.dtype == torch.float64
-        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        assert_float64_close(got, want)
 
 
 def test_a_bf16_merge_lse_reaches_the_fused_backward_as_float32():
@@ -80,7 +81,7 @@ def test_ring_and_ulysses_with_torchs_fused_kernel_equal_full_attention(kind):
     out.backward(dout)
     for j, want in enumerate((out, q.grad, k.grad, v.grad)):
         got = unshard_sequence([p[j] for p in parts], 2, "zigzag")
-        torch.testing.assert_close(got, want.detach(), rtol=0, atol=1e-12)
+        assert_float64_close(got, want.detach())
 
 
 @pytest.mark.parametrize("variant", ["flash", "efficient"])

@@ -8,6 +8,7 @@ import torch
 from pylib.cp import SDPAKernel, TorchKernel, choose_kernel, flash_available, merge_all, select_kernel
 from pylib.cp.kernels import _flash_backward_kwargs
 from pylib.model import attention_core
+from tests.conftest import assert_float64_close
 
 
 def _qkv(b=2, h=4, h_kv=2, s=6, d=5, seed=0, dtype=torch.float64):
@@ -62,9 +63,9 @@ def test_block_gradients_from_the_global_lse_add_up_to_full_attention_gradients(
         dq += dq_b
         dks.append(dk_b)
         dvs.append(dv_b)
-    torch.testing.assert_close(dq, q.grad, rtol=0, atol=1e-12)
-    torch.testing.assert_close(torch.cat(dks, 2), k.grad, rtol=0, atol=1e-12)
-    torch.testing.assert_close(torch.cat(dvs, 2), v.grad, rtol=0, atol=1e-12)
+    assert_float64_close(dq, q.grad)
+    assert_float64_close(torch.cat(dks, 2), k.grad)
+    assert_float64_close(torch.cat(dvs, 2), v.grad)
 
 
 def test_lse_merge_of_key_blocks_equals_attention_over_their_union_even_with_huge_scores():

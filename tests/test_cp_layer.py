@@ -12,6 +12,7 @@ from pylib.model import ModelConfig, build_model, random_hidden, random_tokens
 from pylib.runtime import collectives as C
 from pylib.runtime import launch, trace
 from pylib.runtime.mesh import AxisGroup
+from tests.conftest import assert_float64_close
 
 CFG = ModelConfig(
     vocab_size=32,
@@ -32,10 +33,6 @@ def _grads(module):
     return {n: p.grad.clone() for n, p in module.named_parameters()}
 
 
-def _close(a, b, what):
-    torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=what)
-
-
 def test_cp_core_drops_into_the_reference_attention_in_place_of_its_core():
     attn = build_model(CFG).layers[0].attn
     x = random_hidden(B, S, CFG.d_model, seed=1, dtype=torch.float64)
@@ -50,7 +47,7 @@ def test_cp_core_drops_into_the_reference_attention_in_place_of_its_core():
     for kind in ("ring", "ulysses"):
         parts = launch(rank, 4, kind)
         for r, part in enumerate(parts):
-            _close(part, shard_sequence(expected, 1, r, 4, "zigzag"), f"{kind} rank {r}")
+            assert_float64_close(part, shard_sequence(expected, 1, r, 4, "zigzag"), f"{kind} rank {r}")
 
 
 def _rank_layer(cases, layout, kind):
@@ -83,10 +80,10 @@ def test_cp_transformer_layer_equals_the_reference_layer(layout, kind):
     for i, (y, dx, grads) in enumerate(expected):
         for r in range(cp):
             y_r, dx_r, grads_r = parts[r][i]
-            _close(y_r, shard_sequence(y, 1, r, cp, layout), f"case {i}: output of rank {r}")
-            _close(dx_r, shard_sequence(dx, 1, r, cp, layout), f"case {i}: input grad of rank {r}")
+            assert_float64_close(y_r, shard_sequence(y, 1, r, cp, layout), f"case {i}: output of rank {r}")
+            assert_float64_close(dx_r, shard_sequence(dx, 1, r, cp, layout), f"case {i}: input grad of rank {r}")
             for name, g in grads.items():
-                _close(grads_r[name], g, f"case {i}: {name} on rank {r}")
+                assert_float64_close(grads_r[name], g, f"case {i}: {name} on rank {r}")
 
 
 def _rank_model(model, ids, targets, layout, kind):
@@ -112,12 +109,14 @@ def test_cp_model_loss_and_all_gradients_equal_the_reference_only_after_the_cp_a
     parts = launch(_rank_model, cp, model, ids, targets, "zigzag", kind)
     for name, g in expected.items():
         partials = [p[1][name] for p in parts]
-        _close(sum(partials), g, f"sum over ranks of the partial {name}")  # each rank: its own tokens' share
+        assert_float64_close(
+            sum(partials), g, f"sum over ranks of the partial {name}"
+        )  # each rank: its own tokens' share
         assert not torch.allclose(partials[0], g), f"{name}: rank 0 alone already had the full gradient?"
     for r, (loss_r, _, full, events) in enumerate(parts):
-        _close(loss_r, loss.detach(), f"loss on rank {r}")
+        assert_float64_close(loss_r, loss.detach(), f"loss on rank {r}")
         for name, g in expected.items():
-            _close(full[name], g, f"{name} on rank {r} after the all-reduce")
+            assert_float64_close(full[name], g, f"{name} on rank {r} after the all-reduce")
         assert events == [("all_reduce", "cp.grads")] * len(expected)
 
 

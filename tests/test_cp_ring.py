@@ -18,6 +18,7 @@ from pylib.cp import (
 from pylib.model import attention_core
 from pylib.runtime import launch, tag, trace
 from pylib.runtime.mesh import AxisGroup
+from tests.conftest import assert_float64_close
 
 B, S, D = 2, 16, 5  # batch > 1, odd head dim
 HEADS = {"mha": (4, 4), "gqa": (4, 2)}
@@ -61,7 +62,7 @@ def test_ring_attention_output_and_grads_equal_full_attention(causal, layout, cp
         expected = _reference(*tensors, causal)
         for j, name in enumerate(["out", "dq", "dk", "dv"]):
             got = unshard_sequence([per_rank[r][i][j] for r in range(cp)], 2, layout)
-            torch.testing.assert_close(got, expected[j], rtol=0, atol=1e-12, msg=f"{name} of case {i}")
+            assert_float64_close(got, expected[j], f"{name} of case {i}")
 
 
 def test_blocking_variant_and_a_plugged_in_kernel_give_the_same_result():
@@ -217,7 +218,7 @@ def test_ring_and_ulysses_run_over_a_cp_subgroup_of_a_mesh():
         for kind in range(2):
             for j in range(4):
                 got = unshard_sequence([per_rank[m][1][kind][j] for m in members], 2, "zigzag")
-                torch.testing.assert_close(got, expected[j], rtol=0, atol=1e-12)
+                assert_float64_close(got, expected[j])
 
 
 def _rank_dkv_reduce_scatter(full, w):
@@ -254,6 +255,6 @@ def test_ring_dkv_equals_a_reduce_scatter_of_every_ranks_partial_dkv_and_moves_o
     for cp in (2, 4):
         block = ring_traffic(B, S, HEADS["gqa"][1], D, cp, 8)["kv_message_bytes"]
         for ring_grad, summed, ring_bytes, rs_bytes in launch(_rank_dkv_reduce_scatter, cp, (q, k, v), w):
-            torch.testing.assert_close(ring_grad, summed, rtol=0, atol=1e-12)
+            assert_float64_close(ring_grad, summed)
             assert rs_bytes == dkv_reduce_scatter_bytes(B, S, HEADS["gqa"][1], D, cp, 8) == (cp - 1) * block
             assert ring_bytes == cp * block == rs_bytes + block

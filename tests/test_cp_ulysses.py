@@ -10,6 +10,7 @@ from pylib.cp import shard_sequence, ulysses_attention, unshard_sequence
 from pylib.model import attention_core
 from pylib.runtime import launch, trace
 from pylib.runtime.mesh import AxisGroup
+from tests.conftest import assert_float64_close
 
 B, S, D = 2, 16, 5
 HEADS = {"mha": (4, 4), "gqa": (8, 4)}  # cp=4 needs 4 | n_kv_head
@@ -49,7 +50,7 @@ def test_ulysses_output_and_grads_equal_full_attention(causal, layout, cp):
         (out * w).sum().backward()
         for j, expected in enumerate([out.detach(), q.grad, k.grad, v.grad]):
             got = unshard_sequence([per_rank[r][i][j] for r in range(cp)], 2, layout)
-            torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+            assert_float64_close(got, expected)
 
 
 @pytest.mark.parametrize("cp", [2, 4])

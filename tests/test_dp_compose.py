@@ -4,7 +4,6 @@ parallelism. Each composition equals the single-device gradient on the whole bat
 the factor the chapter states."""
 
 import pytest
-import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
@@ -12,16 +11,13 @@ from pylib.dp import assemble, micro_batch, wrap
 from pylib.ep import ExpertParallelMoE
 from pylib.model import ModelConfig, MoEConfig, build_model, random_tokens
 from pylib.runtime import Mesh, ParallelConfig, launch, trace
+from tests.conftest import FLOAT64_RTOL, assert_float64_close
 
 BATCH = 4
 DENSE = ModelConfig(vocab_size=37, d_model=12, n_heads=3, d_ff=20, n_layers=2, position="rope", dtype="float64")
 MOE = ModelConfig(vocab_size=37, d_model=8, n_heads=2, d_ff=12, n_layers=1, dtype="float64").with_(
     moe=MoEConfig(n_experts=4, top_k=2)
 )
-
-
-def _close(a, b):
-    torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 def _reference_grads(cfg, seq):
@@ -57,7 +53,7 @@ def test_dp_cp_gradients_averaged_over_dp_cp_equal_the_full_batch_gradient():
     for grads, axes in launch(_dp_cp, 4, "dp-cp"):
         assert ("all_reduce", "dp-cp") in axes
         for n, g in ref.items():
-            _close(grads[n], g)
+            assert_float64_close(grads[n], g, rtol=FLOAT64_RTOL)
 
 
 def test_averaging_over_dp_alone_leaves_the_cp_ranks_of_one_replica_with_different_gradients():
@@ -67,7 +63,7 @@ def test_averaging_over_dp_alone_leaves_the_cp_ranks_of_one_replica_with_differe
     # ParallelConfig(dp=2, cp=2): rank = i_cp + 2 i_dp, so ranks 0 and 1 are the two cp halves of replica 0
     assert (results[0][0][w] - results[1][0][w]).abs().max() > 1e-3
     # each holds the gradient of its half of the tokens; their mean is the full gradient
-    _close((results[0][0][w] + results[1][0][w]) / 2, ref[w])
+    assert_float64_close((results[0][0][w] + results[1][0][w]) / 2, ref[w], rtol=FLOAT64_RTOL)
 
 
 # ------------------------------------------------------------------------------------------------ DP x EP
@@ -122,7 +118,7 @@ def _check_against_reference(results, ref, expert_ratio):
                 full = assemble([lay], [m["grads"] for m in members])
             for name, g in full.items():
                 want = ref[_reference_name(name, r["first"])]
-                _close(g, want * (expert_ratio if ".experts." in name else 1))
+                assert_float64_close(g, want * (expert_ratio if ".experts." in name else 1), rtol=FLOAT64_RTOL)
 
 
 @pytest.mark.parametrize("stage", ["ddp", "zero2", "zero3"])

@@ -18,6 +18,7 @@ from pylib.experiments.dp_training import train_reference
 from pylib.model import build_model, random_tokens
 from pylib.plan.presets import tiny_odd
 from pylib.runtime import Mesh, ParallelConfig, launch, trace, tracer
+from tests.conftest import FLOAT64_RTOL, assert_float64_close
 
 CFG = tiny_odd()
 BATCH, SEQ = 8, 8
@@ -99,7 +100,7 @@ def test_gradients_are_views_into_the_buckets_and_equal_the_reference(backward_r
     for r in backward_run:
         assert r["views"]
         for name, g in reference["grads"].items():
-            torch.testing.assert_close(r["grads"][name], g, rtol=1e-10, atol=1e-12)
+            assert_float64_close(r["grads"][name], g, rtol=FLOAT64_RTOL)
 
 
 def _accumulate(micro):
@@ -127,7 +128,7 @@ def test_no_sync_accumulates_micro_batches_and_reduces_once(reference):
     for grads, sent, psi in launch(_accumulate, d, 2):
         assert sent == traffic_per_step(psi, d, "ddp")  # one all-reduce of everything, not one per micro-batch
         for name, g in reference["grads"].items():
-            torch.testing.assert_close(grads[name], g, rtol=1e-10, atol=1e-12)
+            assert_float64_close(grads[name], g, rtol=FLOAT64_RTOL)
 
 
 def _per_parameter_groups():
@@ -183,7 +184,7 @@ def test_group_for_averages_each_parameter_over_its_own_group():
                 for name, g in grads.items():
                     expected = sum(local[m][name] for m in members) / len(members)
                     assert members == (dp_pairs[rank] if ".mlp." in name else (0, 1, 2, 3))
-                    torch.testing.assert_close(g, expected, rtol=1e-10, atol=1e-12)
+                    assert_float64_close(g, expected, rtol=FLOAT64_RTOL)
 
 
 class _WithUnused(nn.Module):
@@ -232,7 +233,7 @@ def test_a_bucket_with_an_unused_parameter_is_reduced_at_the_end_and_order_is_ke
                 assert grads[n] is None
             else:
                 expected = 3 * p.grad if n == "c.weight" else p.grad
-                torch.testing.assert_close(grads[n], expected, rtol=1e-10, atol=1e-12)
+                assert_float64_close(grads[n], expected, rtol=FLOAT64_RTOL)
 
 
 class _TwoHeads(nn.Module):
@@ -304,4 +305,4 @@ def test_reducing_every_micro_batch_waits_before_accumulating_into_a_bucket_on_t
     for on_the_wire, grads in launch(_reduce_every_micro_batch, 2):
         assert on_the_wire == [0, 0]
         for name, g in reference["grads"].items():
-            torch.testing.assert_close(grads[name], g, rtol=1e-10, atol=1e-12)
+            assert_float64_close(grads[name], g, rtol=FLOAT64_RTOL)

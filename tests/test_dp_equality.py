@@ -15,6 +15,7 @@ from pylib.experiments.dp_training import train_data_parallel, train_reference
 from pylib.model import build_model
 from pylib.plan.presets import tiny_odd
 from pylib.runtime import launch
+from tests.conftest import FLOAT64_RTOL, assert_float64_close
 
 CFG = tiny_odd()
 STEPS, BATCH, SEQ, LR, BUCKET = 5, 8, 8, 1e-2, 2048
@@ -46,10 +47,6 @@ def _n_params():
     return sum(p.numel() for p in build_model(CFG).parameters())
 
 
-def _close(a, b):
-    torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-
-
 @pytest.mark.parametrize("stage", STAGES)
 def test_mean_loss_over_ranks_equals_the_reference_loss_at_every_step(runs, reference, stage):
     d, by_stage = runs
@@ -70,7 +67,7 @@ def test_averaged_gradient_equals_the_full_batch_gradient(runs, reference, stage
     for grads in holdings:
         assert set(grads) == set(reference["grads"])
         for name, g in reference["grads"].items():
-            _close(grads[name], g)
+            assert_float64_close(grads[name], g, rtol=FLOAT64_RTOL)
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -80,12 +77,12 @@ def test_five_adam_steps_give_the_reference_parameters(runs, reference, stage):
     if stage != "zero3":  # every rank's module holds every parameter (ZeRO-1/2: after the step's all-gather)
         for r in results:
             for name, p in reference["params"].items():
-                _close(r["params"][name], p)
+                assert_float64_close(r["params"][name], p, rtol=FLOAT64_RTOL)
     if stage != "ddp":  # the optimizer's slices, put together, are the same parameters
         layouts = results[0]["layouts"]
         params = assemble(layouts, [r["param_shards"] for r in results])
         for name, p in reference["params"].items():
-            _close(params[name], p)
+            assert_float64_close(params[name], p, rtol=FLOAT64_RTOL)
         for lay in layouts:  # padding is still zero: Adam moves nothing that never has a gradient
             flat = torch.cat([r["param_shards"][lay.key] for r in results])
             assert torch.count_nonzero(flat[lay.numel :]) == 0

@@ -7,16 +7,12 @@ import pytest
 import torch
 
 from pylib.ep import ExpertParallelMoE, expert_parallel_problems
-from pylib.model.moe import MoE
 from pylib.plan.config import MoEConfig
 from pylib.runtime import Mesh, ParallelConfig, RankFailedError, launch
 from pylib.runtime.mesh import AxisGroup
+from tests.conftest import seeded_moe
 
-
-def _moe(n_experts=8, top_k=2, d_ff=16):
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return MoE(8, d_ff, MoEConfig(n_experts=n_experts, top_k=top_k)).double()
+MOE = MoEConfig(n_experts=8, top_k=2)
 
 
 def _group(name, ranks, me=0):
@@ -25,12 +21,12 @@ def _group(name, ranks, me=0):
 
 def test_experts_not_divisible_by_ep_is_refused():
     with pytest.raises(ValueError, match="ep=3 does not divide n_experts=8"):
-        ExpertParallelMoE(_moe(), _group("ep", [0, 1, 2]), _group("etp", [0]), None)
+        ExpertParallelMoE(seeded_moe(MOE), _group("ep", [0, 1, 2]), _group("etp", [0]), None)
 
 
 def test_etp_not_dividing_the_expert_ffn_is_refused():
     with pytest.raises(ValueError, match="etp=3 does not divide expert h_ffn=16"):
-        ExpertParallelMoE(_moe(), _group("ep", [0, 3]), _group("etp", [0, 1, 2]), None)
+        ExpertParallelMoE(seeded_moe(MOE), _group("ep", [0, 3]), _group("etp", [0, 1, 2]), None)
 
 
 def test_top_k_above_the_expert_count_and_non_positive_capacity_are_refused():
@@ -53,11 +49,11 @@ def test_overlapping_ep_and_etp_groups_are_refused():
     with pytest.raises(
         ValueError, match=r"ep group \(0, 1\) and the etp group \(0, 1\) of rank 0 also share ranks \[1\]"
     ):
-        ExpertParallelMoE(_moe(), _group("ep", [0, 1]), _group("etp", [0, 1]), None)
+        ExpertParallelMoE(seeded_moe(MOE), _group("ep", [0, 1]), _group("etp", [0, 1]), None)
 
 
 def test_tokens_of_the_wrong_width_are_refused():
-    layer = ExpertParallelMoE(_moe(), _group("ep", [0]), _group("etp", [0]), None)
+    layer = ExpertParallelMoE(seeded_moe(MOE), _group("ep", [0]), _group("etp", [0]), None)
     with pytest.raises(ValueError, match="x has hidden size h=5, the MoE layer expects h=8"):
         layer(torch.zeros(1, 2, 5, dtype=torch.float64))
 
@@ -70,7 +66,7 @@ def test_sizes_that_do_not_match_the_mesh_are_refused():
         launch(bad_mesh, 4)
 
     def experts_vs_mesh():
-        ExpertParallelMoE.from_mesh(_moe(n_experts=6), Mesh(ParallelConfig(dp=4, ep=4)))
+        ExpertParallelMoE.from_mesh(seeded_moe(MoEConfig(n_experts=6, top_k=2)), Mesh(ParallelConfig(dp=4, ep=4)))
 
     with pytest.raises(RankFailedError, match="ep=4 does not divide n_experts=6"):
         launch(experts_vs_mesh, 4)

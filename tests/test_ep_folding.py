@@ -12,6 +12,7 @@ from pylib.model.attention import attention_core
 from pylib.model.transformer import Block
 from pylib.plan.config import ModelConfig, MoEConfig
 from pylib.runtime import Mesh, ParallelConfig, collectives, launch, rank_groups
+from tests.conftest import assert_float64_close
 
 
 @pytest.mark.parametrize(
@@ -130,14 +131,14 @@ def test_attention_on_dense_groups_and_moe_on_expert_groups_coexist_on_8_ranks()
     params = dict(block.named_parameters())
     for res in results:
         y_ref, dx_ref = ys[res["dp"]]
-        torch.testing.assert_close(res["y"], y_ref[:, res["pos"]], rtol=0, atol=1e-12)
-        torch.testing.assert_close(res["dx"], dx_ref[:, res["pos"]], rtol=0, atol=1e-12)
+        assert_float64_close(res["y"], y_ref[:, res["pos"]])
+        assert_float64_close(res["dx"], dx_ref[:, res["pos"]])
         for name, g in res["dense"].items():
-            torch.testing.assert_close(g, params[name].grad, rtol=0, atol=1e-12, msg=name)
-        torch.testing.assert_close(res["router"], params["mlp.router.gate.weight"].grad, rtol=0, atol=1e-12)
+            assert_float64_close(g, params[name].grad, name)
+        assert_float64_close(res["router"], params["mlp.router.gate.weight"].grad)
         for ref, (g, idx) in res["experts"].items():  # EP spans both micro-batches: complete with no sync
             full = params["mlp." + ref].grad
-            torch.testing.assert_close(g, full[idx], rtol=0, atol=1e-12, msg=ref)
+            assert_float64_close(g, full[idx], ref)
     assert sum(res["dropped"] for res in results) > 0  # the per-rank capacity rule was exercised
     # the two layouts really differ on these ranks: rank 0's EP group is not one of its dense groups
     layout = results[0]["layout"]

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pylib.ep.permute import permute, sort_chunks, unpermute
+from tests.conftest import assert_float64_close
 
 
 @st.composite
@@ -60,11 +61,11 @@ def test_unpermute_of_permute_is_the_weighted_sum_of_kept_copies(case):
     rows, plan = permute(x, experts, E, keep)
     out = unpermute(rows, plan, w)
     expected = ((w * keep).sum(1, keepdim=True)) * x
-    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+    assert_float64_close(out, expected)
     # with weights that share each token among its kept copies, un-permute inverts permute exactly
     share = keep.double() / keep.sum(1, keepdim=True).clamp(min=1)
     kept_any = keep.any(1, keepdim=True)
-    torch.testing.assert_close(unpermute(rows, plan, share), x * kept_any, rtol=0, atol=1e-12)
+    assert_float64_close(unpermute(rows, plan, share), x * kept_any)
 
 
 @settings(max_examples=40, deadline=None)
@@ -115,4 +116,4 @@ def test_simulated_expert_parallel_round_trip_equals_the_direct_formula(ep, data
         w = torch.rand(T, k, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
         out = unpermute(torch.cat(returned[s]), plans[s], w)
         expected = ((w * keep) * scale[experts]).sum(1, keepdim=True) * x
-        torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+        assert_float64_close(out, expected)

@@ -5,17 +5,12 @@ import torch
 import torch.distributed as dist
 
 from pylib.ep import ExpertParallelMoE, group_aux_loss
-from pylib.model.moe import MoE, auxiliary_loss, updated_expert_bias
+from pylib.model.moe import auxiliary_loss, updated_expert_bias
 from pylib.plan.config import MoEConfig
 from pylib.runtime import launch
+from tests.conftest import assert_float64_close, seeded_moe
 
 H, F = 8, 16
-
-
-def _moe(cfg, kind="gelu", seed=0):
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return MoE(H, F, cfg, kind).double()
 
 
 def _x(b, s, seed=1):
@@ -25,13 +20,13 @@ def _x(b, s, seed=1):
 def test_capacity_per_drop_group_equals_running_each_group_alone():
     for policy in ("probs", "position"):
         cfg = MoEConfig(n_experts=4, top_k=2, capacity_factor=0.75, drop_policy=policy)
-        moe = _moe(cfg)
+        moe = seeded_moe(cfg, H, F)
         x = _x(2, 12)
         groups = torch.arange(12).div(4, rounding_mode="floor").expand(2, 12)  # 3 sequence shards
         together = moe(x, drop_groups=groups)
         dropped = int((~moe.last_keep).sum())
         alone = torch.cat([moe(part) for part in x.chunk(3, dim=1)], dim=1)
-        torch.testing.assert_close(together, alone, rtol=0, atol=1e-12)
+        assert_float64_close(together, alone)
         assert dropped > 0
         # and it is a different rule from one capacity over all tokens
         assert not torch.allclose(moe(x), together)
@@ -46,7 +41,7 @@ def test_expert_bias_rule_lowers_overloaded_and_raises_underloaded_experts():
 
 def test_aux_loss_free_bias_updates_balance_a_skewed_router():
     cfg = MoEConfig(n_experts=4, top_k=1, score="sigmoid", bias_update_rate=0.02)
-    moe = _moe(cfg)
+    moe = seeded_moe(cfg, H, F)
     with torch.no_grad():
         moe.router.gate.weight[0] += 1.0  # expert 0 wins for most tokens
     x = _x(4, 16)
@@ -67,7 +62,7 @@ def test_aux_loss_free_bias_updates_balance_a_skewed_router():
 
 
 def test_top1_sigmoid_weight_is_the_raw_sigmoid_so_the_router_learns():
-    moe = _moe(MoEConfig(n_experts=4, top_k=1, score="sigmoid"))
+    moe = seeded_moe(MoEConfig(n_experts=4, top_k=1, score="sigmoid"), H, F)
     x = _x(1, 6).reshape(6, H)
     r = moe.router(x)
     torch.testing.assert_close(r.weights, torch.sigmoid(x @ moe.router.gate.weight.T).gather(1, r.experts))
@@ -77,7 +72,7 @@ def test_top1_sigmoid_weight_is_the_raw_sigmoid_so_the_router_learns():
 
 def _bias_and_aux(cfg):
     r, n = dist.get_rank(), dist.get_world_size()
-    layer = ExpertParallelMoE.from_full(_moe(cfg), ep_group=None)
+    layer = ExpertParallelMoE.from_full(seeded_moe(cfg, H, F), ep_group=None)
     layer(_x(2, 16).chunk(n, 1)[r])
     share = group_aux_loss(layer.last_routing, cfg, None)  # over this rank's tokens alone
     share_group = group_aux_loss(layer.last_routing, cfg, group=None if n == 1 else dist.group.WORLD)
@@ -87,13 +82,13 @@ def _bias_and_aux(cfg):
 def test_ep_bias_update_and_aux_shares_match_the_reference_on_the_union():
     cfg = MoEConfig(n_experts=4, top_k=2, aux_loss_coef=0.1, z_loss_coef=0.01, bias_update_rate=0.05)
     results = launch(_bias_and_aux, 4, cfg)
-    moe = _moe(cfg)
+    moe = seeded_moe(cfg, H, F)
     moe(_x(2, 16))
     ref_bias = moe.update_expert_bias()
     ref_aux = auxiliary_loss(moe.last_routing, cfg)
     assert ref_bias.abs().max() > 0  # the counts are not all equal, so the rule moved something
     for bias, _, _ in results:
         torch.testing.assert_close(bias, ref_bias, rtol=0, atol=0)
-    torch.testing.assert_close(sum(s for _, _, s in results), ref_aux, rtol=0, atol=1e-12)
+    assert_float64_close(sum(s for _, _, s in results), ref_aux)
     # without the group each rank's share is its own batch's loss: the sum is a different number
     assert abs(sum(s for _, s, _ in results) - ref_aux) > 1e-6

@@ -2,8 +2,6 @@
 Ulysses on thread ranks, the merge, the timing) on the CPU in float64, through the same code the GPU run takes."""
 
 import importlib.util
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,18 +19,18 @@ def _load():
     return module
 
 
-def test_gpu_single_on_the_cpu_passes_every_row():
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    run = subprocess.run([sys.executable, str(SCRIPT), "--cpu"], capture_output=True, text=True, env=env, timeout=100)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    rows = [line.split()[:2] for line in run.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
+def test_gpu_single_on_the_cpu_passes_every_row(capsys):
+    # In this process, as the wrong-merge test below runs it: a subprocess only added a second torch import.
+    assert _load().main(["--cpu"]) == 0, capsys.readouterr().out[-3000:]
+    out = capsys.readouterr().out
+    rows = [line.split()[:2] for line in out.splitlines() if line.startswith(("PASS", "FAIL"))]
     kinds = [kind for _, kind in rows]
-    assert kinds == ["launch"] + ["kernel"] * 4 + ["cp"] * 3 + ["merge"], run.stdout
+    assert kinds == ["launch"] + ["kernel"] * 4 + ["cp"] * 3 + ["merge"], out
     assert all(status == "PASS" for status, _ in rows)
-    assert "SDPAKernel('cpu')" in run.stdout  # the fused kernel class itself ran, through torch's CPU op
+    assert "SDPAKernel('cpu')" in out  # the fused kernel class itself ran, through torch's CPU op
     for n in (2, 4, 8):
-        assert f"ring zigzag cp={n} (all ranks, one device)" in run.stdout
-    assert "9 of 9 checks passed" in run.stdout
+        assert f"ring zigzag cp={n} (all ranks, one device)" in out
+    assert "9 of 9 checks passed" in out
 
 
 def test_a_wrong_ring_merge_fails_the_cp_and_merge_rows(monkeypatch, capsys):

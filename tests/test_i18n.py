@@ -153,7 +153,7 @@ def _figure_text(fig) -> str:
 
 def _bubble_rows():
     from pylib.analysis import pp as A
-    from pylib.pp.schedules import build
+    from pylib.plan.schedules import build
     from pylib.pp.simulate import simulate
     from pylib.pp.timeline import bubble
 
@@ -170,7 +170,7 @@ def _bubble_rows():
 
 
 def _builders():
-    from pylib.pp.schedules import build
+    from pylib.plan.schedules import build
     from pylib.viz import pp as vpp
     from pylib.viz import pp_tables
 

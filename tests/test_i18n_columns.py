@@ -26,7 +26,7 @@ def test_for_ascii_text_they_are_str_ljust_and_rjust(text, n):
 
 
 def test_the_books_text_tables_line_up_under_chinese_headers():
-    from pylib.viz.tables import text_table
+    from pylib.tables import text_table
 
     lines = text_table(["进程号", "层", "步 ms"], [["0", "0,1", "945"], ["12", "2,3", "1021"]])
     # Every column starts at the same display column on every line.

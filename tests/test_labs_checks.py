@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from pylib.i18n import set_language
 from pylib.labs import checks
 from pylib.labs.checks import ChecksFailed, ExerciseNotDone, assert_close, begin, check, step, summary
 from pylib.runtime import launch
@@ -134,6 +135,15 @@ def test_summary_without_any_check_fails(report):
 def test_exercise_placeholder_message():
     with pytest.raises(ExerciseNotDone, match=r"^Exercise 2 not done yet: shard the weights$"):
         raise ExerciseNotDone(2, "shard the weights")
+
+
+def test_exercise_placeholder_message_is_chinese_under_zh():
+    set_language("zh")
+    try:
+        message = str(ExerciseNotDone(2, "shard the weights"))
+    finally:
+        set_language(None)
+    assert "尚未完成" in message and "not done yet" not in message, message
 
 
 def test_assert_close_names_what_differs_and_where():

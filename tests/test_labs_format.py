@@ -9,16 +9,14 @@ import nbformat
 import pytest
 
 from pylib.labs.cli import parse_override
+from pylib.labs.files import default_labs_dir, find_labs, select_labs
 from pylib.labs.notebook import (
     EXERCISE_NUMBER,
     REQUIRED_PARAMETERS,
-    default_labs_dir,
-    find_labs,
     lab_problems,
     learner_version,
     new_lab,
     parameters,
-    select_labs,
     tags,
     write_learner_versions,
 )

@@ -21,7 +21,8 @@ import nbformat
 import pytest
 import torch
 
-from pylib.labs.notebook import EXERCISE_NUMBER, find_labs, tags
+from pylib.labs.files import find_labs
+from pylib.labs.notebook import EXERCISE_NUMBER, tags
 
 ROOT = Path(__file__).resolve().parent.parent
 LABS = find_labs()

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "site"))
 import launch_links  # noqa: E402 - tools/site is not a package; the site's Sphinx extension imports it the same way
 
-from pylib.labs.notebook import find_labs, tags  # noqa: E402
+from pylib.labs.files import find_labs  # noqa: E402
+from pylib.labs.notebook import tags  # noqa: E402
 
 PAGE = ROOT / "book" / "labs" / "index.md"
 HUB = launch_links.LaunchSettings("https://hub.invalid", "https://git.invalid/course/book.git", "main")

@@ -16,11 +16,11 @@ import torch.distributed as dist
 from pylib.dp import SingleDeviceMixed
 from pylib.dp.mixed import MasterWeights
 from pylib.model import build_model, random_tokens
-from pylib.model.moe import MoE
 from pylib.plan.config import MoEConfig
 from pylib.plan.options import MixedPrecision
 from pylib.plan.presets import tiny, tiny_gqa
 from pylib.runtime import launch
+from tests.conftest import seeded_moe
 
 RECIPE = MixedPrecision("bfloat16", grad_reduce="float32")
 STEPS, LR = 3, 1e-2
@@ -159,9 +159,7 @@ MOE_CFG, H, F, B, S = MoEConfig(n_experts=4, top_k=2), 8, 16, 4, 8
 
 
 def _moe():
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return MoE(H, F, MOE_CFG, "swiglu").to(torch.bfloat16)
+    return seeded_moe(MOE_CFG, H, F, "swiglu", dtype="bfloat16")
 
 
 def _moe_data():

@@ -13,11 +13,12 @@ import torch.nn as nn
 from pylib.analysis import pp as A
 from pylib.model import build_model, random_tokens
 from pylib.plan.presets import tiny_gqa
+from pylib.plan.schedules import build
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.pipeline import PipelineParallel
-from pylib.pp.schedules import build
 from pylib.pp.timeline import bubble, peak_in_flight, replay
 from pylib.runtime import AxisGroup, Mesh, ParallelConfig, launch, trace
+from tests.conftest import assert_float64_close
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -120,7 +121,7 @@ def test_pipeline_loss_and_every_gradient_equal_the_reference_for_every_schedule
         grads = _merge([r["one_step"][i][1] for r in results])
         assert set(grads) == set(reference["grads"]), (name, m, v)
         for k, g in reference["grads"].items():
-            torch.testing.assert_close(grads[k], g, rtol=0, atol=1e-12, msg=f"{name} m={m} v={v} N={n}: {k}")
+            assert_float64_close(grads[k], g, f"{name} m={m} v={v} N={n}: {k}")
 
 
 def test_blocking_sends_run_the_same_schedules_without_deadlock_and_with_the_same_gradients(suite, reference):
@@ -129,7 +130,7 @@ def test_blocking_sends_run_the_same_schedules_without_deadlock_and_with_the_sam
         assert results[-1]["blocking"][i][0] == pytest.approx(reference["loss"], abs=1e-12), name
         grads = _merge([r["blocking"][i][1] for r in results])
         for k, g in reference["grads"].items():
-            torch.testing.assert_close(grads[k], g, rtol=0, atol=1e-12, msg=f"{name} m={m} v={v}: {k}")
+            assert_float64_close(grads[k], g, f"{name} m={m} v={v}: {k}")
 
 
 def test_five_adam_steps_give_the_reference_parameters(suite, reference):
@@ -264,7 +265,7 @@ def test_executor_is_generic_over_stage_modules_and_per_stage_activation_shapes(
         assert results[-1][0] == pytest.approx(loss.item(), abs=1e-12)
         grads = _merge([r[1] for r in results])
         for k, s in enumerate(stages):
-            torch.testing.assert_close(grads[k], s.lin.weight.grad, rtol=0, atol=1e-12)
+            assert_float64_close(grads[k], s.lin.weight.grad)
 
 
 def test_executor_names_what_is_missing():
@@ -304,7 +305,7 @@ def test_two_pipelines_side_by_side_on_a_mesh_each_match_the_reference_on_their_
         assert all(r[4] == {1 - r[5]} for r in mine)  # peers are named by their index in the pp group
         grads = _merge([r[3] for r in mine])
         for k, p in ref.named_parameters():
-            torch.testing.assert_close(grads[k], p.grad, rtol=0, atol=1e-12, msg=k)
+            assert_float64_close(grads[k], p.grad, k)
 
 
 def _loose_interleaved():
@@ -329,7 +330,7 @@ def test_an_interleaved_order_megatron_rejects_still_trains_like_the_reference()
     assert results[-1][0] == pytest.approx(loss.item(), abs=1e-12)
     grads = _merge([r[1] for r in results])
     for k, q in ref.named_parameters():
-        torch.testing.assert_close(grads[k], q.grad, rtol=0, atol=1e-12, msg=k)
+        assert_float64_close(grads[k], q.grad, k)
 
 
 def _both_send_first(n):

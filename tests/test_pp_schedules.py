@@ -14,7 +14,7 @@ import torch
 from pylib.analysis import pp as A
 from pylib.model import ModelConfig, build_model, random_tokens
 from pylib.plan.presets import tiny
-from pylib.pp.schedules import (
+from pylib.plan.schedules import (
     ScheduleError,
     build,
     compute_order,

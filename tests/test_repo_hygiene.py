@@ -4,6 +4,7 @@ import ast
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,8 +148,12 @@ def _hidden_from_ruff(root: Path, folders: tuple[str, ...]) -> list[str]:
         for p in (root / f).rglob("*")
         if p.suffix in (".py", ".ipynb") and "_runs" not in p.parts and "__pycache__" not in p.parts
     }
-    shown = subprocess.run(
-        ["ruff", "check", "--show-files", *present], cwd=root, capture_output=True, text=True, check=True
+    shown = subprocess.run(  # ruff of this interpreter's environment, found without an activated venv on PATH
+        [sys.executable, "-m", "ruff", "check", "--show-files", *present],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     seen = {
         str(Path(line.strip()).resolve().relative_to(root.resolve())) for line in shown.splitlines() if line.strip()

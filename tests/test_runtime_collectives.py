@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from pylib.runtime import collectives as C
 from pylib.runtime import launch, trace
+from tests.conftest import assert_float64_close
 
 N = 4
 
@@ -99,8 +100,8 @@ def test_backward_is_the_conjugate_collective(name):
     results = launch(_run_op, N, name)
     ys, grads = _reference(name)
     for r, (y, g, _) in enumerate(results):
-        torch.testing.assert_close(y, ys[r], rtol=0, atol=1e-12)
-        torch.testing.assert_close(g, grads[r], rtol=0, atol=1e-12)
+        assert_float64_close(y, ys[r])
+        assert_float64_close(g, grads[r])
 
 
 BYTES = 4 * 6 * 8  # one rank's float64 [4, 6] input
@@ -249,9 +250,9 @@ def test_uneven_all_gather_and_reduce_scatter_are_conjugate_with_ring_byte_count
     total = row * sum(UNEVEN_ROWS)
     for k, (_, _, _, _, y, s, gx, gz, events) in enumerate(results):
         torch.testing.assert_close(y, gathered.detach(), rtol=0, atol=0)
-        torch.testing.assert_close(s, scattered[k].detach(), rtol=0, atol=1e-12)
-        torch.testing.assert_close(gx, xs[k].grad, rtol=0, atol=1e-12)
-        torch.testing.assert_close(gz, zs[k].grad, rtol=0, atol=1e-12)
+        assert_float64_close(s, scattered[k].detach())
+        assert_float64_close(gx, xs[k].grad)
+        assert_float64_close(gz, zs[k].grad)
         got = [(e["op"], e["phase"], e["payload_bytes"], e["bytes_sent"], e["bytes_recv"]) for e in events]
         ag = ("all_gather", total, total - row * UNEVEN_ROWS[(k + 1) % N], total - row * UNEVEN_ROWS[k])
         rs = ("reduce_scatter", total, total - row * UNEVEN_ROWS[k], total - row * UNEVEN_ROWS[(k - 1) % N])
@@ -292,7 +293,7 @@ def test_async_all_reduce_and_reduce_scatter_match_the_blocking_ops_and_are_trac
     for rank, ((s, avg, rs), sync, rows, times, completed) in enumerate(results):
         torch.testing.assert_close(s, full, rtol=0, atol=0)
         torch.testing.assert_close(sync, full, rtol=0, atol=0)
-        torch.testing.assert_close(avg, full / N, rtol=0, atol=1e-12)
+        assert_float64_close(avg, full / N)
         torch.testing.assert_close(rs, full.chunk(N)[rank], rtol=0, atol=0)
         assert rows == [
             ("all_reduce", "backward", "bucket", 64, 2 * 3 * 64 // 4, True),

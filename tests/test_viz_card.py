@@ -26,7 +26,7 @@ from pylib.experiments.seed_a_routing import seed_a_routing_table  # noqa: E402
 from pylib.experiments.tp_runs import column_row_example, layer_traces  # noqa: E402
 from pylib.model import ModelConfig, build_model  # noqa: E402
 from pylib.plan.presets import tiny, tiny_layer, tiny_odd
-from pylib.pp.schedules import build  # noqa: E402
+from pylib.plan.schedules import build  # noqa: E402
 from pylib.pp.simulate import simulate  # noqa: E402
 from pylib.pp.timeline import bubble  # noqa: E402
 from pylib.runtime import ParallelConfig, launch  # noqa: E402

@@ -10,13 +10,14 @@ sizes, and the book evaluates the same functions at real model sizes. One module
     pp           bubble, in-flight microbatches, activation memory, P2P bytes
     dp           DDP / ZeRO-1/2/3 traffic and held bytes, the ZeRO paper's numbers
     compose      one composed training step's traffic per rank and per axis: the one traffic model
-    shapes       per-rank shapes of every weight and activation, memory and traffic for any model and config
+    weights      per-rank shapes of every weight, parameter counts (what the planner sizes parameters from)
+    shapes       per-rank shapes of every activation, memory and traffic for any model and config (the explorer's)
     activations  saved-activation bytes per layer, per pipeline chunk and at the schedule's peak (composed model)
     planner      every valid plan for a model and cluster, per-rank memory and traffic predicted, ranked by a cost model
 
 One model of each thing: traffic is `compose.step_traffic` (the sum of the per-mode formulas; `shapes.traffic`
 lists it by mode), memory is `planner.rank_memory` (`shapes.memory` asks it), validity is `pylib.plan.problems`.
-This package imports only `pylib.plan` and the standard library: importing it loads no torch.
+This package imports only `pylib.plan`, `pylib.i18n` and the standard library: importing it loads no torch.
 
 Import from the module: `from pylib.analysis.tp import layer_traffic`.
 """

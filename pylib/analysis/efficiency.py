@@ -36,7 +36,7 @@ from pylib.plan.recompute import recompute_modules
 
 from .activations import expected_expert_rows, split_layers
 from .recompute import extra_forward_flops, module_extra_flops, module_extra_hbm_bytes
-from .shapes import dtype_bytes
+from .tp import dtype_bytes
 
 
 @dataclass(frozen=True)

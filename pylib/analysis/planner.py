@@ -14,7 +14,7 @@ needs tp > 1, the CP kind cp > 1, ZeRO a data-parallel group. Validity is `pylib
 model would run.
 
 What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1, with fewer microbatches in flight):
-  memory    parameters, gradients, optimizer state: `pylib.analysis.dp` over this rank's parameters (`shapes.
+  memory    parameters, gradients, optimizer state: `pylib.analysis.dp` over this rank's parameters (`weights.
             weight_shapes`), dense ones sharded over dp x cp, experts over edp, per ZeRO stage; precision "uniform"
             is pylib's one-dtype run (Adam's two moments in it: `dp.held_bytes`), "mixed" the ZeRO paper's
             16-bit weights and gradients with 12 bytes of fp32 state per parameter (`dp.paper_bytes`) -- what
@@ -66,6 +66,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
+from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.layout import FlatEntry, FlatLayout
 from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
 from pylib.plan.options import CP_KINDS, DTYPE_BYTES, SEQUENCE_PARALLEL, ZERO_STAGES, MixedPrecision, RunOptions
@@ -83,7 +84,8 @@ from . import recompute as recompute_analysis
 from . import tp as tp_analysis
 from .activations import ATTENTION_KERNELS, chunk_saved_bytes, expected_expert_rows, peak_saved_bytes, split_layers
 from .efficiency import CostModel, MicrobatchTime, microbatch_seconds
-from .shapes import dtype_bytes, kv_heads_per_rank, weight_shapes
+from .tp import dtype_bytes
+from .weights import weight_shapes
 
 PRECISIONS = ("uniform", "mixed")
 GRAD_REDUCE = ("bfloat16", "float32")
@@ -446,7 +448,7 @@ def _recompute_choice(cfg, rc, sequence_parallel: bool) -> tuple[tuple, tuple | 
 
 @dataclass(frozen=True)
 class _Sizes:
-    """Local parameter elements of one rank, by tensor (TP / EP / ETP splits applied; `shapes.weight_shapes`)."""
+    """Local parameter elements of one rank, by tensor (TP / EP / ETP splits applied; `weights.weight_shapes`)."""
 
     embed: int
     lm_head: int

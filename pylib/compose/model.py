@@ -28,15 +28,16 @@ from dataclasses import dataclass, field
 import torch
 
 from pylib.cp.layout import shard_sequence
+from pylib.dp.batch import micro_batch
 from pylib.dp.buckets import DEFAULT_BUCKET_BYTES
 from pylib.dp.memory import HeldBytes
-from pylib.dp.wrap import micro_batch, wrap
+from pylib.dp.wrap import wrap
 from pylib.i18n import tr
 from pylib.model import torch_dtype
 from pylib.plan.options import SEQUENCE_PARALLEL, ZERO_STAGE_NAMES
+from pylib.plan.schedules import build
 from pylib.pp.executor import microbatches, run_pipeline
 from pylib.pp.recorder import PipelineRecorder
-from pylib.pp.schedules import build
 from pylib.pp.split import virtual_stage
 from pylib.runtime import collectives as C
 from pylib.runtime.recompute import is_recomputing

@@ -12,6 +12,7 @@ gradient already sums its EP group's tokens). Layouts of the flat buffers are da
 measured (`HeldBytes`, ZeRO-3's `timeline`), overlap of communication with backward is measured (`OverlapReport`).
 """
 
+from .batch import micro_batch
 from .buckets import DEFAULT_BUCKET_BYTES, Bucket, GradientBuckets
 from .ddp import DistributedDataParallel
 from .fsdp import FullyShardedDataParallel, default_units
@@ -31,7 +32,7 @@ from .layout import (
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
 from .mixed import LossScaler, MasterWeights, SingleDeviceMixed, cast_module
 from .overlap import BucketTiming, OverlapReport, overlap_from_trace
-from .wrap import STAGES, DDPTrainer, micro_batch, wrap
+from .wrap import STAGES, DDPTrainer, wrap
 from .zero import ZeroDataParallel
 
 __all__ = [

@@ -33,6 +33,7 @@ from pylib.model import torch_dtype
 from pylib.plan.options import MixedPrecision
 
 from ..runtime import collectives as C
+from .batch import micro_batch
 from .memory import optimizer_state_tensors
 
 
@@ -142,8 +143,6 @@ class SingleDeviceMixed:
         return self.weights.scaler
 
     def train_step(self, ids: torch.Tensor, targets: torch.Tensor) -> float:
-        from .wrap import micro_batch
-
         reduce = torch_dtype(self.recipe.grad_reduce)
         total = [torch.zeros(p.shape, dtype=reduce) for p in self.params]
         losses = []

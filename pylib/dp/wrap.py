@@ -1,12 +1,12 @@
-"""Any data-parallel stage behind one training API, and the slice of a global batch a rank takes.
+"""Any data-parallel stage behind one training API.
 
     STAGES = ("ddp", "zero1", "zero2", "zero3")
     wrap(model, stage, group, ...)             # the stage's wrapper: finish_gradient_sync, step, zero_grad, memory
-    micro_batch(ids, index, parts)             # rows [index*b/parts, (index+1)*b/parts) of a global batch [b, s]
 
-Rank r of the data-parallel group takes rows [r*b/d, (r+1)*b/d) of every global batch [b, s]. Its loss is the mean
-over its rows; the mean of the d ranks' losses is the reference loss on the whole batch, and the average of their
-gradients is the reference gradient. `pylib.compose` and `pylib.experiments.dp_training` both train through these.
+Rank r of the data-parallel group takes rows [r*b/d, (r+1)*b/d) of every global batch [b, s]
+(`pylib.dp.batch.micro_batch`). Its loss is the mean over its rows; the mean of the d ranks' losses is the reference
+loss on the whole batch, and the average of their gradients is the reference gradient. `pylib.compose` and
+`pylib.experiments.dp_training` both train through these.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from pylib.i18n import tr
 from pylib.plan.options import ZERO_STAGE_NAMES
 
 from ..runtime import tracer
@@ -153,10 +152,3 @@ def wrap(
             **optim_kwargs,
         )
     raise ValueError(f"stage={stage!r} must be one of {STAGES}")
-
-
-def micro_batch(ids: torch.Tensor, index: int, parts: int) -> torch.Tensor:
-    """Rows [index*b/parts, (index+1)*b/parts) of a global batch [b, s]."""
-    if ids.shape[0] % parts:
-        raise ValueError(tr("dp={dp} does not divide the global batch size {b}", dp=parts, b=ids.shape[0]))
-    return ids.chunk(parts, dim=0)[index]

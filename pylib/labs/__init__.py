@@ -7,9 +7,10 @@ In a lab notebook (this package imports only the checks, so a rank that unpickle
 
     from pylib.labs.checks import ExerciseNotDone, begin, check, step, summary
 
-The rest lives in submodules: `pylib.labs.notebook` (the lab format: find labs, lint, learner version),
-`pylib.labs.runner` (`run_lab`, `run_labs` through papermill), `pylib.labs.report` (the report's shape, the
-terminal table, the HTML page), `pylib.labs.cli` (the command line). labs/README.md documents the format.
+The rest lives in submodules: `pylib.labs.files` (find labs), `pylib.labs.notebook` (the lab format: lint, learner
+version), `pylib.labs.i18n` (the labs' Chinese catalogs), `pylib.labs.runner` (`run_lab`, `run_labs` through
+papermill), `pylib.labs.report` (the report's shape, the terminal table, the HTML page), `pylib.labs.cli` (the
+command line). labs/README.md documents the format.
 """
 
 from .checks import ChecksFailed, ExerciseNotDone, begin, check, step, summary

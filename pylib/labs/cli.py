@@ -27,14 +27,12 @@ from pathlib import Path
 
 from pylib.i18n import normalise, set_language, tr
 
+from .files import default_labs_dir, find_labs, select_labs
 from .notebook import (
     EXERCISE_NUMBER,
-    default_labs_dir,
-    find_labs,
     lab_problems,
     new_lab,
     parameters,
-    select_labs,
     strip_outputs,
     tags,
     write_learner_versions,

@@ -26,7 +26,7 @@ from babel.messages.catalog import Catalog
 from pylib.i18n import normalise, pofile
 from pylib.i18n.pofile import LANGUAGE
 
-from .notebook import Lab, default_labs_dir, find_labs
+from .files import Lab, default_labs_dir, find_labs, select_labs
 
 PROJECT = "Parallelism, Computed: labs"
 FENCES = ("```", "~~~", "$$")
@@ -194,8 +194,6 @@ def untranslated(nb, lab: Lab) -> int:
 
 
 def main(args) -> int:
-    from .notebook import select_labs
-
     if args.i18n_command == "extract":
         for path in extract(args.labs_dir):
             print(path)

@@ -1,6 +1,7 @@
-"""The lab format: find labs, read their parameters, check their shape, and write the learner version.
+"""The lab format: read a lab's parameters, check their shape, and write the learner version.
 
-A lab is `labs/NN_name.ipynb`, stored with outputs stripped. Its cells carry tags (cell metadata "tags"):
+A lab is `labs/NN_name.ipynb` (`pylib.labs.files` finds them), stored with outputs stripped. Its cells carry tags
+(cell metadata "tags"):
 
     parameters   exactly one code cell; one `name = literal  # comment` per line, no "=" in the comment (papermill's
                  parser skips such a line: "Unable to parse line n"); papermill injects overrides after it.
@@ -18,61 +19,17 @@ from __future__ import annotations
 import ast
 import copy
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
+from pylib.i18n import normalise
+
+from .files import LAB_NAME, Lab
+from .i18n import translated
+
 REQUIRED_PARAMETERS = ("world_size", "backend", "device", "solution", "checks_report")
-LAB_NAME = re.compile(r"^(\d\d)_([a-z0-9_]+)\.ipynb$")
 EXERCISE_NUMBER = re.compile(r"ExerciseNotDone\(\s*(\d+)")
-
-
-@dataclass(frozen=True)
-class Lab:
-    """One lab notebook on disk."""
-
-    path: Path
-
-    @property
-    def name(self) -> str:
-        """The file name without .ipynb, e.g. "00_collectives" (the lab's name in reports)."""
-        return self.path.stem
-
-    def read(self) -> nbformat.NotebookNode:
-        return nbformat.read(self.path, as_version=4)
-
-
-def default_labs_dir() -> Path:
-    """The repository's labs/ folder (next to the pylib package this module was imported from)."""
-    return Path(__file__).resolve().parents[2] / "labs"
-
-
-def find_labs(labs_dir: Path | None = None) -> list[Lab]:
-    """Every NN_name.ipynb in `labs_dir`, in name order."""
-    labs_dir = Path(labs_dir) if labs_dir is not None else default_labs_dir()
-    return [Lab(p) for p in sorted(labs_dir.glob("*.ipynb")) if LAB_NAME.match(p.name)]
-
-
-def select_labs(names: list[str], labs_dir: Path | None = None) -> list[Lab]:
-    """Labs named by path ("labs/00_collectives.ipynb", any existing .ipynb), full name ("00_collectives"),
-    number ("00") or name without number ("collectives"). Raises ValueError naming what matched nothing."""
-    known = find_labs(labs_dir)
-    chosen: list[Lab] = []
-    for name in names:
-        path = Path(name)
-        if path.suffix == ".ipynb" and path.exists():
-            hits = [Lab(path.resolve())]
-        else:
-            hits = [lab for lab in known if name in (lab.name, lab.name[:2], lab.name[3:])]
-        if not hits:
-            listing = ", ".join(lab.name for lab in known) or "none"
-            raise ValueError(f"no lab matches {name!r} (labs: {listing})")
-        if len(hits) > 1:
-            raise ValueError(f"{name!r} matches several labs: {', '.join(lab.name for lab in hits)}")
-        if hits[0] not in chosen:
-            chosen.append(hits[0])
-    return chosen
 
 
 def tags(cell) -> list[str]:
@@ -257,10 +214,6 @@ def learner_version(nb) -> nbformat.NotebookNode:
 def localised(nb, lang: str, lab: Lab) -> nbformat.NotebookNode:
     """`nb` with its markdown in `lang` (labs/locale catalogs) and its parameters cell's `lang` default set to it;
     code cells otherwise identical."""
-    from pylib.i18n import normalise
-
-    from .i18n import translated
-
     lang = normalise(lang)
     if lang == "en":
         return nb

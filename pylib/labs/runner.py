@@ -34,7 +34,8 @@ from jupyter_client.manager import AsyncKernelManager
 
 from pylib.runtime import leftovers
 
-from .notebook import Lab, first_line, learner_version, localised, parameters, tags
+from .files import Lab
+from .notebook import first_line, learner_version, localised, parameters, tags
 
 MODES = ("solution", "learner")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

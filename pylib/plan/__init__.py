@@ -9,6 +9,7 @@
     layout_chunks, token_positions: which tokens a cp rank holds                                         (sequence)
     the pipeline schedules as data: build, compute_order, check_schedule, ...                            (schedules)
     problems(cfg, par, world_size, batch=, seq=, options=)  -- the one validity model                    (problems)
+    megatron_args(par, options, global_batch=), from_megatron_args(argv, world_size): Megatron-LM's flags (megatron)
 
 Layering: `plan` imports nothing of the project outside itself, and neither torch nor numpy; `pylib.analysis`
 imports only `plan`; the modes, `compose`, `runtime` and `viz` take their arithmetic from here.

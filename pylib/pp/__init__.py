@@ -13,10 +13,7 @@ run_pipeline(sched, chunks, group=..., inputs=..., targets=..., act_shape=...)  
 recorder=PipelineRecorder(measure_memory=False, compute_delay=(t_f, t_b))       # what observes a run
 """
 
-from .executor import PipelineRun, microbatches, pipeline_device, run_pipeline
-from .pipeline import PipelineParallel
-from .recorder import PipelineRecorder
-from .schedules import (
+from pylib.plan.schedules import (
     SCHEDULES,
     Action,
     Schedule,
@@ -31,6 +28,10 @@ from .schedules import (
     place_communication,
     warmup_forwards,
 )
+
+from .executor import PipelineRun, microbatches, pipeline_device, run_pipeline
+from .pipeline import PipelineParallel
+from .recorder import PipelineRecorder
 from .simulate import DeadlockError, simulate
 from .split import (
     PipelineChunk,

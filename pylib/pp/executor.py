@@ -20,7 +20,7 @@ gradients by m after the last backward instead: `scale_grads=True`; same result.
 
 Sends. By default a send is posted (`isend`) and the rank moves on; every send is waited for at the end of the
 step. `blocking_sends=True` uses gloo's blocking `send` instead, which waits for the receiver (a rendezvous):
-the schedule's order is deadlock-free under both (see `pylib.pp.schedules`), but blocking sends add stalls to the
+the schedule's order is deadlock-free under both (see `pylib.plan.schedules`), but blocking sends add stalls to the
 interleaved schedule when a forward and a backward cost different times (`pylib.pp.simulate` shows where).
 
 Timing and memory are observed, not threaded through: a `PipelineRecorder` (`pylib.pp.recorder`) records every
@@ -38,11 +38,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from pylib.plan.schedules import Action, Schedule
+
 from ..runtime import collectives as C
 from ..runtime import tracer
 from ..runtime.launch import current_device
 from .recorder import PipelineRecorder
-from .schedules import Action, Schedule
 from .timeline import Event
 
 

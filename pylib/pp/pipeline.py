@@ -16,10 +16,11 @@ import functools
 
 import torch
 
+from pylib.plan.schedules import build
+
 from ..model import Transformer, torch_dtype
 from ..runtime import collectives as C
 from .executor import PipelineRun, microbatches, run_pipeline
-from .schedules import build
 from .split import rank_chunks, shard_specs
 
 

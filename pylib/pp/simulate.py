@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections import deque
 
 from pylib.i18n import tr
+from pylib.plan.schedules import Action, Schedule, ScheduleError
 
-from .schedules import Action, Schedule, ScheduleError
 from .timeline import Event
 
 SEMANTICS = ("rendezvous", "eager")

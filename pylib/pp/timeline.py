@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from pylib.plan.schedules import Action, logical_times
+
 
 @dataclass(frozen=True)
 class Event:
@@ -35,7 +37,7 @@ class Event:
 
     @classmethod
     def of(cls, rank: int, a, start: float, end: float) -> Event:
-        """The interval rank `rank` spent on action `a` (a `pylib.pp.schedules.Action`)."""
+        """The interval rank `rank` spent on action `a` (a `pylib.plan.schedules.Action`)."""
         comm = a.is_comm
         return cls(rank, a.op, a.mb, a.chunk, a.stage, start, end, a.what if comm else "", a.peer if comm else None)
 
@@ -122,8 +124,6 @@ def replay(timeline, cost_f: float = 1.0, cost_b: float = 2.0) -> list[Event]:
     them, a forward costing `cost_f` and a backward `cost_b`, each starting as soon as its rank is free and its
     input exists (messages free). Wall-clock noise drops out; the order the executor really followed stays, so
     the bubble of the replay is the schedule's own."""
-    from .schedules import Action, logical_times
-
     compute = [e for e in as_events(timeline) if e.is_compute]
     ranks = sorted({e.rank for e in compute})
     orders = [

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from pylib.i18n import tr
-from pylib.viz.tables import fmt_shape
+from pylib.tables import fmt_shape
 
 from .axis_cuts import MODES, experts_held
 from .cut_claims import ACT_SYMBOLS, SEED_ACT_CUT, SEED_WEIGHT_CUT, WEIGHT_PARAMS, WEIGHT_SYMBOLS, seed_words

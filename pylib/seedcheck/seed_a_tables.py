@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pylib import i18n
 from pylib.seedcheck.primitives import primitive_names
-from pylib.viz.tables import markdown_table
+from pylib.tables import markdown_table
 
 # Seed A, section 3, as printed (in English): what each mode splits, the bottleneck it relieves, its core primitive,
 # and the set of seed A's primitive names (`primitive_names`) that primitive stands for.

@@ -17,7 +17,7 @@ held["EP"]["specs"].
 from __future__ import annotations
 
 from pylib.i18n import tr
-from pylib.viz.tables import markdown_table
+from pylib.tables import markdown_table
 
 
 def traffic_light(token_local: bool, weight_matrices: list[str]) -> str:

@@ -3,7 +3,6 @@
 the site's light and dark themes. Nothing here launches ranks: the runs are `pylib.experiments`.
 
     style        the book's matplotlib style (card background, palette, contrast checks)
-    tables       markdown_table, format_rows, text_table, html_table, fmt_bytes, fmt_shape
     layer_flow   seed A's Pre-LN layer as six stages (from `pylib.seedcheck.layer_flow`)
     three_axes   which elements of [b, s, d] each rank holds, one panel per parallelism
     matrix_dims  seed B's matrix view: dimensions each mode cuts, column/row shards, the FFN superposition
@@ -12,5 +11,6 @@ the site's light and dark themes. Nothing here launches ranks: the runs are `pyl
     compose      the rank mesh, token placement and per-rank report of a composed run
     planner      plans measured against predictions, plan tables, Part I's plan explorer (ipywidgets)
 
-Import from the module: `from pylib.viz.pp import plot_timeline`.
+Import from the module: `from pylib.viz.pp import plot_timeline`. Tables as text (`markdown_table`, `text_table`,
+`fmt_bytes`, ...) are `pylib.tables`, below both this package and `pylib.seedcheck`, which print them too.
 """

@@ -10,9 +10,9 @@ rank or checks a claim; the chapter's visible cells do both.
 from __future__ import annotations
 
 from pylib.analysis.dp import held_bytes, paper_bytes
+from pylib.tables import markdown_table
 
 from ..i18n import tr
-from .tables import markdown_table
 
 _STATE = ("params", "grads", "optim")
 

@@ -20,13 +20,13 @@ import html
 import ipywidgets as widgets
 
 from pylib.analysis import shapes
+from pylib.analysis.weights import TensorShape
 from pylib.i18n import shown, tr
 from pylib.plan import ZERO_STAGE_NAMES, ParallelConfig
 from pylib.plan.config import ModelConfig, MoEConfig
 from pylib.plan.options import DTYPE_BYTES
 from pylib.plan.presets import deepseek_v3_like, gpt_style_70b, llama2_70b, mixtral_8x7b, probe_moe_config
-
-from .tables import fmt_bytes, fmt_shape, text_table
+from pylib.tables import fmt_bytes, fmt_shape, text_table
 
 PRESETS: dict[str, tuple[ModelConfig, dict]] = {
     "Llama-2-70B (GQA, SwiGLU)": (llama2_70b(), dict(tp=8, pp=4, dp=4, b=4, s=4096, sp=True, m=8)),
@@ -44,11 +44,11 @@ DTYPES = list(DTYPE_BYTES)  # the dtype names a config takes (pylib.plan.options
 ZERO = list(ZERO_STAGE_NAMES)  # the one ZeRO vocabulary (pylib.plan.options)
 
 
-def _seed_shape(t: shapes.TensorShape, local: bool = True) -> str:
+def _seed_shape(t: TensorShape, local: bool = True) -> str:
     return fmt_shape(t.seed_b if local else t.seed_b_full)
 
 
-def _split(t: shapes.TensorShape) -> str:
+def _split(t: TensorShape) -> str:
     """Which axis cuts which dimension, by name: "tp: out/8" for a linear weight's output features (torch dim 0),
     "dp: b/4, tp: s/8" for an activation, "ep: E/8" for the experts."""
     syms = [x.strip() for x in t.symbol.strip("[]").split(",")]

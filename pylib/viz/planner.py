@@ -21,8 +21,7 @@ from pylib.analysis import planner as P
 from pylib.i18n import shown, tr
 from pylib.plan.config import ModelConfig
 from pylib.plan.presets import deepseek_v3_like, llama2_7b, llama2_70b, mixtral_8x7b
-
-from .tables import fmt_bytes, html_table, text_table
+from pylib.tables import fmt_bytes, html_table, text_table
 
 
 @dataclass

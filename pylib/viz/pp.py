@@ -176,7 +176,7 @@ def plot_schedule(
     xlim: tuple[float, float] | None = None,
     ax=None,
 ):
-    """Draw a pure schedule (`pylib.pp.schedules`) from its simulated logical timeline."""
+    """Draw a pure schedule (`pylib.plan.schedules`) from its simulated logical timeline."""
     events = simulate(schedule, cost_f, cost_b, sends=sends)
     name = title or f"{schedule.name}, p={schedule.p}, m={schedule.m}" + (f", v={schedule.v}" if schedule.v > 1 else "")
     return plot_timeline(events, title=name, unit="units", show_comm=False, xlim=xlim, ax=ax)

@@ -8,8 +8,9 @@ ranks and check the claims.
 
 from __future__ import annotations
 
+from pylib.tables import markdown_table
+
 from ..i18n import tr
-from .tables import markdown_table
 
 
 def _label(name: str, v: int) -> str:

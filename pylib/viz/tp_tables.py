@@ -6,7 +6,7 @@
     trace_summary_rows(events)                    # a step's traced collectives, counted per (phase, op, where)
     korthikanti_rows(items, e)                    # the paper's saved tensors beside ours, with a total row
 
-Each returns a list of rows (lists of cells) for `pylib.viz.tables.markdown_table`; none computes a result the
+Each returns a list of rows (lists of cells) for `pylib.tables.markdown_table`; none computes a result the
 chapter asserts: formatting only.
 """
 

@@ -22,6 +22,7 @@ ZH = "zh/"
 EDITIONS = {"en": "", "zh": ZH}
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 LABELS = ROOT / "book" / "labels.yml"
+SEED_MAP = ROOT / "SEED-MAP.md"  # what the book must carry from its two seed documents, with the labels it defines
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # The scripts of book/_static/vendor/ a page may load (as _config.yml names them); everything else in that folder
@@ -224,15 +225,6 @@ def label_map() -> dict[str, list[str]]:
     """book/labels.yml: {chapter docname: [labels it must define]}."""
     data = yaml.safe_load(LABELS.read_text())
     return {str(chapter): list(labels or []) for chapter, labels in data.items()}
-
-
-def seed_map_path() -> Path | None:
-    """shared/SEED-MAP.md beside the repository (or beside one of its parent folders), if there is one."""
-    for folder in ROOT.parents:
-        candidate = folder / "shared" / "SEED-MAP.md"
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def seed_map_labels(text: str) -> list[str]:

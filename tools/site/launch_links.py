@@ -144,7 +144,8 @@ def write_learner_labs(root: Path = ROOT) -> list[Path]:
     unchanged is left as it is. Returns the paths."""
     import nbformat
 
-    from pylib.labs.notebook import find_labs, learner_version
+    from pylib.labs.files import find_labs
+    from pylib.labs.notebook import learner_version
 
     out = root / LEARNER_DIR
     out.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
 """Tables as text: a labelled MyST table a chapter cell prints, seed A's labelled matrix rows, plain-text and HTML
-tables for the explorers, and the byte and shape formats they share.
+tables for the explorers, and the byte and shape formats they share. The figures (`pylib.viz`) and the seed checks
+(`pylib.seedcheck`) both print with these, so this module sits below both and imports only `pylib.i18n`.
 
     markdown_table(header, rows, caption=, name=)    # a MyST {table} with a caption and a label
     format_rows(matrix, row_labels, col_labels)      # a matrix printed the way seed A prints its numbers
