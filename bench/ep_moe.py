@@ -23,8 +23,8 @@ from pylib.analysis.ep import alltoall_bytes, dispatch_matrix, expected_alltoall
 from pylib.ep import ExpertParallelMoE
 from pylib.ep.balance import dropped_share, moe_input, moe_layers, train_balance
 from pylib.ep.traffic import traffic_matrix
-from pylib.model.config import MoEConfig
 from pylib.model.moe import MoE
+from pylib.plan.config import MoEConfig
 from pylib.runtime import launch, trace
 
 EP = 4

@@ -66,8 +66,8 @@ from pylib.experiments.compose_training import compare_with_reference, train, tr
 from pylib.experiments.dp_training import train_data_parallel
 from pylib.experiments.dp_training import train_reference as dp_reference
 from pylib.model import ModelConfig, MoEConfig, build_model, random_tokens
-from pylib.model.presets import tiny, tiny_gqa, tiny_odd
 from pylib.plan import RunOptions
+from pylib.plan.presets import tiny, tiny_gqa, tiny_odd
 from pylib.pp import PipelineParallel
 from pylib.runtime import ParallelConfig, current_device, launch, trace
 from pylib.runtime.placement import stray_tensors_to_meta

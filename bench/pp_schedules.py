@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from pylib.analysis import pp as A
-from pylib.model import ModelConfig, build_model, random_tokens
+from pylib.model import ModelConfig, build_model, random_tokens, torch_dtype
 from pylib.plan.schedules import build
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.recorder import PipelineRecorder
@@ -111,7 +111,7 @@ def main():
     args = ap.parse_args()
     p = args.p
     ms = [p, 2 * p, 4 * p]  # multiples of p, as the interleaved schedule needs
-    nbytes = torch.finfo(CFG.torch_dtype).bits // 8
+    nbytes = torch.finfo(torch_dtype(CFG.dtype)).bits // 8
     print(
         f"pipeline p={p}, model h={CFG.d_model} L={CFG.n_layers} {CFG.dtype}, microbatch b=1 s={SEQ}; "
         f"padded compute t_f={args.t_f * 1e3:.0f} ms, t_b={args.t_b * 1e3:.0f} ms per stage"

@@ -314,7 +314,7 @@ def launch_inputs() -> list[tuple[str, object, str]]:
 
 
 def config_inputs() -> list[tuple[str, object, str]]:
-    from pylib.model.config import ModelConfig, MoEConfig
+    from pylib.plan.config import ModelConfig, MoEConfig
     from pylib.runtime import ParallelConfig
 
     moe = [

@@ -29,7 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pylib.analysis import recompute as R
 from pylib.analysis.tp import compare_with_korthikanti, korthikanti_bytes, layer_collectives, saved_activation_bytes
-from pylib.model import ModelConfig, build_model, random_hidden, saved_activations
+from pylib.model import ModelConfig, build_model, random_hidden, saved_activations, torch_dtype
 from pylib.runtime import launch, trace
 from pylib.runtime.recompute import run_layers
 from pylib.tp import TPBlock, finalize_grads, scatter_to_sequence_parallel_region
@@ -71,7 +71,7 @@ def _rank(steps):
         for sp, regather in ((False, False), (True, False), (True, True)) if t > 1 else ((False, False),):
             ours = TPBlock.from_full(ref, sequence_parallel=sp, regather=regather)
             theirs = dtensor_block(ref, t, sp)
-            x = random_hidden(b, s, h, dtype=cfg.torch_dtype)
+            x = random_hidden(b, s, h, dtype=torch_dtype(cfg.dtype))
             x = (scatter_to_sequence_parallel_region(x) if sp else x).detach().requires_grad_()
             with trace() as tr:
                 _step(ours, x, finalize=False)
@@ -116,7 +116,7 @@ def _recompute_rank():
             base_flops = None
             for rc in R.RECOMPUTE:
                 block = TPBlock.from_full(ref, sequence_parallel=sp, recompute=rc)
-                x = random_hidden(b, s, h, dtype=cfg.torch_dtype)
+                x = random_hidden(b, s, h, dtype=torch_dtype(cfg.dtype))
                 x = (scatter_to_sequence_parallel_region(x) if sp else x).detach().requires_grad_()
                 with trace() as tr:
                     with saved_activations(exclude=list(block.parameters())) as saved:

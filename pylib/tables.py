@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import html
 
-import torch
-
 from pylib.i18n import columns
 
 
@@ -41,12 +39,7 @@ def format_rows(matrix, row_labels: list[str], col_labels: list[str] | None = No
             d1     d2
     cat [ 0.50, -1.25]
     """
-    m = torch.as_tensor(matrix, dtype=torch.float64)
-    if m.dim() == 1:
-        m = m[None]
-    if m.dim() != 2 or m.shape[0] != len(row_labels):
-        raise ValueError(f"need a [rows, cols] matrix with {len(row_labels)} rows, got shape {tuple(m.shape)}")
-    cells = [[f"{v:.{decimals}f}" for v in row] for row in m.tolist()]
+    cells = [[f"{v:.{decimals}f}" for v in row] for row in _rows(matrix, len(row_labels))]
     width = max(columns.width(c) for row in cells for c in row)
     pad = max(columns.width(r) for r in row_labels)
     lines = []
@@ -55,6 +48,20 @@ def format_rows(matrix, row_labels: list[str], col_labels: list[str] | None = No
     for label, row in zip(row_labels, cells):
         lines.append(f"{columns.ljust(label, pad)} [" + ", ".join(columns.rjust(c, width) for c in row) + "]")
     return "\n".join(lines)
+
+
+def _rows(matrix, n_rows: int) -> list[list[float]]:
+    """A 1-D or 2-D matrix (nested lists, or anything with `.tolist()`: a tensor, an array) as rows of floats."""
+    m = matrix.tolist() if hasattr(matrix, "tolist") else [r.tolist() if hasattr(r, "tolist") else r for r in matrix]
+    if m and not isinstance(m[0], (list, tuple)):
+        m = [m]
+    try:
+        rows = [[float(v) for v in row] for row in m]
+    except TypeError:
+        rows = None
+    if rows is None or len(rows) != n_rows:
+        raise ValueError(f"need a [rows, cols] matrix with {n_rows} rows, got {matrix!r:.80}")
+    return rows
 
 
 def fmt_shape(shape) -> str:

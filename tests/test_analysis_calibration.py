@@ -9,16 +9,14 @@ import pytest
 from pylib.analysis import calibration as C
 from pylib.analysis import efficiency as E
 from pylib.analysis import planner as P
-from pylib.model import ModelConfig
 from pylib.plan import RunOptions
 from pylib.plan.mesh import ParallelConfig as pc
-
-CONFIGS = [ModelConfig(**r.shape) for r in C.RUNS]
+from pylib.plan.presets import megatron_gpt
 
 
 @pytest.fixture(scope="module")
 def evaluated():
-    return [C.evaluate(r, cfg) for r, cfg in zip(C.RUNS, CONFIGS)]
+    return [C.evaluate(r) for r in C.RUNS]
 
 
 def test_every_row_cites_its_source_and_fit_and_holdout_split_the_table():
@@ -41,7 +39,7 @@ def test_predicted_throughput_is_within_20_percent_on_the_holdout_rows(evaluated
 
 @pytest.mark.slow
 def test_the_fit_on_the_fit_rows_gives_the_default_constants():
-    model, worst = C.fit(C.FIT_ROWS, CONFIGS)
+    model, worst = C.fit(C.FIT_ROWS)
     assert model == E.CostModel() and worst <= 0.10
 
 
@@ -73,14 +71,14 @@ _KNOWN = (pytest.mark.slow, pytest.mark.xfail(strict=True, reason=_BLIND))
     + [pytest.param(i, marks=_KNOWN) for i in range(9, len(C.RUNS))],
 )
 def test_each_published_mesh_is_among_the_best_plans(i):
-    e = C.evaluate(C.RUNS[i], CONFIGS[i], search=True)
+    e = C.evaluate(C.RUNS[i], search=True)
     assert e.rank <= 10 or e.slower_than_best <= 0.10, (e.rank, e.slower_than_best, e.best.plan.describe())
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("run", C.LAYOUTS, ids=lambda r: f"{r.name} ({r.gpus})")
 def test_each_published_layout_without_a_throughput_is_accepted_fits_and_ranks_among_the_best(run):
-    e = C.evaluate(run, ModelConfig(**run.shape), search=True)
+    e = C.evaluate(run, search=True)
     assert e.plan.plan.par == run.par and e.plan.fits
     assert e.rank <= 10 or e.slower_than_best <= 0.10, (e.rank, e.slower_than_best, e.best.plan.describe())
     with pytest.raises(ValueError, match="no published throughput"):
@@ -95,8 +93,8 @@ def test_a_layout_row_cites_its_source_and_has_a_mesh_of_its_gpus():
 def test_metas_mesh_without_recomputation_is_faster_but_over_the_card_as_this_model_counts_it(i):
     """Meta says it pre-trained at 8K without activation checkpointing (section 3.3.2); the planner's plan for the
     mesh recomputes. Its fastest plan without is faster still and holds more than the whole 80 GB card."""
-    w = C.without_recomputation(C.RUNS[i], CONFIGS[i])
-    chosen = C.evaluate(C.RUNS[i], CONFIGS[i])
+    w = C.without_recomputation(C.RUNS[i])
+    chosen = C.evaluate(C.RUNS[i])
     assert (
         w.plan.plan.options.recompute.granularity == "none" and chosen.plan.plan.options.recompute.granularity != "none"
     )
@@ -108,7 +106,7 @@ def test_metas_mesh_without_recomputation_is_faster_but_over_the_card_as_this_mo
 
 # ------------------------------------------------------------------------------------------------ each effect
 
-GPT = ModelConfig(**C._gpt(4096, 32, 32))
+GPT = megatron_gpt(4096, 32, 32)
 WORK = P.Workload(256, 4096)
 
 
@@ -130,7 +128,7 @@ def test_small_microbatches_and_narrow_models_run_below_peak():
     t4 = P.rank_times(GPT, four, short, P.Cluster(64), 0).total * 4
     t1 = P.rank_times(GPT, one, short, P.Cluster(64), 0).total
     assert t4 > 1.5 * t1  # four microbatches of one sequence cost far more than one of four
-    narrow = ModelConfig(**C._gpt(1024, 8, 32))
+    narrow = megatron_gpt(1024, 8, 32)
     mfu = [P.predict(c, P.Plan(pc(dp=64)), WORK, P.Cluster(64)).tflops_per_gpu for c in (narrow, GPT)]
     assert mfu[0] < 0.9 * mfu[1]
 
@@ -235,7 +233,7 @@ def test_megatrons_layer_keeps_three_swiglu_tensors_and_the_flash_output_once():
     input (3 f-wide tensors, pylib's 4), and W_O's input is the flash kernel's saved output (one storage)."""
     from pylib.analysis import activations as A
 
-    cfg = CONFIGS[9]
+    cfg = C.RUNS[9].cfg
     plans = (P.Plan(P.ParallelConfig(tp=8), RunOptions(sequence_parallel=True), sp_regather=r) for r in (False, True))
     ours, meg = (A.layer_saved_rows(cfg, 0, 1, 8192, plan, attention="flash") for plan in plans)
     assert meg["MLP hidden"] == 3 * 8192 * (cfg.d_ff // 8) * 2 == ours["MLP hidden"] * 3 // 4
@@ -258,7 +256,8 @@ def test_llama3s_split_takes_a_layer_off_the_first_and_the_last_stage():
         126, 126
     )
     assert sorted(i for r in range(16) for c in split_layers(126, 16, 8, r, True) for i in c) == list(range(126))
-    cfg, run = CONFIGS[9], C.RUNS[9]
+    run = C.RUNS[9]
+    cfg = run.cfg
     plan = P.enumerate_plans(cfg, run.gpus, run.batch, run.seq, P.SearchSpace(meshes=(run.par,), balance_ends=True))[0]
     assert plan.balance_ends and not P.problems(cfg, plan, run.gpus, run.batch, run.seq)
     eq = replace(cfg, n_layers=128)

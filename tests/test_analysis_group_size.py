@@ -7,15 +7,14 @@ from dataclasses import replace
 import pytest
 
 from pylib.analysis import activations as A
-from pylib.analysis import calibration as C
 from pylib.analysis import planner as P
 from pylib.analysis import pp as pp_analysis
-from pylib.model import ModelConfig
 from pylib.plan import RunOptions
 from pylib.plan.mesh import ParallelConfig as pc
+from pylib.plan.presets import megatron_gpt
 from pylib.plan.schedules import ScheduleError, compute_order, logical_times
 
-GPT = ModelConfig(**C._gpt(1024, 8, 16))
+GPT = megatron_gpt(1024, 8, 16)
 WORK = P.Workload(64, 1024)
 CLUSTER = P.Cluster(8)
 PLAN = P.Plan(pc(dp=2, pp=4), RunOptions(n_microbatches=16, v=2))  # p 4, m 16 (2 sequences each), v 2

@@ -12,9 +12,9 @@ from pylib.analysis.activations import live_counts, peak_saved_bytes
 from pylib.analysis.pp import peak_in_flight
 from pylib.compose import compose_problems
 from pylib.experiments.plan_runs import measure_plans
-from pylib.model import ModelConfig, MoEConfig
-from pylib.model.presets import tiny
 from pylib.plan import Recompute, RunOptions
+from pylib.plan.config import ModelConfig, MoEConfig
+from pylib.plan.presets import tiny
 from pylib.runtime import ParallelConfig, rank_groups
 from pylib.viz.planner import compare
 

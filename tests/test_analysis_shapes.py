@@ -11,8 +11,8 @@ import torch
 from pylib.analysis import shapes, weights
 from pylib.experiments.mode_probes import probe_compose, probe_modes
 from pylib.model import ModelConfig, MoEConfig
-from pylib.model.presets import probe_config
 from pylib.plan import RunOptions, ZeroStage, zero_stage
+from pylib.plan.presets import probe_config
 from pylib.runtime import ParallelConfig, launch
 
 CFG = probe_config()

@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from pylib.experiments.mode_probes import probe_modes  # noqa: E402
-from pylib.model.presets import llama2_70b, probe_config, probe_moe_config  # noqa: E402
+from pylib.plan.presets import llama2_70b, probe_config, probe_moe_config  # noqa: E402
 from pylib.runtime import launch  # noqa: E402
 from pylib.seedcheck.axis_cuts import MODES, SEED_AXIS_DIMS, axis_cuts, cut_dims, spec_dims  # noqa: E402
 from pylib.seedcheck.cut_claims import SEED_WEIGHT_CUT, SEED_WORDS  # noqa: E402

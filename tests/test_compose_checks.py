@@ -7,8 +7,8 @@ import torch
 from pylib.compose import ComposeConfigError, check_compose, compose_problems, holder_labels
 from pylib.cp import shard_sequence
 from pylib.model import ModelConfig, MoEConfig
-from pylib.model.presets import tiny
 from pylib.plan import RunOptions
+from pylib.plan.presets import tiny
 from pylib.runtime import ParallelConfig, launch
 
 DENSE = tiny()

@@ -21,8 +21,8 @@ from pylib.analysis.compose import dp_held_bytes, per_axis
 from pylib.compose import format_reduction_table, format_report, formula_traffic, reference_ffn_bytes, traced_traffic
 from pylib.experiments.compose_training import compare_with_reference, train, train_reference
 from pylib.model import ModelConfig, MoEConfig
-from pylib.model.presets import tiny, tiny_gqa, tiny_moe
 from pylib.plan import RunOptions
+from pylib.plan.presets import tiny, tiny_gqa, tiny_moe
 from pylib.runtime import ParallelConfig, launch
 
 pytestmark = pytest.mark.timeout(240)

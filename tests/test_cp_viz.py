@@ -9,7 +9,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from pylib.cp import RingStats, ring_attention, ring_rounds, shard_sequence  # noqa: E402
-from pylib.model.presets import tiny_layer  # noqa: E402
+from pylib.plan.presets import tiny_layer  # noqa: E402
 from pylib.runtime import launch, trace  # noqa: E402
 from pylib.viz import style  # noqa: E402
 from pylib.viz.cp import causal_ownership_figure, ring_rounds_figure, zigzag_balance_figure  # noqa: E402

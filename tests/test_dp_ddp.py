@@ -16,7 +16,7 @@ from pylib.dp import (
 )
 from pylib.experiments.dp_training import train_reference
 from pylib.model import build_model, random_tokens
-from pylib.model.presets import tiny_odd
+from pylib.plan.presets import tiny_odd
 from pylib.runtime import Mesh, ParallelConfig, launch, trace, tracer
 from tests.conftest import FLOAT64_RTOL, assert_float64_close
 

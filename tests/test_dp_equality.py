@@ -13,7 +13,7 @@ from pylib.analysis.dp import held_bytes, padded_numel, traffic_by_op, traffic_p
 from pylib.dp import STAGES, assemble
 from pylib.experiments.dp_training import train_data_parallel, train_reference
 from pylib.model import build_model
-from pylib.model.presets import tiny_odd
+from pylib.plan.presets import tiny_odd
 from pylib.runtime import launch
 from tests.conftest import FLOAT64_RTOL, assert_float64_close
 

@@ -11,9 +11,9 @@ from pylib.analysis.dp import STAGES, mixed_held_bytes, mixed_traffic_by_op
 from pylib.analysis.planner import model_state_bytes
 from pylib.dp import SingleDeviceMixed, micro_batch, wrap
 from pylib.model import ModelConfig, build_model, random_tokens
-from pylib.model.presets import tiny_odd
 from pylib.plan import RunOptions
 from pylib.plan.options import MixedPrecision
+from pylib.plan.presets import tiny_odd
 from pylib.runtime import ParallelConfig, launch, trace
 
 CFG = tiny_odd()  # built in float64, then cast to the recipe's compute dtype

@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 from pylib.analysis.dp import held_bytes  # noqa: E402
 from pylib.dp import STAGES  # noqa: E402
 from pylib.experiments.dp_training import train_data_parallel  # noqa: E402
-from pylib.model.presets import tiny_odd  # noqa: E402
+from pylib.plan.presets import tiny_odd  # noqa: E402
 from pylib.runtime import launch  # noqa: E402
 from pylib.viz.dp import (  # noqa: E402
     plot_bucket_overlap,

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from pylib.analysis.dp import traffic_by_op
 from pylib.dp import FullyShardedDataParallel, ZeroDataParallel, assemble, default_units, micro_batch
 from pylib.model import build_model, random_tokens, saved_activations
-from pylib.model.presets import tiny_odd
+from pylib.plan.presets import tiny_odd
 from pylib.runtime import launch, trace
 from tests.conftest import FLOAT64_RTOL, assert_float64_close
 

@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from pylib.analysis.ep import dropped_assignments, expert_capacity_tokens  # noqa: E402
+from pylib.analysis.ep import dropped_assignments  # noqa: E402
 from pylib.ep import ExpertParallelMoE  # noqa: E402
 from pylib.ep.balance import (  # noqa: E402
     dropped_share,
@@ -18,8 +18,8 @@ from pylib.ep.balance import (  # noqa: E402
     structured_tokens,
     train_balance,
 )
-from pylib.model.config import MoEConfig  # noqa: E402
 from pylib.model.moe import MoE, grouped_keep_mask, tokens_per_expert  # noqa: E402
+from pylib.plan.config import MoEConfig, expert_capacity  # noqa: E402
 from pylib.viz.ep import expert_holdings, plot_dropped, plot_expert_placement, plot_load_balance  # noqa: E402
 
 
@@ -55,9 +55,9 @@ def test_dropped_share_equals_the_capacity_formula_on_the_routers_choices():
     for cf in (0.5, 0.8, 1.0, 1.3):
         share, weight_probs = dropped_share(moe, x, cf, "probs", n_groups=3)
         _, weight_position = dropped_share(moe, x, cf, "position", n_groups=3)
-        C = expert_capacity_tokens(16, 2, 4, cf)
-        assert round(share * 48 * 2) == dropped_assignments(counts, C)
-        keep = grouped_keep_mask(routing, MoEConfig(n_experts=4, top_k=2, capacity_factor=cf), groups)
+        capped = MoEConfig(n_experts=4, top_k=2, capacity_factor=cf)
+        assert round(share * 48 * 2) == dropped_assignments(counts, expert_capacity(16, capped))
+        keep = grouped_keep_mask(routing, capped, groups)
         assert round(share * 96) == int((~keep).sum())
         assert weight_probs <= weight_position + 1e-12  # "probs" drops the least trusted assignments
     assert dropped_share(moe, x, 0.5, n_groups=3)[0] >= 0.5 - 1e-12

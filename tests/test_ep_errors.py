@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pylib.ep import ExpertParallelMoE, expert_parallel_problems
-from pylib.model.config import MoEConfig
+from pylib.plan.config import MoEConfig
 from pylib.runtime import Mesh, ParallelConfig, RankFailedError, launch
 from pylib.runtime.mesh import AxisGroup
 from tests.conftest import seeded_moe

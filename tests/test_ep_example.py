@@ -14,7 +14,7 @@ from pylib.experiments.seed_a_routing import (
     seed_a_moe_input,
     seed_a_routing_table,
 )
-from pylib.model.presets import seed_a_moe_config
+from pylib.plan.presets import seed_a_moe_config
 from pylib.runtime import ParallelConfig, launch
 from pylib.viz.ep import plot_folding, plot_routing_table, plot_traffic_matrix
 from tests.conftest import assert_float64_close

@@ -9,8 +9,8 @@ import torch.distributed as dist
 from pylib.ep import ExpertParallelMoE
 from pylib.ep.folding import folding_groups, folding_table, format_folding_table, rank_layout
 from pylib.model.attention import attention_core
-from pylib.model.config import ModelConfig, MoEConfig
 from pylib.model.transformer import Block
+from pylib.plan.config import ModelConfig, MoEConfig
 from pylib.runtime import Mesh, ParallelConfig, collectives, launch, rank_groups
 from tests.conftest import assert_float64_close
 

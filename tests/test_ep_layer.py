@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from pylib.ep import ExpertParallelMoE
-from pylib.model.config import MoEConfig
 from pylib.model.moe import auxiliary_loss
+from pylib.plan.config import MoEConfig
 from pylib.runtime import Mesh, ParallelConfig, launch
 from tests.conftest import assert_float64_close, seeded_moe
 

@@ -5,8 +5,8 @@ import torch
 import torch.distributed as dist
 
 from pylib.ep import ExpertParallelMoE, group_aux_loss
-from pylib.model.config import MoEConfig
 from pylib.model.moe import auxiliary_loss, updated_expert_bias
+from pylib.plan.config import MoEConfig
 from pylib.runtime import launch
 from tests.conftest import assert_float64_close, seeded_moe
 

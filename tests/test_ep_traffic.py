@@ -7,8 +7,8 @@ import torch.distributed as dist
 from pylib.analysis.ep import alltoall_bytes, dispatch_bytes_sent, dispatch_matrix, etp_gather_bytes
 from pylib.ep import ExpertParallelMoE
 from pylib.ep.traffic import traffic_matrix
-from pylib.model.config import MoEConfig
 from pylib.model.moe import MoE
+from pylib.plan.config import MoEConfig
 from pylib.runtime import Mesh, ParallelConfig, launch, tag, trace
 
 H, F, E = 8, 16, 8

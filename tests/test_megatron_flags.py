@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from pylib.analysis import planner as P
-from pylib.model.presets import tiny, tiny_moe
 from pylib.plan import ParallelConfig, Recompute, RunOptions
 from pylib.plan.megatron import MAPPING, from_megatron_args, megatron_args
+from pylib.plan.presets import tiny, tiny_moe
 
 B = 8
 

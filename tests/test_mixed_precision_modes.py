@@ -16,9 +16,9 @@ import torch.distributed as dist
 from pylib.dp import SingleDeviceMixed
 from pylib.dp.mixed import MasterWeights
 from pylib.model import build_model, random_tokens
-from pylib.model.config import MoEConfig
-from pylib.model.presets import tiny, tiny_gqa
+from pylib.plan.config import MoEConfig
 from pylib.plan.options import MixedPrecision
+from pylib.plan.presets import tiny, tiny_gqa
 from pylib.runtime import launch
 from tests.conftest import seeded_moe
 

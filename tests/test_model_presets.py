@@ -6,7 +6,7 @@ import math
 import pytest
 
 from pylib.model import ModelConfig
-from pylib.model import presets as P
+from pylib.plan import presets as P
 from pylib.seedcheck.meta_tables import meta_model
 
 
@@ -27,7 +27,14 @@ def test_llama2_presets_have_the_published_parameter_counts_plus_layernorm_betas
 
 
 def test_presets_by_name_are_the_functions_of_that_name():
-    assert set(P.PRESETS) == {"llama2_70b", "gpt_style_70b", "deepseek_v3_like", "llama2_7b", "mixtral_8x7b"}
+    assert set(P.PRESETS) == {
+        "llama2_70b",
+        "gpt_style_70b",
+        "deepseek_v3_like",
+        "llama2_7b",
+        "mixtral_8x7b",
+        "llama3_405b",
+    }
     for name, fn in P.PRESETS.items():
         assert fn.__name__ == name and isinstance(fn(), ModelConfig)
 

@@ -125,7 +125,7 @@ def test_gqa_equals_mha_with_repeated_kv_heads():
     "kwargs, message",
     [
         (dict(d_model=16, n_heads=3), "n_heads=3 does not divide d_model=16"),
-        (dict(n_heads=4, n_kv_heads=3), "n_kv_heads=3 does not divide n_heads=4"),
+        (dict(n_heads=4, n_kv_heads=3), "n_kv_head=3 does not divide n_head=4"),
         (dict(mlp="relu"), "mlp='relu'"),
         (dict(d_model=12, n_heads=4, position="rope"), "rope needs an even d_head, got 3"),
     ],

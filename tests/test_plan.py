@@ -6,14 +6,16 @@ import sys
 
 import pytest
 
-from pylib.model import ModelConfig
 from pylib.plan import ParallelConfig, RunOptions, ZeroStage, problems, zero_stage
+from pylib.plan.config import ModelConfig
 from pylib.plan.split import chunk_layers, stage_layers
 
 DENSE = ModelConfig(vocab_size=64, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=64)
 
 
-@pytest.mark.parametrize("module", ["pylib.plan", "pylib.analysis", "pylib.analysis.planner, pylib.analysis.shapes"])
+@pytest.mark.parametrize(
+    "module", ["pylib.plan", "pylib.plan.presets", "pylib.analysis", "pylib.analysis.planner, pylib.analysis.shapes"]
+)
 def test_importing_the_planning_layer_loads_no_torch(module):
     code = f"import sys, {module}; bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')]; "
     code += "assert not bad, bad[:5]"

@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from pylib.analysis import pp as A
 from pylib.model import build_model, random_tokens
-from pylib.model.presets import tiny_gqa
+from pylib.plan.presets import tiny_gqa
 from pylib.plan.schedules import build
 from pylib.pp.executor import Boundary, microbatches, run_pipeline
 from pylib.pp.pipeline import PipelineParallel

@@ -13,7 +13,7 @@ import torch
 
 from pylib.analysis import pp as A
 from pylib.model import ModelConfig, build_model, random_tokens
-from pylib.model.presets import tiny
+from pylib.plan.presets import tiny
 from pylib.plan.schedules import (
     ScheduleError,
     build,

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from pylib.model import build_model, random_tokens
-from pylib.model.presets import tiny
+from pylib.plan.presets import tiny
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.split import lm_loss, rank_chunks
 from pylib.runtime import launch

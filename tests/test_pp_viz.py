@@ -8,7 +8,7 @@ import pytest  # noqa: E402
 
 from pylib.analysis import pp as A  # noqa: E402
 from pylib.model import build_model, random_tokens  # noqa: E402
-from pylib.model.presets import tiny  # noqa: E402
+from pylib.plan.presets import tiny  # noqa: E402
 from pylib.plan.schedules import build  # noqa: E402
 from pylib.pp.pipeline import PipelineParallel  # noqa: E402
 from pylib.pp.simulate import simulate  # noqa: E402

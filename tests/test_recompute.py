@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from pylib.analysis import planner as P
 from pylib.analysis import recompute as R
 from pylib.analysis.tp import korthikanti_bytes
-from pylib.model import ModelConfig, build_model, random_hidden, random_tokens, saved_activations
+from pylib.model import ModelConfig, build_model, random_hidden, random_tokens, saved_activations, torch_dtype
 from pylib.plan import Recompute, RunOptions, problems
 from pylib.plan.mesh import ParallelConfig
 from pylib.runtime import launch, trace
@@ -64,7 +64,7 @@ def test_bad_choices_are_named():
 def _block_run(cfg, sp, regather, recompute):
     """One TPBlock (recomputed whole under "full"): saved bytes, gradients, traced ops, backward matmul FLOPs."""
     block = TPBlock.from_full(build_model(cfg).layers[0], sequence_parallel=sp, regather=regather, recompute=recompute)
-    x = random_hidden(B, S, cfg.d_model, dtype=cfg.torch_dtype)
+    x = random_hidden(B, S, cfg.d_model, dtype=torch_dtype(cfg.dtype))
     x = (scatter_to_sequence_parallel_region(x) if sp else x).detach().requires_grad_()
     with trace() as tr:
         with saved_activations(exclude=block.parameters()) as saved:
@@ -214,7 +214,7 @@ def _compose_runs(cfg, par, options):
 @pytest.mark.parametrize("par, options", COMPOSE_PLANS, ids=[p.describe() for p, _ in COMPOSE_PLANS])
 def test_composed_model_every_choice_equal_parameters_and_planner_predicts_the_bytes(par, options):
     from pylib.analysis.activations import chunk_saved_bytes, peak_saved_bytes
-    from pylib.model.presets import tiny
+    from pylib.plan.presets import tiny
 
     cfg = tiny().with_(position="rope")
     batch, seq = 4, 8
@@ -357,7 +357,7 @@ def test_composed_moe_model_every_choice_equal_parameters_and_bytes_at_the_measu
     """A MoE layer recomputed whole routes again (deterministically): the same parameters after the step, the routing
     logged once, and the bytes `chunk_saved_bytes` gives at the rows the experts received."""
     from pylib.analysis.activations import chunk_saved_bytes
-    from pylib.model.presets import tiny_moe
+    from pylib.plan.presets import tiny_moe
 
     cfg, par = tiny_moe(), ParallelConfig(tp=2, dp=2, ep=2)
     for rank, runs in enumerate(launch(_moe_runs, par.world_size, cfg, par)):

@@ -8,17 +8,17 @@ from dataclasses import replace
 import pytest
 
 from pylib.analysis import activations as A
-from pylib.analysis import calibration as C
 from pylib.analysis import efficiency as E
 from pylib.analysis import planner as P
 from pylib.analysis import recompute as R
-from pylib.model import ModelConfig, MoEConfig
 from pylib.plan import RunOptions
+from pylib.plan.config import MoEConfig
 from pylib.plan.mesh import ParallelConfig as pc
+from pylib.plan.presets import llama3_405b, megatron_gpt
 from pylib.plan.recompute import modules_problems, recompute_modules
 
-LLAMA = ModelConfig(**C.RUNS[9].shape)  # Llama 3 405B: SwiGLU, GQA
-GPT = ModelConfig(**C._gpt(2048, 16, 8))  # GELU, MHA
+LLAMA = llama3_405b()  # SwiGLU, GQA
+GPT = megatron_gpt(2048, 16, 8)  # GELU, MHA
 MOE = GPT.with_(moe=MoEConfig(n_experts=8, top_k=2))
 b, s, e = 1, 4096, 2
 

@@ -104,19 +104,16 @@ def test_cp_attention_refuses_mismatched_shapes_across_ranks_and_mixed_dtypes():
 
 
 def test_expert_capacity_follows_megatrons_order_of_operations():
-    from pylib.analysis.ep import expert_capacity_tokens
-    from pylib.model.config import MoEConfig
-    from pylib.model.moe import expert_capacity
+    from pylib.plan.config import MoEConfig, expert_capacity
 
     # Megatron-Core: ceil((T * k / E) * cf) = ceil(20 * 1.1) = 22; ceil(1.1 * 100 / 5) would give 23
     assert expert_capacity(100, MoEConfig(n_experts=5, top_k=1, capacity_factor=1.1)) == 22
-    assert expert_capacity_tokens(100, 1, 5, 1.1) == 22
     assert expert_capacity(64, MoEConfig(n_experts=8, top_k=2, capacity_factor=1.0)) == 16
 
 
 @pytest.mark.parametrize("field, value", [("n_experts", 4.5), ("top_k", 1.0), ("every", True), ("n_experts", "8")])
 def test_moe_config_refuses_counts_that_are_not_integers(field, value):
-    from pylib.model.config import MoEConfig
+    from pylib.plan.config import MoEConfig
 
     with pytest.raises(TypeError, match=f"{field}={value!r} must be an integer"):
         MoEConfig(**{field: value})

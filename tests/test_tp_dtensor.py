@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.tensor.parallel  # noqa: F401  (~4 s to import: once here, the forked ranks inherit it)
 
-from pylib.model import ModelConfig, build_model, random_hidden
+from pylib.model import ModelConfig, build_model, random_hidden, torch_dtype
 from pylib.runtime import launch
 from pylib.tp import TPBlock, finalize_grads
 from pylib.tp.dtensor import dtensor_block
@@ -32,8 +32,8 @@ def _cross_check(cases):
     for name, cfg, sp in cases:
         ref = build_model(cfg).layers[0]
         ours, theirs = TPBlock.from_full(ref, sequence_parallel=sp), dtensor_block(ref, t, sp)
-        x = random_hidden(2, 8, cfg.d_model, dtype=cfg.torch_dtype)
-        w = random_hidden(2, 8, cfg.d_model, seed=1, dtype=cfg.torch_dtype)
+        x = random_hidden(2, 8, cfg.d_model, dtype=torch_dtype(cfg.dtype))
+        w = random_hidden(2, 8, cfg.d_model, seed=1, dtype=torch_dtype(cfg.dtype))
         if sp:
             x, w = x.chunk(t, 1)[r], w.chunk(t, 1)[r]
         x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()

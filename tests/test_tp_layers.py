@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pylib.model import ModelConfig, build_model, random_hidden, random_tokens
-from pylib.model.presets import tiny, tiny_layer
+from pylib.plan.presets import tiny, tiny_layer
 from pylib.runtime import AxisGroup, launch, trace
 from pylib.tp import (
     TPMLP,

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from pylib.analysis.tp import compare_with_korthikanti, korthikanti_bytes, saved_activation_bytes
-from pylib.model import ModelConfig, build_model, random_hidden, saved_activations
+from pylib.model import ModelConfig, build_model, random_hidden, saved_activations, torch_dtype
 from pylib.runtime import launch
 from pylib.tp import TPBlock, scatter_to_sequence_parallel_region
 
@@ -33,7 +33,7 @@ def _measure(cases, b=B):
     out = []
     for cfg, sp, regather in cases:
         block = TPBlock.from_full(build_model(cfg).layers[0], sequence_parallel=sp, regather=regather)
-        x = random_hidden(b, S, cfg.d_model, dtype=cfg.torch_dtype)
+        x = random_hidden(b, S, cfg.d_model, dtype=torch_dtype(cfg.dtype))
         x = (scatter_to_sequence_parallel_region(x) if sp else x).detach().requires_grad_()
         params = list(block.parameters())
         with saved_activations(exclude=params) as layer:
@@ -86,7 +86,7 @@ def test_sequence_parallel_cuts_the_layernorm_activations_to_one_over_t():
         # the whole layer saves less by exactly the two LayerNorms' (1 - 1/t) ...
         assert tp - sp == 2 * (tp_ln - sp_ln)
         # ... and with regather also the two gathered inputs of the TP region, [b, s, h] each, by (1 - 1/t)
-        e = cfg.torch_dtype.itemsize
+        e = torch_dtype(cfg.dtype).itemsize
         assert tp - rg == 2 * (tp_ln - sp_ln) + 2 * B * S * cfg.d_model * e * (t - 1) // t
 
 
@@ -115,7 +115,7 @@ def test_our_layer_differs_from_korthikanti_only_by_the_listed_terms(sp, regathe
     rows are dropout (0 for us), "ours only" rows the paper neglects; "different" rows say why."""
     for t in (1, 2, 4):
         for cfg in (_cfg(d_ff=64), _cfg(causal=False), _cfg("swiglu", position="rope", dtype="float32")):
-            e = cfg.torch_dtype.itemsize
+            e = torch_dtype(cfg.dtype).itemsize
             for r in compare_with_korthikanti(cfg, B, S, t, sequence_parallel=sp, regather=regather):
                 if r.relation == "same":
                     assert r.ours_bytes == r.paper_bytes * e / 2, r
@@ -141,7 +141,7 @@ def test_measured_bytes_sit_where_the_paper_puts_them_after_removing_the_listed_
     """Real measurement, paper's formula: measured - ours-only terms == (paper - dropout terms) * e / 2, for the
     paper's own layer shape (MHA, GELU, h_ffn = 4h, no RoPE), TP and TP + SP with regather."""
     cfg = _cfg(d_ff=64, causal=True)
-    e = cfg.torch_dtype.itemsize
+    e = torch_dtype(cfg.dtype).itemsize
     cases = [(cfg, False, False), (cfg, True, True)]
     for t in (1, 2, 4):
         measured = launch(_measure, t, cases)[0]

@@ -11,8 +11,8 @@ import pytest
 import torch.distributed as dist
 
 from pylib.analysis.tp import Collective, layer_collectives, model_collectives
-from pylib.model import ModelConfig, build_model, random_hidden, random_tokens
-from pylib.model.presets import tiny
+from pylib.model import ModelConfig, build_model, random_hidden, random_tokens, torch_dtype
+from pylib.plan.presets import tiny
 from pylib.runtime import launch, tag, trace
 from pylib.tp import TPBlock, TPTransformer, scatter_to_sequence_parallel_region
 
@@ -28,7 +28,7 @@ def _layer_events(cases):
     for b, s, h, heads, ff, dtype, sp, regather in cases:
         cfg = ModelConfig(d_model=h, n_heads=heads, d_ff=ff, dtype=dtype, n_layers=1)
         block = TPBlock.from_full(build_model(cfg).layers[0], sequence_parallel=sp, regather=regather)
-        x = random_hidden(b, s, h, dtype=cfg.torch_dtype)
+        x = random_hidden(b, s, h, dtype=torch_dtype(cfg.dtype))
         x = (scatter_to_sequence_parallel_region(x) if sp else x).detach().requires_grad_()
         with trace() as tr:
             block(x).square().sum().backward()

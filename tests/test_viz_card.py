@@ -25,7 +25,7 @@ from pylib.ep.folding import folding_groups  # noqa: E402
 from pylib.experiments.seed_a_routing import seed_a_routing_table  # noqa: E402
 from pylib.experiments.tp_runs import column_row_example, layer_traces  # noqa: E402
 from pylib.model import ModelConfig, build_model  # noqa: E402
-from pylib.model.presets import tiny, tiny_layer, tiny_odd
+from pylib.plan.presets import tiny, tiny_layer, tiny_odd
 from pylib.plan.schedules import build  # noqa: E402
 from pylib.pp.simulate import simulate  # noqa: E402
 from pylib.pp.timeline import bubble  # noqa: E402
@@ -102,8 +102,8 @@ def _three_axes():
 
 def _expert_holdings():
     from pylib.ep import ExpertParallelMoE
-    from pylib.model.config import MoEConfig
     from pylib.model.moe import MoE
+    from pylib.plan.config import MoEConfig
 
     with torch.random.fork_rng():
         torch.manual_seed(0)

@@ -6,8 +6,8 @@ from fractions import Fraction
 import torch
 
 from pylib.model import build_model
-from pylib.model.presets import tiny
 from pylib.plan.heads import head_layout
+from pylib.plan.presets import tiny
 from pylib.runtime import AxisGroup
 from pylib.tp import TPTransformer
 from pylib.viz.compose_tables import (

@@ -11,8 +11,8 @@ import torch  # noqa: E402
 from pylib.analysis.compose import dp_held_bytes, per_axis  # noqa: E402
 from pylib.compose import formula_traffic, holder_labels, report_rows  # noqa: E402
 from pylib.experiments.compose_training import train  # noqa: E402
-from pylib.model.presets import tiny  # noqa: E402
 from pylib.plan import RunOptions
+from pylib.plan.presets import tiny  # noqa: E402
 from pylib.runtime import ParallelConfig, coordinates, launch, rank_groups  # noqa: E402
 from pylib.viz import style  # noqa: E402
 from pylib.viz.compose import (  # noqa: E402

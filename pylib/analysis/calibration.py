@@ -1,8 +1,8 @@
 """Published training runs, as data, and the planner's prediction of each: the calibration table.
 
-    for run in RUNS: cfg = ModelConfig(**run.shape)                  # (pylib.model; this module loads no torch)
-    row = evaluate(run, cfg)                                         # predicted vs published TFLOP/s per GPU
-    model, err = fit(FIT_ROWS, configs)                              # the free constants, grid-searched
+    run = RUNS[i]; run.cfg                                           # a published run and its model (no torch)
+    row = evaluate(run)                                              # predicted vs published TFLOP/s per GPU
+    model, err = fit(FIT_ROWS)                                       # the free constants, grid-searched
 
 Every row is a run whose layout and throughput a primary source prints, with the source and the table named in
 `source`; a number that could not be read in a source is not here. What the sources leave open (micro-batch size,
@@ -19,7 +19,8 @@ Sources:
   LLAMA3    Grattafiori et al. 2024, "The Llama 3 Herd of Models", Table 4 (scaling configurations of Llama 3
             405B on H100, BF16: GPUs, TP, CP, PP, 16M tokens per batch, TFLOP/s per GPU; the same rows shown by
             P. Balaji, SC'24, as reproduced at glennklockwood.com/garden/llama-3.1), at the 8K-token sequences of
-            the initial pretraining; DP = GPUs / (TP CP PP); the model's shape from its Table 3. The third row
+            the initial pretraining; DP = GPUs / (TP CP PP); the model's shape from its Table 3
+            (`presets.llama3_405b`). The third row
             (CP 16 at 128K tokens) is left out: its sequence length is not in the table as read here.
             Section 3.3.2 says Meta's schedule lets N, the microbatches per group of the interleaved schedule, be
             set freely; no value for these runs is read here, so the planner chooses N on the published mesh as it
@@ -37,7 +38,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pylib.plan.config import ModelConfig
 from pylib.plan.mesh import ParallelConfig
+from pylib.plan.presets import llama3_405b, megatron_gpt
 
 from . import planner as P
 from .efficiency import CostModel
@@ -45,13 +48,13 @@ from .efficiency import CostModel
 
 @dataclass(frozen=True)
 class Run:
-    """One published run: `shape` the ModelConfig's keyword arguments (`flops_layers` the layer count the source's
-    FLOPs count, when the planner's model differs), the cluster (GPUs, H100 80 GB), the global batch in sequences
-    of `seq` tokens, the mesh and the published TFLOP/s per GPU; `fit` whether the constants are fitted on it."""
+    """One published run: `cfg` the model (`flops_layers` the layer count the source's FLOPs count, when the
+    planner's model differs), the cluster (GPUs, H100 80 GB), the global batch in sequences of `seq` tokens, the
+    mesh and the published TFLOP/s per GPU; `fit` whether the constants are fitted on it."""
 
     name: str
     source: str
-    shape: dict
+    cfg: ModelConfig
     gpus: int
     seq: int
     batch: int
@@ -79,38 +82,20 @@ class Run:
         return self.tflops * 1e12 / P.Cluster(1).peak_flops
 
 
-def _gpt(h: int, heads: int, layers: int) -> dict:
-    """The Megatron-LM benchmark GPT: V = 131072 (the README's); MHA and a GELU MLP of 4h, Megatron's GPT defaults
-    (the README does not say)."""
-    return dict(vocab_size=131072, d_model=h, n_layers=layers, n_heads=heads, d_ff=4 * h, dtype="bfloat16")
-
-
 _MLM = "Megatron-LM README, images/model_table.png (H100, s = 4096)"
 _L3 = "Llama 3 paper, Table 4 (405B on H100, BF16)"
-# Llama 3 405B (Table 3): 126 layers, h 16384, FFN 53248, 128 heads, 8 K/V heads, V 128256, SwiGLU. Meta removes
-# one layer from the first and the last stage (section 3.3.2): the analysis' `balance_ends` split, 126 = 128 - 2.
-_LLAMA3_405B = dict(
-    vocab_size=128256,
-    d_model=16384,
-    n_layers=126,
-    n_heads=128,
-    n_kv_heads=8,
-    d_ff=53248,
-    mlp="swiglu",
-    position="rope",
-    dtype="bfloat16",
-)
+_LLAMA3_405B = llama3_405b()
 
 RUNS = (
-    Run("GPT 1.7B", _MLM, _gpt(2048, 16, 24), 48, 4096, 192, 1, 1, 48, tflops=408.8, fit=True),
-    Run("GPT 7.1B", _MLM, _gpt(4096, 32, 30), 96, 4096, 192, 2, 1, 48, tflops=465.9),
-    Run("GPT 16B", _MLM, _gpt(6144, 48, 32), 192, 4096, 192, 4, 1, 48, tflops=489.1, fit=True),
-    Run("GPT 32B", _MLM, _gpt(7168, 56, 48), 384, 4096, 192, 8, 1, 48, tflops=459.6),
-    Run("GPT 70B", _MLM, _gpt(8192, 64, 84), 768, 4096, 384, 8, 2, 48, tflops=419.7, fit=True),
-    Run("GPT 119B", _MLM, _gpt(10240, 80, 92), 1536, 4096, 768, 8, 4, 48, tflops=420.5),
-    Run("GPT 177B", _MLM, _gpt(12288, 96, 96), 2304, 4096, 1152, 8, 6, 48, tflops=432.8, fit=True),
-    Run("GPT 314B", _MLM, _gpt(16384, 128, 96), 3072, 4096, 1536, 8, 8, 48, tflops=474.4),
-    Run("GPT 462B", _MLM, _gpt(18432, 144, 112), 6144, 4096, 3072, 8, 16, 48, tflops=459.9),
+    Run("GPT 1.7B", _MLM, megatron_gpt(2048, 16, 24), 48, 4096, 192, 1, 1, 48, tflops=408.8, fit=True),
+    Run("GPT 7.1B", _MLM, megatron_gpt(4096, 32, 30), 96, 4096, 192, 2, 1, 48, tflops=465.9),
+    Run("GPT 16B", _MLM, megatron_gpt(6144, 48, 32), 192, 4096, 192, 4, 1, 48, tflops=489.1, fit=True),
+    Run("GPT 32B", _MLM, megatron_gpt(7168, 56, 48), 384, 4096, 192, 8, 1, 48, tflops=459.6),
+    Run("GPT 70B", _MLM, megatron_gpt(8192, 64, 84), 768, 4096, 384, 8, 2, 48, tflops=419.7, fit=True),
+    Run("GPT 119B", _MLM, megatron_gpt(10240, 80, 92), 1536, 4096, 768, 8, 4, 48, tflops=420.5),
+    Run("GPT 177B", _MLM, megatron_gpt(12288, 96, 96), 2304, 4096, 1152, 8, 6, 48, tflops=432.8, fit=True),
+    Run("GPT 314B", _MLM, megatron_gpt(16384, 128, 96), 3072, 4096, 1536, 8, 8, 48, tflops=474.4),
+    Run("GPT 462B", _MLM, megatron_gpt(18432, 144, 112), 6144, 4096, 3072, 8, 16, 48, tflops=459.9),
     Run("Llama 3 405B", _L3, _LLAMA3_405B, 8192, 8192, 2048, 8, 16, 64, tflops=430, balance_ends=True),
     Run("Llama 3 405B", _L3, _LLAMA3_405B, 16384, 8192, 2048, 8, 16, 128, tflops=400, balance_ends=True),
 )
@@ -155,7 +140,7 @@ PUBLISHED_GROUP_SIZES = "megatron"
 MESH_SEARCH = dict(tp_sizes=(1, 2, 4, 8), cp_sizes=(1, 2))
 
 
-def megatron_flops(cfg, batch: int, seq: int, n_layers: int | None = None) -> float:
+def megatron_flops(cfg: ModelConfig, batch: int, seq: int, n_layers: int | None = None) -> float:
     """Model FLOPs of one step as Megatron-LM counts them (`num_floating_point_operations`, training.py):
     12 B s L h^2 [(1 + g/a + s/h) q/h + (h_ffn/h) k (3/2 if SwiGLU) + V / (2 L h)], q = a d the query width,
     g the K/V heads, k the experts a token is routed to."""
@@ -200,32 +185,32 @@ def workload(run: Run) -> P.Workload:
     return P.Workload(run.batch, run.seq, grad_reduce=run.grad_reduce)
 
 
-def _published_plans(run: Run, cfg, **knobs) -> list[P.Plan]:
+def _published_plans(run: Run, **knobs) -> list[P.Plan]:
     """Every plan of the published mesh with LAYOUT_SEARCH's knobs (`knobs` replacing some of them)."""
     space = replace(
         LAYOUT_SEARCH, meshes=(run.par,), group_sizes=PUBLISHED_GROUP_SIZES, balance_ends=run.balance_ends, **knobs
     )
-    plans = P.enumerate_plans(cfg, run.gpus, run.batch, run.seq, space)
+    plans = P.enumerate_plans(run.cfg, run.gpus, run.batch, run.seq, space)
     if not plans:
         raise ValueError(f"{run.name}: the planner accepts no plan with the published mesh {run.par.describe()}")
     return plans
 
 
-def _tflops(run: Run, cfg, step_time: float) -> float:
+def _tflops(run: Run, step_time: float) -> float:
     """TFLOP/s per GPU as the sources count them (`megatron_flops`) for a step of `step_time` seconds."""
-    return megatron_flops(cfg, run.batch, run.seq, run.flops_layers) / (run.gpus * step_time) / 1e12
+    return megatron_flops(run.cfg, run.batch, run.seq, run.flops_layers) / (run.gpus * step_time) / 1e12
 
 
-def evaluate(run: Run, cfg, model: CostModel | None = None, *, search: bool = False, top: int = 10) -> Evaluated:
+def evaluate(run: Run, model: CostModel | None = None, *, search: bool = False, top: int = 10) -> Evaluated:
     """The planner on one run: the best plan with the published mesh (LAYOUT_SEARCH for the rest); with `search`
     also the best `top` plans of every mesh (same knobs) and the published mesh's place among them."""
     work, c = workload(run), cluster(run, model)
-    mine = P.rank_plans(cfg, work, c, top=1, plans=_published_plans(run, cfg))[0]
-    tflops = _tflops(run, cfg, mine.step_time)
+    mine = P.rank_plans(run.cfg, work, c, top=1, plans=_published_plans(run))[0]
+    tflops = _tflops(run, mine.step_time)
     if not search:
         return Evaluated(run, mine, tflops)
     space = replace(LAYOUT_SEARCH, balance_ends=run.balance_ends, **MESH_SEARCH)
-    ranked = P.rank_plans(cfg, work, c, top=top, space=space)
+    ranked = P.rank_plans(run.cfg, work, c, top=top, space=space)
     faster = [x for x in ranked if x.step_time < mine.step_time and x.plan.par != run.par]
     return Evaluated(run, mine, tflops, ranked[0], len(faster) + 1)
 
@@ -251,25 +236,25 @@ class WithoutRecomputation:
         return (self.gpu_memory - (m["total"] - m["activations"])) / m["activations"]
 
 
-def without_recomputation(run: Run, cfg, model: CostModel | None = None) -> WithoutRecomputation:
+def without_recomputation(run: Run, model: CostModel | None = None) -> WithoutRecomputation:
     """The published mesh with LAYOUT_SEARCH's knobs but recompute="none", ranked by step time alone (the memory
     limit ignored): what the planner says of a run whose source states it recomputed nothing."""
     work, c = workload(run), cluster(run, model)
-    predicted = (P.predict(cfg, p, work, c) for p in _published_plans(run, cfg, recompute=("none",)))
+    predicted = (P.predict(run.cfg, p, work, c) for p in _published_plans(run, recompute=("none",)))
     fastest = min(predicted, key=lambda x: (x.step_time, x.peak_memory))
-    return WithoutRecomputation(run, fastest, _tflops(run, cfg, fastest.step_time), c.gpu_memory)
+    return WithoutRecomputation(run, fastest, _tflops(run, fastest.step_time), c.gpu_memory)
 
 
-def errors(model: CostModel, rows, configs) -> list[float]:
+def errors(model: CostModel, rows) -> list[float]:
     """Relative errors predicted / published - 1 of `rows` (indices into RUNS) under `model`."""
-    return [evaluate(RUNS[i], configs[i], model).error for i in rows]
+    return [evaluate(RUNS[i], model).error for i in rows]
 
 
 # The grid `fit` searches; its answer on FIT_ROWS is `efficiency.CostModel()`'s defaults.
 GRID = dict(eta=(0.6, 0.65, 0.7, 0.75, 0.8), c_elem=(100, 140, 180, 220, 260), tp_overlap=(0.5, 0.8))
 
 
-def fit(rows, configs, grid: dict | None = None) -> tuple[CostModel, float]:
+def fit(rows, grid: dict | None = None) -> tuple[CostModel, float]:
     """The constants minimising the largest |error| over `rows` on a grid (each constant's values in `grid`)."""
     grid = grid or GRID
     best = None
@@ -277,7 +262,7 @@ def fit(rows, configs, grid: dict | None = None) -> tuple[CostModel, float]:
         for c_elem in grid["c_elem"]:
             for tp_overlap in grid["tp_overlap"]:
                 model = CostModel(eta=eta, c_elem=c_elem, tp_overlap=tp_overlap)
-                worst = max(abs(x) for x in errors(model, rows, configs))
+                worst = max(abs(x) for x in errors(model, rows))
                 if best is None or worst < best[1]:
                     best = (model, worst)
     return best

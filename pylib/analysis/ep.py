@@ -15,7 +15,6 @@ Backward repeats both exchanges with the directions swapped: the same bytes agai
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 
@@ -112,13 +111,6 @@ def etp_gather_bytes(rows_per_member: Sequence[int], member: int, h: int, dtype_
     )
 
 
-def expert_capacity_tokens(tokens: int, top_k: int, n_experts: int, capacity_factor: float | None) -> int | None:
-    """C = ceil((T * k / E) * capacity_factor) per expert for the T tokens of one rank (None: no dropping)."""
-    if capacity_factor is None:
-        return None
-    return math.ceil((tokens * top_k / n_experts) * capacity_factor)  # Megatron's order: ceil((T*k/E) * cf)
-
-
 def expert_params_per_rank(h: int, d_ff: int, n_experts: int, ep: int, etp: int = 1, mlp: str = "gelu") -> int:
     """Expert weights one rank holds: (E / ep) experts x (2 or 3) matrices of h x h_ffn / etp."""
     mats = 3 if mlp == "swiglu" else 2
@@ -135,7 +127,7 @@ def dropped_assignments(counts_per_group: Sequence[Sequence[int]], capacity: int
 
     counts_per_group [G][E]: assignments each group's tokens make to each expert (before dropping); capacity: C for
     every group, or one C_g per group (None: nothing is dropped). With Megatron-Core's rule a group is one rank's
-    tokens and C_g = expert_capacity_tokens(T_g, k, E, capacity_factor)."""
+    tokens and C_g = `pylib.plan.config.expert_capacity(T_g, moe)`, the one capacity formula."""
     if capacity is None:
         return 0
     caps = [capacity] * len(counts_per_group) if isinstance(capacity, int) else list(capacity)

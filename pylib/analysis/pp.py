@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import functools
 
-from pylib.plan.schedules import check_schedule, compute_order, logical_times
+from pylib.plan.schedules import check_schedule, compute_order, logical_times, warmup_forwards
 from pylib.plan.split import chunk_layers
 
 
@@ -80,15 +80,10 @@ def step_time(p: int, n_microbatches: int, t_f: float, t_b: float, v: int = 1) -
 def peak_in_flight(
     schedule: str, p: int, n_microbatches: int, rank: int, v: int = 1, group_size: int | None = None
 ) -> int:
-    """Most (microbatch, chunk) activations rank `rank` holds at once under `schedule`."""
-    if schedule == "gpipe":
-        return n_microbatches * v
-    if schedule == "1f1b":
-        return min(p - rank, n_microbatches)
-    if schedule == "interleaved":
-        n = p if group_size is None else group_size
-        return min(2 * (p - rank - 1) + (v - 1) * n + 1, v * n_microbatches)
-    raise ValueError(f"unknown schedule {schedule!r}: 'gpipe', '1f1b' or 'interleaved'")
+    """Most (microbatch, chunk) activations rank `rank` holds at once under `schedule`: its warm-up forwards
+    (`schedules.warmup_forwards`, the one warm-up formula) plus the one of its first steady 1F1B step, at most its
+    v·m forwards."""
+    return min(warmup_forwards(schedule, p, n_microbatches, rank, v, group_size) + 1, v * n_microbatches)
 
 
 def activation_memory(

@@ -34,6 +34,7 @@ from pylib.dp.buckets import DEFAULT_BUCKET_BYTES
 from pylib.dp.memory import HeldBytes
 from pylib.dp.wrap import wrap
 from pylib.i18n import tr
+from pylib.model import torch_dtype
 from pylib.plan.options import RunOptions, ZeroStage
 from pylib.plan.schedules import build
 from pylib.pp.executor import Boundary, microbatches, run_pipeline
@@ -305,7 +306,7 @@ class ParallelTransformer:
             inputs=microbatches(my_ids, m),
             targets=microbatches(my_targets, m),
             # the device: under ZeRO-3 the stages hold no parameters to read it from
-            boundary=Boundary(self.act_shape(B // (mesh.dp.size * m), S), self.cfg.torch_dtype, self.device),
+            boundary=Boundary(self.act_shape(B // (mesh.dp.size * m), S), torch_dtype(self.cfg.dtype), self.device),
             backward_context=self._backward_context,
             recorder=PipelineRecorder(measure_memory=measure_memory and not stage_probe),
         )

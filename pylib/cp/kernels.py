@@ -38,6 +38,7 @@ import torch
 
 from pylib.i18n import tr
 from pylib.model.attention import expand_kv
+from pylib.plan.heads import kv_group_problem
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -58,8 +59,8 @@ def _check_shapes(q, k, v, causal):
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree on batch or d_head")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"n_kv_head={k.shape[1]} does not divide n_head={q.shape[1]}")
+    if problem := kv_group_problem(q.shape[1], k.shape[1]):
+        raise ValueError(problem)
     if causal and q.shape[2] != k.shape[2]:
         raise ValueError(f"a causal block must be square: s_q={q.shape[2]}, s_k={k.shape[2]}")
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from pylib.plan.heads import kv_group_problem
 from pylib.runtime import collectives as C
 from pylib.runtime import tracer
 from pylib.runtime.agreement import agree
@@ -246,8 +247,8 @@ def check_qkv(q, k, v, cp_size: int, layout: str, who: str) -> None:
     b, n_head, s_local, d = q.shape
     if (k.shape[0], k.shape[2], k.shape[3]) != (b, s_local, d):
         raise ValueError(f"{who}: q {tuple(q.shape)} and k {tuple(k.shape)} disagree on batch, s_local or d_head")
-    if n_head % k.shape[1]:
-        raise ValueError(f"{who}: n_kv_head={k.shape[1]} does not divide n_head={n_head}")
+    if problem := kv_group_problem(n_head, k.shape[1]):
+        raise ValueError(f"{who}: {problem}")
     if layout == "zigzag" and s_local % 2:
         raise ValueError(
             f"{who}: the zigzag layout cuts the sequence into 2*cp={2 * cp_size} chunks, two per rank: "

@@ -29,15 +29,12 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from pylib.model import torch_dtype
 from pylib.plan.options import MixedPrecision
 
 from ..runtime import collectives as C
 from .batch import micro_batch
 from .memory import optimizer_state_tensors
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
 
 
 def cast_module(module: nn.Module, recipe: MixedPrecision) -> nn.Module:

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from pylib.model.config import MoEConfig
 from pylib.model.moe import Routing, tokens_per_expert
+from pylib.plan.config import MoEConfig
 from pylib.runtime import collectives
 from pylib.runtime.tracer import tag
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from pylib.model.config import ModelConfig, MoEConfig
 from pylib.model.moe import MoE, Routing, grouped_keep_mask, tokens_per_expert
 from pylib.model.transformer import Transformer, build_model
+from pylib.plan.config import ModelConfig, MoEConfig
 
 
 def structured_tokens(vocab_size: int, batch: int, seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pylib.model.config import MoEConfig
+from pylib.plan.config import MoEConfig
 from pylib.plan.problems import expert_parallel_problems
 
 __all__ = ["check_expert_parallel", "check_orthogonal", "expert_parallel_problems"]

@@ -37,10 +37,10 @@ from pylib.model.moe import (
     MoE,
     Routing,
     capacity_keep_mask,
-    expert_capacity,
     tokens_per_expert,
     updated_expert_bias,
 )
+from pylib.plan.config import expert_capacity
 from pylib.runtime import collectives
 from pylib.runtime.mesh import AxisGroup
 from pylib.runtime.sharding import ShardSpec

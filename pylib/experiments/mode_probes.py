@@ -21,7 +21,7 @@ from pylib.cp import CPTransformer, shard_sequence
 from pylib.cp.layout import sequence_positions
 from pylib.dp import DistributedDataParallel, micro_batch
 from pylib.ep import ExpertParallelMoE
-from pylib.model import build_model, random_hidden, random_tokens, saved_activations
+from pylib.model import build_model, random_hidden, random_tokens, saved_activations, torch_dtype
 from pylib.plan.options import RunOptions
 from pylib.pp import PipelineParallel
 from pylib.runtime import Mesh, ParallelConfig, current_device, trace
@@ -249,7 +249,7 @@ def sp_without_tp(cfg, b: int, s: int) -> dict:
     n = dist.get_world_size()
     device = current_device()  # the rank's GPU under NCCL
     block = build_model(cfg).to(device).layers[0]
-    x = random_hidden(b, s, cfg.d_model, seed=2, dtype=cfg.torch_dtype).to(device)
+    x = random_hidden(b, s, cfg.d_model, seed=2, dtype=torch_dtype(cfg.dtype)).to(device)
     with torch.no_grad():
         reference = block(x)
 

@@ -2,7 +2,7 @@
 
 The 8 tokens are seed A's two sentences, "The cat sat here" and "A dog ran fast" (ids 0..7), and the MoE is the
 reference model of seed A (d = 4, one head, h_ffn = 8) with its MLP replaced by 8 experts and a top-2 router
-(`pylib.model.presets.seed_a_moe_config`). The routing table -- token -> its two experts -> the ranks that own
+(`pylib.plan.presets.seed_a_moe_config`). The routing table -- token -> its two experts -> the ranks that own
 them -- comes from that real router on the hidden states that really enter the MoE (LN2's output). Expert ids are
 0-based here; the seed counts from 1 (its "expert 1, 5" is our (0, 4)) and
 `pylib.ep.format_routing_table(..., one_based=True)` prints it the seed's way.
@@ -19,7 +19,7 @@ import torch
 from pylib.ep import ExpertParallelMoE, routing_table
 from pylib.ep.balance import moe_input
 from pylib.model import ModelConfig, build_model
-from pylib.model.presets import seed_a_moe_config
+from pylib.plan.presets import seed_a_moe_config
 from pylib.runtime import current_device, trace
 from pylib.runtime.collectives import resolve_group
 

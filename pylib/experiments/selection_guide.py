@@ -2,7 +2,7 @@
 
     g = selection_guide()        # SelectionGuide: .n (every number, by name), .rows (the table), .table()
 
-Sizes: a 70B-class dense model (Llama-2-70B's shapes, `pylib.model.presets.llama2_70b`), bf16, one sequence per
+Sizes: a 70B-class dense model (Llama-2-70B's shapes, `pylib.plan.presets.llama2_70b`), bf16, one sequence per
 microbatch; for the EP row a DeepSeek-V3-like MoE layer (256 experts of h_ffn = 2048 on h = 7168, top-8, 58 MoE
 layers). Every number comes from `pylib.analysis`, whose formulas the tests check byte for byte against real runs.
 Bytes are per GPU unless a name says otherwise; `GB` and `MB` are decimal.
@@ -21,7 +21,7 @@ from pylib.analysis import pp as ppa
 from pylib.analysis import tp as tpa
 from pylib.i18n import tr
 from pylib.model import build_model
-from pylib.model.presets import llama2_70b
+from pylib.plan.presets import llama2_70b
 
 GB, MB = 1e9, 1e6
 GPU_BYTES = 80 * GB  # one GPU's memory, the bar every "does not fit" is measured against

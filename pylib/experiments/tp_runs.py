@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pylib.model import ModelConfig, build_model, random_hidden
+from pylib.model import ModelConfig, build_model, random_hidden, torch_dtype
 from pylib.runtime import current_device, launch, trace
 from pylib.tp import ColumnParallelLinear, RowParallelLinear, TPBlock, scatter_to_sequence_parallel_region
 
@@ -81,7 +81,7 @@ def _layer_trace_rank(cfg, b, s, modes):
     out = {}
     for name, sp, regather in modes:
         block = TPBlock.from_full(build_model(cfg).to(device).layers[0], sequence_parallel=sp, regather=regather)
-        x = random_hidden(b, s, cfg.d_model, dtype=cfg.torch_dtype).to(device)
+        x = random_hidden(b, s, cfg.d_model, dtype=torch_dtype(cfg.dtype)).to(device)
         x = (scatter_to_sequence_parallel_region(x) if sp else x).detach().requires_grad_()
         with trace() as tr:
             block(x).square().sum().backward()

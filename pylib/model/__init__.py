@@ -1,9 +1,13 @@
-"""The single-device reference Transformer: config, presets, modules, deterministic init, synthetic data, memory
-probe."""
+"""The single-device reference Transformer: modules, deterministic init, synthetic data, memory probe, and
+`torch_dtype` (a config's dtype name as torch's). The config and the named models are plain data in
+`pylib.plan.config` and `pylib.plan.presets` (no torch); ModelConfig, MoEConfig and SEED_A are re-exported here
+for the code that builds a model from one."""
+
+from pylib.plan.config import SEED_A, ModelConfig, MoEConfig
 
 from .attention import Attention, attention_core, causal_mask, expand_kv, rope
-from .config import SEED_A, ModelConfig, MoEConfig
 from .data import DATASETS, batches, pattern_tokens, random_hidden, random_tokens
+from .dtype import torch_dtype
 from .memory import SavedTensors, saved_activations
 from .mlp import MLP
 from .moe import (
@@ -47,5 +51,6 @@ __all__ = [
     "random_tokens",
     "rope",
     "saved_activations",
+    "torch_dtype",
     "z_loss",
 ]

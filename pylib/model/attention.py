@@ -11,14 +11,15 @@ import math
 import torch
 import torch.nn as nn
 
-from .config import ModelConfig
+from pylib.plan.config import ModelConfig
+from pylib.plan.heads import kv_group_problem
 
 
 def expand_kv(k: torch.Tensor, n_head: int) -> torch.Tensor:
     """[b, n_kv_head, s, d] -> [b, n_head, s, d] by repeating each K/V head for its group of query heads."""
     n_kv = k.shape[1]
-    if n_head % n_kv:
-        raise ValueError(f"n_kv_head={n_kv} does not divide n_head={n_head}")
+    if problem := kv_group_problem(n_head, n_kv):
+        raise ValueError(problem)
     return k if n_kv == n_head else k.repeat_interleave(n_head // n_kv, dim=1)
 
 

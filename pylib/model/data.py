@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import ModelConfig
+from pylib.plan.config import ModelConfig
 
 
 def random_tokens(cfg: ModelConfig, batch: int, seq: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,13 +19,13 @@ tokens in an expert-parallel run that reduces them over its ranks).
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 
-from .config import MoEConfig
+from pylib.plan.config import MoEConfig, expert_capacity
+
 from .mlp import MLP
 
 
@@ -71,17 +71,6 @@ class Router(nn.Module):
             experts = torch.topk(scores.detach() + bias, k, dim=-1).indices
             weights = scores.gather(-1, experts)
         return Routing(logits, scores, experts, weights)
-
-
-def expert_capacity(n_tokens: int, cfg: MoEConfig) -> int | None:
-    """C = ceil((T * k / E) * capacity_factor) for T tokens routed together, or None when nothing is dropped.
-
-    As Megatron-Core's get_capacity(T * k, E, capacity_factor), in its order of operations: in floating point
-    ceil(1.1 * 100 / 5) = 23 but ceil((100 / 5) * 1.1) = 22. T is the number of tokens of one drop group (one
-    rank's tokens in an expert-parallel run)."""
-    if cfg.capacity_factor is None:
-        return None
-    return math.ceil((n_tokens * cfg.top_k / cfg.n_experts) * cfg.capacity_factor)
 
 
 def capacity_keep_mask(routing: Routing, cfg: MoEConfig, capacity: int | None) -> torch.Tensor:

@@ -12,8 +12,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pylib.plan.config import ModelConfig
+
 from .attention import Attention
-from .config import ModelConfig
+from .dtype import torch_dtype
 from .mlp import MLP
 from .moe import MoE
 
@@ -69,4 +71,4 @@ def build_model(cfg: ModelConfig) -> Transformer:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = Transformer(cfg)
-    return model.to(cfg.torch_dtype)
+    return model.to(torch_dtype(cfg.dtype))

@@ -1,5 +1,6 @@
 """The planning layer: pure arithmetic of sizes that every other part of pylib asks, and no torch.
 
+    ModelConfig(...), MoEConfig(...), expert_capacity(T, moe)  (config); llama2_70b(), tiny(), ...      (presets)
     ParallelConfig(tp, cp, ep, dp, pp, etp, order)   rank_groups(config, world_size)   coordinates(...)   (mesh)
     RunOptions(sequence_parallel, cp_kind, ...)      ZeroStage, zero_stage(x)                            (options)
     Recompute(granularity, method, num_layers): the recomputation choice RunOptions holds              (recompute)

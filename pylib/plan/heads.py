@@ -28,6 +28,14 @@ class HeadLayout:
     kv_replicas: int  # how many TP ranks hold each of this rank's K/V heads (1 = split, >1 = replicated)
 
 
+def kv_group_problem(n_head: int, n_kv_head: int) -> str | None:
+    """GQA's rule, as a sentence when it fails: query head i reads K/V head i // (n_head / n_kv_head), so n_kv_head
+    must divide n_head (None when it does). The config, the reference attention and the CP kernels all ask it."""
+    if n_kv_head < 1 or n_head % n_kv_head:
+        return f"n_kv_head={n_kv_head} does not divide n_head={n_head}"
+    return None
+
+
 def head_layout(n_head: int, n_kv_head: int, tp: int, rank: int) -> HeadLayout:
     """The query and K/V heads TP rank `rank` of `tp` holds; raises naming the constraint when none works."""
     if tp < 1 or n_head % tp:

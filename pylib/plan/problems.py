@@ -2,7 +2,7 @@
 
     problems(cfg, par, world_size, batch=B, seq=S, options=RunOptions(...))   # [] when the run can go ahead
 
-`cfg` is a `pylib.model.ModelConfig` (read by attribute: n_heads, kv_heads, d_ff, vocab_size, n_layers, moe,
+`cfg` is a `pylib.plan.config.ModelConfig` (read by attribute: n_heads, kv_heads, d_ff, vocab_size, n_layers, moe,
 causal, tie_embeddings, is_moe_layer); `par` a `ParallelConfig`; B the global batch (sequences per step over all
 data-parallel ranks), S the sequence length. Every part of pylib asks this module: the modes for their own rules
 (`check_sequence` for CP's layouts, `check_heads` for Ulysses, `expert_parallel_problems` for EP, `check_split`
@@ -25,6 +25,7 @@ import functools
 
 from pylib.i18n import tr
 
+from .config import routing_problems
 from .heads import head_layout
 from .options import CP_KINDS, CP_LAYOUTS, ZERO_STAGES, RunOptions
 from .schedules import SCHEDULES, ScheduleError, check_schedule
@@ -99,10 +100,7 @@ def expert_parallel_problems(moe, *, ep: int, etp: int, d_ff_expert: int) -> lis
     out = []
     if ep < 1 or moe.n_experts % ep:
         out.append(tr("ep={ep} does not divide n_experts={n}", ep=ep, n=moe.n_experts))
-    if not 1 <= moe.top_k <= moe.n_experts:
-        out.append(f"top_k={moe.top_k} must be between 1 and n_experts={moe.n_experts}")
-    if moe.capacity_factor is not None and moe.capacity_factor <= 0:
-        out.append(f"capacity_factor={moe.capacity_factor} must be > 0 (or None for no dropping)")
+    out += routing_problems(moe)  # the MoEConfig's own rules, for a config built some other way
     if etp < 1 or d_ff_expert % etp:
         out.append(tr("etp={etp} does not divide expert h_ffn={n}", etp=etp, n=d_ff_expert))
     return out

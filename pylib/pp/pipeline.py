@@ -18,7 +18,7 @@ import torch
 
 from pylib.plan.schedules import build
 
-from ..model import Transformer
+from ..model import Transformer, torch_dtype
 from ..runtime import collectives as C
 from .executor import Boundary, PipelineRun, microbatches, run_pipeline
 from .split import rank_chunks, shard_specs
@@ -74,6 +74,6 @@ class PipelineParallel:
             group=self.group,
             inputs=microbatches(ids, m),
             targets=microbatches(targets, m),
-            boundary=Boundary((b // m, s, self.cfg.d_model), self.cfg.torch_dtype),
+            boundary=Boundary((b // m, s, self.cfg.d_model), torch_dtype(self.cfg.dtype)),
             **run_kw,
         )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pylib.model import ModelConfig
+from pylib.model import ModelConfig, torch_dtype
 from pylib.model.transformer import Transformer
 
 from .activation_probe import ActivationProbe
@@ -24,7 +24,7 @@ def meta_model(cfg: ModelConfig, n_layers: int | None = None):
     storage, so a 70B-parameter model costs nothing. `n_layers` builds fewer layers (each layer is the same)."""
     cfg = cfg if n_layers is None else cfg.with_(n_layers=n_layers)
     with torch.device("meta"):
-        return Transformer(cfg).to(cfg.torch_dtype)
+        return Transformer(cfg).to(torch_dtype(cfg.dtype))
 
 
 # Seed B's weight list (tbl-mat-weights): name -> (seed's shape, where, the parameter of one layer it is).

@@ -22,9 +22,10 @@ import ipywidgets as widgets
 from pylib.analysis import shapes
 from pylib.analysis.weights import TensorShape
 from pylib.i18n import N_, shown, tr
-from pylib.model import ModelConfig, MoEConfig
-from pylib.model.presets import deepseek_v3_like, gpt_style_70b, llama2_70b, mixtral_8x7b, probe_moe_config
 from pylib.plan import ZERO_STAGE_NAMES, ParallelConfig, RunOptions, zero_stage
+from pylib.plan.config import ModelConfig, MoEConfig
+from pylib.plan.options import DTYPE_BYTES
+from pylib.plan.presets import deepseek_v3_like, gpt_style_70b, llama2_70b, mixtral_8x7b, probe_moe_config
 from pylib.tables import fmt_bytes, fmt_shape, text_table
 
 PRESETS: dict[str, tuple[ModelConfig, dict]] = {
@@ -39,7 +40,7 @@ PRESETS: dict[str, tuple[ModelConfig, dict]] = {
 }
 DEFAULT = "Llama-2-70B (GQA, SwiGLU)"
 POWERS = [1, 2, 4, 8, 16, 32, 64, 128]
-DTYPES = ["bfloat16", "float16", "float32", "float64"]
+DTYPES = list(DTYPE_BYTES)  # the dtype names a config takes (pylib.plan.options)
 ZERO = list(ZERO_STAGE_NAMES)  # the one ZeRO vocabulary (pylib.plan.options)
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from pylib.analysis import planner as P
 from pylib.i18n import N_, shown, tr
-from pylib.model import ModelConfig
-from pylib.model.presets import deepseek_v3_like, llama2_7b, llama2_70b, mixtral_8x7b
+from pylib.plan.config import ModelConfig
+from pylib.plan.presets import deepseek_v3_like, llama2_7b, llama2_70b, mixtral_8x7b
 from pylib.tables import fmt_bytes, html_table, text_table
 
 

@@ -1,14 +1,22 @@
-"""The reference model's configuration.
+"""The reference model's configuration: plain data, so the torch-free layers (`pylib.plan`, `pylib.analysis`) and
+the modules that run it (`pylib.model`) share one definition.
+
+    ModelConfig(vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, mlp, position, moe, dtype, ...)
+    MoEConfig(n_experts, top_k, d_ff, score, capacity_factor, ...)       expert_capacity(n_tokens, moe)
+    SEED_A, TINY                                                        (the named models: `pylib.plan.presets`)
 
 Symbols follow seed B: h = d_model, h_ffn = d_ff, n_head, n_kv_head, d_head = h / n_head, V = vocab_size,
-L = n_layers, E = moe.n_experts.
+L = n_layers, E = moe.n_experts. The dtype is a name (a key of `pylib.plan.options.DTYPE_BYTES`: "float32",
+"float64", "bfloat16", "float16"); `pylib.model.torch_dtype` turns it into a torch dtype.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
-import torch
+from .heads import kv_group_problem
+from .options import DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -22,7 +30,8 @@ class MoEConfig:
     capacity_factor: None = no token is ever dropped; else each expert takes at most
     ceil((tokens * top_k / n_experts) * capacity_factor) tokens (in Megatron-Core's order of operations), keeping
     by `drop_policy` ("probs": the highest router probabilities, "position": the earliest tokens). `tokens` counts
-    one drop group: the tokens one rank routes (Megatron-Core's default); see pylib.model.moe.
+    one drop group: the tokens one rank routes (Megatron-Core's default); see `expert_capacity` and
+    pylib.model.moe.
     aux_loss_coef: weight of the load-balancing loss E * sum_i f_i * P_i; z_loss_coef: weight of the router
     z-loss mean(logsumexp(logits)^2). Both add gradient without changing the layer's forward value.
     bias_update_rate: step of the auxiliary-loss-free expert-bias update (DeepSeek-V3), applied by
@@ -50,10 +59,9 @@ class MoEConfig:
             raise ValueError(f"d_ff={self.d_ff!r} must be a positive integer (or None for the model's d_ff)")
         if self.n_experts < 1:
             raise ValueError(f"n_experts={self.n_experts} must be >= 1")
-        if not 1 <= self.top_k <= self.n_experts:
-            raise ValueError(f"top_k={self.top_k} must be between 1 and n_experts={self.n_experts}")
-        if self.capacity_factor is not None and self.capacity_factor <= 0:
-            raise ValueError(f"capacity_factor={self.capacity_factor} must be > 0 (or None for no dropping)")
+        bad = routing_problems(self)
+        if bad:
+            raise ValueError(bad[0])
         if self.score not in ("softmax", "sigmoid"):
             raise ValueError(f"score={self.score!r} must be 'softmax' or 'sigmoid'")
         if self.drop_policy not in ("probs", "position"):
@@ -62,6 +70,30 @@ class MoEConfig:
             raise ValueError(f"every={self.every} must be >= 1")
         if self.bias_update_rate < 0:
             raise ValueError(f"bias_update_rate={self.bias_update_rate} must be >= 0")
+
+
+def routing_problems(moe) -> list[str]:
+    """The routing rules of an MoE layer `moe` (a `MoEConfig`, or anything with n_experts, top_k and
+    capacity_factor), as sentences: k experts out of E, and a positive capacity factor. `MoEConfig` raises the
+    first; `pylib.plan.problems.expert_parallel_problems` lists them with the mesh's."""
+    out = []
+    if not 1 <= moe.top_k <= moe.n_experts:
+        out.append(f"top_k={moe.top_k} must be between 1 and n_experts={moe.n_experts}")
+    if moe.capacity_factor is not None and moe.capacity_factor <= 0:
+        out.append(f"capacity_factor={moe.capacity_factor} must be > 0 (or None for no dropping)")
+    return out
+
+
+def expert_capacity(n_tokens: int, moe: MoEConfig) -> int | None:
+    """C = ceil((T * k / E) * capacity_factor) for T tokens routed together, or None when nothing is dropped.
+
+    As Megatron-Core's get_capacity(T * k, E, capacity_factor), in its order of operations: in floating point
+    ceil(1.1 * 100 / 5) = 23 but ceil((100 / 5) * 1.1) = 22. T is the number of tokens of one drop group (one
+    rank's tokens in an expert-parallel run). The reference MoE (`pylib.model.moe`) and the expert-parallel layer
+    drop by it; the analysis counts the drops with its C (`pylib.analysis.ep.dropped_assignments`)."""
+    if moe.capacity_factor is None:
+        return None
+    return math.ceil((n_tokens * moe.top_k / moe.n_experts) * moe.capacity_factor)
 
 
 @dataclass(frozen=True)
@@ -95,16 +127,16 @@ class ModelConfig:
         problems = []
         if self.d_model % self.n_heads:
             problems.append(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
-        if self.kv_heads < 1 or self.n_heads % self.kv_heads:
-            problems.append(f"n_kv_heads={self.kv_heads} does not divide n_heads={self.n_heads}")
+        if kv := kv_group_problem(self.n_heads, self.kv_heads):
+            problems.append(kv)
         if self.mlp not in ("gelu", "swiglu"):
             problems.append(f"mlp={self.mlp!r} must be 'gelu' or 'swiglu'")
         if self.position not in ("none", "rope"):
             problems.append(f"position={self.position!r} must be 'none' or 'rope'")
         if self.position == "rope" and self.n_heads and (self.d_model // self.n_heads) % 2:
             problems.append(f"rope needs an even d_head, got {self.d_model // self.n_heads}")
-        if self.dtype not in ("float32", "float64", "bfloat16", "float16"):
-            problems.append(f"dtype={self.dtype!r} is not a float dtype name")
+        if self.dtype not in DTYPE_BYTES:
+            problems.append(f"dtype={self.dtype!r} is not a float dtype name: one of {tuple(DTYPE_BYTES)}")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff"):
             if getattr(self, name) < 1:
                 problems.append(f"{name}={getattr(self, name)} must be >= 1")
@@ -124,10 +156,6 @@ class ModelConfig:
         """h_kv = n_kv_head * d_head, the width of K and V."""
         return self.kv_heads * self.d_head
 
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)
-
     def is_moe_layer(self, i: int) -> bool:
         return self.moe is not None and i % self.moe.every == self.moe.every - 1
 
@@ -145,3 +173,6 @@ class ModelConfig:
 
 TINY = ModelConfig()
 SEED_A = ModelConfig.seed_a()
+
+
+__all__ = ["SEED_A", "TINY", "ModelConfig", "MoEConfig", "expert_capacity", "routing_problems"]

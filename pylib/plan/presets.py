@@ -1,7 +1,8 @@
 """Named model configurations: real models' shapes for the size tables and planners, and the tiny models the
-tests, labs, benches and chapters run.
+tests, labs, benches and chapters run. Plain data: importing this module loads no torch.
 
     llama2_70b() gpt_style_70b() deepseek_v3_like() llama2_7b() mixtral_8x7b()   # real shapes (meta device only)
+    llama3_405b() megatron_gpt(h, n_heads, n_layers)                            # the calibration's published runs
     probe_config() probe_moe_config()                                           # seed B's probe model, on ranks
     seed_a_moe_config(n_experts, top_k)                                         # seed A with an MoE MLP
     PRESETS["llama2_70b"]()                                                     # the real-model presets by name
@@ -77,12 +78,36 @@ def mixtral_8x7b() -> ModelConfig:
     return llama2_7b().with_(n_kv_heads=8, d_ff=14336, moe=MoEConfig(n_experts=8, top_k=2))
 
 
+def llama3_405b() -> ModelConfig:
+    """Llama 3 405B's shapes (Grattafiori et al. 2024, Table 3): h = 16384, 126 layers, 128 query heads sharing 8
+    K/V heads, SwiGLU with h_ffn = 53248, V = 128256, RoPE. Meta removes one layer from the first and the last
+    pipeline stage (section 3.3.2): the analysis' `balance_ends` split, 126 = 128 - 2."""
+    return ModelConfig(
+        vocab_size=128256,
+        d_model=16384,
+        n_layers=126,
+        n_heads=128,
+        n_kv_heads=8,
+        d_ff=53248,
+        mlp="swiglu",
+        position="rope",
+        dtype="bfloat16",
+    )
+
+
+def megatron_gpt(h: int, n_heads: int, n_layers: int) -> ModelConfig:
+    """The GPT models of Megatron-LM's performance table (its README, images/model_table.png): V = 131072 (the
+    README's); MHA and a GELU MLP of 4h, Megatron's GPT defaults (the README does not say)."""
+    return ModelConfig(vocab_size=131072, d_model=h, n_layers=n_layers, n_heads=n_heads, d_ff=4 * h, dtype="bfloat16")
+
+
 PRESETS = {
     "llama2_70b": llama2_70b,
     "gpt_style_70b": gpt_style_70b,
     "deepseek_v3_like": deepseek_v3_like,
     "llama2_7b": llama2_7b,
     "mixtral_8x7b": mixtral_8x7b,
+    "llama3_405b": llama3_405b,
 }
 
 # ------------------------------------------------------------------------------------------------ seed models
