@@ -94,15 +94,18 @@ def problems() -> dict[str, list[str]]:
         pot = (TEMPLATES / name).with_suffix(".pot")
         if pot.is_file():  # the English as extracted now, against the catalog as last updated
             current = {m.id for m in pofile.entries(pofile.read(pot))}
-            ids = {m.id for m in held}
-            for msgid in sorted(current - ids):
-                found.setdefault(name, []).append(f"missing (English changed; run update): {msgid[:70]}")
-            for msgid in sorted(ids - current):
-                found.setdefault(name, []).append(f"outdated (no longer in the English; run update): {msgid[:70]}")
+            _compare(found.setdefault(name, []), current, held, "English changed", "no longer in the English")
         for message in held:
             found.setdefault(name, []).extend(review.faults(message, glossary))
     found.update(pylib_problems(glossary))
     return {name: lines for name, lines in found.items() if lines}
+
+
+def _compare(lines: list[str], current: set[str], held, why_missing: str, why_outdated: str) -> None:
+    """Name each message the source has and the catalog lacks (missing), and each the catalog holds for nothing."""
+    ids = {m.id for m in held}
+    lines.extend(f"missing ({why_missing}; run update): {msgid[:70]}" for msgid in sorted(current - ids))
+    lines.extend(f"outdated ({why_outdated}; run update): {msgid[:70]}" for msgid in sorted(ids - current))
 
 
 def pylib_problems(glossary) -> dict[str, list[str]]:
@@ -113,11 +116,7 @@ def pylib_problems(glossary) -> dict[str, list[str]]:
         name = str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
         current = {m.id for m in pofile.entries(template)}
         held = pofile.entries(pofile.read(path))
-        ids = {m.id for m in held}
-        for msgid in sorted(current - ids):
-            found.setdefault(name, []).append(f"missing (a new tr(...) message; run update): {msgid[:70]}")
-        for msgid in sorted(ids - current):
-            found.setdefault(name, []).append(f"outdated (no tr(...) uses it; run update): {msgid[:70]}")
+        _compare(found.setdefault(name, []), current, held, "a new tr(...) message", "no tr(...) uses it")
         for message in held:
             found.setdefault(name, []).extend(review.faults(message, glossary))
     return {name: lines for name, lines in found.items() if lines}
