@@ -137,14 +137,17 @@ def test_a_zero_stage_parameter_is_the_zero_stage_and_the_enum_is_called_zero_st
 
 def test_no_signature_restates_a_run_options_default():
     """A parameter named like one of the composed run's options with RunOptions' default written as a literal is a
-    second copy of that default (RunOptions holds the one): take the options instead. The modes' own vocabulary
-    keeps its own defaults (the CP mode's `kind` and `layout`, a TP layer's `sequence_parallel` off, the pipeline's
-    `v` = 1 and its 1F1B `schedule`)."""
+    second copy of that default (RunOptions holds the one): take the options instead. The CP mode's own `kind` and
+    `layout` default to the same constants (`CP_KIND`, `CP_LAYOUT` in pylib.plan.options), never to a literal. The
+    modes' other defaults are their own (a TP layer's `sequence_parallel` off, the pipeline's `v` = 1 and its 1F1B
+    `schedule`)."""
     fields = {f.name: f.default for f in dataclasses.fields(RunOptions)}
+    same_as = {"kind": "cp_kind", "layout": "cp_layout"}  # the CP mode's names for two of the options
     found = []
     for where, name, params in FUNCTIONS:
         for p, default, _ in params:
-            if p in ("cp_kind", "cp_layout", "zero_stage", "recompute", "n_microbatches"):
-                if isinstance(default, ast.Constant) and default.value == fields[p]:
+            field = same_as.get(p, p)
+            if field in ("cp_kind", "cp_layout", "zero_stage", "recompute", "n_microbatches"):
+                if isinstance(default, ast.Constant) and default.value == fields[field]:
                     found.append(f"{where} {name}({p}={default.value!r})")
     assert not found, "\n".join(found)

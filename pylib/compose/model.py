@@ -35,7 +35,7 @@ from pylib.dp.memory import HeldBytes
 from pylib.dp.wrap import wrap
 from pylib.i18n import tr
 from pylib.model import torch_dtype
-from pylib.plan.options import RunOptions, ZeroStage
+from pylib.plan.options import CP_LAYOUT, RunOptions, ZeroStage
 from pylib.plan.schedules import build
 from pylib.pp.executor import Boundary, microbatches, run_pipeline
 from pylib.pp.recorder import PipelineRecorder
@@ -80,7 +80,7 @@ class StepResult:
     timeline: list = field(default_factory=list)
 
 
-def local_batch(x: torch.Tensor, mesh, layout: str = "zigzag") -> torch.Tensor:
+def local_batch(x: torch.Tensor, mesh, layout: str = CP_LAYOUT) -> torch.Tensor:
     """This rank's part of a global [B, S] tensor: rows [d*B/dp, (d+1)*B/dp) of its DP index, then its CP part of
     the sequence (`pylib.cp.shard_sequence`, zig-zag by default). The same on every TP rank (SP splits the sequence
     further inside the model, after the embedding)."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 
 from pylib.cp.layout import sequence_positions
+from pylib.plan.options import CP_LAYOUT
 
 
-def holder_labels(seq: int, cp: int, tp: int, layout: str = "zigzag") -> torch.Tensor:
+def holder_labels(seq: int, cp: int, tp: int, layout: str = CP_LAYOUT) -> torch.Tensor:
     """[S] int64: for each position of a sequence, the index (cp_rank * tp + tp_rank) of the rank of one replica
     that holds it in the composed model (CP's layout, then SP's contiguous split of the CP rank's tokens)."""
     labels = torch.empty(seq, dtype=torch.int64, device="cpu")

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from pylib.i18n import tr
 from pylib.model.attention import Attention
 from pylib.model.transformer import Block, Transformer
+from pylib.plan.options import CP_KIND, CP_LAYOUT
 from pylib.plan.recompute import Recompute, check_recompute
 from pylib.runtime import collectives as C
 from pylib.runtime.recompute import RecomputedCore, run_layers
@@ -54,8 +55,8 @@ class CPAttentionCore:
         self,
         group=None,
         *,
-        layout: str = "zigzag",
-        kind: str = "ring",
+        layout: str = CP_LAYOUT,
+        kind: str = CP_KIND,
         causal: bool = True,
         kernel="auto",
         overlap: bool = True,
@@ -123,7 +124,7 @@ class CPAttention(Attention):
         self.cp_core = core
 
     @classmethod
-    def from_full(cls, attn: Attention, *, group=None, layout: str = "zigzag", kind: str = "ring", **core_kw):
+    def from_full(cls, attn: Attention, *, group=None, layout: str = CP_LAYOUT, kind: str = CP_KIND, **core_kw):
         cfg = attn.cfg
         core = CPAttentionCore(group, layout=layout, kind=kind, causal=cfg.causal, **core_kw)
         if kind == "ulysses":
@@ -144,7 +145,7 @@ class CPAttention(Attention):
 
 
 def cp_block(
-    block: Block, *, group=None, layout: str = "zigzag", kind: str = "ring", recompute=Recompute(), **core_kw
+    block: Block, *, group=None, layout: str = CP_LAYOUT, kind: str = CP_KIND, recompute=Recompute(), **core_kw
 ) -> Block:
     """A copy of a reference layer whose attention runs over the cp group; LN and MLP are the same modules
     (copied). x [b, s/cp, h] -> [b, s/cp, h]. recompute="selective": the cp core is recomputed in backward."""
@@ -183,7 +184,7 @@ class CPTransformer(nn.Module):
             self.lm_head.weight = self.embed.weight
 
     @classmethod
-    def from_full(cls, model: Transformer, *, group=None, layout: str = "zigzag", kind: str = "ring", **kw):
+    def from_full(cls, model: Transformer, *, group=None, layout: str = CP_LAYOUT, kind: str = CP_KIND, **kw):
         """kw: recompute (a `pylib.plan.recompute.Recompute` or its granularity) and the core's options."""
         return cls(model, group, layout, kind, **kw)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from pylib.plan.options import CP_LAYOUT
 from pylib.plan.problems import LAYOUTS, check_layout, check_sequence, n_chunks
 from pylib.plan.sequence import layout_chunks, token_positions
 from pylib.runtime.sharding import ShardSpec
@@ -37,19 +38,19 @@ __all__ = [
 ]
 
 
-def sequence_positions(seq_len: int, cp_rank: int, cp_size: int, layout: str = "zigzag", device=None) -> torch.Tensor:
+def sequence_positions(seq_len: int, cp_rank: int, cp_size: int, layout: str = CP_LAYOUT, device=None) -> torch.Tensor:
     """Global token positions [s/cp] (int64) of the rows rank `cp_rank` holds, in its storage order
     (`pylib.plan.sequence.token_positions` as a tensor)."""
     return torch.tensor(token_positions(seq_len, cp_rank, cp_size, layout), dtype=torch.int64, device=device)
 
 
-def layout_order(seq_len: int, cp_size: int, layout: str = "zigzag", device=None) -> torch.Tensor:
+def layout_order(seq_len: int, cp_size: int, layout: str = CP_LAYOUT, device=None) -> torch.Tensor:
     """Positions [s] of the sequence as the ranks' shards concatenate in rank order (what an all-gather over the
     cp group, or Ulysses' all-to-all, produces)."""
     return torch.cat([sequence_positions(seq_len, r, cp_size, layout, device) for r in range(cp_size)])
 
 
-def shard_sequence(x: torch.Tensor, dim: int, cp_rank: int, cp_size: int, layout: str = "zigzag") -> torch.Tensor:
+def shard_sequence(x: torch.Tensor, dim: int, cp_rank: int, cp_size: int, layout: str = CP_LAYOUT) -> torch.Tensor:
     """This rank's part of `x` along `dim` (the sequence dimension): [.., s, ..] -> [.., s/cp, ..].
 
     Autograd flows through it. Shard every per-token tensor the same way (ids, targets, positions, hidden states);
@@ -59,7 +60,7 @@ def shard_sequence(x: torch.Tensor, dim: int, cp_rank: int, cp_size: int, layout
     return torch.cat([chunks[i] for i in layout_chunks(cp_rank, cp_size, layout)], dim=dim)
 
 
-def unshard_sequence(parts, dim: int, layout: str = "zigzag") -> torch.Tensor:
+def unshard_sequence(parts, dim: int, layout: str = CP_LAYOUT) -> torch.Tensor:
     """Every rank's part (a list in cp-rank order) -> the full tensor in the original token order."""
     parts = list(parts)
     cp_size = len(parts)
@@ -76,7 +77,7 @@ def unshard_sequence(parts, dim: int, layout: str = "zigzag") -> torch.Tensor:
     return torch.cat(ordered, dim=dim)
 
 
-def sequence_shard_spec(name: str, full_shape, dim: int, cp_rank: int, cp_size: int, layout: str = "zigzag"):
+def sequence_shard_spec(name: str, full_shape, dim: int, cp_rank: int, cp_size: int, layout: str = CP_LAYOUT):
     """A `ShardSpec` saying that activation `name` is split along its sequence dimension over the cp axis."""
     full_shape = tuple(full_shape)
     check_sequence(full_shape[dim], cp_size, layout)

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from pylib.plan.heads import kv_group_problem
+from pylib.plan.options import CP_LAYOUT
 from pylib.runtime import collectives as C
 from pylib.runtime import tracer
 from pylib.runtime.agreement import agree
@@ -263,7 +264,7 @@ def ring_attention(
     *,
     group=None,
     causal: bool = False,
-    layout: str = "zigzag",
+    layout: str = CP_LAYOUT,
     kernel="auto",
     overlap: bool = True,
     merge_dtype: torch.dtype | None = None,

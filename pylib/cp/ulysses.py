@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from pylib.plan.options import CP_LAYOUT
 from pylib.plan.problems import check_heads
 from pylib.runtime import collectives as C
 from pylib.runtime import tracer
@@ -34,7 +35,7 @@ def ulysses_attention(
     *,
     group=None,
     causal: bool = False,
-    layout: str = "zigzag",
+    layout: str = CP_LAYOUT,
     kernel="auto",
 ) -> torch.Tensor:
     """Attention of this rank's sequence shard via two head <-> sequence all-to-alls.

@@ -22,7 +22,7 @@ from pylib.cp.layout import sequence_positions
 from pylib.dp import DistributedDataParallel, micro_batch
 from pylib.ep import ExpertParallelMoE
 from pylib.model import build_model, random_hidden, random_tokens, saved_activations, torch_dtype
-from pylib.plan.options import RunOptions
+from pylib.plan.options import CP_KIND, CP_LAYOUT, RunOptions
 from pylib.pp import PipelineParallel
 from pylib.runtime import Mesh, ParallelConfig, current_device, trace
 from pylib.runtime import collectives as C
@@ -85,7 +85,7 @@ def _tp(model, ids, targets, group, sequence_parallel):
     return _record(_params(tp), probe, tr, tp.shard_specs())
 
 
-def _cp(model, ids, targets, group, layout, kind="ring"):
+def _cp(model, ids, targets, group, layout, kind=CP_KIND):
     g = C.resolve_group(group)
     cp = CPTransformer.from_full(model, group=g, layout=layout, kind=kind)
     probe = ActivationProbe().watch_layer(cp.layers[0]).watch_head(cp.lm_head)
@@ -143,7 +143,7 @@ def probe_modes(
     b: int,
     s: int,
     *,
-    layout: str = "zigzag",
+    layout: str = CP_LAYOUT,
     n_microbatches: int = 2,
     kv_replicated_cfg=None,
     ulysses: bool = False,

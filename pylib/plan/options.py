@@ -24,6 +24,8 @@ from .schedules import SCHEDULES
 SEQUENCE_PARALLEL = True
 CP_KINDS = ("ring", "ulysses")
 CP_LAYOUTS = ("contiguous", "zigzag")
+CP_KIND = "ring"  # the default CP kind of RunOptions and of the CP mode's own functions, written once
+CP_LAYOUT = "zigzag"  # the default token layout (causal load balance), likewise
 
 
 class ZeroStage(enum.IntEnum):
@@ -72,8 +74,8 @@ class RunOptions:
     `Recompute(granularity)`. Not validated here: `pylib.plan.problems` reports every bad value with the others."""
 
     sequence_parallel: bool = SEQUENCE_PARALLEL
-    cp_kind: str = "ring"
-    cp_layout: str = "zigzag"
+    cp_kind: str = CP_KIND
+    cp_layout: str = CP_LAYOUT
     schedule: str = "1f1b"
     n_microbatches: int = 1
     v: int = 1
