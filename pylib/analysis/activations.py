@@ -18,7 +18,7 @@ which the TP tests measure byte for byte. Three things change them inside the co
                    `recompute.core_input_bytes`); with Megatron's `recompute_modules` (`pylib.plan.recompute`) that
                    is "core_attn", and "layernorm", "mlp", "moe_act" drop the rows `recompute.module_dropped_rows`
                    names; recompute="full" keeps, for each group of layers
-                   `pylib.plan.recompute.recompute_groups` names within a chunk, only the group's input
+                   `pylib.plan.recompute.Recompute.groups` names within a chunk, only the group's input
                    [b, s/cp, h] ([b, s/(cp tp), h] under SP), and the other layers' rows as they are
   Megatron's SP    sp_regather=True: the QKV and MLP inputs (and the LM head's) are kept as the s/(cp tp) shard and
                    all-gathered again in backward (`tp.compare_with_korthikanti(regather=True)`); pylib.tp keeps

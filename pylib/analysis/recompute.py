@@ -8,7 +8,7 @@ d = d_head, s_o = tokens outside the TP region: s/t under SP, else s):
     selective   none without the attention core's rows (Q and the expanded K, the expanded V, the
                 [b, a_t, s, s] probabilities, the causal mask) plus the core's inputs kept by the checkpoint:
                 q [b, a_t, s, d], k, v [b, kv_t, s, d] (not expanded under GQA): e b s (a_t + 2 kv_t) d
-    full        the input of each recomputed group of layers: e b s_o h (`pylib.plan.recompute.recompute_groups`
+    full        the input of each recomputed group of layers: e b s_o h (`pylib.plan.recompute.Recompute.groups`
                 decides how many inputs a stage keeps; layers outside the groups keep "none")
 
 Korthikanti et al. 2022 (2-byte activations, with dropout) print sbh(34 + 5as/h) without recompute; selective removes

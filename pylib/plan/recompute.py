@@ -127,19 +127,9 @@ def as_recompute(choice) -> Recompute:
     return Recompute(choice)
 
 
-def recompute_problems(choice) -> list[str]:
-    """`Recompute.problems` of `as_recompute(choice)`."""
-    return as_recompute(choice).problems()
-
-
 def check_recompute(choice) -> Recompute:
     """The choice as a `Recompute`; raises ValueError listing its problems."""
     return as_recompute(choice).check()
-
-
-def recompute_groups(n_layers: int, choice):
-    """`Recompute.groups` of `as_recompute(choice)`."""
-    return as_recompute(choice).groups(n_layers)
 
 
 __all__ = [
@@ -151,7 +141,5 @@ __all__ = [
     "as_recompute",
     "check_recompute",
     "modules_problems",
-    "recompute_groups",
     "recompute_modules",
-    "recompute_problems",
 ]

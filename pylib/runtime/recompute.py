@@ -10,7 +10,7 @@ again in that second forward (an SP all-gather, a TP all-reduce, ring attention'
 backward, under the tracer's phase "recompute" (the forward's own are "forward", the gradients' "backward"). Our
 forward has no dropout and draws no random numbers, so the RNG state is not saved
 (preserve_rng_state=False) and the rerun computes bit-identical values: the gradients equal those without recompute.
-Which layers a stage recomputes is `pylib.plan.recompute.recompute_groups`.
+Which layers a stage recomputes is `pylib.plan.recompute.Recompute.groups`.
 """
 
 from __future__ import annotations
