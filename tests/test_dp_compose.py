@@ -137,5 +137,5 @@ def test_expert_gradients_averaged_over_edp_are_ep_times_too_large(moe_reference
 
 @pytest.mark.parametrize("stage", ["ddp", "zero1", "zero3"])
 def test_gradient_divide_factor_must_be_positive(stage):
-    with pytest.raises(ValueError, match=r"gradient_divide_factor=0 must be a positive number"):
+    with pytest.raises(ValueError, match=r"gradient_divide_factor=0 must be > 0"):
         wrap(build_model(DENSE), stage, None, gradient_divide_factor=0)  # refused before any group is touched

@@ -104,8 +104,6 @@ def test_megatron_mixtral_example_reads_as_its_layout():
         (ParallelConfig(ep=2, dp=2), RunOptions(), False, "moe=True"),
         (ParallelConfig(pp=2, dp=2), RunOptions(v=2), False, "v=2"),
         (ParallelConfig(dp=4), RunOptions(n_microbatches=3), False, "global_batch=8"),
-        (ParallelConfig(dp=4), RunOptions(zero_stage=4), False, "zero_stage=4"),
-        (ParallelConfig(dp=4), RunOptions(recompute="partial"), False, "recompute='partial'"),
     ],
 )
 def test_an_option_megatron_cannot_run_is_named(par, options, moe, named):

@@ -50,13 +50,14 @@ def test_groups_follow_megatrons_uniform_and_block_methods():
 
 
 def test_bad_choices_are_named():
-    found = problems(_cfg(), ParallelConfig(), options=RunOptions(recompute=Recompute("some", num_layers=0)))
-    assert any("recompute='some' must be one of ('none', 'selective', 'full')" in p for p in found)
-    assert any("recompute_num_layers=0 must be a positive integer" in p for p in found)
+    with pytest.raises(ValueError, match=r"recompute='some' must be one of \('none', 'selective', 'full'\)"):
+        RunOptions(recompute=Recompute("some"))
+    with pytest.raises(ValueError, match="recompute_num_layers=0 must be >= 1"):
+        Recompute("full", num_layers=0)
     zero3 = RunOptions(zero_stage=3, recompute=Recompute("full", num_layers=2))
     assert any("spans several ZeRO-3 units" in p for p in problems(_cfg(), ParallelConfig(dp=2), options=zero3))
     with pytest.raises(ValueError, match="recompute_method='every' must be one of"):
-        Recompute("full", "every").groups(2)
+        Recompute("full", "every")
     with pytest.raises(ValueError, match="recompute='partial' must be one of"):
         R.layer_saved_bytes(_cfg(), B, S, recompute="partial")
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pylib.plan.fields import number
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.recompute import recompute_modules
 
@@ -56,12 +57,11 @@ class CostModel:
     contention: float = 0.2
 
     def __post_init__(self):
-        if not 0 < self.eta <= 1:
-            raise ValueError(f"eta={self.eta!r} must be in (0, 1]")
-        if self.c_elem < 0:
-            raise ValueError(f"c_elem={self.c_elem!r} must be >= 0")
-        if not 0 <= self.tp_overlap <= 1:
-            raise ValueError(f"tp_overlap={self.tp_overlap!r} must be in [0, 1]")
+        number("CostModel", "eta", self.eta, above=0, high=1)
+        number("CostModel", "c_elem", self.c_elem, low=0)
+        number("CostModel", "tp_overlap", self.tp_overlap, low=0, high=1)
+        number("CostModel", "latency", self.latency, low=0)
+        number("CostModel", "contention", self.contention, low=0)
 
 
 @dataclass(frozen=True)

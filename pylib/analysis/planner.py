@@ -66,6 +66,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
+from pylib.plan.fields import divisors as _divisors  # by factorisation: 2**40 ranks or a prime answer at once
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.layout import FlatEntry, FlatLayout
 from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
@@ -82,12 +83,12 @@ from . import ep as ep_analysis
 from . import pp as pp_analysis
 from . import recompute as recompute_analysis
 from . import tp as tp_analysis
-from .activations import ATTENTION_KERNELS, chunk_saved_bytes, expected_expert_rows, peak_saved_bytes, split_layers
+from .activations import chunk_saved_bytes, expected_expert_rows, peak_saved_bytes, split_layers
 from .efficiency import CostModel, MicrobatchTime, microbatch_seconds
+from .inputs import PRECISIONS, check_cluster, check_search_space, check_sizes, check_workload
 from .tp import dtype_bytes
 from .weights import weight_shapes
 
-PRECISIONS = ("uniform", "mixed")
 MIXED_STATE_BYTES = dp_analysis.PAPER_K  # fp32 master copy, momentum and variance per parameter
 GB = 1e9
 
@@ -118,14 +119,7 @@ class Cluster:
     model: CostModel = CostModel()
 
     def __post_init__(self):
-        for name in ("world_size", "gpus_per_node"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be a positive integer")
-        for name in ("gpu_memory", "intra_node_bandwidth", "inter_node_bandwidth", "peak_flops", "hbm_bandwidth"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be positive")
-        if not 0 < self.usable_fraction <= 1:
-            raise ValueError(f"usable_fraction={self.usable_fraction!r} must be in (0, 1]")
+        check_cluster(self)
 
     @property
     def usable_memory(self) -> float:
@@ -155,14 +149,7 @@ class Workload:
     grad_reduce: str = "bfloat16"
 
     def __post_init__(self):
-        _positive(batch=self.batch, seq=self.seq)
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision={self.precision!r} must be one of {PRECISIONS}")
-        if self.attention not in ATTENTION_KERNELS:
-            raise ValueError(f"attention={self.attention!r} must be one of {ATTENTION_KERNELS}")
-        bad = MixedPrecision(grad_reduce=self.grad_reduce).problems()  # bf16 compute: bf16 or fp32 reductions
-        if bad:
-            raise ValueError("; ".join(bad))
+        check_workload(self)
         if self.grad_reduce != "bfloat16" and self.precision != "mixed":
             raise ValueError(f"grad_reduce={self.grad_reduce!r} needs precision='mixed'")
 
@@ -287,16 +274,6 @@ def canonical(plan: Plan, has_experts: bool = True) -> Plan:
 # ------------------------------------------------------------------------------------------------ enumeration
 
 
-def _positive(**sizes) -> None:
-    for name, n in sizes.items():
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"{name}={n!r} must be a positive integer")
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str]:
     """Every constraint `plan` breaks (`pylib.plan.problems`, what `pylib.compose` checks before it runs); empty
     when the composed model runs it; with `plan.group_size` also Megatron's rule for N (`schedules.check_schedule`:
@@ -373,6 +350,9 @@ class SearchSpace:
     balance_ends: bool = False
     group_sizes: str | tuple[int, ...] = "default"
 
+    def __post_init__(self):
+        check_search_space(self)
+
 
 def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpace = SearchSpace()) -> list[Plan]:
     """Every plan `pylib.plan.problems` accepts for `cfg` on `world_size` ranks and a global batch [batch, seq], each
@@ -383,7 +363,7 @@ def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpa
     micro_batch_sizes, virtual_stages, expert_tp = sp_.micro_batch_sizes, sp_.virtual_stages, sp_.expert_tp
     tp_sizes, cp_sizes, meshes, order = sp_.tp_sizes, sp_.cp_sizes, sp_.meshes, sp_.order
     balance_ends, sp_regather, group_sizes = sp_.balance_ends, sp_.sp_regather, sp_.group_sizes
-    _positive(world_size=world_size, batch=batch, seq=seq)
+    check_sizes(world_size=world_size, batch=batch, seq=seq)
     moe = cfg.moe is not None
     out, seen = [], set()
     for tp in [t for t in _divisors(world_size) if tp_sizes is None or t in tp_sizes]:

@@ -35,7 +35,8 @@ from pylib.dp.memory import HeldBytes
 from pylib.dp.wrap import wrap
 from pylib.i18n import tr
 from pylib.model import torch_dtype
-from pylib.plan.options import CP_LAYOUT, RunOptions, ZeroStage
+from pylib.plan.fields import instance
+from pylib.plan.options import CP_LAYOUT, MixedPrecision, RunOptions, ZeroStage
 from pylib.plan.schedules import build
 from pylib.pp.executor import Boundary, microbatches, run_pipeline
 from pylib.pp.recorder import PipelineRecorder
@@ -136,7 +137,7 @@ def _wrap(stage, mesh, expert: set, zero_stage: ZeroStage, bucket_bytes: int, op
 def _check_precision(precision, cfg) -> None:
     if precision is None:
         return
-    precision.check()
+    instance("ParallelTransformer", "precision", precision, MixedPrecision)
     if cfg.dtype != precision.compute:
         raise ValueError(
             f"precision.compute={precision.compute!r} but the model is in {cfg.dtype!r}: build the full model in the "

@@ -35,6 +35,9 @@ import functools
 import torch
 import torch.nn as nn
 
+from pylib.plan.fields import instance
+from pylib.plan.options import MixedPrecision
+
 from ..runtime import collectives as C
 from ..runtime import tracer
 from ..runtime.sharding import ShardSpec
@@ -225,7 +228,10 @@ class FullyShardedDataParallel(nn.Module):
     ):
         super().__init__()
         self.reduce_dtype = None
-        if precision is not None and precision.check().grad_reduce != precision.compute:
+        if (
+            precision is not None
+            and instance("FSDP", "precision", precision, MixedPrecision).grad_reduce != precision.compute
+        ):
             self.reduce_dtype = getattr(torch, precision.grad_reduce)
         self.module = module
         self.divide_by = check_divide_factor(gradient_divide_factor)

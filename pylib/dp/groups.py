@@ -27,6 +27,8 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
+from pylib.plan.fields import number
+
 from ..runtime.collectives import resolve_group
 from ..runtime.mesh import AxisGroup
 
@@ -61,9 +63,5 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def check_divide_factor(factor) -> int | float | None:
-    """None (average over each group) or a positive number to divide every summed gradient by."""
-    if factor is None:
-        return None
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
-        raise ValueError(f"gradient_divide_factor={factor!r} must be a positive number (or None: average per group)")
-    return factor
+    """None (average over each group) or a positive, finite number to divide every summed gradient by."""
+    return number(None, "gradient_divide_factor", factor, above=0, none=True)

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from pylib.model import torch_dtype
+from pylib.plan.fields import instance
 from pylib.plan.options import MixedPrecision
 
 from ..runtime import collectives as C
@@ -78,7 +79,7 @@ class MasterWeights:
     whose members each see only a slice of the gradients; empty for DDP, where every rank sees the same)."""
 
     def __init__(self, low: list[torch.Tensor], recipe: MixedPrecision, optimizer, groups=(), **optim_kwargs):
-        self.recipe = recipe.check()
+        self.recipe = instance("MasterWeights", "recipe", recipe, MixedPrecision)
         self.low = list(low)
         master = torch_dtype(recipe.master)
         self.master = [t.detach().to(master, copy=True) for t in self.low]
@@ -134,7 +135,11 @@ class SingleDeviceMixed:
     rows each), reduces their gradients as the data-parallel run does, steps, and returns the mean loss."""
 
     def __init__(self, module: nn.Module, recipe: MixedPrecision, parts: int, optimizer=torch.optim.Adam, **kw):
-        self.module, self.recipe, self.parts = cast_module(module, recipe.check()), recipe, parts
+        self.module, self.recipe, self.parts = (
+            cast_module(module, instance("SingleDeviceMixed", "recipe", recipe, MixedPrecision)),
+            recipe,
+            parts,
+        )
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.weights = MasterWeights(self.params, recipe, optimizer, **kw)
 

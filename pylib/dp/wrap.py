@@ -15,14 +15,15 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from pylib.plan.options import ZERO_STAGE_NAMES, ZeroStage
+from pylib.plan.fields import instance, integer
+from pylib.plan.options import ZERO_STAGE_NAMES, MixedPrecision, ZeroStage
 from pylib.plan.options import zero_stage as as_zero_stage
 
 from ..runtime import tracer
 from .buckets import DEFAULT_BUCKET_BYTES
 from .ddp import DistributedDataParallel
 from .fsdp import FullyShardedDataParallel
-from .groups import GroupFor
+from .groups import GroupFor, check_divide_factor
 from .memory import HeldBytes, storage_bytes
 from .mixed import MasterWeights, cast_module, torch_dtype
 from .zero import ZeroDataParallel
@@ -115,9 +116,14 @@ def wrap(
     precision: a `pylib.plan.options.MixedPrecision` recipe -- the module is cast to its compute dtype here, the
     gradients reduced in its reduce dtype, the optimizer run on fp32 masters (`pylib.dp.mixed`); None: one dtype.
     Call backward on `trainer.scale_loss(loss)` (the loss times the fp16 loss scale; the loss itself otherwise)."""
+    # every argument checked before the module is touched: a refusal leaves it as it was
     stage = as_zero_stage(zero_stage)  # raises naming the allowed values
+    instance("wrap", "module", module, nn.Module)
+    instance("wrap", "precision", precision, MixedPrecision, none=True)
+    check_divide_factor(gradient_divide_factor)
+    integer("wrap", "bucket_bytes", bucket_bytes)
     if precision is not None:
-        cast_module(module, precision.check())
+        cast_module(module, precision)
     if stage == ZeroStage.DDP:
         ddp = DistributedDataParallel(
             module,

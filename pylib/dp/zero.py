@@ -28,7 +28,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from pylib.plan.options import ZeroStage
+from pylib.plan.fields import instance
+from pylib.plan.options import MixedPrecision, ZeroStage
 from pylib.plan.options import zero_stage as as_zero_stage
 
 from ..runtime import collectives as C
@@ -90,7 +91,9 @@ class ZeroDataParallel(nn.Module):
             tag_prefix=self.tag_prefix,
             max_in_flight=max_buckets_in_flight if stage == 2 else None,
             divide_by=divide_by,
-            grad_dtype=None if precision is None else torch_dtype(precision.check().grad_reduce),
+            grad_dtype=None
+            if precision is None
+            else torch_dtype(instance("ZeroDataParallel", "precision", precision, MixedPrecision).grad_reduce),
         )
         self.flats: list[torch.Tensor] = []  # one padded parameter buffer per bucket
         self.shards: list[torch.Tensor] = []  # this rank's slice of each, what the optimizer updates

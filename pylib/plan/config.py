@@ -15,8 +15,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from .fields import choice, flag, instance, integer, number
 from .heads import kv_group_problem
 from .options import DTYPE_BYTES
+
+SCORES = ("softmax", "sigmoid")
+DROP_POLICIES = ("probs", "position")
+MLPS = ("gelu", "swiglu")
+POSITIONS = ("none", "rope")
 
 
 @dataclass(frozen=True)
@@ -51,25 +57,20 @@ class MoEConfig:
     every: int = 1  # layer i is MoE when i % every == every - 1 (every=1: all layers)
 
     def __post_init__(self):
-        for name in ("n_experts", "top_k", "every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name}={value!r} must be an integer, not {type(value).__name__}")
-        if self.d_ff is not None and (isinstance(self.d_ff, bool) or not isinstance(self.d_ff, int) or self.d_ff < 1):
-            raise ValueError(f"d_ff={self.d_ff!r} must be a positive integer (or None for the model's d_ff)")
-        if self.n_experts < 1:
-            raise ValueError(f"n_experts={self.n_experts} must be >= 1")
+        # every field checked before any rule reads it (pylib.plan.fields: the type, finiteness and range)
+        for name in ("n_experts", "every"):
+            object.__setattr__(self, name, integer("MoEConfig", name, getattr(self, name)))
+        object.__setattr__(self, "top_k", integer("MoEConfig", "top_k", self.top_k, low=None))  # 1..E: below
+        object.__setattr__(self, "d_ff", integer("MoEConfig", "d_ff", self.d_ff, none=True))
+        choice("MoEConfig", "score", self.score, SCORES)
+        flag("MoEConfig", "topk_then_softmax", self.topk_then_softmax)
+        number("MoEConfig", "capacity_factor", self.capacity_factor, above=0, none=True)
+        choice("MoEConfig", "drop_policy", self.drop_policy, DROP_POLICIES)
+        for name in ("aux_loss_coef", "z_loss_coef", "bias_update_rate"):
+            number("MoEConfig", name, getattr(self, name), low=0)
         bad = routing_problems(self)
         if bad:
             raise ValueError(bad[0])
-        if self.score not in ("softmax", "sigmoid"):
-            raise ValueError(f"score={self.score!r} must be 'softmax' or 'sigmoid'")
-        if self.drop_policy not in ("probs", "position"):
-            raise ValueError(f"drop_policy={self.drop_policy!r} must be 'probs' or 'position'")
-        if self.every < 1:
-            raise ValueError(f"every={self.every} must be >= 1")
-        if self.bias_update_rate < 0:
-            raise ValueError(f"bias_update_rate={self.bias_update_rate} must be >= 0")
 
 
 def routing_problems(moe) -> list[str]:
@@ -124,22 +125,26 @@ class ModelConfig:
     seed: int = 0
 
     def __post_init__(self):
+        # each field alone first (pylib.plan.fields), then the rules between fields, all named in one message
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff"):
+            object.__setattr__(self, name, integer("ModelConfig", name, getattr(self, name)))
+        object.__setattr__(self, "n_kv_heads", integer("ModelConfig", "n_kv_heads", self.n_kv_heads, none=True))
+        object.__setattr__(self, "seed", integer("ModelConfig", "seed", self.seed, low=0, high=2**64 - 1))
+        choice("ModelConfig", "mlp", self.mlp, MLPS)
+        choice("ModelConfig", "position", self.position, POSITIONS)
+        choice("ModelConfig", "dtype", self.dtype, tuple(DTYPE_BYTES))
+        for name in ("causal", "tie_embeddings"):
+            flag("ModelConfig", name, getattr(self, name))
+        for name in ("norm_eps", "rope_base"):
+            number("ModelConfig", name, getattr(self, name), above=0)
+        instance("ModelConfig", "moe", self.moe, MoEConfig, none=True)
         problems = []
         if self.d_model % self.n_heads:
             problems.append(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
         if kv := kv_group_problem(self.n_heads, self.kv_heads):
             problems.append(kv)
-        if self.mlp not in ("gelu", "swiglu"):
-            problems.append(f"mlp={self.mlp!r} must be 'gelu' or 'swiglu'")
-        if self.position not in ("none", "rope"):
-            problems.append(f"position={self.position!r} must be 'none' or 'rope'")
-        if self.position == "rope" and self.n_heads and (self.d_model // self.n_heads) % 2:
+        if self.position == "rope" and (self.d_model // self.n_heads) % 2:
             problems.append(f"rope needs an even d_head, got {self.d_model // self.n_heads}")
-        if self.dtype not in DTYPE_BYTES:
-            problems.append(f"dtype={self.dtype!r} is not a float dtype name: one of {tuple(DTYPE_BYTES)}")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff"):
-            if getattr(self, name) < 1:
-                problems.append(f"{name}={getattr(self, name)} must be >= 1")
         if problems:
             raise ValueError("invalid ModelConfig: " + "; ".join(problems))
 

@@ -134,13 +134,7 @@ def _problems(par: ParallelConfig, o: RunOptions, global_batch: int, moe: bool) 
         out.append(f"cp_kind={o.cp_kind!r} must be one of {tuple(CP_COMM_TYPE)} (--cp-comm-type p2p, a2a)")
     if not moe and (par.ep, par.etp) != (1, 1):
         out.append(f"ep={par.ep}, etp={par.etp} without experts: pass moe=True for a model with expert layers")
-    if o.zero_stage not in (0, 1, *FSDP_STRATEGY):
-        out.append(f"zero_stage={o.zero_stage!r} must be 0 (DDP), 1, 2 or 3")
-    rc = o.recompute
-    if rc.granularity not in ("none", "selective", "full"):
-        out.append(f"recompute={rc.granularity!r} must be 'none', 'selective' or 'full' (--recompute-granularity)")
-    if rc.granularity == "full" and rc.method not in ("uniform", "block"):
-        out.append(f"recompute_method={rc.method!r} must be 'uniform' or 'block' (--recompute-method)")
+    # the ZeRO stage and the recomputation choice are checked when `RunOptions` is built: each has a flag
     if not isinstance(global_batch, int) or global_batch % (par.dp * o.n_microbatches) or global_batch < 1:
         out.append(
             f"global_batch={global_batch!r} must be a positive multiple of dp x m = {par.dp} x {o.n_microbatches} "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .fields import ONE_OF, choice, flag, integer, number, refusal
 from .recompute import RECOMPUTE, RECOMPUTE_METHODS, Recompute, as_recompute
 from .schedules import SCHEDULES
 
@@ -58,7 +59,7 @@ def zero_stage(value: int | str) -> ZeroStage:
             return ZeroStage(ZERO_STAGE_NAMES.index(value))
     elif isinstance(value, int) and not isinstance(value, bool) and value in ZERO_STAGES:
         return ZeroStage(value)
-    raise ValueError(f"zero stage {value!r} must be one of {ZERO_STAGES} (0 = DDP) or one of {ZERO_STAGE_NAMES}")
+    raise ValueError(refusal(None, "zero_stage", value, ONE_OF, choices=ZERO_STAGES + ZERO_STAGE_NAMES))
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ class RunOptions:
     v: chunks per pipeline rank (interleaved); zero_stage: `ZeroStage` (an int 0..3 is taken as one);
     recompute: a `Recompute` (granularity "none", "selective" or "full", method and num_layers for "full":
     Megatron's recompute_granularity, recompute_method, recompute_num_layers); a granularity string is taken as
-    `Recompute(granularity)`. Not validated here: `pylib.plan.problems` reports every bad value with the others."""
+    `Recompute(granularity)`. Each field is checked when the options are built (`pylib.plan.fields`: a bad value
+    raises naming it); `pylib.plan.problems` checks them against the model and the mesh."""
 
     sequence_parallel: bool = SEQUENCE_PARALLEL
     cp_kind: str = CP_KIND
@@ -83,9 +85,37 @@ class RunOptions:
     recompute: Recompute = Recompute()
 
     def __post_init__(self):
-        object.__setattr__(self, "recompute", as_recompute(self.recompute))
-        if self.zero_stage in ZERO_STAGES or self.zero_stage in ZERO_STAGE_NAMES:  # a bad one: `problems` says so
+        # the planner builds and replaces these by the ten thousand: one cheap test of every field, the named
+        # checks (`_check_each`) only when it fails
+        if type(self.recompute) is not Recompute:
+            object.__setattr__(self, "recompute", as_recompute(self.recompute))
+        if type(self.zero_stage) is not ZeroStage:
             object.__setattr__(self, "zero_stage", zero_stage(self.zero_stage))
+        m, v = self.n_microbatches, self.v
+        if not (
+            type(self.sequence_parallel) is bool
+            and type(self.cp_kind) is str
+            and self.cp_kind in CP_KINDS
+            and type(self.cp_layout) is str
+            and self.cp_layout in CP_LAYOUTS
+            and type(self.schedule) is str
+            and self.schedule in SCHEDULES
+            and type(m) is int
+            and m >= 1
+            and type(v) is int
+            and v >= 1
+        ):
+            self._check_each()
+
+    def _check_each(self) -> None:
+        flag("RunOptions", "sequence_parallel", self.sequence_parallel)
+        choice("RunOptions", "cp_kind", self.cp_kind, CP_KINDS)
+        choice("RunOptions", "cp_layout", self.cp_layout, CP_LAYOUTS)
+        choice("RunOptions", "schedule", self.schedule, SCHEDULES)
+        m = integer("RunOptions", "n_microbatches", self.n_microbatches)
+        v = integer("RunOptions", "v", self.v)
+        object.__setattr__(self, "n_microbatches", m)
+        object.__setattr__(self, "v", v)
 
 
 COMPUTE_DTYPES = ("bfloat16", "float16")
@@ -104,7 +134,8 @@ class MixedPrecision:
     default; "float32" = Megatron's `grad_reduce_in_fp32` / `accumulate_allreduce_grads_in_fp32`);
     loss_scaling: "none" (bf16 has fp32's exponent range), "static" (multiply the loss by `loss_scale`) or
     "dynamic" (start at `loss_scale`, halve it and skip the step when a gradient is inf/nan, double it after
-    `growth_interval` clean steps), as fp16 needs. Not validated here: `problems()` lists every bad value."""
+    `growth_interval` clean steps), as fp16 needs. Each field is checked when the recipe is built
+    (`pylib.plan.fields`), so a refused recipe never reaches a model."""
 
     compute: str = "bfloat16"
     master: str = "float32"
@@ -113,27 +144,13 @@ class MixedPrecision:
     loss_scale: float = 2.0**16
     growth_interval: int = 1000
 
-    def problems(self) -> list[str]:
-        out = []
-        if self.compute not in COMPUTE_DTYPES:
-            out.append(f"compute={self.compute!r} must be one of {COMPUTE_DTYPES}")
-        if self.master != "float32":
-            out.append(f"master={self.master!r} must be 'float32' (the master weights and optimizer state)")
-        if self.grad_reduce not in (self.compute, "float32"):
-            out.append(f"grad_reduce={self.grad_reduce!r} must be the compute dtype or 'float32'")
-        if self.loss_scaling not in LOSS_SCALINGS:
-            out.append(f"loss_scaling={self.loss_scaling!r} must be one of {LOSS_SCALINGS}")
-        if not self.loss_scale > 0:
-            out.append(f"loss_scale={self.loss_scale} must be > 0")
-        if self.growth_interval < 1:
-            out.append(f"growth_interval={self.growth_interval} must be >= 1")
-        return out
-
-    def check(self) -> MixedPrecision:
-        bad = self.problems()
-        if bad:
-            raise ValueError("MixedPrecision: " + "; ".join(bad))
-        return self
+    def __post_init__(self):
+        choice("MixedPrecision", "compute", self.compute, COMPUTE_DTYPES)
+        choice("MixedPrecision", "master", self.master, ("float32",))  # the master weights and optimizer state
+        choice("MixedPrecision", "grad_reduce", self.grad_reduce, tuple(dict.fromkeys((self.compute, "float32"))))
+        choice("MixedPrecision", "loss_scaling", self.loss_scaling, LOSS_SCALINGS)
+        number("MixedPrecision", "loss_scale", self.loss_scale, above=0)
+        object.__setattr__(self, "growth_interval", integer("MixedPrecision", "growth_interval", self.growth_interval))
 
     @property
     def compute_bytes(self) -> int:

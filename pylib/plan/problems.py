@@ -27,8 +27,8 @@ from pylib.i18n import tr
 
 from .config import routing_problems
 from .heads import head_layout
-from .options import CP_KINDS, CP_LAYOUTS, ZERO_STAGES, RunOptions
-from .schedules import SCHEDULES, ScheduleError, check_schedule
+from .options import CP_LAYOUTS, RunOptions
+from .schedules import ScheduleError, check_schedule
 from .split import check_split
 
 LAYOUTS = CP_LAYOUTS
@@ -238,15 +238,8 @@ def size_problems(cfg, par, *, batch=None, seq=None, options: RunOptions | None 
 
 
 def _choice_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
-    """Known choices; the compositions the composed model refuses."""
-    if opt.cp_layout not in LAYOUTS:
-        out.append(f"cp_layout={opt.cp_layout!r} must be one of {LAYOUTS}")
-    if opt.cp_kind not in CP_KINDS:
-        out.append(f"cp_kind={opt.cp_kind!r} must be one of {CP_KINDS}")
-    if opt.zero_stage not in ZERO_STAGES:
-        out.append(f"zero_stage={opt.zero_stage!r} must be one of {ZERO_STAGES} (0 = DDP)")
+    """The compositions the composed model refuses (each choice alone is checked when `RunOptions` is built)."""
     rc = opt.recompute
-    out += rc.problems()
     k = rc.num_layers
     if opt.zero_stage == 3 and rc.granularity == "full" and rc.method == "uniform" and k != 1:
         out.append(
@@ -277,13 +270,7 @@ def _choice_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
 
 
 def _schedule_problems(out: list[str], par, opt: RunOptions) -> None:
-    m = opt.n_microbatches
-    if opt.schedule not in SCHEDULES:
-        out.append(f"schedule={opt.schedule!r} must be one of {SCHEDULES}")
-    elif isinstance(m, int) and not isinstance(m, bool) and m >= 1:
-        _collect(out, check_schedule, opt.schedule, par.pp, m, opt.v)  # what build() checks, unbuilt
-    else:
-        out.append(f"n_microbatches={m!r} must be a positive integer")
+    _collect(out, check_schedule, opt.schedule, par.pp, opt.n_microbatches, opt.v)  # what build() checks, unbuilt
 
 
 def problems(cfg, par, world_size: int | None = None, *, batch=None, seq=None, options: RunOptions | None = None):

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import fields
+
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act")  # modelled, in Megatron's spelling
@@ -77,36 +79,24 @@ def recompute_modules(recompute: str, modules=None) -> frozenset:
 @dataclass(frozen=True)
 class Recompute:
     """Which activations a stage recomputes in backward: granularity "none", "selective" (the attention core) or
-    "full" (whole groups of layers, chosen by method "uniform" / "block" and num_layers k). Not validated here:
-    `problems()` lists every bad value."""
+    "full" (whole groups of layers, chosen by method "uniform" / "block" and num_layers k). Checked when built
+    (`pylib.plan.fields`): a bad value raises naming the field, the value and the vocabulary."""
 
     granularity: str = "none"
     method: str = "uniform"
     num_layers: int = 1
 
-    def problems(self) -> list[str]:
-        """Every bad recompute choice, as sentences naming the value and the vocabulary."""
-        out = []
-        if self.granularity not in RECOMPUTE:
-            out.append(f"recompute={self.granularity!r} must be one of {RECOMPUTE}")
-        if self.method not in RECOMPUTE_METHODS:
-            out.append(f"recompute_method={self.method!r} must be one of {RECOMPUTE_METHODS}")
+    def __post_init__(self):
+        # the planner builds these by the ten thousand: one cheap test, the named checks only when it fails
         k = self.num_layers
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            out.append(f"recompute_num_layers={k!r} must be a positive integer (layers per recomputed group)")
-        return out
-
-    def check(self) -> Recompute:
-        """Raise ValueError listing `problems()`."""
-        found = self.problems()
-        if found:
-            raise ValueError("; ".join(found))
-        return self
+        if not (self.granularity in RECOMPUTE and self.method in RECOMPUTE_METHODS and type(k) is int and k >= 1):
+            fields.choice("Recompute", "recompute", self.granularity, RECOMPUTE)
+            fields.choice("Recompute", "recompute_method", self.method, RECOMPUTE_METHODS)
+            object.__setattr__(self, "num_layers", fields.integer("Recompute", "recompute_num_layers", k))
 
     def groups(self, n_layers: int):
         """A stage's n layers (by position 0..n-1) cut into (positions, recomputed whole) groups, in order.
         Only "full" recomputes whole groups; "none" and "selective" give one group that keeps its activations."""
-        self.check()
         positions = tuple(range(n_layers))
         k = self.num_layers
         if self.granularity != "full" or n_layers == 0:
@@ -128,8 +118,8 @@ def as_recompute(choice) -> Recompute:
 
 
 def check_recompute(choice) -> Recompute:
-    """The choice as a `Recompute`; raises ValueError listing its problems."""
-    return as_recompute(choice).check()
+    """The choice as a `Recompute` (`as_recompute`): building it checks it, so a bad choice raises here, named."""
+    return as_recompute(choice)
 
 
 __all__ = [
