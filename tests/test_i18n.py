@@ -76,11 +76,12 @@ def test_fields_match(message):
 
 
 def test_every_call_passes_its_fields():
-    """A tr(...) call's keyword arguments are exactly its message's fields (a chapter cell fails late otherwise)."""
+    """A tr(...) call's keyword arguments are exactly its message's fields (a chapter cell fails late otherwise).
+    A message marked N_(...) gets its fields where tr formats it, which raises `MissingField` naming one left out."""
     bad = []
     for where, node, message in TR_CALLS:
         kws = {k.arg for k in node.keywords}
-        if None in kws:  # tr(message, **fields): checked where it runs
+        if None in kws or getattr(node.func, "id", None) == "N_":  # tr(message, **fields), N_: checked where it runs
             continue
         fields = {name for name, _, _ in _fields(message)}
         if fields != kws:

@@ -36,19 +36,47 @@ class MissingTranslation(KeyError):
     """A message has no entry in the current language's catalog."""
 
 
+class UnknownLanguage(ValueError):
+    """A language name pylib does not speak (in `set_language` or in the environment's PYLIB_LANG)."""
+
+
+class MissingField(ValueError):
+    """A message formatted without a value for one of its fields: `tr` never shows the braces."""
+
+
 def normalise(language: str) -> str:
     """'zh', 'zh_CN', 'zh-CN', 'zh-Hans' -> 'zh'; 'en', 'en_US' -> 'en'; anything else is an error."""
     key = str(language).strip().lower().replace("-", "_")
     if key not in _ALIASES:
-        raise ValueError(f"unknown language {language!r}: pylib speaks {', '.join(LANGUAGES)} (e.g. 'zh' or 'zh_CN')")
+        raise UnknownLanguage(
+            f"unknown language {language!r}: pylib speaks {', '.join(LANGUAGES)} (e.g. 'zh' or 'zh_CN')"
+        )
     return _ALIASES[key]
+
+
+_read: tuple[str, str] = ("en", "en")  # (PYLIB_LANG as last read, the language it names)
+
+
+def _environment() -> str:
+    """The language $PYLIB_LANG names (unset or empty: English), normalised once per value it takes."""
+    global _read
+    raw = os.environ.get("PYLIB_LANG") or "en"
+    if raw != _read[0]:
+        try:
+            _read = (raw, normalise(raw))
+        except UnknownLanguage:
+            raise UnknownLanguage(
+                f"PYLIB_LANG={raw!r} in the environment is not a language pylib speaks: {', '.join(LANGUAGES)} "
+                "(e.g. PYLIB_LANG=zh); unset it for English"
+            ) from None
+    return _read[1]
 
 
 def language() -> str:
     """The current language: set_language(...), else $PYLIB_LANG, else 'en'."""
     if _chosen is not None:
         return _chosen
-    return normalise(os.environ.get("PYLIB_LANG") or "en")
+    return _environment()
 
 
 def set_language(language: str | None) -> None:
@@ -85,8 +113,13 @@ def catalog_path(domain: str) -> Path:
 
 
 def tr(message: str, /, **fields) -> str:
-    """The message in the current language, formatted with `fields` (str.format)."""
-    lang = language()
+    """The message in the current language, formatted with `fields` (str.format). A field the message names and
+    `fields` lacks raises `MissingField` naming it; an unknown $PYLIB_LANG raises `UnknownLanguage` carrying the
+    message being said, so the error it was about is not lost."""
+    try:
+        lang = language()
+    except UnknownLanguage as e:
+        raise UnknownLanguage(f"{e}; the message was: {_english(message, fields)}") from None
     if lang == "en":
         text = message
     else:
@@ -94,7 +127,20 @@ def tr(message: str, /, **fields) -> str:
         if text is None:
             where = ", ".join(str(catalog_path(d).relative_to(LOCALE.parent)) for d in DOMAINS)
             raise MissingTranslation(f"no {lang} entry in pylib.i18n ({where}) for {message!r}")
-    return text.format(**fields) if fields else text
+    if not fields and "{" not in text:
+        return text
+    try:
+        return text.format(**fields)
+    except (KeyError, IndexError) as e:
+        given = ", ".join(sorted(fields)) or "none"
+        raise MissingField(f"message {message!r} needs the field {e.args[0]!r} (fields given: {given})") from None
+
+
+def _english(message: str, fields: dict) -> str:
+    try:
+        return message.format(**fields)
+    except (KeyError, IndexError, ValueError):
+        return f"{message!r} with {fields!r}"
 
 
 def N_(message: str, /) -> str:
@@ -110,3 +156,6 @@ def shown(labels, key):
     if isinstance(labels, Mapping):
         return tr(labels[key]) if key in labels else key
     return tr(key) if key in labels else key
+
+
+_environment()  # $PYLIB_LANG is read when pylib is imported: a name pylib does not speak fails here, before anything

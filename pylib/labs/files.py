@@ -15,6 +15,8 @@ from pathlib import Path
 
 import nbformat
 
+from pylib.i18n import tr
+
 LAB_NAME = re.compile(r"^(\d\d)_([a-z0-9_]+)\.ipynb$")
 
 
@@ -39,8 +41,12 @@ def default_labs_dir() -> Path:
 
 
 def find_labs(labs_dir: Path | None = None) -> list[Lab]:
-    """Every NN_name.ipynb in `labs_dir`, in name order."""
+    """Every NN_name.ipynb in `labs_dir`, in name order. A folder that does not exist is an error naming it (not
+    "no lab matches"): a mistyped --labs-dir is told apart from a lab name that matches nothing."""
     labs_dir = Path(labs_dir) if labs_dir is not None else default_labs_dir()
+    if not labs_dir.is_dir():
+        what = tr("is not a folder") if labs_dir.exists() else tr("does not exist")
+        raise ValueError(tr("the labs folder {folder} {what}", folder=str(labs_dir), what=what))
     return [Lab(p) for p in sorted(labs_dir.glob("*.ipynb")) if LAB_NAME.match(p.name)]
 
 

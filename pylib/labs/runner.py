@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -32,6 +33,7 @@ from pathlib import Path
 import nbformat
 from jupyter_client.manager import AsyncKernelManager
 
+from pylib.i18n import normalise, tr
 from pylib.runtime import leftovers
 
 from .files import Lab
@@ -396,15 +398,45 @@ def _kind(value) -> str:
 def check_override_type(name: str, value, default, lab: str = "the lab") -> None:
     """An override must have the type of the parameter's default in the lab's parameters cell (an int where the
     default is an int: `-p world_size=two` or `2.5` is refused before any kernel starts; an int is accepted for a
-    float); a default of None accepts anything. world_size must also be at least 1."""
+    float); a default of None accepts anything. Its value must be possible too: a parameter whose default is a
+    positive number (a size, a count, a rate) takes a positive, finite number (`-p h=-4`, `-p lr=nan` are refused
+    here, not by torch seconds into the run); a list of positive integers (microbatch counts) a non-empty one; `lang`
+    a language pylib speaks."""
     if default is not None:
         ok = type(value) is type(default) or (type(default) is float and type(value) is int)
         if not ok:
             raise ValueError(
                 f"-p {name}={value!r}: {lab}'s {name} is {_kind(default)} (default {default!r}), not {_kind(value)}"
             )
-    if name == "world_size" and value < 1:
-        raise ValueError(f"-p world_size={value!r}: a lab runs on at least 1 rank")
+    if _positive(default) and not _positive(value):
+        raise ValueError(
+            tr(
+                "-p {name}={value!r}: {lab}'s {name} must be a positive, finite number (its default is {default!r})",
+                name=name,
+                value=value,
+                lab=lab,
+                default=default,
+            )
+        )
+    if isinstance(default, list) and default and all(_positive(v) and type(v) is int for v in default):
+        if not value or not all(_positive(v) and type(v) is int for v in value):
+            raise ValueError(
+                tr(
+                    "-p {name}={value!r}: {lab}'s {name} must be a non-empty list of positive integers "
+                    "(its default is {default!r})",
+                    name=name,
+                    value=value,
+                    lab=lab,
+                    default=default,
+                )
+            )
+    if name == "lang":
+        normalise(value)  # raises naming the languages pylib speaks
+
+
+def _positive(value) -> bool:
+    """A positive, finite int or float (not a bool)."""
+    return type(value) in (int, float) and 0 < value < math.inf
 
 
 def blocked_reason(values: dict) -> str | None:

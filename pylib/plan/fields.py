@@ -26,8 +26,10 @@ import math
 import operator
 import random
 
-from pylib.i18n import N_, tr
+from pylib.i18n import N_, UnknownLanguage, language, tr
 
+OWNED_FIELD = N_("{owner}: {name}={value} {rule}")
+FIELD = N_("{name}={value} {rule}")
 INTEGER = N_("must be an integer, not {kind}")
 NUMBER = N_("must be a number, not {kind}")
 FLAG = N_("must be True or False, not {kind}")
@@ -45,11 +47,15 @@ MAX_SIZE = 2**24  # world size, batch (sequences) and sequence length the planne
 
 
 def refusal(owner: str | None, name: str, value, rule: str, /, **numbers) -> str:
-    """`owner: name=value rule` in the reader's language; `rule` one of this module's rules, filled with `numbers`."""
-    said = tr(rule, **numbers)
-    if owner is None:
-        return tr("{name}={value} {rule}", name=name, value=_shown(value), rule=said)
-    return tr("{owner}: {name}={value} {rule}", owner=owner, name=name, value=_shown(value), rule=said)
+    """`owner: name=value rule` in the reader's language; `rule` one of this module's rules, filled with `numbers`.
+    Under an unknown $PYLIB_LANG it raises `UnknownLanguage` with the refusal in English, so neither is lost."""
+    template = FIELD if owner is None else OWNED_FIELD
+    try:
+        language()
+    except UnknownLanguage as e:
+        english = template.format(owner=owner, name=name, value=_shown(value), rule=rule.format(**numbers))
+        raise UnknownLanguage(f"{e}; the refusal was: {english}") from None
+    return tr(template, owner=owner, name=name, value=_shown(value), rule=tr(rule, **numbers))
 
 
 def _shown(value) -> str:
