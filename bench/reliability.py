@@ -14,7 +14,14 @@ Every figure is counted from real runs in this process:
 * bad inputs refused: wrong arguments to `launch`, `MoEConfig`, `ParallelConfig`, the collectives (inside ranks),
   CP attention and the lab harness's command line; each must raise an error whose message names the constraint
   (a substring written next to the case). An input that is accepted counts as "accepted silently" (a wrong result
-  nobody is told about); one that takes longer than 10 s to be refused counts as a hang.
+  nobody is told about); one that takes longer than 10 s to be refused counts as a hang;
+* bad inputs by class: configs (ModelConfig, MoEConfig, RunOptions, Recompute, MixedPrecision, ParallelConfig, the DP
+  wrapper), planner (Cluster, Workload, CostModel, SearchSpace, enumerate_plans' sizes) and messages (tr, PYLIB_LANG,
+  the labs folder, lab parameters): NaN, inf, negatives, zero, bools for ints, floats for ints, strings, unknown names,
+  huge sizes, each counted named / silent / obscure / slow (> 1 s), with the valid but large sizes timed.
+
+    python bench/reliability.py --bad-inputs-only                          # that last section alone, in seconds
+    PYTHONPATH=/path/to/other/checkout python bench/reliability.py --bad-inputs-only   # measured on another pylib
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # after $PYTHONPATH: another pylib can be measured
 
 from pylib.runtime import LaunchTimeout, RankFailedError, agreement_check, launch  # noqa: E402
 from pylib.runtime import collectives as C  # noqa: E402
@@ -528,6 +535,454 @@ def bad_inputs(tmp: Path) -> list[dict]:
     return rows
 
 
+# -------------------------------------------------------------------- bad inputs by class: configs, planner, messages
+#
+# Each case is (class, what was tried, the call, the words its refusal must hold). Outcomes: "named" (a TypeError or
+# ValueError whose message holds every word: the field and, where it matters, the value or the folder), "silent" (no
+# error, or an error after the input was half applied), "obscure" (an error that does not name it), "slow" (any
+# answer after SLOW_S; a call still running at CUT_S is stopped and counted slow).
+
+SLOW_S = 1.0
+CUT_S = 5.0
+NAN, INF = float("nan"), float("inf")
+
+
+class _Cut(Exception):
+    pass
+
+
+def _configs_cases() -> list[tuple]:
+    from pylib.plan.config import ModelConfig, MoEConfig
+    from pylib.plan.options import MixedPrecision, RunOptions
+    from pylib.plan.recompute import Recompute
+    from pylib.runtime import ParallelConfig
+
+    model = {
+        "vocab_size": (0, -1, 64.0, True, "64"),
+        "d_model": (0, 16.5),
+        "n_layers": (0, True, None),
+        "n_heads": (0, 2.0),
+        "n_kv_heads": (0, 1.5),
+        "d_ff": (-1, NAN),
+        "mlp": ("relu", None),
+        "position": ("alibi",),
+        "causal": ("yes", 1),
+        "norm_eps": (0, NAN, -1e-5, INF),
+        "rope_base": (0, NAN),
+        "dtype": ("int8", "fp32"),
+        "seed": (-1, 1.5),
+        "moe": ("yes",),
+        "tie_embeddings": ("no",),
+    }
+    moe = {
+        "n_experts": (0, 4.5, True),
+        "top_k": (0, 9, 1.0),
+        "d_ff": (0, 2.5),
+        "score": ("relu",),
+        "topk_then_softmax": ("yes",),
+        "capacity_factor": (0, -1, NAN, INF),
+        "drop_policy": ("random",),
+        "aux_loss_coef": (-1, NAN),
+        "z_loss_coef": (INF,),
+        "bias_update_rate": (-0.1, NAN),
+        "every": (0, True),
+    }
+    options = {
+        "sequence_parallel": ("yes", 1, None),
+        "cp_kind": ("allgather", None),
+        "cp_layout": ("striped",),
+        "schedule": ("zb",),
+        "n_microbatches": (0, -1, 2.0, True, "4"),
+        "v": (0, 1.5),
+        "zero_stage": (4, "zero4", True, -1),
+    }
+    recompute = {"granularity": ("partial",), "method": ("every",), "num_layers": (0, 1.5, True)}
+    named_as = {"granularity": "recompute", "method": "recompute_method", "num_layers": "recompute_num_layers"}
+    precision = {
+        "compute": ("float32", "fp16"),
+        "master": ("bfloat16",),
+        "grad_reduce": ("float16",),
+        "loss_scaling": ("auto",),
+        "loss_scale": (0, -1, NAN, INF),
+        "growth_interval": (0, 1.5, True),
+    }
+    parallel = {"tp": (True, 2.0, -1), "order": ("tp-xx",), "etp": (0,)}
+    cases = []
+    for owner, table in (
+        (ModelConfig, model),
+        (MoEConfig, moe),
+        (RunOptions, options),
+        (Recompute, recompute),
+        (MixedPrecision, precision),
+        (ParallelConfig, parallel),
+    ):
+        for name, values in table.items():
+            for value in values:
+                field = named_as.get(name, name) if owner is Recompute else name
+                cases.append(
+                    (
+                        "configs",
+                        f"{owner.__name__}({name}={value!r})",
+                        lambda o=owner, k=name, v=value: o(**{k: v}),
+                        (field,),
+                    )
+                )
+    cases.append(
+        (
+            "configs",
+            "RunOptions(recompute=('full', 'uniform', 0))",
+            lambda: RunOptions(recompute=("full", "uniform", 0)),
+            ("recompute_num_layers",),
+        )
+    )
+    cases += _wrap_cases()
+    return cases
+
+
+def _wrap_cases() -> list[tuple]:
+    """The DP wrapper refuses before it touches the module: a refusal that left the module cast counts as silent."""
+    from pylib.dp import wrap
+    from pylib.model import build_model
+    from pylib.plan.config import ModelConfig
+    from pylib.plan.options import MixedPrecision
+
+    def call(stage, **kw):
+        def run():
+            model = build_model(ModelConfig())
+            try:
+                wrap(model, stage, None, **kw)
+            finally:
+                if next(model.parameters()).dtype != torch.float32:
+                    raise _HalfApplied(f"the refused wrap left the model in {next(model.parameters()).dtype}")
+
+        return run
+
+    bf16 = MixedPrecision("bfloat16")
+    cases = [("configs", "wrap(model, 'zero4', precision=bf16)", call("zero4", precision=bf16), ("zero4",))]
+    for factor in (NAN, INF, -1, 0, True, "2"):
+        cases.append(
+            (
+                "configs",
+                f"wrap(gradient_divide_factor={factor!r}, precision=bf16)",
+                call("ddp", precision=bf16, gradient_divide_factor=factor),
+                ("gradient_divide_factor",),
+            )
+        )
+    cases.append(("configs", "wrap(precision='bf16')", call("ddp", precision="bf16"), ("precision",)))
+    for size in (0, 1.5):
+        cases.append(
+            (
+                "configs",
+                f"wrap(bucket_bytes={size!r}, precision=bf16)",
+                call("ddp", precision=bf16, bucket_bytes=size),
+                ("bucket_bytes",),
+            )
+        )
+    return cases
+
+
+class _HalfApplied(Exception):
+    pass
+
+
+def _planner_cases() -> list[tuple]:
+    from pylib.analysis import planner as P
+    from pylib.analysis.efficiency import CostModel
+    from pylib.plan.config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=4, n_heads=4, d_ff=64)
+    cluster = {
+        "world_size": (0, -1, 2.0, True, "8", None, 2**40),
+        "gpus_per_node": (0, 1.5),
+        "gpu_memory": (NAN, INF, -1, "80e9"),
+        "usable_fraction": (0, 1.5, NAN),
+        "intra_node_bandwidth": (0, INF),
+        "inter_node_bandwidth": (-1,),
+        "peak_flops": (NAN,),
+        "hbm_bandwidth": (0,),
+        "overlap_dp": ("yes",),
+        "tp_comm_overlap": (1,),
+        "model": ("fit",),
+    }
+    workload = {
+        "batch": (0, -8, 8.0, True, 10**12, "8"),
+        "seq": (0, 2.5, 2**40),
+        "precision": ("fp8",),
+        "attention": ("sdpa",),
+        "optimizer_states": (-1, 2.0),
+        "grad_reduce": ("float16", "fp32"),
+    }
+    cost = {
+        "eta": (0, 1.5, NAN),
+        "c_elem": (-1, INF),
+        "tp_overlap": (2, -0.1),
+        "latency": (-1, NAN),
+        "contention": (-0.5, INF),
+    }
+    space = {
+        "cp_kinds": (("ring", "allgather"), ()),
+        "zero_stages": ((0, 4), ("zero5",)),
+        "recompute": (("partial",), (("selective", ("moe",)),), (("selective", ("attention",)),)),
+        "micro_batch_sizes": ((0,),),
+        "virtual_stages": ((1.5,),),
+        "sequence_parallel": (("yes",),),
+        "group_sizes": ("all",),
+        "order": ("tp-xx",),
+        "meshes": (("tp2",),),
+        "expert_tp": ((-1,),),
+        "tp_sizes": ((0,),),
+    }
+    cases = []
+    for name, values in cluster.items():
+        for value in values:
+            cases.append(
+                (
+                    "planner",
+                    f"Cluster({name}={value!r})",
+                    lambda k=name, v=value: P.Cluster(**{"world_size": 8, k: v}),
+                    (name,),
+                )
+            )
+    for name, values in workload.items():
+        for value in values:
+            cases.append(
+                (
+                    "planner",
+                    f"Workload({name}={value!r})",
+                    lambda k=name, v=value: P.Workload(**{"batch": 8, "seq": 16, k: v}),
+                    (name,),
+                )
+            )
+    for name, values in cost.items():
+        for value in values:
+            cases.append(
+                ("planner", f"CostModel({name}={value!r})", lambda k=name, v=value: CostModel(**{k: v}), (name,))
+            )
+    for name, values in space.items():
+        for value in values:
+            # what a careless user does: build the space and search it
+            cases.append(
+                (
+                    "planner",
+                    f"enumerate_plans(space=SearchSpace({name}={value!r}))",
+                    lambda k=name, v=value: P.enumerate_plans(cfg, 8, 8, 16, P.SearchSpace(**{k: v})),
+                    (name.rstrip("s"),),
+                )
+            )
+    for world, batch, seq, field in (
+        (2**40, 8, 16, "world_size"),
+        (8, 10**12, 16, "batch"),
+        (8, 8, 2**40, "seq"),
+        (0, 8, 16, "world_size"),
+        (8, 8.0, 16, "batch"),
+        (True, 8, 16, "world_size"),
+        (8, 8, -16, "seq"),
+    ):
+        cases.append(
+            (
+                "planner",
+                f"enumerate_plans(world_size={world!r}, batch={batch!r}, seq={seq!r})",
+                lambda w=world, b=batch, s=seq: P.enumerate_plans(cfg, w, b, s),
+                (field,),
+            )
+        )
+    return cases
+
+
+def _with_environment(name: str, value: str, call):
+    def run():
+        before = os.environ.get(name)
+        os.environ[name] = value
+        try:
+            return call()
+        finally:
+            if before is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = before
+
+    return run
+
+
+def _import_under(value: str):
+    def run():
+        root = str(Path(__file__).resolve().parents[1])
+        path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), root) if p)
+        env = {**os.environ, "PYLIB_LANG": value, "PYTHONPATH": path}
+        done = subprocess.run(
+            [sys.executable, "-c", "import pylib.plan.config"], env=env, capture_output=True, text=True, timeout=CUT_S
+        )
+        if done.returncode:
+            raise ValueError(done.stderr.strip().splitlines()[-1])
+
+    return run
+
+
+def _messages_cases(tmp: Path) -> list[tuple]:
+    from pylib.i18n import set_language, tr
+    from pylib.labs.files import find_labs, select_labs
+    from pylib.labs.runner import resolve_overrides
+    from pylib.plan import check
+    from pylib.plan.config import ModelConfig
+    from pylib.runtime import ParallelConfig
+
+    def language(name):
+        def run():
+            try:
+                set_language(name)
+            finally:
+                set_language(None)
+
+        return run
+
+    missing = tmp / "no-such-labs"
+    labs = {lab.name[:2]: lab for lab in find_labs()}
+    cases = [
+        ("messages", "tr('{n} ranks') without n", lambda: tr("{n} ranks"), ("'n'", "{n} ranks")),
+        ("messages", "tr('{n} ranks of {m}', n=2)", lambda: tr("{n} ranks of {m}", n=2), ("'m'", "{n} ranks of {m}")),
+        ("messages", "tr('{0} ranks', n=2)", lambda: tr("{0} ranks", n=2), ("0", "{0} ranks")),
+        ("messages", "set_language('klingon')", language("klingon"), ("klingon",)),
+        ("messages", "set_language('')", language(""), ("''",)),
+        ("messages", "import pylib under PYLIB_LANG=klingon", _import_under("klingon"), ("PYLIB_LANG", "klingon")),
+        (
+            "messages",
+            "a refused plan under PYLIB_LANG=klingon (set after import)",
+            _with_environment(
+                "PYLIB_LANG", "klingon", lambda: check(ModelConfig(), ParallelConfig(dp=2), 2, batch=3, seq=16)
+            ),
+            ("PYLIB_LANG", "does not divide"),
+        ),
+        (
+            "messages",
+            "tr under PYLIB_LANG=xx (set after import)",
+            _with_environment("PYLIB_LANG", "xx", lambda: tr("{n} ranks", n=2)),
+            ("PYLIB_LANG", "2 ranks"),
+        ),
+        ("messages", "find_labs(a folder that does not exist)", lambda: find_labs(missing), (str(missing),)),
+        (
+            "messages",
+            "select_labs(['00'], a folder that does not exist)",
+            lambda: select_labs(["00"], missing),
+            (str(missing),),
+        ),
+        ("messages", "find_labs(a file, not a folder)", lambda: find_labs(Path(__file__)), (str(Path(__file__)),)),
+    ]
+    overrides = [
+        ("00", {"h": -4}, "h"),
+        ("00", {"b": 0}, "b"),
+        ("00", {"world_size": 0}, "world_size"),
+        ("00", {"s": -1}, "s"),
+        ("02", {"n_heads": 0}, "n_heads"),
+        ("04", {"top_k": -2}, "top_k"),
+        ("05", {"m": 0}, "m"),
+        ("06", {"lr": INF}, "lr"),
+        ("06", {"lr": -0.01}, "lr"),
+        ("06", {"steps": 0}, "steps"),
+        ("07", {"seq": -16}, "seq"),
+        ("92", {"microbatch_counts": []}, "microbatch_counts"),
+        ("92", {"microbatch_counts": [0, 2]}, "microbatch_counts"),
+        ("00", {"lang": "klingon"}, "klingon"),
+    ]
+    for number, values, field in overrides:
+        if number in labs:
+            cases.append(
+                (
+                    "messages",
+                    f"lab {labs[number].name} -p {values}",
+                    lambda lab=labs[number], v=values: resolve_overrides([lab], v),
+                    (field,),
+                )
+            )
+    return cases
+
+
+def _judge(call, words) -> tuple[str, float, str]:
+    """(outcome, seconds, message) of one bad input (see the section's comment)."""
+
+    def cut(signum, frame):
+        raise _Cut()
+
+    old = signal.signal(signal.SIGALRM, cut)
+    signal.setitimer(signal.ITIMER_REAL, CUT_S)
+    t0 = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            call()
+        outcome, text = "silent", "accepted"
+    except _Cut:
+        outcome, text = "slow", f"still running after {CUT_S:g} s"
+    except _HalfApplied as exc:
+        outcome, text = "silent", str(exc)
+    except (TypeError, ValueError) as exc:
+        text = f"{type(exc).__name__}: {exc}"
+        outcome = "named" if all(w in str(exc) for w in words) else "obscure"
+    except Exception as exc:  # noqa: BLE001 - any other error is obscure to the user who made the mistake
+        outcome, text = "obscure", f"{type(exc).__name__}: {exc}"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    seconds = time.perf_counter() - t0
+    if seconds > SLOW_S and outcome != "slow":
+        outcome = "slow"
+    return outcome, seconds, text
+
+
+OUTCOMES = ("named", "silent", "obscure", "slow")
+
+
+def classed_bad_inputs(tmp: Path) -> list[dict]:
+    rows = []
+    for cls, what, call, words in _configs_cases() + _planner_cases() + _messages_cases(tmp):
+        outcome, seconds, text = _judge(call, words)
+        rows.append(dict(cls=cls, name=what, outcome=outcome, seconds=seconds, text=text))
+    return rows
+
+
+def large_sizes() -> list[dict]:
+    """Valid but large sizes the planner must still answer quickly: a prime world size, batch or sequence; 2**20 ranks
+    (its largest world size) with one sequence."""
+    from pylib.analysis import planner as P
+    from pylib.plan.config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=4, n_heads=4, d_ff=64)
+    rows = []
+    for world, batch, seq in ((1_000_003, 1_000_003, 16), (8, 999_983, 16), (2**20, 1, 16), (7, 7, 999_983)):
+        outcome, seconds, text = _judge(lambda w=world, b=batch, s=seq: P.enumerate_plans(cfg, w, b, s), ())
+        plans = "refused" if outcome != "silent" else "answered"
+        rows.append(
+            dict(
+                name=f"enumerate_plans(world_size={world}, batch={batch}, seq={seq})",
+                seconds=seconds,
+                outcome="slow" if outcome == "slow" else plans,
+                text=text,
+            )
+        )
+    return rows
+
+
+def print_classed(rows: list[dict], sizes: list[dict]) -> bool:
+    """The counts per class and outcome, the cases not named, and the large sizes; True when all are named."""
+    print("\n### Bad inputs by class\n")
+    print("| class | cases | " + " | ".join(OUTCOMES) + " | slowest |")
+    print("|---|---|" + "---|" * len(OUTCOMES) + "---|")
+    for cls in dict.fromkeys(r["cls"] for r in rows):
+        mine = [r for r in rows if r["cls"] == cls]
+        counts = " | ".join(str(sum(r["outcome"] == o for r in mine)) for o in OUTCOMES)
+        print(f"| {cls} | {len(mine)} | {counts} | {max(r['seconds'] for r in mine):.2f} s |")
+    counts = " | ".join(str(sum(r["outcome"] == o for r in rows)) for o in OUTCOMES)
+    print(f"| all | {len(rows)} | {counts} | {max(r['seconds'] for r in rows):.2f} s |")
+    print("\n| valid but large | answer | seconds |")
+    print("|---|---|---|")
+    for r in sizes:
+        print(f"| {r['name']} | {r['outcome']} | {r['seconds']:.2f} |")
+    bad = [r for r in rows if r["outcome"] != "named"]
+    if bad:
+        print("\n### Bad inputs not named\n")
+        for r in bad:
+            print(f"- {r['cls']}: {r['outcome']}: {r['name']}: {r['text'][:200]}")
+    return not bad and all(r["outcome"] == "answered" for r in sizes)
+
+
 # ---------------------------------------------------------------------------------------- agreement check cost
 
 
@@ -561,15 +1016,24 @@ def agreement_cost() -> list[dict]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--launches", type=int, default=1000, help="back-to-back launches (1000)")
+    p.add_argument("--bad-inputs-only", action="store_true", help="only the bad inputs by class (seconds)")
     args = p.parse_args(argv)
     if args.launches < 1:
         p.error("--launches must be >= 1")
+    if args.bad_inputs_only:
+        import pylib
+
+        print(f"## Bad inputs by class, against {Path(pylib.__file__).resolve().parent}")
+        with tempfile.TemporaryDirectory(prefix="pylib-bench-") as tmp:
+            ok = print_classed(classed_bad_inputs(Path(tmp)), large_sizes())
+        return 0 if ok else 1
     start_holdings = _holdings()
 
     held = launches_held(args.launches)
     fault_rows = faults()
     with tempfile.TemporaryDirectory(prefix="pylib-bench-") as tmp:
         input_rows = bad_inputs(Path(tmp))
+        classed, sizes = classed_bad_inputs(Path(tmp)), large_sizes()
     cost = agreement_cost()
     end_holdings = _holdings()
 
@@ -630,8 +1094,10 @@ def main(argv=None) -> int:
         print("\n### Inputs not refused clearly\n")
         for line in accepted + unclear:
             print(f"- {line}")
+    classed_ok = print_classed(classed, sizes)
     bad = (
-        held["wrong"]
+        not classed_ok
+        or held["wrong"]
         or any(a[k] != b[k] for k in ("processes", "fds", "folders"))
         or not all(r["ok"] and r["left"] == 0 for r in fault_rows)
         or any(r["latency"] >= 5 for r in real)

@@ -97,8 +97,9 @@ class ParallelConfig:
                 out.append(
                     f"etp*ep*pp = {self.etp}*{self.ep}*{self.pp} = {folded} does not divide world_size={world_size}"
                 )
-            elif world_size == self.dense_world_size and self.pp > 1:
+            elif world_size == self.dense_world_size and self.pp > 1 and tokens[-1] != "pp":
                 # As Megatron-Core asserts: a rank's pipeline stage must not depend on whether the layer is MoE.
+                # (pp last: both layouts put pp slowest, stride world/pp, so the groups agree without listing them)
                 dense = dict(tp=self.tp, cp=self.cp, ep=1, dp=self.dp, pp=self.pp)
                 expert = dict(tp=self.etp, cp=1, ep=self.ep, dp=self.expert_dp(world_size), pp=self.pp)
                 a = sorted(_groups_along(dense, self.order, ["pp"], world_size))
