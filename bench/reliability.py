@@ -810,7 +810,12 @@ def _import_under(value: str):
         path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), root) if p)
         env = {**os.environ, "PYLIB_LANG": value, "PYTHONPATH": path}
         done = subprocess.run(
-            [sys.executable, "-c", "import pylib.plan.config"], env=env, capture_output=True, text=True, timeout=CUT_S
+            [sys.executable, "-c", "import pylib.plan.config"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CUT_S,
+            cwd="/",
         )
         if done.returncode:
             raise ValueError(done.stderr.strip().splitlines()[-1])

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 
-from pylib.i18n import tr
+from pylib.i18n import N_, tr
 
 from .config import routing_problems
 from .heads import head_layout
@@ -119,9 +119,11 @@ def _collect(out: list[str], fn, *args, **kwargs) -> None:
             out.append(msg)
 
 
-def _divides(out: list[str], part: int, whole: int, sentence: str) -> None:
+def _divides(out: list[str], part: int, whole: int, message: str, **fields) -> None:
+    """Add `message` (an N_ message) translated and filled with `fields` unless `part` divides `whole`: a planner
+    asks this hundreds of thousands of times, so the sentence is made only when it is said."""
     if part < 1 or whole % part:
-        out.append(sentence)
+        out.append(tr(message, **fields))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -146,9 +148,9 @@ def _tp_problems(out: list[str], cfg, par) -> None:
     _collect(out, head_layout, cfg.n_heads, cfg.kv_heads, tp, 0)
     if _layer_kinds(cfg)[1]:
         _divides(
-            out, tp, cfg.d_ff, tr("tp={tp} does not divide d_ff={n} (h_ffn of the dense MLP layers)", tp=tp, n=cfg.d_ff)
+            out, tp, cfg.d_ff, N_("tp={tp} does not divide d_ff={n} (h_ffn of the dense MLP layers)"), tp=tp, n=cfg.d_ff
         )
-    _divides(out, tp, cfg.vocab_size, tr("tp={tp} does not divide vocab_size={n}", tp=tp, n=cfg.vocab_size))
+    _divides(out, tp, cfg.vocab_size, N_("tp={tp} does not divide vocab_size={n}"), tp=tp, n=cfg.vocab_size)
 
 
 def _ep_sizes(out: list[str], cfg, par) -> None:
@@ -191,19 +193,17 @@ def _data_problems(out: list[str], par, batch, seq, opt: RunOptions) -> None:
             return
     m_ok = isinstance(m, int) and not isinstance(m, bool) and m >= 1
     if batch is not None:
-        _divides(out, dp, batch, tr("dp={dp} does not divide the global batch size B={b}", dp=dp, b=batch))
+        _divides(out, dp, batch, N_("dp={dp} does not divide the global batch size B={b}"), dp=dp, b=batch)
         if dp >= 1 and batch % dp == 0 and m_ok:
             _divides(
                 out,
                 m,
                 batch // dp,
-                tr(
-                    "n_microbatches={m} does not divide the batch per data-parallel rank B/dp = {b}/{dp} = {per}",
-                    m=m,
-                    b=batch,
-                    dp=dp,
-                    per=batch // dp,
-                ),
+                N_("n_microbatches={m} does not divide the batch per data-parallel rank B/dp = {b}/{dp} = {per}"),
+                m=m,
+                b=batch,
+                dp=dp,
+                per=batch // dp,
             )
     if seq is not None:
         if opt.cp_layout in LAYOUTS:
@@ -213,14 +213,14 @@ def _data_problems(out: list[str], par, batch, seq, opt: RunOptions) -> None:
                 out,
                 tp,
                 seq // cp,
-                tr(
+                N_(
                     "sequence parallelism splits each CP rank's s/cp = {s}/{cp} = {per} tokens over tp={tp} "
-                    "ranks: tp does not divide {per}",
-                    s=seq,
-                    cp=cp,
-                    per=seq // cp,
-                    tp=tp,
+                    "ranks: tp does not divide {per}"
                 ),
+                s=seq,
+                cp=cp,
+                per=seq // cp,
+                tp=tp,
             )
 
 
