@@ -139,10 +139,15 @@ def _tp_rows(st: _Step) -> None:
     if st.holds_first:
         st.add_collectives("tp", tp_formulas.embedding_collectives(st.b, s_cp, h, tp, e, **kw), m)
     regather = st.sp_regather and st.opt.sequence_parallel
+    ops = tp_formulas.layer_collectives(st.b, s_cp, h, tp, e, regather=regather, **kw)
+    # Every layer of a kind issues the same rows: build a dense layer's and a MoE layer's (attention only) once.
+    of_kind = {}
+    for moe, wanted in ((False, ("attn", "mlp")), (True, ("attn",))):
+        kind = _Step(cfg, st.pc, st.opt, st.b, st.seq, st.pp_rank, [], False, False)
+        kind.add_collectives("tp", [c for c in ops if c.where.split(".")[0] in wanted], m)
+        of_kind[moe] = kind.rows
     for i in st.layers:
-        wanted = ("attn",) if cfg.is_moe_layer(i) else ("attn", "mlp")
-        ops = tp_formulas.layer_collectives(st.b, s_cp, h, tp, e, regather=regather, **kw)
-        st.add_collectives("tp", [c for c in ops if c.where.split(".")[0] in wanted], m)
+        st.rows += of_kind[cfg.is_moe_layer(i)]
     if st.holds_last:
         st.add_collectives("tp", tp_formulas.lm_head_collectives(st.b, s_cp, h, tp, e, regather=regather, **kw), m)
         st.add_collectives("tp", tp_formulas.cross_entropy_collectives(st.b, s_cp, tp, e), m)
