@@ -29,6 +29,7 @@ inside the composition --
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from pylib.analysis import cp as cp_formulas
@@ -361,10 +362,15 @@ def step_traffic(
 def per_axis(rows: list[Traffic]) -> dict[str, dict]:
     """{axis: {"bytes_sent": total, "ops": {op: count}}} -- the shape of the tracer summary in `pylib.compose`."""
     out: dict[str, dict] = {}
-    for r in rows:
+    # The same row object repeats (one per layer): count it once, times its repeats, where that is exact (ints and
+    # Fractions; a float would add up differently).
+    times = Counter(map(id, rows))
+    exact = all(not isinstance(r.bytes_sent, float) for r in rows)
+    for r in {id(r): r for r in rows}.values() if exact else rows:
+        n = times[id(r)] if exact else 1
         a = out.setdefault(r.axis, dict(bytes_sent=0, ops={}))
-        a["bytes_sent"] += r.bytes_sent
-        a["ops"][r.op] = a["ops"].get(r.op, 0) + r.count
+        a["bytes_sent"] += n * r.bytes_sent
+        a["ops"][r.op] = a["ops"].get(r.op, 0) + n * r.count
     return out
 
 

@@ -915,15 +915,19 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
     compute by `CostModel.contention` seconds ("contention")."""
     m = plan.options.n_microbatches
     secs: dict[tuple, float] = {}
+    seen: dict[int, tuple] = {}  # a layer's rows are the same objects in every layer: their key and seconds, once
     for r in moved_rows:
-        bw = cluster.intra_node_bandwidth if intra[r.axis] else cluster.inter_node_bandwidth
-        op = r.op
-        if r.where.endswith(".regather"):
-            op = "regather"
-        elif plan.sp_regather and r.axis == "tp" and r.phase == "backward" and r.op == "reduce_scatter":
-            op = "wgrad_overlap"  # Megatron: the input gradient's reduce-scatter runs under the weight gradient
-        key = (r.axis, r.phase, op)
-        secs[key] = secs.get(key, 0.0) + r.bytes_sent / bw
+        found = seen.get(id(r))
+        if found is None:
+            bw = cluster.intra_node_bandwidth if intra[r.axis] else cluster.inter_node_bandwidth
+            op = r.op
+            if r.where.endswith(".regather"):
+                op = "regather"
+            elif plan.sp_regather and r.axis == "tp" and r.phase == "backward" and r.op == "reduce_scatter":
+                op = "wgrad_overlap"  # Megatron: the input gradient's reduce-scatter runs under the weight gradient
+            found = seen[id(r)] = ((r.axis, r.phase, op), r.bytes_sent / bw)
+        key, x = found
+        secs[key] = secs.get(key, 0.0) + x
     out: dict[str, float] = {}
     dp = {"reduce": 0.0, "gather_opt": 0.0, "gather_fwd": 0.0}
     tp_keep = 1 - cluster.model.tp_overlap if cluster.tp_comm_overlap else 1.0

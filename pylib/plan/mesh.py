@@ -188,7 +188,8 @@ def _groups_along(sizes: dict[str, int], order: str, axes: list[str], world_size
             yield coords
 
     offsets = [sum(inner[d] * strides[d] for d in inside) for inner in positions(inside)]  # the same in every group
-    return [[base + o for o in offsets] for base in (sum(c[d] * strides[d] for d in outside) for c in positions(outside))]
+    bases = [sum(outer[d] * strides[d] for d in outside) for outer in positions(outside)]
+    return [[base + o for o in offsets] for base in bases]
 
 
 def rank_groups(config: ParallelConfig, world_size: int) -> dict[str, list[list[int]]]:
