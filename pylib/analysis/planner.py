@@ -975,11 +975,11 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
     ranks = []
     for r in evaluated_ranks(par.pp):
         mem = rank_memory(cfg, plan, workload, r, cluster.world_size)
-        layouts = flat_layouts(cfg, plan, r, cluster.world_size)
-        rows = gradient_dtype_rows(rank_traffic_rows(cfg, plan, workload.batch, workload.seq, r, layouts), workload)
+        rows, by_axis = _predicted_rows(cfg, plan, workload, r, cluster.world_size)
         t = rank_times(cfg, plan, workload, cluster, r)
         exposed = exposed_seconds(plan, rows, t, cluster, intra)
-        ranks.append(RankPrediction(r, mem, compose_analysis.per_axis(rows), sum(exposed.values()), t, exposed))
+        by_axis = {a: dict(bytes_sent=x["bytes_sent"], ops=dict(x["ops"])) for a, x in by_axis.items()}  # the caller's
+        ranks.append(RankPrediction(r, mem, by_axis, sum(exposed.values()), t, exposed))
     peak = max(r.memory["total"] for r in ranks)
     t_mb = max(r.times.total for r in ranks)
     compute = plan.options.n_microbatches * t_mb
@@ -995,6 +995,16 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
         model_flops=step_flops(cfg, workload.batch, workload.seq),
         world_size=cluster.world_size,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _predicted_rows(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: int) -> tuple[tuple, dict]:
+    """(traffic rows in the workload's gradient dtype, their `per_axis`) of one rank, remembered: they do not depend
+    on the cluster's speeds or the cost model, which a fit varies over the same plans (all arguments immutable)."""
+    layouts = flat_layouts(cfg, plan, pp_rank, world_size)
+    rows = rank_traffic_rows(cfg, plan, workload.batch, workload.seq, pp_rank, layouts)
+    rows = tuple(gradient_dtype_rows(rows, workload))
+    return rows, compose_analysis.per_axis(rows)
 
 
 DP_AXES = ("dp-cp", "edp")
