@@ -916,6 +916,7 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
     m = plan.options.n_microbatches
     secs: dict[tuple, float] = {}
     seen: dict[int, tuple] = {}  # a layer's rows are the same objects in every layer: their key and seconds, once
+    ops = 0  # the model axes' ops that move bytes (each waits the latency)
     for r in moved_rows:
         found = seen.get(id(r))
         if found is None:
@@ -925,13 +926,14 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
                 op = "regather"
             elif plan.sp_regather and r.axis == "tp" and r.phase == "backward" and r.op == "reduce_scatter":
                 op = "wgrad_overlap"  # Megatron: the input gradient's reduce-scatter runs under the weight gradient
-            found = seen[id(r)] = ((r.axis, r.phase, op), r.bytes_sent / bw)
-        key, x = found
+            latent = r.count if r.axis not in DP_AXES and r.bytes_sent and r.op != "recv" else 0
+            found = seen[id(r)] = ((r.axis, r.phase, op), r.bytes_sent / bw, latent)
+        key, x, latent = found
         secs[key] = secs.get(key, 0.0) + x
+        ops += latent
     out: dict[str, float] = {}
     dp = {"reduce": 0.0, "gather_opt": 0.0, "gather_fwd": 0.0}
     tp_keep = 1 - cluster.model.tp_overlap if cluster.tp_comm_overlap else 1.0
-    ops = sum(r.count for r in moved_rows if r.axis not in DP_AXES and r.bytes_sent and r.op != "recv")
     out["latency"] = cluster.model.latency * ops
     for (axis, phase, op), x in secs.items():
         if axis in DP_AXES:
