@@ -27,11 +27,7 @@ HARNESS = re.compile(r"^\s*assert\b|\bglue\(|\btr\(|\bi18n\b|\bN_\(")
 # Pages still allowed to show harness lines while their cells are being folded (issue 29); a page leaves the set
 # when it shows none (test_folding_pending_is_not_stale holds the set to that).
 FOLDING_PENDING = {
-    "book/part3/tp.md",
-    "book/part3/sp.md",
-    "book/part3/cp.md",
     "book/part3/ep.md",
-    "book/part3/pp.md",
     "book/part3/dp.md",
     "book/part4/compose.md",
     "book/part4/planner.md",
