@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from pylib.i18n import tr
 
+from .fields import POSITIVE, refusal
+
 AXES = ("tp", "cp", "ep", "dp", "pp")
 
 # Group names returned by rank_groups. Dense groups use the dense layout, expert groups the folded one.
@@ -66,7 +68,7 @@ class ParallelConfig:
         for name in (*AXES, "etp"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                out.append(f"{name}={v!r} must be a positive integer")
+                out.append(refusal(None, name, v, POSITIVE))
         if not isinstance(self.order, str):
             out.append(f"order={self.order!r} must be a string of axis names joined by '-', e.g. 'tp-cp-ep-dp-pp'")
             return out
