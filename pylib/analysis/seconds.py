@@ -1,0 +1,152 @@
+"""From bytes to seconds: the alpha-beta model the planner prices communication with, and each strategy's
+crossover rule for a real model on real hardware.
+
+A message of n bytes over a link costs
+
+    alpha + n / beta
+
+seconds: alpha the time before the first byte moves, beta the link's bandwidth per GPU and direction. The numbers
+are the planner's own (`planner.Cluster`, `efficiency.CostModel`), so a chapter's seconds are the planner's:
+
+    link     beta (per GPU, per direction)     source
+    NVLink   450 GB/s  (Cluster.intra_node_bandwidth)   NVIDIA H100 SXM datasheet: NVLink 4, 900 GB/s both
+                                                        directions together, 18 links of 50 GB/s
+    IB       50 GB/s   (Cluster.inter_node_bandwidth)   NVIDIA DGX H100: one ConnectX-7 InfiniBand NDR NIC of
+                                                        400 Gb/s per GPU
+    alpha    20 us     (CostModel.latency)              NCCL's small-message latency inside a node, 10-30 us
+                                                        (not fitted; the planner charges it per op of tp, cp,
+                                                        ep and pp, and none on DP's large bucketed reductions)
+
+and a GEMM of F floating-point operations takes F / (eta * peak): peak = Cluster.peak_flops (989 TFLOP/s, the
+H100 SXM datasheet's dense BF16), eta = CostModel.eta (0.60, the planner's fit on published Megatron runs). Bytes come
+from the strategies' own traffic formulas (`dp.traffic_per_step`, `tp.layer_traffic`, `pp.p2p_message_bytes`), the
+GEMMs from the planner's list (`efficiency.layer_gemms`), so no count is restated here."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from . import dp as dp_analysis
+from . import pp as pp_analysis
+from . import tp as tp_analysis
+from .efficiency import gemm_seconds, layer_gemms
+from .planner import Cluster
+from .tp import dtype_bytes
+
+
+@dataclass(frozen=True)
+class Link:
+    """One link of the alpha-beta model: `alpha` seconds per message, `beta` bytes/s per GPU and direction."""
+
+    name: str
+    alpha: float
+    beta: float
+    source: str
+
+    def seconds(self, bytes_sent: float, messages: int = 1) -> float:
+        """alpha per message plus bytes / beta."""
+        return messages * self.alpha + bytes_sent / self.beta
+
+
+def links(cluster: Cluster | None = None) -> dict[str, Link]:
+    """The planner's two links (its defaults unless `cluster` is given): "nvlink" inside a node, "ib" between
+    nodes, both with the cost model's latency as alpha."""
+    c = cluster or Cluster(world_size=1)
+    return {
+        "nvlink": Link(
+            "NVLink 4",
+            c.model.latency,
+            c.intra_node_bandwidth,
+            "H100 SXM datasheet: 900 GB/s both directions, 450 GB/s each way",
+        ),
+        "ib": Link(
+            "InfiniBand NDR",
+            c.model.latency,
+            c.inter_node_bandwidth,
+            "DGX H100: one 400 Gb/s ConnectX-7 NIC per GPU = 50 GB/s each way",
+        ),
+    }
+
+
+def compute_seconds(flops: float, cluster: Cluster | None = None) -> float:
+    """flops / (eta * peak): a large GEMM's time on the planner's GPU."""
+    c = cluster or Cluster(world_size=1)
+    return flops / (c.model.eta * c.peak_flops)
+
+
+def dense_layer_params(cfg) -> int:
+    """Weight elements of one dense layer's GEMMs (QKV, output, MLP), from the planner's GEMM list."""
+    return sum(n * k for _, n, k in layer_gemms(cfg, 1, 1, False))
+
+
+# --- DP: the gradient reduction against the backward it hides behind -------------------------------------------
+
+
+def dp_reduce_seconds(n_params: int, d: int, link: Link, grad_bytes: int = 2) -> float:
+    """Seconds of DDP's ring all-reduce of every gradient: 2(d-1)/d * n_params * grad_bytes over beta (the planner
+    counts DP's bytes only, no alpha: its reductions are few, large buckets)."""
+    return link.seconds(dp_analysis.traffic_per_step(n_params * grad_bytes, d, "ddp"), messages=0)
+
+
+def backward_seconds(n_params: int, tokens: float, cluster: Cluster | None = None) -> float:
+    """The backward's GEMMs: 4 FLOPs per parameter per token (twice the forward's 2), at eta * peak."""
+    return compute_seconds(4 * n_params * tokens, cluster)
+
+
+def dp_hiding_tokens(d: int, link: Link, cluster: Cluster | None = None, grad_bytes: int = 2) -> float:
+    """Tokens per GPU in the backward for the gradient all-reduce to hide behind it: reduce = backward gives
+    T* = 2(d-1)/d * grad_bytes * eta * peak / (4 beta), independent of the model's size."""
+    c = cluster or Cluster(world_size=1)
+    return 2 * (d - 1) / d * grad_bytes * c.model.eta * c.peak_flops / (4 * link.beta)
+
+
+# --- TP: a layer's collectives against its GEMMs ---------------------------------------------------------------
+
+
+def tp_layer_seconds(cfg, b: int, s: int, t: int, link: Link, cluster: Cluster | None = None) -> dict[str, float]:
+    """One dense layer, forward and backward, on one of t ranks: "comm", its four all-reduces (`tp.layer_traffic`,
+    one alpha each), and "gemm", its GEMMs (`efficiency.layer_gemms` on the roofline, backward twice forward)."""
+    c = cluster or Cluster(world_size=1)
+    e = dtype_bytes(cfg.dtype)
+    traffic = tp_analysis.layer_traffic(b, s, cfg.d_model, t, e)
+    comm = link.seconds(traffic["forward_sent"] + traffic["backward_sent"], messages=4 if t > 1 else 0)
+    fwd = sum(
+        gemm_seconds(m, n, k, e, c.peak_flops, c.hbm_bandwidth, c.model.eta)
+        for m, n, k in layer_gemms(cfg, b * s, t, False)
+    )
+    return {"comm": comm, "gemm": 3 * fwd}
+
+
+def tp_crossover(cfg, link: Link, cluster: Cluster | None = None) -> float:
+    """The t at which a layer's TP bytes take as long as its GEMMs (alpha and the roofline's memory bound left
+    out): 4 * 2(t-1)/t * b s h e / beta = 3 * 2 b s P_L / (t eta peak) gives t* = 1 + 3 beta P_L / (4 h e eta peak),
+    P_L the layer's GEMM weights (`dense_layer_params`); about 1 + 9 beta h / (e eta peak) when P_L = 12 h^2."""
+    c = cluster or Cluster(world_size=1)
+    e = dtype_bytes(cfg.dtype)
+    return 1 + 3 * link.beta * dense_layer_params(cfg) / (4 * cfg.d_model * e * c.model.eta * c.peak_flops)
+
+
+# --- PP: the bubble against the number of microbatches ---------------------------------------------------------
+
+
+def pp_stage_seconds(cfg, b: int, s: int, p: int, t: int = 1, cluster: Cluster | None = None) -> float:
+    """One stage's GEMMs for one microbatch, forward and backward: L/p dense layers (`tp_layer_seconds`' "gemm")."""
+    c = cluster or Cluster(world_size=1)
+    per_layer = tp_layer_seconds(cfg, b, s, t, links(c)["nvlink"], c)["gemm"]
+    return cfg.n_layers / p * per_layer
+
+
+def pp_send_seconds(cfg, b: int, s: int, link: Link) -> float:
+    """One boundary's send of one microbatch's activation, [b, s, h] (`pp.p2p_message_bytes`), one alpha."""
+    return link.seconds(pp_analysis.p2p_message_bytes(b, s, cfg.d_model, dtype_bytes(cfg.dtype)))
+
+
+def pp_microbatches_for(p: int, bubble: float, v: int = 1) -> int:
+    """The fewest microbatches m with (p-1)/(v m) <= `bubble` (`pp.bubble_fraction`): m = ceil((p-1)/(v bubble))."""
+    if not bubble > 0:
+        raise ValueError(f"bubble={bubble!r} must be positive: a pipeline of p={p} stages always idles")
+    m = max(1, math.ceil((p - 1) / (v * bubble)))
+    while pp_analysis.bubble_fraction(p, m, v) > bubble:  # ceil of a float quotient can fall one short
+        m += 1
+    return m
