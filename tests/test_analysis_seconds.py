@@ -105,3 +105,22 @@ def test_pp_microbatches_and_seconds():
     assert S.pp_send_seconds(cfg, 1, 4096, LINKS["ib"]) == pytest.approx(20e-6 + 4096 * 4096 * 2 / 50e9)
     one = S.tp_layer_seconds(cfg, 1, 4096, 1, LINKS["nvlink"])["gemm"]
     assert S.pp_stage_seconds(cfg, 1, 4096, 4) == pytest.approx(cfg.n_layers / 4 * one)
+
+
+def test_cp_ring_step_by_hand():
+    cfg = llama2_70b()  # 64 query heads, 8 K/V heads of 128, bf16
+    link = S.Link("test", alpha=1e-6, beta=1e9, source="hand")
+    out = S.cp_ring_step_seconds(cfg, 1, 8192, 4, link)
+    assert out["comm"] == pytest.approx(1e-6 + 2 * 8 * 2048 * 128 * 2 / 1e9)
+    assert out["core"] == pytest.approx(4 * 64 * 2048**2 * 128 / (0.6 * 989e12))
+
+
+def test_cp_hiding_tokens_is_where_the_step_hides():
+    cfg = llama2_70b()
+    for link in LINKS.values():
+        x = S.cp_hiding_tokens(cfg, link)
+        free = S.cp_hiding_tokens(cfg, S.Link("no alpha", 0.0, link.beta, ""))
+        assert free == pytest.approx(8 * 2 * 0.6 * 989e12 / (2 * 64 * link.beta)) and x > free
+        for cp, hidden in ((int(32768 / x) + 1, False), (int(32768 / x), True)):  # s/cp just under, just over x
+            step = S.cp_ring_step_seconds(cfg, 1, 32768 // cp * cp, cp, link)
+            assert (step["core"] >= step["comm"]) is hidden, (link.name, cp, step)

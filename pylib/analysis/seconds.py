@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from . import cp as cp_analysis
 from . import dp as dp_analysis
 from . import pp as pp_analysis
 from . import tp as tp_analysis
@@ -150,3 +151,25 @@ def pp_microbatches_for(p: int, bubble: float, v: int = 1) -> int:
     while pp_analysis.bubble_fraction(p, m, v) > bubble:  # ceil of a float quotient can fall one short
         m += 1
     return m
+
+
+# --- CP (ring): a step's K/V pass against the attention it hides behind -----------------------------------------
+
+
+def cp_ring_step_seconds(cfg, b: int, s: int, cp: int, link: Link, cluster: Cluster | None = None) -> dict:
+    """One forward ring step on one rank: "comm", passing on one K/V block (`cp.ring_kv_message_bytes`, one alpha),
+    and "core", the attention of its s/cp queries against one s/cp block of keys, 4 b n_head (s/cp)^2 d_head FLOPs
+    at eta * peak (a whole block: the off-diagonal steps of the zig-zag layout)."""
+    x = s // cp
+    comm = link.seconds(cp_analysis.ring_kv_message_bytes(b, s, cfg.kv_heads, cfg.d_head, cp, dtype_bytes(cfg.dtype)))
+    return {"comm": comm, "core": compute_seconds(4 * b * cfg.n_heads * x * x * cfg.d_head, cluster)}
+
+
+def cp_hiding_tokens(cfg, link: Link, cluster: Cluster | None = None, b: int = 1) -> float:
+    """The s/cp at which a ring step's core lasts as long as its K/V pass: the root x of
+    4 b n_head d x^2 / (eta peak) = alpha + 2 b n_kv d e x / beta; without alpha, x* = n_kv e eta peak / (2 n_head
+    beta)."""
+    c = cluster or Cluster(world_size=1)
+    quad = 4 * b * cfg.n_heads * cfg.d_head / (c.model.eta * c.peak_flops)
+    lin = 2 * b * cfg.kv_heads * cfg.d_head * dtype_bytes(cfg.dtype) / link.beta
+    return (lin + math.sqrt(lin * lin + 4 * quad * link.alpha)) / (2 * quad)
