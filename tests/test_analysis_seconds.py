@@ -108,19 +108,34 @@ def test_pp_microbatches_and_seconds():
 
 
 def test_cp_ring_step_by_hand():
-    cfg = llama2_70b()  # 64 query heads, 8 K/V heads of 128, bf16
+    cfg = llama2_70b()  # 64 query heads, 8 K/V heads of 128, bf16, causal
     link = S.Link("test", alpha=1e-6, beta=1e9, source="hand")
     out = S.cp_ring_step_seconds(cfg, 1, 8192, 4, link)
     assert out["comm"] == pytest.approx(1e-6 + 2 * 8 * 2048 * 128 * 2 / 1e9)
-    assert out["core"] == pytest.approx(4 * 64 * 2048**2 * 128 / (0.6 * 989e12))
+    assert out["core"] == pytest.approx(4 * 64 * 2048**2 * 128 / 2 / (0.6 * 989e12))
+    eight = S.cp_ring_step_seconds(cfg, 1, 8192, 4, link, t=8)  # one K/V head and 8 query heads per GPU
+    assert eight["core"] == pytest.approx(out["core"] / 8) and eight["comm"] == pytest.approx(
+        1e-6 + 2 * 2048 * 256 / 1e9
+    )
 
 
 def test_cp_hiding_tokens_is_where_the_step_hides():
     cfg = llama2_70b()
     for link in LINKS.values():
-        x = S.cp_hiding_tokens(cfg, link)
-        free = S.cp_hiding_tokens(cfg, S.Link("no alpha", 0.0, link.beta, ""))
-        assert free == pytest.approx(8 * 2 * 0.6 * 989e12 / (2 * 64 * link.beta)) and x > free
-        for cp, hidden in ((int(32768 / x) + 1, False), (int(32768 / x), True)):  # s/cp just under, just over x
-            step = S.cp_ring_step_seconds(cfg, 1, 32768 // cp * cp, cp, link)
-            assert (step["core"] >= step["comm"]) is hidden, (link.name, cp, step)
+        for t in (1, 8):
+            x = S.cp_hiding_tokens(cfg, link, t=t)
+            free = S.cp_hiding_tokens(cfg, S.Link("no alpha", 0.0, link.beta, ""), t=t)
+            assert free == pytest.approx(8 * 2 * 0.6 * 989e12 / (64 * link.beta)) and x > free
+            for cp, hidden in ((int(65536 / x) + 1, False), (int(65536 / x), True)):  # s/cp just under, just over x
+                step = S.cp_ring_step_seconds(cfg, 1, 65536 // cp * cp, cp, link, t=t)
+                assert (step["core"] >= step["comm"]) is hidden, (link.name, cp, step)
+
+
+def test_cp_core_is_the_planners():
+    cfg, cp = llama2_7b(), 4
+    plan = P.Plan(ParallelConfig(cp=cp), RunOptions(n_microbatches=1))
+    work = P.Workload(batch=1, seq=16384)
+    t = P.predict(cfg, plan, work, P.Cluster(cp)).ranks[0].times
+    step = S.cp_ring_step_seconds(cfg, 1, 16384, cp, S.links()["nvlink"])
+    # the planner's core: every layer's forward core (all cp steps) and its backward, twice the forward
+    assert t.core == pytest.approx(3 * cfg.n_layers * cp * step["core"], rel=1e-9)

@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pylib.plan.heads import kv_heads_per_rank
+
 from . import cp as cp_analysis
 from . import dp as dp_analysis
 from . import pp as pp_analysis
@@ -156,20 +158,28 @@ def pp_microbatches_for(p: int, bubble: float, v: int = 1) -> int:
 # --- CP (ring): a step's K/V pass against the attention it hides behind -----------------------------------------
 
 
-def cp_ring_step_seconds(cfg, b: int, s: int, cp: int, link: Link, cluster: Cluster | None = None) -> dict:
-    """One forward ring step on one rank: "comm", passing on one K/V block (`cp.ring_kv_message_bytes`, one alpha),
-    and "core", the attention of its s/cp queries against one s/cp block of keys, 4 b n_head (s/cp)^2 d_head FLOPs
-    at eta * peak (a whole block: the off-diagonal steps of the zig-zag layout)."""
-    x = s // cp
-    comm = link.seconds(cp_analysis.ring_kv_message_bytes(b, s, cfg.kv_heads, cfg.d_head, cp, dtype_bytes(cfg.dtype)))
-    return {"comm": comm, "core": compute_seconds(4 * b * cfg.n_heads * x * x * cfg.d_head, cluster)}
+def _cp_heads(cfg, t: int) -> tuple[int, int]:
+    """(query heads, K/V heads) on one of t TP ranks (`heads.kv_heads_per_rank`)."""
+    return cfg.n_heads // t, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, t)[0]
 
 
-def cp_hiding_tokens(cfg, link: Link, cluster: Cluster | None = None, b: int = 1) -> float:
-    """The s/cp at which a ring step's core lasts as long as its K/V pass: the root x of
-    4 b n_head d x^2 / (eta peak) = alpha + 2 b n_kv d e x / beta; without alpha, x* = n_kv e eta peak / (2 n_head
-    beta)."""
+def cp_ring_step_seconds(cfg, b: int, s: int, cp: int, link: Link, cluster: Cluster | None = None, t: int = 1) -> dict:
+    """One forward ring step on one rank, its heads those of one of t TP ranks: "comm", passing on one K/V block
+    (`cp.ring_kv_message_bytes`, one alpha), and "core", the attention of its x = s/cp queries against one block of
+    x keys, 4 b n_head x^2 d_head FLOPs, half of it when causal (the zig-zag layout's steps past the first), at
+    eta * peak, as the planner's core."""
+    x, (heads, kv) = s // cp, _cp_heads(cfg, t)
+    comm = link.seconds(cp_analysis.ring_kv_message_bytes(b, s, kv, cfg.d_head, cp, dtype_bytes(cfg.dtype)))
+    causal = 0.5 if cfg.causal else 1.0
+    return {"comm": comm, "core": compute_seconds(4 * b * heads * x * x * cfg.d_head * causal, cluster)}
+
+
+def cp_hiding_tokens(cfg, link: Link, cluster: Cluster | None = None, t: int = 1) -> float:
+    """The x = s/cp at which a ring step's core lasts as long as its K/V pass: the root of
+    2 n_head d x^2 / (eta peak) = alpha + 2 n_kv d e x / beta (causal, b = 1); without alpha,
+    x* = n_kv e eta peak / (n_head beta)."""
     c = cluster or Cluster(world_size=1)
-    quad = 4 * b * cfg.n_heads * cfg.d_head / (c.model.eta * c.peak_flops)
-    lin = 2 * b * cfg.kv_heads * cfg.d_head * dtype_bytes(cfg.dtype) / link.beta
+    heads, kv = _cp_heads(cfg, t)
+    quad = 4 * heads * cfg.d_head * (0.5 if cfg.causal else 1.0) / (c.model.eta * c.peak_flops)
+    lin = 2 * kv * cfg.d_head * dtype_bytes(cfg.dtype) / link.beta
     return (lin + math.sqrt(lin * lin + 4 * quad * link.alpha)) / (2 * quad)
