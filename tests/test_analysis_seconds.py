@@ -122,13 +122,14 @@ def test_cp_ring_step_by_hand():
 def test_cp_hiding_tokens_is_where_the_step_hides():
     cfg = llama2_70b()
     for link in LINKS.values():
+        free = S.Link("no alpha", 0.0, link.beta, "")
         for t in (1, 8):
             x = S.cp_hiding_tokens(cfg, link, t=t)
-            free = S.cp_hiding_tokens(cfg, S.Link("no alpha", 0.0, link.beta, ""), t=t)
-            assert free == pytest.approx(8 * 2 * 0.6 * 989e12 / (64 * link.beta)) and x > free
+            assert x == pytest.approx(8 * 2 * 0.6 * 989e12 / (64 * link.beta))
             for cp, hidden in ((int(65536 / x) + 1, False), (int(65536 / x), True)):  # s/cp just under, just over x
-                step = S.cp_ring_step_seconds(cfg, 1, 65536 // cp * cp, cp, link, t=t)
+                step = S.cp_ring_step_seconds(cfg, 1, 65536 // cp * cp, cp, free, t=t)
                 assert (step["core"] >= step["comm"]) is hidden, (link.name, cp, step)
+    assert S.cp_hiding_tokens(cfg, LINKS["ib"], t=16) == pytest.approx(2 * S.cp_hiding_tokens(cfg, LINKS["ib"]))
 
 
 def test_cp_core_is_the_planners():

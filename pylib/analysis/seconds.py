@@ -175,11 +175,9 @@ def cp_ring_step_seconds(cfg, b: int, s: int, cp: int, link: Link, cluster: Clus
 
 
 def cp_hiding_tokens(cfg, link: Link, cluster: Cluster | None = None, t: int = 1) -> float:
-    """The x = s/cp at which a ring step's core lasts as long as its K/V pass: the root of
-    2 n_head d x^2 / (eta peak) = alpha + 2 n_kv d e x / beta (causal, b = 1); without alpha,
-    x* = n_kv e eta peak / (n_head beta)."""
+    """The x = s/cp from which a ring step's K/V bytes hide behind its causal core: 2 n_kv d e x / beta =
+    2 n_head d x^2 / (eta peak) gives x* = n_kv e eta peak / (n_head beta), heads per TP rank. As in the planner
+    (`planner.exposed_seconds`), the step's alpha is paid whether or not the bytes hide: it is not in x*."""
     c = cluster or Cluster(world_size=1)
     heads, kv = _cp_heads(cfg, t)
-    quad = 4 * heads * cfg.d_head * (0.5 if cfg.causal else 1.0) / (c.model.eta * c.peak_flops)
-    lin = 2 * kv * cfg.d_head * dtype_bytes(cfg.dtype) / link.beta
-    return (lin + math.sqrt(lin * lin + 4 * quad * link.alpha)) / (2 * quad)
+    return kv * dtype_bytes(cfg.dtype) * c.model.eta * c.peak_flops / (heads * link.beta)
