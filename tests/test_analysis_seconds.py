@@ -1,15 +1,18 @@
 """The alpha-beta model of `pylib.analysis.seconds`: its formulas on hand-computed cases, and the planner's seconds
 for the same traffic (the link numbers, the bytes and the latency are the planner's, so the two agree)."""
 
+from dataclasses import replace
+
 import pytest
 
 from pylib.analysis import planner as P
 from pylib.analysis import seconds as S
 from pylib.analysis.dp import padded_numel
+from pylib.analysis.efficiency import layer_gemms
 from pylib.analysis.weights import parameter_counts
 from pylib.plan.mesh import ParallelConfig
 from pylib.plan.options import RunOptions
-from pylib.plan.presets import llama2_7b, llama2_70b, tiny
+from pylib.plan.presets import deepseek_v3_like, llama2_7b, llama2_70b, mixtral_8x7b, tiny
 
 LINKS = S.links()
 
@@ -140,3 +143,24 @@ def test_cp_core_is_the_planners():
     step = S.cp_ring_step_seconds(cfg, 1, 16384, cp, S.links()["nvlink"])
     # the planner's core: every layer's forward core (all cp steps) and its backward, twice the forward
     assert t.core == pytest.approx(3 * cfg.n_layers * cp * step["core"], rel=1e-9)
+
+
+def test_ep_layer_seconds_by_hand_and_the_planners_expert_gemms():
+    cfg = mixtral_8x7b()  # h = 4096, 8 experts of h_ffn = 14336, top-2, SwiGLU, bf16
+    link = S.Link("test", alpha=1e-6, beta=1e9, source="hand")
+    out = S.ep_layer_seconds(cfg, 4096, 8, link)
+    assert out["comm"] == pytest.approx(4e-6 + 4 * 4096 * 2 * 4096 * 2 * 7 / 8 / 1e9)
+    assert out["gemm"] == pytest.approx(3 * 2 * 4096 * 2 * 3 * 4096 * 14336 / (0.6 * 989e12))
+    gemms = layer_gemms(cfg, 4096, 1, True, 8)  # QKV, output, the one local expert's two, the router
+    flops = sum(2 * m * n * k for m, n, k in gemms[2:-1])
+    assert 3 * flops / (0.6 * 989e12) == pytest.approx(out["gemm"])
+
+
+def test_ep_crossover_is_where_bytes_equal_gemms():
+    for cfg in (mixtral_8x7b(), deepseek_v3_like()):
+        for link in LINKS.values():
+            f = S.ep_crossover_ffn(cfg, 64, link)
+            free = S.Link("no alpha", 0.0, link.beta, "")
+            at = S.ep_layer_seconds(cfg.with_(moe=replace(cfg.moe, d_ff=round(f))), 4096, 64, free)
+            assert at["comm"] == pytest.approx(at["gemm"], rel=1e-3)
+    assert S.ep_crossover_ffn(deepseek_v3_like(), 64, LINKS["ib"]) > deepseek_v3_like().moe.d_ff  # comm-bound

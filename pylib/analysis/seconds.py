@@ -31,6 +31,7 @@ from pylib.plan.heads import kv_heads_per_rank
 
 from . import cp as cp_analysis
 from . import dp as dp_analysis
+from . import ep as ep_analysis
 from . import pp as pp_analysis
 from . import tp as tp_analysis
 from .efficiency import gemm_seconds, layer_gemms
@@ -181,3 +182,27 @@ def cp_hiding_tokens(cfg, link: Link, cluster: Cluster | None = None, t: int = 1
     c = cluster or Cluster(world_size=1)
     heads, kv = _cp_heads(cfg, t)
     return kv * dtype_bytes(cfg.dtype) * c.model.eta * c.peak_flops / (heads * link.beta)
+
+
+# --- EP: the all-to-alls against the experts' GEMMs ------------------------------------------------------------
+
+
+def ep_layer_seconds(cfg, tokens: int, ep: int, link: Link, cluster: Cluster | None = None) -> dict[str, float]:
+    """One MoE layer on one of ep ranks holding `tokens` tokens, forward and backward, routing uniform: "comm", its
+    four all-to-alls (dispatch and combine, forward and backward; `ep.expected_alltoall_bytes`, one alpha each),
+    and "gemm", its experts' GEMMs (T k routed rows through (m_in + 1) h h_ffn weights, m_in = 2 for SwiGLU;
+    backward twice forward), compute-bound."""
+    moe, e = cfg.moe, dtype_bytes(cfg.dtype)
+    sent = ep_analysis.expected_alltoall_bytes(tokens, moe.top_k, cfg.d_model, ep, e)
+    comm = link.seconds(4 * sent, messages=4 if ep > 1 else 0)
+    weights = (3 if cfg.mlp == "swiglu" else 2) * cfg.d_model * (moe.d_ff or cfg.d_ff)
+    return {"comm": comm, "gemm": compute_seconds(3 * 2 * tokens * moe.top_k * weights, cluster)}
+
+
+def ep_crossover_ffn(cfg, ep: int, link: Link, cluster: Cluster | None = None) -> float:
+    """The expert width h_ffn below which a layer's all-to-all bytes outlast its experts' GEMMs (alpha left out):
+    4 T k (ep-1)/ep h e / beta = 3 * 2 T k (m_in + 1) h h_ffn / (eta peak) gives
+    h_ffn* = 2 (ep-1)/ep * e eta peak / (3 (m_in + 1) beta): independent of T, k and h."""
+    c = cluster or Cluster(world_size=1)
+    m_in = 2 if cfg.mlp == "swiglu" else 1
+    return 2 * (ep - 1) / ep * dtype_bytes(cfg.dtype) * c.model.eta * c.peak_flops / (3 * (m_in + 1) * link.beta)
