@@ -164,3 +164,14 @@ def test_ep_crossover_is_where_bytes_equal_gemms():
             at = S.ep_layer_seconds(cfg.with_(moe=replace(cfg.moe, d_ff=round(f))), 4096, 64, free)
             assert at["comm"] == pytest.approx(at["gemm"], rel=1e-3)
     assert S.ep_crossover_ffn(deepseek_v3_like(), 64, LINKS["ib"]) > deepseek_v3_like().moe.d_ff  # comm-bound
+
+
+def test_ep_bytes_and_messages_are_the_planners():
+    cfg, ep = mixtral_8x7b(), 8
+    plan = P.Plan(ParallelConfig(dp=ep, ep=ep), RunOptions(n_microbatches=1))
+    rows, _ = P._predicted_rows(cfg, plan, P.Workload(batch=ep, seq=4096), 0, ep)
+    moved = [r for r in rows if r.axis == "ep" and r.where == "dispatch+combine"]
+    link = S.links()["nvlink"]
+    planner_seconds = sum(r.bytes_sent for r in moved) / link.beta + link.alpha * sum(r.count for r in moved)
+    ours = cfg.n_layers * S.ep_layer_seconds(cfg, 4096, ep, link)["comm"]
+    assert ours == pytest.approx(planner_seconds, rel=1e-12)
