@@ -19,8 +19,15 @@ are the planner's own (`planner.Cluster`, `efficiency.CostModel`), so a chapter'
 
 and a GEMM of F floating-point operations takes F / (eta * peak): peak = Cluster.peak_flops (989 TFLOP/s, the
 H100 SXM datasheet's dense BF16), eta = CostModel.eta (0.60, the planner's fit on published Megatron runs). Bytes come
-from the strategies' own traffic formulas (`dp.traffic_per_step`, `tp.layer_traffic`, `pp.p2p_message_bytes`), the
-GEMMs from the planner's list (`efficiency.layer_gemms`), so no count is restated here."""
+from the strategies' own traffic formulas (`dp.traffic_per_step`, `tp.layer_traffic`, `pp.p2p_message_bytes`,
+`cp.ring_kv_message_bytes`, `ep.expected_alltoall_bytes`), the GEMMs from the planner's list
+(`efficiency.layer_gemms`), so no count is restated here. Each strategy's crossover, as the chapters state it:
+
+    DP   dp_hiding_tokens    tokens per GPU whose backward hides the gradient all-reduce
+    TP   tp_crossover        the t from which a layer's all-reduces outlast its GEMMs
+    PP   pp_microbatches_for the m that brings the bubble (p-1)/(v m) under a target
+    CP   cp_hiding_tokens    the s/cp from which a ring step's K/V pass hides behind its attention
+    EP   ep_crossover_ffn    the expert width below which the all-to-alls outlast the experts' GEMMs"""
 
 from __future__ import annotations
 
