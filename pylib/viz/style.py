@@ -310,7 +310,8 @@ def contrast_ratio(a, b) -> float:
 # CSS pixels there is not legible; tests/test_viz_card.py holds every figure function of pylib.viz to it.
 # The natural width is taken as the figure's width; the inline backend saves with bbox_inches="tight", which trims
 # the empty margin (the text then shows larger than computed, when the figure is wider than the column) or grows to
-# take in text outside the figure (smaller: keep text inside the figure).
+# take in text outside the figure (smaller: keep text inside the figure). On a phone (390 px) the column is about
+# half as wide and so is every wide figure's text: there a reader zooms in, and the SVG stays sharp when they do.
 CSS_PX_PER_IN = 96
 COLUMN_PX = 672
 LEGIBLE_PX = 9.0
