@@ -64,7 +64,7 @@ def test_a_fuzzy_entry_counts_as_missing(tmp_path, monkeypatch):
     i18n.catalog.cache_clear()
     set_language("zh")
     try:
-        assert tr("rank {r}", r=1) != "rank 1"
+        assert tr("phase") == "阶段"  # the rest of the catalog still speaks Chinese
         with pytest.raises(MissingTranslation, match="'rank'"):
             tr("rank")
     finally:
