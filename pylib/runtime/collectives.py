@@ -126,11 +126,6 @@ def _check_divisible(size: int, n: int, what: str):
         raise ValueError(f"{what}: size {size} is not divisible by the group size {n}")
 
 
-def _dim(t: torch.Tensor, dim: int) -> int:
-    """dim counted from the front (-1 -> ndim - 1), so that ranks passing -1 and ndim - 1 agree."""
-    return dim % t.dim() if t.dim() else dim
-
-
 def _member_chunks(t: torch.Tensor, dim: int, n: int) -> torch.Tensor:
     """[n, *chunk shape], contiguous: chunk j of `dim` (the block for group member j) is row j.
 
@@ -184,7 +179,7 @@ def all_gather_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=None, 
     if g.size == 1:
         return t
     _on_rank_device("all_gather_tensor", t)
-    agree("all_gather_tensor", g, [t], kind="all_gather", params=[_dim(t, dim)], param_names=["dim"])
+    agree("all_gather_tensor", g, [t], kind="all_gather", params=[dim], param_names=["dim"], dims_of_first=1)
     t0 = tracer.now()
     t_c = t.contiguous()
     flat = torch.empty(g.size * t_c.numel(), dtype=t.dtype, device=t.device)
@@ -201,9 +196,9 @@ def reduce_scatter_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=No
     g = resolve_group(group)
     if g.size == 1:
         return t
-    _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
     _on_rank_device("reduce_scatter_tensor", t)
-    agree("reduce_scatter_tensor", g, [t], kind="reduce_scatter", params=[_dim(t, dim)], param_names=["dim"])
+    agree("reduce_scatter_tensor", g, [t], kind="reduce_scatter", params=[dim], param_names=["dim"], dims_of_first=1)
+    _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
     t0 = tracer.now()
     stacked = _member_chunks(t, dim, g.size)  # [n, ...]: chunk j goes to member j
     out = torch.empty(stacked.shape[1:], dtype=t.dtype, device=t.device)
@@ -220,10 +215,10 @@ def all_to_all_tensor(t, scatter_dim: int, gather_dim: int, group=None, *, phase
     g = resolve_group(group)
     if g.size == 1:
         return t
-    _check_divisible(t.shape[scatter_dim], g.size, f"all-to-all scatter dim {scatter_dim} of shape {tuple(t.shape)}")
     _on_rank_device("all_to_all_tensor", t)
-    dims = [_dim(t, scatter_dim), _dim(t, gather_dim)]
-    agree("all_to_all_tensor", g, [t], params=dims, param_names=["scatter_dim", "gather_dim"])
+    names = ["scatter_dim", "gather_dim"]
+    agree("all_to_all_tensor", g, [t], params=[scatter_dim, gather_dim], param_names=names, dims_of_first=2)
+    _check_divisible(t.shape[scatter_dim], g.size, f"all-to-all scatter dim {scatter_dim} of shape {tuple(t.shape)}")
     t0 = tracer.now()
     send = _member_chunks(t, scatter_dim, g.size)  # [n, ...]: chunk j goes to member j
     recv = torch.empty_like(send)
@@ -499,9 +494,9 @@ def reduce_scatter_async(t: torch.Tensor, dim: int = 0, group=None, *, phase=Non
     g = resolve_group(group)
     if g.size == 1:
         return CollectiveWork(None, None, t)
-    _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
     _on_rank_device("reduce_scatter_async", t)
-    agree("reduce_scatter_async", g, [t], kind="reduce_scatter", params=[_dim(t, dim)], param_names=["dim"])
+    agree("reduce_scatter_async", g, [t], kind="reduce_scatter", params=[dim], param_names=["dim"], dims_of_first=1)
+    _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
     t0 = tracer.now()
     stacked = _member_chunks(t, dim, g.size)  # [n, ...]: chunk j goes to member j
     out = torch.empty(stacked.shape[1:], dtype=t.dtype, device=t.device)
