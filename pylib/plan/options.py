@@ -127,7 +127,7 @@ class MixedPrecision:
             out.append(f"loss_scale={self.loss_scale} must be > 0")
         if self.growth_interval < 1:
             out.append(f"growth_interval={self.growth_interval} must be >= 1")
-        return out
+        return out + loss_scale_problems(self)
 
     def check(self) -> MixedPrecision:
         bad = self.problems()
@@ -148,8 +148,38 @@ class MixedPrecision:
         return DTYPE_BYTES[self.master]
 
 
+# The loss scale's working range. Below 1 a scale shrinks the gradients toward fp16's underflow, the opposite of its
+# purpose (Megatron's min_loss_scale is 1); above 2**64 it makes every gradient above 2**-48 an fp16 inf (fp16's
+# largest value is 65504 < 2**16). A dynamic scale that starts at the top is halved to 1 in 64 skipped steps, so
+# 64 consecutive skips mean no scale works: `pylib.dp.mixed.LossScaler` raises there.
+MIN_LOSS_SCALE, MAX_LOSS_SCALE = 1.0, 2.0**64
+MAX_CONSECUTIVE_SKIPS = 64
+
+
+def loss_scale_problems(recipe: MixedPrecision) -> list[str]:
+    """The rules a loss scale must meet to work at all (finite, between MIN_LOSS_SCALE and MAX_LOSS_SCALE when the
+    recipe scales the loss), each named with its value; `MixedPrecision.problems` includes them. A recipe broken
+    here would skip every step (an infinite scale: every scaled gradient is inf) or train on zeros (a scale that
+    underflows them) while its losses look normal."""
+    scale, scaling = recipe.loss_scale, recipe.loss_scaling
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        return [f"loss_scale={scale!r} must be a number"]
+    if scale != scale or scale in (float("inf"), float("-inf")):
+        return [f"loss_scale={scale} must be finite: an infinite or nan scale makes every scaled gradient inf/nan"]
+    if scaling in ("static", "dynamic") and not MIN_LOSS_SCALE <= scale <= MAX_LOSS_SCALE:
+        return [
+            f"loss_scale={scale} must be between {MIN_LOSS_SCALE:g} and 2**64 with loss_scaling={scaling!r}: below 1 "
+            "it pushes the gradients toward fp16's underflow, above 2**64 it overflows every gradient above 2**-48"
+        ]
+    return []
+
+
 __all__ = [
     "COMPUTE_DTYPES",
+    "MAX_CONSECUTIVE_SKIPS",
+    "MAX_LOSS_SCALE",
+    "MIN_LOSS_SCALE",
+    "loss_scale_problems",
     "DTYPE_BYTES",
     "GRAD_REDUCE_DTYPES",
     "LOSS_SCALINGS",
