@@ -215,8 +215,7 @@ def agree(
     tensors,
     *,
     kind: str | None = None,
-    params=(),
-    param_names=(),
+    params: dict[str, int] | None = None,
     dims_of_first: int = 0,
     rows_only: bool = False,
     sizes=None,
@@ -225,14 +224,15 @@ def agree(
 ) -> None:
     """Raise ValueError on every rank of AxisGroup `g` unless they all make the same call.
 
-    Compared: the op (`kind`, default `who`: the name the message uses); `params` (small ints, e.g. dim, reduce
-    op; named by `param_names`), the first `dims_of_first` of which are dims of tensors[0], checked in range on
+    Compared: the op (`kind`, default `who`: the name the message uses); `params` (small ints by name, e.g. dim,
+    reduce op), the first `dims_of_first` of which are dims of tensors[0], checked in range on
     every rank (also when the cross-rank check is off) and compared counted from the front; each tensor's dtype
     and shape, any number of dims (only the dims after the first with `rows_only`, for uneven row ops); `sizes`
     equal on every rank; and for an uneven all-to-all, rank i's out_splits[j] == rank j's in_splits[i]."""
     if g.size == 1:
         return
-    names = list(param_names[:dims_of_first])
+    param_names, params = list(params or {}), list((params or {}).values())
+    names = param_names[:dims_of_first]
     if not is_checking():
         if dims_of_first:
             _check_dims(who, [g.global_rank], [tensors[0].dim()], [list(params)], names)
