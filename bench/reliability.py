@@ -909,7 +909,43 @@ def step_cost(reps: int = 20, rounds: int = 3) -> list[dict]:
     return rows
 
 
-def print_issue35(rows: list[dict], cost: list[dict]) -> None:
+def _checks_alone(reps: int):
+    """Microseconds per call of each new check, as one step of the tp2 pp2 run makes it (4 ranks)."""
+    from pylib.model import check_tokens, random_tokens
+    from pylib.plan.presets import tiny
+    from pylib.plan.schedules import build
+    from pylib.runtime import Mesh, ParallelConfig
+    from pylib.runtime.agreement import agree_on_batch, agree_pipeline
+
+    cfg = tiny()
+    mesh = Mesh(ParallelConfig(tp=2, pp=2))
+    ids, targets = random_tokens(cfg, 8, 16, seed=0)
+    sched = build("1f1b", 2, 2)
+    calls = {
+        "agree_on_batch (world, ids + targets [8, 16])": lambda: agree_on_batch(
+            "step", mesh.world, {"i": ids, "t": targets}
+        ),
+        "agree_pipeline (pp=2, m=2)": lambda: agree_pipeline(mesh.pp, sched, torch.float32, lambda mb, k: (4, 16, 64)),
+        "check_tokens ([4, 16] ids)": lambda: check_tokens(ids[:4], cfg.vocab_size),
+    }
+    out = {}
+    for name, call in calls.items():
+        for _ in range(10):
+            call()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            call()
+        out[name] = (time.perf_counter() - t0) / reps * 1e6
+    return out
+
+
+def checks_alone(reps: int = 300) -> dict:
+    per_rank = launch(_checks_alone, 4, reps, timeout=300, backend="gloo")
+    return {name: max(r[name] for r in per_rank) for name in per_rank[0]}
+
+
+def print_issue35(rows: list[dict], cost: list[dict], alone: dict | None = None) -> None:
     print("\n### Bad data, collectives, training guards, processes (issue 35)\n")
     classes = sorted({r["cls"] for r in rows}, key=["data", "collectives", "training", "processes"].index)
     print("| class | cases | " + " | ".join(OUTCOMES) + " |")
@@ -930,6 +966,11 @@ def print_issue35(rows: list[dict], cost: list[dict]) -> None:
             extra = c["on_ms"] - c["off_ms"]
             share = extra / c["off_ms"]
             print(f"| {c['config']} | {c['off_ms']:.2f} ms | {c['on_ms']:.2f} ms | {extra:+.2f} ms ({share:+.1%}) |")
+    if alone:
+        print("\n| one new check, alone (4 gloo ranks, the slowest rank's mean) | µs per call |")
+        print("|---|---|")
+        for name, us in alone.items():
+            print(f"| {name} | {us:.0f} |")
 
 
 # ---------------------------------------------------------------------------------------- agreement check cost
@@ -973,7 +1014,7 @@ def main(argv=None) -> int:
     if args.issue35:
         with tempfile.TemporaryDirectory(prefix="pylib-bench-") as tmp:
             rows = issue35_cases(Path(tmp))
-        print_issue35(rows, [] if args.no_step_cost else step_cost())
+        print_issue35(rows, [] if args.no_step_cost else step_cost(), None if args.no_step_cost else checks_alone())
         return 1 if any(r["outcome"] != "named refusal" for r in rows) else 0
     start_holdings = _holdings()
 
