@@ -1,9 +1,10 @@
 # The README's two commands. Each sets up .venv on first use (Python >= 3.11), then:
 #   make test   lint + format check, then pytest
 #   make book   check the translation catalogs, build and execute the whole book in English and in Chinese
-#               (_build/html/zh/) side by side, warnings are errors, then run every lab. I18N_ALLOW_INCOMPLETE=1
-#               (development only; CI keeps the strict default) builds even while translations are missing or
-#               outdated.
+#               (_build/html/zh/) side by side, warnings are errors. I18N_ALLOW_INCOMPLETE=1 (development only;
+#               CI keeps the strict default) builds even while translations are missing or outdated.
+# (Every lab runs end to end through the lab harness, solution and learner versions, in `make test`:
+# tests/test_labs_harness.py, one of the slow tests. `python -m pylib.labs run --all` runs them by hand.)
 # and, for CI after `make book`:
 #   make site-test   the built site in a real browser (chromium), plus its link and label checks
 #   make hub-test    a chapter's launch link followed on a local JupyterHub, the chapter and a lab run there
@@ -41,13 +42,12 @@ _build/.pylib-stamp: $(shell find pylib -name '*.py' 2>/dev/null) requirements.t
 # Check the catalogs (tools/i18n/catalogs.py: 0 missing, 0 outdated, markup and glossary terms kept), build and
 # execute the book in English and in Chinese side by side (tools/i18n/build_editions.py; the Chinese build is
 # tools/i18n/build_zh.py's: PYLIB_LANG=zh, Sphinx's language zh_CN, its own execution cache, the site moved to
-# _build/html/zh/), then run every lab once in solution mode through the harness (report in labs/_runs/).
+# _build/html/zh/).
 I18N_ALLOW_INCOMPLETE ?=
 book: $(STAMP) _build/.pylib-stamp vendor
 	python tools/i18n/catalogs.py extract
 	python tools/i18n/catalogs.py check $(if $(I18N_ALLOW_INCOMPLETE),|| echo "I18N_ALLOW_INCOMPLETE: building with incomplete catalogs" >&2)
 	python tools/i18n/build_editions.py
-	python -m pylib.labs run --all
 
 # --- The site as readers see it (tools/site, tests/site) ------------------------------------------------------------
 # vendor: MathJax, require.js and the widget manager from the npm registry into book/_static/vendor/ (git-ignored),

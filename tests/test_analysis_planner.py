@@ -203,6 +203,7 @@ def test_schedule_peak_replays_the_microbatches_in_flight_of_pylib_analysis_pp()
             )
 
 
+@pytest.mark.slow  # the search at full size (a few seconds by design)
 def test_a_seven_billion_model_on_256_gpus_ranks_in_seconds_and_fits():
     from pylib.viz.planner import SEARCH, llama2_7b
 

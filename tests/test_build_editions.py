@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools" / "i18n"
 sys.path.insert(0, str(TOOLS))
@@ -82,3 +85,65 @@ def test_the_chinese_config_keeps_the_order_of_every_mapping():
         assert [k for k in chinese[path] if k in keys] == keys, path
     scripts = list(build_editions.build_zh.zh_config(base)["sphinx"]["config"]["nb_ipywidgets_js"])
     assert scripts.index("vendor/requirejs/require.js") < scripts.index("vendor/html-manager/embed-amd.js")
+
+
+PAGE = """---
+jupytext:
+  text_representation: {extension: .md, format_name: myst}
+kernelspec: {display_name: Python 3, language: python, name: python3}
+---
+# Chapter
+
+```{code-cell} ipython3
+:tags: [hide-input]
+print(1 + 1)
+```
+
+```{code-cell} ipython3
+:tags: [hide-cell]
+print(2 + 2)
+```
+"""
+
+
+@pytest.mark.slow
+def test_the_chinese_build_translates_part_titles_and_fold_prompts(tmp_path):
+    """A two-page book built with build_zh's config and the book's sphinx_i18n extension: the part title comes from
+    the root page's catalog (it stayed English: sphinx-external-toc inserts the toctree after the Locale transform)
+    and myst-nb's "Show code cell source" / "content" prompts read in Chinese. (About 20 s: one kernel.)"""
+    import yaml
+
+    (tmp_path / "intro.md").write_text("# Intro\n\nHello.\n", encoding="utf-8")
+    (tmp_path / "ch.md").write_text(PAGE, encoding="utf-8")
+    toc = {
+        "format": "jb-book",
+        "root": "intro",
+        "parts": [{"caption": "Part 0 — Collectives", "chapters": [{"file": "ch"}]}],
+    }
+    (tmp_path / "_toc.yml").write_text(yaml.safe_dump(toc), encoding="utf-8")
+    po = tmp_path / "locale" / "zh_CN" / "LC_MESSAGES" / "intro.po"
+    po.parent.mkdir(parents=True)
+    po.write_text(
+        'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+        'msgid "Part 0 — Collectives"\nmsgstr "第零部分 — 集合通信"\n',
+        encoding="utf-8",
+    )
+    base = {
+        "title": "t",
+        "only_build_toc_files": True,
+        "execute": {"execute_notebooks": "force"},
+        "sphinx": {
+            "local_extensions": {"sphinx_i18n": str(build_editions.ROOT / "tools" / "site")},
+            "recursive_update": True,
+            "config": {"locale_dirs": ["locale"], "gettext_compact": False},
+        },
+    }
+    config = build_editions.build_zh.zh_config(base)
+    (tmp_path / "_config.yml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    jupyter_book = str(Path(sys.executable).parent / "jupyter-book")
+    subprocess.run([jupyter_book, "build", str(tmp_path), "-q", "-W"], check=True, cwd=tmp_path, timeout=300)
+    html = (tmp_path / "_build" / "html" / "ch.html").read_text(encoding="utf-8")
+    assert '<span class="caption-text">第零部分 — 集合通信</span>' in html
+    assert "Show code cell" not in html and "Part 0" not in html
+    for prompt in ("显示代码", "隐藏代码", "显示代码和输出", "隐藏代码和输出"):
+        assert f'admonition-title">{prompt}</p>' in html, prompt

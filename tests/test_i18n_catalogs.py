@@ -1,5 +1,6 @@
 """tools/i18n on small fixtures: the markup check (a lost role, lost math), the glossary-term check (a term
-translated another way) and the catalog check (a fuzzy entry counts as outdated, an empty one as missing)."""
+translated another way, an old rendering the glossary retired) and the catalog check (a fuzzy entry counts as
+outdated, an empty one as missing)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def test_markup_altered_code_and_link():
 GLOSSARY = """
 | this book | 中文 | from |
 |---|---|---|
-| microbatch | 微批次 | seed A |
+| microbatch | micro-batch | seed B |
 | bubble (pipeline) | 气泡 | seed B |
 | up-projection | 升维 | seed A |
 | up-projection | 上投影 | seed B |
@@ -67,7 +68,7 @@ def test_glossary_reads_both_renderings(glossary):
 
 def test_term_translated_another_way(glossary):
     faults = terms.violations("Four microbatches fill the bubble.", "四个微批填满空泡。", glossary)
-    assert sorted(faults) == ["'bubble' is 气泡", "'microbatch' is 微批次"]
+    assert sorted(faults) == ["'bubble' is 气泡", "'microbatch' is micro-batch"]
 
 
 def test_term_seed_word_passes(glossary):
@@ -109,7 +110,7 @@ def test_check_counts_outdated_missing_and_no_catalog(book, capsys):
         book / "part3" / "tp.po",
         [
             ("The bubble.", "气泡。", False),  # fine
-            ("One microbatch.", "一个微批次。", True),  # fuzzy: outdated
+            ("One microbatch.", "一个 micro-batch。", True),  # fuzzy: outdated
             ("Not yet.", "", False),  # missing
             ("See $p$.", "见 p。", False),  # math lost
             ("The bubble grows.", "空泡变大。", False),  # term another way
@@ -129,7 +130,7 @@ def test_check_counts_outdated_missing_and_no_catalog(book, capsys):
 
 COMPLETE_TP = [
     ("The bubble.", "气泡。", False),
-    ("One microbatch.", "一个微批次。", False),
+    ("One microbatch.", "一个 micro-batch。", False),
     ("Not yet.", "还没有。", False),
     ("See $p$.", "见 $p$。", False),
     ("The bubble grows.", "气泡变大。", False),
@@ -160,14 +161,48 @@ def test_fill_drops_the_previous_english_of_an_outdated_entry(tmp_path):
     from pylib.i18n import pofile
 
     path = tmp_path / "tp.po"
-    _po(path, [("One microbatch.", "一个微批次。", False)])
+    _po(path, [("One microbatch.", "一个 micro-batch。", False)])
     template = Catalog(locale="zh_CN")
     template.add("One microbatch, twice.")
     pofile.merge(template, path, project="test")
     assert "#| msgid" in path.read_text(encoding="utf-8")
     catalog = pofile.read(path)
     assert catalog["One microbatch, twice."].fuzzy
-    pofile.fill(catalog, {"One microbatch, twice.": "一个微批次，两次。"}, {}, terms.OTHER_SENSE)
+    pofile.fill(catalog, {"One microbatch, twice.": "一个 micro-batch，两次。"}, {}, terms.OTHER_SENSE)
     pofile.write(catalog, path)
     text = path.read_text(encoding="utf-8")
     assert "One microbatch." not in text and "fuzzy" not in text, text
+
+
+def test_retired_rendering_is_a_fault_whatever_the_english():
+    """One rendering per term: the old words for rank, seed A, microbatch, pipeline stage and a collective's casing
+    are faults even where the English message does not use the glossary's term."""
+    faults = terms.retired("Each one holds a shard.", "每个进程号持有一个分片，见种子 A。")
+    assert faults == ["'rank' is rank, not 进程号", "'seed A / seed B' is 原文 A / 原文 B, not 种子 A"]
+    assert terms.retired("Sum them.", "对它们做 all-reduce。") == ["'all-reduce' is All-Reduce, not all-reduce"]
+    assert terms.retired("Four microbatches.", "四个微批次。") == ["'microbatch' is micro-batch, not 微批次"]
+    assert terms.retired("A stage boundary.", "一个流水线阶段边界。") == ["'pipeline stage' is stage, not 流水线阶段"]
+
+
+def test_retired_rendering_allowed_where_the_english_names_it_or_in_code():
+    assert terms.retired("Each rank holds a shard.", "每个 rank 持有一个分片。") == []
+    assert terms.retired("the old 进程号 for rank", "旧译法进程号（rank）") == []  # the glossary names it
+    assert terms.retired("Call `all_reduce`; see `all-reduce`.", "调用 `all_reduce`；见 `all-reduce`。") == []
+    assert terms.retired("Seeded weights.", "用同样设定随机种子的权重。") == []  # a random seed is a seed
+    quoted = "Seed B writes 「TP 每层 AllReduce」 here."
+    assert terms.retired(quoted, "原文 B 写道「TP 每层 AllReduce」。") == []  # the article's own Chinese, quoted
+    assert terms.retired("TP all-reduces.", "TP 做 AllReduce。") == ["'all-reduce' is All-Reduce, not AllReduce"]
+
+
+def test_check_names_the_catalog_entry_and_rule_of_a_retired_rendering(book, capsys):
+    """A planted bad entry: `check` fails, naming the page, the rule and the entry's English."""
+    planted = [*COMPLETE_TP[:4], ("The bubble grows.", "每个进程号上的气泡变大。", False)]
+    _po(book / "part3" / "tp.po", planted)
+    _po(book / "part3" / "pp.po", [("The bubble.", "气泡。", False)])
+    assert catalogs.problems() == {
+        "part3/tp": ["term (retired rendering: 'rank' is rank, not 进程号): The bubble grows."]
+    }
+    assert catalogs.check() == 1
+    out = capsys.readouterr().out
+    assert "part3/tp: term (retired rendering: 'rank' is rank, not 进程号): The bubble grows." in out
+    assert "0 missing, 0 outdated, 0 markup, 1 term, 0 no catalog" in out

@@ -66,6 +66,7 @@ def test_launch_prints_each_rank_output_labelled_in_rank_order(capsys):
     assert lines == ["[rank 0] hello from 0", "[rank 1] hello from 1", "[rank 2] hello from 2"]
 
 
+@pytest.mark.slow  # a fresh Python process imports torch and launches from its __main__: 4 s
 def test_a_function_defined_in_main_runs_like_a_notebook_cell(tmp_path):
     script = tmp_path / "notebook_like.py"
     script.write_text(

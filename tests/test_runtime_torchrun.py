@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -18,6 +19,7 @@ def rank_sum():
     return float(t)
 
 
+@pytest.mark.slow  # starts a torchrun agent and its workers, each importing torch: 5 s
 def test_a_worker_function_runs_under_torchrun():
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'tests'}", "OMP_NUM_THREADS": "1"}
     cmd = [

@@ -41,7 +41,7 @@ def _layer_events(cases):
 CASES = [(*size, sp, regather) for size in SIZES for sp, regather in ((False, False), (True, False), (True, True))]
 
 
-@pytest.mark.parametrize("t", [2, 4])
+@pytest.mark.parametrize("t", [2, pytest.param(4, marks=pytest.mark.slow)])  # t=4: the same code, 1 s more
 def test_one_layer_issues_exactly_the_textbook_collectives(t):
     for rank_events in launch(_layer_events, t, CASES):
         for (b, s, h, _, _, dtype, sp, regather), events in zip(CASES, rank_events):
@@ -51,7 +51,7 @@ def test_one_layer_issues_exactly_the_textbook_collectives(t):
             assert all(c.payload_bytes == b * s * h * e for c in events)  # every payload is b*s*h*dtype
 
 
-@pytest.mark.parametrize("t", [2, 4])
+@pytest.mark.parametrize("t", [2, pytest.param(4, marks=pytest.mark.slow)])  # t=4: the same code, 1 s more
 def test_sequence_parallel_moves_exactly_what_tensor_parallel_moves(t):
     """Measured, not just formula: per phase, the bytes SP's all-gathers and reduce-scatters send equal the
     bytes TP's all-reduces send (AR = AG + RS); the regather adds one all-gather per region entry in backward."""
@@ -98,7 +98,7 @@ def _model_cases():
     ]
 
 
-@pytest.mark.parametrize("t", [2, 4])
+@pytest.mark.parametrize("t", [2, pytest.param(4, marks=pytest.mark.slow)])  # t=4: the same code, 1 s more
 def test_a_training_step_issues_the_embedding_head_loss_and_gradient_collectives_of_the_formula(t):
     cases = [c for c in _model_cases() if not c[3] or c[2] % t == 0]
     for rank_events in launch(_model_events, t, cases):

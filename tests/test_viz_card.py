@@ -274,7 +274,10 @@ def test_every_public_figure_function_has_a_case():
 
 
 @pytest.mark.parametrize("name", sorted(CASES) + sorted(ASSEMBLED))
-def test_figure_is_drawn_on_the_card(name, runs):
+def test_figure_is_drawn_on_the_card_and_legible_at_page_width(name, runs):
+    """Each figure, drawn once: a Figure on the card (its background and every axes' is `style.CARD`) that leaves
+    rcParams as it found them, and whose smallest text, shown in the content column (scaled down when wider), is at
+    least style.LEGIBLE_PX pixels high: no digits a reader cannot read."""
     before = dict(matplotlib.rcParams)
     fig = {**CASES, **ASSEMBLED}[name](runs)
     assert isinstance(fig, Figure), f"{name} returned a {type(fig).__name__}, not a matplotlib Figure"
@@ -283,7 +286,10 @@ def test_figure_is_drawn_on_the_card(name, runs):
     for ax in fig.axes:
         assert ax.get_facecolor() == card, f"{name}: axes {ax.get_title()!r} background {ax.get_facecolor()}"
     assert dict(matplotlib.rcParams) == before, f"{name} left rcParams changed"
+    fig.canvas.draw()  # tick labels exist once drawn
+    px = style.smallest_text_px(fig)
     plt.close(fig)
+    assert px >= style.LEGIBLE_PX, f"{name}: smallest text {px:.1f} px at a {style.COLUMN_PX} px column"
 
 
 def test_figure_modules_return_figures_and_leave_showing_and_the_backend_to_the_notebook():
@@ -300,14 +306,3 @@ def test_figure_modules_return_figures_and_leave_showing_and_the_backend_to_the_
             or (f.attr == "use" and isinstance(f.value, ast.Name) and f.value.id in ("matplotlib", "mpl"))
         ]
         assert not found, f"pylib/viz/{info.name}.py calls {found}"
-
-
-@pytest.mark.parametrize("name", sorted(CASES) + sorted(ASSEMBLED))
-def test_figure_text_is_legible_at_page_width(name, runs):
-    """Shown in the content column (scaled down when wider), the figure's smallest text is at least
-    style.LEGIBLE_PX pixels high: no digits a reader cannot read."""
-    fig = {**CASES, **ASSEMBLED}[name](runs)
-    fig.canvas.draw()  # tick labels exist once drawn
-    px = style.smallest_text_px(fig)
-    plt.close(fig)
-    assert px >= style.LEGIBLE_PX, f"{name}: smallest text {px:.1f} px at a {style.COLUMN_PX} px column"

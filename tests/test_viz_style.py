@@ -189,7 +189,7 @@ def test_a_bold_chinese_text_draws_without_a_font_warning(caplog):
     try:
         with style.use(), caplog.at_level("WARNING", logger="matplotlib.font_manager"):
             fig, ax = plt.subplots()
-            ax.set_title("进程号 0", fontweight="bold")
+            ax.set_title("专家 0", fontweight="bold")
             fig.canvas.draw()
             plt.close(fig)
     finally:

@@ -29,6 +29,7 @@ inside the composition --
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from pylib.analysis import cp as cp_formulas
@@ -139,10 +140,15 @@ def _tp_rows(st: _Step) -> None:
     if st.holds_first:
         st.add_collectives("tp", tp_formulas.embedding_collectives(st.b, s_cp, h, tp, e, **kw), m)
     regather = st.sp_regather and st.opt.sequence_parallel
+    ops = tp_formulas.layer_collectives(st.b, s_cp, h, tp, e, regather=regather, **kw)
+    # Every layer of a kind issues the same rows: build a dense layer's and a MoE layer's (attention only) once.
+    of_kind = {}
+    for moe, wanted in ((False, ("attn", "mlp")), (True, ("attn",))):
+        kind = _Step(cfg, st.pc, st.opt, st.b, st.seq, st.pp_rank, [], False, False)
+        kind.add_collectives("tp", [c for c in ops if c.where.split(".")[0] in wanted], m)
+        of_kind[moe] = kind.rows
     for i in st.layers:
-        wanted = ("attn",) if cfg.is_moe_layer(i) else ("attn", "mlp")
-        ops = tp_formulas.layer_collectives(st.b, s_cp, h, tp, e, regather=regather, **kw)
-        st.add_collectives("tp", [c for c in ops if c.where.split(".")[0] in wanted], m)
+        st.rows += of_kind[cfg.is_moe_layer(i)]
     if st.holds_last:
         st.add_collectives("tp", tp_formulas.lm_head_collectives(st.b, s_cp, h, tp, e, regather=regather, **kw), m)
         st.add_collectives("tp", tp_formulas.cross_entropy_collectives(st.b, s_cp, tp, e), m)
@@ -356,10 +362,15 @@ def step_traffic(
 def per_axis(rows: list[Traffic]) -> dict[str, dict]:
     """{axis: {"bytes_sent": total, "ops": {op: count}}} -- the shape of the tracer summary in `pylib.compose`."""
     out: dict[str, dict] = {}
-    for r in rows:
+    # The same row object repeats (one per layer): count it once, times its repeats, where that is exact (ints and
+    # Fractions; a float would add up differently).
+    times = Counter(map(id, rows))
+    exact = all(not isinstance(r.bytes_sent, float) for r in rows)
+    for r in {id(r): r for r in rows}.values() if exact else rows:
+        n = times[id(r)] if exact else 1
         a = out.setdefault(r.axis, dict(bytes_sent=0, ops={}))
-        a["bytes_sent"] += r.bytes_sent
-        a["ops"][r.op] = a["ops"].get(r.op, 0) + r.count
+        a["bytes_sent"] += n * r.bytes_sent
+        a["ops"][r.op] = a["ops"].get(r.op, 0) + n * r.count
     return out
 
 

@@ -122,15 +122,18 @@ def microbatch_seconds(
     elem = model.c_elem * e * tokens * cfg.d_model * (0.5 / t_s + 0.5 / tp) / hbm_bandwidth
     fwd = bwd = core_total = dgrad = 0.0
     n_stages = par.pp * plan.options.v
+    of_kind = {}  # every layer of a kind (dense, MoE) runs the same GEMMs: their seconds, computed once
     for c, layers in enumerate(split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends)):
         stage = c * par.pp + pp_rank
         for i in layers:
             moe = cfg.moe is not None and cfg.is_moe_layer(i)
-            gs = [
-                gemm_seconds(m, n, k, e, peak_flops, hbm_bandwidth, eta)
-                for m, n, k in layer_gemms(cfg, tokens, tp, moe, par.ep, par.etp)
-            ]
-            g = sum(gs)
+            if moe not in of_kind:
+                gs = [
+                    gemm_seconds(m, n, k, e, peak_flops, hbm_bandwidth, eta)
+                    for m, n, k in layer_gemms(cfg, tokens, tp, moe, par.ep, par.etp)
+                ]
+                of_kind[moe] = gs, sum(gs)
+            gs, g = of_kind[moe]
             dgrad += gs[0] + (0.0 if moe else gs[2])  # dX of QKV and of the MLP's first GEMM: as long as forward
             fwd += g + core + elem
             bwd += 2 * (g + core) + elem

@@ -915,19 +915,25 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
     compute by `CostModel.contention` seconds ("contention")."""
     m = plan.options.n_microbatches
     secs: dict[tuple, float] = {}
+    seen: dict[int, tuple] = {}  # a layer's rows are the same objects in every layer: their key and seconds, once
+    ops = 0  # the model axes' ops that move bytes (each waits the latency)
     for r in moved_rows:
-        bw = cluster.intra_node_bandwidth if intra[r.axis] else cluster.inter_node_bandwidth
-        op = r.op
-        if r.where.endswith(".regather"):
-            op = "regather"
-        elif plan.sp_regather and r.axis == "tp" and r.phase == "backward" and r.op == "reduce_scatter":
-            op = "wgrad_overlap"  # Megatron: the input gradient's reduce-scatter runs under the weight gradient
-        key = (r.axis, r.phase, op)
-        secs[key] = secs.get(key, 0.0) + r.bytes_sent / bw
+        found = seen.get(id(r))
+        if found is None:
+            bw = cluster.intra_node_bandwidth if intra[r.axis] else cluster.inter_node_bandwidth
+            op = r.op
+            if r.where.endswith(".regather"):
+                op = "regather"
+            elif plan.sp_regather and r.axis == "tp" and r.phase == "backward" and r.op == "reduce_scatter":
+                op = "wgrad_overlap"  # Megatron: the input gradient's reduce-scatter runs under the weight gradient
+            latent = r.count if r.axis not in DP_AXES and r.bytes_sent and r.op != "recv" else 0
+            found = seen[id(r)] = ((r.axis, r.phase, op), r.bytes_sent / bw, latent)
+        key, x, latent = found
+        secs[key] = secs.get(key, 0.0) + x
+        ops += latent
     out: dict[str, float] = {}
     dp = {"reduce": 0.0, "gather_opt": 0.0, "gather_fwd": 0.0}
     tp_keep = 1 - cluster.model.tp_overlap if cluster.tp_comm_overlap else 1.0
-    ops = sum(r.count for r in moved_rows if r.axis not in DP_AXES and r.bytes_sent and r.op != "recv")
     out["latency"] = cluster.model.latency * ops
     for (axis, phase, op), x in secs.items():
         if axis in DP_AXES:
@@ -971,11 +977,11 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
     ranks = []
     for r in evaluated_ranks(par.pp):
         mem = rank_memory(cfg, plan, workload, r, cluster.world_size)
-        layouts = flat_layouts(cfg, plan, r, cluster.world_size)
-        rows = gradient_dtype_rows(rank_traffic_rows(cfg, plan, workload.batch, workload.seq, r, layouts), workload)
+        rows, by_axis = _predicted_rows(cfg, plan, workload, r, cluster.world_size)
         t = rank_times(cfg, plan, workload, cluster, r)
         exposed = exposed_seconds(plan, rows, t, cluster, intra)
-        ranks.append(RankPrediction(r, mem, compose_analysis.per_axis(rows), sum(exposed.values()), t, exposed))
+        by_axis = {a: dict(bytes_sent=x["bytes_sent"], ops=dict(x["ops"])) for a, x in by_axis.items()}  # the caller's
+        ranks.append(RankPrediction(r, mem, by_axis, sum(exposed.values()), t, exposed))
     peak = max(r.memory["total"] for r in ranks)
     t_mb = max(r.times.total for r in ranks)
     compute = plan.options.n_microbatches * t_mb
@@ -991,6 +997,16 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
         model_flops=step_flops(cfg, workload.batch, workload.seq),
         world_size=cluster.world_size,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _predicted_rows(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: int) -> tuple[tuple, dict]:
+    """(traffic rows in the workload's gradient dtype, their `per_axis`) of one rank, remembered: they do not depend
+    on the cluster's speeds or the cost model, which a fit varies over the same plans (all arguments immutable)."""
+    layouts = flat_layouts(cfg, plan, pp_rank, world_size)
+    rows = rank_traffic_rows(cfg, plan, workload.batch, workload.seq, pp_rank, layouts)
+    rows = tuple(gradient_dtype_rows(rows, workload))
+    return rows, compose_analysis.per_axis(rows)
 
 
 DP_AXES = ("dp-cp", "edp")

@@ -6,6 +6,7 @@ chapter prints from what the ranks return.
     power_of_ten(rank, numel)             # [numel] float64, every element 10**rank: a sum's digits name its ranks
     ring_all_reduce(x, steps=...)         # reduce-scatter then all-gather, 2(n-1) neighbour exchanges
     random_on_rank(seed, shape, same=)    # float64 noise, per rank or the same on every rank
+    all_reduce_report(rank, total, event) # one rank's line: what it gave, what it got, what the tracer saw
     contributors(value)                   # 1101.0 -> (0, 2, 3): the ranks whose 10**r a sum holds
     ring_step_table(steps)                # the chunks each rank holds after each step, as a Markdown table
     collective_bytes_rows(...)            # per collective and world size: traced bytes against the formula
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from pylib.i18n import tr
 from pylib.runtime import collectives as C
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -40,6 +42,19 @@ def random_on_rank(seed: int, shape, *, same: bool = False) -> torch.Tensor:
     tensor of the model that every rank holds). Call inside a launched rank."""
     rank = 0 if same else dist.get_rank()
     return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1000 * seed + rank))
+
+
+def all_reduce_report(rank: int, total: float, event) -> str:
+    """The line one rank prints after contributing to an all-reduce (the book's first launch): what it contributed,
+    the sum it got back, and what the tracer recorded for it (`event`, a `CommEvent`: op, group, bytes sent)."""
+    return tr(
+        "contributed {rank}, all-reduce gave {sum:g}; traced {op} over ranks {group}, sent {sent} B",
+        rank=rank,
+        sum=total,
+        op=event.op,
+        group=event.group,
+        sent=event.bytes_sent,
+    )
 
 
 def contributors(value: float) -> tuple[int, ...]:

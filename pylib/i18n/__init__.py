@@ -48,7 +48,13 @@ def language() -> str:
     """The current language: set_language(...), else $PYLIB_LANG, else 'en'."""
     if _chosen is not None:
         return _chosen
-    return normalise(os.environ.get("PYLIB_LANG") or "en")
+    raw = os.environ.get("PYLIB_LANG") or "en"
+    if raw not in _FROM_ENV:  # `tr` asks on every call (a planner search: 10^5 messages)
+        _FROM_ENV[raw] = normalise(raw)
+    return _FROM_ENV[raw]
+
+
+_FROM_ENV: dict[str, str] = {}  # $PYLIB_LANG's values seen, normalised
 
 
 def set_language(language: str | None) -> None:

@@ -1,6 +1,6 @@
 """Padding for text tables whose cells may hold Chinese: a CJK character takes two columns of a monospace font.
 
-`str.ljust` and `str.rjust` count characters, so a header such as 进程号 (3 characters, 6 columns) would push every
+`str.ljust` and `str.rjust` count characters, so a header such as 专家数 (3 characters, 6 columns) would push every
 column after it out of line in the Chinese edition. These count display columns instead (Unicode's East Asian
 Width: Wide and Fullwidth characters take 2), and are `str.ljust` / `str.rjust` exactly for text without them, so
 the English tables are unchanged.

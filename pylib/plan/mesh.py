@@ -187,11 +187,9 @@ def _groups_along(sizes: dict[str, int], order: str, axes: list[str], world_size
                 rest //= shape[d]
             yield coords
 
-    groups = []
-    for outer in positions(outside):
-        base = sum(outer[d] * strides[d] for d in outside)
-        groups.append([base + sum(inner[d] * strides[d] for d in inside) for inner in positions(inside)])
-    return groups
+    offsets = [sum(inner[d] * strides[d] for d in inside) for inner in positions(inside)]  # the same in every group
+    bases = [sum(outer[d] * strides[d] for d in outside) for outer in positions(outside)]
+    return [[base + o for o in offsets] for base in bases]
 
 
 def rank_groups(config: ParallelConfig, world_size: int) -> dict[str, list[list[int]]]:

@@ -76,3 +76,16 @@ def test_figure_alt_texts_on_chinese_pages_are_chinese(site, english_page):
             continue  # not translated yet (book/locale/**.po for :alt:, pylib/i18n for figures pylib draws)
         problems.append(alt[:100])
     assert not problems, f"{sitemap.ZH}{page}: alt texts with no Chinese:\n  " + "\n  ".join(problems)
+
+
+PART_TITLE = re.compile(r'<span class="caption-text">(.*?)</span>', re.S)
+FOLD_PROMPT = re.compile(r'<p class="(?:collapsed|expanded) admonition-title">(.*?)</p>', re.S)
+
+
+@pytest.mark.parametrize("english_page", _content_pages() or ["(no built site)"])
+def test_part_titles_and_fold_prompts_on_chinese_pages_are_chinese(site, english_page):
+    """The sidebar's part titles (_toc.yml's captions, translated in the root page's catalog) and a folded cell's
+    prompt ("Show code cell source") were English on the Chinese site; tools/site/sphinx_i18n.py puts them in."""
+    html = (site / (sitemap.ZH + english_page)).read_text(encoding="utf-8")
+    english = [t.strip() for t in PART_TITLE.findall(html) + FOLD_PROMPT.findall(html) if not CJK.search(t)]
+    assert not english, f"{sitemap.ZH}{english_page}: part titles or fold prompts in English: {english[:5]}"

@@ -44,6 +44,14 @@ def zh_config(base: dict) -> dict:
     # The theme's own texts come from its zh_CN catalog through `language`; the search box's placeholder is Jupyter
     # Book's default theme option, in English, so it is set here (merged: _config.yml has recursive_update).
     sphinx.setdefault("html_theme_options", {})["search_bar_text"] = "搜索本书……"
+    # myst-nb's prompts on a folded code cell ("Show code cell source"), and the word it puts for {type}, which
+    # tools/site/sphinx_i18n.py translates; sphinx-togglebutton's hints on a folded admonition. The part titles
+    # need nothing here: they are translated in the root page's catalog (book/locale/.../book/intro.po).
+    sphinx["nb_code_prompt_show"] = "显示{type}"
+    sphinx["nb_code_prompt_hide"] = "隐藏{type}"
+    sphinx["book_code_prompt_types"] = {"source": "代码", "output": "输出", "outputs": "输出", "content": "代码和输出"}
+    sphinx["togglebutton_hint"] = "点击显示"
+    sphinx["togglebutton_hint_hide"] = "点击隐藏"
     return config
 
 

@@ -11,6 +11,7 @@ them (`check`) as it does the chapters'; tests/test_i18n.py checks every call ag
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,7 +55,8 @@ def sources(root: Path = ROOT) -> Iterator[tuple[str, str, str]]:
             yield name, f"{name}[cell {k}]", cell_source(m.group(1))
 
 
-def tr_calls(root: Path = ROOT) -> list[tuple[str, str, ast.Call, str]]:
+@functools.cache  # one scan per process: the catalog checks and the tests ask again for the same tree
+def tr_calls(root: Path = ROOT) -> tuple[tuple[str, str, ast.Call, str], ...]:
     """(file, where, call node, message) for every tr(...) or N_(...) call whose first argument is a string literal."""
     calls = []
     for name, label, src in sources(root):
@@ -70,7 +72,7 @@ def tr_calls(root: Path = ROOT) -> list[tuple[str, str, ast.Call, str]]:
             arg = node.args[0]
             if called in ("tr", "N_") and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                 calls.append((name, f"{label}:{node.lineno}", node, arg.value))
-    return calls
+    return tuple(calls)
 
 
 def domain(files: list[str]) -> str:

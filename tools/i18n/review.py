@@ -15,8 +15,9 @@ KINDS = ("missing", "outdated", "markup", "term", "no catalog")  # each fault li
 
 def faults(message, glossary) -> list[str]:
     """One entry's faults: untranslated ("missing"), fuzzy ("outdated"), a role, math, code span or link not
-    carried over ("markup (...)"), a glossary term translated another way ("term (...)"), each with the start of
-    its English. A line break inside inline math or a code span is a space to Markdown, and so to these checks."""
+    carried over ("markup (...)"), a glossary term translated another way ("term (...)"), an old rendering the
+    glossary retired ("term (retired rendering: ...)"), each with the start of its English. A line break inside
+    inline math or a code span is a space to Markdown, and so to these checks."""
     short = message.id[:70].replace("\n", " ")
     if not message.string:
         return [f"missing: {short}"]
@@ -24,9 +25,11 @@ def faults(message, glossary) -> list[str]:
         return [f"outdated: {short}"]
     english, chinese = message.id.replace("\n", " "), message.string.replace("\n", " ")
     senses = terms.other_senses(message.user_comments)
-    return [f"markup ({fault}): {short}" for fault in markup.differences(english, chinese)] + [
-        f"term ({fault}): {short}" for fault in terms.violations(english, chinese, glossary, senses)
-    ]
+    return (
+        [f"markup ({fault}): {short}" for fault in markup.differences(english, chinese)]
+        + [f"term ({fault}): {short}" for fault in terms.violations(english, chinese, glossary, senses)]
+        + [f"term (retired rendering: {fault}): {short}" for fault in terms.retired(english, chinese)]
+    )
 
 
 def tally(found: dict[str, list[str]], show: bool = True) -> int:

@@ -5,7 +5,9 @@ the cell's text before any parenthesis or backquote ("split by column", "microba
 give one English word two Chinese words (up-projection: seed A's 升维, seed B's 上投影) both are accepted.
 `violations(msgid, msgstr, glossary)` names each glossary term that the English message uses (outside code, math and
 roles; plural -s/-es included) and whose Chinese word the translation does not contain: the term translated another
-way. A message kept unchanged (msgstr = msgid: a number, a code name, the glossary's English column) is exempt."""
+way. `retired(msgid, msgstr)` names each old rendering (RETIRED) the translation's prose still uses, whatever its
+English: one rendering per term, the glossary's. A message kept unchanged (msgstr = msgid: a number, a code name, the
+glossary's English column) is exempt from both."""
 
 from __future__ import annotations
 
@@ -86,3 +88,42 @@ def other_senses(comments) -> frozenset[str]:
         if comment.strip().startswith(OTHER_SENSE):
             found |= {t.strip().lower() for t in comment.split(":", 1)[1].split(",") if t.strip()}
     return frozenset(found)
+
+
+# Renderings the Chinese edition no longer uses, each with the glossary term it rendered and what to write instead
+# (book/part1/glossary.md says why: the two articles' own words). A Chinese pattern the English message itself
+# names is allowed (the glossary page names the old renderings); a Latin one is allowed inside a quotation of the
+# articles' own Chinese that the English message carries (原文 B writes AllReduce).
+RETIRED: tuple[tuple[str, str, str], ...] = (
+    (r"进程号", "rank", "rank"),
+    (r"种子\s*[AB]|两篇种子|种子文章", "seed A / seed B", "原文 A / 原文 B"),
+    (r"微批次", "microbatch", "micro-batch"),
+    (r"流水线阶段|虚拟阶段|阶段边界", "pipeline stage", "stage"),
+    (r"ZeRO\s*(?:第\s*\d\s*)?阶段", "ZeRO stage", "ZeRO-1/2/3, ZeRO 级别"),
+    (r"因果掩码", "causal mask", "causal mask"),
+    (r"进程组生成器", "rank generator", "RankGenerator"),
+    (r"隐藏(?:维度|大小|轴|状态)", "hidden dimension", "hidden 维度, hidden state"),
+    (r"(?<![\w-])(?:all-reduce|All-reduce|AllReduce|allreduce)(?![\w-])", "all-reduce", "All-Reduce"),
+    (r"(?<![\w-])(?:all-gather|All-gather|AllGather|allgather)(?![\w-])", "all-gather", "All-Gather"),
+    (r"(?<![\w-])(?:reduce-scatter|Reduce-scatter|ReduceScatter)(?![\w-])", "reduce-scatter", "Reduce-Scatter"),
+    (r"(?<![\w-])(?:all-to-all|All-to-all|AllToAll|alltoall)(?![\w-])", "all-to-all", "All-to-All"),
+    (r"(?<![\w-])attention(?![\w-])", "attention", "Attention (注意力 in compounds)"),
+)
+QUOTED = re.compile(r"「[^」]*」|“[^”]*”|\"[^\"]*\"")
+CJK = re.compile(r"[\u4e00-\u9fff]")
+LATEX = re.compile(r"\\[A-Za-z]+\{[^{}]*\}")
+
+
+def retired(msgid: str, msgstr: str) -> list[str]:
+    """The old renderings `msgstr`'s prose uses, each as "'term' is NEW, not OLD"."""
+    if msgstr == msgid:
+        return []
+    prose, english = (LATEX.sub(" ", _prose(text)) for text in (msgstr, msgid))  # \text{...} in math: not prose
+    quoted = " ".join(q for q in QUOTED.findall(msgid) if CJK.search(q))
+    faults = []
+    for pattern, term, use in RETIRED:
+        for old in dict.fromkeys(re.findall(pattern, prose)):
+            allowed = quoted if re.match(r"[A-Za-z]", old) else english
+            if old not in allowed:
+                faults.append(f"'{term}' is {use}, not {old}")
+    return faults

@@ -18,6 +18,14 @@ both editions.
 Figure alt texts are attributes, not text nodes, so Sphinx never extracts them. `AltTexts` puts each one in the
 catalog as a message of its own (gettext builder) and replaces it with its translation (any other builder): the
 Chinese edition's figures are described in Chinese.
+
+The part titles of _toc.yml reach the root page's catalog (the gettext builder extracts the toctree captions that
+sphinx-external-toc inserts there), but its `InsertToctrees` transform (priority 100) runs after the Locale one, so
+the sidebar kept them English. `TranslateToctreeCaptions` (101) puts the root catalog's translations in. myst-nb's
+prompts for a folded cell ("Show code cell source") are the config values `nb_code_prompt_show` / `_hide`, whose
+`{type}` myst-nb fills with an English word (source, output, outputs, content); `TranslatePromptTypes` (after
+myst-nb's HideInputCells, 199) replaces that word with the config value `book_code_prompt_types` (the Chinese build
+sets both, tools/i18n/build_zh.py).
 """
 
 from __future__ import annotations
@@ -26,8 +34,10 @@ import re
 from pathlib import Path
 
 from docutils import nodes
+from sphinx import addnodes
 from sphinx.locale import init as init_locale
 from sphinx.transforms import SphinxTransform
+from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util.i18n import docname_to_domain
 
 
@@ -98,18 +108,54 @@ class TranslateAltTexts(SphinxTransform):
     default_priority = 21
 
     def apply(self, **kwargs) -> None:
-        config = self.config
-        if not config.language or config.language == "en" or self.app.builder.name == "gettext":
-            return
-        domain = docname_to_domain(self.env.docname, config.gettext_compact)
-        dirs = [self.env.srcdir / d for d in config.locale_dirs]
-        catalog, has_catalog = init_locale(dirs, config.language, domain)
-        if not has_catalog:
+        catalog = _catalog(self)
+        if catalog is None:
             return
         for image, alt in _alt_nodes(self.document):
             translated = catalog.gettext(alt)
             if translated and translated != alt:
                 image["alt"] = translated
+
+
+def _catalog(transform: SphinxTransform):
+    """The page's own catalog in a translated build (None in the English build, the gettext build, or none)."""
+    config = transform.config
+    if not config.language or config.language == "en" or transform.app.builder.name == "gettext":
+        return None
+    domain = docname_to_domain(transform.env.docname, config.gettext_compact)
+    catalog, has_catalog = init_locale([transform.env.srcdir / d for d in config.locale_dirs], config.language, domain)
+    return catalog if has_catalog else None
+
+
+class TranslateToctreeCaptions(SphinxTransform):
+    """A part title of _toc.yml, as the root page's catalog translates it (after sphinx-external-toc, 100)."""
+
+    default_priority = 101
+
+    def apply(self, **kwargs) -> None:
+        toctrees = [t for t in self.document.findall(addnodes.toctree) if t.get("caption")]
+        catalog = _catalog(self) if toctrees else None
+        for toctree in toctrees if catalog else []:
+            translated = catalog.gettext(toctree["caption"])
+            if translated:
+                toctree["caption"] = translated
+
+
+class TranslatePromptTypes(SphinxPostTransform):
+    """The English word myst-nb put in a folded cell's prompt, in the build's language (`book_code_prompt_types`)."""
+
+    default_priority = 200  # after myst_nb's HideInputCells (199), which fills {type}
+    formats = ("html",)
+
+    def run(self, **kwargs) -> None:
+        words = self.config.book_code_prompt_types
+        if not words:
+            return
+        from myst_nb.sphinx_ import HideCodeCellNode
+
+        for node in self.document.findall(HideCodeCellNode):
+            for key in ("prompt_show", "prompt_hide"):
+                node[key] = re.sub(r"[A-Za-z]+", lambda m: words.get(m.group(), m.group()), node[key])
 
 
 ALT_OPTION = re.compile(r"^\s*:alt:\s*(.+?)\s*$")
@@ -133,7 +179,10 @@ def add_alt_texts_to_catalog(app, doctree, docname: str) -> None:
 
 
 def setup(app):
+    app.add_config_value("book_code_prompt_types", {}, "html", types=[dict])
     app.add_transform(MarkTableCells)
+    app.add_transform(TranslateToctreeCaptions)
+    app.add_post_transform(TranslatePromptTypes)
     _patch_glue_lookup()
     app.add_transform(TranslateAltTexts)
     app.connect("doctree-resolved", add_alt_texts_to_catalog)
