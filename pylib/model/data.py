@@ -29,9 +29,9 @@ def check_tokens(t: torch.Tensor, vocab_size: int, what: str = "token ids") -> t
     GPU, one synchronisation); the error names the rank, the value, where it sits and the vocabulary size."""
     if t.dtype in (torch.bool, torch.float16, torch.bfloat16, torch.float32, torch.float64) or t.is_complex():
         raise TokenError(f"{what} must be an integer tensor (int64 or int32), got {str(t.dtype).replace('torch.', '')}")
-    if t.numel() == 0:
+    if t.numel() == 0 or t.is_meta:  # a meta tensor (shapes only, as the memory probes use) holds no values
         return t
-    low, high = (int(v) for v in torch.aminmax(t))
+    low, high = torch.stack(torch.aminmax(t)).tolist()  # one synchronisation on a GPU
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
         where = tuple(int(i) for i in (t == bad).nonzero()[0])

@@ -98,8 +98,9 @@ def is_checking() -> bool:
 
 def checks_each_step() -> bool:
     """Whether the once-per-step checks (`agree_on_batch`, `agree_pipeline`) run: always, unless switched off with
-    `agreement_check(False)` -- under NCCL too, where the per-collective check is off by default."""
-    return _setting.enabled is not False
+    `agreement_check(False)` -- under NCCL too, where the per-collective check is off by default -- and outside
+    launched ranks (no process group: nobody to compare with)."""
+    return _setting.enabled is not False and dist.is_initialized()
 
 
 def descriptor_length(n: int) -> int:
