@@ -715,6 +715,7 @@ def _sigint_case(delay: float, tmp: Path) -> tuple[str, str]:
         )
         params.metadata["tags"] = ["parameters"]
         nb.cells = [params, nbformat.v4.new_code_cell("import time\ntime.sleep(600)")]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(nb, lab)
     out = tmp / f"sigint-{delay}"
     root = str(Path(__file__).resolve().parents[1])

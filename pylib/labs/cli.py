@@ -244,7 +244,7 @@ def _run(args) -> int:
             ),
             file=sys.stderr,
         )
-        return 1
+        return _exit_noted(1)
     return _exit_noted(0)
 
 
