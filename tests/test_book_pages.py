@@ -26,12 +26,7 @@ EMOJI_MARKS = re.compile("[\u2705\u274c\u274e\u2714\ufe0f]")
 HARNESS = re.compile(r"^\s*assert\b|\bglue\(|\btr\(|\bi18n\b|\bN_\(")
 # Pages still allowed to show harness lines while their cells are being folded (issue 29); a page leaves the set
 # when it shows none (test_folding_pending_is_not_stale holds the set to that).
-FOLDING_PENDING = {
-    "book/part3/ep.md",
-    "book/part3/dp.md",
-    "book/part4/compose.md",
-    "book/part4/planner.md",
-}
+FOLDING_PENDING: set[str] = set()
 
 
 def chapters() -> list[Path]:

@@ -294,8 +294,8 @@ def test_figure_is_drawn_on_the_card_and_legible_at_page_width(name, runs):
 
 def test_figure_modules_return_figures_and_leave_showing_and_the_backend_to_the_notebook():
     """A figure function returns its Figure: showing it, or choosing a backend, is the caller's (a chapter glues the
-    figure through the inline backend; a test draws with Agg). No module of pylib.viz calls show(), ion(),
-    switch_backend() or matplotlib.use()."""
+    figure through the inline backend, which style.show_as_svg sets to SVG, its format and not its backend; a test
+    draws with Agg). No module of pylib.viz calls show(), ion(), switch_backend() or matplotlib.use()."""
     for info in pkgutil.iter_modules(pylib.viz.__path__):
         tree = ast.parse(inspect.getsource(importlib.import_module(f"pylib.viz.{info.name}")))
         calls = [n.func for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]

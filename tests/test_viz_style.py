@@ -3,6 +3,7 @@ made under it render on the card."""
 
 import io
 import itertools
+import re
 
 import matplotlib
 import pytest
@@ -54,12 +55,12 @@ def test_use_styles_figures_inside_the_block_and_restores_rcparams_after():
     plt.close(fig)
 
 
-def test_figure_renders_opaque_on_the_card_as_the_inline_backend_saves_it():
+def test_figure_renders_opaque_on_the_card():
     with style.use():
         fig, ax = plt.subplots(figsize=(2, 1.5))
         ax.bar([0, 1], [1, 2])
         buf = io.BytesIO()
-        # IPython's inline backend saves with the figure's own face colour.
+        # IPython's inline backend saves with the figure's own face colour (the SVG's, below, too).
         fig.savefig(buf, format="png", facecolor=fig.get_facecolor())
     plt.close(fig)
     buf.seek(0)
@@ -169,12 +170,12 @@ def test_amber_is_a_fill_that_takes_ink():
 def test_legible_pt_keeps_small_text_legible_on_any_figure_width():
     import matplotlib.pyplot as plt
 
-    for width_in in (3.0, style.COLUMN_PX / 100, 10.0, 16.0):
+    for width_in in (3.0, style.COLUMN_PX / style.CSS_PX_PER_IN, 10.0, 16.0):
         fig = plt.figure(figsize=(width_in, 2), dpi=100)
         pt = style.legible_pt(fig, 7)
         fig.text(0.5, 0.5, "1/2", fontsize=pt)
         assert style.smallest_text_px(fig) >= style.LEGIBLE_PX
-        if width_in * 100 <= style.COLUMN_PX:
+        if width_in * style.CSS_PX_PER_IN <= style.COLUMN_PX:
             assert pt == 7  # a figure shown at its natural width keeps the size asked for
         plt.close(fig)
 
@@ -195,3 +196,52 @@ def test_a_bold_chinese_text_draws_without_a_font_warning(caplog):
     finally:
         i18n.set_language(before)
     assert not [r for r in caplog.records if "findfont" in r.getMessage() or "weight" in r.getMessage()]
+
+
+def test_a_notebook_shows_figures_as_svg_with_text_as_paths_on_the_card():
+    """Importing pylib.viz.style (every figure module does) makes a notebook show a figure as SVG only, the way the
+    inline backend and myst-nb's glue format it: no PNG beside it, no <text> element (its glyphs are paths, so no
+    font, CJK or other, has to reach the reader's browser), the figure's background the opaque card."""
+    from IPython.core.formatters import format_display_data
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        style.show_as_svg()
+        fig, ax = style.subplots(figsize=(3, 2))
+        ax.set_title("rank 0")
+        data, _ = format_display_data(fig)
+        plt.close(fig)
+    finally:
+        InteractiveShell.clear_instance()
+    assert shell is not None and "image/png" not in data, sorted(data)
+    svg = data["image/svg+xml"]
+    assert "<text" not in svg and re.search(r'<path id="DejaVuSans-\d+" d="', svg), "glyphs as paths"
+    card = re.search(r'<g id="patch_1">\s*<path d="[^"]*"\s*style="([^"]*)"', svg)
+    assert card and card[1].strip() == f"fill: {style.CARD}", card and card[1]
+
+
+def test_an_svg_is_as_wide_as_its_figure_at_96_css_px_per_inch_whatever_its_dpi():
+    """What smallest_text_px assumes: matplotlib writes an SVG's size in points (width_in * 72 pt, which a browser
+    shows as width_in * 96 CSS px), not in pixels of the figure's dpi as a PNG."""
+    for dpi in (72, 100, 200):
+        fig = plt.figure(figsize=(5, 2), dpi=dpi)
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg")
+        plt.close(fig)
+        width_pt = float(re.search(r'<svg[^>]*\swidth="([0-9.]+)pt"', buf.getvalue())[1])
+        assert width_pt * 96 / 72 == pytest.approx(5 * style.CSS_PX_PER_IN), (dpi, width_pt)
+
+
+def test_smallest_text_px_is_the_points_at_96_px_per_inch_scaled_down_to_the_column():
+    narrow = plt.figure(figsize=(3, 2))  # 288 px: shown at its natural width
+    narrow.text(0.1, 0.5, "a", fontsize=10)
+    narrow.text(0.5, 0.5, "b", fontsize=12)
+    narrow.text(0.8, 0.5, "", fontsize=4)  # empty: not text a reader sees
+    assert style.smallest_text_px(narrow) == pytest.approx(10 * 96 / 72)
+    wide = plt.figure(figsize=(2 * style.COLUMN_PX / style.CSS_PX_PER_IN, 2))  # twice the column: shown at half
+    wide.text(0.5, 0.5, "c", fontsize=10)
+    assert style.smallest_text_px(wide) == pytest.approx(10 * 96 / 72 / 2)
+    assert style.smallest_text_px(wide, column_px=2 * style.COLUMN_PX) == pytest.approx(10 * 96 / 72)
+    plt.close(narrow)
+    plt.close(wide)

@@ -9,7 +9,10 @@ Every figure of pylib.viz is drawn with it; a chapter that draws its own figure 
         ...
     style.apply()                                 # or: for the rest of the notebook
 
-and give every figure alt text (the site test fails a page with an image whose alt is empty): in a MyST code cell,
+A chapter shows or glues the Figure as usual: importing this module makes the notebook show figures as SVG
+(`show_as_svg`), sharp at any zoom and screen density, with the text as paths so no font has to reach the reader.
+
+Give every figure alt text (the site test fails a page with an image whose alt is empty): in a MyST code cell,
 ``mystnb: {image: {alt: "..."}, figure: {caption: "...", name: fig-...}}`` in the cell's options, or ``:alt:`` on
 the ``{glue:figure}``.
 
@@ -116,9 +119,10 @@ RC: dict[str, object] = {
 
 
 # The Chinese edition's figures: Noto Sans CJK SC, from the `mplfonts` wheel (requirements-common.txt; the wheel is
-# found, not imported). Figures reach the page as PNG (the notebook's inline backend; an SVG would carry its text as
-# paths, matplotlib's svg.fonttype default), so the reader's browser needs no CJK font. DejaVu Sans stays behind it
-# in font.family: matplotlib falls back glyph by glyph to the next family for what the first lacks.
+# found, not imported). Figures reach the page as SVG (`show_as_svg`) with their text drawn as paths (svg.fonttype
+# "path"), so the reader's browser needs no CJK font: an SVG shown by an <img> may not load web fonts, and a reader
+# without Noto Sans CJK would see a fallback font or boxes. DejaVu Sans stays behind it in font.family: matplotlib
+# falls back glyph by glyph to the next family for what the first lacks.
 CJK_FAMILY = "Noto Sans CJK SC"
 CJK_FILE = "NotoSansCJKsc-Regular.otf"
 
@@ -164,6 +168,32 @@ def rc() -> dict[str, object]:
         params["font.family"] = families
         params["font.sans-serif"] = families
     return params
+
+
+def show_as_svg() -> None:
+    """Make the notebook show every figure as SVG, text drawn as paths (see CJK_FAMILY), instead of the inline
+    backend's PNG at the figure's dpi (100: soft on a HiDPI screen and when a phone reader zooms in). Runs when this
+    module is imported, so every chapter and lab that draws (each imports pylib.viz) shows SVG with no cell of its
+    own; outside IPython (a test, a script) it does nothing. A `{glue:figure}` pastes the same SVG: myst-nb's glue
+    formats a figure through the same formatters."""
+    import sys
+
+    if "IPython" not in sys.modules:  # not in a notebook: nothing imported IPython
+        return
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        return
+    from IPython.core.pylabtools import select_figure_formats
+    from matplotlib_inline.backend_inline import InlineBackend
+
+    mpl.rcParams["svg.fonttype"] = "path"
+    # The inline backend's settings, not just its formatters: it selects the formats from these again when it is
+    # first activated (configure_inline_support), which may come after this import.
+    config = InlineBackend.instance()
+    config.figure_formats = {"svg"}
+    select_figure_formats(shell, config.figure_formats, **config.print_figure_kwargs)
 
 
 def apply() -> None:
@@ -269,26 +299,32 @@ def contrast_ratio(a, b) -> float:
     return (lb + 0.05) / (la + 0.05)
 
 
-# How large a figure's text is on the page. The notebook's inline backend writes a PNG at the figure's dpi; the
-# page shows it at its natural width, or scaled down to the content column when it is wider. COLUMN_PX is that
-# column as measured on the built site in a 1280-px-wide window (a laptop): the article is 752 px wide, less its
-# 2 x 32 px padding and a figure's (or a cell output's) 2 x 8 px, so a wide figure is shown 672 px wide;
-# tests/site/test_browser.py checks that no figure is shown narrower than this assumes. A figure whose smallest
-# text lands under LEGIBLE_PX pixels there is not legible; tests/test_viz_card.py holds every figure function of
-# pylib.viz to it.
+# How large a figure's text is on the page. A figure reaches the page as an SVG (`show_as_svg`), whose size is the
+# figure's in points (matplotlib writes width="<width_in * 72>pt"): a browser shows it at 96 CSS px per inch
+# (CSS_PX_PER_IN; 1 pt = 4/3 px), whatever the figure's dpi, and draws its vectors at the screen's own resolution, so
+# on a HiDPI screen its text is as sharp as the page's. The page shows it at that natural width, or scaled down to
+# the content column when wider (`max-width: 100%`, book/_static/site.css). COLUMN_PX is that column as measured on
+# the built site in a 1280-px-wide window (a laptop): the article is 752 px wide, less its 2 x 32 px padding and a
+# figure's (or a cell output's) 2 x 8 px, so a wide figure is shown 672 px wide (7 in); tests/site/test_browser.py
+# checks that no figure is shown narrower than this assumes. A figure whose smallest text lands under LEGIBLE_PX
+# CSS pixels there is not legible; tests/test_viz_card.py holds every figure function of pylib.viz to it.
+# The natural width is taken as the figure's width; the inline backend saves with bbox_inches="tight", which trims
+# the empty margin (the text then shows larger than computed, when the figure is wider than the column) or grows to
+# take in text outside the figure (smaller: keep text inside the figure). On a phone (390 px) the column is about
+# half as wide and so is every wide figure's text: there a reader zooms in, and the SVG stays sharp when they do.
+CSS_PX_PER_IN = 96
 COLUMN_PX = 672
 LEGIBLE_PX = 9.0
 
 
 def smallest_text_px(fig, column_px: int = COLUMN_PX) -> float:
-    """The smallest visible, non-empty text of `fig` in CSS pixels, on a page whose content column is
-    `column_px` wide (inf when the figure has no text)."""
+    """The smallest visible, non-empty text of `fig` in CSS pixels, shown as an SVG on a page whose content column
+    is `column_px` wide (inf when the figure has no text)."""
     from matplotlib.text import Text
 
-    natural_px = fig.get_figwidth() * fig.dpi
-    scale = min(1.0, column_px / natural_px)
+    scale = min(1.0, column_px / (fig.get_figwidth() * CSS_PX_PER_IN))
     sizes = [
-        t.get_fontsize() * fig.dpi / 72 * scale
+        t.get_fontsize() * CSS_PX_PER_IN / 72 * scale
         for t in fig.findobj(Text)
         if t.get_visible() and t.get_text().strip() and t.figure is fig
     ]
@@ -299,5 +335,8 @@ def legible_pt(fig, pt: float) -> float:
     """`pt`, or the font size (points, 1% above the bound) whose text is LEGIBLE_PX high on the page once `fig` is
     scaled to the content column, whichever is larger: for a figure function that draws on a caller's axes and so
     does not choose the figure's width (`legible_pt(ax.figure, 7)` is 7 pt on a figure up to COLUMN_PX wide)."""
-    scale = min(1.0, COLUMN_PX / (fig.get_figwidth() * fig.dpi))
-    return max(pt, 1.01 * LEGIBLE_PX * 72 / (fig.dpi * scale))
+    scale = min(1.0, COLUMN_PX / (fig.get_figwidth() * CSS_PX_PER_IN))
+    return max(pt, 1.01 * LEGIBLE_PX * 72 / (CSS_PX_PER_IN * scale))
+
+
+show_as_svg()

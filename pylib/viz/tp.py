@@ -43,10 +43,10 @@ def _matrix(ax, m: np.ndarray, title: str, colour: str, fmt: str = "{:.1f}"):
     ax.set_title(title, fontsize=FONT)
 
 
-# Text size of the TP figures, in points: with the figures at most style.COLUMN_PX wide (7.2 in at 100 dpi), 7.5 pt
-# is 10.4 px on the page, above style.LEGIBLE_PX.
+# Text size of the TP figures, in points: with the figures at most style.COLUMN_PX wide (7 in at the SVG's 96 CSS px
+# per inch), 7.5 pt is 10 px on the page, above style.LEGIBLE_PX.
 FONT = 7.5
-WIDTH_IN = style.COLUMN_PX / 100
+WIDTH_IN = style.COLUMN_PX / style.CSS_PX_PER_IN
 
 
 @style.styled
