@@ -32,6 +32,7 @@ import io
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -988,6 +989,451 @@ def print_classed(rows: list[dict], sizes: list[dict]) -> bool:
     return not bad and all(r["outcome"] == "answered" for r in sizes)
 
 
+# ------------------------------------------------------------ data, collectives, processes (issue 35): outcomes
+
+OUTCOMES = ("named refusal", "silently wrong", "obscure", "hang", "orphan")
+CASE_TIMEOUT = 20.0  # one launch per in-rank case; a case still running then counts as a hang
+
+
+def _outcome_of(call, text: str) -> tuple[str, str]:
+    """(outcome, detail) of a bad input: an exception naming `text` is a named refusal, another exception obscure,
+    no exception silently wrong."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            call()
+    except Exception as exc:  # noqa: BLE001 - every refusal is judged by its message
+        msg = f"{type(exc).__name__}: {exc}"
+        return ("named refusal" if text in msg else "obscure"), msg.splitlines()[0][:160]
+    return "silently wrong", "accepted"
+
+
+def _ranked_outcome(fn, args, text: str, world: int = 2) -> tuple[str, str]:
+    """fn(*args) on `world` gloo ranks, as a user runs it: a rank that raises ends the launch, which names it."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            launch(fn, world, *args, timeout=CASE_TIMEOUT, backend="gloo")
+    except LaunchTimeout:
+        return "hang", f"still running after {CASE_TIMEOUT:g} s"
+    except RankFailedError as exc:
+        return ("named refusal" if text in str(exc) else "obscure"), _last_error_line(str(exc))
+    return "silently wrong", "accepted on every rank"
+
+
+def _last_error_line(text: str) -> str:
+    lines = [x for x in text.splitlines() if "Error" in x or "error" in x]
+    return (lines[-1] if lines else text.splitlines()[0]).strip()[:160]
+
+
+def _cfg():
+    from pylib.model import ModelConfig
+
+    return ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, d_ff=32, dtype="float64")
+
+
+def _tokens(bad_ids=None, bad_targets=None, seed=0):
+    from pylib.model import random_tokens
+
+    ids, targets = random_tokens(_cfg(), 2, 8, seed=seed)
+    if bad_ids is not None:
+        ids = bad_ids(ids.clone())
+    if bad_targets is not None:
+        targets = bad_targets(targets.clone())
+    return ids, targets
+
+
+def _put(value):
+    def change(t):
+        if isinstance(value, str):  # a dtype name
+            return t.to(getattr(torch, value))
+        t[1, 3] = value
+        return t
+
+    return change
+
+
+def _rank_differs(t):
+    if dist.get_rank() == 1:
+        t[0, 0] = (int(t[0, 0]) + 1) % _cfg().vocab_size
+    return t
+
+
+def _tp_forward(bad_ids, bad_targets):
+    from pylib.model import build_model
+    from pylib.tp import TPTransformer
+
+    ids, targets = _tokens(bad_ids, bad_targets)
+    TPTransformer.from_full(build_model(_cfg())).loss(ids, targets).backward()
+
+
+def _cp_forward(bad_ids, bad_targets):
+    from pylib.cp import CPTransformer
+    from pylib.cp.layout import shard_sequence
+    from pylib.model import build_model
+
+    ids, targets = _tokens(bad_ids, bad_targets)
+    model = CPTransformer.from_full(build_model(_cfg()), layout="contiguous")
+    mine = [shard_sequence(t, 1, dist.get_rank(), 2, "contiguous") for t in (ids, targets)]
+    model.loss(*mine).backward()
+
+
+def _compose_step(bad_ids, bad_targets, pc=None):
+    from pylib.compose import ParallelTransformer
+    from pylib.model import build_model
+    from pylib.plan import RunOptions
+    from pylib.runtime import Mesh, ParallelConfig
+
+    mesh = Mesh(pc or ParallelConfig(tp=2))
+    model = ParallelTransformer.from_full(build_model(_cfg()), mesh, RunOptions(n_microbatches=1))
+    model.step(*_tokens(bad_ids, bad_targets), measure_memory=False)
+
+
+def _single(kind: str, bad_ids, bad_targets):
+    from pylib.model import build_model
+    from pylib.pp.split import PipelineChunk
+
+    ids, targets = _tokens(bad_ids, bad_targets)
+    model = build_model(_cfg())
+    if kind == "reference":
+        return float(model.loss(ids, targets))
+    if kind == "pp first stage":
+        return PipelineChunk.from_full(model, 0, 2)(ids)
+    x = torch.zeros(2, 8, 16, dtype=torch.float64)
+    return float(PipelineChunk.from_full(model, 1, 2)(x, targets))
+
+
+class _TwoStage(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2, dtype=torch.float64)
+
+    def forward(self, x, targets=None):
+        y = self.lin(x)
+        return y.pow(2).mean() if targets is not None else y
+
+
+def _pipeline(m0, m1, shape0, shape1, dtype1=torch.float64):
+    from pylib.plan.schedules import build
+    from pylib.pp.executor import Boundary, run_pipeline
+
+    r = dist.get_rank()
+    m, shape = (m0, shape0) if r == 0 else (m1, shape1)
+    boundary = Boundary(shape, torch.float64 if r == 0 else dtype1)
+    inputs = [torch.ones(*shape0, dtype=torch.float64)] * m
+    run_pipeline(build("1f1b", 2, m), [_TwoStage()], boundary, inputs=inputs, targets=[torch.zeros(1)] * m)
+
+
+def _collective(name: str, shape0, shape1, **kw):
+    r = dist.get_rank()
+    t = torch.ones(shape1 if r else shape0)
+    kw = {k: (v[r] if isinstance(v, tuple) else v) for k, v in kw.items()}
+    getattr(C, name)(t, **kw)
+
+
+def _escape(then_raise: bool, how: str):
+    if how == "setsid child":
+        pid = subprocess.Popen(["sleep", "300"], start_new_session=True).pid
+    else:  # a daemon: its parent shell exits at once, it runs on in a session of its own
+        out = subprocess.run(["sh", "-c", "setsid sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True)
+        pid = int(out.stdout)
+    print(f"child {pid}", flush=True)
+    if then_raise and dist.get_rank() == 1:
+        raise RuntimeError("failed after starting a child")
+    dist.barrier()
+    return pid
+
+
+def _alive(pid: int) -> bool:
+    return bool(_descendants_alive([pid]))
+
+
+def _process_case(then_raise: bool, how: str) -> tuple[str, str]:
+    pids: list[int] = []
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            pids = launch(_escape, 2, then_raise, how, timeout=30, backend="gloo")
+    except RankFailedError as exc:
+        pids = [int(w.split()[1]) for o in exc.outputs for w in o.splitlines() if w.startswith("child ")]
+    time.sleep(0.05)
+    left = [p for p in pids if _alive(p)]
+    for pid in left:  # ours: end them so that the next case starts clean
+        os.kill(pid, signal.SIGKILL)
+    return ("orphan", f"{len(left)} of {len(pids)} left running") if left else ("named refusal", "none left")
+
+
+def _sigint_case(delay: float, tmp: Path) -> tuple[str, str]:
+    """`python -m pylib.labs run` of a lab that sleeps, interrupted after `delay` s: handled = exit 130 and a
+    report marked interrupted; a traceback or no report is obscure."""
+    import json
+
+    import nbformat
+
+    lab = tmp / "01_sleeps.ipynb"
+    if not lab.exists():
+        nb = nbformat.v4.new_notebook()
+        params = nbformat.v4.new_code_cell(
+            'world_size = 2\nbackend = "gloo"\ndevice = "cpu"\nsolution = True\nchecks_report = None'
+        )
+        params.metadata["tags"] = ["parameters"]
+        nb.cells = [params, nbformat.v4.new_code_cell("import time\ntime.sleep(600)")]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, lab)
+    out = tmp / f"sigint-{delay}"
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pylib.labs", "run", str(lab), "--out", str(out)],
+        cwd=root,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return "hang", "still running 60 s after SIGINT"
+    report = out / "report.json"
+    ok = report.exists() and json.loads(report.read_text()).get("interrupted") == "SIGINT"
+    if proc.returncode == 130 and ok and "Traceback" not in err:
+        return "named refusal", "exit 130, report written"
+    # stopped before the first line of pylib ran: in the interpreter's start-up (importing `site`), or before Python
+    # installed its SIGINT handler (the default action: no output at all). An uncaught KeyboardInterrupt also ends
+    # with -SIGINT, after printing its traceback.
+    if "init_import_site" in err or (proc.returncode == -signal.SIGINT and not err.strip()):
+        return "obscure", "stopped in the interpreter's own start-up, before the first line of pylib ran"
+    return "obscure", f"exit {proc.returncode}, report {'written' if ok else 'missing'}, traceback {'Traceback' in err}"
+
+
+def _mixed(kw):
+    from pylib.plan.options import MixedPrecision
+
+    return MixedPrecision("float16", grad_reduce="float32", **kw)
+
+
+def _skips_forever():
+    from pylib.dp import LossScaler
+
+    scaler = LossScaler(_mixed(dict(loss_scaling="dynamic", loss_scale=2.0**10)))
+    for _ in range(200):  # every step overflows (a nan in the model): 200 skipped steps, the scale halved to 0
+        scaler.update(True)
+
+
+def _zero_gradients():
+    import warnings
+
+    from pylib.dp import MasterWeights
+
+    weights = MasterWeights([torch.ones(3, dtype=torch.float16)], _mixed(dict(loss_scaling="dynamic")), torch.optim.SGD)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        weights.step([torch.zeros(3)])
+
+
+def bad_data_cases(tmp: Path) -> list[dict]:
+    """Bad data, collectives and process edges, each judged: named refusal, silently wrong, obscure, hang, orphan."""
+    V = _cfg().vocab_size
+    rows = []
+
+    def add(cls, name, outcome):
+        rows.append(dict(cls=cls, name=name, outcome=outcome[0], detail=outcome[1]))
+
+    bad_values = [(V, f"hold {V}"), (V + 1000, f"hold {V + 1000}"), (-1, "hold -1"), ("float32", "integer tensor")]
+    for kind in ("reference", "pp first stage", "pp last stage"):
+        for value, text in bad_values + [("bool", "integer tensor")]:
+            which = "targets" if kind == "pp last stage" or (kind == "reference" and value == -1) else "ids"
+            bi, bt = (None, _put(value)) if which == "targets" else (_put(value), None)
+            add("data", f"{kind}: {which} {value}", _outcome_of(lambda k=kind, a=bi, b=bt: _single(k, a, b), text))
+    for mode, fn in (("tp", _tp_forward), ("cp", _cp_forward), ("compose tp2", _compose_step)):
+        for value, text in bad_values:
+            add("data", f"{mode}: ids {value}", _ranked_outcome(fn, (_put(value), None), text))
+        for value, text in bad_values[:3]:
+            add("data", f"{mode}: targets {value}", _ranked_outcome(fn, (None, _put(value)), text))
+    agree = "were given different batches"
+    add("data", "tp: rank 1 given other ids", _ranked_outcome(_tp_forward, (_rank_differs, None), agree))
+    add("data", "tp: rank 1 given other targets", _ranked_outcome(_tp_forward, (None, _rank_differs), agree))
+    add("data", "compose tp2: rank 1 other ids", _ranked_outcome(_compose_step, (_rank_differs, None), agree))
+    add("data", "compose tp2: rank 1 other targets", _ranked_outcome(_compose_step, (None, _rank_differs), agree))
+    from pylib.runtime import ParallelConfig
+
+    dp2 = ParallelConfig(dp=2)
+    add("data", "compose dp2: rank 1 other ids", _ranked_outcome(_compose_step, (_rank_differs, None, dp2), agree))
+
+    nine = (1,) * 8
+    shape = "disagree on the shape"
+    for name, args, text in [
+        ("all_reduce_ 10 dims, same numel, dim 9 differs", ("all_reduce_", (*nine, 1, 2), (*nine, 2, 1)), shape),
+        ("all_reduce_ 10 vs 9 dims", ("all_reduce_", (*nine, 2), (*nine, 2, 3)), shape),
+        ("all_gather_tensor 9 dims, dim 8 differs", ("all_gather_tensor", (*nine, 2), (*nine, 3)), shape),
+        (
+            "reduce_scatter_tensor 12 dims differ",
+            ("reduce_scatter_tensor", (2, *nine, 1, 1, 2), (2, *nine, 1, 2, 1)),
+            shape,
+        ),
+    ]:
+        add("collectives", name, _ranked_outcome(_collective, args, text))
+    out_of_range = "out of range"
+    for name, args, kw in [
+        ("all_gather_tensor dim=5 on rank 1", ("all_gather_tensor", (2, 2), (2, 2)), dict(dim=(0, 5))),
+        ("all_gather_tensor dim=2 on both", ("all_gather_tensor", (2, 2), (2, 2)), dict(dim=2)),
+        ("all_gather_tensor dim=-3 on both", ("all_gather_tensor", (2, 2), (2, 2)), dict(dim=-3)),
+        ("reduce_scatter_tensor dim=3", ("reduce_scatter_tensor", (2, 2), (2, 2)), dict(dim=3)),
+        ("reduce_scatter_tensor dim=2 on rank 0", ("reduce_scatter_tensor", (2, 2), (2, 2)), dict(dim=(2, 0))),
+        ("reduce_scatter_async dim=4", ("reduce_scatter_async", (2, 2), (2, 2)), dict(dim=4)),
+        (
+            "all_to_all_tensor gather_dim=4 on rank 1",
+            ("all_to_all_tensor", (2, 2), (2, 2)),
+            dict(scatter_dim=0, gather_dim=(1, 4)),
+        ),
+        ("all_to_all_tensor scatter_dim=-5", ("all_to_all_tensor", (2, 2), (2, 2)), dict(scatter_dim=-5, gather_dim=1)),
+        ("all_gather_tensor of a 0-dim tensor", ("all_gather_tensor", (), ()), dict(dim=0)),
+    ]:
+        add("collectives", name, _ranked_outcome(lambda n, a, b, k=kw: _collective(n, a, b, **k), args, out_of_range))
+    boundary = "disagree on the shape of microbatch 0's activation"
+    for name, args, text in [
+        ("pipeline: stage 1 built for (1, 3), stage 0 sends (1, 2)", (2, 2, (1, 2), (1, 3)), boundary),
+        ("pipeline: stage 1 built for (2, 2), same numel differs", (2, 2, (1, 4), (2, 2)), boundary),
+        ("pipeline: stage 1 built for (1, 2, 1)", (2, 2, (1, 2), (1, 2, 1)), boundary),
+        ("pipeline: m=2 on rank 0, m=4 on rank 1", (2, 4, (1, 2), (1, 2)), "number of microbatches m"),
+        ("pipeline: m=4 on rank 0, m=2 on rank 1", (4, 2, (1, 2), (1, 2)), "number of microbatches m"),
+        ("pipeline: boundary float32 on rank 1", (2, 2, (1, 2), (1, 2), torch.float32), "the boundary dtype"),
+    ]:
+        add("collectives", name, _ranked_outcome(_pipeline, args, text))
+
+    for kw, text in [
+        (dict(loss_scaling="dynamic", loss_scale=math.inf), "must be finite"),
+        (dict(loss_scaling="static", loss_scale=math.inf), "must be finite"),
+        (dict(loss_scaling="dynamic", loss_scale=math.nan), "must be finite"),
+        (dict(loss_scaling="dynamic", loss_scale=1e-30), "must be between 1 and 2**64"),
+        (dict(loss_scaling="static", loss_scale=0.5), "must be between 1 and 2**64"),
+        (dict(loss_scaling="static", loss_scale=2.0**80), "must be between 1 and 2**64"),
+    ]:
+        add("training", f"MixedPrecision(float16, {kw})", _outcome_of(lambda kw=kw: _mixed(kw), text))
+    add("training", "200 consecutive skipped fp16 steps", _outcome_of(_skips_forever, "consecutive steps skipped"))
+    add("training", "all-zero gradients after unscaling", _outcome_of(_zero_gradients, "every gradient is zero"))
+
+    for then_raise in (False, True):
+        for how in ("setsid child", "double-forked daemon"):
+            add(
+                "processes",
+                f"rank starts a {how}, then {'raises' if then_raise else 'returns'}",
+                _process_case(then_raise, how),
+            )
+    for delay in (0.1, 0.2, 0.4, 0.7, 1.0, 1.5, 2.5):
+        add("processes", f"SIGINT {delay:g} s into `python -m pylib.labs run`", _sigint_case(delay, tmp))
+    return rows
+
+
+# ------------------------------------------------------------------------- what the new checks cost per step
+
+
+def _timed_steps(pc_kw: dict, reps: int, per_step_checks: bool):
+    from pylib.compose import ParallelTransformer
+    from pylib.model import build_model, random_tokens
+    from pylib.plan import RunOptions
+    from pylib.plan.presets import tiny
+    from pylib.runtime import Mesh, ParallelConfig, agreement
+
+    if not per_step_checks and hasattr(agreement, "checks_each_step"):
+        agreement.checks_each_step = lambda: False  # only the once-per-step checks off (this forked rank only)
+    cfg = tiny().with_(dtype="float32")
+    mesh = Mesh(ParallelConfig(**pc_kw))
+    options = RunOptions(n_microbatches=2, schedule="1f1b") if pc_kw.get("pp", 1) > 1 else RunOptions()
+    model = ParallelTransformer.from_full(build_model(cfg), mesh, options)
+    ids, targets = random_tokens(cfg, 8, 16, seed=0)
+    for _ in range(3):
+        model.step(ids, targets, measure_memory=False)
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        model.step(ids, targets, measure_memory=False)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def step_cost(reps: int = 20, rounds: int = 3) -> list[dict]:
+    """A composed training step (tiny model, float32, gloo) with the once-per-step checks (batch agreement,
+    pipeline agreement) on and off, interleaved on/off `rounds` times; the slowest rank's median per round, the
+    best round reported. The token check (a min/max of the ids) runs in both."""
+    rows = []
+    for name, kw in (("tp2 pp2 (4 ranks, 1F1B m=2)", dict(tp=2, pp=2)), ("tp2 dp2 (4 ranks)", dict(tp=2, dp=2))):
+        got = {True: [], False: []}
+        for _ in range(rounds):
+            for on in (False, True):
+                per_rank = launch(_timed_steps, 4, kw, reps, on, timeout=600, backend="gloo")
+                got[on].append(max(statistics.median(t) for t in per_rank))
+        rows.append(dict(config=name, off_ms=min(got[False]) * 1e3, on_ms=min(got[True]) * 1e3))
+    return rows
+
+
+def _checks_alone(reps: int):
+    """Microseconds per call of each new check, as one step of the tp2 pp2 run makes it (4 ranks)."""
+    from pylib.model import check_tokens, random_tokens
+    from pylib.plan.presets import tiny
+    from pylib.plan.schedules import build
+    from pylib.runtime import Mesh, ParallelConfig
+    from pylib.runtime.agreement import agree_on_batch, agree_pipeline
+
+    cfg = tiny()
+    mesh = Mesh(ParallelConfig(tp=2, pp=2))
+    ids, targets = random_tokens(cfg, 8, 16, seed=0)
+    sched = build("1f1b", 2, 2)
+    calls = {
+        "agree_on_batch (world, ids + targets [8, 16])": lambda: agree_on_batch(
+            "step", mesh.world, {"i": ids, "t": targets}
+        ),
+        "agree_pipeline (pp=2, m=2)": lambda: agree_pipeline(mesh.pp, sched, torch.float32, lambda mb, k: (4, 16, 64)),
+        "check_tokens ([4, 16] ids)": lambda: check_tokens(ids[:4], cfg.vocab_size),
+    }
+    out = {}
+    for name, call in calls.items():
+        for _ in range(10):
+            call()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            call()
+        out[name] = (time.perf_counter() - t0) / reps * 1e6
+    return out
+
+
+def checks_alone(reps: int = 300) -> dict:
+    per_rank = launch(_checks_alone, 4, reps, timeout=300, backend="gloo")
+    return {name: max(r[name] for r in per_rank) for name in per_rank[0]}
+
+
+def print_bad_data(rows: list[dict], cost: list[dict], alone: dict | None = None) -> None:
+    print("\n### Bad data, collectives, training guards, processes (issue 35)\n")
+    classes = sorted({r["cls"] for r in rows}, key=["data", "collectives", "training", "processes"].index)
+    print("| class | cases | " + " | ".join(OUTCOMES) + " |")
+    print("|---|---|" + "---|" * len(OUTCOMES))
+    for cls in classes + ["all"]:
+        mine = [r for r in rows if cls in ("all", r["cls"])]
+        counts = [sum(r["outcome"] == o for r in mine) for o in OUTCOMES]
+        print(f"| {cls} | {len(mine)} | " + " | ".join(str(c) for c in counts) + " |")
+    bad = [r for r in rows if r["outcome"] != "named refusal"]
+    if bad:
+        print("\nNot refused by name:\n")
+        for r in bad:
+            print(f"- [{r['outcome']}] {r['cls']}: {r['name']} -- {r['detail']}")
+    if cost:
+        print("\n| composed step (gloo) | per-step checks off | on | extra |")
+        print("|---|---|---|---|")
+        for c in cost:
+            extra = c["on_ms"] - c["off_ms"]
+            share = extra / c["off_ms"]
+            print(f"| {c['config']} | {c['off_ms']:.2f} ms | {c['on_ms']:.2f} ms | {extra:+.2f} ms ({share:+.1%}) |")
+    if alone:
+        print("\n| one new check, alone (4 gloo ranks, the slowest rank's mean) | µs per call |")
+        print("|---|---|")
+        for name, us in alone.items():
+            print(f"| {name} | {us:.0f} |")
+
+
 # ---------------------------------------------------------------------------------------- agreement check cost
 
 
@@ -1022,6 +1468,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--launches", type=int, default=1000, help="back-to-back launches (1000)")
     p.add_argument("--bad-inputs-only", action="store_true", help="only the bad inputs by class (seconds)")
+    p.add_argument(
+        "--data-only", action="store_true", help="only the bad data, collectives, training guards and processes"
+    )
+    p.add_argument("--no-step-cost", action="store_true", help="(with --data-only) skip the composed-step timing")
     args = p.parse_args(argv)
     if args.launches < 1:
         p.error("--launches must be >= 1")
@@ -1032,6 +1482,11 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="pylib-bench-") as tmp:
             ok = print_classed(classed_bad_inputs(Path(tmp)), large_sizes())
         return 0 if ok else 1
+    if args.data_only:
+        with tempfile.TemporaryDirectory(prefix="pylib-bench-") as tmp:
+            rows = bad_data_cases(Path(tmp))
+        print_bad_data(rows, [] if args.no_step_cost else step_cost(), None if args.no_step_cost else checks_alone())
+        return 1 if any(r["outcome"] != "named refusal" for r in rows) else 0
     start_holdings = _holdings()
 
     held = launches_held(args.launches)

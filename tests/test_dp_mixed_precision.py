@@ -274,3 +274,56 @@ def test_composed_model_refuses_a_recipe_it_cannot_run():
     fp16 = MixedPrecision("float16", loss_scaling="dynamic")
     with pytest.raises(RankFailedError, match="loss_scaling='dynamic'"):
         launch(bad, 1, COMPOSE_CFG.with_(dtype="float16"), fp16)
+
+
+@pytest.mark.parametrize(
+    "kw, text",
+    [
+        (dict(loss_scaling="dynamic", loss_scale=float("inf")), "loss_scale=inf must be finite"),
+        (dict(loss_scaling="static", loss_scale=float("nan")), "must be finite"),
+        (dict(loss_scaling="dynamic", loss_scale=1e-30), "must be between 1 and 2\\*\\*64"),
+        (dict(loss_scaling="static", loss_scale=2.0**70), "overflows every gradient above 2\\*\\*-48"),
+    ],
+)
+def test_a_loss_scale_that_cannot_work_is_refused_when_the_recipe_is_built(kw, text):
+    with pytest.raises(ValueError, match=text):
+        MixedPrecision("float16", grad_reduce="float32", **kw)
+
+
+def test_consecutive_skipped_fp16_steps_raise_with_the_scale_history():
+    from pylib.dp import LossScaleError, LossScaler
+
+    scaler = LossScaler(MixedPrecision("float16", loss_scaling="dynamic", loss_scale=8.0), max_skips=4)
+    scaler.update(True)
+    scaler.update(False)  # a clean step starts the count again
+    for _ in range(3):
+        scaler.update(True)
+    with pytest.raises(LossScaleError, match="4 consecutive steps skipped .* at scales 4, 2, 1, 0.5"):
+        scaler.update(True)
+
+
+@pytest.mark.slow
+def test_a_nan_loss_stops_dynamic_loss_scaling_instead_of_skipping_forever():
+    from pylib.dp import LossScaleError
+
+    recipe = MixedPrecision("float16", grad_reduce="float32", loss_scaling="dynamic", loss_scale=2.0**10)
+    ref = SingleDeviceMixed(build_model(CFG), recipe, parts=1, lr=LR)
+    ref.weights.scaler.max_skips = 3
+    ids, targets = _batches()[0]
+    ref.module.lm_head.weight.data[0, 0] = float("nan")
+    with pytest.raises(LossScaleError, match="3 consecutive steps skipped .* scales 1024, 512, 256"):
+        for _ in range(3):
+            ref.train_step(ids, targets)
+
+
+def test_all_zero_gradients_after_unscaling_are_reported():
+    from pylib.dp import MasterWeights, ZeroGradientsWarning
+
+    recipe = MixedPrecision("float16", grad_reduce="float32", loss_scaling="dynamic", loss_scale=2.0**10)
+    low = [torch.ones(3, dtype=torch.float16), torch.ones(2, dtype=torch.float16)]
+    weights = MasterWeights(low, recipe, torch.optim.SGD, lr=0.1)
+    assert weights.step([torch.zeros(3), torch.tensor([0.0, 2.0**10])])  # one non-zero gradient: a normal step
+    assert weights.scaler.zero_steps == 0
+    with pytest.warns(ZeroGradientsWarning, match="every gradient is zero after unscaling \\(loss scale 1024, float16"):
+        weights.step([torch.zeros(3), torch.zeros(2)])  # e.g. gradients that underflowed in fp16
+    assert weights.scaler.zero_steps == 1

@@ -365,3 +365,45 @@ def test_nccl_asked_for_on_a_machine_without_gpus_is_blocked_not_failed(tmp_path
     assert rc == 0 and lab["status"] == "blocked" and lab["counts"]["failed"] == 0
     assert "needs 2 CUDA GPUs, 0 visible" in lab["error"]["evalue"]
     assert "blocked" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_sigint_at_any_moment_of_a_lab_run_writes_the_report_and_exits_130(tmp_path):
+    """From the first instants (the interpreter importing the harness, parsing its arguments) to a lab's kernel
+    starting: every SIGINT ends the run with the report written and exit code 130, never a traceback (issue 35).
+    Only the interpreter's own start-up, before the first line of pylib runs (~50 ms here), is out of reach."""
+    stuck = _fixture_lab(
+        tmp_path / "01_stuck.ipynb",
+        [PARAMETERS, ("import time\n\ntime.sleep(600)", [])],
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    seen = []
+    for delay in (0.0, 0.05, 0.15, 0.3, 0.6, 1.0, 2.0):
+        out = tmp_path / f"out{delay}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pylib.labs", "run", str(stuck), "--out", str(out)],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        # before any line of pylib ran, the interpreter itself stops: killed by the signal's default action before
+        # Python installs its handler, or "Fatal Python error: init_import_site" while it imports `site`
+        if "init_import_site" in stderr or (proc.returncode == -signal.SIGINT and not stderr.strip()):
+            seen.append((delay, "interpreter start-up"))
+            continue
+        assert proc.returncode == 130, (delay, stdout + stderr)
+        assert "Traceback" not in stderr, (delay, stderr)
+        report = json.loads((out / "report.json").read_text())
+        assert report["interrupted"] == "SIGINT" and not report["passed"], delay
+        seen.append((delay, [r["status"] for r in report["labs"]] or report["not_started"]))
+    assert sum(isinstance(s, list) for _, s in seen) >= 5, seen

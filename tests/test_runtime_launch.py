@@ -283,6 +283,34 @@ def test_processes_a_rank_starts_do_not_survive_launch_returning_or_raising():
     assert len(children) == 2 and not [p for p in children if _alive(p)]
 
 
+def _start_escapees():
+    """A rank that starts a child in a session of its own (setsid) and a daemon that double-forks out of its tree
+    (its intermediate parent exits at once); returns both pids."""
+    own_session = subprocess.Popen(["sleep", "300"], start_new_session=True).pid
+    daemon = subprocess.run(
+        ["sh", "-c", "setsid sleep 300 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+    )
+    return [own_session, int(daemon.stdout)]
+
+
+@pytest.mark.slow
+def test_descendants_that_leave_the_ranks_process_group_are_ended_too():
+    pids = [p for rank in launch(_start_escapees, 2) for p in rank]
+    assert len(pids) == 4 and not [p for p in pids if _alive(p)], "a descendant that called setsid outlived launch()"
+
+    def escape_then_fail():
+        print("escaped " + " ".join(map(str, _start_escapees())), flush=True)
+        if dist.get_rank() == 1:
+            raise RuntimeError("after starting escapees")
+        dist.barrier()
+
+    with pytest.raises(RankFailedError) as info:
+        launch(escape_then_fail, 2, timeout=30)
+    out = [line.split()[1:] for text in info.value.outputs for line in text.splitlines() if "escaped" in line]
+    pids = [int(p) for row in out for p in row]
+    assert len(pids) == 4 and not [p for p in pids if _alive(p)]
+
+
 def _dead_pid() -> int:
     p = subprocess.Popen(["true"])
     p.wait()

@@ -42,6 +42,7 @@ from pylib.pp.executor import Boundary, microbatches, run_pipeline
 from pylib.pp.recorder import PipelineRecorder
 from pylib.pp.split import virtual_stage
 from pylib.runtime import collectives as C
+from pylib.runtime.agreement import agree_on_batch
 from pylib.runtime.recompute import is_recomputing
 from pylib.runtime.sharding import ShardSpec
 from pylib.runtime.tracer import phase, tag
@@ -293,6 +294,8 @@ class ParallelTransformer:
         mesh = self.mesh
         layout = self.options.cp_layout
         ids, targets = ids.to(self.device), targets.to(self.device)
+        # every rank must hold the same global batch (each cuts its own part): one small all-gather of checksums
+        agree_on_batch("ParallelTransformer.step", mesh.world, {"ids": ids, "targets": targets})
         my_ids, my_targets = local_batch(ids, mesh, layout), local_batch(targets, mesh, layout)
         m = self.m
         self.zero_grad()

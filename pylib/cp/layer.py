@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from pylib.i18n import tr
 from pylib.model.attention import Attention
+from pylib.model.data import check_tokens
 from pylib.model.transformer import Block, Transformer
 from pylib.plan.options import CP_KIND, CP_LAYOUT
 from pylib.plan.recompute import Recompute, check_recompute
@@ -195,7 +196,7 @@ class CPTransformer(nn.Module):
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """ids [b, s/cp]: this rank's shard (`shard_sequence(ids, 1, ...)`)."""
         positions = self.positions(ids.shape[1], ids.device) if positions is None else positions
-        x = self.embed(ids)
+        x = self.embed(check_tokens(ids, self.cfg.vocab_size, "ids"))
         x = run_layers(
             self.layers,
             x,
@@ -213,7 +214,9 @@ class CPTransformer(nn.Module):
         logits = self(ids, positions).reshape(-1, self.cfg.vocab_size)
         if logits.dtype in (torch.bfloat16, torch.float16):
             logits = logits.float()
-        local_sum = F.cross_entropy(logits, targets.reshape(-1), reduction="sum")
+        local_sum = F.cross_entropy(
+            logits, check_tokens(targets, self.cfg.vocab_size, "targets").reshape(-1), reduction="sum"
+        )
         return C.reduce_from_group(local_sum / (targets.numel() * self.group.size), self.group, tag="cp.loss")
 
     def allreduce_gradients(self) -> None:

@@ -283,7 +283,7 @@ def ring_attention(
     """
     g = cp_group(group)
     check_qkv(q, k, v, g.size, layout, "ring_attention")
-    agree("ring_attention", g, [q, k, v], params=[int(bool(causal))], param_names=["causal"])  # before any P2P
+    agree("ring_attention", g, [q, k, v], params={"causal": int(bool(causal))})  # before any P2P
     scale = default_scale(q.shape[-1])
     merge_dtype = accumulation_dtype(q.dtype) if merge_dtype is None else merge_dtype
     if not merge_dtype.is_floating_point:

@@ -31,7 +31,7 @@ from .layout import (
     unflatten,
 )
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
-from .mixed import LossScaler, MasterWeights, SingleDeviceMixed, cast_module
+from .mixed import LossScaleError, LossScaler, MasterWeights, SingleDeviceMixed, ZeroGradientsWarning, cast_module
 from .overlap import BucketTiming, OverlapReport, overlap_from_trace
 from .wrap import STAGES, DDPTrainer, wrap
 from .zero import ZeroDataParallel
@@ -49,7 +49,9 @@ __all__ = [
     "FullyShardedDataParallel",
     "GradientBuckets",
     "HeldBytes",
+    "LossScaleError",
     "LossScaler",
+    "ZeroGradientsWarning",
     "MasterWeights",
     "OverlapReport",
     "ZeroDataParallel",

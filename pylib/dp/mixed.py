@@ -17,6 +17,10 @@ fp16 has 5 exponent bits, so small gradients underflow: the loss is multiplied b
 scale halved ("dynamic"; it doubles again after `growth_interval` clean steps). Under ZeRO each rank sees only its
 slice, so the inf flag is all-reduced (max) over the group before anyone decides.
 
+Guards (`LossScaler`): a recipe whose scale cannot work (infinite, below 1, above 2**64) is refused when it is
+checked; 64 consecutive skipped steps raise `LossScaleError` with the scale history; a step whose unscaled
+gradients are all zero is warned about (`ZeroGradientsWarning`), read from the same max-reduced flag.
+
 `SingleDeviceMixed` runs the same recipe on one device with the same rounding points as a d-rank run: d
 micro-batches, each one's 16-bit gradient cast to the reduce dtype, summed in that dtype in rank order and divided
 by d, then the fp32 update. With d = 2 a sum of two numbers rounds the same in either order and halving is exact,
@@ -26,12 +30,14 @@ dtype per element).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn as nn
 
 from pylib.model import torch_dtype
 from pylib.plan.fields import instance
-from pylib.plan.options import MixedPrecision
+from pylib.plan.options import MAX_CONSECUTIVE_SKIPS, MixedPrecision
 
 from ..runtime import collectives as C
 from .batch import micro_batch
@@ -43,14 +49,31 @@ def cast_module(module: nn.Module, recipe: MixedPrecision) -> nn.Module:
     return module.to(torch_dtype(recipe.compute))
 
 
-class LossScaler:
-    """The loss scale of a recipe: 1 without loss scaling, fixed ("static") or adapted to overflow ("dynamic")."""
+class LossScaleError(RuntimeError):
+    """Loss scaling skipped MAX_CONSECUTIVE_SKIPS steps in a row: no scale makes these gradients finite."""
 
-    def __init__(self, recipe: MixedPrecision):
-        self.recipe = recipe
+
+class ZeroGradientsWarning(UserWarning):
+    """A step whose gradients, unscaled, are zero everywhere (the loss scale let them underflow, or nothing
+    reached the loss)."""
+
+
+class LossScaler:
+    """The loss scale of a recipe: 1 without loss scaling, fixed ("static") or adapted to overflow ("dynamic").
+
+    Guards: the recipe's scale must work at all (`pylib.plan.options.loss_scale_problems`, checked when the
+    recipe is built); MAX_CONSECUTIVE_SKIPS skipped steps in a row raise LossScaleError with the scale history (a
+    recipe that skips every step would otherwise train on nothing while its losses look normal); a step whose
+    unscaled gradients are all zero is counted in `zero_steps` and warned about (ZeroGradientsWarning)."""
+
+    def __init__(self, recipe: MixedPrecision, max_skips: int = MAX_CONSECUTIVE_SKIPS):
+        self.recipe = instance("LossScaler", "recipe", recipe, MixedPrecision)
         self.scale = 1.0 if recipe.loss_scaling == "none" else float(recipe.loss_scale)
         self.clean_steps = 0
         self.skipped = 0
+        self.zero_steps = 0
+        self.max_skips = max_skips
+        self.history: list[tuple[float, bool]] = []  # (scale, overflow) of the steps since the last clean one
 
     @property
     def checks_overflow(self) -> bool:
@@ -60,8 +83,16 @@ class LossScaler:
         return loss if self.scale == 1.0 else loss * self.scale
 
     def update(self, overflow: bool) -> None:
+        self.history = self.history + [(self.scale, overflow)] if overflow else []
         if overflow:
             self.skipped += 1
+            if len(self.history) >= self.max_skips:
+                scales = ", ".join(f"{s:g}" for s, _ in self.history)
+                raise LossScaleError(
+                    f"{len(self.history)} consecutive steps skipped by {self.recipe.loss_scaling} loss scaling "
+                    f"(MAX_CONSECUTIVE_SKIPS = {self.max_skips}): every step's gradients held an inf or nan at "
+                    f"scales {scales}; no scale makes them finite (a nan or inf in the loss or the model?)"
+                )
         if self.recipe.loss_scaling != "dynamic":
             return
         if overflow:
@@ -70,6 +101,17 @@ class LossScaler:
             self.clean_steps += 1
             if self.clean_steps == self.recipe.growth_interval:
                 self.scale, self.clean_steps = self.scale * 2, 0
+
+    def report_zero(self) -> None:
+        """Count and warn about a step whose unscaled gradients are zero everywhere."""
+        self.zero_steps += 1
+        warnings.warn(
+            ZeroGradientsWarning(
+                f"every gradient is zero after unscaling (loss scale {self.scale:g}, {self.recipe.compute} compute): "
+                "the scaled gradients underflowed, or no parameter reached the loss; the step changes nothing"
+            ),
+            stacklevel=3,
+        )
 
 
 class MasterWeights:
@@ -105,14 +147,23 @@ class MasterWeights:
             m.grad = mg
         overflow = False
         if self.scaler.checks_overflow:
-            flag = torch.zeros((), dtype=torch.float32, device=self.master[0].device)
+            # one number, max-reduced over the groups: 1 an inf/nan somewhere, else 0 a non-zero gradient
+            # somewhere, else -1 (every gradient zero): the all-zero report costs no byte more
+            state = -1.0
             for m in self.master:
-                if m.grad is not None and not bool(torch.isfinite(m.grad).all()):
-                    flag.fill_(1.0)
+                if m.grad is None:
+                    continue
+                if not bool(torch.isfinite(m.grad).all()):
+                    state = 1.0
                     break
+                if state < 0 and bool(m.grad.any()):
+                    state = 0.0
+            flag = torch.full((), state, dtype=torch.float32, device=self.master[0].device)
             for g in self.groups:
                 C.all_reduce_(flag, g, op="max", phase="optimizer", tag="mixed.overflow")
-            overflow = bool(flag.item())
+            overflow = flag.item() > 0
+            if flag.item() < 0 and any(m.grad is not None for m in self.master):
+                self.scaler.report_zero()
         if not overflow:
             self.optimizer.step()
             with torch.no_grad():

@@ -13,6 +13,13 @@ papermill), `pylib.labs.report` (the report's shape, the terminal table, the HTM
 command line). labs/README.md documents the format.
 """
 
+import sys
+
+if sys.argv[:1] == ["-m"]:  # `python -m pylib.labs ...` is starting: an interrupt from here on is noted, and the
+    from . import interrupts  # harness answers it with a report and exit 130 (see pylib.labs.interrupts)
+
+    interrupts.note()
+
 from .checks import ChecksFailed, ExerciseNotDone, begin, check, step, summary
 
 __all__ = ["ChecksFailed", "ExerciseNotDone", "begin", "check", "step", "summary"]

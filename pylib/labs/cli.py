@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import signal
 import sys
 from pathlib import Path
 
 from pylib.i18n import normalise, set_language, tr
 
+from . import interrupts
 from .files import default_labs_dir, find_labs, select_labs
 from .notebook import (
     EXERCISE_NUMBER,
@@ -179,7 +181,7 @@ def check_writable(folder: Path) -> None:
 
 def _run(args) -> int:
     from .report import failure_text, terminal_table
-    from .runner import Interrupted, interrupt_on_sigterm, resolve_overrides, run_labs
+    from .runner import Interrupted, interrupt_on_sigterm, interrupted_report, resolve_overrides, run_labs
 
     if args.all and args.labs:
         raise ValueError("give lab names or --all, not both")
@@ -215,6 +217,8 @@ def _run(args) -> int:
             )
     except Interrupted as stop:
         report = getattr(stop, "report", None)
+        if report is None:  # interrupted before the first lab started: every lab is listed as not started
+            report = interrupted_report(labs, args.mode, overrides, Path(out), stop)
         if report is not None:
             print()
             print(terminal_table(report))
@@ -240,8 +244,17 @@ def _run(args) -> int:
             ),
             file=sys.stderr,
         )
-        return 1
-    return 0
+        return _exit_noted(1)
+    return _exit_noted(0)
+
+
+def _exit_noted(code: int) -> int:
+    """128 + the signal noted after the report was written (the run is done, the report complete), else `code`."""
+    signum = interrupts.pending()
+    if signum is None:
+        return code
+    print(tr("INTERRUPTED ({why}) after the report was written", why=signal.Signals(signum).name), file=sys.stderr)
+    return 128 + signum
 
 
 def _list(args) -> int:
@@ -270,6 +283,10 @@ def _lint(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command != "run":  # only `run` writes a report: the other commands take Ctrl-C as Python does
+        if interrupts.pending() is not None:
+            return 128 + interrupts.pending()
+        interrupts.stop_noting()
     try:
         if args.command == "run":
             return _run(args)

@@ -36,6 +36,7 @@ from jupyter_client.manager import AsyncKernelManager
 from pylib.i18n import normalise, tr
 from pylib.runtime import leftovers
 
+from . import interrupts
 from .files import Lab
 from .notebook import first_line, learner_version, localised, parameters, tags
 
@@ -534,38 +535,47 @@ def run_labs(
     recorded as *interrupted*, the labs not started are listed, the report is written, and the exception goes on
     to the caller with `.report` set. A lab whose parameters ask for GPUs this machine lacks is *blocked*.
     progress: None shows bars only when stderr is a terminal. `echo` prints one line per finished lab."""
+    run = _Progress(mode, dict(overrides or {}), Path(out_dir), [lab.name for lab in labs])
+    try:
+        return _run_each(labs, run, mode, dict(overrides or {}), out_dir, timeout, progress, echo)
+    except (KeyboardInterrupt, Interrupted) as exc:  # at any moment: the report says what ran and what did not
+        stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
+        if stop.result is not None and stop.result not in run.results:
+            run.add(stop.result)
+        stop.report = run.write(interrupted=str(stop))
+        raise stop from None
+
+
+def _run_each(labs, run: _Progress, mode, overrides, out_dir, timeout, progress, echo) -> dict:
     from tqdm.auto import tqdm
 
     from .report import lab_line
 
-    per_lab = resolve_overrides(labs, dict(overrides or {}))
+    per_lab = resolve_overrides(labs, overrides)
     if progress is None:
         progress = sys.stderr.isatty()
     leftovers.sweep("pylib-lab-kernel")  # what harness runs that were killed left behind
-    run = _Progress(mode, dict(overrides or {}), Path(out_dir), [lab.name for lab in labs])
     with tqdm(total=len(labs), desc=f"labs ({mode})", unit="lab", position=0, disable=not progress) as bar:
         for lab in labs:
             bar.set_postfix_str(lab.name)
             values = {**parameters(lab.read()), **per_lab[lab.name]}
             why = blocked_reason(values)
-            try:
-                if why is not None:
-                    result = _blocked_result(lab, mode, values, why, out_dir)
-                else:
-                    result = run_lab(
-                        lab, mode=mode, overrides=per_lab[lab.name], out_dir=out_dir, timeout=timeout, progress=progress
-                    )
-            except (KeyboardInterrupt, Interrupted) as exc:
-                stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
-                if stop.result is not None:
-                    run.add(stop.result)
-                stop.report = run.write(interrupted=str(stop))
-                raise stop from None
+            if why is not None:
+                result = _blocked_result(lab, mode, values, why, out_dir)
+            else:
+                result = run_lab(
+                    lab, mode=mode, overrides=per_lab[lab.name], out_dir=out_dir, timeout=timeout, progress=progress
+                )
             run.add(result)
             run.write()
             (bar.write if progress else echo)(lab_line(result))
             bar.update(1)
     return run.write()
+
+
+def interrupted_report(labs: list[Lab], mode: str, overrides: dict, out_dir: Path, stop: Interrupted) -> dict:
+    """The report of a run interrupted before its first lab started: every lab listed as not started."""
+    return _Progress(mode, dict(overrides), Path(out_dir), [lab.name for lab in labs]).write(interrupted=str(stop))
 
 
 class _Progress:
@@ -595,7 +605,13 @@ class _Progress:
             interrupted=interrupted,
             not_started=[n for n in self.names if n not in done],
         )
-        write_report(report, self.out_dir)
+        # not interrupted halfway: a signal that arrives while the files are written is delivered after
+        blocked = {signal.SIGINT, signal.SIGTERM}
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+        try:
+            write_report(report, self.out_dir)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         return report
 
 
@@ -615,6 +631,10 @@ def interrupt_on_sigterm():
     # written, kernels killed) however the harness was started, as SIGTERM does.
     saved = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        noted = interrupts.pending()  # a signal that came while `python -m pylib.labs` was starting
+        if noted is not None:
+            interrupts.clear()
+            raise Interrupted(noted)
         yield
     finally:
         for sig, handler in saved.items():

@@ -6,7 +6,7 @@ for the code that builds a model from one."""
 from pylib.plan.config import SEED_A, ModelConfig, MoEConfig
 
 from .attention import Attention, attention_core, causal_mask, expand_kv, rope
-from .data import DATASETS, batches, pattern_tokens, random_hidden, random_tokens
+from .data import DATASETS, TokenError, batches, check_tokens, pattern_tokens, random_hidden, random_tokens
 from .dtype import torch_dtype
 from .memory import SavedTensors, saved_activations
 from .mlp import MLP
@@ -36,6 +36,7 @@ __all__ = [
     "Router",
     "Routing",
     "SavedTensors",
+    "TokenError",
     "Transformer",
     "attention_core",
     "auxiliary_loss",
@@ -43,6 +44,7 @@ __all__ = [
     "build_model",
     "capacity_keep_mask",
     "causal_mask",
+    "check_tokens",
     "expand_kv",
     "expert_capacity",
     "load_balancing_loss",

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from pylib.plan.config import ModelConfig
 
 from .attention import Attention
+from .data import check_tokens
 from .dtype import torch_dtype
 from .mlp import MLP
 from .moe import MoE
@@ -52,7 +53,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed.weight
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.embed(ids)
+        x = self.embed(check_tokens(ids, self.cfg.vocab_size, "ids"))
         for layer in self.layers:
             x = layer(x, positions)
         return self.lm_head(self.ln_f(x))
@@ -62,7 +63,7 @@ class Transformer(nn.Module):
         logits = self(ids, positions).reshape(-1, self.cfg.vocab_size)
         if logits.dtype in (torch.bfloat16, torch.float16):
             logits = logits.float()
-        return F.cross_entropy(logits, targets.reshape(-1))
+        return F.cross_entropy(logits, check_tokens(targets, self.cfg.vocab_size, "targets").reshape(-1))
 
 
 def build_model(cfg: ModelConfig) -> Transformer:

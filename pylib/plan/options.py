@@ -16,6 +16,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from pylib.i18n import N_
+
 from .fields import ONE_OF, choice, flag, integer, number, refusal
 from .recompute import RECOMPUTE, RECOMPUTE_METHODS, Recompute, as_recompute
 from .schedules import SCHEDULES
@@ -150,6 +152,9 @@ class MixedPrecision:
         choice("MixedPrecision", "grad_reduce", self.grad_reduce, tuple(dict.fromkeys((self.compute, "float32"))))
         choice("MixedPrecision", "loss_scaling", self.loss_scaling, LOSS_SCALINGS)
         number("MixedPrecision", "loss_scale", self.loss_scale, above=0)
+        bad = loss_scale_problems(self)
+        if bad:
+            raise ValueError(bad[0])
         object.__setattr__(self, "growth_interval", integer("MixedPrecision", "growth_interval", self.growth_interval))
 
     @property
@@ -165,8 +170,37 @@ class MixedPrecision:
         return DTYPE_BYTES[self.master]
 
 
+# The loss scale's working range. Below 1 a scale shrinks the gradients toward fp16's underflow, the opposite of its
+# purpose (Megatron's min_loss_scale is 1); above 2**64 it makes every gradient above 2**-48 an fp16 inf (fp16's
+# largest value is 65504 < 2**16). A dynamic scale that starts at the top is halved to 1 in 64 skipped steps, so
+# 64 consecutive skips mean no scale works: `pylib.dp.mixed.LossScaler` raises there.
+MIN_LOSS_SCALE, MAX_LOSS_SCALE = 1.0, 2.0**64
+MAX_CONSECUTIVE_SKIPS = 64
+
+
+def loss_scale_problems(recipe: MixedPrecision) -> list[str]:
+    """The rule a finite, positive loss scale must also meet to work at all: between MIN_LOSS_SCALE and
+    MAX_LOSS_SCALE when the recipe scales the loss; `MixedPrecision` refuses a recipe that breaks it when built. A
+    recipe broken here would train on zeros (a scale that underflows them) or skip every step (a scale that overflows
+    every gradient) while its losses look normal."""
+    scale, scaling = recipe.loss_scale, recipe.loss_scaling
+    if scaling in ("static", "dynamic") and not MIN_LOSS_SCALE <= scale <= MAX_LOSS_SCALE:
+        return [refusal("MixedPrecision", "loss_scale", scale, LOSS_SCALE_RANGE, low=MIN_LOSS_SCALE, scaling=scaling)]
+    return []
+
+
+LOSS_SCALE_RANGE = N_(
+    "must be between {low:g} and 2**64 with loss_scaling={scaling!r}: below 1 it pushes the gradients toward "
+    "fp16's underflow, above 2**64 it overflows every gradient above 2**-48"
+)
+
+
 __all__ = [
     "COMPUTE_DTYPES",
+    "MAX_CONSECUTIVE_SKIPS",
+    "MAX_LOSS_SCALE",
+    "MIN_LOSS_SCALE",
+    "loss_scale_problems",
     "DTYPE_BYTES",
     "GRAD_REDUCE_DTYPES",
     "LOSS_SCALINGS",

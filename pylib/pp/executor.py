@@ -23,6 +23,11 @@ step. `blocking_sends=True` uses gloo's blocking `send` instead, which waits for
 the schedule's order is deadlock-free under both (see `pylib.plan.schedules`), but blocking sends add stalls to the
 interleaved schedule when a forward and a backward cost different times (`pylib.pp.simulate` shows where).
 
+Agreement. Before its first send, each step's ranks agree on the schedule, m, v, the boundary dtype and every
+boundary's shape, compared between the two ranks on either side of it (`pylib.runtime.agreement.agree_pipeline`):
+a stage built with another activation shape, or given another microbatch count, is refused naming both ranks,
+instead of gloo aborting with "Received data size doesn't match". Two small untraced all-gathers per step.
+
 Timing and memory are observed, not threaded through: a `PipelineRecorder` (`pylib.pp.recorder`) records every
 forward, backward, send and receive as an `Event` with start and end in seconds since a common start (the ranks
 meet in a one-element all-reduce first), and the bytes autograd saved for each forward. Its `compute_delay` pads
@@ -42,6 +47,7 @@ from pylib.plan.schedules import Action, Schedule
 
 from ..runtime import collectives as C
 from ..runtime import tracer
+from ..runtime.agreement import agree_pipeline
 from ..runtime.launch import current_device
 from .recorder import PipelineRecorder
 from .timeline import Event
@@ -142,6 +148,9 @@ def run_pipeline(
     options); a fresh one by default."""
     g = C.resolve_group(group)
     _check_run(schedule, chunks, g, inputs, targets)
+    dtype = boundary.dtype or _first_float_dtype(chunks)
+    # once per step, before any send: the schedule, m and every boundary's shape agreed by its two ends
+    agree_pipeline(g, schedule, dtype, boundary.shape_of)
     rec = PipelineRecorder() if recorder is None else recorder
     device = pipeline_device(chunks, boundary.device)
     step = RankStep(
@@ -152,7 +161,7 @@ def run_pipeline(
         m=schedule.m,
         n_stages=schedule.p * schedule.v,
         shape_of=boundary.shape_of,
-        dtype=boundary.dtype or _first_float_dtype(chunks),
+        dtype=dtype,
         device=device,
         scale_loss=scale_loss,
         blocking_sends=blocking_sends,

@@ -30,6 +30,7 @@ from pylib.plan.recompute import Recompute, as_recompute, check_recompute
 from pylib.plan.split import check_split, layers_of_stage, stage_layers, virtual_stage
 
 from ..model import Transformer
+from ..model.data import check_tokens
 from ..runtime.recompute import RecomputedCore, run_layers
 from ..runtime.sharding import ShardSpec
 
@@ -114,7 +115,7 @@ class PipelineChunk(nn.Module):
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if self.embed is not None:
-            x = self.embed(x)
+            x = self.embed(check_tokens(x, self.embed.num_embeddings, "ids"))
         x = run_layers(
             self.layers.values(),
             x,
@@ -138,6 +139,7 @@ class PipelineChunk(nn.Module):
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy, as `Transformer.loss`: logits [b, s, V], targets [b, s] -> scalar."""
+    check_tokens(targets, logits.shape[-1], "targets")
     flat = logits.reshape(-1, logits.shape[-1])
     if flat.dtype in (torch.bfloat16, torch.float16):
         flat = flat.float()

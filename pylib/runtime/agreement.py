@@ -15,7 +15,24 @@ Called in the caller before `launch`, the setting reaches gloo's ranks too (they
 Default (`None`): on under gloo (the CPU ranks of the tests, the labs and the book), off under NCCL, where the
 extra collective would cost real latency on every call. The check is one all-gather of `descriptor_length(n)`
 int64 values per collective; `bench/reliability.py` measures what it costs. It is not traced (it moves no model
-data). Point-to-point ops are not checked (a send has no collective partner to compare with).
+data).
+
+Every rank's call is checked before any data moves, whatever its number of dimensions: a shape is sent as its
+first 8 dims, its dim count and a checksum of the whole shape, and when two ranks differ beyond what 8 dims show,
+a second small all-gather brings every rank's full shape for the message. A dim argument (`dims_of_first`) is
+checked against each rank's own tensor -- out of range on any rank, every rank raises naming that rank -- so no
+rank sends its data and then fails in `torch.cat`.
+
+Point-to-point ops have no collective partner to compare with, so the pipeline agrees once per step, before its
+first send (`agree_pipeline`): schedule, microbatch count, the dtype and the shape of every stage boundary, each
+compared between the two ranks that send and receive across it. A stage built with another activation shape is
+named there, not by gloo's "Received data size doesn't match".
+
+The batch (`agree_on_batch`): ranks that must see the same data compare a checksum of it, one all-gather of a
+few int64 per step (see its docstring for why a checksum rather than a broadcast from one rank).
+
+These two per-step checks run unless switched off with `agreement_check(False)`, under NCCL too: they cost one
+small all-gather per step, not one per collective (`checks_each_step`).
 """
 
 from __future__ import annotations
@@ -79,10 +96,17 @@ def is_checking() -> bool:
     return dist.is_initialized() and dist.get_backend() == "gloo"
 
 
+def checks_each_step() -> bool:
+    """Whether the once-per-step checks (`agree_on_batch`, `agree_pipeline`) run: always, unless switched off with
+    `agreement_check(False)` -- under NCCL too, where the per-collective check is off by default -- and outside
+    launched ranks (no process group: nobody to compare with)."""
+    return _setting.enabled is not False and dist.is_initialized()
+
+
 def descriptor_length(n: int) -> int:
-    """int64 values in one descriptor for a group of n ranks: op, params, per tensor (dtype, ndim, dims), and the
-    row counts of uneven ops (sizes, input splits, output splits)."""
-    return 1 + _MAX_PARAMS + _MAX_TENSORS * (2 + _MAX_DIMS) + 3 * n
+    """int64 values in one descriptor for a group of n ranks: op, params, per tensor (dtype, ndim, a checksum of
+    the whole shape, its first 8 dims), and the row counts of uneven ops (sizes, input splits, output splits)."""
+    return 1 + _MAX_PARAMS + _MAX_TENSORS * (3 + _MAX_DIMS) + 3 * n
 
 
 _KNOWN_OPS = (
@@ -116,15 +140,21 @@ def _dtype_name(code: int) -> str:
     return str(_DTYPES[code]).replace("torch.", "") if 0 <= code < len(_DTYPES) else "another dtype"
 
 
-def _encode(op, n, tensors, params, sizes, in_splits, out_splits) -> list[int]:
+def _shape_code(shape) -> int:
+    """A checksum of the whole shape: two shapes that agree on their first 8 dims still differ here."""
+    return zlib.crc32(repr(tuple(shape)).encode()) & 0x7FFFFFFF
+
+
+def _encode(op, n, tensors, params, sizes, in_splits, out_splits, rows_only=False) -> list[int]:
     desc = [_op_code(op)] + list(params) + [-1] * (_MAX_PARAMS - len(params))
     for i in range(_MAX_TENSORS):
         if i < len(tensors):
             t = tensors[i]
             dims = list(t.shape)[:_MAX_DIMS]
-            desc += [_dtype_code(t.dtype), t.dim(), *dims, *([-1] * (_MAX_DIMS - len(dims)))]
+            code = _shape_code(t.shape[1:] if rows_only else t.shape)
+            desc += [_dtype_code(t.dtype), t.dim(), code, *dims, *([-1] * (_MAX_DIMS - len(dims)))]
         else:
-            desc += [-1] * (2 + _MAX_DIMS)
+            desc += [-1] * (3 + _MAX_DIMS)
     for rows in (sizes, in_splits, out_splits):
         desc += list(rows) if rows is not None else [-1] * n
     return desc
@@ -139,10 +169,11 @@ class _Call:
         at = 1 + _MAX_PARAMS
         self.tensors = []
         for _ in range(_MAX_TENSORS):
-            dtype, ndim, dims = row[at], row[at + 1], row[at + 2 : at + 2 + _MAX_DIMS]
+            dtype, ndim, code, dims = row[at], row[at + 1], row[at + 2], row[at + 3 : at + 3 + _MAX_DIMS]
             if dtype != -1:
-                self.tensors.append((dtype, tuple(dims[: min(ndim, _MAX_DIMS)])))
-            at += 2 + _MAX_DIMS
+                # (dtype, (ndim, checksum, first dims): what is compared, the first dims: what is shown)
+                self.tensors.append((dtype, (ndim, code, *dims[: min(ndim, _MAX_DIMS)])))
+            at += 3 + _MAX_DIMS
         self.sizes, self.in_splits, self.out_splits = (row[at + k * n : at + (k + 1) * n] for k in range(3))
 
 
@@ -151,14 +182,42 @@ def _disagree(who: str, ranks, what: str, values: list[str]) -> ValueError:
     return ValueError(f"{who} over {ranks}: the ranks disagree on {what}: {per_rank}")
 
 
+def _check_dims(who: str, ranks, ndims: list[int], dims: list[list[int]], names) -> None:
+    """Each rank's dim arguments in range for its own tensor (ndims[i] dims): else one error naming the rank."""
+    for k, name in enumerate(names):
+        for r, ndim, values in zip(ranks, ndims, dims):
+            d = values[k]
+            if ndim == 0 or not -ndim <= d < ndim:
+                have = f"a tensor of {ndim} dims" if ndim else "a 0-dim tensor (a scalar has no dim to act along)"
+                raise ValueError(f"{who} over {list(ranks)}: {name}={d} on rank {r} is out of range for {have}")
+
+
+def _normalised(params, ndim: int, n_dims: int) -> list[int]:
+    """The first n_dims params are dims of tensor 0, counted from the front (-1 -> ndim - 1), so ranks passing -1
+    and ndim - 1 agree."""
+    return [p % ndim if k < n_dims and ndim else p for k, p in enumerate(params)]
+
+
+def _full_shapes(g, t: torch.Tensor, ndims: list[int]) -> list[tuple]:
+    """Every rank's whole shape of `t` (a second all-gather, made only when the ranks already know they differ)."""
+    most = max(max(ndims), 1)
+    mine = torch.full((most + 1,), -1, dtype=torch.int64, device=t.device)
+    mine[0] = t.dim()
+    if t.dim():
+        mine[1 : 1 + t.dim()] = torch.tensor(list(t.shape), dtype=torch.int64)
+    out = torch.empty(g.size * (most + 1), dtype=torch.int64, device=t.device)
+    compat.all_gather_into(out, mine, group=g.pg)
+    return [tuple(row[1 : 1 + row[0]]) for row in out.view(g.size, -1).cpu().tolist()]
+
+
 def agree(
     who: str,
     g,
     tensors,
     *,
     kind: str | None = None,
-    params=(),
-    param_names=(),
+    params: dict[str, int] | None = None,
+    dims_of_first: int = 0,
     rows_only: bool = False,
     sizes=None,
     in_splits=None,
@@ -166,23 +225,35 @@ def agree(
 ) -> None:
     """Raise ValueError on every rank of AxisGroup `g` unless they all make the same call.
 
-    Compared: the op (`kind`, default `who`: the name the message uses); `params` (small ints, e.g. dim, reduce
-    op; named by `param_names`); each tensor's dtype and shape (only the dims after the first with `rows_only`,
-    for uneven row ops); `sizes` equal on every rank; and for an uneven all-to-all, rank i's out_splits[j] ==
-    rank j's in_splits[i]."""
-    if g.size == 1 or not is_checking():
+    Compared: the op (`kind`, default `who`: the name the message uses); `params` (small ints by name, e.g. dim,
+    reduce op), the first `dims_of_first` of which are dims of tensors[0], checked in range on
+    every rank (also when the cross-rank check is off) and compared counted from the front; each tensor's dtype
+    and shape, any number of dims (only the dims after the first with `rows_only`, for uneven row ops); `sizes`
+    equal on every rank; and for an uneven all-to-all, rank i's out_splits[j] == rank j's in_splits[i]."""
+    if g.size == 1:
+        return
+    param_names, params = list(params or {}), list((params or {}).values())
+    names = param_names[:dims_of_first]
+    if not is_checking():
+        if dims_of_first:
+            _check_dims(who, [g.global_rank], [tensors[0].dim()], [list(params)], names)
         return
     n = g.size
     device = tensors[0].device if tensors else torch.device("cpu")
-    desc = _encode(kind or who, n, tensors, params, sizes, in_splits, out_splits)
+    desc = _encode(kind or who, n, tensors, params, sizes, in_splits, out_splits, rows_only)
     mine = torch.tensor(desc, dtype=torch.int64, device=device)  # on the rank's device: NCCL moves no CPU tensor
     gathered = torch.empty(n * mine.numel(), dtype=torch.int64, device=device)
     compat.all_gather_into(gathered, mine, group=g.pg)
     calls = [_Call(row, n) for row in gathered.view(n, -1).cpu().tolist()]
     ranks = list(g.ranks)
     if len({c.op for c in calls}) > 1:
-        names = [_OP_NAMES.get(c.op, "another collective") for c in calls]
-        raise _disagree(who, ranks, "which collective to call (or call them in a different order)", names)
+        names_seen = [_OP_NAMES.get(c.op, "another collective") for c in calls]
+        raise _disagree(who, ranks, "which collective to call (or call them in a different order)", names_seen)
+    if dims_of_first and tensors:
+        ndims = [c.tensors[0][1][0] for c in calls]
+        _check_dims(who, ranks, ndims, [c.params for c in calls], names)
+        for c, ndim in zip(calls, ndims):
+            c.params = _normalised(c.params, ndim, dims_of_first)
     for k, name in enumerate(param_names):
         if len({c.params[k] for c in calls}) > 1:
             shown = [_param_text(name, c.params[k]) for c in calls]
@@ -191,10 +262,16 @@ def agree(
         label = "" if len(tensors) == 1 else f" of tensor {i}"
         if len({c.tensors[i][0] for c in calls}) > 1:
             raise _disagree(who, ranks, "the dtype" + label, [_dtype_name(c.tensors[i][0]) for c in calls])
-        shapes = [c.tensors[i][1][1:] if rows_only else c.tensors[i][1] for c in calls]
-        if len(set(shapes)) > 1:
+        # (ndim, checksum of the shape, its first 8 dims); with rows_only the checksum leaves out dim 0
+        keys = [c.tensors[i][1][:2] + (c.tensors[i][1][3:] if rows_only else c.tensors[i][1][2:]) for c in calls]
+        if len(set(keys)) > 1:
             what = ("the shape after dim 0" if rows_only else "the shape") + label
-            raise _disagree(who, ranks, what, [str(tuple(c.tensors[i][1])) for c in calls])
+            ndims = [c.tensors[i][1][0] for c in calls]
+            if max(ndims) <= _MAX_DIMS:
+                shapes = [tuple(c.tensors[i][1][2:]) for c in calls]
+            else:  # every rank sees the same keys, so every rank makes this second all-gather
+                shapes = _full_shapes(g, tensors[i], ndims)
+            raise _disagree(who, ranks, what, [str(s) for s in shapes])
     if sizes is not None and len({tuple(c.sizes) for c in calls}) > 1:
         raise _disagree(who, ranks, "the row counts `sizes`", [str(c.sizes) for c in calls])
     if in_splits is not None:
@@ -216,3 +293,98 @@ def _param_text(name: str, value: int) -> str:
 
 def reduce_code(op: str) -> int:
     return _REDUCE_OPS.index(op)
+
+
+# ------------------------------------------------------------------------------------------ once per step
+
+
+def _fingerprint(t: torch.Tensor) -> list[int]:
+    """[dtype, ndim, shape checksum, sum, position-weighted sum] of an integer tensor, as int64 (sums wrap)."""
+    flat = t.reshape(-1).to(torch.int64)
+    weights = torch.arange(1, flat.numel() + 1, dtype=torch.int64, device=flat.device) * 2654435761
+    pair = torch.stack([flat.sum(), (flat * weights).sum()])  # an empty tensor sums to 0
+    return [_dtype_code(t.dtype), t.dim(), _shape_code(t.shape), *pair.tolist()]
+
+
+def agree_on_batch(who: str, g, batch: dict[str, torch.Tensor]) -> None:
+    """Raise ValueError on every rank of AxisGroup `g` unless each named integer tensor (token ids, targets) is the
+    same on all of them, naming the ranks that differ from the group's first rank and what differs.
+
+    Why a checksum and not a broadcast. Megatron's data path reads the batch on TP rank 0 and broadcasts it within
+    the TP group, so the other ranks cannot disagree; but the broadcast moves b*s int64 per tensor per step from
+    one rank and hides a caller's mistake (ranks handed different data train on rank 0's without a word). Here
+    every rank is handed the batch by its caller, and the ranks compare [dtype, ndim, shape checksum, sum,
+    position-weighted sum] of each tensor: one all-gather of 5 int64 per tensor per step, whatever the batch size,
+    untraced (it moves no training data, so the traffic the book counts is unchanged). Measured on a small composed
+    step in `bench/reliability.py`. A checksum can miss a difference that keeps both sums (with weights
+    1, 2, 3, ... times an odd constant, two changes that cancel exactly); it is a guard against handing ranks
+    different batches, not a proof that they are equal. On whenever `checks_each_step()`."""
+    if g.size == 1 or not checks_each_step():
+        return
+    names = list(batch)
+    tensors = [batch[k] for k in names]
+    mine = torch.tensor([v for t in tensors for v in _fingerprint(t)], dtype=torch.int64, device=tensors[0].device)
+    gathered = torch.empty(g.size * mine.numel(), dtype=torch.int64, device=mine.device)
+    compat.all_gather_into(gathered, mine, group=g.pg)
+    rows = gathered.view(g.size, len(names), -1).cpu().tolist()
+    ranks = list(g.ranks)
+    for k, name in enumerate(names):
+        first = rows[0][k]
+        odd = [r for r, row in zip(ranks, rows) if row[k] != first]
+        if odd:
+            what = "dtype or shape" if any(row[k][:3] != first[:3] for row in rows) else "values"
+            raise ValueError(
+                f"{who} over {g.name} (ranks {ranks}): the ranks were given different batches: the {what} of "
+                f"`{name}` on ranks {odd} differ from rank {ranks[0]}'s (every rank of the group must be handed the "
+                "same batch)"
+            )
+
+
+def agree_pipeline(g, schedule, dtype: torch.dtype, shape_of) -> None:
+    """Before a pipeline step's first send: the ranks of the pp group agree on the schedule (its name, p, m, v),
+    the dtype of what crosses a boundary, and, for every boundary, the shape `shape_of(mb, stage)` of the
+    activation entering `stage` (its gradient has the same shape), compared between the rank that sends across it
+    and the rank that receives. A mismatch raises ValueError on every rank naming both ranks, the microbatch, the
+    stage and both shapes. Two small untraced all-gathers per step; on whenever `checks_each_step()`."""
+    if g.size == 1 or not checks_each_step():
+        return
+    name, m, v = schedule.name, schedule.m, schedule.v
+    p, n_stages = g.size, g.size * v
+    table = [tuple(shape_of(mb, k)) for k in range(1, n_stages) for mb in range(m)]
+    most = max((len(s) for s in table), default=0)
+    header = [zlib.crc32(name.encode()) & 0x7FFFFFFF, m, v, schedule.p, _dtype_code(dtype), most]
+    device = _small_device(g)
+    got = _gather_rows(g, header, device)
+    ranks = list(g.ranks)
+    for k, what in ((0, "the schedule"), (1, "the number of microbatches m"), (2, "the chunks per rank v"), (3, "p")):
+        if len({row[k] for row in got}) > 1:
+            shown = [name if row[0] == got[g.rank][0] else "another" for row in got] if k == 0 else [r[k] for r in got]
+            raise _disagree("run_pipeline", ranks, what, [str(s) for s in shown])
+    if len({row[4] for row in got}) > 1:
+        raise _disagree("run_pipeline", ranks, "the boundary dtype", [_dtype_name(row[4]) for row in got])
+    width = max(row[5] for row in got)
+    flat = [d for s in table for d in (len(s), *s, *([-1] * (width - len(s))))]
+    shapes = _gather_rows(g, flat, device)
+    per = width + 1
+    for i, (k, mb) in enumerate((k, mb) for k in range(1, n_stages) for mb in range(m)):
+        sender, receiver = (k - 1) % p, k % p
+        seen = [tuple(shapes[r][i * per + 1 : i * per + 1 + shapes[r][i * per]]) for r in (sender, receiver)]
+        if seen[0] != seen[1]:
+            raise ValueError(
+                f"run_pipeline over {ranks}: the two ends of the boundary into stage {k} disagree on the shape of "
+                f"microbatch {mb}'s activation: rank {ranks[sender]} sends {seen[0]}, rank {ranks[receiver]} "
+                f"expects {seen[1]} (the Boundary each rank was given)"
+            )
+
+
+def _small_device(g) -> torch.device:
+    """Where this rank's small agreement tensors go: its GPU under NCCL, else the CPU."""
+    nccl = dist.get_backend(g.pg) == "nccl"
+    return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
+
+def _gather_rows(g, values: list[int], device) -> list[list[int]]:
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    out = torch.empty(g.size * mine.numel(), dtype=torch.int64, device=device)
+    compat.all_gather_into(out, mine, group=g.pg)
+    return out.view(g.size, -1).cpu().tolist()

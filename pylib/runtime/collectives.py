@@ -126,11 +126,6 @@ def _check_divisible(size: int, n: int, what: str):
         raise ValueError(f"{what}: size {size} is not divisible by the group size {n}")
 
 
-def _dim(t: torch.Tensor, dim: int) -> int:
-    """dim counted from the front (-1 -> ndim - 1), so that ranks passing -1 and ndim - 1 agree."""
-    return dim % t.dim() if t.dim() else dim
-
-
 def _member_chunks(t: torch.Tensor, dim: int, n: int) -> torch.Tensor:
     """[n, *chunk shape], contiguous: chunk j of `dim` (the block for group member j) is row j.
 
@@ -167,7 +162,7 @@ def all_reduce_(t: torch.Tensor, group=None, *, op: str = "sum", phase=None, tag
     if not t.is_contiguous():
         raise ValueError(f"all_reduce_ works in place and needs a contiguous tensor (shape {tuple(t.shape)})")
     _on_rank_device("all_reduce_", t)
-    agree("all_reduce_", g, [t], kind="all_reduce", params=[reduce_code(op)], param_names=["reduce op"])
+    agree("all_reduce_", g, [t], kind="all_reduce", params={"reduce op": reduce_code(op)})
     t0 = tracer.now()
     dist.all_reduce(t, op=_REDUCE[op], group=g.pg)
     if op == "avg":
@@ -184,7 +179,7 @@ def all_gather_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=None, 
     if g.size == 1:
         return t
     _on_rank_device("all_gather_tensor", t)
-    agree("all_gather_tensor", g, [t], kind="all_gather", params=[_dim(t, dim)], param_names=["dim"])
+    agree("all_gather_tensor", g, [t], kind="all_gather", params={"dim": dim}, dims_of_first=1)
     t0 = tracer.now()
     t_c = t.contiguous()
     flat = torch.empty(g.size * t_c.numel(), dtype=t.dtype, device=t.device)
@@ -201,9 +196,9 @@ def reduce_scatter_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=No
     g = resolve_group(group)
     if g.size == 1:
         return t
-    _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
     _on_rank_device("reduce_scatter_tensor", t)
-    agree("reduce_scatter_tensor", g, [t], kind="reduce_scatter", params=[_dim(t, dim)], param_names=["dim"])
+    agree("reduce_scatter_tensor", g, [t], kind="reduce_scatter", params={"dim": dim}, dims_of_first=1)
+    _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
     t0 = tracer.now()
     stacked = _member_chunks(t, dim, g.size)  # [n, ...]: chunk j goes to member j
     out = torch.empty(stacked.shape[1:], dtype=t.dtype, device=t.device)
@@ -220,10 +215,10 @@ def all_to_all_tensor(t, scatter_dim: int, gather_dim: int, group=None, *, phase
     g = resolve_group(group)
     if g.size == 1:
         return t
-    _check_divisible(t.shape[scatter_dim], g.size, f"all-to-all scatter dim {scatter_dim} of shape {tuple(t.shape)}")
     _on_rank_device("all_to_all_tensor", t)
-    dims = [_dim(t, scatter_dim), _dim(t, gather_dim)]
-    agree("all_to_all_tensor", g, [t], params=dims, param_names=["scatter_dim", "gather_dim"])
+    dims = {"scatter_dim": scatter_dim, "gather_dim": gather_dim}
+    agree("all_to_all_tensor", g, [t], params=dims, dims_of_first=2)
+    _check_divisible(t.shape[scatter_dim], g.size, f"all-to-all scatter dim {scatter_dim} of shape {tuple(t.shape)}")
     t0 = tracer.now()
     send = _member_chunks(t, scatter_dim, g.size)  # [n, ...]: chunk j goes to member j
     recv = torch.empty_like(send)
@@ -483,7 +478,7 @@ def all_reduce_async(t: torch.Tensor, group=None, *, op: str = "sum", phase=None
         raise ValueError(f"all_reduce_async works in place and needs a contiguous tensor (shape {tuple(t.shape)})")
     _check_reduce_op("all_reduce_async", op, t)
     _on_rank_device("all_reduce_async", t)
-    agree("all_reduce_async", g, [t], kind="all_reduce", params=[reduce_code(op)], param_names=["reduce op"])
+    agree("all_reduce_async", g, [t], kind="all_reduce", params={"reduce op": reduce_code(op)})
     t0 = tracer.now()
     work = dist.all_reduce(t, op=_REDUCE[op], group=g.pg, async_op=True)  # avg = sum, then divide after the wait
     s = _nbytes(t)
@@ -499,9 +494,9 @@ def reduce_scatter_async(t: torch.Tensor, dim: int = 0, group=None, *, phase=Non
     g = resolve_group(group)
     if g.size == 1:
         return CollectiveWork(None, None, t)
-    _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
     _on_rank_device("reduce_scatter_async", t)
-    agree("reduce_scatter_async", g, [t], kind="reduce_scatter", params=[_dim(t, dim)], param_names=["dim"])
+    agree("reduce_scatter_async", g, [t], kind="reduce_scatter", params={"dim": dim}, dims_of_first=1)
+    _check_divisible(t.shape[dim], g.size, f"reduce-scatter along dim {dim} of shape {tuple(t.shape)}")
     t0 = tracer.now()
     stacked = _member_chunks(t, dim, g.size)  # [n, ...]: chunk j goes to member j
     out = torch.empty(stacked.shape[1:], dtype=t.dtype, device=t.device)

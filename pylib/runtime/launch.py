@@ -18,9 +18,13 @@ Failure handling, the part that makes multi-process code teachable:
     which of them is *not* inside the collective its peers wait in (read from the stacks the ranks dump just
     before the deadline): that rank is the one to look at. `timeout=None` (or math.inf) means no limit;
   * nothing outlives the call: each rank leads its own process group, and the whole group (the rank and every
-    process it started) is killed on every exit path (also Ctrl-C and SIGTERM); each rank asks the kernel to kill
-    it if the caller dies (PR_SET_PDEATHSIG), and the next launch sweeps what a caller killed with SIGKILL left
-    (its folder, and its ranks' process groups; see `pylib.runtime.leftovers`).
+    process it started) is killed on every exit path (also Ctrl-C and SIGTERM). A descendant that leaves the group
+    (a child that calls setsid, a daemon that double-forks) is found too: each rank is a Linux child subreaper
+    (PR_SET_CHILD_SUBREAPER), so every process it started stays in its process tree however its parents exit,
+    and the launcher walks that tree (/proc) and kills it before the rank goes. (Not covered: a descendant that
+    left the group of a rank that itself died from a signal; the kernel hands it to init.) Each rank asks the
+    kernel to kill it if the caller dies (PR_SET_PDEATHSIG), and the next launch sweeps what a caller killed with
+    SIGKILL left (its folder, and its ranks' process groups; see `pylib.runtime.leftovers`).
 Each rank's stdout and stderr come back and are printed labelled by rank, in rank order, when the run ends.
 Ranks meet through a store file in a fresh temporary directory, so two launches on one machine never collide.
 
@@ -108,10 +112,17 @@ _NO_LIMIT_PG_SECONDS = 7 * 24 * 3600.0  # the process group's timeout under laun
 _LONGEST_WAIT = 3600.0  # one wait on the result pipes (select() refuses an infinite timeout)
 
 
+_PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
+
+
 def _die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to kill this rank when its caller dies, and to keep every process the rank starts in its
+    tree (a child subreaper: an orphaned descendant is re-parented to the rank, not to init)."""
     if sys.platform.startswith("linux"):
         try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            libc.prctl(_PR_SET_CHILD_SUBREAPER, 1)
         except OSError:
             pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
@@ -394,7 +405,9 @@ class _Run:
         return results, failures, sorted(readers.values())
 
     def release(self) -> None:
-        """Every rank answered: EOF on the control pipes tells each rank it may exit; give them a moment to."""
+        """Every rank answered: kill what the ranks started (their trees, while they still hold them), then EOF on
+        the control pipes tells each rank it may exit; give them a moment to."""
+        _kill_descendants(self.procs)
         for r in range(self.world):
             self.control_pipes[r][1].close()
         for p in self.procs:
@@ -567,9 +580,52 @@ def _live_group_members(pgids: set[int]) -> list[int]:
     return found
 
 
+def _process_table() -> dict[int, list[int]]:
+    """parent pid -> its children's pids (zombies left out), read from /proc (Linux; elsewhere empty)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def _descendants(roots: set[int]) -> list[int]:
+    """Every live descendant of the processes `roots` (children, their children, ...), whatever their session or
+    process group: a rank is a child subreaper, so what it started stays below it."""
+    children, found, todo = _process_table(), [], list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_descendants(procs, rounds: int = 5) -> None:
+    """SIGKILL every descendant of the live ranks, again until none is left (one may fork while we kill)."""
+    roots = {p.pid for p in procs if p.pid is not None and p.exitcode is None}
+    for _ in range(rounds):
+        found = _descendants(roots)
+        if not found:
+            return
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.005)
+
+
 def _kill(procs) -> None:
-    """SIGKILL every rank and its process group, reap the ranks, and wait (briefly) until nothing of their groups
-    runs: a SIGKILL is delivered asynchronously, and launch() must not return while a rank's child still lives."""
+    """SIGKILL what every rank started (its process tree, also what left its group), every rank and its process
+    group, reap the ranks, and wait (briefly) until nothing of their groups runs: a SIGKILL is delivered
+    asynchronously, and launch() must not return while a rank's child still lives."""
+    _kill_descendants(procs)
     _kill_groups(procs)
     for p in procs:
         if p.exitcode is None and p.pid is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from pylib.model.data import check_tokens
 from pylib.runtime import collectives as C
 from pylib.runtime.tracer import current_tag
 
@@ -61,4 +62,5 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tens
         raise ValueError(
             f"targets {tuple(targets.shape)} must match logits {tuple(local_logits.shape)} without the vocabulary dim"
         )
+    check_tokens(targets, local_logits.shape[-1] * g.size, "targets")  # a target no rank owns: loss log(sum exp)
     return _VocabParallelCrossEntropy.apply(local_logits, targets, g, current_tag())

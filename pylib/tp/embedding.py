@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from pylib.model.data import check_tokens
 from pylib.runtime import ShardSpec, require_divisible
 from pylib.runtime import collectives as C
 from pylib.runtime.tracer import current_tag
@@ -43,7 +44,9 @@ class VocabParallelEmbedding(nn.Module):
         return cls(rows, V, g, sequence_parallel=sequence_parallel)
 
     def partial(self, ids: torch.Tensor) -> torch.Tensor:
-        """This rank's contribution [b, s, h]: its own rows for the ids it owns, zeros elsewhere."""
+        """This rank's contribution [b, s, h]: its own rows for the ids it owns, zeros elsewhere. An id no rank
+        owns (outside [0, V)) would be zeros on every rank, a silent wrong row: `check_tokens` refuses it first."""
+        check_tokens(ids, self.vocab_size, "ids")
         mine = (ids >= self.vocab_start) & (ids < self.vocab_end)
         local_ids = torch.where(mine, ids - self.vocab_start, torch.zeros_like(ids))
         return F.embedding(local_ids, self.weight).masked_fill(~mine.unsqueeze(-1), 0.0)

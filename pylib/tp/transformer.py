@@ -27,6 +27,7 @@ import torch.nn as nn
 from pylib.plan.recompute import Recompute, check_recompute
 from pylib.runtime import ShardSpec, require_divisible, tag
 from pylib.runtime import collectives as C
+from pylib.runtime.agreement import agree_on_batch
 from pylib.runtime.recompute import RecomputedCore, run_layers
 
 from .attention import LocalAttention, TPAttention, head_layout
@@ -175,6 +176,8 @@ class TPTransformer(nn.Module):
         return cls(cfg, embed, layers, ln_f, lm_head, g, sequence_parallel, recompute)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """ids [b, s], the same on every TP rank (checked: `agree_on_batch`) -> this rank's logits [b, s, V/t]."""
+        agree_on_batch("TPTransformer", self.group, {"ids": ids})
         with tag("embed"):
             x = self.embed(ids)  # [b, s, h] or [b, s/t, h]
 
@@ -192,7 +195,8 @@ class TPTransformer(nn.Module):
             return self.lm_head(self.ln_f(x))  # [b, s, V/t]
 
     def loss(self, ids: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Mean next-token cross-entropy, the same value on every TP rank."""
+        """Mean next-token cross-entropy, the same value on every TP rank (ids and targets the same on each)."""
+        agree_on_batch("TPTransformer.loss", self.group, {"targets": targets})
         local_logits = self(ids, positions)
         with tag("cross_entropy"):
             return vocab_parallel_cross_entropy(local_logits, targets, self.group).mean()
