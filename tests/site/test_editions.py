@@ -78,7 +78,8 @@ def test_figure_alt_texts_on_chinese_pages_are_chinese(site, english_page):
     assert not problems, f"{sitemap.ZH}{page}: alt texts with no Chinese:\n  " + "\n  ".join(problems)
 
 
-PART_TITLE = re.compile(r'<span class="caption-text">(.*?)</span>', re.S)
+# The sidebar's part titles: a toctree caption (a heading paragraph), not a figure's caption, which shares the span.
+PART_TITLE = re.compile(r'<p [^>]*class="caption"[^>]*>\s*<span class="caption-text">(.*?)</span>', re.S)
 FOLD_PROMPT = re.compile(r'<p class="(?:collapsed|expanded) admonition-title">(.*?)</p>', re.S)
 
 
