@@ -339,7 +339,7 @@ def test_bad_harness_inputs_exit_2_naming_the_value_or_the_path(tmp_path, capsys
         (["run", str(quick), "--timeout", "-5", "--out", out], "--timeout must be a finite number of seconds > 0"),
         (["run", str(quick), "-p", "world_size=two", "--out", out], "world_size is an int (default 2), not a str"),
         (["run", str(quick), "-p", "world_size=2.5", "--out", out], "world_size is an int (default 2), not a float"),
-        (["run", str(quick), "-p", "world_size=0", "--out", out], "a lab runs on at least 1 rank"),
+        (["run", str(quick), "-p", "world_size=0", "--out", out], "world_size must be a positive, finite number"),
         (["run", str(quick), "-p", "backend=True", "--out", out], "backend is a str (default 'gloo'), not a bool"),
         (["run", str(quick), "--out", "/proc/no/such/place"], "--out /proc/no/such/place: cannot write there"),
         (["lint", str(not_json)], f"{not_json}: not a valid notebook"),
