@@ -565,33 +565,30 @@ def _kill_groups(procs) -> None:
                 pass
 
 
-def _live_group_members(pgids: set[int]) -> list[int]:
-    """Pids (not zombies) whose process group is one of `pgids`, read from /proc (Linux; elsewhere: none known)."""
-    found = []
-    for entry in os.listdir("/proc") if pgids and os.path.isdir("/proc") else ():
+def _processes():
+    """(pid, parent pid, process group) of every live process (zombies left out), read from /proc (Linux; elsewhere
+    none)."""
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
             except OSError:
                 continue
-            if fields[0] != "Z" and int(fields[2]) in pgids:
-                found.append(int(entry))
-    return found
+            if fields[0] != "Z":
+                yield int(entry), int(fields[1]), int(fields[2])
+
+
+def _live_group_members(pgids: set[int]) -> list[int]:
+    """Pids (not zombies) whose process group is one of `pgids`."""
+    return [pid for pid, _, pgid in _processes() if pgid in pgids] if pgids else []
 
 
 def _process_table() -> dict[int, list[int]]:
-    """parent pid -> its children's pids (zombies left out), read from /proc (Linux; elsewhere empty)."""
+    """parent pid -> its children's pids (zombies left out)."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] != "Z":
-                children.setdefault(int(fields[1]), []).append(int(entry))
+    for pid, parent, _ in _processes():
+        children.setdefault(parent, []).append(pid)
     return children
 
 
