@@ -24,9 +24,6 @@ REMOVED_TAGS = {"remove-input", "remove-cell"}
 EMOJI_MARKS = re.compile("[\u2705\u274c\u274e\u2714\ufe0f]")
 # A line of test harness rather than argument: a check, a glue into the prose, a translation call.
 HARNESS = re.compile(r"^\s*assert\b|\bglue\(|\btr\(|\bi18n\b|\bN_\(")
-# Pages still allowed to show harness lines while their cells are being folded (issue 29); a page leaves the set
-# when it shows none (test_folding_pending_is_not_stale holds the set to that).
-FOLDING_PENDING: set[str] = set()
 
 
 def chapters() -> list[Path]:
@@ -103,21 +100,11 @@ def visible_harness(page: Path) -> list[str]:
 
 @pytest.mark.parametrize("page", PAGES, ids=IDS)
 def test_no_visible_harness(page):
-    if str(page.relative_to(ROOT)) in FOLDING_PENDING:
-        pytest.skip("folding pending (issue 29)")
     hits = visible_harness(page)
     assert not hits, (
         "checks, glue or translation calls in visible code cells (move them into a cell tagged remove-cell, "
         "or hide-input where the reader needs the output):\n" + "\n".join(hits)
     )
-
-
-def test_folding_pending_is_not_stale():
-    pages = {str(p.relative_to(ROOT)): p for p in PAGES}
-    unknown = sorted(FOLDING_PENDING - set(pages))
-    assert not unknown, f"FOLDING_PENDING names pages the book does not have: {unknown}"
-    done = sorted(name for name in FOLDING_PENDING if not visible_harness(pages[name]))
-    assert not done, f"these pages show no harness any more; take them out of FOLDING_PENDING: {done}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=IDS)
