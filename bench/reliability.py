@@ -933,7 +933,7 @@ def _judge(call, words) -> tuple[str, float, str]:
     return outcome, seconds, text
 
 
-OUTCOMES = ("named", "silent", "obscure", "slow")
+INPUT_OUTCOMES = ("named", "silent", "obscure", "slow")
 
 
 def classed_bad_inputs(tmp: Path) -> list[dict]:
@@ -969,13 +969,13 @@ def large_sizes() -> list[dict]:
 def print_classed(rows: list[dict], sizes: list[dict]) -> bool:
     """The counts per class and outcome, the cases not named, and the large sizes; True when all are named."""
     print("\n### Bad inputs by class\n")
-    print("| class | cases | " + " | ".join(OUTCOMES) + " | slowest |")
-    print("|---|---|" + "---|" * len(OUTCOMES) + "---|")
+    print("| class | cases | " + " | ".join(INPUT_OUTCOMES) + " | slowest |")
+    print("|---|---|" + "---|" * len(INPUT_OUTCOMES) + "---|")
     for cls in dict.fromkeys(r["cls"] for r in rows):
         mine = [r for r in rows if r["cls"] == cls]
-        counts = " | ".join(str(sum(r["outcome"] == o for r in mine)) for o in OUTCOMES)
+        counts = " | ".join(str(sum(r["outcome"] == o for r in mine)) for o in INPUT_OUTCOMES)
         print(f"| {cls} | {len(mine)} | {counts} | {max(r['seconds'] for r in mine):.2f} s |")
-    counts = " | ".join(str(sum(r["outcome"] == o for r in rows)) for o in OUTCOMES)
+    counts = " | ".join(str(sum(r["outcome"] == o for r in rows)) for o in INPUT_OUTCOMES)
     print(f"| all | {len(rows)} | {counts} | {max(r['seconds'] for r in rows):.2f} s |")
     print("\n| valid but large | answer | seconds |")
     print("|---|---|---|")
@@ -991,7 +991,7 @@ def print_classed(rows: list[dict], sizes: list[dict]) -> bool:
 
 # ------------------------------------------------------------ data, collectives, processes (issue 35): outcomes
 
-OUTCOMES = ("named refusal", "silently wrong", "obscure", "hang", "orphan")
+DATA_OUTCOMES = ("named refusal", "silently wrong", "obscure", "hang", "orphan")
 CASE_TIMEOUT = 20.0  # one launch per in-rank case; a case still running then counts as a hang
 
 
@@ -1409,11 +1409,11 @@ def checks_alone(reps: int = 300) -> dict:
 def print_bad_data(rows: list[dict], cost: list[dict], alone: dict | None = None) -> None:
     print("\n### Bad data, collectives, training guards, processes (issue 35)\n")
     classes = sorted({r["cls"] for r in rows}, key=["data", "collectives", "training", "processes"].index)
-    print("| class | cases | " + " | ".join(OUTCOMES) + " |")
-    print("|---|---|" + "---|" * len(OUTCOMES))
+    print("| class | cases | " + " | ".join(DATA_OUTCOMES) + " |")
+    print("|---|---|" + "---|" * len(DATA_OUTCOMES))
     for cls in classes + ["all"]:
         mine = [r for r in rows if cls in ("all", r["cls"])]
-        counts = [sum(r["outcome"] == o for r in mine) for o in OUTCOMES]
+        counts = [sum(r["outcome"] == o for r in mine) for o in DATA_OUTCOMES]
         print(f"| {cls} | {len(mine)} | " + " | ".join(str(c) for c in counts) + " |")
     bad = [r for r in rows if r["outcome"] != "named refusal"]
     if bad:
