@@ -47,6 +47,9 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # after $PYTHONPATH: 
 from pylib.runtime import LaunchTimeout, RankFailedError, agreement_check, launch  # noqa: E402
 from pylib.runtime import collectives as C  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bad_values import BAD_FIELDS, INF, NAN, named_as  # noqa: E402  (the bad field values tests/test_validation.py refuses too)
+
 HANG_S = 10.0  # a refusal slower than this counts as a hang
 
 
@@ -545,7 +548,6 @@ def bad_inputs(tmp: Path) -> list[dict]:
 
 SLOW_S = 1.0
 CUT_S = 5.0
-NAN, INF = float("nan"), float("inf")
 
 
 class _Cut(Exception):
@@ -558,74 +560,17 @@ def _configs_cases() -> list[tuple]:
     from pylib.plan.recompute import Recompute
     from pylib.runtime import ParallelConfig
 
-    model = {
-        "vocab_size": (0, -1, 64.0, True, "64"),
-        "d_model": (0, 16.5),
-        "n_layers": (0, True, None),
-        "n_heads": (0, 2.0),
-        "n_kv_heads": (0, 1.5),
-        "d_ff": (-1, NAN),
-        "mlp": ("relu", None),
-        "position": ("alibi",),
-        "causal": ("yes", 1),
-        "norm_eps": (0, NAN, -1e-5, INF),
-        "rope_base": (0, NAN),
-        "dtype": ("int8", "fp32"),
-        "seed": (-1, 1.5),
-        "moe": ("yes",),
-        "tie_embeddings": ("no",),
-    }
-    moe = {
-        "n_experts": (0, 4.5, True),
-        "top_k": (0, 9, 1.0),
-        "d_ff": (0, 2.5),
-        "score": ("relu",),
-        "topk_then_softmax": ("yes",),
-        "capacity_factor": (0, -1, NAN, INF),
-        "drop_policy": ("random",),
-        "aux_loss_coef": (-1, NAN),
-        "z_loss_coef": (INF,),
-        "bias_update_rate": (-0.1, NAN),
-        "every": (0, True),
-    }
-    options = {
-        "sequence_parallel": ("yes", 1, None),
-        "cp_kind": ("allgather", None),
-        "cp_layout": ("striped",),
-        "schedule": ("zb",),
-        "n_microbatches": (0, -1, 2.0, True, "4"),
-        "v": (0, 1.5),
-        "zero_stage": (4, "zero4", True, -1),
-    }
-    recompute = {"granularity": ("partial",), "method": ("every",), "num_layers": (0, 1.5, True)}
-    named_as = {"granularity": "recompute", "method": "recompute_method", "num_layers": "recompute_num_layers"}
-    precision = {
-        "compute": ("float32", "fp16"),
-        "master": ("bfloat16",),
-        "grad_reduce": ("float16",),
-        "loss_scaling": ("auto",),
-        "loss_scale": (0, -1, NAN, INF),
-        "growth_interval": (0, 1.5, True),
-    }
-    parallel = {"tp": (True, 2.0, -1), "order": ("tp-xx",), "etp": (0,)}
+    owners = (ModelConfig, MoEConfig, RunOptions, Recompute, MixedPrecision, ParallelConfig)
     cases = []
-    for owner, table in (
-        (ModelConfig, model),
-        (MoEConfig, moe),
-        (RunOptions, options),
-        (Recompute, recompute),
-        (MixedPrecision, precision),
-        (ParallelConfig, parallel),
-    ):
-        for name, values in table.items():
+    for owner in owners:
+        for name, values in BAD_FIELDS[owner.__name__].items():
             for value in values:
-                field = named_as.get(name, name) if owner is Recompute else name
                 cases.append(
                     (
                         "configs",
                         f"{owner.__name__}({name}={value!r})",
                         lambda o=owner, k=name, v=value: o(**{k: v}),
-                        (field,),
+                        (named_as(owner.__name__, name),),
                     )
                 )
     cases.append(
@@ -692,74 +637,19 @@ def _planner_cases() -> list[tuple]:
     from pylib.plan.config import ModelConfig
 
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=4, n_heads=4, d_ff=64)
-    cluster = {
-        "world_size": (0, -1, 2.0, True, "8", None, 2**40),
-        "gpus_per_node": (0, 1.5),
-        "gpu_memory": (NAN, INF, -1, "80e9"),
-        "usable_fraction": (0, 1.5, NAN),
-        "intra_node_bandwidth": (0, INF),
-        "inter_node_bandwidth": (-1,),
-        "peak_flops": (NAN,),
-        "hbm_bandwidth": (0,),
-        "overlap_dp": ("yes",),
-        "tp_comm_overlap": (1,),
-        "model": ("fit",),
-    }
-    workload = {
-        "batch": (0, -8, 8.0, True, 10**12, "8"),
-        "seq": (0, 2.5, 2**40),
-        "precision": ("fp8",),
-        "attention": ("sdpa",),
-        "optimizer_states": (-1, 2.0),
-        "grad_reduce": ("float16", "fp32"),
-    }
-    cost = {
-        "eta": (0, 1.5, NAN),
-        "c_elem": (-1, INF),
-        "tp_overlap": (2, -0.1),
-        "latency": (-1, NAN),
-        "contention": (-0.5, INF),
-    }
-    space = {
-        "cp_kinds": (("ring", "allgather"), ()),
-        "zero_stages": ((0, 4), ("zero5",)),
-        "recompute": (("partial",), (("selective", ("moe",)),), (("selective", ("attention",)),)),
-        "micro_batch_sizes": ((0,),),
-        "virtual_stages": ((1.5,),),
-        "sequence_parallel": (("yes",),),
-        "group_sizes": ("all",),
-        "order": ("tp-xx",),
-        "meshes": (("tp2",),),
-        "expert_tp": ((-1,),),
-        "tp_sizes": ((0,),),
-    }
     cases = []
-    for name, values in cluster.items():
-        for value in values:
-            cases.append(
-                (
-                    "planner",
-                    f"Cluster({name}={value!r})",
-                    lambda k=name, v=value: P.Cluster(**{"world_size": 8, k: v}),
-                    (name,),
+    builds = {
+        "Cluster": lambda **kw: P.Cluster(**{"world_size": 8, **kw}),
+        "Workload": lambda **kw: P.Workload(**{"batch": 8, "seq": 16, **kw}),
+        "CostModel": CostModel,
+    }
+    for owner, build in builds.items():
+        for name, values in BAD_FIELDS[owner].items():
+            for value in values:
+                cases.append(
+                    ("planner", f"{owner}({name}={value!r})", lambda b=build, k=name, v=value: b(**{k: v}), (name,))
                 )
-            )
-    for name, values in workload.items():
-        for value in values:
-            cases.append(
-                (
-                    "planner",
-                    f"Workload({name}={value!r})",
-                    lambda k=name, v=value: P.Workload(**{"batch": 8, "seq": 16, k: v}),
-                    (name,),
-                )
-            )
-    for name, values in cost.items():
-        for value in values:
-            cases.append(
-                ("planner", f"CostModel({name}={value!r})", lambda k=name, v=value: CostModel(**{k: v}), (name,))
-            )
-    for name, values in space.items():
+    for name, values in BAD_FIELDS["SearchSpace"].items():
         for value in values:
             # what a careless user does: build the space and search it
             cases.append(

@@ -28,132 +28,30 @@ from pylib.plan.options import MixedPrecision, RunOptions
 from pylib.plan.recompute import Recompute
 from pylib.runtime import ParallelConfig
 
-NAN, INF = float("nan"), float("inf")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from bad_values import BAD_FIELDS, NAN, named_as  # noqa: E402  (bench/bad_values.py: the bench counts the same values)
+
 ROOT = Path(__file__).resolve().parents[1]
 CFG = ModelConfig(vocab_size=64, d_model=32, n_layers=4, n_heads=4, d_ff=64)
 
-BAD = {
-    ModelConfig: {
-        "vocab_size": (0, -1, 64.0, True, "64"),
-        "d_model": (0, 16.5),
-        "n_layers": (0, True, None),
-        "n_heads": (0, 2.0),
-        "n_kv_heads": (0, 1.5),
-        "d_ff": (-1, NAN),
-        "mlp": ("relu", None),
-        "position": ("alibi",),
-        "causal": ("yes", 1),
-        "norm_eps": (0, NAN, -1e-5, INF),
-        "rope_base": (0, NAN),
-        "dtype": ("int8",),
-        "seed": (-1, 1.5),
-        "moe": ("yes",),
-        "tie_embeddings": ("no",),
-    },
-    MoEConfig: {
-        "n_experts": (0, 4.5, True),
-        "top_k": (0, 9, 1.0),
-        "d_ff": (0, 2.5),
-        "score": ("relu",),
-        "topk_then_softmax": ("yes",),
-        "capacity_factor": (0, -1, NAN, INF),
-        "drop_policy": ("random",),
-        "aux_loss_coef": (-1, NAN),
-        "z_loss_coef": (INF,),
-        "bias_update_rate": (-0.1, NAN),
-        "every": (0, True),
-    },
-    RunOptions: {
-        "sequence_parallel": ("yes", 1, None),
-        "cp_kind": ("allgather", None),
-        "cp_layout": ("striped",),
-        "schedule": ("zb",),
-        "n_microbatches": (0, -1, 2.0, True, "4"),
-        "v": (0, 1.5),
-        "zero_stage": (4, "zero4", True, -1),
-        "recompute": ("partial", ("full", "uniform", 0)),
-    },
-    Recompute: {"granularity": ("partial",), "method": ("every",), "num_layers": (0, 1.5, True)},
-    MixedPrecision: {
-        "compute": ("float32",),
-        "master": ("bfloat16",),
-        "grad_reduce": ("float16",),
-        "loss_scaling": ("auto",),
-        "loss_scale": (0, -1, NAN, INF),
-        "growth_interval": (0, 1.5, True),
-    },
-    ParallelConfig: {"tp": (True, 2.0, -1), "order": ("tp-xx",), "etp": (0,)},
-    CostModel: {
-        "eta": (0, 1.5, NAN),
-        "c_elem": (-1, INF),
-        "tp_overlap": (2, -0.1),
-        "latency": (-1, NAN),
-        "contention": (-0.5, INF),
-    },
+# How each owner of BAD_FIELDS is built with one bad field.
+BUILD = {
+    cls.__name__: cls
+    for cls in (ModelConfig, MoEConfig, RunOptions, Recompute, MixedPrecision, ParallelConfig, CostModel, P.SearchSpace)
 }
-NAMED_AS = {(Recompute, "method"): "recompute_method", (Recompute, "num_layers"): "recompute_num_layers"}
-NAMED_AS[(Recompute, "granularity")] = "recompute"
-NAMED_AS[(RunOptions, "recompute")] = "recompute"
-
-CLUSTER = {
-    "world_size": (0, -1, 2.0, True, "8", None, 2**40),
-    "gpus_per_node": (0, 1.5),
-    "gpu_memory": (NAN, INF, -1, "80e9"),
-    "usable_fraction": (0, 1.5, NAN),
-    "intra_node_bandwidth": (0, INF),
-    "peak_flops": (NAN,),
-    "overlap_dp": ("yes",),
-    "tp_comm_overlap": (1,),
-    "model": ("fit",),
-}
-WORKLOAD = {
-    "batch": (0, -8, 8.0, True, 10**12, "8"),
-    "seq": (0, 2.5, 2**40),
-    "precision": ("fp8",),
-    "attention": ("sdpa",),
-    "optimizer_states": (-1, 2.0),
-    "grad_reduce": ("float16",),
-}
-SPACE = {
-    "cp_kinds": (("ring", "allgather"), ()),
-    "zero_stages": ((0, 4), ("zero5",)),
-    "recompute": (("partial",), (("selective", ("moe",)),), (("selective", ("attention",)),)),
-    "micro_batch_sizes": ((0,),),
-    "virtual_stages": ((1.5,),),
-    "sequence_parallel": (("yes",),),
-    "group_sizes": ("all", None),
-    "order": ("tp-xx", 3),
-    "meshes": (("tp2",),),
-    "expert_tp": ((-1,),),
-    "tp_sizes": ((0,),),
-}
+BUILD["Cluster"] = lambda **kw: P.Cluster(**{"world_size": 8, **kw})
+BUILD["Workload"] = lambda **kw: P.Workload(**{"batch": 8, "seq": 16, **kw})
 
 
 def _cases():
-    for owner, table in BAD.items():
+    for owner, table in BAD_FIELDS.items():
         for name, values in table.items():
             for value in values:
-                field = NAMED_AS.get((owner, name), name)
                 yield pytest.param(
-                    lambda o=owner, k=name, v=value: o(**{k: v}), field, id=f"{owner.__name__}.{name}={value!r}"
+                    lambda o=BUILD[owner], k=name, v=value: o(**{k: v}),
+                    named_as(owner, name),
+                    id=f"{owner}.{name}={value!r}",
                 )
-    for name, values in CLUSTER.items():
-        for value in values:
-            yield pytest.param(
-                lambda k=name, v=value: P.Cluster(**{"world_size": 8, k: v}), name, id=f"Cluster.{name}={value!r}"
-            )
-    for name, values in WORKLOAD.items():
-        for value in values:
-            yield pytest.param(
-                lambda k=name, v=value: P.Workload(**{"batch": 8, "seq": 16, k: v}),
-                name,
-                id=f"Workload.{name}={value!r}",
-            )
-    for name, values in SPACE.items():
-        for value in values:
-            yield pytest.param(
-                lambda k=name, v=value: P.SearchSpace(**{k: v}), name.rstrip("s"), id=f"SearchSpace.{name}={value!r}"
-            )
 
 
 @pytest.mark.parametrize("build, field", list(_cases()))
