@@ -91,6 +91,8 @@ def test_ulysses_needs_whole_heads_per_rank_after_tp():
         ),
         (MOE, ParallelConfig(tp=2, dp=4, ep=4), 8, RunOptions(zero_stage=3)),
         (MOE, ParallelConfig(tp=4, cp=2, dp=2, ep=4), 16, RunOptions(cp_kind="ring", zero_stage=2)),
+        (MOE, ParallelConfig(tp=2, dp=2, pp=2, ep=2, order="tp-cp-ep-pp-dp"), 8, RunOptions(n_microbatches=2)),
+        (DENSE, ParallelConfig(tp=2, dp=2, pp=2, etp=2, order="tp-cp-ep-pp-dp"), 8, RunOptions(n_microbatches=2)),
     ],
 )
 def test_the_configurations_the_tests_run_are_valid(cfg, pc, world, options):
