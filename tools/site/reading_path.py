@@ -245,3 +245,23 @@ def table_rows(path_file: Path = PATH_FILE, toc: Path = TOC_FILE) -> list[tuple[
         chapter = chapter_path(docname, chapters.get(docname, []))
         rows.append((docname, chapter.core_minutes, chapter.deep_minutes))
     return rows
+
+
+@dataclass
+class PathTable:
+    """The intro's table: each page's core and deep-dive minutes as the page shows them (whole minutes), and the
+    totals of those shown numbers, so the table adds up as printed."""
+
+    rows: list[tuple[str, int, int]]  # (docname, core, deep dive)
+
+    @property
+    def core_total(self) -> int:
+        return sum(core for _, core, _ in self.rows)
+
+    @property
+    def deep_total(self) -> int:
+        return sum(deep for _, _, deep in self.rows)
+
+
+def path_table(path_file: Path = PATH_FILE, toc: Path = TOC_FILE) -> PathTable:
+    return PathTable([(d, round(core), round(deep)) for d, core, deep in table_rows(path_file, toc)])

@@ -1,7 +1,8 @@
 """The reading path on the page (loaded through _config.yml's `sphinx: local_extensions`): under each section title
 of a chapter listed in book/reading-path.yml, a badge says whether the section is on the core path or a deep dive,
-and how many minutes it takes to read ("Core · 12 min", "Deep dive · 5 min"). Under the chapter's title, two
-badges give the chapter's core and deep-dive totals; under any other title, the badge counts the section and the
+and how many minutes it takes to read ("Core · 12 min", "Deep dive · 5 min"). Under the chapter's title, the
+badges give the chapter's core and deep-dive totals as the intro's table shows them (a kind with none left out);
+under any other title, the badge counts the section and the
 subsections of its own kind (a deep dive inside a core section has its own badge and is not in its parent's count).
 
 Which sections are deep dives and how the minutes are counted is tools/site/reading_path.py's (the intro's table
@@ -55,10 +56,10 @@ def add_badges(document: nodes.document, chapter: reading_path.ChapterPath, word
     if wrong:
         return wrong
     for node, source in zip(built, chapter.sections, strict=True):
-        if source.level == min(s.level for s in chapter.sections):  # the chapter's title: its two totals
-            badges = [_badge(words, False, chapter.core_minutes)]
-            if chapter.deep_minutes:
-                badges.append(_badge(words, True, chapter.deep_minutes))
+        if source.level == min(s.level for s in chapter.sections):  # the chapter's title: the intro table's row
+            core, deep = round(chapter.core_minutes), round(chapter.deep_minutes)
+            badges = [_badge(words, False, core)] if core or not deep else []
+            badges += [_badge(words, True, deep)] if deep else []
         else:
             badges = [_badge(words, source.deep, source.minutes(source.deep))]
         title = node.next_node(nodes.title)
