@@ -273,4 +273,4 @@ def test_a_tiny_book_shows_the_badges_in_both_editions_and_the_chinese_keeps_the
         derivation = page.index('<section id="a-derivation">')
         assert page.index("reading-path-deep", derivation) < page.index("<section", derivation + 1)
         assert page.count('class="reading-path"') == 4
-        assert '_static/reading-path.css' in page  # the style, which the book's html_static_path serves
+        assert "_static/reading-path.css" in page  # the style, which the book's html_static_path serves
