@@ -9,7 +9,7 @@
   var FOLDER = "/home/pyodide/pb-live"; // where the bundle is unpacked inside Pyodide (on sys.path)
   var runtime = null; // one Pyodide for the page, started on first use
 
-  function start(box) {
+  function start(box, lang) {
     if (runtime) return runtime;
     var zip = box.querySelector("script.pb-live-bundle").textContent.trim();
     runtime = import(base + "vendor/pyodide/pyodide.mjs")
@@ -23,7 +23,7 @@
         py.unpackArchive(bytes, "zip", { extractDir: FOLDER });
         py.runPython(
           "import sys\nsys.path.insert(0, " + JSON.stringify(FOLDER) + ")\n" +
-            "from pylib.viz import live\nlive.start(" + JSON.stringify(FOLDER) + ")"
+            "from pylib.viz import live\nlive.start(" + JSON.stringify(FOLDER) + ", " + JSON.stringify(lang) + ")"
         );
         return py;
       });
@@ -74,7 +74,7 @@
       box.dataset.state = "busy";
       out.classList.add("pb-live-busy");
       say(runtime ? data.messages.computing : data.messages.loading);
-      start(box)
+      start(box, data.language)
         .then(function (py) {
           say(data.messages.computing);
           // let the browser paint the message before Python holds the thread

@@ -14,9 +14,10 @@ unpacks the bundle and from then on calls `call` for every change. The formulas 
 imports with no torch, ipywidgets, matplotlib or Babel; tests/site/test_live_explorers.py that Pyodide computes
 exactly what pylib computes, on a few hundred sampled states, and that the page's controls change its numbers).
 
-Translations: the bundle carries the page language's messages from pylib's catalogs (`pylib.i18n.catalog`, read
-where the book is built: Pyodide has no Babel), and `start` installs them, so a refusal reads as pylib writes it
-in either edition; the form's labels are pylib messages, translated when the page is built.
+Translations: the bundle carries pylib's messages from its catalogs (`pylib.i18n.catalog`, read where the book is
+built: Pyodide has no Babel), the same bytes in both editions, and `start` speaks the page's language with them, so
+a refusal reads as pylib writes it in either edition; the form's labels are pylib messages, translated when the
+page is built.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ BUNDLED = (
     "pylib/viz/explorer.py",
     "pylib/viz/planner.py",
 )
-MESSAGES = "pylib_messages.json"  # in the bundle, beside the package: {"language": ..., "messages": {...}}
+MESSAGES = "pylib_messages.json"  # in the bundle, beside the package: {language: {English message: translation}}
 # What each explorer's form computes: "module:function", called with the form's state (a dict) and returning HTML.
 KINDS = {
     "explorer": "pylib.viz.explorer:live_state_html",
@@ -73,33 +74,30 @@ def _files() -> list[Path]:
 
 
 @functools.cache
-def bundle(lang: str | None = None) -> bytes:
-    """The zip the page runs: the BUNDLED sources and MESSAGES, the messages of `lang` (default: the current
-    language) from pylib's catalogs; deterministic (fixed dates, sorted names)."""
+def bundle() -> bytes:
+    """The zip the page runs: the BUNDLED sources and MESSAGES, every language's messages from pylib's catalogs
+    (both editions carry the same bytes, so their pages differ only in words); deterministic (fixed dates, sorted
+    names)."""
     from pylib import i18n
 
-    lang = lang or language()
-    messages = i18n.catalog(lang)
+    messages = {lang: i18n.catalog(lang) for lang in i18n.LANGUAGES if lang != "en"}
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         for path in _files():
             z.writestr(_member(path.relative_to(ROOT).as_posix()), path.read_bytes())
-        text = json.dumps({"language": lang, "messages": messages}, ensure_ascii=False, sort_keys=True)
-        z.writestr(_member(MESSAGES), text.encode())
+        z.writestr(_member(MESSAGES), json.dumps(messages, ensure_ascii=False, sort_keys=True).encode())
     return buf.getvalue()
 
 
-def start(folder: str) -> str:
-    """In the page, once, after the bundle is unpacked into `folder` (on sys.path): speak the bundle's language with
-    its messages (pylib.i18n reads its .po catalogs with Babel, which the page lacks: the catalog read at build time
-    stands in for it). Returns the language."""
+def start(folder: str, lang: str) -> None:
+    """In the page, once, after the bundle is unpacked into `folder` (on sys.path): speak `lang`, the page's
+    language, with the bundle's messages (pylib.i18n reads its .po catalogs with Babel, which the page lacks: the
+    catalogs read at build time stand in for them)."""
     from pylib import i18n
 
-    data = json.loads((Path(folder) / MESSAGES).read_text())
-    messages = data["messages"]
-    i18n.catalog = lambda _language: messages  # tr looks the catalog up by this name
-    i18n.set_language(data["language"])
-    return data["language"]
+    messages = json.loads((Path(folder) / MESSAGES).read_text())
+    i18n.catalog = lambda language: messages.get(language, {})  # tr looks the catalog up by this name
+    i18n.set_language(lang)
 
 
 def call(kind: str, state: str) -> str:
@@ -198,7 +196,7 @@ class LivePage:
 
     def _repr_html_(self) -> str:
         data = json.dumps(
-            {"kind": self.kind, "presets": self.presets, "messages": status_messages()},
+            {"kind": self.kind, "language": language(), "presets": self.presets, "messages": status_messages()},
             ensure_ascii=False,
             sort_keys=True,
         ).replace("</", "<\\/")
