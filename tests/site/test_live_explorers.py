@@ -184,15 +184,17 @@ def _same(a, b, where: str) -> None:
         assert type(a) is type(b) and a == b, f"{where}: {a!r} != {b!r}"
 
 
-@pytest.mark.timeout(1800)  # Pyodide's start, 360 explorer states and 6 rankings: minutes on a loaded machine
+# The sample is sized for CI's time budget (tests/site runs serially after the book): Pyodide runs pylib's own code,
+# so what can differ is the platform (WASM's libm and float formatting, the stdlib modules present), which a hundred
+# states over every preset, refusals included, reach as well as three hundred did.
+@pytest.mark.timeout(1800)  # Pyodide's start, 120 explorer states and 4 rankings: minutes on a loaded machine
 def test_pyodide_computes_what_pylib_computes_on_sampled_states(tmp_path):
-    states = explorer_states(300)
-    calls = [("en", "explorer", s) for s in states] + [("zh", "explorer", s) for s in states[::5]]
-    calls += [(lang, "planner", s) for lang in ("en", "zh") for s in planner_states()[:2]]
-    calls += [("en", "planner", s) for s in planner_states()[2:]]
+    states = explorer_states(120)
+    calls = [("en", "explorer", s) for s in states] + [("zh", "explorer", s) for s in states[::4]]
+    calls += [(lang, "planner", s) for lang, s in zip(("en", "zh", "en", "en"), planner_states())]
     got, want = _pyodide(tmp_path, calls), _host(calls)
     refused = sum(1 for w in want if w["numbers"].get("problems") or "refused" in w["numbers"])
-    assert 30 <= refused <= len(calls) - 100, refused  # both plans that run and plans refused were sampled
+    assert 15 <= refused <= len(calls) - 40, refused  # both plans that run and plans refused were sampled
     for (lang, kind, state), g, w in zip(calls, got, want):
         where = f"{lang} {kind} {state}"
         assert g["html"] == w["html"], where
