@@ -156,3 +156,94 @@ def test_hsdp_cut_of_a_group_and_its_refusals():
     # one replica is ZeRO-3; shards of one rank are DDP's all-reduce of everything
     assert hsdp_link_totals(1200, 1, 4) == {"dp-shard": traffic_per_step(1200, 4, "zero3"), "dp-replicate": 0}
     assert hsdp_link_totals(1200, 4, 1)["dp-replicate"] == traffic_per_step(1200, 4, "ddp")
+
+
+# ------------------------------------------------------------------------------------------------ the planner
+
+
+def _planner():
+    from pylib.analysis import planner
+
+    return planner
+
+
+def test_planner_prices_each_hsdp_link_with_its_formula_on_its_own_layouts():
+    P = _planner()
+    from pylib.plan import RunOptions
+    from pylib.plan.presets import llama2_7b
+    from pylib.runtime import ParallelConfig
+
+    cfg, m = llama2_7b(), 2
+    plan = P.Plan(ParallelConfig(dp=16), RunOptions(zero_stage=3, n_microbatches=m), hsdp_shard=4)
+    layouts = P.flat_layouts(cfg, plan, 0)
+    assert {lay.parts for lay in layouts} == {4}  # sharded over s, not over dp x cp
+    psi_pad = sum(lay.padded_bytes for lay in layouts)
+    by_axis = P.rank_traffic(cfg, plan, 32, 256, 0)
+    want = _formula_per_buffer(layouts, r=4, s=4, m=m)
+    for axis in ("dp-shard", "dp-replicate"):
+        assert by_axis[axis]["bytes_sent"] == want[axis]
+    # per buffer the ring rounds down; over the whole model it is the formula on Psi_pad to within a byte a buffer
+    totals = hsdp_link_totals(psi_pad, 4, 4, m)
+    assert abs(by_axis["dp-shard"]["bytes_sent"] - totals["dp-shard"]) <= 3 * m * len(layouts)
+    assert by_axis["dp-replicate"]["bytes_sent"] == totals["dp-replicate"]
+    # the memory: the state of ZeRO-3 over s = 4, not over 16
+    hsdp_held = P.rank_memory(cfg, plan, P.Workload(32, 256), 0)
+    zero3_held = P.rank_memory(cfg, P.Plan(plan.par, plan.options), P.Workload(32, 256), 0)
+    assert hsdp_held["params"] == psi_pad // 4 and zero3_held["params"] < hsdp_held["params"]
+
+
+def _formula_per_buffer(layouts, *, r, s, m):
+    out = {"dp-shard": 0, "dp-replicate": 0}
+    for lay in layouts:
+        for axis, total in hsdp_link_totals(lay.padded_bytes, r, s, m).items():
+            out[axis] += total
+    return out
+
+
+def test_planner_prices_the_shard_group_inside_a_node_and_the_replicas_across():
+    P = _planner()
+    from pylib.plan import RunOptions
+    from pylib.runtime import ParallelConfig
+
+    cluster = P.Cluster(64)  # 8 nodes of 8
+    par = ParallelConfig(dp=64)
+    assert P.hsdp_crosses_nodes(par, 64, 8, 8) == {"dp-shard": False, "dp-replicate": True}
+    assert P.hsdp_crosses_nodes(par, 64, 16, 8) == {"dp-shard": True, "dp-replicate": True}
+    assert P.hsdp_crosses_nodes(ParallelConfig(tp=2, dp=32), 64, 4, 8) == {"dp-shard": False, "dp-replicate": True}
+    assert P.hsdp_crosses_nodes(ParallelConfig(tp=2, dp=32), 64, 8, 8)["dp-shard"]  # 2 x 8 ranks: two nodes
+    plan = P.Plan(par, RunOptions(zero_stage=3), hsdp_shard=8)
+    speeds = P._bandwidths(plan, cluster)
+    assert speeds["dp-shard"] and not speeds["dp-replicate"] and not speeds["dp-cp"]
+    assert "dp-shard" not in P._bandwidths(P.Plan(par, RunOptions(zero_stage=3)), cluster)
+
+
+def test_hsdp_is_an_opt_in_choice_of_the_search_and_is_chosen_where_it_wins():
+    P = _planner()
+    from pylib.plan.presets import llama2_7b
+    from pylib.runtime import ParallelConfig
+
+    cfg = llama2_7b()
+    only_dp = dict(meshes=(ParallelConfig(dp=512),), micro_batch_sizes=(1, 2), sequence_parallel=(False,))
+    default = P.enumerate_plans(cfg, 512, 1024, 4096, P.SearchSpace(**only_dp))
+    assert all(p.hsdp_shard is None for p in default)
+    space = P.SearchSpace(**only_dp, hsdp_shards=(8, 3))
+    plans = P.enumerate_plans(cfg, 512, 1024, 4096, space)
+    hsdp = [p for p in plans if p.hsdp_shard is not None]
+    assert hsdp and {p.hsdp_shard for p in hsdp} == {8} and all(p.options.zero_stage == 3 for p in hsdp)
+    assert len(plans) == len(default) + len(hsdp)
+    best = P.rank_plans(cfg, P.Workload(1024, 4096, grad_reduce="float32"), P.Cluster(512), top=1, space=space)[0]
+    assert best.plan.hsdp_shard == 8 and "HSDP 64x8" in best.plan.describe()
+
+
+def test_planner_refuses_hsdp_without_zero3_or_with_a_shard_size_that_does_not_cut_the_group():
+    P = _planner()
+    from pylib.plan import RunOptions
+    from pylib.plan.presets import tiny_odd
+    from pylib.runtime import ParallelConfig
+
+    par = ParallelConfig(dp=8)
+    bad = P.problems(tiny_odd(), P.Plan(par, RunOptions(zero_stage=2), hsdp_shard=3), 8, 8, 8)
+    assert "hsdp_shard=3 shards the parameters: it needs zero_stage=3, got 2" in bad
+    assert "hsdp_shard=3 must divide dp x cp = 8 and lie strictly between 1 and 8" in bad
+    assert P.problems(tiny_odd(), P.Plan(par, RunOptions(zero_stage=3), hsdp_shard=8), 8, 8, 8)
+    assert not P.problems(tiny_odd(), P.Plan(par, RunOptions(zero_stage=3), hsdp_shard=4), 8, 8, 8)
