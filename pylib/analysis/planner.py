@@ -436,11 +436,11 @@ def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpa
                                         plan = Plan(par, o, sp_regather and sp, ends, recompute_modules=mods)
                                         for n in dict.fromkeys((None,) + group_sizes_for(pp, m, v, group_sizes)):
                                             with_n = plan if n is None else replace(plan, group_size=n)
-                                            for with_n in _with_hsdp(with_n, sp_.hsdp_shards):
-                                                if with_n in seen or problems(cfg, with_n, world_size, batch, seq):
+                                            for one in _with_hsdp(with_n, sp_.hsdp_shards):
+                                                if one in seen or problems(cfg, one, world_size, batch, seq):
                                                     continue
-                                                seen.add(with_n)
-                                                out.append(with_n)
+                                                seen.add(one)
+                                                out.append(one)
     return out
 
 
