@@ -247,3 +247,26 @@ def test_planner_refuses_hsdp_without_zero3_or_with_a_shard_size_that_does_not_c
     assert "hsdp_shard=3 must divide dp x cp = 8 and lie strictly between 1 and 8" in bad
     assert P.problems(tiny_odd(), P.Plan(par, RunOptions(zero_stage=3), hsdp_shard=8), 8, 8, 8)
     assert not P.problems(tiny_odd(), P.Plan(par, RunOptions(zero_stage=3), hsdp_shard=4), 8, 8, 8)
+
+
+def test_hsdp_hiding_tokens_is_where_the_backward_equals_its_traffic_on_each_link():
+    import math
+
+    from pylib.analysis import seconds
+
+    links = seconds.links()
+    nv, ib = links["nvlink"], links["ib"]
+    n = 6_738_415_616  # Llama-2-7B's parameters
+    for r, s, shard_link in ((64, 8, nv), (1, 512, ib), (8, 8, nv)):
+        t = seconds.hsdp_hiding_tokens(r, s, shard_link, ib)
+        n_pad = -(-n // s) * s
+        # backward: the parameters' second all-gather (bf16) and the gradients' reduce-scatter (bf16) on the shard
+        # group, the shard's all-reduce on the replica group
+        params, grads = hsdp_traffic_by_link(2 * n_pad, r, s), hsdp_traffic_by_link(2 * n_pad, r, s)
+        shard_bytes = params["dp-shard"]["all_gather"] / 2 + grads["dp-shard"]["reduce_scatter"]
+        replica_bytes = grads["dp-replicate"].get("all_reduce", 0)
+        wire = shard_bytes / shard_link.beta + replica_bytes / ib.beta
+        assert math.isclose(seconds.backward_seconds(n_pad, t), wire, rel_tol=1e-12)
+    # ZeRO-3 across 64 nodes needs ~4.5x the tokens per micro-batch that HSDP with one node per replica needs
+    zero3, hsdp = seconds.hsdp_hiding_tokens(1, 512, ib, ib), seconds.hsdp_hiding_tokens(64, 8, nv, ib)
+    assert 4 < zero3 / hsdp < 5 and hsdp < 4096 < zero3
