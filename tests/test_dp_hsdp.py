@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pylib.analysis.dp import hsdp_link_totals, hsdp_traffic_by_link, traffic_by_op, traffic_per_step
+from pylib.analysis.dp import held_bytes, hsdp_link_totals, hsdp_traffic_by_link, traffic_by_op, traffic_per_step
 from pylib.dp import FullyShardedDataParallel, assemble, hybrid_groups, micro_batch
 from pylib.model import build_model, random_tokens
 from pylib.plan.mesh import hsdp_groups
@@ -56,6 +56,7 @@ def _one_step(shard_size, m):
         sent=sent,
         groups=groups,
         tags={e.tag for e in tr.events},
+        memory=fsdp.memory().as_dict(),
     )
 
 
@@ -83,6 +84,12 @@ def _check_equal_to_one_device(results, d, s):
         for name in ref_grads:
             assert_float64_close(grads[name], ref_grads[name], rtol=FLOAT64_RTOL)
             assert_float64_close(params[name], ref_params[name], rtol=FLOAT64_RTOL)
+    # each rank holds ZeRO-3's state over its shard group of s, not over d
+    n = sum(p.numel() for p in ref_params.values())
+    for r in results:
+        phi_pad = sum(lay.padded_numel for lay in r["layouts"])
+        held = {k: r["memory"][k] for k in ("params", "grads", "optim")}
+        assert held == held_bytes(n, 8, s, "zero3", padded_params=phi_pad)
 
 
 def _check_traffic(results, d, s, m):

@@ -54,11 +54,12 @@ from fractions import Fraction
 
 from pylib.plan.mesh import HSDP_REPLICATE as REPLICATE
 from pylib.plan.mesh import HSDP_SHARD as SHARD
-from pylib.plan.options import ZERO_STAGE_NAMES, ZeroStage
+from pylib.plan.options import ZERO_STAGE_NAMES, RunOptions, ZeroStage
 from pylib.plan.options import zero_stage as as_zero_stage
 
 STAGES = ZERO_STAGE_NAMES  # ("ddp", "zero1", "zero2", "zero3"): pylib.plan.options.ZeroStage by name
 DDP, ZERO1, ZERO2, ZERO3 = ZeroStage
+DEFAULT_MICROBATCHES = RunOptions.n_microbatches  # one micro-batch per step unless told (the composed run's default)
 PAPER_K = 12  # bytes of optimizer state per parameter in mixed-precision Adam (fp32 copy, momentum, variance)
 
 
@@ -80,7 +81,9 @@ def padded_numel(numel: int, d: int) -> int:
     return -(-numel // d) * d
 
 
-def traffic_by_op(psi_bytes: int, d: int, zero_stage: ZeroStage, n_microbatches: int = 1) -> dict[str, int | float]:
+def traffic_by_op(
+    psi_bytes: int, d: int, zero_stage: ZeroStage, n_microbatches: int = DEFAULT_MICROBATCHES
+) -> dict[str, int | float]:
     """Bytes one rank sends per training step, by collective. `psi_bytes` is Psi for DDP and Psi_pad for ZeRO.
 
     n_microbatches: m, the micro-batches of one step, each its own forward and backward. DDP and ZeRO-1 accumulate
@@ -97,22 +100,27 @@ def traffic_by_op(psi_bytes: int, d: int, zero_stage: ZeroStage, n_microbatches:
     return {"all_gather": _exact(2 * m * one), "reduce_scatter": _exact(m * one)}
 
 
-def traffic_per_step(psi_bytes: int, d: int, zero_stage: ZeroStage, n_microbatches: int = 1) -> int | float:
+def traffic_per_step(
+    psi_bytes: int, d: int, zero_stage: ZeroStage, n_microbatches: int = DEFAULT_MICROBATCHES
+) -> int | float:
     """Total bytes one rank sends per step: 2(d-1)/d Psi (DDP, ZeRO-1), (m+1)(d-1)/d Psi (ZeRO-2) or
     3m(d-1)/d Psi (ZeRO-3) with m micro-batches (`traffic_by_op`)."""
     return _exact(sum(Fraction(v) for v in traffic_by_op(psi_bytes, d, zero_stage, n_microbatches).values()))
 
 
-def _microbatches(m) -> int:
-    if not isinstance(m, int) or isinstance(m, bool) or m < 1:
-        raise ValueError(f"n_microbatches={m!r} must be an integer >= 1")
-    return m
+def _microbatches(n_microbatches) -> int:
+    n = n_microbatches
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n_microbatches={n!r} must be an integer >= 1")
+    return n
 
 
 # -------------------------------------------------------------------------------------------------- HSDP
 
 
-def hsdp_traffic_by_link(psi_bytes: int, r: int, s: int, n_microbatches: int = 1) -> dict[str, dict[str, int | float]]:
+def hsdp_traffic_by_link(
+    psi_bytes: int, r: int, s: int, n_microbatches: int = DEFAULT_MICROBATCHES
+) -> dict[str, dict[str, int | float]]:
     """Bytes one HSDP rank sends per step, by group and collective: {"dp-shard": ZeRO-3 over s, "dp-replicate":
     the all-reduce of the reduce-scattered shard over r}. psi_bytes: Psi_pad, padded to a multiple of s; m
     micro-batches each gather twice, reduce-scatter and all-reduce (as torch 2.13's FSDP2 does by default; its
@@ -128,7 +136,9 @@ def hsdp_traffic_by_link(psi_bytes: int, r: int, s: int, n_microbatches: int = 1
     return out
 
 
-def hsdp_link_totals(psi_bytes: int, r: int, s: int, n_microbatches: int = 1) -> dict[str, int | float]:
+def hsdp_link_totals(
+    psi_bytes: int, r: int, s: int, n_microbatches: int = DEFAULT_MICROBATCHES
+) -> dict[str, int | float]:
     """`hsdp_traffic_by_link` summed per group: 3m(s-1)/s Psi_pad on the shard group, 2m(r-1)/r Psi_pad/s on the
     replica group."""
     by_link = hsdp_traffic_by_link(psi_bytes, r, s, n_microbatches)
