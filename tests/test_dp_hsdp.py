@@ -277,3 +277,10 @@ def test_hsdp_hiding_tokens_is_where_the_backward_equals_its_traffic_on_each_lin
     # ZeRO-3 across 64 nodes needs ~4.5x the tokens per micro-batch that HSDP with one node per replica needs
     zero3, hsdp = seconds.hsdp_hiding_tokens(1, 512, ib, ib), seconds.hsdp_hiding_tokens(64, 8, nv, ib)
     assert 4 < zero3 / hsdp < 5 and hsdp < 4096 < zero3
+
+
+def test_search_space_refuses_a_bad_shard_size_naming_the_field():
+    P = _planner()
+    for bad in ((0,), (), (2.5,), 8):
+        with pytest.raises((TypeError, ValueError), match="SearchSpace: hsdp_shards="):
+            P.SearchSpace(hsdp_shards=bad)
