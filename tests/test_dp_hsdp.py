@@ -160,6 +160,12 @@ def test_hsdp_cut_of_a_group_and_its_refusals():
         hsdp_traffic_by_link(10, 2, 4)
     with pytest.raises(ValueError, match=r"n_microbatches=0 must be an integer >= 1"):
         traffic_by_op(8, 2, "zero3", 0)
+    from pylib.dp import wrap
+
+    with pytest.raises(
+        ValueError, match="replicate= \\(HSDP\\) shards the parameters over `group`: needs zero_stage 3, got"
+    ):
+        wrap(build_model(CFG), "zero2", replicate=object())
     # one replica is ZeRO-3; shards of one rank are DDP's all-reduce of everything
     assert hsdp_link_totals(1200, 1, 4) == {"dp-shard": traffic_per_step(1200, 4, "zero3"), "dp-replicate": 0}
     assert hsdp_link_totals(1200, 4, 1)["dp-replicate"] == traffic_per_step(1200, 4, "ddp")
@@ -284,3 +290,52 @@ def test_search_space_refuses_a_bad_shard_size_naming_the_field():
     for bad in ((0,), (), (2.5,), 8):
         with pytest.raises((TypeError, ValueError), match="SearchSpace: hsdp_shards="):
             P.SearchSpace(hsdp_shards=bad)
+
+
+def _mixed_step(shard_size):
+    """One bf16 step with fp32 gradient reduction (Megatron's main_grad): HSDP over (d/s) x s, or ZeRO-3 over d."""
+    from pylib.dp import wrap
+    from pylib.plan.options import MixedPrecision
+
+    rank, d = dist.get_rank(), dist.get_world_size()
+    model = build_model(CFG)
+    recipe = MixedPrecision("bfloat16", grad_reduce="float32")
+    if shard_size is None:
+        trainer = wrap(model, "zero3", precision=recipe, lr=LR)
+    else:
+        shard, replica = hybrid_groups(shard_size)
+        trainer = wrap(model, "zero3", shard, precision=recipe, replicate=replica, lr=LR)
+    ids, targets = random_tokens(CFG, BATCH, SEQ, seed=0)
+    with trace() as tr:
+        loss = model.loss(micro_batch(ids, rank, d), micro_batch(targets, rank, d))
+        trainer.scale_loss(loss).backward()
+        trainer.finish_gradient_sync()
+        grads = {k: g.clone() for k, g in trainer.gradient_shards().items()}
+    sent: dict[str, dict[str, int]] = {}
+    for e in tr.events:
+        by_op = sent.setdefault(e.axis, {})
+        by_op[e.op] = by_op.get(e.op, 0) + e.bytes_sent
+    return dict(grads=grads, layouts=trainer.layouts, sent=sent, dtypes={g.dtype for g in grads.values()})
+
+
+@pytest.mark.slow
+def test_hsdp_reduces_fp32_main_grads_and_sends_16_bit_gathers_and_32_bit_reductions():
+    d, s = 4, 2
+    hsdp, zero3 = launch(_mixed_step, d, s, timeout=120), launch(_mixed_step, d, None, timeout=120)
+    for r in hsdp:
+        assert r["dtypes"] == {torch.float32}
+        phi_pad = sum(lay.padded_numel for lay in r["layouts"])
+        gathers = hsdp_traffic_by_link(2 * phi_pad, d // s, s)  # bf16 parameters
+        reductions = hsdp_traffic_by_link(4 * phi_pad, d // s, s)  # fp32 gradients
+        assert r["sent"] == {
+            "dp-shard": {
+                "all_gather": gathers["dp-shard"]["all_gather"],
+                "reduce_scatter": reductions["dp-shard"]["reduce_scatter"],
+            },
+            "dp-replicate": reductions["dp-replicate"],
+        }
+    # the same fp32 sums as ZeRO-3 over all four ranks, in another order: equal to fp32 rounding
+    ours = assemble(hsdp[0]["layouts"], [r["grads"] for r in hsdp[:s]])
+    theirs = assemble(zero3[0]["layouts"], [r["grads"] for r in zero3])
+    for name, g in theirs.items():
+        torch.testing.assert_close(ours[name], g, rtol=1e-5, atol=1e-7)
