@@ -37,7 +37,7 @@ BAD_FIELDS = {
     },
     "RunOptions": {
         "sequence_parallel": ("yes", 1, None),
-        "cp_kind": ("allgather", None),
+        "cp_kind": ("hybrid", None),
         "cp_layout": ("striped",),
         "schedule": ("zb",),
         "n_microbatches": (0, -1, 2.0, True, "4"),
