@@ -49,12 +49,13 @@ def _rank(cases):
     results = []
     for (q, k, v, w), causal, layout in cases:
         ql, kl, vl = (shard_sequence(x, 2, r, n, layout).requires_grad_() for x in (q, k, v))
+        blocks = []
         with trace() as tr, saved_activations() as saved:
-            out = allgather_attention(ql, kl, vl, causal=causal, layout=layout)
+            out = allgather_attention(ql, kl, vl, causal=causal, layout=layout, blocks=blocks)
         with trace() as tr_bwd:
             (out * shard_sequence(w, 2, r, n, layout)).sum().backward()
         events = [e.as_dict() for e in tr.events + tr_bwd.events]
-        results.append((out.detach(), ql.grad, kl.grad, vl.grad, events, saved.bytes))
+        results.append((out.detach(), ql.grad, kl.grad, vl.grad, events, saved.bytes, blocks))
     return results
 
 
@@ -77,8 +78,10 @@ def test_allgather_attention_output_and_grads_equal_full_attention(causal, layou
 def test_allgather_moves_one_all_gather_of_the_kv_heads_and_its_reduce_scatter_of_the_formula_size(cp):
     h, h_kv = HEADS["gqa"]
     f = allgather_traffic(B, S, h_kv, D, cp, 8)
-    for results in launch(_rank, cp, [(_full("gqa"), True, "zigzag")]):
-        events = results[0][4]
+    for r, results in enumerate(launch(_rank, cp, [(_full("gqa"), True, "zigzag")])):
+        events, blocks = results[0][4], results[0][6]
+        assert blocks == allgather_block_plan(r, cp, S // cp, causal=True, layout="zigzag")  # what the rank computed
+        assert sum(b.computed for b in blocks) == allgather_work_per_rank(S, cp, "zigzag")[r]
         assert [(e["op"], e["phase"]) for e in events] == [("all_gather", "forward"), ("reduce_scatter", "backward")]
         gather, scatter = events
         assert gather["shapes"] == ((2, B, h_kv, S // cp, D),)  # K and V, the K/V heads only (not the query heads)

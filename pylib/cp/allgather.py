@@ -86,13 +86,15 @@ def allgather_block_plan(cp_rank: int, cp_size: int, s_local: int, *, causal: bo
 @dataclass(frozen=True)
 class Gathered:
     """How one all-gather attention runs: its block plan, the gathered rows' token positions (`order`: gathered
-    row j is token order[j]; None when they already are in token order), scale, kernel, accumulators' dtype."""
+    row j is token order[j]; None when they already are in token order), scale, kernel, accumulators' dtype, and
+    `blocks`, a list the forward appends each block it computes to (None: nothing recorded)."""
 
     plan: tuple
     order: torch.Tensor | None
     scale: float
     kernel: object
     merge_dtype: torch.dtype
+    blocks: list | None = None
 
 
 class AllGatherAttention(torch.autograd.Function):
@@ -121,6 +123,8 @@ class AllGatherAttention(torch.autograd.Function):
                 out[:, :, blk.q_rows].copy_(b_out)
                 lse[:, :, blk.q_rows].copy_(b_lse)
                 started.add(blk.q_rows.start)
+            if run.blocks is not None:
+                run.blocks.append(blk)
         out_q = out.to(q.dtype)
         ctx.save_for_backward(q, kv, out_q, lse)
         ctx.run = run
@@ -163,12 +167,14 @@ def allgather_attention(
     layout: str = CP_LAYOUT,
     kernel="auto",
     merge_dtype: torch.dtype | None = None,
+    blocks: list | None = None,
 ) -> torch.Tensor:
     """Attention of this rank's queries over the whole sequence, K and V all-gathered over the cp group.
 
     q [b, n_head, s/cp, d_head]; k, v [b, n_kv_head, s/cp, d_head] (GQA when n_kv_head < n_head): this rank's
     shard in `layout`. Returns out [b, n_head, s/cp, d_head]. Autograd-aware: backward reduce-scatters dK, dV.
-    kernel and merge_dtype as in `ring_attention`."""
+    kernel and merge_dtype as in `ring_attention`; blocks: a list to which the forward appends each `GatherBlock`
+    it computes (what the rank attended, for a table or a figure)."""
     g = cp_group(group)
     check_qkv(q, k, v, g.size, layout, "allgather_attention")
     merge_dtype = accumulation_dtype(q.dtype) if merge_dtype is None else merge_dtype
@@ -181,5 +187,5 @@ def allgather_attention(
     if causal and layout == "zigzag" and g.size > 1:
         order = layout_order(s_local * g.size, g.size, layout, device=q.device)
     plan = tuple(allgather_block_plan(g.rank, g.size, s_local, causal=bool(causal), layout=layout))
-    run = Gathered(plan, order, default_scale(q.shape[-1]), select_kernel(q, kernel), merge_dtype)
+    run = Gathered(plan, order, default_scale(q.shape[-1]), select_kernel(q, kernel), merge_dtype, blocks)
     return AllGatherAttention.apply(q, kv, run)
