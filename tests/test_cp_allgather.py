@@ -174,3 +174,16 @@ def test_the_default_search_leaves_allgather_out_and_a_search_space_naming_it_pr
     sent = {k: p.ranks[0].traffic["cp"]["bytes_sent"] for k, p in by_kind.items()}
     assert sent["allgather"] < sent["ring"]  # the ring's backward sends K/V again and one dK/dV hop more
     assert by_kind["allgather"].peak_memory > by_kind["ring"].peak_memory  # the gathered K/V of the whole sequence
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_shape_table_lists_the_score_blocks_the_allgather_plan_computes(causal):
+    from pylib.analysis.shapes import score_blocks
+
+    cfg, cp, s = tiny().with_(causal=causal), 4, 32
+    for layout in ("contiguous", "zigzag"):
+        options = RunOptions(cp_kind="allgather", cp_layout=layout)
+        for r in range(cp):
+            blocks = allgather_block_plan(r, cp, s // cp, causal=causal, layout=layout)
+            want = [(2, cfg.n_heads, b.n_q, b.n_kv) for b in blocks]
+            assert score_blocks(cfg, ParallelConfig(cp=cp), 2, s, options, cp_rank=r) == want
