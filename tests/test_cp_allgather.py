@@ -155,7 +155,12 @@ def test_allgather_cp_composed_with_tp_and_sp_trains_like_the_reference_and_send
 @pytest.mark.slow
 def test_planner_predicts_allgather_plans_memory_and_traffic_exactly():
     cfg = tiny().with_(position="rope")
-    plans = [P.Plan(TP_CP, ALLGATHER), P.Plan(ParallelConfig(cp=2, dp=2), RunOptions(cp_kind="allgather"))]
+    plans = [
+        P.Plan(TP_CP, ALLGATHER),
+        P.Plan(ParallelConfig(cp=2, dp=2), RunOptions(cp_kind="allgather")),
+        P.Plan(ParallelConfig(cp=2, dp=2), RunOptions(cp_kind="allgather", zero_stage=2, recompute="selective")),
+        P.Plan(ParallelConfig(cp=2, dp=2), RunOptions(cp_kind="allgather", recompute="full")),
+    ]
     records = measure_plans(cfg, plans, batch=8, seq=16)
     checks = [c for plan in plans for c in compare(cfg, plan, records[plan], batch=8, seq=16)]
     assert {"sent on cp", "saved activations, chunk 0", "activation peak"} <= {c.quantity for c in checks}

@@ -15,8 +15,8 @@ data-parallel group for exactly this reason ("dp-cp") -- and every rank holds th
     loss = cp_model.loss(shard(ids), shard(targets)); loss.backward(); cp_model.allreduce_gradients()
 
 Recomputation (`pylib.plan.recompute`): recompute="selective" keeps only the core's q, k, v and runs ring attention
-(its K/V passes) or Ulysses (its all-to-alls) again in backward; recompute="full" keeps each group's input
-[b, s/cp, h] and runs the group again.
+(its K/V passes), Ulysses (its all-to-alls) or all-gather CP (its all-gather) again in backward; recompute="full"
+keeps each group's input [b, s/cp, h] and runs the group again.
 """
 
 from __future__ import annotations
