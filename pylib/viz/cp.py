@@ -18,6 +18,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap, to_rgba
 
 from ..i18n import tr
+from ..plan.options import CP_LAYOUT
 from ..plan.problems import n_chunks
 from . import style
 
@@ -202,7 +203,7 @@ def merge_drift_figure(rows, *, title: str | None = None):
 
 
 @style.styled
-def allgather_figure(runs, seq_len: int, layout: str = "zigzag"):
+def allgather_figure(runs, seq_len: int, layout: str = CP_LAYOUT):
     """All-gather CP on real ranks, one row per rank, one cell per chunk of the sequence (cut as `layout` cuts it)
     in token order. runs: per rank (rank order) a dict with "positions" (the token positions it holds), "blocks"
     (the `GatherBlock`s its forward computed) and "sent" (bytes its all-gather sent, from the tracer). A cell is the
@@ -216,7 +217,7 @@ def allgather_figure(runs, seq_len: int, layout: str = "zigzag"):
     for r, run in enumerate(runs):
         for p in run["positions"][::c]:
             owner[p // c] = r
-    fig, ax = style.subplots(figsize=(0.75 * n + 3.6, 1.0 * cp + 1.3), grid=False)
+    fig, ax = style.subplots(figsize=(0.62 * n + 2.6, 1.0 * cp + 1.4), grid=False)
     for r, run in enumerate(runs):
         y = -r
         mine = {p // c for p in run["positions"]}
@@ -225,7 +226,7 @@ def allgather_figure(runs, seq_len: int, layout: str = "zigzag"):
             alpha = 1.0 if i in mine else 0.3
             ax.add_patch(plt.Rectangle((i - 0.42, y - 0.22), 0.84, 0.5, color=colour, alpha=alpha, lw=0, zorder=2))
             label = f"Q{i}\nK{i}V{i}" if i in mine else f"K{i}V{i}"
-            ax.text(i, y + 0.03, label, ha="center", va="center", fontsize=7.5, color=style.ink_on(colour, alpha))
+            ax.text(i, y + 0.03, label, ha="center", va="center", fontsize=8, color=style.ink_on(colour, alpha))
         reach: dict[int, int] = {}  # query chunk -> the end of the keys it attended to, in chunks
         for blk in run["blocks"]:
             q = run["positions"][blk.q_rows.start] // c
@@ -233,14 +234,18 @@ def allgather_figure(runs, seq_len: int, layout: str = "zigzag"):
         for j, (q, stop) in enumerate(sorted(reach.items())):
             yb = y - 0.32 - 0.13 * j
             ax.plot([-0.42, stop - 0.58], [yb, yb], color=style.rank_colour(r), lw=1.8, zorder=3)
-            ax.text(stop - 0.52, yb, f"Q{q}", va="center", fontsize=7, color=style.MUTED)
+            ax.text(stop - 0.52, yb, f"Q{q}", va="center", fontsize=8, color=style.MUTED)
         ax.text(n - 0.3, y + 0.03, tr("sent {kib:,.1f} KiB", kib=run["sent"] / 1024), va="center", fontsize=9)
     ax.set_xlim(-0.6, n + 1.6)
     ax.set_ylim(-cp + 0.45, 0.55)
-    ax.set_xticks(range(n), [tr("chunk {i}", i=i) for i in range(n)], fontsize=8)
+    ax.set_xticks(range(n), [str(i) for i in range(n)])
+    ax.set_xlabel(tr("chunk of the sequence (token order)"))
+    ax.xaxis.set_label_position("top")
     ax.set_yticks([-r for r in range(cp)], [tr("rank {r}", r=r) for r in range(cp)])
     ax.xaxis.tick_top()
-    ax.set_title(tr("All-gather CP: solid = held, pale = gathered; bars: the keys each query chunk attends to"), pad=24)
+    ax.set_title(
+        tr("All-gather CP: solid = held, pale = gathered;\nbars = the keys each query chunk attends to"), pad=24
+    )
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.tick_params(length=0)
