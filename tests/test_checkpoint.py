@@ -301,6 +301,11 @@ def _refusals(par, options, root):
     attempt(lambda: load_checkpoint(model, root / ("ok" if mesh.global_rank == 0 else "absent")))  # ranks disagree
     other = ParallelTransformer.from_full(build_model(CFG.with_(seed=5)), mesh, options, lr=LR)
     attempt(lambda: load_checkpoint(other, root / "ok"))  # the seed only drew the initial weights: accepted
+    restored, _ = restore(root / "ok", mesh, RunOptions(zero_stage=3), lr=LR)  # built from the manifest alone
+    mine = {(n, str(i), lo, hi): t for n, i, lo, hi, t in model.parameter_pieces()}
+    for name, index, lo, hi, t in restored.parameter_pieces():  # ZeRO-3 shards: pieces of ZeRO-1's whole tensors
+        whole = next(v for (n, i, a, b), v in mine.items() if n == name and i == str(index))
+        assert torch.equal(t, whole[lo:hi])
     return seen
 
 

@@ -23,6 +23,7 @@ def key_kind(key: str) -> str:
     return "model" if key.startswith("model.") else key.split(".")[1]
 
 
+@style.styled
 def plot_resharding(written: dict, read: dict, *, saved_on: str, loaded_on: str, unit: str = "KiB"):
     """Two panels: above, the bytes each saving rank wrote, stacked by kind; below, a matrix of the bytes each
     loading rank (row) read from each saving rank's file (column), each cell labelled."""
