@@ -437,10 +437,12 @@ def mismatches(manifest: dict, model: ParallelTransformer) -> list[str]:
     return out
 
 
-def _agree(problem: CheckpointError | None, world) -> None:
-    """Every rank raises, or none: one all-gather of an error code per rank (phase "checkpoint")."""
+def _agree(problem: CheckpointError | None, world, device) -> None:
+    """Every rank raises, or none: one all-gather of an error code per rank (phase "checkpoint"; on the ranks'
+    device, which NCCL needs)."""
     code = 0 if problem is None else _CODES.get(type(problem), 9)
-    codes = C.all_gather_tensor(torch.tensor([code], dtype=torch.int64), 0, world, phase=PHASE, tag="checkpoint.agree")
+    mine = torch.tensor([code], dtype=torch.int64, device=device)
+    codes = C.all_gather_tensor(mine, 0, world, phase=PHASE, tag="checkpoint.agree")
     codes = [int(c) for c in codes]
     if problem is not None:
         raise problem
@@ -449,8 +451,8 @@ def _agree(problem: CheckpointError | None, world) -> None:
         raise CheckpointError(f"ranks {bad} refused the checkpoint (error codes {codes}): they see different files")
 
 
-def _barrier(world) -> None:
-    C.all_reduce_(torch.zeros(1), world, phase=PHASE, tag="checkpoint.barrier")
+def _barrier(world, device) -> None:
+    C.all_reduce_(torch.zeros(1, device=device), world, phase=PHASE, tag="checkpoint.barrier")
 
 
 # -------------------------------------------------------------------------------------------- save and load
@@ -481,14 +483,14 @@ def save_checkpoint(model: ParallelTransformer, folder, *, fault=None) -> SaveRe
         problem = CheckpointExists(f"{str(folder)!r} exists: a checkpoint is never overwritten (save to a new folder)")
     elif any(getattr(w, "weights", None) is not None for w in model.wrappers):
         problem = CheckpointError("mixed-precision master weights are not checkpointed here: train in one dtype")
-    _agree(problem, world)
+    _agree(problem, world, model.device)
     elementwise, scalars = _state_kinds(model)
     partial = folder.with_name(folder.name + PARTIAL)
     if world.rank == 0:
         if partial.exists():
             shutil.rmtree(partial)
         partial.mkdir(parents=True)
-    _barrier(world)
+    _barrier(world, model.device)
     planner = _PieceSavePlanner(
         model_pieces(model, elementwise), fault=None if fault is None else (world.global_rank, fault)
     )
@@ -510,7 +512,7 @@ def save_checkpoint(model: ParallelTransformer, folder, *, fault=None) -> SaveRe
             os.fsync(fd)
         finally:
             os.close(fd)
-    _barrier(world)
+    _barrier(world, model.device)
     mine = folder / f"__{world.global_rank}_0.distcp"
     return SaveReport(
         str(folder),
@@ -566,14 +568,14 @@ def load_checkpoint(model: ParallelTransformer, folder) -> LoadReport:
         diff = mismatches(manifest, model)
         if diff:
             problem = CheckpointMismatch(f"{str(folder)!r} does not fit this model: " + "; ".join(diff))
-    _agree(problem, world)
+    _agree(problem, world, model.device)
     elementwise = manifest["optimizer"]["elementwise"]
     _init_state(model, elementwise, manifest["optimizer"]["scalars"])
     pieces = model_pieces(model, elementwise)
     planner = _PieceLoadPlanner(pieces)
     with torch.no_grad():
         dcp.load({}, storage_reader=dcp.FileSystemReader(folder), planner=planner, process_group=world.pg)
-    _barrier(world)
+    _barrier(world, model.device)
     return LoadReport(str(folder), world.global_rank, planner.reads, sum(p.nbytes for p in pieces))
 
 
