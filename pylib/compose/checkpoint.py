@@ -136,27 +136,25 @@ def flat_range_boxes(shape: tuple[int, ...], lo: int, hi: int) -> list[Box]:
         return []
     if not shape:
         return [Box((), (), 0)]
-    inner = math.prod(shape[1:])
-    rest = tuple(shape[1:])
+    inner, rest = math.prod(shape[1:]), tuple(shape[1:])
     out: list[Box] = []
     if lo % inner:  # a partial first slab
-        row = lo // inner
-        end = min(hi, (row + 1) * inner)
-        out += [
-            Box((row, *b.offsets), (1, *b.sizes), row * inner + b.start)
-            for b in flat_range_boxes(rest, lo - row * inner, end - row * inner)
-        ]
+        end = min(hi, (lo // inner + 1) * inner)
+        out += _in_slab(lo // inner, inner, rest, lo, end)
         lo = end
-    if lo < hi and hi - lo >= inner:  # whole slabs
+    if hi - lo >= inner:  # whole slabs
         rows = (hi - lo) // inner
         out.append(Box((lo // inner, *(0 for _ in rest)), (rows, *rest), lo))
         lo += rows * inner
     if lo < hi:  # a partial last slab
-        row = lo // inner
-        out += [
-            Box((row, *b.offsets), (1, *b.sizes), row * inner + b.start) for b in flat_range_boxes(rest, 0, hi - lo)
-        ]
+        out += _in_slab(lo // inner, inner, rest, lo, hi)
     return out
+
+
+def _in_slab(row: int, inner: int, rest: tuple, lo: int, hi: int) -> list[Box]:
+    """The boxes of elements [lo, hi), all inside slab `row` of the first axis (slabs of `inner` elements)."""
+    base = row * inner
+    return [Box((row, *b.offsets), (1, *b.sizes), base + b.start) for b in flat_range_boxes(rest, lo - base, hi - base)]
 
 
 @dataclass
