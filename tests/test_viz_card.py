@@ -20,11 +20,13 @@ from matplotlib.figure import Figure  # noqa: E402
 
 import pylib.viz  # noqa: E402
 from pylib.analysis import pp as pp_analysis  # noqa: E402
+from pylib.analysis.dp import hsdp_link_totals  # noqa: E402
 from pylib.cp import allgather_block_plan, ring_rounds, sequence_positions  # noqa: E402
 from pylib.ep.folding import folding_groups  # noqa: E402
 from pylib.experiments.seed_a_routing import seed_a_routing_table  # noqa: E402
 from pylib.experiments.tp_runs import column_row_example, layer_traces  # noqa: E402
 from pylib.model import ModelConfig, build_model  # noqa: E402
+from pylib.plan.mesh import hsdp_groups  # noqa: E402
 from pylib.plan.presets import tiny, tiny_layer, tiny_odd
 from pylib.plan.schedules import build  # noqa: E402
 from pylib.pp.simulate import simulate  # noqa: E402
@@ -256,6 +258,9 @@ CASES = {
     ),
     "dp.plot_bucket_overlap": lambda runs: dp.plot_bucket_overlap([r["ddp"]["overlap"] for r in runs["dp"]]),
     "dp.plot_dp_matrix": lambda runs: dp.plot_dp_matrix(4, 8, 9, 22),
+    "dp.plot_hsdp_mesh": lambda runs: dp.plot_hsdp_mesh(
+        *hsdp_groups(range(8), 4), hsdp_link_totals(17_632, 2, 4), unit="KiB"
+    ),  # the chapter's 2 x 4 mesh, with the bytes its formula gives (the traced run equals it: test_dp_hsdp.py)
     "dp.plot_flat_layout": lambda runs: dp.plot_flat_layout(_flat_layout()),
     "dp.plot_zero3_resident": lambda runs: dp.plot_zero3_resident(
         runs["dp"][0]["zero3"]["timeline"], sum(runs["dp"][0]["zero3"]["unit_bytes"].values()) // 2, unit="B"
