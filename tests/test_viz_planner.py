@@ -61,3 +61,26 @@ def test_the_static_explorer_links_precomputed_states_in_the_page_and_the_live_o
     assert isinstance(stack, widgets.Stack) and len(stack.children) == len(choose.options) == 2
     assert all("memory / GPU" in page.value for page in stack.children)
     assert "pb-needs-kernel" in PlannerExplorer().widget._dom_classes
+
+
+def test_the_explorers_and_the_planner_chapter_ask_one_function_about_one_job(monkeypatch):
+    import pathlib
+
+    import pylib.viz.planner as V
+
+    asked = []
+
+    def recorder(job, top=8):
+        asked.append(job)
+        return []
+
+    monkeypatch.setattr(V, "best_plans", recorder)
+    ex = V.PlannerExplorer()
+    V.static_explorer(V.STATIC_STATES, top=2)
+    default = V.preset_job()
+    assert asked[0] == default == V.DEFAULT_JOB and ex.state()[:4] == (default.preset, 64, 512, 4096)
+    assert default in asked[1:]  # the static page's 70B state is the same job
+    chapter = pathlib.Path(__file__).parents[1].joinpath("book/part4/planner.md").read_text()
+    # the chapter's ranking and its knob table's baseline come from the same call about the same job
+    assert "top70 = best_plans(job, top=10)" in chapter and "bp = top70[0].plan" in chapter
+    assert "job = DEFAULT_JOB" in chapter and "top_of(" not in chapter
