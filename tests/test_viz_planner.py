@@ -7,7 +7,7 @@ import time
 from pylib.analysis import planner as P
 from pylib.viz.planner import (
     EXPLORER_PRESETS,
-    EXPLORER_SEARCH,
+    JOB_SEARCH,
     PRESETS,
     Check,
     PlannerExplorer,
@@ -22,7 +22,7 @@ def test_default_view_is_the_cost_models_ranking_for_the_default_sizes():
     ex = PlannerExplorer()
     name, world, batch, seq, memory = ex.state()
     want = P.rank_plans(
-        PRESETS[name][0], megatron_workload(batch, seq), explorer_cluster(world, memory), top=8, space=EXPLORER_SEARCH
+        PRESETS[name][0], megatron_workload(batch, seq), explorer_cluster(world, memory), top=8, space=JOB_SEARCH
     )
     assert ex.text().splitlines()[1:] == plans_text(want).splitlines()
     assert want[0].plan.describe() in ex.out.value and "memory / GPU" in ex.out.value

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pylib.analysis import planner as P
 from pylib.i18n import N_, shown, tr
@@ -231,6 +231,9 @@ def plans_html(ranked: list[P.Prediction]) -> str:
 EXPLORER_SEARCH = P.SearchSpace(
     micro_batch_sizes=(1,), virtual_stages=(1,), expert_tp=(1,), sequence_parallel=(True,), sp_regather=True
 )
+# The explorer's job space (`Job.space`): EXPLORER_SEARCH with one or two chunks per pipeline rank, the interleaving
+# NVIDIA's recipes use. (EXPLORER_SEARCH itself, without interleaving, is what other chapters count plans over.)
+JOB_SEARCH = replace(EXPLORER_SEARCH, virtual_stages=(1, 2))
 EXPLORER_PRESETS = [name for name in PRESETS if not name.startswith("DeepSeek")]  # 256 experts: seconds per update
 WORLD_SIZES = [8, 16, 32, 64, 128, 256]
 GPU_MEMORY = {"40 GB (A100 40G)": 40e9, "80 GB (H100)": 80e9, "141 GB (H200)": 141e9}
@@ -269,6 +272,10 @@ class Job:
     def cluster(self) -> P.Cluster:
         return explorer_cluster(self.world, self.memory)
 
+    @property
+    def space(self) -> P.SearchSpace:
+        return JOB_SEARCH
+
 
 def preset_job(name: str = DEFAULT, world: int | None = None) -> Job:
     """The preset's job: its model, GPUs (or `world`), global batch and sequence length, on 80 GB GPUs."""
@@ -281,9 +288,9 @@ DEFAULT_JOB = preset_job()  # Llama-2-70B-class on 64 GPUs, 512 x 4096 tokens: t
 
 @functools.lru_cache(maxsize=256)
 def best_plans(job: Job, top: int = 8) -> list[P.Prediction]:
-    """The `top` plans of `job` by the cost model (`planner.rank_plans` over `EXPLORER_SEARCH`): the one ranking
-    the explorer shows and the planner chapter starts from."""
-    return P.rank_plans(job.cfg, job.workload, job.cluster, top=top, space=EXPLORER_SEARCH)
+    """The `top` plans of `job` by the cost model (`planner.rank_plans` over `job.space`): the one ranking the
+    explorer shows and the planner chapter starts from."""
+    return P.rank_plans(job.cfg, job.workload, job.cluster, top=top, space=job.space)
 
 
 # A preset's name as the reader sees it (the English name stays the key of PRESETS).
@@ -316,10 +323,10 @@ def explorer_title(name: str, world: int, batch: int, seq: int, memory: float) -
 class PlannerExplorer:
     """Choose a model, the GPUs and the step's batch; see the cost model's best plans with their memory and traffic
     per GPU (`best_plans` of the chosen `Job`, the function the planner chapter asks too; `planner.rank_plans`
-    over `EXPLORER_SEARCH`: one sequence per microbatch, no virtual
-    stages, no expert TP, SP whenever TP > 1 -- Megatron's, with the regather -- and Megatron's default fp32 gradients,
-    `megatron_workload`; TP overlapped with the GEMMs, `explorer_cluster`). On a 2-core CPU an update
-    takes under a second for the dense presets and up to about 3 s for the MoE on 256 GPUs (answers are cached, so
+    over `JOB_SEARCH`: one sequence per microbatch, one or two chunks per pipeline rank, no expert TP, SP whenever
+    TP > 1 -- Megatron's, with the regather -- and Megatron's default fp32 gradients, `megatron_workload`; TP
+    overlapped with the GEMMs, `explorer_cluster`). On a 2-core CPU an update takes about a second for the dense
+    presets and a few seconds for the MoE on 256 GPUs (answers are cached, so
     going back is instant). Its controls need a kernel: the container carries the class "pb-needs-kernel", which
     the static site disables with a notice; `static_explorer` is the kernel-free version. `text()` prints the
     default table."""
