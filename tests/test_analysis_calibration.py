@@ -303,3 +303,13 @@ def test_the_flop_count_since_8873b55_halves_the_core_attention_only():
     assert C.flop_convention_gap(run) == pytest.approx(
         1 - C.megatron_flops(run.cfg, 192, 4096, causal_half=True) / C.megatron_flops(run.cfg, 192, 4096)
     )
+
+
+def test_the_holdout_is_five_rows_of_the_fit_sweep_and_two_llama3_rows():
+    fit_gpus = [C.RUNS[i].gpus for i in C.FIT_ROWS]
+    mlm = [i for i in C.HOLDOUT_ROWS if C.RUNS[i].source == C.RUNS[C.FIT_ROWS[0]].source]
+    meta = [i for i in C.HOLDOUT_ROWS if C.RUNS[i].name == "Llama 3 405B"]
+    assert sorted(mlm + meta) == list(C.HOLDOUT_ROWS) and len(meta) == 2
+    assert {C.RUNS[i].dp for i in C.FIT_ROWS + tuple(mlm)} == {48}
+    inside = [i for i in mlm if min(fit_gpus) < C.RUNS[i].gpus < max(fit_gpus)]
+    assert len(inside) == 3 and len(mlm) - len(inside) == 2
