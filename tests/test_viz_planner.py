@@ -4,6 +4,8 @@ difference between prediction and measurement."""
 
 import time
 
+import pytest
+
 from pylib.analysis import planner as P
 from pylib.viz.planner import (
     EXPLORER_PRESETS,
@@ -51,16 +53,17 @@ def test_comparison_table_reports_the_largest_difference_per_quantity():
     assert rows["sent on ep"][4:] == ["10", "expectation"]
 
 
-def test_the_static_explorer_links_precomputed_states_in_the_page_and_the_live_one_is_marked():
-    import ipywidgets as widgets
+@pytest.mark.slow  # two rankings of a 70B model: seconds
+def test_the_static_explorer_is_a_form_showing_what_the_live_one_shows_and_the_live_one_is_marked():
+    from pylib.viz.planner import GPU_MEMORY, live_state_html, static_explorer
 
-    from pylib.viz.planner import STATIC_STATES, static_explorer
-
-    box = static_explorer(STATIC_STATES[:2], top=2)
-    choose, stack = box.children
-    assert isinstance(stack, widgets.Stack) and len(stack.children) == len(choose.options) == 2
-    assert all("memory / GPU" in page.value for page in stack.children)
-    assert "pb-needs-kernel" in PlannerExplorer().widget._dom_classes
+    page, live = static_explorer(), PlannerExplorer()
+    assert page.html == live.out.value  # the same title and ranking for the same controls
+    assert [f.name for f in page.groups[0][1]] == ["preset", "world", "memory", "batch", "seq"]
+    assert set(page.presets) == set(EXPLORER_PRESETS) and page.state["memory"] in GPU_MEMORY
+    live.world.value = 8  # 70B on 8 GPUs: no plan fits, and the static one says why alike
+    assert live_state_html(page.state | {"world": 8}) == live.out.value
+    assert "pb-needs-kernel" in live.widget._dom_classes and "pb-needs-kernel" not in page._repr_html_()
 
 
 def test_the_explorers_and_the_planner_chapter_ask_one_function_about_one_job(monkeypatch):
@@ -76,10 +79,10 @@ def test_the_explorers_and_the_planner_chapter_ask_one_function_about_one_job(mo
 
     monkeypatch.setattr(V, "best_plans", recorder)
     ex = V.PlannerExplorer()
-    V.static_explorer(V.STATIC_STATES, top=2)
+    V.static_explorer()
     default = V.preset_job()
-    assert asked[0] == default == V.DEFAULT_JOB and ex.state()[:4] == (default.preset, 64, 512, 4096)
-    assert default in asked[1:]  # the static page's 70B state is the same job
+    assert ex.state()[:4] == (default.preset, 64, 512, 4096)
+    assert asked == [default, default] and default == V.DEFAULT_JOB  # the live and the static page: one job
     chapter = pathlib.Path(__file__).parents[1].joinpath("book/part4/planner.md").read_text()
     # the chapter's ranking and its knob table's baseline come from the same call about the same job
     assert "top70 = best_plans(job, top=10)" in chapter and "bp = top70[0].plan" in chapter
