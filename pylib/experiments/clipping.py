@@ -59,7 +59,7 @@ def clipped_step(
         grads=_reference_pieces(model, pieces),
         params_before=before,
         params=model.parameter_pieces(),
-        held=_held_rows(model, pieces, mesh),
+        held=_held_rows(model, pieces, mesh, c.coefficient),
         events=[e.as_dict() for e in tr.events if e.phase == "grad_norm"],
         step_bytes_sent=sum(e.bytes_sent for e in tr.events if e.phase != "grad_norm"),
         groups={
@@ -86,8 +86,9 @@ def _reference_pieces(model, pieces) -> list[tuple]:
     return out
 
 
-def _held_rows(model, pieces, mesh) -> list[dict]:
-    """Per held parameter: reference name, kind, family, whether counted here, held elements, sum of squares."""
+def _held_rows(model, pieces, mesh, coefficient: float) -> list[dict]:
+    """Per held parameter: reference name, kind, family, whether counted here, held elements, and the sum of
+    squares of its held gradient before the step scaled it by `coefficient`."""
     rows = []
     for r, info in zip(model.table, model.infos):
         views = [v for _, _, v in pieces.get(r.name, [])]
@@ -98,7 +99,7 @@ def _held_rows(model, pieces, mesh) -> list[dict]:
                 family="expert" if r.kind == "expert" else "dense",
                 counted=counted_here(r.kind, mesh.tp, model.kv_replicas.get(r.name, 1)),
                 elements=sum(v.numel() for v in views),
-                sumsq=local_sum(views),
+                sumsq=local_sum(views) / coefficient**2,
             )
         )
     return rows
