@@ -85,8 +85,8 @@ def test_the_norm_and_the_clipped_gradients_equal_torch_clip_grad_norm(norm_type
     fams = [NormFamily("dense", tuple(mine[:2]), ALONE), NormFamily("expert", (mine[2],), ALONE)]
     res = clip_grads(fams, mine, GradClip(0.3, norm_type), ALONE)
     assert abs(res.norm - float(want)) <= FLOAT64_ATOL and res.clipped
-    for a, p in zip(mine, params):
-        torch.testing.assert_close(a, p.grad, rtol=0, atol=FLOAT64_ATOL)
+    for a, p in zip(mine, params):  # (not torch.testing.assert_close: its first call imports for ~5 s)
+        assert float((a - p.grad).abs().max()) <= FLOAT64_ATOL
 
 
 def test_a_nonfinite_gradient_even_in_an_uncounted_copy_skips_or_raises():

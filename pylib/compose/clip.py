@@ -46,6 +46,7 @@ import torch
 from pylib.i18n import tr
 from pylib.plan.fields import choice, number
 from pylib.runtime import collectives as C
+from pylib.runtime.launch import current_device
 from pylib.runtime.tracer import phase, tag
 
 CLIP_PHASE = "grad_norm"
@@ -134,31 +135,37 @@ def _accumulator(g: torch.Tensor) -> torch.dtype:
     return torch.promote_types(g.dtype, torch.float32)
 
 
-def local_sum(grads, norm_type: float = 2.0) -> float:
-    """This rank's partial: sum of |g|^p over `grads` (p = inf: the largest |g|), as a float64 number."""
-    if norm_type == math.inf:
-        return max((float(g.detach().abs().max()) for g in grads if g.numel()), default=0.0)
-    total = 0.0
+def local_sum(grads, norm_type: float = 2.0) -> torch.Tensor:
+    """This rank's partial: the sum of |g|^p over `grads` (p = inf: the largest |g|), as a 0-dim float64 tensor on
+    the rank's device (no host synchronisation here: the step waits once, at the all-reduce)."""
+    total = torch.zeros((), dtype=torch.float64, device=current_device())
     for g in grads:
-        if g.numel():
-            n = torch.linalg.vector_norm(g.detach(), norm_type, dtype=_accumulator(g))
-            total += float(n.double() ** norm_type)
+        if not g.numel():
+            continue
+        g = g.detach()
+        if norm_type == math.inf:
+            total = torch.maximum(total, g.abs().max().double())
+        else:
+            total = total + torch.linalg.vector_norm(g, norm_type, dtype=_accumulator(g)).double() ** norm_type
     return total
 
 
 def first_nonfinite_rank(grads, world) -> int | None:
     """One all-reduce (minimum) of one int64 over `world`: the lowest global rank holding a non-finite element of
     `grads`, the same answer on every rank, or None."""
-    bad = any(not bool(torch.isfinite(g.detach()).all()) for g in grads if g.numel())
-    device = next((g.device for g in grads), None) or torch.device("cpu")
-    t = torch.tensor([world.global_rank if bad else world.size], dtype=torch.int64, device=device)
+    bad = torch.zeros((), dtype=torch.bool, device=current_device())
+    for g in grads:
+        if g.numel():
+            bad = bad | ~torch.isfinite(g.detach()).all()
+    mine = torch.full((), world.global_rank, dtype=torch.int64, device=bad.device)
+    t = torch.where(bad, mine, torch.full_like(mine, world.size)).reshape(1)
     with phase(CLIP_PHASE), tag("found_nonfinite"):
         C.all_reduce_(t, world, op="min")
     first = int(t)
     return None if first >= world.size else first
 
 
-def global_norm(families, norm_type: float = 2.0, device=None) -> tuple[float, dict]:
+def global_norm(families, norm_type: float = 2.0) -> tuple[float, dict]:
     """The global norm and each family's, the same on every rank: one all-reduce per distinct group, carrying one
     float64 per family reduced over it (sum of |g|^p; max for p = inf)."""
     by_group: dict[tuple, list] = {}
@@ -167,7 +174,7 @@ def global_norm(families, norm_type: float = 2.0, device=None) -> tuple[float, d
     totals = {}
     op = "max" if norm_type == math.inf else "sum"
     for fams in by_group.values():
-        t = torch.tensor([local_sum(f.grads, norm_type) for f in fams], dtype=torch.float64, device=device)
+        t = torch.stack([local_sum(f.grads, norm_type) for f in fams])
         with phase(CLIP_PHASE), tag("grad_norm." + "+".join(f.name for f in fams)):
             C.all_reduce_(t, fams[0].over, op=op)
         totals.update({f.name: float(v) for f, v in zip(fams, t.tolist())})
@@ -182,13 +189,12 @@ def clip_grads(families, grads, clip: GradClip, world) -> ClipResult:
     of `families`. First the non-finite check over `world`, then the norm; skipped (or raised) on every rank at
     once. Scales in place by max_norm / (norm + 1e-6) when that is below 1."""
     grads = [g for g in grads if g is not None]
-    device = next((g.device for g in grads), None)
     first = first_nonfinite_rank(grads, world)
     if first is not None:
         if clip.on_nonfinite == "raise":
             raise NonFiniteGradientError(first, math.nan)
         return ClipResult(math.nan, math.nan, {f.name: math.nan for f in families}, first)
-    norm, per_family = global_norm(families, clip.norm_type, device)
+    norm, per_family = global_norm(families, clip.norm_type)
     if not math.isfinite(norm):  # finite elements whose |g|^p overflowed: the same on every rank
         if clip.on_nonfinite == "raise":
             raise NonFiniteGradientError(None, norm)

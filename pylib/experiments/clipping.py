@@ -99,7 +99,7 @@ def _held_rows(model, pieces, mesh, coefficient: float) -> list[dict]:
                 family="expert" if r.kind == "expert" else "dense",
                 counted=counted_here(r.kind, mesh.tp, model.kv_replicas.get(r.name, 1)),
                 elements=sum(v.numel() for v in views),
-                sumsq=local_sum(views) / coefficient**2,
+                sumsq=float(local_sum(views)) / coefficient**2,
             )
         )
     return rows
@@ -111,13 +111,12 @@ def miscounted_norms(model, pieces, mesh, sharded: bool) -> dict:
     "experts_as_dense": the expert slices counted in the dense family, summed over the dense group."""
     experts = model.cfg.moe is not None
     right = held_norm_families(pieces, model.table, mesh, model.kv_replicas, sharded=sharded, experts=experts)
-    device = model.device
     every = [v for r in model.table if r.kind != "expert" for _, _, v in pieces.get(r.name, [])]
     copies = [NormFamily("dense", tuple(every), right[0].over), *right[1:]]
-    out = dict(right=global_norm(right, device=device)[0], tp_copies=global_norm(copies, device=device)[0])
+    out = dict(right=global_norm(right)[0], tp_copies=global_norm(copies)[0])
     if experts:
         merged = [NormFamily("dense", right[0].grads + right[1].grads, right[0].over)]
-        out["experts_as_dense"] = global_norm(merged, device=device)[0]
+        out["experts_as_dense"] = global_norm(merged)[0]
     return out
 
 
