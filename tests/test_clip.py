@@ -12,6 +12,7 @@ against the reference in float64, several meshes inside one launch of 4 ranks to
     ep4 (dp4)            MoE, 4 experts                            experts over etp-ep-pp, dense over tp-pp
     pp4                  GQA                                       the stages' sums added
     dp4 DDP, ZeRO-1/2/3  GQA                                       replicas not added; shards added over dp-cp
+    tp4, ep4 with p=inf  GQA, MoE                                  the largest |g|: partial maxima reduced by max
 and the composed meshes on 8 and 16 ranks; then a NaN on one rank, skipped or raised on every rank alike.
 """
 
@@ -113,13 +114,16 @@ def test_who_counts_each_kind_of_parameter():
 
 # ------------------------------------------------------------------------------------- launched (slow)
 
+MAX = GradClip(0.01, norm_type=math.inf)  # the largest |g|: partial maxima reduced by max (about 0.1 here)
 FOUR = {
-    "tp4": (DENSE, ParallelConfig(tp=4), RunOptions(sequence_parallel=False)),
-    "tp4-sp": (DENSE, ParallelConfig(tp=4), RunOptions(sequence_parallel=True)),
-    "cp4": (DENSE, ParallelConfig(cp=4), RunOptions()),
-    "ep4": (MOE, ParallelConfig(dp=4, ep=4), RunOptions()),
-    "pp4": (DENSE, ParallelConfig(pp=4), RunOptions(n_microbatches=4)),
-    **{f"dp4-zero{z}": (DENSE, ParallelConfig(dp=4), RunOptions(zero_stage=z)) for z in range(4)},
+    "tp4": (DENSE, ParallelConfig(tp=4), RunOptions(sequence_parallel=False), CLIP),
+    "tp4-sp": (DENSE, ParallelConfig(tp=4), RunOptions(sequence_parallel=True), CLIP),
+    "cp4": (DENSE, ParallelConfig(cp=4), RunOptions(), CLIP),
+    "ep4": (MOE, ParallelConfig(dp=4, ep=4), RunOptions(), CLIP),
+    "pp4": (DENSE, ParallelConfig(pp=4), RunOptions(n_microbatches=4), CLIP),
+    **{f"dp4-zero{z}": (DENSE, ParallelConfig(dp=4), RunOptions(zero_stage=z), CLIP) for z in range(4)},
+    "tp4-inf": (DENSE, ParallelConfig(tp=4), RunOptions(), MAX),
+    "ep4-inf": (MOE, ParallelConfig(dp=4, ep=4), RunOptions(), MAX),
 }
 COMPOSED = {
     "moe8": (MOE, ParallelConfig(tp=2, dp=2, pp=2, ep=4), RunOptions(n_microbatches=2), 8),
@@ -131,7 +135,7 @@ _cache: dict = {}
 def _each(configs):
     """Inside a rank: one clipped step per configuration, in turn."""
     torch.set_num_threads(1)
-    return {name: clipped_step(cfg, pc, options, clip=CLIP) for name, (cfg, pc, options) in configs.items()}
+    return {name: clipped_step(cfg, pc, options, clip=clip) for name, (cfg, pc, options, clip) in configs.items()}
 
 
 def _four():
@@ -141,8 +145,8 @@ def _four():
     return _cache["four"]
 
 
-def _assert_equals_reference(results, cfg):
-    ref = reference_clip(cfg, CLIP)
+def _assert_equals_reference(results, cfg, clip=CLIP):
+    ref = reference_clip(cfg, clip)
     err = compare_clip(results, ref)
     assert err["missing"] == [], err
     assert err["norm_err"] <= FLOAT64_ATOL and err["grad_err"] <= FLOAT64_ATOL, err
@@ -155,7 +159,7 @@ def _assert_equals_reference(results, cfg):
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("name", list(FOUR))
 def test_each_mode_on_four_ranks_clips_like_one_device(name):
-    _assert_equals_reference(_four()[name], FOUR[name][0])
+    _assert_equals_reference(_four()[name], FOUR[name][0], FOUR[name][3])
 
 
 @pytest.mark.slow
@@ -170,6 +174,8 @@ def test_the_norm_is_reduced_over_the_model_parallel_group_or_the_world_one_scal
             assert len(flag) == 1 and flag[0]["axis"] == "world" and flag[0]["payload_bytes"] == 8
             assert all(e["op"] == "all_reduce" and e["payload_bytes"] == 8 for e in norm_ops)
             assert {e["axis"] for e in norm_ops} <= want | {"world"}
+    for r in runs["ep4-inf"]:  # the inf norm: the family maxima are reduced by max, not added
+        assert {e["extra"]["reduce_op"] for e in r["events"] if e["tag"].startswith("grad_norm")} == {"max"}
 
 
 def _composed(name):
