@@ -30,13 +30,14 @@ $(STAMP): requirements.txt requirements-common.txt pyproject.toml | $(VENV)/bin/
 	touch $@
 
 # pytest exits 5 when it collects no test; make fails on any non-zero status, so that counts as a failure too.
-# The suite runs on every core (pytest-xdist, -n auto; worksteal: a worker that runs out takes queued tests from the
-# other, so one long test at the end does not leave a core idle). PYTEST_WORKERS=0 runs it in this process alone.
+# The suite runs on every core (pytest-xdist, -n auto). loadgroup: tests are handed out one by one, except that a
+# module's tests sharing a module-scoped fixture stay on one worker (tests/conftest.py groups them), so such a fixture
+# runs once. PYTEST_WORKERS=0 runs the suite in this process alone.
 PYTEST_WORKERS ?= auto
 test: $(STAMP)
 	ruff check $(LINTED)
 	ruff format --check $(LINTED)
-	python -m pytest -n $(PYTEST_WORKERS) --dist worksteal
+	python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The execution cache is keyed on each chapter's code only, so drop it whenever pylib or the requirements change:
 # otherwise a chapter would show what an older pylib computed.
