@@ -129,7 +129,6 @@ COMPOSED = {
     "moe8": (MOE, ParallelConfig(tp=2, dp=2, pp=2, ep=4), RunOptions(n_microbatches=2), 8),
     "dense16-zero2": (DENSE, ParallelConfig(tp=2, cp=2, dp=2, pp=2), RunOptions(zero_stage=2, n_microbatches=2), 16),
 }
-_cache: dict = {}
 
 
 def _each(configs):
@@ -138,11 +137,29 @@ def _each(configs):
     return {name: clipped_step(cfg, pc, options, clip=clip) for name, (cfg, pc, options, clip) in configs.items()}
 
 
-def _four():
-    if "four" not in _cache:
-        per_rank = launch(_each, 4, FOUR, timeout=400)
-        _cache["four"] = {name: [r[name] for r in per_rank] for name in FOUR}
-    return _cache["four"]
+class _Runs:
+    """The launched runs, each launched on first use and kept for the module's other tests."""
+
+    def __init__(self):
+        self.cache = {}
+
+    def four(self) -> dict:
+        if "four" not in self.cache:
+            per_rank = launch(_each, 4, FOUR, timeout=400)
+            self.cache["four"] = {name: [r[name] for r in per_rank] for name in FOUR}
+        return self.cache["four"]
+
+    def composed(self, name: str) -> list:
+        if name not in self.cache:
+            cfg, pc, options, world = COMPOSED[name]
+            self.cache[name] = launch(clipped_step, world, cfg, pc, options, clip=CLIP, pitfalls=True, timeout=400)
+        return self.cache[name]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Module-scoped, so that under pytest-xdist the tests sharing a launch run on one worker (tests/conftest.py)."""
+    return _Runs()
 
 
 def _assert_equals_reference(results, cfg, clip=CLIP):
@@ -158,44 +175,37 @@ def _assert_equals_reference(results, cfg, clip=CLIP):
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("name", list(FOUR))
-def test_each_mode_on_four_ranks_clips_like_one_device(name):
-    _assert_equals_reference(_four()[name], FOUR[name][0], FOUR[name][3])
+def test_each_mode_on_four_ranks_clips_like_one_device(runs, name):
+    _assert_equals_reference(runs.four()[name], FOUR[name][0], FOUR[name][3])
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
-def test_the_norm_is_reduced_over_the_model_parallel_group_or_the_world_one_scalar_each():
+def test_the_norm_is_reduced_over_the_model_parallel_group_or_the_world_one_scalar_each(runs):
     """DDP: dense over tp-pp, experts over etp-ep-pp (Megatron's two grad-stats groups); ZeRO: over the world."""
-    runs = _four()
+    four = runs.four()
     for name, want in (("tp4", {"tp-pp"}), ("ep4", {"tp-pp", "etp-ep-pp"}), ("dp4-zero1", {"world"})):
-        for r in runs[name]:
+        for r in four[name]:
             norm_ops = [e for e in r["events"] if e["tag"].startswith("grad_norm")]
             flag = [e for e in r["events"] if e["tag"] == "found_nonfinite"]
             assert len(flag) == 1 and flag[0]["axis"] == "world" and flag[0]["payload_bytes"] == 8
             assert all(e["op"] == "all_reduce" and e["payload_bytes"] == 8 for e in norm_ops)
             assert {e["axis"] for e in norm_ops} <= want | {"world"}
-    for r in runs["ep4-inf"]:  # the inf norm: the family maxima are reduced by max, not added
+    for r in four["ep4-inf"]:  # the inf norm: the family maxima are reduced by max, not added
         assert {e["extra"]["reduce_op"] for e in r["events"] if e["tag"].startswith("grad_norm")} == {"max"}
-
-
-def _composed(name):
-    if name not in _cache:
-        cfg, pc, options, world = COMPOSED[name]
-        _cache[name] = launch(clipped_step, world, cfg, pc, options, clip=CLIP, pitfalls=True, timeout=400)
-    return _cache[name]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("name", list(COMPOSED))
-def test_the_composed_model_clips_like_one_device(name):
-    _assert_equals_reference(_composed(name), COMPOSED[name][0])
+def test_the_composed_model_clips_like_one_device(runs, name):
+    _assert_equals_reference(runs.composed(name), COMPOSED[name][0])
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
-def test_counting_tp_copies_on_every_rank_overstates_the_norm_and_experts_with_dense_split_the_replicas():
-    results = _composed("moe8")
+def test_counting_tp_copies_on_every_rank_overstates_the_norm_and_experts_with_dense_split_the_replicas(runs):
+    results = runs.composed("moe8")
     right = {r["pitfalls"]["right"] for r in results}
     assert len(right) == 1
     assert all(r["pitfalls"]["tp_copies"] > r["pitfalls"]["right"] * (1 + 1e-6) for r in results)
