@@ -71,7 +71,7 @@ def check_search_space(s) -> None:
     owner = "SearchSpace"
     instance(owner, "order", s.order, str)
     ParallelConfig(order=s.order)  # raises naming an unknown or repeated axis
-    for name in ("micro_batch_sizes", "virtual_stages", "expert_tp", "tp_sizes", "cp_sizes"):
+    for name in ("micro_batch_sizes", "virtual_stages", "expert_tp", "tp_sizes", "cp_sizes", "hsdp_shards"):
         _sizes(owner, name, getattr(s, name))
     for z in sequence(owner, "zero_stages", s.zero_stages, ZERO_STAGES):
         zero_stage(z)  # raises naming both spellings

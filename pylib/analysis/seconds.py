@@ -24,6 +24,7 @@ from the strategies' own traffic formulas (`dp.traffic_per_step`, `tp.layer_traf
 (`efficiency.layer_gemms`), so no count is restated here. Each strategy's crossover, as the chapters state it:
 
     DP   dp_hiding_tokens    tokens per GPU whose backward hides the gradient all-reduce
+         hsdp_hiding_tokens  tokens per GPU and micro-batch whose backward hides HSDP's (or ZeRO-3's) traffic
     TP   tp_crossover        the t from which a layer's all-reduces outlast its GEMMs
     PP   pp_microbatches_for the m that brings the bubble (p-1)/(v m) under a target
     CP   cp_hiding_tokens    the s/cp from which a ring step's K/V pass hides behind its attention
@@ -110,6 +111,29 @@ def dp_hiding_tokens(d: int, link: Link, cluster: Cluster | None = None, grad_by
     T* = 2(d-1)/d * grad_bytes * eta * peak / (4 beta), independent of the model's size."""
     c = cluster or Cluster(world_size=1)
     return 2 * (d - 1) / d * grad_bytes * c.model.eta * c.peak_flops / (4 * link.beta)
+
+
+def hsdp_hiding_tokens(
+    r: int,
+    s: int,
+    shard_link: Link,
+    replica_link: Link,
+    cluster: Cluster | None = None,
+    param_bytes: int = 2,
+    grad_bytes: int = 2,
+) -> float:
+    """Tokens per GPU per micro-batch for HSDP's backward traffic to hide behind the backward: the parameters'
+    all-gather and the gradients' reduce-scatter over the s ranks of the shard group, then the all-reduce of the
+    1/s shard over the r replicas (`dp.hsdp_traffic_by_link`), against 4 FLOPs per parameter per token:
+
+        T* = eta peak / 4 * [(param_bytes + grad_bytes)(s-1)/s / beta_shard + 2 grad_bytes (r-1)/(r s) / beta_replica]
+
+    independent of the model's size. r = 1 with s = d over the inter-node link is ZeRO-3 across nodes (and the
+    forward's all-gather, c(s-1)/s against 2 FLOPs, gives the same T* when param_bytes = grad_bytes)."""
+    c = cluster or Cluster(world_size=1)
+    shard = (param_bytes + grad_bytes) * (s - 1) / s / shard_link.beta
+    replica = 2 * grad_bytes * (r - 1) / (r * s) / replica_link.beta
+    return c.model.eta * c.peak_flops / 4 * (shard + replica)
 
 
 # --- TP: a layer's collectives against its GEMMs ---------------------------------------------------------------
