@@ -20,7 +20,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 import pylib.viz  # noqa: E402
 from pylib.analysis import pp as pp_analysis  # noqa: E402
-from pylib.cp import ring_rounds  # noqa: E402
+from pylib.cp import allgather_block_plan, ring_rounds, sequence_positions  # noqa: E402
 from pylib.ep.folding import folding_groups  # noqa: E402
 from pylib.experiments.seed_a_routing import seed_a_routing_table  # noqa: E402
 from pylib.experiments.tp_runs import column_row_example, layer_traces  # noqa: E402
@@ -222,6 +222,17 @@ CASES = {
     ),
     "cp.causal_ownership_figure": lambda runs: cp.causal_ownership_figure(16, 4),
     "cp.sequence_split_figure": lambda runs: cp.sequence_split_figure(_cp_specs(), 16),
+    "cp.allgather_figure": lambda runs: cp.allgather_figure(
+        [
+            dict(
+                positions=sequence_positions(16, r, 4).tolist(),
+                blocks=allgather_block_plan(r, 4, 4, causal=True, layout="zigzag"),
+                sent=1536,
+            )
+            for r in range(4)
+        ],
+        16,
+    ),
     "cp.merge_drift_figure": lambda runs: cp.merge_drift_figure(
         [dict(cp=c, bf16_merge=1e-3 * c, fp32_merge=2e-4) for c in (1, 2, 4, 8)]
     ),

@@ -6,7 +6,8 @@ a ranking by a simple, stated cost model. Pure functions of sizes: a 671B-parame
     best = rank_plans(cfg, Workload(512, 4096), Cluster(64), top=10)           # the cost model's order
 
 What is enumerated. A `Plan` is a `ParallelConfig` (tp, cp, ep, dp, pp, etp and Megatron's order string) and the
-options of `pylib.compose.ParallelTransformer`: sequence parallelism, ring or Ulysses CP, the ZeRO stage (0 = DDP),
+options of `pylib.compose.ParallelTransformer`: sequence parallelism, ring or Ulysses CP (all-gather CP, Llama 3's,
+when `SearchSpace.cp_kinds` names "allgather"), the ZeRO stage (0 = DDP),
 the microbatch count m and the chunks per pipeline rank v (schedule 1F1B, interleaved 1F1B when v > 1; GPipe is
 left out: the same bubble as 1F1B with more microbatches in flight). A knob that changes nothing is not varied: SP
 needs tp > 1, the CP kind cp > 1, ZeRO a data-parallel group. Validity is `pylib.plan.problems` (what
@@ -42,10 +43,10 @@ The cost model (book/part4/planner.md states each term with its formula):
                slowest rank's forward + backward of one microbatch (1F1B and interleaved 1F1B)
   exposed    `exposed_seconds`: TP/SP in full, or (1 - tp_overlap) with `Cluster.tp_comm_overlap` (SP's
                regather only past the input-gradient GEMMs it runs under); ring CP less
-               the attention core it hides behind; Ulysses and EP in full; PP's fill and drain, (pp-1)/(v m) of
-               its sends; DP by ZeRO stage (DDP / ZeRO-1 behind the last microbatch's backward, ZeRO-2's
-               reduce-scatter and ZeRO-3's gathers behind every microbatch's); a latency per message of a model
-               axis; `contention` seconds of compute per second of hidden communication
+               the attention core it hides behind; Ulysses, all-gather CP and EP in full; PP's fill and drain,
+               (pp-1)/(v m) of its sends; DP by ZeRO stage (DDP / ZeRO-1 behind the last microbatch's backward,
+               ZeRO-2's reduce-scatter and ZeRO-3's gathers behind every microbatch's); a latency per message of a
+               model axis; `contention` seconds of compute per second of hidden communication
   bandwidth  an axis's is the intra-node link's when every group of that axis sits inside one node (the order
                string decides: `crosses_nodes`), the inter-node link's otherwise.
 A plan must fit: peak memory <= usable GPU memory. Plans that fit are ranked by step time, ties by memory; plans
@@ -1093,10 +1094,10 @@ def peak_memory(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
 def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
     """Seconds of exposed communication the first pipeline rank cannot avoid, from terms `exposed_seconds` counts
     in full (so at most its total): TP's collectives around attention in every held layer (`tp.layer_collectives`,
-    times 1 - tp_overlap when the run overlaps them), Ulysses' all-to-alls in every held layer
-    (`cp.ulysses_traffic`), EP's dispatch and combine, forward and backward, in every held MoE layer
-    (`ep.expected_alltoall_bytes`). 1% below, for the bytes the formulas round down per buffer. Used by
-    `rank_plans` to skip plans that cannot win; never reported."""
+    times 1 - tp_overlap when the run overlaps them), Ulysses' all-to-alls or all-gather CP's collectives in every
+    held layer (`cp.ulysses_traffic`, `cp.allgather_traffic`), EP's dispatch and combine, forward and backward, in
+    every held MoE layer (`ep.expected_alltoall_bytes`). 1% below, for the bytes the formulas round down per
+    buffer. Used by `rank_plans` to skip plans that cannot win; never reported."""
     par = plan.par
     e = dtype_bytes(cfg.dtype)
     m, b, s_cp = plan.options.n_microbatches, plan.micro_batch(workload.batch), workload.seq // par.cp
@@ -1114,9 +1115,12 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
         )
         per_layer = sum(c.bytes_sent for c in collectives if c.where == "attn")
         seconds += keep * m * len(held) * per_layer / bw("tp")
-    if par.cp > 1 and plan.options.cp_kind == "ulysses":
+    if par.cp > 1 and plan.options.cp_kind in ("ulysses", "allgather"):
         heads, (kv, _) = cfg.n_heads // par.tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, par.tp)
-        u = cp_analysis.ulysses_traffic(b, workload.seq, heads, kv, cfg.d_head, par.cp, e)
+        if plan.options.cp_kind == "ulysses":
+            u = cp_analysis.ulysses_traffic(b, workload.seq, heads, kv, cfg.d_head, par.cp, e)
+        else:
+            u = cp_analysis.allgather_traffic(b, workload.seq, kv, cfg.d_head, par.cp, e)
         seconds += m * len(held) * (u["forward_bytes_sent"] + u["backward_bytes_sent"]) / bw("cp")
     if cfg.moe is not None and par.ep > 1:
         s_out = s_cp // (par.tp if plan.options.sequence_parallel and par.tp > 1 else 1)

@@ -27,7 +27,8 @@ from the strategies' own traffic formulas (`dp.traffic_per_step`, `tp.layer_traf
          hsdp_hiding_tokens  tokens per GPU and micro-batch whose backward hides HSDP's (or ZeRO-3's) traffic
     TP   tp_crossover        the t from which a layer's all-reduces outlast its GEMMs
     PP   pp_microbatches_for the m that brings the bubble (p-1)/(v m) under a target
-    CP   cp_hiding_tokens    the s/cp from which a ring step's K/V pass hides behind its attention
+    CP   cp_hiding_tokens    the s/cp from which a ring step's K/V pass hides behind its attention;
+         cp_forward_exposed_seconds   the ring's exposed forward against all-gather CP's
     EP   ep_crossover_ffn    the expert width below which the all-to-alls outlast the experts' GEMMs"""
 
 from __future__ import annotations
@@ -213,6 +214,24 @@ def cp_hiding_tokens(cfg, link: Link, cluster: Cluster | None = None, t: int = 1
     c = cluster or Cluster(world_size=1)
     heads, kv = _cp_heads(cfg, t)
     return kv * dtype_bytes(cfg.dtype) * c.model.eta * c.peak_flops / (heads * link.beta)
+
+
+def cp_forward_exposed_seconds(
+    cfg, b: int, s: int, cp: int, link: Link, cluster: Cluster | None = None, t: int = 1
+) -> dict[str, float]:
+    """One layer's causal forward on one rank of a zig-zag CP group, heads those of one of t TP ranks, the CP
+    communication left exposed: "ring", cp - 1 steps each paying alpha and the part of its K/V pass, M bytes, that
+    its half-block core does not hide (`cp_ring_step_seconds`); "allgather", all-gather CP's gather of the same
+    cp - 1 messages (`cp.allgather_traffic`), one collective, so one alpha as the planner charges it, exposed whole
+    since attention needs every key first: alpha + (cp - 1) M / beta; "core", the rank's causal attention,
+    4 b n_head d_head (s/cp) s/2 FLOPs at eta * peak. Where the ring hides its bytes the all-gather exposes
+    (cp - 1) M / beta - (cp - 2) alpha more: it wins only on messages shorter than about alpha."""
+    heads, kv = _cp_heads(cfg, t)
+    step = cp_ring_step_seconds(cfg, b, s, cp, link, cluster, t)
+    ring = (cp - 1) * (link.alpha + max(0.0, step["comm"] - link.alpha - step["core"]))
+    sent = cp_analysis.allgather_traffic(b, s, kv, cfg.d_head, cp, dtype_bytes(cfg.dtype))["forward_bytes_sent"]
+    core = compute_seconds(4 * b * heads * cfg.d_head * (s // cp) * s / 2, cluster)
+    return {"ring": ring, "allgather": link.seconds(sent), "core": core}
 
 
 # --- EP: the all-to-alls against the experts' GEMMs ------------------------------------------------------------
