@@ -33,6 +33,7 @@ from pylib.runtime import ParallelConfig, launch  # noqa: E402
 from pylib.runtime.mesh import AxisGroup  # noqa: E402
 from pylib.seedcheck.axis_cuts import DIMS, MODES  # noqa: E402
 from pylib.seedcheck.layer_flow import layer_flow  # noqa: E402
+from pylib.viz import checkpoint as ckpt  # noqa: E402
 from pylib.viz import collectives, compose, cp, dp, ep, matrix_dims, pp, style, three_axes, tp  # noqa: E402
 from pylib.viz import layer_flow as flow
 
@@ -273,6 +274,12 @@ CASES = {
         torch.arange(8).repeat_interleave(4).reshape(4, 8), microbatch_rows=1, dp_rows=2
     ),
     "compose.plot_rank_report": lambda runs: compose.plot_rank_report(_report_rows(), unit="B"),
+    "checkpoint.plot_resharding": lambda runs: ckpt.plot_resharding(
+        {r: {"model": 5120 + 256 * r, "exp_avg": 5632, "exp_avg_sq": 5632} for r in range(8)},
+        {b: {a: 1024 * (1 + (a + b) % 3) for a in range(8) if (a + b) % 4} for b in range(8)},
+        saved_on="tp2 dp2 pp2",
+        loaded_on="tp4 dp2",
+    ),
 }
 # Figures a chapter assembles itself from axes it made (not a public function of pylib.viz).
 ASSEMBLED = {"pp.plot_schedule on style.subplots axes": lambda runs: _schedules_on_chapter_axes()}

@@ -16,7 +16,8 @@ Files: checks.py (every constraint, all reported), stage.py (one pipeline stage 
 reductions.py (the gradient-reduction table and the reductions after DP's), clip.py (the global gradient norm,
 each parameter counted once, and clipping to it), model.py (the composed model and one
 training step), placement.py (which rank holds each position), probe.py (the FFN activation probe), report.py
-(per-rank memory and traffic tables).
+(per-rank memory and traffic tables),
+checkpoint.py (save on one mesh, load on another: `save_checkpoint`, `load_checkpoint`, `restore`).
 """
 
 from .checks import ComposeConfigError, check_compose, compose_problems
