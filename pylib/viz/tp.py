@@ -211,6 +211,7 @@ def fig_sp_region(traces: dict):
 # ------------------------------------------------------------------------------------------ vocabulary padding
 
 
+@style.styled
 def fig_vocab_padding(cases: list[tuple[int, int, int, int]]):
     """One panel per case (V, t, d, V_p): the t ranks' slices of the padded vocabulary [0, V_p), V_p/t ids each,
     drawn as a bar per rank, the ids of real tokens in the rank's colour and the padded ids (V..V_p-1, which no
