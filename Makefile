@@ -8,7 +8,7 @@
 # and, for CI after `make book`:
 #   make site-test   the built site in a real browser (chromium), plus its link and label checks
 #   make hub-test    a chapter's launch link followed on a local JupyterHub, the chapter and a lab run there
-.PHONY: test book clean vendor site-test hub-test
+.PHONY: test book clean vendor site-test hub-setup hub-test
 
 VENV   := .venv
 STAMP  := $(VENV)/.installed
@@ -22,16 +22,22 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall only when the requirements or the package metadata change (the stamp is newer than both otherwise).
+# The editable install writes pylib.egg-info/ here: tools/locked.py makes it take turns with hub-setup's (CI runs both
+# at once).
 $(STAMP): requirements.txt requirements-common.txt pyproject.toml | $(VENV)/bin/python
 	$(VENV)/bin/python -m pip install -r requirements.txt
-	$(VENV)/bin/python -m pip install --no-deps -e .
+	$(PYTHON) tools/locked.py .editable-install.lock $(VENV)/bin/python -m pip install --no-deps -e .
 	touch $@
 
 # pytest exits 5 when it collects no test; make fails on any non-zero status, so that counts as a failure too.
+# The suite runs on every core (pytest-xdist, -n auto). loadgroup: tests are handed out one by one, except that a
+# module's tests sharing a module-scoped fixture stay on one worker (tests/conftest.py groups them), so such a fixture
+# runs once. PYTEST_WORKERS=0 runs the suite in this process alone.
+PYTEST_WORKERS ?= auto
 test: $(STAMP)
 	ruff check $(LINTED)
 	ruff format --check $(LINTED)
-	python -m pytest
+	python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The execution cache is keyed on each chapter's code only, so drop it whenever pylib or the requirements change:
 # otherwise a chapter would show what an older pylib computed.
@@ -83,7 +89,7 @@ $(HUB_VENV)/bin/python:
 $(HUB_STAMP): hub/requirements.txt requirements.txt requirements-common.txt requirements-site.txt pyproject.toml \
   | $(HUB_VENV)/bin/python
 	$(HUB_VENV)/bin/python -m pip install --no-compile -r requirements.txt -r hub/requirements.txt -r requirements-site.txt
-	$(HUB_VENV)/bin/python -m pip install --no-deps -e .
+	$(PYTHON) tools/locked.py .editable-install.lock $(HUB_VENV)/bin/python -m pip install --no-deps -e .
 	touch $@
 $(HUB_SETTINGS): hub/overrides.json $(HUB_STAMP)
 	mkdir -p $(@D)
@@ -91,7 +97,10 @@ $(HUB_SETTINGS): hub/overrides.json $(HUB_STAMP)
 $(HUB_PROXY): hub/package.json hub/package-lock.json
 	npm ci --prefix hub --no-audit --no-fund
 	touch $@
-hub-test: $(HUB_STAMP) $(HUB_SETTINGS) $(HUB_PROXY)
+# hub-setup: only the installs (CI starts it in the background while `make test` runs: pip and npm use about one
+# core, and the test phase's own install leaves the other idle).
+hub-setup: $(HUB_STAMP) $(HUB_SETTINGS) $(HUB_PROXY)
+hub-test: hub-setup
 	$(HUB_VENV)/bin/python -m pytest tests/hub -p no:cacheprovider -s
 
 clean:

@@ -42,7 +42,7 @@ def test_every_violated_constraint_is_listed_not_only_the_first():
         "tp=4 does not divide vocab_size=30",
         "ep=4 does not divide n_experts=6",  # experts vs ep
         "etp=3 does not divide expert h_ffn=10",  # expert h_ffn vs etp
-        "needs sequence_parallel=True",  # EP with TP > 1 without SP
+        "need sequence_parallel=True to train",  # MoE with TP > 1 without SP (a training rule)
         "n_layers=3 is not divisible by pp × v = 2 × 2 = 4",  # layers vs pp*v
         "interleaved 1F1B needs m divisible by p: m=3, p=2",  # microbatches vs schedule
         "dp=2 does not divide the global batch size B=9",  # batch vs dp
@@ -91,16 +91,54 @@ def test_ulysses_needs_whole_heads_per_rank_after_tp():
         ),
         (MOE, ParallelConfig(tp=2, dp=4, ep=4), 8, RunOptions(zero_stage=3)),
         (MOE, ParallelConfig(tp=4, cp=2, dp=2, ep=4), 16, RunOptions(cp_kind="ring", zero_stage=2)),
+        (MOE, ParallelConfig(tp=2, dp=2, pp=2, ep=2, order="tp-cp-ep-pp-dp"), 8, RunOptions(n_microbatches=2)),
+        (DENSE, ParallelConfig(tp=2, dp=2, pp=2, etp=2, order="tp-cp-ep-pp-dp"), 8, RunOptions(n_microbatches=2)),
     ],
 )
 def test_the_configurations_the_tests_run_are_valid(cfg, pc, world, options):
     assert compose_problems(cfg, pc, world, batch=8, seq=16, options=options) == []
 
 
-def test_a_dense_model_with_expert_axes_is_refused():
+def test_a_dense_model_with_ep_is_refused_and_with_etp_accepted_as_megatron_does():
+    """Megatron's arguments assert num_experts for ep > 1; expert_tensor_parallel_size only lays out the expert
+    ranks (it defaults to tp), and its own dp-last tests of a dense model set it to tp*cp."""
     problems = compose_problems(DENSE, ParallelConfig(tp=2, dp=2, ep=2, etp=2), 4)
-    assert any("ep=2 but the model has no MoE layers" in p for p in problems)
-    assert any("etp=2 but the model has no MoE layers" in p for p in problems)
+    assert len(problems) == 1 and "ep=2 but the model has no MoE layers" in problems[0], problems
+    assert compose_problems(DENSE, ParallelConfig(tp=2, dp=2, etp=2), 4) == []
+
+
+def test_moe_under_tp_without_sp_is_a_training_rule_only():
+    no_sp = RunOptions(sequence_parallel=False)
+    pc = ParallelConfig(tp=2, dp=2, ep=2)
+    train = compose_problems(MOE, pc, 4, options=no_sp)
+    assert len(train) == 1 and "MoELayer.forward" in train[0] and "tp=2" in train[0], train
+    assert compose_problems(MOE, pc, 4, options=no_sp, training=False) == []  # built and evaluated
+    assert compose_problems(MOE, pc, 4) == []  # with SP it trains
+    assert compose_problems(DENSE, ParallelConfig(tp=2, dp=2), 4, options=no_sp) == []  # dense: TP without SP is fine
+    assert compose_problems(MOE, ParallelConfig(dp=2, ep=2), 2, options=no_sp) == []  # tp = 1: nothing to repeat
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_moe_tp2_without_sp_is_built_refused_in_training_and_evaluates_like_one_device():
+    """As Megatron-Core's MoELayer.forward (d98e8a6): the model is built, a training step and a training-mode forward
+    raise naming the rule, and the eval-mode forward under no_grad gives one device's loss."""
+    from pylib.experiments.compose_pitfalls import build_train_evaluate
+    from pylib.experiments.compose_training import train_reference
+
+    cfg = MOE.with_(dtype="float64")
+    pc = ParallelConfig(tp=2, dp=2, ep=2)
+    out = launch(build_train_evaluate, 4, cfg, pc, RunOptions(sequence_parallel=False), batch=4, seq=8)
+    ref = train_reference(cfg, steps=1, batch=4, seq=8, data="pattern")["losses"][0]
+    for r in out:
+        assert r["build"] is None
+        assert len(r["train"]) == 1 and "need sequence_parallel=True to train" in r["train"][0], r["train"]
+        assert r["train_forward"] == r["train"]
+    by_replica = {r["dp_cp"]: r["eval_loss"] for r in out}  # the TP pair of a replica holds the same tokens
+    assert all(abs(r["eval_loss"] - by_replica[r["dp_cp"]]) < 1e-14 for r in out)
+    assert abs(sum(by_replica.values()) / len(by_replica) - ref) < 1e-12
+    with_sp = launch(build_train_evaluate, 4, cfg, pc, RunOptions(), batch=4, seq=8)
+    assert all(r["build"] is None and r["train"] is None and r["train_forward"] is None for r in with_sp)
 
 
 def test_holder_labels_follow_the_cp_layout_then_the_sp_split():

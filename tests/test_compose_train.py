@@ -8,6 +8,10 @@ Five real runs (module-scoped, one launch each) cover the axes, the ZeRO stages,
     five16     16     tp2 cp2 dp2 pp2 ep2        MoE + aux/z loss + capacity   ZeRO-3  interleaved v=2   Ulysses
     mqa8        8     tp2 dp2 pp2, SP off        MQA (replicated K/V), float32 ZeRO-2  gpipe m=2         -
     super16    16     tp4 cp2 dp2 ep4            MoE every 2nd layer, float64  ZeRO-2  m=1               ring
+    dplast8     8     tp2 dp2 pp2 ep2, dp last   MoE every 2nd layer, float64  ZeRO-1  1f1b m=2          -
+
+dplast8 uses Megatron's `--use-tp-pp-dp-mapping` order, tp-cp-ep-pp-dp, which Megatron-Core accepts when etp*ep =
+tp*cp (the dense and the expert layout then agree on every rank's stage).
 
 Each test states one claim and checks it on the runs it concerns: the loss curve and the final parameters against
 the reference, the traffic per axis against the modes' formulas, the held bytes against the DP formulas, the
@@ -69,6 +73,13 @@ RUNS = {
         {},
     ),
     "super16": (MOE, ParallelConfig(tp=4, cp=2, dp=2, ep=4), 16, RunOptions(zero_stage=2, n_microbatches=1), {}),
+    "dplast8": (
+        MOE,
+        ParallelConfig(tp=2, dp=2, pp=2, ep=2, order="tp-cp-ep-pp-dp"),
+        8,
+        RunOptions(zero_stage=1, schedule="1f1b", n_microbatches=2),
+        {},
+    ),
 }
 _cache: dict[str, tuple] = {}
 
@@ -123,6 +134,18 @@ def test_all_five_axes_tp2_cp2_dp2_pp2_ep2_train_like_the_reference():
     plain = train_reference(cfg, steps=STEPS, batch=BATCH, seq=SEQ, data=DATA)  # one group, capacity over all
     differs = compare_with_reference(results, plain)
     assert differs["loss_err"] > 1e-6 and differs["param_err"] > 1e-6  # the grouping is what makes them equal
+
+
+@pytest.mark.slow
+def test_dp_last_order_tp_cp_ep_pp_dp_trains_like_the_reference():
+    """Megatron's dp-last order: rank = tp + 2 pp + 4 dp (dense) = ep + 2 pp + 4 edp (experts), so the pipeline
+    pairs are two apart and the data-parallel pairs four apart, and the run equals one device."""
+    _assert_trains_like_reference("dplast8", 1e-12)
+    results, _, (_cfg, pc, world, *_rest) = run("dplast8")
+    for rank, r in enumerate(results):
+        assert r["coords"]["pp"] == rank // 2 % 2 and r["coords"]["dp"] == rank // 4  # dp varies slowest
+        assert r["coords"]["ep"] == rank % 2 and r["coords"]["edp"] == rank // 4
+        assert r["stage_layers"] == results[rank % 2 + 2 * (rank // 2 % 2)]["stage_layers"]  # same stage, same layers
 
 
 @pytest.mark.slow

@@ -1,25 +1,24 @@
 """The matrix-view explorer (pylib.viz.explorer): its tables are pylib.analysis.shapes' numbers, every control
-recomputes them, a plan that cannot run says why, and the same tables print as plain text. The static explorer's
-precomputed states are exactly what the live explorer and shapes.summary compute for those controls, linked in the
-page without a kernel; the live controls are marked as needing one."""
+recomputes them, a plan that cannot run says why, and the same tables print as plain text. The static explorer is a
+form with every control of the live one, whose states (computed in the page by pylib.viz.live) are exactly what the
+live explorer and shapes.summary compute; the live controls are marked as needing a kernel."""
 
-import json
-
-import ipywidgets as widgets
 import pytest
 
 from pylib.analysis import shapes
 from pylib.plan import ParallelConfig, RunOptions
 from pylib.viz.explorer import (
+    CONTROLS,
+    DEFAULT,
     PRESETS,
-    STATIC_PLANS,
     TAB_TITLES,
     Explorer,
+    live_state_html,
+    preset_controls,
     render_details,
     render_tabs,
     render_text,
     static_explorer,
-    static_states,
     tables,
 )
 
@@ -72,10 +71,6 @@ def test_the_live_explorer_is_marked_as_needing_a_kernel():
     assert "pb-needs-kernel" in Explorer().widget._dom_classes
 
 
-STATES = static_states()
-CASES = [(p, i) for p, plans in STATIC_PLANS.items() for i in range(len(plans))]
-
-
 def _summary_from_controls(preset: str, controls: dict) -> shapes.Summary:
     """shapes.summary for the preset's plan with `controls` on top, built without any widget."""
     cfg, plan = PRESETS[preset]
@@ -88,49 +83,46 @@ def _summary_from_controls(preset: str, controls: dict) -> shapes.Summary:
     return shapes.summary(cfg, par, plan["b"], plan["s"], options, pp_rank=pp_rank)
 
 
-@pytest.mark.parametrize("preset, i", CASES, ids=[f"{p[:12]}-{i}" for p, i in CASES])
-def test_every_static_state_is_what_the_live_explorer_computes(preset, i):
-    label, controls = STATIC_PLANS[preset][i]
-    got_label, heading, tabs = STATES[preset][i]
-    assert got_label == label
+# Controls a reader moves in the static explorer's form, on top of a preset (each changes the tables).
+MOVES = [
+    ("Llama-2-70B (GQA, SwiGLU)", dict(sp=False)),
+    ("Llama-2-70B (GQA, SwiGLU)", dict(tp=16, dp=2, b=2)),
+    ("Llama-2-70B (GQA, SwiGLU)", dict(cp=4, dp=1, b=1, s=32768)),
+    ("GPT-style 70B (MHA, GELU, 4h)", dict(cp=4, dp=1, b=1, s=32768, cp_kind="ulysses")),
+    ("Mixtral-8x7B-class MoE", dict(etp=2)),
+    ("Mixtral-8x7B-class MoE", dict(zero="zero1")),
+    ("DeepSeek-V3-class MoE", dict(ep=32)),
+    ("this chapter's probe model", dict(tp=1, cp=2, sp=False)),
+]
+
+
+@pytest.mark.parametrize("preset, controls", MOVES, ids=[f"{p[:12]}-{sorted(c)}" for p, c in MOVES])
+def test_the_static_explorer_shows_what_the_live_explorer_computes(preset, controls):
+    state = {"preset": preset, **preset_controls(preset), **controls}
+    shown = live_state_html(state)
+    assert shown != live_state_html({"preset": preset, **preset_controls(preset)})  # the move changes the page
     summary = _summary_from_controls(preset, controls)
-    assert not summary.problems, summary.problems  # every precomputed plan runs
-    assert tabs == render_tabs(summary)  # = shapes.summary's tables, independently of the widgets
-    live = Explorer(preset).set(**controls)  # = the live explorer, those controls set one by one
-    assert [p.value for p in live.panes] == tabs and live.heading.value == heading
+    assert not summary.problems, summary.problems
+    live = Explorer(preset).set(**controls)  # the live explorer, those controls set one by one
+    assert [p.value for p in live.panes] == render_tabs(summary)  # = shapes.summary's tables, without widgets
+    assert shown == render_details(live.heading.value, [p.value for p in live.panes])
+    assert shown.count("<details") == len(TAB_TITLES) and "<details open>" in shown
 
 
-def test_static_states_differ_and_each_preset_starts_at_its_own_plan():
-    for preset, plans in STATES.items():
-        assert len({tuple(tabs) for _, _, tabs in plans}) == len(plans), preset  # no two plans show the same
-        assert STATIC_PLANS[preset][0][1] == {}
-        assert plans[0][2] == [p.value for p in Explorer(preset).panes]
+def test_the_static_explorer_says_once_why_a_plan_does_not_fit():
+    state = {"preset": DEFAULT, **preset_controls(DEFAULT), "layers": 30}
+    shown = live_state_html(state)
+    assert shown.count("n_layers=30 is not divisible by pp × v = 4 × 1 = 4") == 1 and "<details" not in shown
 
 
-def test_the_static_explorer_is_linked_in_the_page_and_light():
-    box = static_explorer()
-    preset, presets = box.children
-    assert list(preset.options) == list(STATIC_PLANS) and len(presets.children) == len(STATIC_PLANS)
-    linked = {(link.source[0].model_id, link.target[0].model_id) for link in box.links}
-    assert (preset.model_id, presets.model_id) in linked  # the dropdown picks the preset in the browser
-    for child, plans in zip(presets.children, STATES.values()):
-        choice, stack = child.children
-        assert len(stack.children) == len(plans) and (choice.model_id, stack.model_id) in linked
-        for pane, (_, heading, tabs) in zip(stack.children, plans):  # the page shows the precomputed state
-            assert pane.value == render_details(heading, tabs)
-            assert pane.value.count("<details") == len(TAB_TITLES) and "<details open>" in pane.value
-    assert not any("pb-needs-kernel" in getattr(w, "_dom_classes", ()) for w in _all(box))  # no kernel needed
-    state = json.dumps(widgets.Widget.get_manager_state(widgets=_all(box), drop_defaults=True))
-    assert len(state) < 400_000  # saved into the page: a few hundred kB at most
-
-
-def _all(box):
-    out, todo = [], [box]
-    while todo:
-        w = todo.pop()
-        out.append(w)
-        todo += list(getattr(w, "children", ()))
-        for name in ("layout", "style"):
-            if isinstance(getattr(w, name, None), widgets.Widget):
-                out.append(getattr(w, name))
-    return out
+def test_the_static_explorer_is_a_form_with_every_control_of_the_live_one():
+    page = static_explorer()
+    names = [f.name for _, fields in page.groups for f in fields]
+    assert sorted(names) == sorted(("preset", *CONTROLS))
+    assert page.presets == {p: preset_controls(p) for p in PRESETS} and page.kind == "explorer"
+    assert page.html == live_state_html(page.state) and page.state == {"preset": DEFAULT, **preset_controls(DEFAULT)}
+    shown = page._repr_html_()
+    for name in names:
+        assert f"name='{name}'" in shown
+    assert "pb-needs-kernel" not in shown and "_static/live-explorer.js" in shown
+    assert len(shown) < 400_000  # saved into the page: the form, one state and the bundle

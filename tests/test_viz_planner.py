@@ -4,6 +4,8 @@ difference between prediction and measurement."""
 
 import time
 
+import pytest
+
 from pylib.analysis import planner as P
 from pylib.viz.planner import (
     EXPLORER_PRESETS,
@@ -51,13 +53,14 @@ def test_comparison_table_reports_the_largest_difference_per_quantity():
     assert rows["sent on ep"][4:] == ["10", "expectation"]
 
 
-def test_the_static_explorer_links_precomputed_states_in_the_page_and_the_live_one_is_marked():
-    import ipywidgets as widgets
+@pytest.mark.slow  # two rankings of a 70B model: seconds
+def test_the_static_explorer_is_a_form_showing_what_the_live_one_shows_and_the_live_one_is_marked():
+    from pylib.viz.planner import GPU_MEMORY, live_state_html, static_explorer
 
-    from pylib.viz.planner import STATIC_STATES, static_explorer
-
-    box = static_explorer(STATIC_STATES[:2], top=2)
-    choose, stack = box.children
-    assert isinstance(stack, widgets.Stack) and len(stack.children) == len(choose.options) == 2
-    assert all("memory / GPU" in page.value for page in stack.children)
-    assert "pb-needs-kernel" in PlannerExplorer().widget._dom_classes
+    page, live = static_explorer(), PlannerExplorer()
+    assert page.html == live.out.value  # the same title and ranking for the same controls
+    assert [f.name for f in page.groups[0][1]] == ["preset", "world", "memory", "batch", "seq"]
+    assert set(page.presets) == set(EXPLORER_PRESETS) and page.state["memory"] in GPU_MEMORY
+    live.world.value = 8  # 70B on 8 GPUs: no plan fits, and the static one says why alike
+    assert live_state_html(page.state | {"world": 8}) == live.out.value
+    assert "pb-needs-kernel" in live.widget._dom_classes and "pb-needs-kernel" not in page._repr_html_()

@@ -6,6 +6,8 @@ reference on one device.
         .reduction_table()                     # which group completes each parameter's gradient, as rows
         .memory(), .parameter_pieces(), .layouts, .shard_specs()
     compose_problems(cfg, ParallelConfig, world, batch=, seq=, options=) -> [every violated constraint]
+        # training=False: what building and evaluating need; a MoE layer under TP without SP is built and refused
+        # only by a training forward (.step(), or the MoE layer in training mode), as Megatron-Core's MoELayer
     holder_labels(seq, cp, tp, layout)          # which rank of a replica holds each position
 (The training loops, `train` and `train_reference`, are `pylib.experiments.compose_training`.)
 

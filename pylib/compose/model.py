@@ -47,6 +47,7 @@ from pylib.runtime.recompute import is_recomputing
 from pylib.runtime.sharding import ShardSpec
 from pylib.runtime.tracer import phase, tag
 
+from . import checks
 from .checks import ComposeConfigError, check_compose, compose_problems
 from .probe import SavedProbe
 from .reductions import (
@@ -205,7 +206,8 @@ class ParallelTransformer:
         cfg = model.cfg
         _check_precision(precision, cfg)
         device = next(model.parameters()).device  # this rank's device (its GPU under NCCL): batches go there
-        check_compose(cfg, mesh.config, mesh.world_size, batch=batch, seq=seq, options=options)
+        # built as Megatron-Core builds it: what only a training forward refuses is refused by step()
+        check_compose(cfg, mesh.config, mesh.world_size, batch=batch, seq=seq, options=options, training=False)
         pp = mesh.pp
         n_stages = pp.size * options.v
         stages = [
@@ -250,7 +252,13 @@ class ParallelTransformer:
         key = (batch, seq)
         if key not in self._problems:
             self._problems[key] = compose_problems(
-                self.cfg, self.mesh.config, self.mesh.world_size, batch=batch, seq=seq, options=self.options
+                self.cfg,
+                self.mesh.config,
+                self.mesh.world_size,
+                batch=batch,
+                seq=seq,
+                options=self.options,
+                training=False,
             )
         if self._problems[key]:
             raise ComposeConfigError(self._problems[key], tr("a global batch [{batch}, {seq}]", batch=batch, seq=seq))
@@ -291,6 +299,10 @@ class ParallelTransformer:
         stage_probe = measure_memory and activation_probe == "stage"
         B, S = ids.shape
         self.check_batch(B, S)
+        # every rank, before any communication (a stage without MoE layers would otherwise wait for one that raised)
+        checks.refuse_training(
+            self.cfg, self.mesh.config, self.options, tr("a training step on {plan}", plan=self.mesh.config.describe())
+        )
         mesh = self.mesh
         layout = self.options.cp_layout
         ids, targets = ids.to(self.device), targets.to(self.device)

@@ -28,6 +28,7 @@ import torch.nn as nn
 from pylib.cp.layer import CPAttentionCore
 from pylib.cp.layout import sequence_positions
 from pylib.ep.layer import ExpertParallelMoE
+from pylib.i18n import tr
 from pylib.plan.options import RunOptions
 from pylib.pp.split import layers_of_stage
 from pylib.runtime import ShardSpec, tag
@@ -39,6 +40,8 @@ from pylib.tp.grads import mark_sequence_parallel
 from pylib.tp.linear import ColumnParallelLinear
 from pylib.tp.mlp import TPMLP
 from pylib.tp.transformer import TPBlock, copy_layernorm, layernorm_specs, selective_core
+
+from . import checks
 
 
 def build_layer(block, mesh, options: RunOptions) -> TPBlock:
@@ -70,6 +73,7 @@ def build_layer(block, mesh, options: RunOptions) -> TPBlock:
             )
         if sequence_parallel and tp.size > 1:  # every TP rank routes its own s/(cp*tp) tokens
             mark_sequence_parallel(mlp.router.gate.weight)
+        mlp.register_forward_pre_hook(_refuse_training_forward(cfg, mesh.config, options))
     else:
         mlp = TPMLP.from_full(block.mlp, group=tp, sequence_parallel=sequence_parallel)
     return TPBlock(
@@ -80,6 +84,17 @@ def build_layer(block, mesh, options: RunOptions) -> TPBlock:
         tp,
         sequence_parallel,
     )
+
+
+def _refuse_training_forward(cfg, par, options: RunOptions):
+    """A MoE layer's forward pre-hook: in training mode it refuses what `checks.training_problems` refuses, as
+    Megatron-Core's MoELayer.forward checks `self.training` (eval mode and no_grad evaluation pass)."""
+
+    def hook(module, args):
+        if module.training:
+            checks.refuse_training(cfg, par, options, tr("the MoE layer's training forward"))
+
+    return hook
 
 
 class ParallelStage(nn.Module):

@@ -11,7 +11,8 @@ and a group along a set of axes is every rank that shares the coordinates on all
 Two layouts share the same ranks ("parallel folding"):
   dense layers (attention, dense MLP):  TP x CP x DP x PP          (ep taken as 1)
   expert layers (MoE):                 ETP x EP x EDP x PP        (cp taken as 1, EDP = world / (ETP*EP*PP))
-Both use the same order string and agree on PP, so a rank's pipeline stage is the same in both.
+Both come from the same order string (two generators, one order); `ParallelConfig` refuses, as Megatron-Core does, an
+order under which the two would disagree on PP, so a rank's pipeline stage is the same in both.
 
 Pure arithmetic of sizes (no torch): `pylib.runtime.Mesh(config)` builds the torch process groups from these groups
 inside a launched rank.
@@ -44,9 +45,13 @@ class ParallelConfig:
     `expert_tensor_parallel_size` left unset means etp = tp (each expert cut like the dense MLP). To mirror a
     Megatron run that does not set it, pass etp=tp.
 
-    Orders are refused as Megatron-Core's `initialize_model_parallel` refuses them: pp must come last in the order
-    when pp > 1 and the expert layers' data-parallel size edp = world / (etp ep pp) differs from the dense one
-    dp = world / (tp cp pp), and in every case a rank's pipeline group must be the same for dense and expert layers.
+    Orders follow Megatron-Core's `initialize_model_parallel` (megatron/core/parallel_state.py at d98e8a6), which
+    builds two rank generators from one order string, one for the dense layout and one for the expert layout, and
+    asserts two things: with pp > 1 and an order that does not end in pp, the expert layers' data-parallel size
+    edp = world / (etp ep pp) equals the dense dp = world / (tp cp pp), i.e. etp ep = tp cp; and in every case the
+    two layouts have the same pipeline groups. Every order they accept is accepted here: the default
+    "tp-cp-ep-dp-pp" (pp last) and Megatron's `--use-tp-pp-dp-mapping` order "tp-cp-ep-pp-dp" (dp last) among
+    them. Megatron's own dp-last runs with a dense model set etp = tp cp for that reason.
     """
 
     tp: int = 1
@@ -110,16 +115,22 @@ class ParallelConfig:
                     out.append(
                         tr(
                             "order {order!r} puts different ranks in a pipeline group for dense layers "
-                            "({dense}, ...) and expert layers ({expert}, ...); put pp last in the order",
+                            "({dense}, ...) and expert layers ({expert}, ...), which Megatron-Core's "
+                            'initialize_model_parallel refuses ("Pipeline parallel groups are expected to be the '
+                            'same for Non-Expert and Expert part"): the axes in front of pp span '
+                            "{dense_stride} ranks in the dense layout and {expert_stride} in the expert layout; put "
+                            "pp last, or where the axes in front of it span as many ranks in both",
                             order=self.order,
                             dense=a[0],
                             expert=b[0],
+                            dense_stride=_stride_of("pp", dense, self.order),
+                            expert_stride=_stride_of("pp", expert, self.order),
                         )
                     )
         return out
 
     def _order_problems(self, world_size: int) -> list[str]:
-        """Megatron-Core's rule: with pp > 1, an order that does not end in pp needs edp == dp."""
+        """Megatron-Core's first assertion: with pp > 1, an order that does not end in pp needs edp == dp."""
         if self.pp == 1 or self.order.split("-")[-1] == "pp":
             return []
         dp_dense = world_size // (self.tp * self.cp * self.pp)
@@ -127,10 +138,22 @@ class ParallelConfig:
         if edp == dp_dense:
             return []
         return [
-            f"order {self.order!r} does not end in pp, so with pp={self.pp} the expert layers' data-parallel size "
-            f"edp = world/(etp*ep*pp) = {world_size}/({self.etp}*{self.ep}*{self.pp}) = {edp} must equal the dense "
-            f"dp = world/(tp*cp*pp) = {world_size}/({self.tp}*{self.cp}*{self.pp}) = {dp_dense} "
-            "(Megatron-Core's initialize_model_parallel asserts it); put pp last in the order"
+            tr(
+                "order {order!r} does not end in pp, so with pp={pp} the expert layers' data-parallel size edp = "
+                "world/(etp*ep*pp) = {world}/({etp}*{ep}*{pp}) = {edp} must equal the dense dp = world/(tp*cp*pp) "
+                "= {world}/({tp}*{cp}*{pp}) = {dp} (Megatron-Core's initialize_model_parallel asserts \"When not "
+                "using pp-last rank ordering, the data parallel size of the attention and moe layers must be the "
+                'same"); put pp last in the order, or make etp*ep = tp*cp',
+                order=self.order,
+                pp=self.pp,
+                world=world_size,
+                etp=self.etp,
+                ep=self.ep,
+                edp=edp,
+                tp=self.tp,
+                cp=self.cp,
+                dp=dp_dense,
+            )
         ]
 
     @property
@@ -163,6 +186,13 @@ class ParallelConfig:
 def _full_order(order: str) -> list[str]:
     tokens = order.split("-")
     return tokens + [a for a in AXES if a not in tokens]
+
+
+def _stride_of(axis: str, sizes: dict[str, int], order: str) -> int:
+    """How many ranks the axes in front of `axis` span in a layout of `sizes` (the rank distance between two
+    neighbours along `axis`)."""
+    names = _full_order(order)
+    return math.prod(sizes[n] for n in names[: names.index(axis)])
 
 
 def _groups_along(sizes: dict[str, int], order: str, axes: list[str], world_size: int) -> list[list[int]]:

@@ -12,8 +12,11 @@ and `check_schedule` for PP), `pylib.compose` before it builds anything (`check_
 The rules come in two groups. `size_problems`: the sizes must divide (heads, h_ffn, V, experts, layers over the
 mesh; the batch over dp and m; the sequence over the CP layout's chunks and, with SP, over tp) -- what the sharded
 shapes need, for a mode alone or composed. `problems` adds the rules of the composed run: the choices must be known
-ones, the schedule must accept (pp, m, v), a MoE layer under TP needs sequence parallelism, no EP without experts,
-no tied embeddings, and the mesh must fit the world (`ParallelConfig.problems`).
+ones, the schedule must accept (pp, m, v), no EP without experts, no tied embeddings, and the mesh must fit the world
+(`ParallelConfig.problems`). One rule is about training only, `training_problems`: a MoE layer under TP needs
+sequence parallelism to train. As in Megatron-Core, such a model is built and evaluates, and its first training
+forward is refused (`problems(..., training=False)` leaves the rule out: what the composed model checks when it is
+built); the planner and the explorer, which plan training steps, ask with the default training=True.
 
 The zig-zag rule: `pylib.cp.shard_sequence` cuts every zig-zag sequence into 2 cp equal chunks whatever the
 attention (ring or Ulysses, causal or not), so s must be divisible by 2 cp (`check_sequence`).
@@ -252,35 +255,56 @@ def _choice_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
             "tie_embeddings=True is not supported here: the embedding (first stage) and the LM head (last stage) "
             "would share one weight across pipeline stages and data-parallel shards"
         )
-    if _layer_kinds(cfg)[0]:
-        if par.tp > 1 and not opt.sequence_parallel:
-            out.append(
-                tr(
-                    "expert parallelism with tp={tp} needs sequence_parallel=True: the MoE layer takes each rank's "
-                    "own tokens, and without SP every TP rank would hold (and route) the same tokens (Megatron "
-                    "requires SP)",
-                    tp=par.tp,
-                )
-            )
-    else:
+    if not _layer_kinds(cfg)[0]:
         if par.ep > 1:
             out.append(f"ep={par.ep} but the model has no MoE layers (cfg.moe is None): nothing to split over experts")
-        if par.etp > 1:
-            out.append(f"etp={par.etp} but the model has no MoE layers (cfg.moe is None)")
+        # etp > 1 is accepted: as in Megatron-Core (whose expert_tensor_parallel_size defaults to tp), it shapes only
+        # the expert rank layout, which the order rules of ParallelConfig check; Megatron's own dp-last tests of a
+        # dense model set it to tp*cp
+
+
+def training_problems(cfg, par, options: RunOptions | None = None) -> list[str]:
+    """What a training step refuses that building and evaluating accept: a MoE layer with tp > 1 and no sequence
+    parallelism. Megatron-Core's MoELayer.forward raises ValueError when `self.training` and TP > 1 without SP
+    (megatron/core/transformer/moe/moe_layer.py at d98e8a6, since 28c8dd7): without SP every TP rank holds, and
+    would route and dispatch, the same tokens."""
+    opt = RunOptions() if options is None else options
+    if _layer_kinds(cfg)[0] and par.tp > 1 and not opt.sequence_parallel:
+        return [
+            tr(
+                "MoE layers with tp={tp} need sequence_parallel=True to train: without SP every TP rank holds the "
+                "same tokens and would route them, so each expert would see every token tp times (Megatron-Core's "
+                "MoELayer.forward raises ValueError in training; building and evaluating are accepted)",
+                tp=par.tp,
+            )
+        ]
+    return []
 
 
 def _schedule_problems(out: list[str], par, opt: RunOptions) -> None:
     _collect(out, check_schedule, opt.schedule, par.pp, opt.n_microbatches, opt.v)  # what build() checks, unbuilt
 
 
-def problems(cfg, par, world_size: int | None = None, *, batch=None, seq=None, options: RunOptions | None = None):
+def problems(
+    cfg,
+    par,
+    world_size: int | None = None,
+    *,
+    batch=None,
+    seq=None,
+    options: RunOptions | None = None,
+    training: bool = True,
+):
     """Every violated constraint of running model `cfg` on mesh `par` over `world_size` ranks with a global batch
-    [batch, seq] and `options`; empty when it can run. world_size / batch / seq None skip those checks."""
+    [batch, seq] and `options`; empty when it can run. world_size / batch / seq None skip those checks.
+    training=False leaves out `training_problems` (what building and evaluating need)."""
     opt = RunOptions() if options is None else options
     out: list[str] = []
     if world_size is not None:
         out += _mesh_problems(par, world_size)
     _choice_problems(out, cfg, par, opt)
+    if training:
+        out += training_problems(cfg, par, opt)
     for p in size_problems(cfg, par, batch=batch, seq=seq, options=opt):
         if p not in out:
             out.append(p)

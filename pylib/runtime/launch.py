@@ -580,8 +580,24 @@ def _processes():
 
 
 def _live_group_members(pgids: set[int]) -> list[int]:
-    """Pids (not zombies) whose process group is one of `pgids`."""
-    return [pid for pid, _, pgid in _processes() if pgid in pgids] if pgids else []
+    """Pids (not zombies) whose process group is one of `pgids`.
+
+    A signal 0 to each group answers first: when no group has a process left (the usual end of a run, every rank
+    reaped), /proc is not read at all. Only when one still has a member (perhaps a zombie, which /proc tells
+    apart) are all processes read: that scan costs about 10 ms with a hundred processes on the machine."""
+    if not pgids or not any(_group_exists(g) for g in pgids):
+        return []
+    return [pid for pid, _, pgid in _processes() if pgid in pgids]
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a process we may not signal is in it: it exists
+        return True
+    return True
 
 
 def _process_table() -> dict[int, list[int]]:
@@ -594,7 +610,9 @@ def _process_table() -> dict[int, list[int]]:
 
 def _descendants(roots: set[int]) -> list[int]:
     """Every live descendant of the processes `roots` (children, their children, ...), whatever their session or
-    process group: a rank is a child subreaper, so what it started stays below it."""
+    process group: a rank is a child subreaper, so what it started stays below it. No roots: nothing is read."""
+    if not roots:
+        return []
     children, found, todo = _process_table(), [], list(roots)
     while todo:
         for child in children.get(todo.pop(), []):

@@ -7,7 +7,8 @@ the site's light and dark themes. Nothing here launches ranks: the runs are `pyl
     three_axes   which elements of [b, s, d] each rank holds, one panel per parallelism
     matrix_dims  seed B's matrix view: dimensions each mode cuts, column/row shards, the FFN superposition
     tp cp ep pp dp   one module per parallelism: the figure that makes each strategy click
-    explorer     Part II's per-rank shapes / memory / traffic explorer (ipywidgets, with a static default)
+    explorer     Part II's per-rank shapes / memory / traffic explorer (ipywidgets, and a form for the static site)
+    live         the static site's explorers: plain HTML forms computed in the page by pylib itself (Pyodide)
     compose      the rank mesh, token placement and per-rank report of a composed run
     planner      plans measured against predictions, plan tables, Part I's plan explorer (ipywidgets)
 

@@ -4,20 +4,19 @@ CP / DP / PP / EP sizes, see the per-rank shape of every weight and activation, 
     ex = Explorer()               # Llama-2-70B on TP 8 x PP 4 x DP 4 by default
     ex.widget                     # display it: every control, and the tables in tabs (needs a running kernel)
     print(ex.text())              # the same tables as plain text (for a page read without JavaScript)
-    static_explorer()             # the STATIC_PLANS, precomputed and linked in the page: works with no kernel
+    static_explorer()             # the same controls as a plain HTML form computed in the page: needs no kernel
 
 Every number comes from `pylib.analysis.shapes` (tests/test_analysis_shapes.py checks it against the real sharded
-modules and the tracer). On a static page only widgets linked in the browser (`widgets.jslink`) can change what
-is shown, so `static_explorer` precomputes a few plans per preset (`STATIC_PLANS`, each one the live explorer's
-answer for those controls) and links a preset dropdown and a plan dropdown to stacks of them. The live explorer's
-container carries the CSS class `pb-needs-kernel`: the site disables its controls until a kernel runs.
+modules and the tracer). On a static page no kernel answers the widgets, so `static_explorer` is a plain HTML form
+with every control of the live explorer whose states `pylib.viz.live` computes in the page itself: this module's
+`live_state_html`, run by Pyodide (ipywidgets is imported only by the widget explorer, so the rest of this module
+runs there). The live explorer's container carries the CSS class `pb-needs-kernel`: the site disables its controls
+until a kernel runs.
 """
 
 from __future__ import annotations
 
 import html
-
-import ipywidgets as widgets
 
 from pylib.analysis import shapes
 from pylib.analysis.weights import TensorShape
@@ -271,6 +270,8 @@ class Explorer:
     """Controls for the model and the plan, and an HTML widget with the tables, recomputed on every change."""
 
     def __init__(self, preset: str = DEFAULT):
+        import ipywidgets as widgets
+
         cfg, plan = PRESETS[preset]
         slider = dict(continuous_update=False, style={"description_width": "initial"})
         self.preset = widgets.Dropdown(
@@ -375,6 +376,8 @@ def explorer(preset: str = DEFAULT) -> Explorer:
 
 
 def _close_all(w) -> None:
+    import ipywidgets as widgets
+
     for child in getattr(w, "children", ()):
         _close_all(child)
     for name in ("layout", "style"):
@@ -384,47 +387,16 @@ def _close_all(w) -> None:
     w.close()
 
 
-def _tabs(children: list) -> widgets.Tab:
+def _tabs(children: list):
+    import ipywidgets as widgets
+
     tab = widgets.Tab(children=children)
     for i, name in enumerate(tab_titles()):
         tab.set_title(i, name)
     return tab
 
 
-# The plans a reader most wants, per preset, precomputed for the static page: (label, controls set on top of the
-# preset's own plan, by `Explorer.set`'s names). The first of each is the preset's plan unchanged.
-STATIC_PLANS: dict[str, list[tuple[str, dict]]] = {
-    "Llama-2-70B (GQA, SwiGLU)": [
-        ("TP 8 × PP 4 × DP 4, SP", {}),
-        ("same, no SP", dict(sp=False)),
-        ("TP 16 × PP 4 × DP 2", dict(tp=16, dp=2, b=2)),
-        ("TP 8 × CP 4 × PP 4, s = 32768", dict(cp=4, dp=1, b=1, s=32768)),
-        ("last pipeline stage", dict(stage="last")),
-    ],
-    "GPT-style 70B (MHA, GELU, 4h)": [
-        ("TP 8 × PP 4 × DP 4, SP", {}),
-        ("TP 8 × CP 4 × PP 4, s = 32768", dict(cp=4, dp=1, b=1, s=32768)),
-        ("TP 8 × CP 4 Ulysses, s = 32768", dict(cp=4, dp=1, b=1, s=32768, cp_kind="ulysses")),
-    ],
-    "Mixtral-8x7B-class MoE": [
-        ("TP 2 × PP 4 × DP 8, EP 8, SP", {}),
-        ("EP 8 with ETP 2", dict(etp=2)),
-        ("DP 8 ZeRO-1", dict(zero="zero1")),
-    ],
-    "DeepSeek-V3-class MoE": [
-        ("DP 64, EP 64", {}),
-        ("TP 8 × DP 8, EP 64, SP", dict(tp=8, dp=8, b=8, sp=True)),
-        ("DP 64, EP 32", dict(ep=32)),
-    ],
-    "this chapter's probe model": [
-        ("TP 2 × DP 2, EP 2, SP", {}),
-        ("CP 2 × DP 2, EP 2", dict(tp=1, cp=2, sp=False)),
-    ],
-}
-
-
-# The presets' and the static plans' labels (keys of PRESETS and STATIC_PLANS) as the dropdowns show them; a label
-# without words (e.g. "DP 64, EP 64") stays as it is.
+# The presets' labels (keys of PRESETS) as the dropdowns show them; a label without words stays as it is.
 _PRESET_LABELS = frozenset(
     {
         N_("GPT-style 70B (MHA, GELU, 4h)"),
@@ -433,43 +405,62 @@ _PRESET_LABELS = frozenset(
         N_("this chapter's probe model"),
     }
 )
-_PLAN_LABELS = frozenset({N_("same, no SP"), N_("last pipeline stage"), N_("EP 8 with ETP 2")})
 
 
 def preset_label(preset: str) -> str:
     return shown(_PRESET_LABELS, preset)
 
 
-def plan_label(label: str) -> str:
-    return shown(_PLAN_LABELS, label)
+def live_state_html(state: dict) -> str:
+    """What the static explorer shows for a state of its form (`state`: "preset" and every name of CONTROLS): the
+    live explorer's heading and tables (`render_state`), each table in a <details> element (`render_details`); a
+    plan that does not fit: its reasons, once. pylib.viz.live runs this in the page."""
+    heading, tabs = render_state(PRESETS[state["preset"]][0], {name: state[name] for name in CONTROLS})
+    if len(set(tabs)) == 1:  # the reasons a plan does not fit, which every tab repeats
+        return heading + tabs[0]
+    return render_details(heading, tabs)
 
 
-def static_states() -> dict[str, list[tuple[str, str, list[str]]]]:
-    """For every preset of STATIC_PLANS: (label, heading, the four tables' HTML) of each plan: `render_state` of the
-    preset's controls with the plan's on top, which is what the live explorer shows for those controls (no widget
-    is made, so nothing extra is saved into a page)."""
-    out = {}
-    for preset, plans in STATIC_PLANS.items():
-        base = PRESETS[preset][0]
-        out[preset] = [(label, *render_state(base, preset_controls(preset) | ctl)) for label, ctl in plans]
-    return out
+def live_fields() -> list[tuple[str, list]]:
+    """The static explorer's form: the preset, then the model's sizes and the plan, each control with the live
+    explorer's label and range."""
+    from pylib.viz.live import Field, select
+
+    def number(name, label, low, high, step=1):
+        return Field(name, label, "number", low=low, high=high, step=step)
+
+    preset = select("preset", tr("model"), list(PRESETS), [preset_label(p) for p in PRESETS])
+    model = [
+        number("h", "h", 16, 16384, 16),
+        number("layers", tr("layers L"), 1, 128),
+        number("heads", tr("heads"), 1, 128),
+        number("kv_heads", tr("kv heads"), 1, 128),
+        number("h_ffn", "h_ffn", 16, 65536, 16),
+        number("vocab", "V", 16, 262144, 16),
+        number("experts", tr("experts E (0: dense)"), 0, 256),
+        number("top_k", "top-k", 1, 16),
+        number("expert_ffn", tr("expert h_ffn"), 16, 65536, 16),
+    ]
+    plan = [
+        number("b", tr("b (across DP)"), 1, 1024),
+        select("s", "s", [2**i for i in range(4, 18)]),
+        select("dtype", "dtype", DTYPES),
+        *(select(a, a.upper(), POWERS) for a in ("tp", "cp", "dp", "pp", "ep", "etp")),
+        Field("sp", tr("sequence parallel (with TP)"), "check"),
+        select("cp_kind", "CP", ["ring", "ulysses"]),
+        select("zero", tr("DP state"), ZERO),
+        number("m", tr("micro-batches"), 1, 64),
+        select("stage", tr("pipeline stage"), ["first", "last"], [tr("first"), tr("last")]),
+    ]
+    return [("", [preset]), (tr("model sizes"), model), (tr("plan"), plan)]
 
 
-def static_explorer() -> widgets.VBox:
-    """The explorer that works on a static page: a preset dropdown and, per preset, a dropdown of its STATIC_PLANS,
-    each linked in the browser (`widgets.jslink`) to a stack of precomputed states, each state one HTML block
-    (`render_details`: the tables in <details> elements). No control of it needs a kernel. The box's `links` are
-    its jslinks."""
-    states = static_states()
-    preset = widgets.Dropdown(options=[preset_label(p) for p in states], description=tr("model"))  # linked by index
-    per_preset, links = [], []
-    for plans in states.values():
-        choice = widgets.Dropdown(options=[plan_label(label) for label, _, _ in plans], description=tr("plan"))
-        stack = widgets.Stack([widgets.HTML(render_details(head, tabs)) for _, head, tabs in plans], selected_index=0)
-        links.append(widgets.jslink((choice, "index"), (stack, "selected_index")))
-        per_preset.append(widgets.VBox([choice, stack]))
-    presets = widgets.Stack(per_preset, selected_index=0)
-    links.append(widgets.jslink((preset, "index"), (presets, "selected_index")))
-    box = widgets.VBox([preset, presets])
-    box.links = links  # the browser-side links (tests read them)
-    return box
+def static_explorer(preset: str = DEFAULT):
+    """The explorer that works on a static page: every control of the live one as a plain HTML form, its first
+    state computed here and every other computed in the page by pylib itself (`pylib.viz.live`: this module's
+    `live_state_html`, run by Pyodide). No control of it needs a kernel."""
+    from pylib.viz.live import LivePage
+
+    state = {"preset": preset, **preset_controls(preset)}
+    presets = {p: preset_controls(p) for p in PRESETS}
+    return LivePage("explorer", live_fields(), presets, state, live_state_html(state))

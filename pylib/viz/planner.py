@@ -345,33 +345,36 @@ class PlannerExplorer:
             return self.title() + "\n" + str(err)
 
 
-# The states the static page carries: (preset, GPUs), each ranked once at build time, 80 GB GPUs, the preset's batch
-# and sequence length. Few and small: each is one HTML table in the page.
-STATIC_STATES = (
-    ("Llama-2-7B-class dense", 8),
-    ("Llama-2-7B-class dense", 64),
-    ("Llama-2-70B-class dense (GQA)", 64),
-    ("Llama-2-70B-class dense (GQA)", 256),
-    ("Mixtral-8x7B-class MoE", 64),
-)
+def live_state_html(state: dict, top: int = 8) -> str:
+    """What the static explorer shows for a state of its form ("preset", "world", "memory": a key of GPU_MEMORY,
+    "batch", "seq"): the title and the `top` plans, or why no plan can run these sizes, as the live explorer shows
+    them (tests/test_viz_planner.py compares the two). pylib.viz.live runs this in the page."""
+    name, world, batch, seq = state["preset"], state["world"], state["batch"], state["seq"]
+    memory = GPU_MEMORY[state["memory"]]
+    try:
+        body = plans_html(_ranked(name, world, batch, seq, memory, top))
+    except ValueError as err:  # no plan can run these sizes: say why
+        body = f"<p>{html.escape(str(err))}</p>"
+    return f"<p><b>{html.escape(explorer_title(name, world, batch, seq, memory))}</b></p>{body}"
 
 
-def static_explorer(states=STATIC_STATES, top: int = 5):
-    """A kernel-free explorer: one dropdown of `states`, each a precomputed table of the `top` plans, linked to a
-    widgets.Stack in the page itself (widgets.jslink, as book/intro.md does), so it works on the static site."""
-    import ipywidgets as widgets
+def static_explorer(preset: str = DEFAULT):
+    """A kernel-free explorer: the live explorer's controls (model, GPUs, GPU memory, global batch, sequence length)
+    as a plain HTML form, its first state ranked here and every other ranked in the page by pylib itself
+    (`pylib.viz.live`: `live_state_html`, run by Pyodide), so every control works on the static site."""
+    from pylib.viz.live import LivePage, select
 
-    labels, pages = [], []
-    for name, world in states:
-        _cfg, _w, batch, seq = PRESETS[name]
-        labels.append(tr("{name}, {world} GPUs", name=preset_label(name), world=world))
-        title = html.escape(explorer_title(name, world, batch, seq, 80e9))
-        body = plans_html(_ranked(name, world, batch, seq, 80e9, top))
-        pages.append(widgets.HTML(f"<p><b>{title}</b></p>{body}"))
-    choose = widgets.Dropdown(options=labels, value=labels[0], description=tr("scenario"))
-    stack = widgets.Stack(pages, selected_index=0)
-    widgets.jslink((choose, "index"), (stack, "selected_index"))
-    return widgets.VBox([choose, stack])
+    powers = [2**i for i in range(3, 12)], [2**i for i in range(10, 18)]
+    fields = [
+        select("preset", tr("model"), EXPLORER_PRESETS, [preset_label(n) for n in EXPLORER_PRESETS]),
+        select("world", tr("GPUs"), WORLD_SIZES),
+        select("memory", tr("GPU memory"), list(GPU_MEMORY)),
+        select("batch", tr("global batch (sequences)"), powers[0]),
+        select("seq", tr("sequence length"), powers[1]),
+    ]
+    presets = {n: dict(zip(("world", "batch", "seq"), PRESETS[n][1:])) for n in EXPLORER_PRESETS}
+    state = {"preset": preset, "memory": "80 GB (H100)", **presets[preset]}
+    return LivePage("planner", [("", fields)], presets, state, live_state_html(state))
 
 
 @functools.lru_cache(maxsize=256)

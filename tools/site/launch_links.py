@@ -121,21 +121,27 @@ LAB_PLACEHOLDER = re.compile(r'<span class="pb-lab-launch" data-lab="([^"<>]+)">
 RUN_LAB_LOCALLY = "sec-labs-locally"  # the labs page's section on running a lab without a hub
 
 
-def lab_launch_html(settings: LaunchSettings, lab: str) -> str:
+# The words of a lab's link, per edition (Sphinx's language: None or "en", "zh_CN"). Whether a hub is connected is
+# said once, in the labs page's own note (book/labs/index.md, translated by its catalog), not beside every lab.
+LAB_LINK_WORDS = {
+    "en": {"hub": "open it on JupyterHub", "local": "run it locally"},
+    "zh": {"hub": "在 JupyterHub 上打开", "local": "在本地运行"},
+}
+
+
+def lab_launch_html(settings: LaunchSettings, lab: str, language: str | None = None) -> str:
     """What replaces one lab's placeholder: a link opening `lab` (its path in the repository, labs/NN_name.ipynb)
-    on the hub, or, with no hub, a pointer to the page's section on running a lab locally."""
+    on the hub, or, with no hub, a link to the page's section on running a lab locally; in the edition's words."""
+    words = LAB_LINK_WORDS["zh" if (language or "en").lower().startswith("zh") else "en"]
     if settings.hub_url:
         url = html.escape(launch_url(settings, lab))
-        return f'<a class="reference external pb-lab-launch" href="{url}">open it on JupyterHub</a>'
-    return (
-        '<span class="pb-lab-launch">no JupyterHub is connected to this site: '
-        f'<a class="reference internal" href="#{RUN_LAB_LOCALLY}">run it locally</a></span>'
-    )
+        return f'<a class="reference external pb-lab-launch" href="{url}">{words["hub"]}</a>'
+    return f'<a class="reference internal pb-lab-launch" href="#{RUN_LAB_LOCALLY}">{words["local"]}</a>'
 
 
-def fill_lab_launch_links(body: str, settings: LaunchSettings) -> str:
+def fill_lab_launch_links(body: str, settings: LaunchSettings, language: str | None = None) -> str:
     """`body` with every lab placeholder replaced by `lab_launch_html`."""
-    return LAB_PLACEHOLDER.sub(lambda m: lab_launch_html(settings, html.unescape(m.group(1))), body)
+    return LAB_PLACEHOLDER.sub(lambda m: lab_launch_html(settings, html.unescape(m.group(1)), language), body)
 
 
 def write_learner_labs(root: Path = ROOT) -> list[Path]:
@@ -234,7 +240,7 @@ def launch_labs(app, pagename: str, templatename: str, context: dict, doctree) -
     """html-page-context: the labs' placeholders become launch links (or pointers to running a lab locally)."""
     body = context.get("body", "")
     if "pb-lab-launch" in body:
-        context["body"] = fill_lab_launch_links(body, app.launch_settings)
+        context["body"] = fill_lab_launch_links(body, app.launch_settings, app.config.language)
 
 
 def run_locally_note(settings: LaunchSettings, source: str) -> str:

@@ -7,7 +7,9 @@ into book/_static/vendor/<name>/ (git-ignored). _config.yml serves them from the
 
 - MathJax 3 (`mathjax_path: vendor/mathjax/tex-mml-chtml.js`), with its fonts and lazily loaded extensions beside it;
 - require.js and the Jupyter widget manager's embed bundle (`nb_ipywidgets_js`), which renders the widget state
-  saved in an executed notebook, with the fonts its CSS points to.
+  saved in an executed notebook, with the fonts its CSS points to;
+- Pyodide, which the static explorers (`pylib.viz.live`, book/_static/live-explorer.js) load to run pylib in the
+  page.
 
 Not `_static/` at the book root: Jupyter Book 1 adds every .js/.css under the static paths to every page when a
 root `_static/` exists, and would add these hundreds of files (twice). Only the files named in _config.yml load.
@@ -42,7 +44,7 @@ class Package:
     version: str
     integrity: str  # the registry's sha512, as `npm view NAME@VERSION dist.integrity` prints it
     dest: str
-    source: str  # folder (ending in "/") or file inside the tarball's package/
+    source: str  # folder (ending in "/"; "" for the whole package) or file inside the tarball's package/
     skip: tuple[str, ...] = ()  # leave out the tarball's files whose path contains one of these
 
 
@@ -76,6 +78,19 @@ PACKAGES = (
         dest="html-manager",
         source="dist/",
         skip=(".map", ".LICENSE.txt", "dist/embed.js", "dist/libembed-amd.js"),
+    ),
+    # Pyodide (CPython in WebAssembly, with its standard library): the static explorers of pylib.viz.live run
+    # pylib's own torch-free analysis in the page with it, loaded only when a reader first moves a control. The ES
+    # module entry point, the runtime, the standard library and the lock file loadPyodide reads at start; not the
+    # UMD build (pyodide.js: require.js on the widget pages would take it as an AMD module), the consoles, types
+    # and source maps.
+    Package(
+        "pyodide",
+        "314.0.8",
+        "sha512-74Wq1kXOC+CCEzAfxuRAO701nAcCMLjf8NrwvWpu8S41dVMXwXmLQ05dYB+F4e46AdnGo0oq7YHSVUpHsoarLQ==",
+        dest="pyodide",
+        source="",
+        skip=(".map", ".d.ts", "console", "package/pyodide.js", "README", "package.json"),
     ),
 )
 
@@ -129,7 +144,7 @@ def _extract(pkg: Package, tarball: Path, target: Path) -> int:
                 continue
             if any(part in member.name for part in pkg.skip):
                 continue
-            rel = member.name[len(prefix) :] if pkg.source.endswith("/") else Path(pkg.source).name
+            rel = member.name[len(prefix) :] if not pkg.source or pkg.source.endswith("/") else Path(pkg.source).name
             out = target / rel
             if ".." in Path(rel).parts or out.resolve() != out.absolute().resolve():
                 raise SystemExit(f"{pkg.name}: refusing the tarball path {member.name!r}")
