@@ -37,7 +37,7 @@ BAD_FIELDS = {
     },
     "RunOptions": {
         "sequence_parallel": ("yes", 1, None),
-        "cp_kind": ("allgather", None),
+        "cp_kind": ("hybrid", None),
         "cp_layout": ("striped",),
         "schedule": ("zb",),
         "n_microbatches": (0, -1, 2.0, True, "4"),
@@ -84,7 +84,7 @@ BAD_FIELDS = {
         "grad_reduce": ("float16", "fp32"),
     },
     "SearchSpace": {
-        "cp_kinds": (("ring", "allgather"), ()),
+        "cp_kinds": (("ring", "striped"), ()),
         "zero_stages": ((0, 4), ("zero5",)),
         "recompute": (("partial",), (("selective", ("moe",)),), (("selective", ("attention",)),)),
         "micro_batch_sizes": ((0,),),

@@ -7,9 +7,9 @@
 Checks, each printed PASS/FAIL (exit status 1 on any FAIL):
   1. kernel: FlashKernel's out, lse and dq/dk/dv equal TorchKernel's (bf16 and fp16; causal and not; MHA and GQA).
   2. merge: flash blocks merged with the LSE equal flash-attn over the whole sequence (one GPU, no ring).
-  3. ring and Ulysses on cp GPUs over NCCL, flash kernel, bf16, causal zig-zag: output and input gradients equal
-     single-GPU flash-attn on the full sequence.
-Then times forward+backward: ring attention (and Ulysses) on cp GPUs vs flash-attn on one GPU over the same
+  3. ring, Ulysses and all-gather CP on cp GPUs over NCCL, flash kernel, bf16, causal zig-zag: output and input
+     gradients equal single-GPU flash-attn on the full sequence.
+Then times forward+backward: ring attention (Ulysses, all-gather CP) on cp GPUs vs flash-attn on one GPU over the same
 sequence, reported as tokens per second and the speed-up.
 """
 
@@ -25,6 +25,7 @@ import torch.distributed as dist
 from pylib.cp import (
     FlashKernel,
     TorchKernel,
+    allgather_attention,
     flash_available,
     kernel_attention,
     merge_all,
@@ -34,6 +35,8 @@ from pylib.cp import (
     unshard_sequence,
 )
 from pylib.runtime import launch
+
+KINDS = ("ring", "ulysses", "allgather")
 
 FAILED = []
 
@@ -95,7 +98,7 @@ def _rank(cfg):
     full = [_rand(shape, dtype, device, i) for i, shape in enumerate([(b, h, s, d), (b, h_kv, s, d), (b, h_kv, s, d)])]
     dout = _rand((b, h, s, d), dtype, device, 9)
     results = {}
-    for kind, fn in (("ring", ring_attention), ("ulysses", ulysses_attention)):
+    for kind, fn in (("ring", ring_attention), ("ulysses", ulysses_attention), ("allgather", allgather_attention)):
         if kind == "ulysses" and h_kv % n:
             continue
         q, k, v = (shard_sequence(x, 2, r, n, "zigzag").detach().requires_grad_() for x in full)
@@ -186,7 +189,7 @@ def main():
     )
     per_rank = launch(_rank, cp, cfg, backend=backend, timeout=600 if args.cpu else 900)
     ref = per_rank[0]["reference"]
-    for kind in ("ring", "ulysses"):
+    for kind in KINDS:
         if kind not in per_rank[0]:
             print(f"skip  {kind}: cp={cp} does not divide n_kv_head={kv_heads}")
             continue
@@ -197,11 +200,11 @@ def main():
     tokens = args.batch * seq
     single = per_rank[0]["single_s"]
     print(f"\nforward+backward, causal, s={seq}: one device {single * 1e3:.1f} ms = {tokens / single:,.0f} tokens/s")
-    for kind in ("ring", "ulysses"):
+    for kind in KINDS:
         if kind + "_s" in per_rank[0]:
             t = max(p[kind + "_s"] for p in per_rank)
             print(
-                f"{kind:8s} cp={cp}: {t * 1e3:.1f} ms = {tokens / t:,.0f} tokens/s, speed-up {single / t:.2f}x "
+                f"{kind:9s} cp={cp}: {t * 1e3:.1f} ms = {tokens / t:,.0f} tokens/s, speed-up {single / t:.2f}x "
                 f"on {cp} devices ({single / t / cp:.0%} of linear)"
             )
     print("\nall checks passed" if not FAILED else f"\n{len(FAILED)} check(s) FAILED")

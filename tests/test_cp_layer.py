@@ -44,7 +44,7 @@ def test_cp_core_drops_into_the_reference_attention_in_place_of_its_core():
         mine.core = CPAttentionCore(layout="zigzag", kind=kind, causal=CFG.causal)  # same signature as Attention.core
         return mine(shard_sequence(x, 1, r, n, "zigzag"), sequence_positions(S, r, n, "zigzag")).detach()
 
-    for kind in ("ring", "ulysses"):
+    for kind in ("ring", "ulysses", "allgather"):
         parts = launch(rank, 4, kind)
         for r, part in enumerate(parts):
             assert_float64_close(part, shard_sequence(expected, 1, r, 4, "zigzag"), f"{kind} rank {r}")
@@ -64,7 +64,7 @@ def _rank_layer(cases, layout, kind):
     return results
 
 
-@pytest.mark.parametrize("kind", ["ring", "ulysses"])
+@pytest.mark.parametrize("kind", ["ring", "ulysses", "allgather"])
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 def test_cp_transformer_layer_equals_the_reference_layer(layout, kind):
     cases, expected = [], []
@@ -98,7 +98,7 @@ def _rank_model(model, ids, targets, layout, kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["ring", "ulysses"])
+@pytest.mark.parametrize("kind", ["ring", "ulysses", "allgather"])
 def test_cp_model_loss_and_all_gradients_equal_the_reference_only_after_the_cp_allreduce(kind):
     model = build_model(CFG)
     ids, targets = random_tokens(CFG, B, S, seed=3)

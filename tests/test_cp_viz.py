@@ -82,3 +82,30 @@ def test_merge_drift_figure_plots_the_measured_rows():
     assert list(lines[0].get_ydata()) == [1e-3, 2e-3, 4e-3, 8e-3] and list(lines[1].get_ydata()) == [2e-4] * 4
     assert fig.get_facecolor() == matplotlib.colors.to_rgba(style.CARD)
     plt.close("all")
+
+
+def _allgather_rank():
+    from pylib.cp import allgather_attention, sequence_positions
+
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = torch.randn(1, 2, 16, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    q = shard_sequence(x, 2, r, n, "zigzag")
+    blocks = []
+    with trace() as tr:
+        allgather_attention(q, q, q, causal=True, blocks=blocks)
+    return dict(positions=sequence_positions(16, r, n).tolist(), blocks=blocks, sent=tr.total("bytes_sent"))
+
+
+def test_allgather_figure_draws_each_ranks_held_chunks_and_the_keys_its_queries_read_from_a_real_run():
+    from pylib.viz.cp import allgather_figure
+
+    runs = launch(_allgather_rank, 4)
+    fig = allgather_figure(runs, 16)
+    ax = fig.axes[0]
+    solid = [p for p in ax.patches if p.get_alpha() == 1.0]
+    assert len(ax.patches) == 4 * 8 and len(solid) == 4 * 2  # every rank: 8 chunks, 2 of them its own
+    # one bar per query chunk, reaching to the end of that chunk: rank 0's chunks 0 and 7 read 1 and 8 chunks
+    bars = [line.get_xdata()[1] + 0.58 for line in ax.get_lines()]
+    assert bars[:2] == [1.0, 8.0] and len(bars) == 8
+    assert "sent 1.5 KiB" in [t.get_text() for t in ax.texts]  # (cp - 1) shards of K and V [2, 1, 2, 4, 4] float64
+    plt.close("all")

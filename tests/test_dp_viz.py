@@ -16,6 +16,7 @@ from pylib.viz.dp import (  # noqa: E402
     plot_bucket_overlap,
     plot_dp_matrix,
     plot_flat_layout,
+    plot_hsdp_mesh,
     plot_zero3_resident,
     plot_zero_memory,
 )
@@ -93,4 +94,20 @@ def test_zero3_resident_curve_is_the_measured_timeline(runs):
     (curve,) = [line for line in ax.lines if line.get_gid() == "resident"]
     assert list(curve.get_ydata())[:-1] == [b for _, b, _ in r["timeline"]]  # one step per gather or free
     assert max(curve.get_ydata()) == r["memory"]["peak_params"]
+    plt.close(fig)
+
+
+def test_hsdp_mesh_draws_a_row_per_node_a_line_per_replica_group_and_the_bytes_given():
+    from pylib.plan.mesh import hsdp_groups
+    from pylib.viz import style
+
+    shards, replicas = hsdp_groups(range(8), 4)
+    fig = plot_hsdp_mesh(shards, replicas, {"dp-shard": 3 * 1024, "dp-replicate": 512}, unit="KiB")
+    ax = fig.axes[0]
+    assert len([p for p in ax.patches if p.get_gid() == "rank"]) == 8
+    assert len([p for p in ax.patches if p.get_gid() == "node"]) == 2
+    assert len([line for line in ax.lines if line.get_gid() == "replica"]) == 4
+    texts = " ".join(t.get_text() for t in ax.texts)
+    assert "3.0 KiB" in texts and "0.5 KiB" in texts and "rank 7" in texts
+    assert style.smallest_text_px(fig) >= style.LEGIBLE_PX
     plt.close(fig)

@@ -20,11 +20,13 @@ from matplotlib.figure import Figure  # noqa: E402
 
 import pylib.viz  # noqa: E402
 from pylib.analysis import pp as pp_analysis  # noqa: E402
-from pylib.cp import ring_rounds  # noqa: E402
+from pylib.analysis.dp import hsdp_link_totals  # noqa: E402
+from pylib.cp import allgather_block_plan, ring_rounds, sequence_positions  # noqa: E402
 from pylib.ep.folding import folding_groups  # noqa: E402
 from pylib.experiments.seed_a_routing import seed_a_routing_table  # noqa: E402
 from pylib.experiments.tp_runs import column_row_example, layer_traces  # noqa: E402
 from pylib.model import ModelConfig, build_model  # noqa: E402
+from pylib.plan.mesh import hsdp_groups  # noqa: E402
 from pylib.plan.presets import tiny, tiny_layer, tiny_odd
 from pylib.plan.schedules import build  # noqa: E402
 from pylib.pp.simulate import simulate  # noqa: E402
@@ -33,6 +35,7 @@ from pylib.runtime import ParallelConfig, launch  # noqa: E402
 from pylib.runtime.mesh import AxisGroup  # noqa: E402
 from pylib.seedcheck.axis_cuts import DIMS, MODES  # noqa: E402
 from pylib.seedcheck.layer_flow import layer_flow  # noqa: E402
+from pylib.viz import checkpoint as ckpt  # noqa: E402
 from pylib.viz import collectives, compose, cp, dp, ep, matrix_dims, pp, style, three_axes, tp  # noqa: E402
 from pylib.viz import layer_flow as flow
 
@@ -223,6 +226,17 @@ CASES = {
     ),
     "cp.causal_ownership_figure": lambda runs: cp.causal_ownership_figure(16, 4),
     "cp.sequence_split_figure": lambda runs: cp.sequence_split_figure(_cp_specs(), 16),
+    "cp.allgather_figure": lambda runs: cp.allgather_figure(
+        [
+            dict(
+                positions=sequence_positions(16, r, 4).tolist(),
+                blocks=allgather_block_plan(r, 4, 4, causal=True, layout="zigzag"),
+                sent=1536,
+            )
+            for r in range(4)
+        ],
+        16,
+    ),
     "cp.merge_drift_figure": lambda runs: cp.merge_drift_figure(
         [dict(cp=c, bf16_merge=1e-3 * c, fp32_merge=2e-4) for c in (1, 2, 4, 8)]
     ),
@@ -245,6 +259,9 @@ CASES = {
     ),
     "dp.plot_bucket_overlap": lambda runs: dp.plot_bucket_overlap([r["ddp"]["overlap"] for r in runs["dp"]]),
     "dp.plot_dp_matrix": lambda runs: dp.plot_dp_matrix(4, 8, 9, 22),
+    "dp.plot_hsdp_mesh": lambda runs: dp.plot_hsdp_mesh(
+        *hsdp_groups(range(8), 4), hsdp_link_totals(17_632, 2, 4), unit="KiB"
+    ),  # the chapter's 2 x 4 mesh, with the bytes its formula gives (the traced run equals it: test_dp_hsdp.py)
     "dp.plot_flat_layout": lambda runs: dp.plot_flat_layout(_flat_layout()),
     "dp.plot_zero3_resident": lambda runs: dp.plot_zero3_resident(
         runs["dp"][0]["zero3"]["timeline"], sum(runs["dp"][0]["zero3"]["unit_bytes"].values()) // 2, unit="B"
@@ -263,6 +280,12 @@ CASES = {
         torch.arange(8).repeat_interleave(4).reshape(4, 8), microbatch_rows=1, dp_rows=2
     ),
     "compose.plot_rank_report": lambda runs: compose.plot_rank_report(_report_rows(), unit="B"),
+    "checkpoint.plot_resharding": lambda runs: ckpt.plot_resharding(
+        {r: {"model": 5120 + 256 * r, "exp_avg": 5632, "exp_avg_sq": 5632} for r in range(8)},
+        {b: {a: 1024 * (1 + (a + b) % 3) for a in range(8) if (a + b) % 4} for b in range(8)},
+        saved_on="tp2 dp2 pp2",
+        loaded_on="tp4 dp2",
+    ),
 }
 # Figures a chapter assembles itself from axes it made (not a public function of pylib.viz).
 ASSEMBLED = {"pp.plot_schedule on style.subplots axes": lambda runs: _schedules_on_chapter_axes()}

@@ -7,7 +7,9 @@ which the TP tests measure byte for byte. Three things change them inside the co
   attention core   CP replaces the core rows of that table (Q and K, V, the softmax output, the causal mask):
                    ring attention keeps q, out, k, v and the rows' LSE at s/cp tokens (`cp.ring_attention_saved_bytes`,
                    no score matrix); Ulysses keeps the same tensors head-split at the whole s, plus two [s] int64
-                   index vectors that put the zig-zag rows in token order for the causal kernel. attention="flash"
+                   index vectors that put the zig-zag rows in token order for the causal kernel; all-gather CP
+                   keeps q, out and the LSE at s/cp and the gathered K and V at the whole s
+                   (`cp.allgather_saved_bytes`). attention="flash"
                    asks the same of a fused kernel without CP (FlashAttention keeps exactly q, k, v, out and the LSE);
                    attention="math" keeps pylib's unfused core, which saves the [b, n_head/tp, s, s] probabilities.
   MoE layer        the MLP rows give way to the MoE layer's (`moe_saved_rows`): the router's input and scores, the
@@ -79,6 +81,8 @@ def attention_core_bytes(
     if cp > 1 and cp_kind == "ulysses":
         index = 2 * s * INT64 if cfg.causal and layout == "zigzag" else 0
         return cp_analysis.ring_attention_saved_bytes(b, s, heads // cp, kv // cp, cfg.d_head, 1, e) + index
+    if cp > 1 and cp_kind == "allgather":  # the gathered K/V, the whole sequence's
+        return cp_analysis.allgather_saved_bytes(b, s, heads, kv, cfg.d_head, cp, e)
     if cp > 1 or attention == "flash":
         return cp_analysis.ring_attention_saved_bytes(b, s, heads, kv, cfg.d_head, cp, e)
     rows = tp_analysis.compare_with_korthikanti(cfg, b, s, tp)

@@ -155,7 +155,8 @@ def _tp_rows(st: _Step) -> None:
 
 
 def _cp_rows(st: _Step) -> None:
-    """CP: per microbatch and held layer, the ring's K/V (and dK/dV) sends or Ulysses' all-to-alls."""
+    """CP: per microbatch and held layer, the ring's K/V (and dK/dV) sends, all-gather CP's all-gather of K/V (and
+    reduce-scatter of dK/dV) or Ulysses' all-to-alls."""
     cfg, cp, tp, m, e = st.cfg, st.pc.cp, st.pc.tp, st.m, st.e
     q_heads = cfg.n_heads // tp
     kv_heads = kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)[0]
@@ -168,6 +169,18 @@ def _cp_rows(st: _Step) -> None:
             n_bwd = r["backward_kv_transfers"] + r["backward_dkv_transfers"]
             st.add("cp", "backward", "send", "ring", m * n_bwd, m * r["backward_bytes_sent"], msg)
             st.add("cp", "backward", "recv", "ring", m * n_bwd, 0, msg)
+        elif st.opt.cp_kind == "allgather":
+            a = cp_formulas.allgather_traffic(st.b, st.seq, kv_heads, cfg.d_head, cp, e)
+            st.add("cp", "forward", "all_gather", "allgather", m, m * a["forward_bytes_sent"], a["gathered_bytes"])
+            st.add(
+                "cp",
+                "backward",
+                "reduce_scatter",
+                "allgather",
+                m,
+                m * a["backward_bytes_sent"],
+                a["reduce_scatter_bytes"],
+            )
         else:
             u = cp_formulas.ulysses_traffic(st.b, st.seq, q_heads, kv_heads, cfg.d_head, cp, e)
             q = u["local_bytes"]["q"]
@@ -212,6 +225,12 @@ def _recompute_rows(st: _Step, layouts) -> None:
                 n, msg = m * layers * r["forward_kv_transfers"], r["kv_message_bytes"]
                 st.add("cp", "recompute", "send", "ring", n, m * layers * r["forward_bytes_sent"], msg)
                 st.add("cp", "recompute", "recv", "ring", n, 0, msg)
+            elif opt.cp_kind == "allgather":  # the core's K/V gathered again
+                a = cp_formulas.allgather_traffic(st.b, st.seq, kv_heads, cfg.d_head, cp, e)
+                n = m * layers
+                st.add(
+                    "cp", "recompute", "all_gather", "allgather", n, n * a["forward_bytes_sent"], a["gathered_bytes"]
+                )
             else:
                 u = cp_formulas.ulysses_traffic(st.b, st.seq, q_heads, kv_heads, cfg.d_head, cp, e)
                 names = ("q", "k", "v") if rc.granularity == "selective" else ("q", "k", "v", "out")

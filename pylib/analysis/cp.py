@@ -1,4 +1,5 @@
-"""Context parallelism as formulas: traffic per rank for ring attention and Ulysses, and causal work per rank.
+"""Context parallelism as formulas: traffic per rank for ring attention, Ulysses and all-gather CP, and causal work
+per rank.
 
 Symbols: b batch, s sequence length (whole), n_head, n_kv_head, d_head, cp the context-parallel size, B bytes per
 element. Each rank holds s/cp tokens. The tests check every formula against the tracer and the ring's own work
@@ -85,6 +86,91 @@ def ring_attention_saved_bytes(
     n = _local(seq_len, cp)
     tensors = batch * n * d_head * (2 * n_head + 2 * n_kv_head) * bytes_per_elem
     return tensors + batch * n_head * n * lse_bytes_per_elem
+
+
+# --------------------------------------------------------------------------------------------------- all-gather
+
+
+def allgather_traffic(
+    batch: int,
+    seq_len: int,
+    n_kv_head: int,
+    d_head: int,
+    cp: int,
+    bytes_per_elem: int,
+    grad_bytes_per_elem: int | None = None,
+) -> dict:
+    """Per-rank traffic of one all-gather CP call (`pylib.cp.allgather`): one all-gather of K and V forward, its
+    conjugate reduce-scatter of dK and dV backward.
+
+    The local message is a rank's K and V, 2 b n_kv_head (s/cp) d_head elements (`ring_kv_message_bytes`); the
+    all-gather's payload is cp of them and each rank sends cp-1, as the ring's forward does, in one collective.
+    The reduce-scatter's input is the gathered size, and each rank sends (cp-1)/cp of it: cp-1 messages again, in
+    the gradient's dtype (`grad_bytes_per_elem`, default the input's: autograd hands the all-gather a gradient of
+    its output's dtype), one message fewer than the ring's dK/dV circle and no second pass of K/V."""
+    if grad_bytes_per_elem is None:
+        grad_bytes_per_elem = bytes_per_elem
+    kv = ring_kv_message_bytes(batch, seq_len, n_kv_head, d_head, cp, bytes_per_elem)
+    dkv = ring_kv_message_bytes(batch, seq_len, n_kv_head, d_head, cp, grad_bytes_per_elem)
+    n = 1 if cp > 1 else 0
+    return dict(
+        forward_collectives=n,
+        gathered_bytes=cp * kv,
+        forward_bytes_sent=(cp - 1) * kv,
+        backward_collectives=n,
+        reduce_scatter_bytes=cp * dkv,
+        backward_bytes_sent=(cp - 1) * dkv,
+    )
+
+
+def allgather_saved_bytes(
+    batch: int,
+    seq_len: int,
+    n_head: int,
+    n_kv_head: int,
+    d_head: int,
+    cp: int,
+    bytes_per_elem: int,
+    lse_bytes_per_elem: int | None = None,
+) -> int:
+    """Bytes all-gather CP keeps for backward on each rank: q and out [b, n_head, s/cp, d_head] and the LSE
+    [b, n_head, s/cp] as the ring keeps them, but K and V *gathered*, [2, b, n_kv_head, s, d_head]: the whole
+    sequence's, whatever cp is (the ring keeps its own s/cp). The same tensor is what a rank holds while it
+    attends; `allgather_gathered_bytes` alone."""
+    if lse_bytes_per_elem is None:
+        lse_bytes_per_elem = max(bytes_per_elem, 4)
+    n = _local(seq_len, cp)
+    mine = batch * n * d_head * 2 * n_head * bytes_per_elem + batch * n_head * n * lse_bytes_per_elem
+    return mine + allgather_gathered_bytes(batch, seq_len, n_kv_head, d_head, bytes_per_elem)
+
+
+def allgather_gathered_bytes(batch: int, seq_len: int, n_kv_head: int, d_head: int, bytes_per_elem: int) -> int:
+    """The gathered K and V a rank holds: 2 b n_kv_head s d_head B bytes, independent of cp."""
+    return 2 * batch * n_kv_head * seq_len * d_head * bytes_per_elem
+
+
+def allgather_work_per_rank(seq_len: int, cp: int, layout: str, causal: bool = True, what: str = "computed"):
+    """Score entries each rank evaluates under all-gather CP (per batch row and head), from its block plan.
+
+    Each chunk i of c tokens a rank holds evaluates i c^2 entries in full and a c x c diagonal block (whole when
+    what="computed", c(c+1)/2 when "unmasked"). zigzag: chunks r and 2cp-1-r, so (2cp+1) c^2 computed on every
+    rank (the ring's zig-zag evaluates (2cp+2) c^2: its first step's diagonal block holds one fully masked quarter);
+    contiguous: chunk r of n = s/cp tokens, (r+1) n^2. Not causal: every rank n s."""
+    n = _local(seq_len, cp)
+    if what not in ("computed", "unmasked"):
+        raise ValueError(f"what={what!r} must be 'computed' or 'unmasked'")
+    if not causal:
+        return [n * seq_len] * cp
+    if layout == "contiguous":
+        chunks, c = [(r,) for r in range(cp)], n
+    elif layout == "zigzag":
+        if n % 2:
+            raise ValueError(f"zigzag needs 2*cp={2 * cp} to divide s={seq_len}")
+        chunks, c = [(r, 2 * cp - 1 - r) for r in range(cp)], n // 2
+    else:
+        raise ValueError(f"layout={layout!r} must be 'contiguous' or 'zigzag'")
+    diag = c * c if what == "computed" else c * (c + 1) // 2
+    return [sum(i * c * c + diag for i in mine) for mine in chunks]
 
 
 # --------------------------------------------------------------------------------------------------- Ulysses

@@ -13,6 +13,17 @@ Traffic per rank per step (ring algorithms, the tracer's convention; ZeRO paper 
     ZeRO-3   all-gather before each forward                 (d-1)/d * Psi_pad
              + all-gather again before its backward         (d-1)/d * Psi_pad
              + reduce-scatter of its gradient               (d-1)/d * Psi_pad      = 3(d-1)/d * Psi_pad
+             per micro-batch: with m of them, 3m(d-1)/d * Psi_pad per step (`pylib.dp.FullyShardedDataParallel`
+             gathers again in every micro-batch's forward and backward and reduce-scatters every micro-batch's
+             gradient; it keeps no gather across micro-batches). ZeRO-1 reduce-scatters once per step (after
+             `no_sync` accumulation), ZeRO-2 once per micro-batch: `traffic_by_op(..., n_microbatches=m)`.
+
+HSDP (hybrid sharded data parallel; FSDP2's `fully_shard` on a 2-D mesh): d = r x s ranks, ZeRO-3 inside each shard
+group of s ranks (one node), plain all-reduce of each shard's gradient across the r replicas (between nodes). With
+Psi_pad padded to a multiple of s, per rank and micro-batch, by link class (`hsdp_traffic_by_link`):
+
+    shard group (intra-node)       all-gather forward + all-gather backward + reduce-scatter   3(s-1)/s * Psi_pad
+    replica group (inter-node)     all-reduce of the reduce-scattered shard                    2(r-1)/r * Psi_pad/s
 
 Memory per rank. The ZeRO paper counts mixed-precision Adam: fp16 parameters (2 bytes) and gradients (2 bytes),
 and K = 12 bytes of optimizer state per parameter (fp32 master copy, momentum, variance):
@@ -41,11 +52,14 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from pylib.plan.options import ZERO_STAGE_NAMES, ZeroStage
+from pylib.plan.mesh import HSDP_REPLICATE as REPLICATE
+from pylib.plan.mesh import HSDP_SHARD as SHARD
+from pylib.plan.options import ZERO_STAGE_NAMES, RunOptions, ZeroStage
 from pylib.plan.options import zero_stage as as_zero_stage
 
 STAGES = ZERO_STAGE_NAMES  # ("ddp", "zero1", "zero2", "zero3"): pylib.plan.options.ZeroStage by name
 DDP, ZERO1, ZERO2, ZERO3 = ZeroStage
+DEFAULT_MICROBATCHES = RunOptions.n_microbatches  # one micro-batch per step unless told (the composed run's default)
 PAPER_K = 12  # bytes of optimizer state per parameter in mixed-precision Adam (fp32 copy, momentum, variance)
 
 
@@ -67,20 +81,68 @@ def padded_numel(numel: int, d: int) -> int:
     return -(-numel // d) * d
 
 
-def traffic_by_op(psi_bytes: int, d: int, zero_stage: ZeroStage) -> dict[str, int | float]:
-    """Bytes one rank sends per training step, by collective. `psi_bytes` is Psi for DDP and Psi_pad for ZeRO."""
+def traffic_by_op(
+    psi_bytes: int, d: int, zero_stage: ZeroStage, n_microbatches: int = DEFAULT_MICROBATCHES
+) -> dict[str, int | float]:
+    """Bytes one rank sends per training step, by collective. `psi_bytes` is Psi for DDP and Psi_pad for ZeRO.
+
+    n_microbatches: m, the micro-batches of one step, each its own forward and backward. DDP and ZeRO-1 accumulate
+    without communicating (`no_sync`) and reduce once; ZeRO-2 reduce-scatters every micro-batch's gradient into its
+    slice; ZeRO-3 gathers the parameters in every micro-batch's forward and backward and reduce-scatters every
+    micro-batch's gradient (3m(d-1)/d Psi_pad); the parameters are all-gathered after the step once."""
     stage = _check(zero_stage, d)
+    m = _microbatches(n_microbatches)
     one = Fraction(d - 1, d) * psi_bytes  # one all-gather or one reduce-scatter of every parameter
     if stage == DDP:
         return {"all_reduce": _exact(2 * one)}
     if stage in (ZERO1, ZERO2):
-        return {"reduce_scatter": _exact(one), "all_gather": _exact(one)}
-    return {"all_gather": _exact(2 * one), "reduce_scatter": _exact(one)}
+        return {"reduce_scatter": _exact(one * (m if stage == ZERO2 else 1)), "all_gather": _exact(one)}
+    return {"all_gather": _exact(2 * m * one), "reduce_scatter": _exact(m * one)}
 
 
-def traffic_per_step(psi_bytes: int, d: int, zero_stage: ZeroStage) -> int | float:
-    """Total bytes one rank sends per step: 2(d-1)/d Psi (DDP, ZeRO-1, ZeRO-2) or 3(d-1)/d Psi (ZeRO-3)."""
-    return _exact(sum(Fraction(v) for v in traffic_by_op(psi_bytes, d, zero_stage).values()))
+def traffic_per_step(
+    psi_bytes: int, d: int, zero_stage: ZeroStage, n_microbatches: int = DEFAULT_MICROBATCHES
+) -> int | float:
+    """Total bytes one rank sends per step: 2(d-1)/d Psi (DDP, ZeRO-1), (m+1)(d-1)/d Psi (ZeRO-2) or
+    3m(d-1)/d Psi (ZeRO-3) with m micro-batches (`traffic_by_op`)."""
+    return _exact(sum(Fraction(v) for v in traffic_by_op(psi_bytes, d, zero_stage, n_microbatches).values()))
+
+
+def _microbatches(n_microbatches) -> int:
+    n = n_microbatches
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n_microbatches={n!r} must be an integer >= 1")
+    return n
+
+
+# -------------------------------------------------------------------------------------------------- HSDP
+
+
+def hsdp_traffic_by_link(
+    psi_bytes: int, r: int, s: int, n_microbatches: int = DEFAULT_MICROBATCHES
+) -> dict[str, dict[str, int | float]]:
+    """Bytes one HSDP rank sends per step, by group and collective: {"dp-shard": ZeRO-3 over s, "dp-replicate":
+    the all-reduce of the reduce-scattered shard over r}. psi_bytes: Psi_pad, padded to a multiple of s; m
+    micro-batches each gather twice, reduce-scatter and all-reduce (as torch 2.13's FSDP2 does by default; its
+    `set_requires_all_reduce(False)` would all-reduce only the last)."""
+    if r < 1:
+        raise ValueError(f"r={r} replicas must be >= 1")
+    if psi_bytes % s:
+        raise ValueError(f"Psi_pad={psi_bytes} bytes must split into s={s} equal shards (pad it to a multiple of s)")
+    m = _microbatches(n_microbatches)
+    out = {SHARD: traffic_by_op(psi_bytes, s, ZERO3, m) if s > 1 else {}}
+    shard = psi_bytes // s
+    out[REPLICATE] = {"all_reduce": _exact(m * 2 * Fraction(r - 1, r) * shard)} if r > 1 else {}
+    return out
+
+
+def hsdp_link_totals(
+    psi_bytes: int, r: int, s: int, n_microbatches: int = DEFAULT_MICROBATCHES
+) -> dict[str, int | float]:
+    """`hsdp_traffic_by_link` summed per group: 3m(s-1)/s Psi_pad on the shard group, 2m(r-1)/r Psi_pad/s on the
+    replica group."""
+    by_link = hsdp_traffic_by_link(psi_bytes, r, s, n_microbatches)
+    return {k: _exact(sum(Fraction(v) for v in ops.values())) for k, ops in by_link.items()}
 
 
 def held_bytes(

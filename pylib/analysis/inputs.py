@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pylib.plan.fields import MAX_SIZE, choice, flag, instance, integer, names, number, sequence
 from pylib.plan.mesh import ParallelConfig
-from pylib.plan.options import CP_KINDS, ZERO_STAGES, zero_stage
+from pylib.plan.options import ALL_CP_KINDS, ZERO_STAGES, zero_stage
 from pylib.plan.recompute import RECOMPUTE, RECOMPUTE_MODULES, as_recompute
 
 from .activations import ATTENTION_KERNELS
@@ -71,11 +71,11 @@ def check_search_space(s) -> None:
     owner = "SearchSpace"
     instance(owner, "order", s.order, str)
     ParallelConfig(order=s.order)  # raises naming an unknown or repeated axis
-    for name in ("micro_batch_sizes", "virtual_stages", "expert_tp", "tp_sizes", "cp_sizes"):
+    for name in ("micro_batch_sizes", "virtual_stages", "expert_tp", "tp_sizes", "cp_sizes", "hsdp_shards"):
         _sizes(owner, name, getattr(s, name))
     for z in sequence(owner, "zero_stages", s.zero_stages, ZERO_STAGES):
         zero_stage(z)  # raises naming both spellings
-    names(owner, "cp_kinds", s.cp_kinds, CP_KINDS)
+    names(owner, "cp_kinds", s.cp_kinds, ALL_CP_KINDS)
     names(owner, "sequence_parallel", s.sequence_parallel, (True, False))
     for rc in sequence(owner, "recompute", s.recompute, RECOMPUTE):
         _recompute_choice(owner, rc)

@@ -6,7 +6,8 @@ a ranking by a simple, stated cost model. Pure functions of sizes: a 671B-parame
     best = rank_plans(cfg, Workload(512, 4096), Cluster(64), top=10)           # the cost model's order
 
 What is enumerated. A `Plan` is a `ParallelConfig` (tp, cp, ep, dp, pp, etp and Megatron's order string) and the
-options of `pylib.compose.ParallelTransformer`: sequence parallelism, ring or Ulysses CP, the ZeRO stage (0 = DDP),
+options of `pylib.compose.ParallelTransformer`: sequence parallelism, ring or Ulysses CP (all-gather CP, Llama 3's,
+when `SearchSpace.cp_kinds` names "allgather"), the ZeRO stage (0 = DDP),
 the microbatch count m and the chunks per pipeline rank v (schedule 1F1B, interleaved 1F1B when v > 1; GPipe is
 left out: the same bubble as 1F1B with more microbatches in flight). A knob that changes nothing is not varied: SP
 needs tp > 1, the CP kind cp > 1, ZeRO a data-parallel group. Validity is `pylib.plan.problems` (what
@@ -42,10 +43,10 @@ The cost model (book/part4/planner.md states each term with its formula):
                slowest rank's forward + backward of one microbatch (1F1B and interleaved 1F1B)
   exposed    `exposed_seconds`: TP/SP in full, or (1 - tp_overlap) with `Cluster.tp_comm_overlap` (SP's
                regather only past the input-gradient GEMMs it runs under); ring CP less
-               the attention core it hides behind; Ulysses and EP in full; PP's fill and drain, (pp-1)/(v m) of
-               its sends; DP by ZeRO stage (DDP / ZeRO-1 behind the last microbatch's backward, ZeRO-2's
-               reduce-scatter and ZeRO-3's gathers behind every microbatch's); a latency per message of a model
-               axis; `contention` seconds of compute per second of hidden communication
+               the attention core it hides behind; Ulysses, all-gather CP and EP in full; PP's fill and drain,
+               (pp-1)/(v m) of its sends; DP by ZeRO stage (DDP / ZeRO-1 behind the last microbatch's backward,
+               ZeRO-2's reduce-scatter and ZeRO-3's gathers behind every microbatch's); a latency per message of a
+               model axis; `contention` seconds of compute per second of hidden communication
   bandwidth  an axis's is the intra-node link's when every group of that axis sits inside one node (the order
                string decides: `crosses_nodes`), the inter-node link's otherwise.
 A plan must fit: peak memory <= usable GPU memory. Plans that fit are ranked by step time, ties by memory; plans
@@ -69,7 +70,7 @@ from fractions import Fraction
 from pylib.plan.fields import divisors as _divisors  # by factorisation: 2**40 ranks or a prime answer at once
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.layout import FlatEntry, FlatLayout
-from pylib.plan.mesh import AXES, EXPERT_GROUPS, ParallelConfig
+from pylib.plan.mesh import AXES, EXPERT_GROUPS, HSDP_REPLICATE, HSDP_SHARD, ParallelConfig, hsdp_groups, rank_groups
 from pylib.plan.options import CP_KINDS, DTYPE_BYTES, ZERO_STAGES, MixedPrecision, RunOptions, ZeroStage
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
@@ -180,7 +181,12 @@ class Plan:
     its default, the attention core, pylib's "selective"): what each layer stops saving
     (`activations.layer_saved_rows`), runs again (`efficiency.microbatch_seconds`) and, for "mlp", sends again (the
     MLP's TP collectives, `recompute.module_extra_collectives`). The analysis only: `run_options` asks pylib for
-    its selective recomputation when "core_attn" is among them, for none otherwise."""
+    its selective recomputation when "core_attn" is among them, for none otherwise.
+    hsdp_shard: with ZeRO-3, HSDP's shard group size s (None: ZeRO-3 over all of dp-cp): the dense parameters
+    sharded over s consecutive members of each dp-cp group, their reduced shards all-reduced over the dp-cp/s
+    replicas ("dp-shard" and "dp-replicate" traffic, each priced by whether its groups leave a node,
+    `hsdp_crosses_nodes`); expert parameters stay ZeRO-3 over edp. `pylib.dp` runs it
+    (`FullyShardedDataParallel(..., replicate=)`); `pylib.compose` does not compose it."""
 
     par: ParallelConfig
     options: RunOptions = RunOptions()
@@ -188,6 +194,7 @@ class Plan:
     balance_ends: bool = False
     group_size: int | None = None
     recompute_modules: tuple[str, ...] | None = None
+    hsdp_shard: int | None = None
 
     def __post_init__(self):
         schedule = "interleaved" if self.options.v > 1 else "1f1b"  # the schedules the planner models
@@ -233,7 +240,9 @@ class Plan:
             parts.append("regather")
         if self.par.cp > 1:
             parts.append(o.cp_kind)
-        if o.zero_stage:
+        if o.zero_stage and self.hsdp_shard is not None:
+            parts.append(f"HSDP {self.dp_cp // self.hsdp_shard}x{self.hsdp_shard}")
+        elif o.zero_stage:
             parts.append(f"ZeRO-{int(o.zero_stage)}")
         parts.append(f"m={o.n_microbatches}")
         if o.v > 1:
@@ -280,6 +289,7 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
     interleaved only, p <= N <= m, m % N == 0 or m % N >= p)."""
     out = plan_problems(_slots(cfg, plan), plan.par, world_size, batch=batch, seq=seq, options=plan.run_options)
     out += modules_problems(plan.recompute_modules, plan.options.recompute.granularity)
+    out += hsdp_problems(plan)
     if plan.group_size is None:
         return out
     p, m, v = plan.par.pp, plan.options.n_microbatches, plan.options.v
@@ -289,6 +299,27 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
         except ScheduleError as e:
             out = [x for x in out if x != str(e)] if n is None else out + [str(e)]
     return out
+
+
+def hsdp_problems(plan: Plan) -> list[str]:
+    """HSDP's rules: a shard group size s only with ZeRO-3, s dividing dp x cp, 1 < s < dp x cp (s = 1 shards
+    nothing, s = dp x cp is plain ZeRO-3)."""
+    s, d = plan.hsdp_shard, plan.dp_cp
+    if s is None:
+        return []
+    out = []
+    if plan.options.zero_stage != ZeroStage.ZERO3:
+        out.append(f"hsdp_shard={s!r} shards the parameters: it needs zero_stage=3, got {int(plan.options.zero_stage)}")
+    if not isinstance(s, int) or isinstance(s, bool) or not 1 < s < d or d % s:
+        out.append(f"hsdp_shard={s!r} must divide dp x cp = {d} and lie strictly between 1 and {d}")
+    return out
+
+
+def _with_hsdp(plan: Plan, shards: tuple[int, ...] | None) -> list[Plan]:
+    """The plan, and under ZeRO-3 one HSDP plan per shard group size of `shards` that divides dp x cp."""
+    if shards is None or plan.options.zero_stage != ZeroStage.ZERO3:
+        return [plan]
+    return [plan] + [replace(plan, hsdp_shard=s) for s in shards if 1 < s < plan.dp_cp and plan.dp_cp % s == 0]
 
 
 def group_sizes_for(p: int, n_microbatches: int, v: int, choice="default") -> tuple[int | None, ...]:
@@ -333,7 +364,8 @@ class SearchSpace:
     Megatron runs SP (`Plan.sp_regather`). balance_ends: with PP, Llama 3's uneven split (`Plan.balance_ends`)
     wherever L + 2 slots cut into equal stages, the equal split elsewhere. group_sizes: the interleaved group
     sizes N tried (`group_sizes_for`: "default" N = p, "megatron" every N Megatron accepts, or a tuple of
-    values). None: no restriction."""
+    values). hsdp_shards: beside each ZeRO-3 plan, HSDP with these shard group sizes (`Plan.hsdp_shard`); None
+    (the default): no HSDP plan. Elsewhere None: no restriction."""
 
     order: str = "tp-cp-ep-dp-pp"
     micro_batch_sizes: tuple[int, ...] | None = None
@@ -349,6 +381,7 @@ class SearchSpace:
     sp_regather: bool = False
     balance_ends: bool = False
     group_sizes: str | tuple[int, ...] = "default"
+    hsdp_shards: tuple[int, ...] | None = None
 
     def __post_init__(self):
         check_search_space(self)
@@ -404,10 +437,11 @@ def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpa
                                         plan = Plan(par, o, sp_regather and sp, ends, recompute_modules=mods)
                                         for n in dict.fromkeys((None,) + group_sizes_for(pp, m, v, group_sizes)):
                                             with_n = plan if n is None else replace(plan, group_size=n)
-                                            if with_n in seen or problems(cfg, with_n, world_size, batch, seq):
-                                                continue
-                                            seen.add(with_n)
-                                            out.append(with_n)
+                                            for one in _with_hsdp(with_n, sp_.hsdp_shards):
+                                                if one in seen or problems(cfg, one, world_size, batch, seq):
+                                                    continue
+                                                seen.add(one)
+                                                out.append(one)
     return out
 
 
@@ -523,7 +557,8 @@ class _LayoutKey:
         par, o = plan.par, plan.options
         world = par.world_size if world_size is None else world_size
         d_expert = par.expert_dp(world)
-        return cls(par.tp, par.ep, par.etp, par.pp, o.v, pp_rank, o.zero_stage, plan.dp_cp, d_expert, plan.balance_ends)
+        d_dense = plan.dp_cp if plan.hsdp_shard is None else plan.hsdp_shard  # HSDP: shards over s only
+        return cls(par.tp, par.ep, par.etp, par.pp, o.v, pp_rank, o.zero_stage, d_dense, d_expert, plan.balance_ends)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -654,6 +689,17 @@ def crosses_nodes(par: ParallelConfig, world_size: int, group: str, gpus_per_nod
     return any(b // gpus_per_node != (b + span) // gpus_per_node for b in bases)
 
 
+@functools.lru_cache(maxsize=4096)
+def hsdp_crosses_nodes(par: ParallelConfig, world_size: int, shard: int, gpus_per_node: int) -> dict[str, bool]:
+    """Whether some HSDP shard group ("dp-shard") and some replica group ("dp-replicate") hold ranks of two nodes,
+    each dp-cp group cut by `pylib.plan.mesh.hsdp_groups` (node = rank // gpus_per_node)."""
+    out = {HSDP_SHARD: False, HSDP_REPLICATE: False}
+    for ranks in rank_groups(par, world_size)["dp-cp"]:
+        for name, cut in zip((HSDP_SHARD, HSDP_REPLICATE), hsdp_groups(ranks, shard)):
+            out[name] |= any(len({r // gpus_per_node for r in g}) > 1 for g in cut)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ prediction
 
 
@@ -762,7 +808,28 @@ def rank_traffic_rows(
     layouts = flat_layouts(cfg, plan, pp_rank) if layouts is None else layouts
     coords = dict(coords or {}) | {"pp": pp_rank}
     rows = _traffic_rows(cfg, plan, batch, seq, coords, layouts, moe_routing)
-    return rows + module_traffic_rows(cfg, plan, batch, seq, pp_rank)
+    return _hsdp_rows(plan, rows) + module_traffic_rows(cfg, plan, batch, seq, pp_rank)
+
+
+def _hsdp_rows(plan: Plan, rows: list) -> list:
+    """Under HSDP (`Plan.hsdp_shard` = s) the dense ZeRO-3 rows, already over s (the layouts are cut in s), move
+    to the shard group, and each reduce-scatter is followed by the all-reduce of its shard, S/s, over the r =
+    dp x cp / s replicas (`dp.hsdp_traffic_by_link`); the loss stays on dp-cp."""
+    s = plan.hsdp_shard
+    if s is None:
+        return rows
+    r = plan.dp_cp // s
+    out = []
+    for row in rows:
+        if row.axis != "dp-cp" or row.op not in ("all_gather", "reduce_scatter"):
+            out.append(row)
+            continue
+        out.append(replace(row, axis=HSDP_SHARD))
+        if row.op == "reduce_scatter":
+            shard = row.payload // s
+            sent = row.count * tp_analysis.ring_bytes_sent("all_reduce", shard, r)
+            out.append(replace(row, axis=HSDP_REPLICATE, op="all_reduce", bytes_sent=sent, payload=shard))
+    return out
 
 
 def module_traffic_rows(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> list:
@@ -860,7 +927,11 @@ def _chunk_bytes(cfg, b: int, seq: int, plan: Plan, pp_rank: int, attention: str
 
 
 def _bandwidths(plan: Plan, cluster: Cluster) -> dict[str, bool]:
-    return {axis: not crosses_nodes(plan.par, cluster.world_size, axis, cluster.gpus_per_node) for axis in TRAFFIC_AXES}
+    out = {axis: not crosses_nodes(plan.par, cluster.world_size, axis, cluster.gpus_per_node) for axis in TRAFFIC_AXES}
+    if plan.hsdp_shard is not None:
+        crossing = hsdp_crosses_nodes(plan.par, cluster.world_size, plan.hsdp_shard, cluster.gpus_per_node)
+        out.update({axis: not x for axis, x in crossing.items()})
+    return out
 
 
 def rank_times(cfg, plan: Plan, workload: Workload, cluster: Cluster, pp_rank: int) -> MicrobatchTime:
@@ -989,7 +1060,7 @@ def _predicted_rows(cfg, plan: Plan, workload: Workload, pp_rank: int, world_siz
     return rows, compose_analysis.per_axis(rows)
 
 
-DP_AXES = ("dp-cp", "edp")
+DP_AXES = ("dp-cp", "edp", HSDP_SHARD, HSDP_REPLICATE)
 
 
 def gradient_dtype_rows(rows: list, workload: Workload) -> list:
@@ -1023,10 +1094,10 @@ def peak_memory(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
 def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
     """Seconds of exposed communication the first pipeline rank cannot avoid, from terms `exposed_seconds` counts
     in full (so at most its total): TP's collectives around attention in every held layer (`tp.layer_collectives`,
-    times 1 - tp_overlap when the run overlaps them), Ulysses' all-to-alls in every held layer
-    (`cp.ulysses_traffic`), EP's dispatch and combine, forward and backward, in every held MoE layer
-    (`ep.expected_alltoall_bytes`). 1% below, for the bytes the formulas round down per buffer. Used by
-    `rank_plans` to skip plans that cannot win; never reported."""
+    times 1 - tp_overlap when the run overlaps them), Ulysses' all-to-alls or all-gather CP's collectives in every
+    held layer (`cp.ulysses_traffic`, `cp.allgather_traffic`), EP's dispatch and combine, forward and backward, in
+    every held MoE layer (`ep.expected_alltoall_bytes`). 1% below, for the bytes the formulas round down per
+    buffer. Used by `rank_plans` to skip plans that cannot win; never reported."""
     par = plan.par
     e = dtype_bytes(cfg.dtype)
     m, b, s_cp = plan.options.n_microbatches, plan.micro_batch(workload.batch), workload.seq // par.cp
@@ -1044,9 +1115,12 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
         )
         per_layer = sum(c.bytes_sent for c in collectives if c.where == "attn")
         seconds += keep * m * len(held) * per_layer / bw("tp")
-    if par.cp > 1 and plan.options.cp_kind == "ulysses":
+    if par.cp > 1 and plan.options.cp_kind in ("ulysses", "allgather"):
         heads, (kv, _) = cfg.n_heads // par.tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, par.tp)
-        u = cp_analysis.ulysses_traffic(b, workload.seq, heads, kv, cfg.d_head, par.cp, e)
+        if plan.options.cp_kind == "ulysses":
+            u = cp_analysis.ulysses_traffic(b, workload.seq, heads, kv, cfg.d_head, par.cp, e)
+        else:
+            u = cp_analysis.allgather_traffic(b, workload.seq, kv, cfg.d_head, par.cp, e)
         seconds += m * len(held) * (u["forward_bytes_sent"] + u["backward_bytes_sent"]) / bw("cp")
     if cfg.moe is not None and par.ep > 1:
         s_out = s_cp // (par.tp if plan.options.sequence_parallel and par.tp > 1 else 1)

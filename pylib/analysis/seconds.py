@@ -24,9 +24,11 @@ from the strategies' own traffic formulas (`dp.traffic_per_step`, `tp.layer_traf
 (`efficiency.layer_gemms`), so no count is restated here. Each strategy's crossover, as the chapters state it:
 
     DP   dp_hiding_tokens    tokens per GPU whose backward hides the gradient all-reduce
+         hsdp_hiding_tokens  tokens per GPU and micro-batch whose backward hides HSDP's (or ZeRO-3's) traffic
     TP   tp_crossover        the t from which a layer's all-reduces outlast its GEMMs
     PP   pp_microbatches_for the m that brings the bubble (p-1)/(v m) under a target
-    CP   cp_hiding_tokens    the s/cp from which a ring step's K/V pass hides behind its attention
+    CP   cp_hiding_tokens    the s/cp from which a ring step's K/V pass hides behind its attention;
+         cp_forward_exposed_seconds   the ring's exposed forward against all-gather CP's
     EP   ep_crossover_ffn    the expert width below which the all-to-alls outlast the experts' GEMMs"""
 
 from __future__ import annotations
@@ -112,6 +114,29 @@ def dp_hiding_tokens(d: int, link: Link, cluster: Cluster | None = None, grad_by
     return 2 * (d - 1) / d * grad_bytes * c.model.eta * c.peak_flops / (4 * link.beta)
 
 
+def hsdp_hiding_tokens(
+    r: int,
+    s: int,
+    shard_link: Link,
+    replica_link: Link,
+    cluster: Cluster | None = None,
+    param_bytes: int = 2,
+    grad_bytes: int = 2,
+) -> float:
+    """Tokens per GPU per micro-batch for HSDP's backward traffic to hide behind the backward: the parameters'
+    all-gather and the gradients' reduce-scatter over the s ranks of the shard group, then the all-reduce of the
+    1/s shard over the r replicas (`dp.hsdp_traffic_by_link`), against 4 FLOPs per parameter per token:
+
+        T* = eta peak / 4 * [(param_bytes + grad_bytes)(s-1)/s / beta_shard + 2 grad_bytes (r-1)/(r s) / beta_replica]
+
+    independent of the model's size. r = 1 with s = d over the inter-node link is ZeRO-3 across nodes (and the
+    forward's all-gather, c(s-1)/s against 2 FLOPs, gives the same T* when param_bytes = grad_bytes)."""
+    c = cluster or Cluster(world_size=1)
+    shard = (param_bytes + grad_bytes) * (s - 1) / s / shard_link.beta
+    replica = 2 * grad_bytes * (r - 1) / (r * s) / replica_link.beta
+    return c.model.eta * c.peak_flops / 4 * (shard + replica)
+
+
 # --- TP: a layer's collectives against its GEMMs ---------------------------------------------------------------
 
 
@@ -189,6 +214,24 @@ def cp_hiding_tokens(cfg, link: Link, cluster: Cluster | None = None, t: int = 1
     c = cluster or Cluster(world_size=1)
     heads, kv = _cp_heads(cfg, t)
     return kv * dtype_bytes(cfg.dtype) * c.model.eta * c.peak_flops / (heads * link.beta)
+
+
+def cp_forward_exposed_seconds(
+    cfg, b: int, s: int, cp: int, link: Link, cluster: Cluster | None = None, t: int = 1
+) -> dict[str, float]:
+    """One layer's causal forward on one rank of a zig-zag CP group, heads those of one of t TP ranks, the CP
+    communication left exposed: "ring", cp - 1 steps each paying alpha and the part of its K/V pass, M bytes, that
+    its half-block core does not hide (`cp_ring_step_seconds`); "allgather", all-gather CP's gather of the same
+    cp - 1 messages (`cp.allgather_traffic`), one collective, so one alpha as the planner charges it, exposed whole
+    since attention needs every key first: alpha + (cp - 1) M / beta; "core", the rank's causal attention,
+    4 b n_head d_head (s/cp) s/2 FLOPs at eta * peak. Where the ring hides its bytes the all-gather exposes
+    (cp - 1) M / beta - (cp - 2) alpha more: it wins only on messages shorter than about alpha."""
+    heads, kv = _cp_heads(cfg, t)
+    step = cp_ring_step_seconds(cfg, b, s, cp, link, cluster, t)
+    ring = (cp - 1) * (link.alpha + max(0.0, step["comm"] - link.alpha - step["core"]))
+    sent = cp_analysis.allgather_traffic(b, s, kv, cfg.d_head, cp, dtype_bytes(cfg.dtype))["forward_bytes_sent"]
+    core = compute_seconds(4 * b * heads * cfg.d_head * (s // cp) * s / 2, cluster)
+    return {"ring": ring, "allgather": link.seconds(sent), "core": core}
 
 
 # --- EP: the all-to-alls against the experts' GEMMs ------------------------------------------------------------

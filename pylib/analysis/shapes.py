@@ -24,7 +24,8 @@ Conventions (seed B's symbols; `par` a `pylib.plan.ParallelConfig`):
           divides tp) one K/V head replicated on tp / n_kv_head ranks (`pylib.plan.heads`);
   CP      "ring": each step materialises a score block [b_r, n_head/tp, s_c, s_c] (zig-zag causal: half blocks
           after the first step), never [.., s_c, s]; "ulysses": the all-to-all trades sequence for heads, the
-          core holds [b_r, n_head/(tp cp), s, s];
+          core holds [b_r, n_head/(tp cp), s, s]; "allgather": each query chunk against the gathered keys before
+          it, [b_r, n_head/tp, c, i c] and [.., c, c];
   EP      rank holds E / ep experts, each an etp-th of h_ffn; expert inputs are data-dependent: the shapes given
           are the expectation under uniform routing with no dropping;
   PP      rank r holds layers [r L/pp, (r+1) L/pp) (v = 1), the embedding on stage 0, ln_f and the LM head on
@@ -39,6 +40,7 @@ from pylib.i18n import N_, shown, tr
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.options import SEQUENCE_PARALLEL, RunOptions
 from pylib.plan.problems import problems as plan_problems
+from pylib.plan.sequence import layout_chunks
 
 from . import planner
 from .tp import dtype_bytes
@@ -94,13 +96,21 @@ def score_blocks(cfg, par, b: int, s: int, options: RunOptions = RunOptions(), *
     not skip (`pylib.cp.ring_block_plan`): step 0 its own [.., s_c, s_c] block; later steps the K/V block of rank
     (cp_rank - step) mod cp -- causal contiguous: whole from an earlier rank, skipped from a later one; causal
     zig-zag: from an earlier rank all queries against the first half of the keys [.., s_c, s_c/2], from a later
-    rank the second half of the queries against all keys [.., s_c/2, s_c]. options: its cp_kind and cp_layout."""
+    rank the second half of the queries against all keys [.., s_c/2, s_c]; all-gather CP, causal: each chunk i of c
+    tokens it holds against the i c keys before it [.., c, i c] and its own [.., c, c] (not causal: one
+    [.., s_c, s]). options: its cp_kind and cp_layout."""
     cp_kind, layout = options.cp_kind, options.cp_layout
     loc = local_sizes(cfg, par, b, s, sequence_parallel=False)
     if par.cp == 1:
         return [(loc.b, loc.heads, s, s)]
     if cp_kind == "ulysses":
         return [(loc.b, loc.heads // par.cp, s, s)]
+    if cp_kind == "allgather":  # each query chunk against the gathered keys before it (`allgather_block_plan`)
+        if not cfg.causal:
+            return [(loc.b, loc.heads, loc.s_c, s)]
+        chunks = layout_chunks(cp_rank, par.cp, layout)
+        c = loc.s_c // len(chunks)
+        return [(loc.b, loc.heads, c, k) for i in chunks for k in ((i * c,) if i else ()) + (c,)]
     n, out = loc.s_c, [(loc.b, loc.heads, loc.s_c, loc.s_c)]
     for step in range(1, par.cp):
         owner = (cp_rank - step) % par.cp
@@ -182,6 +192,11 @@ def _attention_activations(a: _ActivationRows, options: RunOptions, cp_rank: int
     elif options.cp_kind == "ulysses":
         ssplit = _splits(*bt, ("cp", 1, par.cp))
         note = tr("Ulysses: heads cut by tp x cp, the whole s x s per head")
+    elif options.cp_kind == "allgather":
+        ssplit = _splits(*bt, ("cp", 2, par.cp))
+        note = tr(
+            "all-gather CP: {n} blocks per forward, my queries against the gathered keys (score_blocks)", n=len(blocks)
+        )
     else:
         ssplit = _splits(*bt, ("cp", 2, par.cp), ("cp", 3, par.cp))
         note = tr("ring: {n} blocks per forward, one at a time; never [.., s/cp, s] (score_blocks)", n=len(blocks))

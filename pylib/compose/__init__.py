@@ -14,7 +14,8 @@ reference on one device.
 Files: checks.py (every constraint, all reported), stage.py (one pipeline stage built from TP, CP and EP modules),
 reductions.py (the gradient-reduction table and the reductions after DP's), model.py (the composed model and one
 training step), placement.py (which rank holds each position), probe.py (the FFN activation probe), report.py
-(per-rank memory and traffic tables).
+(per-rank memory and traffic tables),
+checkpoint.py (save on one mesh, load on another: `save_checkpoint`, `load_checkpoint`, `restore`).
 """
 
 from .checks import ComposeConfigError, check_compose, compose_problems

@@ -2,8 +2,8 @@
 
 Each rank of the cp group holds its sequence shard of every activation, x [b, s/cp, h] (layout "contiguous" or
 "zigzag"), and a full copy of every weight. The token-local modules (LN, Q/K/V/O projections, MLP, LM head) run
-on the shard unchanged; attention swaps its `core` for ring attention or Ulysses. RoPE and the causal mask use the
-shard's *global* positions (`sequence_positions`), which under zig-zag are two separate ranges.
+on the shard unchanged; attention swaps its `core` for ring attention, Ulysses or all-gather CP. RoPE and the
+causal mask use the shard's *global* positions (`sequence_positions`), which under zig-zag are two separate ranges.
 
 Weights are replicated over cp but each rank only sees its own tokens, so each rank's weight gradient is a
 partial sum: all-reduce (sum) the gradients over the cp group -- in Megatron the cp group is folded into the
@@ -15,8 +15,8 @@ data-parallel group for exactly this reason ("dp-cp") -- and every rank holds th
     loss = cp_model.loss(shard(ids), shard(targets)); loss.backward(); cp_model.allreduce_gradients()
 
 Recomputation (`pylib.plan.recompute`): recompute="selective" keeps only the core's q, k, v and runs ring attention
-(its K/V passes) or Ulysses (its all-to-alls) again in backward; recompute="full" keeps each group's input
-[b, s/cp, h] and runs the group again.
+(its K/V passes), Ulysses (its all-to-alls) or all-gather CP (its all-gather) again in backward; recompute="full"
+keeps each group's input [b, s/cp, h] and runs the group again.
 """
 
 from __future__ import annotations
@@ -31,22 +31,24 @@ from pylib.i18n import tr
 from pylib.model.attention import Attention
 from pylib.model.data import check_tokens
 from pylib.model.transformer import Block, Transformer
-from pylib.plan.options import CP_KIND, CP_LAYOUT
+from pylib.plan.options import ALL_CP_KINDS, CP_KIND, CP_LAYOUT
 from pylib.plan.recompute import Recompute, check_recompute
 from pylib.runtime import collectives as C
 from pylib.runtime.recompute import RecomputedCore, run_layers
 from pylib.runtime.sharding import ShardSpec
 
+from .allgather import allgather_attention
 from .layout import check_layout, check_sequence, sequence_positions, sequence_shard_spec
 from .ring import cp_group, ring_attention
 from .ulysses import check_heads, ulysses_attention
 
-KINDS = ("ring", "ulysses")
+KINDS = ALL_CP_KINDS  # "ring", "ulysses", "allgather"
 
 
 class CPAttentionCore:
-    """`core(q, k, v, positions)` -- the signature of `pylib.model.Attention.core` -- computed by ring attention
-    or Ulysses over a cp group. q [b, n_head, s/cp, d_head], k, v [b, n_kv_head, s/cp, d_head], this rank's shard.
+    """`core(q, k, v, positions)` -- the signature of `pylib.model.Attention.core` -- computed by ring attention,
+    Ulysses or all-gather CP over a cp group. q [b, n_head, s/cp, d_head], k, v [b, n_kv_head, s/cp, d_head], this
+    rank's shard.
 
     `positions`, if given, must be this rank's global positions in `layout` (a mismatch means the caller sharded
     differently from the core, and raises). Usable inside any attention module, e.g. a tensor-parallel one whose
@@ -105,6 +107,8 @@ class CPAttentionCore:
         )
         if self.kind == "ring":
             return ring_attention(q, k, v, overlap=self.overlap, **kw)
+        if self.kind == "allgather":
+            return allgather_attention(q, k, v, **kw)
         return ulysses_attention(q, k, v, **kw)
 
     def __repr__(self) -> str:

@@ -3,6 +3,7 @@
     DistributedDataParallel(module, group=None, *, bucket_bytes=..., group_for=None, gradient_divide_factor=None)
     ZeroDataParallel(module, zero_stage=1|2, group=None, *, bucket_bytes=..., group_for=None, optimizer=Adam, **kw)
     FullyShardedDataParallel(module, group=None, *, units=None, group_for=None, optimizer=Adam, **kw)   # ZeRO-3
+    FullyShardedDataParallel(module, shard, replicate=replica, ...)   # HSDP: (shard, replica) = hybrid_groups(s)
     wrap(module, zero_stage, group, ...)   # any of them behind one training API; zero_stage: a ZeroStage, 0..3
                                            # or "ddp" | "zero1" | "zero2" | "zero3"
     wrap(..., precision=MixedPrecision("bfloat16", grad_reduce="float32"))  # 16-bit compute, fp32 master + state
@@ -17,7 +18,7 @@ from .batch import micro_batch
 from .buckets import DEFAULT_BUCKET_BYTES, Bucket, GradientBuckets
 from .ddp import DistributedDataParallel
 from .fsdp import FullyShardedDataParallel, default_units
-from .groups import split_by_group
+from .groups import hybrid_groups, split_by_group
 from .layout import (
     FlatEntry,
     FlatLayout,
@@ -59,6 +60,7 @@ __all__ = [
     "cast_module",
     "default_units",
     "flatten",
+    "hybrid_groups",
     "join_shards",
     "layout_table",
     "micro_batch",

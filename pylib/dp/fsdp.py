@@ -14,9 +14,21 @@ the rank keeps, and what its optimizer updates. Around each unit:
 
 `timeline` records the resident parameter bytes after every gather and free, so a run can draw them.
 
-Per step and rank that is all-gather + all-gather + reduce-scatter, 3(d-1)/d * Psi bytes: 1.5x DDP's traffic
-for 1/d of the parameter memory (ZeRO paper, section 7.2.2). At any moment one unit (sometimes two, where
-backward hands over from one to the next) is resident in full; `peak_param_bytes` measures it.
+Per micro-batch and rank that is all-gather + all-gather + reduce-scatter, 3(d-1)/d * Psi bytes: 1.5x DDP's
+traffic for 1/d of the parameter memory (ZeRO paper, section 7.2.2). With m micro-batches per step every one of
+them gathers again in its forward and its backward and reduce-scatters its own gradient (accumulated into the
+shard's gradient): 3m(d-1)/d * Psi per step. Nothing here keeps a gather across micro-batches (FSDP2's
+`set_reshard_after_backward(False)` and `set_requires_gradient_sync(False)` would trade memory for that), and
+ZeRO-3 has no `no_sync`: the full gradient is never held. At any moment one unit (sometimes two, where backward
+hands over from one to the next) is resident in full; `peak_param_bytes` measures it.
+
+HSDP (`replicate=`, a second group): the shards are cut over `group` (s ranks, inside a node) and the whole of the
+above runs there; each reduce-scattered shard gradient is then all-reduced over `replicate` (the r ranks holding
+the same shard, one per node), and divided by d = r x s. That is torch 2.13's order for a 2-D mesh
+(`torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py`, `foreach_reduce`: `reduce_scatter_comm` over the
+shard group, then `dist.all_reduce` of its output over `all_reduce_group`, "not None iff HSDP"). Per micro-batch:
+3(s-1)/s * Psi on the shard group, 2(r-1)/r * Psi/s on the replica group (`pylib.analysis.dp.hsdp_traffic_by_link`).
+`hybrid_groups(s)` makes the two groups.
 
 Freeing works the way PyTorch's FSDP does it: the autograd graph keeps *views* of `full` (Linear saves its weight,
 LayerNorm its weight and bias), so the storage under them can be emptied after forward and refilled before
@@ -99,6 +111,32 @@ class _GatherReduceInto(torch.autograd.Function):
         return None, None, None, None
 
 
+class _GatherHybrid(torch.autograd.Function):
+    """HSDP. Forward: all-gather this rank's shard over the shard group. Backward: the full buffer's gradient
+    (in `flat.main_grad`'s dtype when there is one) reduce-scattered over the shard group, the slice all-reduced over
+    the replica group, divided by `divide_by`; added into `flat.main_grad`, or returned as the shard's gradient."""
+
+    @staticmethod
+    def forward(ctx, shard, flat, divide_by, tag):
+        ctx.flat, ctx.divide_by, ctx.tag = flat, divide_by, tag
+        return C.all_gather_tensor(shard.detach(), 0, flat.group, tag=tag)
+
+    @staticmethod
+    def backward(ctx, dy):
+        flat = ctx.flat
+        dtype = dy.dtype if flat.main_grad is None else flat.main_grad.dtype
+        part = C.reduce_scatter_tensor(dy.to(dtype), 0, flat.group, phase="backward", tag=ctx.tag)
+        if part is dy:  # a shard group of one: the gradient autograd handed us is not ours to change in place
+            part = part.clone()
+        part = C.all_reduce_(part.contiguous(), flat.replicate, phase="backward", tag=ctx.tag)
+        if ctx.divide_by != 1:
+            part = part.div_(ctx.divide_by)
+        if flat.main_grad is None:
+            return part, None, None, None
+        flat.main_grad.add_(part)
+        return None, None, None, None
+
+
 class _Flat:
     """One unit's parameters of one reduction group: layout, group, the shard this rank keeps, and where each
     parameter is referenced in the module tree (a tied parameter has several homes). main_grad: with a
@@ -107,6 +145,7 @@ class _Flat:
     def __init__(self, layout: FlatLayout, group, shard: nn.Parameter, homes: list[list[tuple[nn.Module, str]]]):
         self.layout, self.group, self.shard, self.homes = layout, group, shard, homes
         self.main_grad: torch.Tensor | None = None
+        self.replicate = None  # HSDP: the group whose members hold the same shard (its gradient all-reduced there)
 
     @property
     def grad(self) -> torch.Tensor | None:
@@ -210,6 +249,8 @@ class FullyShardedDataParallel(nn.Module):
     the shards at each step. grad_reduce = compute: autograd reduce-scatters each unit's gradient in the shards'
     dtype into shard.grad; grad_reduce = float32: the gradient is cast and reduce-scattered in fp32 into a
     persistent fp32 slice per flat (`_GatherReduceInto`, Megatron's main_grad).
+    replicate: HSDP's replica group (`hybrid_groups`): `group` is then the shard group, each shard's reduced
+    gradient is all-reduced over `replicate` too, and the default divisor is d = r x s (`_GatherHybrid`).
     """
 
     tag_prefix = "zero3"
@@ -224,9 +265,18 @@ class FullyShardedDataParallel(nn.Module):
         gradient_divide_factor: int | float | None = None,
         optimizer=torch.optim.Adam,
         precision=None,
+        replicate=None,
         **optim_kwargs,
     ):
         super().__init__()
+        self.replicate = None if replicate is None else C.resolve_group(replicate)
+        if self.replicate is not None:
+            if group_for is not None:
+                raise ValueError(
+                    "replicate= (HSDP) with group_for=: one replica group cannot serve parameters reduced over "
+                    "different groups; shard those parameters with a wrapper of their own"
+                )
+            self.tag_prefix = "hsdp"
         self.reduce_dtype = None
         if (
             precision is not None
@@ -250,6 +300,7 @@ class FullyShardedDataParallel(nn.Module):
                 flat = _shard_flat(f"{key}.{g.name}" if len(sets) > 1 else key, g, dtype, members, homes)
                 if self.reduce_dtype is not None:
                     flat.main_grad = torch.zeros(flat.shard.numel(), dtype=self.reduce_dtype, device=flat.shard.device)
+                flat.replicate = self.replicate
                 self.shards.append(flat.shard)
                 flats.append(flat)
             unit = _Unit(uname, modules[uname], flats)
@@ -280,8 +331,10 @@ class FullyShardedDataParallel(nn.Module):
         call = _Gathered(unit)
         for flat in unit.flats:
             tag = f"{self.tag_prefix}.{flat.layout.key}"
-            divide_by = flat.group.size if self.divide_by is None else self.divide_by
-            if flat.main_grad is not None:  # mixed precision, reduced in another dtype: into main_grad
+            divide_by = self._group_size(flat) if self.divide_by is None else self.divide_by
+            if flat.replicate is not None:  # HSDP: reduce-scatter over the shard group, all-reduce over replicas
+                full = _GatherHybrid.apply(flat.shard, flat, divide_by, tag)
+            elif flat.main_grad is not None:  # mixed precision, reduced in another dtype: into main_grad
                 full = _GatherReduceInto.apply(flat.shard, flat, divide_by, tag)
             else:
                 full = C.all_gather(flat.shard, 0, flat.group, tag=tag)
@@ -341,6 +394,11 @@ class FullyShardedDataParallel(nn.Module):
     def _free(self, storage: torch.UntypedStorage) -> None:
         storage.resize_(0)
         self._live.pop(id(storage), None)
+
+    @staticmethod
+    def _group_size(flat: _Flat) -> int:
+        """The ranks that computed parts of this flat's gradient: the group, times the replicas under HSDP."""
+        return flat.group.size * (1 if flat.replicate is None else flat.replicate.size)
 
     def _note_params(self, what: str) -> None:
         resident = self.resident_param_bytes()

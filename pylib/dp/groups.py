@@ -28,6 +28,9 @@ import torch
 import torch.nn as nn
 
 from pylib.plan.fields import number
+from pylib.plan.mesh import HSDP_REPLICATE as REPLICATE
+from pylib.plan.mesh import HSDP_SHARD as SHARD
+from pylib.plan.mesh import hsdp_groups
 
 from ..runtime.collectives import resolve_group
 from ..runtime.mesh import AxisGroup
@@ -65,3 +68,32 @@ def dtype_name(dtype: torch.dtype) -> str:
 def check_divide_factor(factor) -> int | float | None:
     """None (average over each group) or a positive, finite number to divide every summed gradient by."""
     return number(None, "gradient_divide_factor", factor, above=0, none=True)
+
+
+def hybrid_groups(shard_size: int, dp_groups=None) -> tuple[AxisGroup, AxisGroup]:
+    """HSDP's two groups of this rank: (shard group of s consecutive members of its data-parallel group, named
+    "dp-shard"; replica group of the r = d/s members at its index in every shard group, "dp-replicate"), cut by
+    `pylib.analysis.dp.hsdp_groups`. dp_groups: every data-parallel group of the world as rank lists (e.g.
+    `mesh.groups["dp-cp"]`), or None for one group of every rank. Collective: every rank calls it, and creates every
+    group in the same order (torch's `new_group` requires it), whether or not it belongs to it."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError("hybrid_groups(...) must be called inside a launched rank")
+    world, me = dist.get_world_size(), dist.get_rank()
+    groups = [tuple(range(world))] if dp_groups is None else [tuple(g) for g in dp_groups]
+    mine: dict[str, AxisGroup] = {}
+    for ranks in groups:
+        shards, replicas = hsdp_groups(ranks, shard_size)
+        for name, cut in ((SHARD, shards), (REPLICATE, replicas)):
+            for members in cut:
+                pg = None
+                if len(members) == world:
+                    pg = dist.group.WORLD
+                elif len(members) > 1:
+                    pg = dist.new_group(list(members))
+                if me in members:
+                    mine[name] = AxisGroup(name, members, members.index(me), pg)
+    if set(mine) != {SHARD, REPLICATE}:
+        raise ValueError(f"rank {me} is in none of the data-parallel groups {groups}")
+    return mine[SHARD], mine[REPLICATE]

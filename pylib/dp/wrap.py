@@ -106,6 +106,7 @@ def wrap(
     gradient_divide_factor: int | float | None = None,
     optimizer=torch.optim.Adam,
     precision=None,
+    replicate=None,
     **optim_kwargs,
 ):
     """`module` under data-parallel `zero_stage` (a `ZeroStage`, or its int 0..3 or name "ddp", "zero1", "zero2",
@@ -115,13 +116,16 @@ def wrap(
     gradient_shards(), parameter_shards() and .module; the model's own forward (or `module.loss`) runs unchanged.
     precision: a `pylib.plan.options.MixedPrecision` recipe -- the module is cast to its compute dtype here, the
     gradients reduced in its reduce dtype, the optimizer run on fp32 masters (`pylib.dp.mixed`); None: one dtype.
-    Call backward on `trainer.scale_loss(loss)` (the loss times the fp16 loss scale; the loss itself otherwise)."""
+    Call backward on `trainer.scale_loss(loss)` (the loss times the fp16 loss scale; the loss itself otherwise).
+    replicate: with ZeRO-3, HSDP's replica group (`group` is then the shard group; `hybrid_groups`)."""
     # every argument checked before the module is touched: a refusal leaves it as it was
     stage = as_zero_stage(zero_stage)  # raises naming the allowed values
     instance("wrap", "module", module, nn.Module)
     instance("wrap", "precision", precision, MixedPrecision, none=True)
     check_divide_factor(gradient_divide_factor)
     integer("wrap", "bucket_bytes", bucket_bytes)
+    if replicate is not None and stage != ZeroStage.ZERO3:
+        raise ValueError(f"replicate= (HSDP) shards the parameters over `group`: needs zero_stage 3, got {stage.key}")
     if precision is not None:
         cast_module(module, precision)
     if stage == ZeroStage.DDP:
@@ -159,5 +163,6 @@ def wrap(
         gradient_divide_factor=gradient_divide_factor,
         optimizer=optimizer,
         precision=precision,
+        replicate=replicate,
         **optim_kwargs,
     )

@@ -21,6 +21,7 @@ from .heads import HeadLayout, head_layout, kv_heads_per_rank
 from .layout import FlatEntry, FlatLayout, layout_table, padded_numel, plan_buckets, single_flat
 from .mesh import AXES, DENSE_GROUPS, EXPERT_GROUPS, ParallelConfig, coordinates, rank_groups
 from .options import (
+    ALL_CP_KINDS,
     CP_KINDS,
     CP_LAYOUTS,
     SEQUENCE_PARALLEL,
@@ -36,6 +37,7 @@ from .sequence import layout_chunks, token_positions
 from .split import check_split, chunk_layers, layers_of_stage, stage_layers, virtual_stage
 
 __all__ = [
+    "ALL_CP_KINDS",
     "AXES",
     "CP_KINDS",
     "CP_LAYOUTS",

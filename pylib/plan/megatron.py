@@ -24,8 +24,10 @@ flags mean there:
 - `--sequence-parallel` is dropped by Megatron when tp = 1 (arguments.py: "Disabling sequence parallelism because
   tensor model parallelism is disabled"). Megatron's SP saves the sequence shard and all-gathers it again in
   backward (the planner's `sp_regather`); pylib's SP keeps the gathered input.
-- CP: `--cp-comm-type p2p` is the ring (K/V passed rank to rank), `a2a` is Ulysses; Megatron's other kinds
-  (`allgather`, `a2a+p2p` with `--hierarchical-context-parallel-sizes`) are not pylib's. Megatron always cuts a
+- CP: `--cp-comm-type p2p` is the ring (K/V passed rank to rank), `a2a` is Ulysses, `all_gather` is all-gather CP
+  (Megatron passes the value to TransformerEngine, whose `AttnFuncWithCPAndKVAllGather` runs for "all_gather";
+  the flag's help text spells it "allgather", which TransformerEngine does not accept); `a2a+p2p` with
+  `--hierarchical-context-parallel-sizes` is not pylib's. Megatron always cuts a
   sequence into 2 cp chunks, zig-zag (`get_batch_on_this_cp_rank`, `megatron/core/utils.py`): pylib's
   `cp_layout="contiguous"` has no flag.
 - Experts: `--expert-tensor-parallel-size` left unset means etp = tp in Megatron (etp = 1 in `ParallelConfig`), so
@@ -55,7 +57,7 @@ from .recompute import Recompute
 MEGATRON_COMMIT = "67f3515c8a0539d38c23f59dd8b85efdcbb3af3d"  # arguments.py read there (module docstring)
 MEGATRON_ORDER = "tp-cp-ep-dp-pp"
 TP_PP_DP_ORDER = "tp-cp-ep-pp-dp"  # --use-tp-pp-dp-mapping
-CP_COMM_TYPE = {"ring": "p2p", "ulysses": "a2a"}
+CP_COMM_TYPE = {"ring": "p2p", "ulysses": "a2a", "allgather": "all_gather"}
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}  # --data-parallel-sharding-strategy
 
 # Every field of ParallelConfig and RunOptions (and of its Recompute: "recompute" is its granularity,
@@ -131,7 +133,7 @@ def _problems(par: ParallelConfig, o: RunOptions, global_batch: int, moe: bool) 
     if par.cp > 1 and o.cp_layout != "zigzag":
         out.append(f"cp_layout={o.cp_layout!r}: Megatron always cuts 2 cp chunks per sequence, zig-zag")
     if par.cp > 1 and o.cp_kind not in CP_COMM_TYPE:
-        out.append(f"cp_kind={o.cp_kind!r} must be one of {tuple(CP_COMM_TYPE)} (--cp-comm-type p2p, a2a)")
+        out.append(f"cp_kind={o.cp_kind!r} must be one of {tuple(CP_COMM_TYPE)} (--cp-comm-type p2p, a2a, all_gather)")
     if not moe and (par.ep, par.etp) != (1, 1):
         out.append(f"ep={par.ep}, etp={par.etp} without experts: pass moe=True for a model with expert layers")
     # the ZeRO stage and the recomputation choice are checked when `RunOptions` is built: each has a flag

@@ -252,3 +252,24 @@ def coordinates(config: ParallelConfig, world_size: int, rank: int) -> dict[str,
                 out[key] = g.index(rank)
                 break
     return out
+
+
+# --------------------------------------------------------------------------------------------------- HSDP
+
+HSDP_SHARD, HSDP_REPLICATE = "dp-shard", "dp-replicate"  # HSDP's two groups, as the tracer records them
+
+
+def hsdp_groups(ranks, shard_size: int) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """A data-parallel group `ranks` (d of them, in group order) cut into r = d/s replicas of s ranks: the shard
+    groups are s consecutive members (one node when the group's ranks are numbered node by node), the replica
+    groups the members at the same index of every shard group. FSDP2's 2-D mesh (replicate, shard), row-major.
+
+        hsdp_groups(range(8), 4) == ([(0, 1, 2, 3), (4, 5, 6, 7)], [(0, 4), (1, 5), (2, 6), (3, 7)])"""
+    ranks = tuple(ranks)
+    d = len(ranks)
+    if not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 1 or d % shard_size:
+        raise ValueError(f"shard_size={shard_size!r} must be a positive divisor of the data-parallel size d={d}")
+    s = shard_size
+    shards = [ranks[i : i + s] for i in range(0, d, s)]
+    replicas = [tuple(g[j] for g in shards) for j in range(s)]
+    return shards, replicas

@@ -25,7 +25,10 @@ from .schedules import SCHEDULES
 # Sequence parallelism with TP on by default, as pylib.compose runs it: the activations outside the TP region are
 # cut s/(cp tp) (Megatron-Core's `sequence_parallel` flag; it is off by default there, on in every large recipe).
 SEQUENCE_PARALLEL = True
-CP_KINDS = ("ring", "ulysses")
+CP_KINDS = ("ring", "ulysses")  # the CP kinds a default planner search tries (`SearchSpace.cp_kinds`)
+# every CP kind pylib builds and RunOptions accepts: all-gather CP (Llama 3's, `pylib.cp.allgather`) is priced when a
+# SearchSpace names it (cp_kinds=ALL_CP_KINDS), left out of the default search so that its plans stay as they were
+ALL_CP_KINDS = (*CP_KINDS, "allgather")
 CP_LAYOUTS = ("contiguous", "zigzag")
 CP_KIND = "ring"  # the default CP kind of RunOptions and of the CP mode's own functions, written once
 CP_LAYOUT = "zigzag"  # the default token layout (causal load balance), likewise
@@ -69,10 +72,10 @@ class RunOptions:
     """How a composed run uses its mesh (the mesh itself is a `ParallelConfig`).
 
     sequence_parallel: cut the activations outside the TP region over tp (needs tp > 1 to change anything);
-    cp_kind: "ring" or "ulysses" context parallelism; cp_layout: "zigzag" (2 cp chunks, causal load balance) or
-    "contiguous"; schedule: "gpipe", "1f1b" or "interleaved"; n_microbatches: m per step and data-parallel rank;
-    v: chunks per pipeline rank (interleaved); zero_stage: `ZeroStage` (an int 0..3 is taken as one);
-    recompute: a `Recompute` (granularity "none", "selective" or "full", method and num_layers for "full":
+    cp_kind: "ring", "ulysses" or "allgather" context parallelism; cp_layout: "zigzag" (2 cp chunks, causal load
+    balance) or "contiguous"; schedule: "gpipe", "1f1b" or "interleaved"; n_microbatches: m per step and
+    data-parallel rank; v: chunks per pipeline rank (interleaved); zero_stage: `ZeroStage` (an int 0..3 is taken
+    as one); recompute: a `Recompute` (granularity "none", "selective" or "full", method and num_layers for "full":
     Megatron's recompute_granularity, recompute_method, recompute_num_layers); a granularity string is taken as
     `Recompute(granularity)`. Each field is checked when the options are built (`pylib.plan.fields`: a bad value
     raises naming it); `pylib.plan.problems` checks them against the model and the mesh."""
@@ -97,7 +100,7 @@ class RunOptions:
         if not (
             type(self.sequence_parallel) is bool
             and type(self.cp_kind) is str
-            and self.cp_kind in CP_KINDS
+            and self.cp_kind in ALL_CP_KINDS
             and type(self.cp_layout) is str
             and self.cp_layout in CP_LAYOUTS
             and type(self.schedule) is str
@@ -111,7 +114,7 @@ class RunOptions:
 
     def _check_each(self) -> None:
         flag("RunOptions", "sequence_parallel", self.sequence_parallel)
-        choice("RunOptions", "cp_kind", self.cp_kind, CP_KINDS)
+        choice("RunOptions", "cp_kind", self.cp_kind, ALL_CP_KINDS)
         choice("RunOptions", "cp_layout", self.cp_layout, CP_LAYOUTS)
         choice("RunOptions", "schedule", self.schedule, SCHEDULES)
         m = integer("RunOptions", "n_microbatches", self.n_microbatches)
@@ -205,6 +208,7 @@ __all__ = [
     "GRAD_REDUCE_DTYPES",
     "LOSS_SCALINGS",
     "MixedPrecision",
+    "ALL_CP_KINDS",
     "CP_KINDS",
     "CP_LAYOUTS",
     "RECOMPUTE",

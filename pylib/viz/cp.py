@@ -6,6 +6,7 @@
     zigzag_balance_figure(work)           measured per-rank attention work, contiguous vs zig-zag
     causal_ownership_figure(seq_len, cp)  the causal score matrix coloured by the rank that computes each row
     merge_drift_figure(rows)              error of bf16 ring attention vs cp, bf16 vs float32 merge (measured)
+    allgather_figure(runs, seq_len)       all-gather CP: the chunks each rank holds, gathers and attends to
 
 Drawn in the book's style (`pylib.viz.style`): each rank, and the K/V block it owns, in its rank colour.
 """
@@ -17,6 +18,8 @@ import numpy as np
 from matplotlib.colors import ListedColormap, to_rgba
 
 from ..i18n import tr
+from ..plan.options import CP_LAYOUT
+from ..plan.problems import n_chunks
 from . import style
 
 
@@ -195,5 +198,56 @@ def merge_drift_figure(rows, *, title: str | None = None):
     ax.set_ylim(bottom=0)
     ax.set_title(tr("bf16 ring attention: error against float64 attention") if title is None else title)
     ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+@style.styled
+def allgather_figure(runs, seq_len: int, layout: str = CP_LAYOUT):
+    """All-gather CP on real ranks, one row per rank, one cell per chunk of the sequence (cut as `layout` cuts it)
+    in token order. runs: per rank (rank order) a dict with "positions" (the token positions it holds), "blocks"
+    (the `GatherBlock`s its forward computed) and "sent" (bytes its all-gather sent, from the tracer). A cell is the
+    chunk's K/V in its owner's colour: solid where the rank holds it (and its queries, "Q"), pale where it arrived by
+    the gather; a bar under the row spans the keys each of the rank's query chunks attended to, so the gathered
+    chunks right of every bar were gathered and never read."""
+    cp = len(runs)
+    n = n_chunks(cp, layout)
+    c = seq_len // n
+    owner = np.full(n, -1)
+    for r, run in enumerate(runs):
+        for p in run["positions"][::c]:
+            owner[p // c] = r
+    fig, ax = style.subplots(figsize=(0.62 * n + 2.6, 1.0 * cp + 1.4), grid=False)
+    for r, run in enumerate(runs):
+        y = -r
+        mine = {p // c for p in run["positions"]}
+        for i in range(n):
+            colour = style.rank_colour(owner[i])
+            alpha = 1.0 if i in mine else 0.3
+            ax.add_patch(plt.Rectangle((i - 0.42, y - 0.22), 0.84, 0.5, color=colour, alpha=alpha, lw=0, zorder=2))
+            label = f"Q{i}\nK{i}V{i}" if i in mine else f"K{i}V{i}"
+            ax.text(i, y + 0.03, label, ha="center", va="center", fontsize=8, color=style.ink_on(colour, alpha))
+        reach: dict[int, int] = {}  # query chunk -> the end of the keys it attended to, in chunks
+        for blk in run["blocks"]:
+            q = run["positions"][blk.q_rows.start] // c
+            reach[q] = max(reach.get(q, 0), blk.kv_rows.stop // c)
+        for j, (q, stop) in enumerate(sorted(reach.items())):
+            yb = y - 0.32 - 0.13 * j
+            ax.plot([-0.42, stop - 0.58], [yb, yb], color=style.rank_colour(r), lw=1.8, zorder=3)
+            ax.text(stop - 0.52, yb, f"Q{q}", va="center", fontsize=8, color=style.MUTED)
+        ax.text(n - 0.3, y + 0.03, tr("sent {kib:,.1f} KiB", kib=run["sent"] / 1024), va="center", fontsize=9)
+    ax.set_xlim(-0.6, n + 1.6)
+    ax.set_ylim(-cp + 0.45, 0.55)
+    ax.set_xticks(range(n), [str(i) for i in range(n)])
+    ax.set_xlabel(tr("chunk of the sequence (token order)"))
+    ax.xaxis.set_label_position("top")
+    ax.set_yticks([-r for r in range(cp)], [tr("rank {r}", r=r) for r in range(cp)])
+    ax.xaxis.tick_top()
+    ax.set_title(
+        tr("All-gather CP: solid = held, pale = gathered;\nbars = the keys each query chunk attends to"), pad=24
+    )
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    ax.tick_params(length=0)
     fig.tight_layout()
     return fig

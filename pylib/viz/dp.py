@@ -1,11 +1,12 @@
 """Data-parallel figures, drawn from real runs: seed B's matrix picture, the flat buffers, ZeRO's per-rank memory
-bars, the bucket / backward overlap and ZeRO-3's resident parameters.
+bars, the bucket / backward overlap, ZeRO-3's resident parameters and HSDP's mesh.
 
     fig = plot_dp_matrix(d, tokens_per_rank, h_in, h_out, kind=spec.kind)     # which axis is split, which collective
     fig = plot_flat_layout(layout)                                            # a FlatLayout: params, padding, slices
     fig = plot_zero_memory({"ddp": mem, "zero1": mem1, ...}, formula={...})   # HeldBytes dicts, measured
     fig = plot_bucket_overlap([report_rank0, report_rank1])                   # OverlapReports from traces
     fig = plot_zero3_resident(fsdp.timeline, shard_bytes)                      # gathered before use, freed after
+    fig = plot_hsdp_mesh(shard_groups, replica_groups, sent)                   # HSDP's 2-D mesh, bytes per link
 
 Colours are the book's (`pylib.viz.style`): PARAMS, GRADS, OPTIM for model state, BACKWARD and COMM on the
 timeline, a rank's slice in its rank colour. Each function draws on `ax` when given one, else on a new figure.
@@ -14,7 +15,7 @@ timeline, a rank's slice in its rank colour. Each function draws on `ax` when gi
 from __future__ import annotations
 
 from matplotlib.lines import Line2D
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
 from pylib.plan.options import ZeroStage
 
@@ -410,5 +411,60 @@ def plot_zero3_resident(timeline, shard_bytes: int, *, unit: str = "KiB", ax=Non
         tr("ZeRO-3: one unit gathered at a time, peak {top:,.1f} {unit}", top=top, unit=unit),
         fontsize=style.legible_pt(fig, 10),
     )
+    fig.tight_layout()
+    return fig
+
+
+@style.styled
+def plot_hsdp_mesh(shard_groups, replica_groups, sent: dict[str, float], *, unit: str = "KiB", ax=None):
+    """HSDP's 2-D mesh: one row per shard group (a node; `pylib.plan.mesh.hsdp_groups`), its ranks coloured by the
+    shard they hold, joined down each column by their replica group; beside them the bytes one rank sent on each
+    link class in a step, `sent` = {"dp-shard": bytes, "dp-replicate": bytes} (a traced run's, by group name)."""
+    scale = style.BYTE_UNITS[unit]
+    r, s = len(shard_groups), len(shard_groups[0])
+    fig, ax = style.figure_axes(ax, figsize=(7.2, 1.0 + 1.15 * r), grid=False)
+    small, label = style.legible_pt(fig, 7.5), style.legible_pt(fig, 8.5)
+    w, h, gap = 1.0, 0.62, 0.55  # a rank's cell, and the space between two nodes
+    top = lambda i: -(i * (h + gap))  # noqa: E731  (row i's top edge)
+    for j in range(len(replica_groups)):  # the replica groups first, under the cells
+        x = j * (w + 0.15) + w / 2
+        ys = [top(0) - h / 2, top(r - 1) - h / 2]  # under the cells: seen between the nodes
+        ax.plot([x, x], ys, color=style.COMM, linewidth=2.4, zorder=0.5, gid="replica")
+    for i, members in enumerate(shard_groups):
+        box = FancyBboxPatch(
+            (-0.12, top(i) - h - 0.1),
+            s * (w + 0.15) + 0.09,
+            h + 0.2,
+            boxstyle="round,pad=0,rounding_size=0.08",
+            facecolor="none",
+            edgecolor=style.TEXT,
+            linewidth=1.2,
+            gid="node",
+        )
+        ax.add_patch(box)
+        ax.text(-0.25, top(i) - h / 2, tr("node {i}", i=i), ha="right", va="center", fontsize=label)
+        for j, g in enumerate(members):
+            x = j * (w + 0.15)
+            fill = style.rank_colour(j)
+            ax.add_patch(Rectangle((x, top(i) - h), w, h, facecolor=fill, edgecolor=style.CARD, gid="rank"))
+            ink = style.ink_on(fill)
+            ax.text(
+                x + w / 2, top(i) - h * 0.32, tr("rank {g}", g=g), ha="center", va="center", fontsize=small, color=ink
+            )
+            ax.text(
+                x + w / 2, top(i) - h * 0.72, tr("shard {j}", j=j), ha="center", va="center", fontsize=small, color=ink
+            )
+    right = s * (w + 0.15) + 0.3
+    shard_text = tr("shard group, inside a node:\n{x:,.1f} {unit} sent per rank", x=sent["dp-shard"] / scale, unit=unit)
+    replica_text = tr(
+        "replica group, across nodes:\n{x:,.1f} {unit} sent per rank", x=sent["dp-replicate"] / scale, unit=unit
+    )
+    ax.text(right, top(0) - h / 2 + 0.1, shard_text, ha="left", va="center", fontsize=label, color=style.TEXT)
+    ax.text(right, top(0) - h - gap / 2 - 0.1, replica_text, ha="left", va="top", fontsize=label, color=style.COMM)
+    ax.set_xlim(-1.3, right + 3.2)
+    ax.set_ylim(top(r - 1) - h - 0.4, 0.3)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(tr("HSDP: {r} replicas x {s} shards", r=r, s=s), fontsize=style.legible_pt(fig, 10))
     fig.tight_layout()
     return fig

@@ -52,6 +52,8 @@ def zh_config(base: dict) -> dict:
     sphinx["book_code_prompt_types"] = {"source": "代码", "output": "输出", "outputs": "输出", "content": "代码和输出"}
     sphinx["togglebutton_hint"] = "点击显示"
     sphinx["togglebutton_hint_hide"] = "点击隐藏"
+    # The reading-path badges under each section title ("Core · 12 min", tools/site/sphinx_reading_path.py).
+    sphinx["reading_path_words"] = {"core": "核心", "deep": "深入", "minutes": "{n} 分钟"}
     return config
 
 
