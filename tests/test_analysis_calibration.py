@@ -268,3 +268,48 @@ def test_llama3s_split_takes_a_layer_off_the_first_and_the_last_stage():
     # the bottleneck is a middle rank: the ends are lighter by one layer and carry the embedding or the head
     t = [P.rank_times(cfg, plan, C.workload(run), C.cluster(run), r).total for r in (0, 1, 15)]
     assert t[0] < t[1] and t[2] < t[1] * 1.01
+
+
+def test_sp_off_costs_the_counted_elementwise_passes_near_korthikantis_measured_layer_times():
+    # Korthikanti et al. 2022, Table 4 (22B, TP 8): 19.6 ms per layer without SP, 19.0 with it (+3.2%)
+    k = C.KORTHIKANTI_SP
+    assert k.measured_delta == pytest.approx(19.6 / 19.0 - 1)
+    check = C.sp_check()
+    assert abs(check.per_layer_ms(check.on) / 19.0 - 1) < 0.05
+    assert 0 < check.predicted_delta < 3 * k.measured_delta
+    # half of the fitted c_elem outside the TP region, the earlier model, priced it ten times too high
+    half = E.CostModel(c_rep=E.CostModel().c_elem / 2)
+    assert C.sp_check(model=half).predicted_delta > 5 * k.measured_delta
+
+
+def test_the_elementwise_split_moves_only_plans_with_tp_and_no_sp():
+    cfg, work = megatron_gpt(4096, 32, 4), P.Workload(8, 2048)
+    moved = {}
+    for sp in (True, False):
+        plan = P.Plan(pc(tp=4, dp=2), RunOptions(sequence_parallel=sp, n_microbatches=2))
+        t = [P.rank_times(cfg, plan, work, P.Cluster(8, model=E.CostModel(c_rep=x)), 0).forward for x in (0, 40)]
+        moved[sp] = t[1] - t[0]
+    assert moved[True] == pytest.approx(0, abs=1e-12) and moved[False] > 0
+    # 4 layers of c_rep e T h (1 - 1/t) bytes at hbm, T = 8 / (dp m) = 2 sequences of 2048 tokens
+    assert moved[False] == pytest.approx(4 * 40 * 2 * 2 * 2048 * 4096 * (1 - 1 / 4) / 3.35e12)
+
+
+def test_the_flop_count_since_8873b55_halves_the_core_attention_only():
+    cfg = megatron_gpt(4096, 32, 30)
+    full, half = (C.megatron_flops(cfg, 8, 4096, causal_half=x) for x in (False, True))
+    core = 12 * 8 * 4096 * 30 * 4096**2 * (4096 / 4096) * 1.0  # 12 B s L h^2 (s / h) q / h, q = h
+    assert full - half == pytest.approx(core / 2)
+    run = C.RUNS[1]
+    assert C.flop_convention_gap(run) == pytest.approx(
+        1 - C.megatron_flops(run.cfg, 192, 4096, causal_half=True) / C.megatron_flops(run.cfg, 192, 4096)
+    )
+
+
+def test_the_holdout_is_five_rows_of_the_fit_sweep_and_two_llama3_rows():
+    fit_gpus = [C.RUNS[i].gpus for i in C.FIT_ROWS]
+    mlm = [i for i in C.HOLDOUT_ROWS if C.RUNS[i].source == C.RUNS[C.FIT_ROWS[0]].source]
+    meta = [i for i in C.HOLDOUT_ROWS if C.RUNS[i].name == "Llama 3 405B"]
+    assert sorted(mlm + meta) == list(C.HOLDOUT_ROWS) and len(meta) == 2
+    assert {C.RUNS[i].dp for i in C.FIT_ROWS + tuple(mlm)} == {48}
+    inside = [i for i in mlm if min(fit_gpus) < C.RUNS[i].gpus < max(fit_gpus)]
+    assert len(inside) == 3 and len(mlm) - len(inside) == 2

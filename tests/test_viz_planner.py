@@ -9,7 +9,7 @@ import pytest
 from pylib.analysis import planner as P
 from pylib.viz.planner import (
     EXPLORER_PRESETS,
-    EXPLORER_SEARCH,
+    JOB_SEARCH,
     PRESETS,
     Check,
     PlannerExplorer,
@@ -24,7 +24,7 @@ def test_default_view_is_the_cost_models_ranking_for_the_default_sizes():
     ex = PlannerExplorer()
     name, world, batch, seq, memory = ex.state()
     want = P.rank_plans(
-        PRESETS[name][0], megatron_workload(batch, seq), explorer_cluster(world, memory), top=8, space=EXPLORER_SEARCH
+        PRESETS[name][0], megatron_workload(batch, seq), explorer_cluster(world, memory), top=8, space=JOB_SEARCH
     )
     assert ex.text().splitlines()[1:] == plans_text(want).splitlines()
     assert want[0].plan.describe() in ex.out.value and "memory / GPU" in ex.out.value
@@ -64,3 +64,26 @@ def test_the_static_explorer_is_a_form_showing_what_the_live_one_shows_and_the_l
     live.world.value = 8  # 70B on 8 GPUs: no plan fits, and the static one says why alike
     assert live_state_html(page.state | {"world": 8}) == live.out.value
     assert "pb-needs-kernel" in live.widget._dom_classes and "pb-needs-kernel" not in page._repr_html_()
+
+
+def test_the_explorers_and_the_planner_chapter_ask_one_function_about_one_job(monkeypatch):
+    import pathlib
+
+    import pylib.viz.planner as V
+
+    asked = []
+
+    def recorder(job, top=8):
+        asked.append(job)
+        return []
+
+    monkeypatch.setattr(V, "best_plans", recorder)
+    ex = V.PlannerExplorer()
+    V.static_explorer()
+    default = V.preset_job()
+    assert ex.state()[:4] == (default.preset, 64, 512, 4096)
+    assert asked == [default, default] and default == V.DEFAULT_JOB  # the live and the static page: one job
+    chapter = pathlib.Path(__file__).parents[1].joinpath("book/part4/planner.md").read_text()
+    # the chapter's ranking and its knob table's baseline come from the same call about the same job
+    assert "top70 = best_plans(job, top=10)" in chapter and "bp = top70[0].plan" in chapter
+    assert "job = DEFAULT_JOB" in chapter and "top_of(" not in chapter

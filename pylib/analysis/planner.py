@@ -645,7 +645,9 @@ def step_flops(cfg, batch: int, seq: int) -> float:
     """Training FLOPs of one step on the whole batch: forward = 2 FLOPs per multiply-add of every matmul a token
     passes through (Q, K, V, O; the dense MLP or the router and its top-k experts; the LM head) plus attention's
     q.k and p.v over the score entries it computes (`cp.attention_flops`: s(s+1)/2 per head when causal);
-    backward twice the forward, so 3x in all. Without activation recomputation."""
+    backward twice the forward, so 3x in all. Without activation recomputation. The causal half is Megatron-LM's
+    count since 8873b55 (March 2025; `num_floating_point_operations` at d98e8a6 counts s^2 / 2); the published runs
+    are compared in the full s^2 count of their time (`calibration.megatron_flops`)."""
     h, dh, L = cfg.d_model, cfg.d_head, cfg.n_layers
     attn = h * (2 * cfg.n_heads * dh + 2 * cfg.kv_heads * dh)
     mats = 3 if cfg.mlp == "swiglu" else 2

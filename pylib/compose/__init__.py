@@ -3,6 +3,7 @@ reference on one device.
 
     ParallelTransformer.from_full(model, mesh, RunOptions(...), batch=, seq=, lr=...)   # pylib.plan.RunOptions
         .step(ids, targets) -> StepResult      # the global batch [B, S]; .loss = the reference's mean loss
+        .step(ids, targets, clip=GradClip(1.0))   # clipped to the global gradient norm; .clip = the ClipResult
         .reduction_table()                     # which group completes each parameter's gradient, as rows
         .memory(), .parameter_pieces(), .layouts, .shard_specs()
     compose_problems(cfg, ParallelConfig, world, batch=, seq=, options=) -> [every violated constraint]
@@ -12,13 +13,15 @@ reference on one device.
 (The training loops, `train` and `train_reference`, are `pylib.experiments.compose_training`.)
 
 Files: checks.py (every constraint, all reported), stage.py (one pipeline stage built from TP, CP and EP modules),
-reductions.py (the gradient-reduction table and the reductions after DP's), model.py (the composed model and one
+reductions.py (the gradient-reduction table and the reductions after DP's), clip.py (the global gradient norm,
+each parameter counted once, and clipping to it), model.py (the composed model and one
 training step), placement.py (which rank holds each position), probe.py (the FFN activation probe), report.py
 (per-rank memory and traffic tables),
 checkpoint.py (save on one mesh, load on another: `save_checkpoint`, `load_checkpoint`, `restore`).
 """
 
 from .checks import ComposeConfigError, check_compose, compose_problems
+from .clip import ClipError, ClipResult, GradClip, NonFiniteGradientError, NormFamily, clip_grads, global_norm
 from .model import ParallelTransformer, StepResult, local_batch
 from .placement import holder_labels
 from .probe import ffn_probe
@@ -44,7 +47,14 @@ from .report import (
 from .stage import ParallelStage, build_layer
 
 __all__ = [
+    "ClipError",
+    "ClipResult",
     "ComposeConfigError",
+    "GradClip",
+    "NonFiniteGradientError",
+    "NormFamily",
+    "clip_grads",
+    "global_norm",
     "ParallelStage",
     "ParallelTransformer",
     "ParamInfo",

@@ -49,6 +49,7 @@ from pylib.runtime.tracer import phase, tag
 
 from . import checks
 from .checks import ComposeConfigError, check_compose, compose_problems
+from .clip import GradClip, clip_held_gradients
 from .probe import SavedProbe
 from .reductions import (
     finalize_gradients,
@@ -70,7 +71,8 @@ class StepResult:
     saved per (microbatch, chunk) forward, parameters excluded (`probe.SavedProbe`; under ZeRO-3 also the gathered
     parameter buffers; see `step`'s activation_probe); peak_activation_bytes: the most held at once over the schedule.
     reduced: element counts of the TP gradient sums. moe_routing: per MoE forward, (layer, send_counts,
-    recv_counts, etp_rows) of the dispatch -- what the EP traffic formulas need."""
+    recv_counts, etp_rows) of the dispatch -- what the EP traffic formulas need. clip: the global gradient norm
+    and the coefficient applied (`clip.ClipResult`) when the step clipped."""
 
     loss: float
     local_loss: float | None
@@ -81,6 +83,7 @@ class StepResult:
     reduced: dict
     moe_routing: list = field(default_factory=list)
     timeline: list = field(default_factory=list)
+    clip: object = None  # the `clip.ClipResult` of a step run with clip=GradClip(...); None otherwise
 
 
 def local_batch(x: torch.Tensor, mesh, layout: str = CP_LAYOUT) -> torch.Tensor:
@@ -285,7 +288,13 @@ class ParallelTransformer:
         return (b, s, self.cfg.d_model)
 
     def step(
-        self, ids: torch.Tensor, targets: torch.Tensor, *, measure_memory: bool = True, activation_probe: str = "stage"
+        self,
+        ids: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        measure_memory: bool = True,
+        activation_probe: str = "stage",
+        clip: GradClip | None = None,
     ) -> StepResult:
         """One training step on the global batch ids, targets [B, S] (the same on every rank; moved to the model's
         device).
@@ -293,7 +302,11 @@ class ParallelTransformer:
         activation_probe: "stage" (`probe.SavedProbe` inside each stage forward; parameters and ZeRO-3's gathered
         buffers excluded) or "pipeline" (`pylib.pp.run_pipeline`'s own probe, which excludes the modules'
         parameters only -- right except under ZeRO-3). autograd applies only the innermost saved-tensor hooks, so
-        one probe runs per step."""
+        one probe runs per step. clip: a `clip.GradClip`: after the gradients are complete, scale them to the global
+        norm (`clip.clip_held_gradients`, every parameter counted once); a non-finite gradient on any rank skips
+        the update on every rank (or raises, as the GradClip says)."""
+        if clip is not None and not isinstance(clip, GradClip):
+            raise TypeError(f"clip={clip!r} must be a GradClip or None")
         if activation_probe not in ("stage", "pipeline"):
             raise ValueError(f"activation_probe={activation_probe!r} must be 'stage' or 'pipeline'")
         stage_probe = measure_memory and activation_probe == "stage"
@@ -332,8 +345,15 @@ class ParallelTransformer:
             w.finish_gradient_sync()
         pieces = self.gradient_pieces()
         reduced = finalize_gradients(pieces, self.table, mesh, self.kv_replicas)
-        for w in self.wrappers:
-            w.step()
+        clipped = None
+        if clip is not None:
+            sharded, experts = self.zero_stage != ZeroStage.DDP, self.cfg.moe is not None
+            clipped = clip_held_gradients(
+                pieces, self.table, mesh, self.kv_replicas, clip, sharded=sharded, experts=experts
+            )
+        if clipped is None or not clipped.skipped:
+            for w in self.wrappers:
+                w.step()
         loss = self._global_loss(run.loss)
         return StepResult(
             loss=loss,
@@ -347,6 +367,7 @@ class ParallelTransformer:
             reduced=reduced,
             moe_routing=list(self._moe_log),
             timeline=list(run.timeline),
+            clip=clipped,
         )
 
     def _global_loss(self, local: float | None) -> float:

@@ -6,6 +6,7 @@ selection guide read off its numbers, and an ipywidgets explorer.
     ranked = rank_plans(cfg, workload, cluster, top=8)          # pylib.analysis.planner
     print(plans_text(ranked))                                   # the table, as plain text (also plans_html)
     ex = PlannerExplorer(); ex.widget; print(ex.text())         # choose sizes, see the best plans
+    best_plans(DEFAULT_JOB)                                     # the one ranking the explorer and the chapter show
 
 Every number comes from `pylib.analysis.planner` (and through it from the per-mode formulas); the measurements from
 `pylib.experiments.plan_runs` (`pylib.experiments.compose_training.train` inside launched ranks).
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pylib.analysis import planner as P
 from pylib.i18n import N_, shown, tr
@@ -230,6 +231,9 @@ def plans_html(ranked: list[P.Prediction]) -> str:
 EXPLORER_SEARCH = P.SearchSpace(
     micro_batch_sizes=(1,), virtual_stages=(1,), expert_tp=(1,), sequence_parallel=(True,), sp_regather=True
 )
+# The explorer's job space (`Job.space`): EXPLORER_SEARCH with one or two chunks per pipeline rank, the interleaving
+# NVIDIA's recipes use. (EXPLORER_SEARCH itself, without interleaving, is what other chapters count plans over.)
+JOB_SEARCH = replace(EXPLORER_SEARCH, virtual_stages=(1, 2))
 EXPLORER_PRESETS = [name for name in PRESETS if not name.startswith("DeepSeek")]  # 256 experts: seconds per update
 WORLD_SIZES = [8, 16, 32, 64, 128, 256]
 GPU_MEMORY = {"40 GB (A100 40G)": 40e9, "80 GB (H100)": 80e9, "141 GB (H200)": 141e9}
@@ -240,6 +244,53 @@ def explorer_cluster(world: int, memory: float) -> P.Cluster:
     with the GEMMs (`tp_comm_overlap`, Megatron's --tp-comm-overlap) as in every published run the cost model's
     constants were fitted on (`calibration.RUNS`) and in NVIDIA's recipes for these models."""
     return P.Cluster(world, gpu_memory=memory, tp_comm_overlap=True)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One planning question: the preset model `preset` (a key of PRESETS) on `world` GPUs of `memory` bytes
+    (`explorer_cluster`), `batch` sequences of `seq` tokens per step, the gradients reduced in `grad_reduce`
+    (Megatron-LM's default fp32: `megatron_workload`). The explorer, the planner chapter's ranking and its knob
+    table all ask `best_plans` about a Job, so one job has one answer."""
+
+    preset: str
+    world: int
+    batch: int
+    seq: int
+    memory: float = 80e9
+    grad_reduce: str = "float32"
+
+    @property
+    def cfg(self) -> ModelConfig:
+        return PRESETS[self.preset][0]
+
+    @property
+    def workload(self) -> P.Workload:
+        return P.Workload(self.batch, self.seq, grad_reduce=self.grad_reduce)
+
+    @property
+    def cluster(self) -> P.Cluster:
+        return explorer_cluster(self.world, self.memory)
+
+    @property
+    def space(self) -> P.SearchSpace:
+        return JOB_SEARCH
+
+
+def preset_job(name: str = DEFAULT, world: int | None = None) -> Job:
+    """The preset's job: its model, GPUs (or `world`), global batch and sequence length, on 80 GB GPUs."""
+    _cfg, w, batch, seq = PRESETS[name]
+    return Job(name, world or w, batch, seq)
+
+
+DEFAULT_JOB = preset_job()  # Llama-2-70B-class on 64 GPUs, 512 x 4096 tokens: the explorer's default, the chapter's
+
+
+@functools.lru_cache(maxsize=256)
+def best_plans(job: Job, top: int = 8) -> list[P.Prediction]:
+    """The `top` plans of `job` by the cost model (`planner.rank_plans` over `job.space`): the one ranking the
+    explorer shows and the planner chapter starts from."""
+    return P.rank_plans(job.cfg, job.workload, job.cluster, top=top, space=job.space)
 
 
 # A preset's name as the reader sees it (the English name stays the key of PRESETS).
@@ -271,10 +322,11 @@ def explorer_title(name: str, world: int, batch: int, seq: int, memory: float) -
 
 class PlannerExplorer:
     """Choose a model, the GPUs and the step's batch; see the cost model's best plans with their memory and traffic
-    per GPU (`pylib.analysis.planner.rank_plans` over `EXPLORER_SEARCH`: one sequence per microbatch, no virtual
-    stages, no expert TP, SP whenever TP > 1 -- Megatron's, with the regather -- and Megatron's default fp32 gradients,
-    `megatron_workload`; TP overlapped with the GEMMs, `explorer_cluster`). On a 2-core CPU an update
-    takes under a second for the dense presets and up to about 3 s for the MoE on 256 GPUs (answers are cached, so
+    per GPU (`best_plans` of the chosen `Job`, the function the planner chapter asks too; `planner.rank_plans`
+    over `JOB_SEARCH`: one sequence per microbatch, one or two chunks per pipeline rank, no expert TP, SP whenever
+    TP > 1 -- Megatron's, with the regather -- and Megatron's default fp32 gradients, `megatron_workload`; TP
+    overlapped with the GEMMs, `explorer_cluster`). On a 2-core CPU an update takes about a second for the dense
+    presets and a few seconds for the MoE on 256 GPUs (answers are cached, so
     going back is instant). Its controls need a kernel: the container carries the class "pb-needs-kernel", which
     the static site disables with a notice; `static_explorer` is the kernel-free version. `text()` prints the
     default table."""
@@ -377,11 +429,8 @@ def static_explorer(preset: str = DEFAULT):
     return LivePage("planner", [("", fields)], presets, state, live_state_html(state))
 
 
-@functools.lru_cache(maxsize=256)
 def _ranked(name: str, world: int, batch: int, seq: int, memory: float, top: int) -> list[P.Prediction]:
-    cfg = PRESETS[name][0]
-    cluster = explorer_cluster(world, memory)
-    return P.rank_plans(cfg, megatron_workload(batch, seq), cluster, top=top, space=EXPLORER_SEARCH)
+    return best_plans(Job(name, world, batch, seq, memory), top)
 
 
 # ------------------------------------------------------------------------------------------------ calibration, knobs
@@ -423,6 +472,26 @@ def calibration_rows(evaluated) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def ranked_sentence(e) -> str:
+    """Where a searched run's published mesh ranks (a `calibration.Evaluated` with `search=True`), as a sentence:
+    the planner's first choice, or its place and how far behind the first plan."""
+    if e.rank == 1:
+        return tr(
+            "{name}: the published mesh, {par}, is the planner's first choice ({best}).",
+            name=e.run.name,
+            par=e.run.par.describe(),
+            best=e.best.plan.describe(),
+        )
+    return tr(
+        "{name}: the published mesh, {par}, ranks {rank}, {slower:.1%} behind the planner's first choice, {best}.",
+        name=e.run.name,
+        par=e.run.par.describe(),
+        rank=e.rank,
+        slower=e.slower_than_best,
+        best=e.best.plan.describe(),
+    )
 
 
 KNOB_HEADER = ["change (one knob)", "plan", "memory / GPU", "step", "vs baseline", "what moved most"]
