@@ -10,7 +10,7 @@ import collections
 import pytest
 import torch.distributed as dist
 
-from pylib.analysis.tp import Collective, layer_collectives, model_collectives
+from pylib.analysis.tp import Collective, layer_collectives, logits_gather, model_collectives
 from pylib.model import ModelConfig, build_model, random_hidden, random_tokens, torch_dtype
 from pylib.plan.presets import tiny
 from pylib.runtime import launch, tag, trace
@@ -119,5 +119,9 @@ def test_vocab_parallel_loss_moves_b_s_numbers_where_gathering_logits_would_move
     assert [c.where for c in ce] == ["cross_entropy.max", "cross_entropy.target_logit", "cross_entropy.sum_exp"]
     assert sum(c.payload_bytes for c in ce) == 3 * b * s * 8
     assert sum(c.bytes_sent for c in ce) == 3 * 2 * (t - 1) * b * s * 8 // t
-    # gathering the logits instead would carry b*s*V numbers: V/3 times more
+    # gathering the logits instead would carry b*s*V numbers: V/3 times the payload, and since an all-reduce sends
+    # 2(t-1)/t of its payload where an all-gather sends (t-1)/t, V/6 times the bytes on the wire
     assert 3 * (b * s * cfg.vocab_size * 8) == cfg.vocab_size * sum(c.payload_bytes for c in ce)
+    gather = logits_gather(b, s, cfg.vocab_size, t, 8)
+    assert gather.bytes_sent == (t - 1) * b * s * cfg.vocab_size * 8 // t
+    assert 6 * gather.bytes_sent == cfg.vocab_size * sum(c.bytes_sent for c in ce)

@@ -219,6 +219,7 @@ def _schedules_on_chapter_axes():
 CASES = {
     "tp.fig_column_vs_row": lambda runs: tp.fig_column_vs_row(runs["tp"]),
     "tp.fig_sp_region": lambda runs: tp.fig_sp_region(layer_traces(t=2, b=1, s=8)),
+    "tp.fig_vocab_padding": lambda runs: tp.fig_vocab_padding([(37, 4, 8, 64), (128256, 8, 128, 129024)]),
     "cp.ring_rounds_figure": lambda runs: cp.ring_rounds_figure(ring_rounds([r["zigzag"][0] for r in runs["cp"]])),
     "cp.zigzag_balance_figure": lambda runs: cp.zigzag_balance_figure(
         {layout: [r[layout][1] for r in runs["cp"]] for layout in ("contiguous", "zigzag")}

@@ -25,8 +25,10 @@ Sources:
             405B on H100, BF16: GPUs, TP, CP, PP, 16M tokens per batch, TFLOP/s per GPU; the same rows shown by
             P. Balaji, SC'24, as reproduced at glennklockwood.com/garden/llama-3.1), at the 8K-token sequences of
             the initial pretraining; DP = GPUs / (TP CP PP); the model's shape from its Table 3
-            (`presets.llama3_405b`). The third row
-            (CP 16 at 128K tokens) is left out: its sequence length is not in the table as read here.
+            (`presets.llama3_405b`). The table's third row (16,384 GPUs, CP 16, sequences of 131,072 tokens: the
+            table lists that length) is not among these rows: they are the 8K-token rows of the initial
+            pretraining, and this calibration's search (`LAYOUT_SEARCH`) tries ring CP only, where Meta's CP is
+            the all-gather kind (section 3.3.2).
             Section 3.3.2 says Meta's schedule lets N, the microbatches per group of the interleaved schedule, be
             set freely; no value for these runs is read here, so the planner chooses N on the published mesh as it
             does on every row (`PUBLISHED_GROUP_SIZES`). Section 3.3.2 also says that with its memory work

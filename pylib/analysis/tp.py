@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from pylib.i18n import tr
 from pylib.plan.options import DTYPE_BYTES  # the one dtype -> bytes table
+from pylib.plan.vocab import padded_vocab_size
 
 # --------------------------------------------------------------------------------------------------- traffic
 
@@ -127,11 +128,19 @@ def lm_head_collectives(b, s, h, t, e, *, sequence_parallel=False, regather=Fals
 
 def cross_entropy_collectives(b, s, t, e) -> list[Collective]:
     """Vocab-parallel cross-entropy: three all-reduces of b*s numbers (max, target logit, sum of exp), forward
-    only. Versus gathering the logits: b*s*V*e. The backward is local."""
+    only, 6 (t-1)/t b*s*e bytes sent; V (padded or not) does not enter. Versus gathering the logits
+    (`logits_gather`): (t-1)/t b*s*V_p*e, V_p/6 times more. The backward is local."""
     if t == 1:
         return []
     S = b * s * e
     return [_c("forward", "all_reduce", f"cross_entropy.{w}", S, t) for w in ("max", "target_logit", "sum_exp")]
+
+
+def logits_gather(b, s, vocab_size, t, e, make_vocab_size_divisible_by=None) -> Collective:
+    """The all-gather of the logits that the vocab-parallel loss avoids: each rank's [b, s, V_p/t] to every rank,
+    V_p = `pylib.plan.vocab.padded_vocab_size(V, t, make_vocab_size_divisible_by)` (V itself when None)."""
+    Vp = padded_vocab_size(vocab_size, t, make_vocab_size_divisible_by)
+    return _c("forward", "all_gather", "logits", b * s * Vp * e, t)
 
 
 def grad_collectives(cfg, t: int, *, sequence_parallel=False) -> list[Collective]:

@@ -11,6 +11,10 @@ Three all-reduces over TP, each of b*s numbers (not b*s*V):
 
 Backward is local: d loss / d z_v = softmax(z)_v - [v == y], and each rank has its columns of the softmax
 (exp(z - m) / the all-reduced sum) and knows whether it owns y. No communication.
+
+A padded vocabulary (`pylib.plan.vocab`: V_p columns, of which only the first V are tokens): given vocab_size=V,
+`mask_padded_logits` sets columns V..V_p-1 to -inf first, so exp gives 0 there: the padded ids get no
+probability, no gradient, and the loss is the unpadded one. Targets must lie in [0, V).
 """
 
 from __future__ import annotations
@@ -52,9 +56,25 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return grad.to(ctx.in_dtype), None, None, None
 
 
-def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tensor, group=None) -> torch.Tensor:
+def mask_padded_logits(local_logits: torch.Tensor, vocab_size: int, group=None) -> torch.Tensor:
+    """This rank's logits [b, s, V_p/t] with the columns of padded ids (global index >= vocab_size) set to -inf:
+    softmax gives them 0, so they are never sampled and add nothing to the loss; their gradient is 0. Unchanged
+    (the same tensor) on a rank that holds no padded column."""
+    g = C.resolve_group(group)
+    width = local_logits.shape[-1]
+    start = g.rank * width
+    if start + width <= vocab_size:
+        return local_logits
+    padded = torch.arange(start, start + width, device=local_logits.device) >= vocab_size
+    return local_logits.masked_fill(padded, float("-inf"))
+
+
+def vocab_parallel_cross_entropy(
+    local_logits: torch.Tensor, targets: torch.Tensor, group=None, vocab_size: int | None = None
+) -> torch.Tensor:
     """Per-token cross-entropy [b, s] from this rank's vocabulary slice local_logits [b, s, V/t] and the global
     target ids [b, s] (the same on every TP rank). Rank r's slice is vocabulary [r*V/t, (r+1)*V/t).
+    vocab_size: V when the logits' V_p = t * width is padded (columns V..V_p-1 masked, targets below V); None: V_p.
 
     The result is the same on every TP rank; `.mean()` is the reference model's loss."""
     g = C.resolve_group(group)
@@ -62,5 +82,14 @@ def vocab_parallel_cross_entropy(local_logits: torch.Tensor, targets: torch.Tens
         raise ValueError(
             f"targets {tuple(targets.shape)} must match logits {tuple(local_logits.shape)} without the vocabulary dim"
         )
-    check_tokens(targets, local_logits.shape[-1] * g.size, "targets")  # a target no rank owns: loss log(sum exp)
+    padded = local_logits.shape[-1] * g.size
+    if vocab_size is None:
+        vocab_size = padded
+    elif not 0 < vocab_size <= padded:
+        raise ValueError(
+            f"vocab_size={vocab_size} must be in [1, {padded}], the {g.size} ranks' logits' width "
+            f"{local_logits.shape[-1]} times {g.size}"
+        )
+    check_tokens(targets, vocab_size, "targets")  # a target no rank owns: loss log(sum exp)
+    local_logits = mask_padded_logits(local_logits, vocab_size, g)
     return _VocabParallelCrossEntropy.apply(local_logits, targets, g, current_tag())

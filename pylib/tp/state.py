@@ -15,7 +15,13 @@ from pylib.runtime import collectives as C
 
 
 def _unshard(pieces: list[torch.Tensor], spec: ShardSpec) -> torch.Tensor:
-    """Every rank's piece, in group order -> the full tensor (one copy of each replicated K/V head)."""
+    """Every rank's piece, in group order -> the full tensor (one copy of each replicated K/V head; a padded
+    vocabulary's rows past V dropped)."""
+    if spec.kind == "vocab":
+        full = torch.cat(pieces, dim=spec.dim).narrow(spec.dim, 0, spec.full_shape[spec.dim])
+        if tuple(full.shape) != spec.full_shape:
+            raise RuntimeError(f"{spec.name}: gathered {tuple(full.shape)}, expected {spec.full_shape}")
+        return full
     replicas = len(pieces) * spec.local_shape[spec.dim] // spec.full_shape[spec.dim]
     full = torch.cat(pieces[::replicas], dim=spec.dim)
     if tuple(full.shape) != spec.full_shape:

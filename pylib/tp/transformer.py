@@ -11,7 +11,9 @@ residual adds run on s/t tokens (seed A's green zone cut to 1/t); the LayerNorm 
 `allreduce_sequence_parallel_grads` (see grads.py).
 
 Model: vocab-parallel embedding, the layers, final LayerNorm, column-parallel LM head giving my vocabulary
-slice of the logits [b, s, V/t], vocab-parallel cross-entropy. The full logits are never formed.
+slice of the logits [b, s, V/t], vocab-parallel cross-entropy. The full logits are never formed. With
+make_vocab_size_divisible_by=d the vocabulary is padded to V_p, a multiple of d*t (Megatron-LM's rule,
+`pylib.plan.vocab`), and the logits of the padded ids are -inf on every rank that holds them.
 
 Recomputation (`pylib.plan.recompute`): recompute="selective" wraps each layer's attention core in
 `RecomputedCore` (it keeps q, k, v, not the [b, n_head/t, s, s] probabilities); recompute="full" keeps only the input
@@ -25,14 +27,15 @@ import torch
 import torch.nn as nn
 
 from pylib.plan.recompute import Recompute, check_recompute
+from pylib.plan.vocab import padded_vocab_size
 from pylib.runtime import ShardSpec, require_divisible, tag
 from pylib.runtime import collectives as C
 from pylib.runtime.agreement import agree_on_batch
 from pylib.runtime.recompute import RecomputedCore, run_layers
 
 from .attention import LocalAttention, TPAttention, head_layout
-from .cross_entropy import vocab_parallel_cross_entropy
-from .embedding import VocabParallelEmbedding
+from .cross_entropy import mask_padded_logits, vocab_parallel_cross_entropy
+from .embedding import VocabParallelEmbedding, pad_vocab_rows
 from .grads import finalize_grads, mark_sequence_parallel
 from .linear import ColumnParallelLinear
 from .mlp import TPMLP
@@ -63,11 +66,26 @@ def layernorm_specs(ln: nn.LayerNorm, prefix: str, sequence_parallel: bool, toke
     ]
 
 
-def check_tp_config(cfg, tp: int) -> None:
-    """Raise naming the first size TP cannot split: heads, K/V heads, h_ffn, vocabulary."""
+def check_tp_config(cfg, tp: int, make_vocab_size_divisible_by: int | None = None) -> None:
+    """Raise naming the first size TP cannot split: heads, K/V heads, h_ffn, vocabulary (the padded one, a
+    multiple of t by construction, when make_vocab_size_divisible_by is given: `pylib.plan.vocab`)."""
     head_layout(cfg.n_heads, cfg.kv_heads, tp, 0)
     require_divisible(cfg.d_ff, tp, "tp", "d_ff")
-    require_divisible(cfg.vocab_size, tp, "tp", "vocab_size")
+    require_divisible(padded_vocab_size(cfg.vocab_size, tp, make_vocab_size_divisible_by), tp, "tp", "vocab_size")
+
+
+def vocab_parallel_head(linear: nn.Linear, group, padded: int, sequence_parallel: bool, regather: bool):
+    """The LM head [V, h] as a column-parallel linear over the vocabulary, its rows padded with zeros to `padded`
+    first: rank r holds rows [r*padded/t, (r+1)*padded/t). Unpadded, exactly `ColumnParallelLinear.from_full`."""
+    kw = dict(group=group, sequence_parallel=sequence_parallel, regather=regather)
+    if padded == linear.weight.shape[0]:
+        return ColumnParallelLinear.from_full(linear, what="vocab_size", **kw)
+    g = C.resolve_group(group)
+    rows = slice(g.rank * padded // g.size, (g.rank + 1) * padded // g.size)
+    weight = pad_vocab_rows(linear.weight, padded)[rows]
+    bias = None if linear.bias is None else pad_vocab_rows(linear.bias, padded)[rows]
+    kw.pop("group")
+    return ColumnParallelLinear(weight, bias, g, full_shape=tuple(linear.weight.shape), kind="vocab", **kw)
 
 
 def selective_core(core, causal: bool) -> RecomputedCore:
@@ -148,19 +166,28 @@ class TPTransformer(nn.Module):
         regather: bool = False,
         core=None,
         recompute: Recompute = Recompute(),
+        make_vocab_size_divisible_by: int | None = None,
     ):
         """Shard a reference `pylib.model.Transformer`. `core` replaces every layer's attention core; recompute: a
-        `pylib.plan.recompute.Recompute` (or its granularity string)."""
+        `pylib.plan.recompute.Recompute` (or its granularity string); make_vocab_size_divisible_by: pad the
+        vocabulary of the embedding and the LM head to a multiple of it times t, as Megatron-LM does (its default,
+        `pylib.plan.vocab.MAKE_VOCAB_SIZE_DIVISIBLE_BY`, is 128); None: no padding, t must divide V."""
         recompute = check_recompute(recompute)
         cfg = model.cfg
         g = C.resolve_group(group)
-        check_tp_config(cfg, g.size)
+        padded = padded_vocab_size(cfg.vocab_size, g.size, make_vocab_size_divisible_by)
+        check_tp_config(cfg, g.size, make_vocab_size_divisible_by)
         if cfg.moe is not None:
             raise ValueError(
                 "TPTransformer shards dense layers; a model with MoE layers needs expert parallelism "
                 "(pylib.ep) for its experts"
             )
-        embed = VocabParallelEmbedding.from_full(model.embed, group=g, sequence_parallel=sequence_parallel)
+        embed = VocabParallelEmbedding.from_full(
+            model.embed,
+            group=g,
+            sequence_parallel=sequence_parallel,
+            make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+        )
         layers = [
             TPBlock.from_full(
                 b, group=g, sequence_parallel=sequence_parallel, regather=regather, core=core, recompute=recompute
@@ -168,9 +195,7 @@ class TPTransformer(nn.Module):
             for b in model.layers
         ]
         ln_f = copy_layernorm(model.ln_f, sequence_parallel)
-        lm_head = ColumnParallelLinear.from_full(
-            model.lm_head, group=g, sequence_parallel=sequence_parallel, regather=regather, what="vocab_size"
-        )
+        lm_head = vocab_parallel_head(model.lm_head, g, padded, sequence_parallel, regather)
         if cfg.tie_embeddings:  # the embedding's vocab rows and the head's output rows are the same slice
             lm_head.weight = embed.weight
         return cls(cfg, embed, layers, ln_f, lm_head, g, sequence_parallel, recompute)
@@ -192,19 +217,21 @@ class TPTransformer(nn.Module):
             wrap=one,
         )
         with tag("lm_head"):
-            return self.lm_head(self.ln_f(x))  # [b, s, V/t]
+            logits = self.lm_head(self.ln_f(x))  # [b, s, V_p/t]
+        return mask_padded_logits(logits, self.cfg.vocab_size, self.group)  # padded ids: -inf, never sampled
 
     def loss(self, ids: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Mean next-token cross-entropy, the same value on every TP rank (ids and targets the same on each)."""
         agree_on_batch("TPTransformer.loss", self.group, {"targets": targets})
         local_logits = self(ids, positions)
         with tag("cross_entropy"):
-            return vocab_parallel_cross_entropy(local_logits, targets, self.group).mean()
+            return vocab_parallel_cross_entropy(local_logits, targets, self.group, self.cfg.vocab_size).mean()
 
     def full_logits(self, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Gather the whole logits [b, s, V] (for checks only: this is what vocab parallelism avoids)."""
+        """Gather the whole logits [b, s, V] (for checks only: this is what vocab parallelism avoids); the padded
+        columns, if any, are dropped after the gather."""
         with tag("full_logits"):
-            return C.gather_from_group(self(ids, positions), -1, self.group)
+            return C.gather_from_group(self(ids, positions), -1, self.group)[..., : self.cfg.vocab_size]
 
     def finalize_grads(self) -> None:
         finalize_grads(self, self.group)

@@ -206,3 +206,55 @@ def fig_sp_region(traces: dict):
     )
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------------------------------ vocabulary padding
+
+
+@style.styled
+def fig_vocab_padding(cases: list[tuple[int, int, int, int]]):
+    """One panel per case (V, t, d, V_p): the t ranks' slices of the padded vocabulary [0, V_p), V_p/t ids each,
+    drawn as a bar per rank, the ids of real tokens in the rank's colour and the padded ids (V..V_p-1, which no
+    tokenizer emits) hatched grey. One page column wide (style.COLUMN_PX), its text FONT pt."""
+    rows = sum(t for _, t, _, _ in cases)
+    fig, axes = style.subplots(
+        len(cases),
+        1,
+        figsize=(WIDTH_IN, 0.3 * rows + 0.75 * len(cases)),
+        grid=False,
+        squeeze=False,
+        gridspec_kw=dict(height_ratios=[t for _, t, _, _ in cases]),
+    )
+    for ax, (V, t, d, Vp) in zip(axes[:, 0], cases):
+        per = Vp // t
+        for r in range(t):
+            lo, hi = r * per, (r + 1) * per
+            real = max(0, min(hi, V) - lo)
+            ax.barh(r, real / per, color=style.rank_colour(r), height=0.7)
+            ax.barh(
+                r,
+                1 - real / per,
+                left=real / per,
+                color=style.CARD,
+                edgecolor=style.MUTED,
+                hatch="///",
+                height=0.7,
+                lw=0.6,
+            )
+            note = tr("ids {lo:,}..{hi:,}", lo=lo, hi=hi - 1)
+            if real < per:
+                note += tr(", {n:,} padded", n=per - real)
+            ax.text(1.01, r, note, va="center", ha="left", fontsize=FONT)
+        ax.set_yticks(range(t), [tr("rank {r}", r=r) for r in range(t)], fontsize=FONT)
+        ax.set_ylim(t - 0.5, -0.5)
+        ax.set_xlim(0, 1)
+        ax.set_xticks([])
+        ax.spines["bottom"].set_visible(False)
+        ax.set_title(
+            tr("V = {V:,} on t = {t}: padded to a multiple of {d} x {t}, V_p = {Vp:,}", V=V, t=t, d=d, Vp=Vp),
+            fontsize=FONT + 0.5,
+            loc="left",
+        )
+    fig.tight_layout()
+    fig.subplots_adjust(right=0.7)
+    return fig
