@@ -15,6 +15,12 @@ state; a {glue:text} role in it found no glue data ("No key ... found in glue da
 on the document only while parsing) and lends it to those small documents, so a glued number reads the same in
 both editions.
 
+A glued figure's caption (`{glue:figure}`) never reached the catalogs: the gettext builder does not execute the
+chapters, so it has no glue data, and myst-nb's directive then returns only its warning, caption and all. In that
+build `_patch_glue_figure` lets the directive return the figure with its caption and no output, which the extraction
+reads like any other caption; in the executed builds the directive runs as before, and the Locale transform puts the
+caption's translation in.
+
 Figure alt texts are attributes, not text nodes, so Sphinx never extracts them. `AltTexts` puts each one in the
 catalog as a message of its own (gettext builder) and replaces it with its translation (any other builder): the
 Chinese edition's figures are described in Chinese.
@@ -93,6 +99,41 @@ def _patch_glue_lookup() -> None:
             patched = _glue_data_from_the_chapter(module.retrieve_glue_data)
             patched.__wrapped_by_book__ = True
             module.retrieve_glue_data = patched
+
+
+def _captioned_figure_without_output(directive) -> list:
+    """What {glue:figure} builds, less the glued output: the figure node, its label and its caption (and legend)."""
+    figure = nodes.figure("")
+    directive.set_source_info(figure)
+    directive.add_name(figure)
+    if directive.content:
+        parsed = nodes.Element()
+        directive.state.nested_parse(directive.content, directive.content_offset, parsed)
+        first = parsed[0]
+        if isinstance(first, nodes.paragraph):
+            caption = nodes.caption(first.rawsource, "", *first.children)
+            caption.source, caption.line = first.source, first.line
+            figure += caption
+        if len(parsed) > 1:
+            figure += nodes.legend("", *parsed[1:])
+    return [figure]
+
+
+def _patch_glue_figure() -> None:
+    from myst_nb.ext.glue.directives import PasteFigureDirective
+
+    original = PasteFigureDirective.run
+    if getattr(original, "__wrapped_by_book__", False):
+        return
+
+    def run(self):
+        env = getattr(self.state.document.settings, "env", None)
+        if env is not None and env.app.builder.name == "gettext":
+            return _captioned_figure_without_output(self)
+        return original(self)
+
+    run.__wrapped_by_book__ = True
+    PasteFigureDirective.run = run
 
 
 def _alt_nodes(document):
@@ -184,6 +225,7 @@ def setup(app):
     app.add_transform(TranslateToctreeCaptions)
     app.add_post_transform(TranslatePromptTypes)
     _patch_glue_lookup()
+    _patch_glue_figure()
     app.add_transform(TranslateAltTexts)
     app.connect("doctree-resolved", add_alt_texts_to_catalog)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
