@@ -291,9 +291,9 @@ def test_every_control_recomputes_the_page_with_no_kernel(browser, small_site):
 @pytest.mark.parametrize(
     "path, index, control, value",
     [
-        ("part2/matrix-view.html", 0, "tp", 4),
-        (sitemap.ZH + "part2/matrix-view.html", 0, "cp", 2),
-        (sitemap.ZH + "part1/traffic-plan.html", 0, "world", 32),
+        ("book/part2/matrix-view.html", 0, "tp", 4),
+        (sitemap.ZH + "book/part2/matrix-view.html", 0, "cp", 2),
+        (sitemap.ZH + "book/part1/traffic-plan.html", 0, "world", 32),
     ],
 )
 @pytest.mark.timeout(600)
