@@ -33,35 +33,17 @@ from pylib.runtime import tracer
 from .kernels import accumulation_dtype, default_scale, select_kernel
 from .layout import check_layout, layout_chunks, layout_order, n_chunks
 from .merge import merge_block
-from .ring import check_qkv, cp_group
+from .ring import ScoreBlock, check_qkv, cp_group
 
 
 @dataclass(frozen=True)
-class GatherBlock:
+class GatherBlock(ScoreBlock):
     """One kernel call of all-gather attention: local query rows `q_rows` against rows `kv_rows` of the gathered
     K/V in token order, with a causal mask inside the block (then square, on the diagonal) or none."""
 
     q_rows: slice
     kv_rows: slice
     causal: bool
-
-    @property
-    def n_q(self) -> int:
-        return self.q_rows.stop - self.q_rows.start
-
-    @property
-    def n_kv(self) -> int:
-        return self.kv_rows.stop - self.kv_rows.start
-
-    @property
-    def unmasked(self) -> int:
-        """Score entries that count (per batch row and head)."""
-        return self.n_q * (self.n_q + 1) // 2 if self.causal else self.n_q * self.n_kv
-
-    @property
-    def computed(self) -> int:
-        """Score entries a dense kernel evaluates (a causal block is evaluated whole, then masked)."""
-        return self.n_q * self.n_kv
 
 
 def allgather_block_plan(cp_rank: int, cp_size: int, s_local: int, *, causal: bool, layout: str) -> list[GatherBlock]:

@@ -50,16 +50,9 @@ from .recorder import RingRecorder
 # --------------------------------------------------------------------------------------------------- the plan
 
 
-@dataclass(frozen=True)
-class BlockPlan:
-    """What one ring step computes: local query rows `q_rows` against rows `kv_rows` of the K/V block it holds
-    (the block of rank `kv_owner`), with a causal mask inside the block or none."""
-
-    step: int
-    kv_owner: int
-    q_rows: slice
-    kv_rows: slice
-    causal: bool
+class ScoreBlock:
+    """The sizes of one kernel call of a CP attention (its `q_rows`, `kv_rows` and `causal`, which the ring's and the
+    all-gather's block plans hold): query and key rows, and the score entries that count and that are computed."""
 
     @property
     def n_q(self) -> int:
@@ -78,6 +71,18 @@ class BlockPlan:
     def computed(self) -> int:
         """Score entries a dense kernel evaluates (a causal block is evaluated whole, then masked)."""
         return self.n_q * self.n_kv
+
+
+@dataclass(frozen=True)
+class BlockPlan(ScoreBlock):
+    """What one ring step computes: local query rows `q_rows` against rows `kv_rows` of the K/V block it holds
+    (the block of rank `kv_owner`), with a causal mask inside the block or none."""
+
+    step: int
+    kv_owner: int
+    q_rows: slice
+    kv_rows: slice
+    causal: bool
 
 
 def ring_block_plan(step: int, cp_rank: int, cp_size: int, s_local: int, *, causal: bool, layout: str):
