@@ -90,31 +90,13 @@ class _ScaleGrad(torch.autograd.Function):
         return dy * ctx.scale, None
 
 
-class _GatherReduceInto(torch.autograd.Function):
-    """Forward: all-gather this rank's 16-bit shard into the full buffer. Backward: the full buffer's gradient cast
-    to `flat.main_grad`'s dtype (fp32), reduce-scattered in it, divided by `divide_by` and added into
-    `flat.main_grad` [shard_numel]; the shard gets no autograd gradient (Megatron's `main_grad`: an autograd
-    gradient must have its tensor's dtype, a float32 reduction of a bf16 parameter cannot be one)."""
-
-    @staticmethod
-    def forward(ctx, shard, flat, divide_by, tag):
-        ctx.flat, ctx.divide_by, ctx.tag = flat, divide_by, tag
-        return C.all_gather_tensor(shard.detach(), 0, flat.group, tag=tag)
-
-    @staticmethod
-    def backward(ctx, dy):
-        flat = ctx.flat
-        part = C.reduce_scatter_tensor(dy.to(flat.main_grad.dtype), 0, flat.group, phase="backward", tag=ctx.tag)
-        if ctx.divide_by != 1:
-            part = part.div_(ctx.divide_by)
-        flat.main_grad.add_(part)
-        return None, None, None, None
-
-
-class _GatherHybrid(torch.autograd.Function):
-    """HSDP. Forward: all-gather this rank's shard over the shard group. Backward: the full buffer's gradient
-    (in `flat.main_grad`'s dtype when there is one) reduce-scattered over the shard group, the slice all-reduced over
-    the replica group, divided by `divide_by`; added into `flat.main_grad`, or returned as the shard's gradient."""
+class _GatherReduce(torch.autograd.Function):
+    """Forward: all-gather this rank's shard over the shard group (`flat.group`). Backward: the full buffer's gradient,
+    in `flat.main_grad`'s dtype when there is one, reduce-scattered over the shard group; with HSDP
+    (`flat.replicate`) the slice then all-reduced over the replica group; divided by `divide_by`. It is added into
+    `flat.main_grad` (Megatron's main_grad: a float32 reduction of a bf16 parameter cannot be an autograd gradient,
+    which must have its tensor's dtype) and the shard gets none, or, without main_grad, returned as the shard's
+    gradient."""
 
     @staticmethod
     def forward(ctx, shard, flat, divide_by, tag):
@@ -128,7 +110,8 @@ class _GatherHybrid(torch.autograd.Function):
         part = C.reduce_scatter_tensor(dy.to(dtype), 0, flat.group, phase="backward", tag=ctx.tag)
         if part is dy:  # a shard group of one: the gradient autograd handed us is not ours to change in place
             part = part.clone()
-        part = C.all_reduce_(part.contiguous(), flat.replicate, phase="backward", tag=ctx.tag)
+        if flat.replicate is not None:
+            part = C.all_reduce_(part.contiguous(), flat.replicate, phase="backward", tag=ctx.tag)
         if ctx.divide_by != 1:
             part = part.div_(ctx.divide_by)
         if flat.main_grad is None:
@@ -248,9 +231,9 @@ class FullyShardedDataParallel(nn.Module):
     16-bit shards get fp32 master copies and fp32 optimizer state (`MasterWeights`), updated and cast back into
     the shards at each step. grad_reduce = compute: autograd reduce-scatters each unit's gradient in the shards'
     dtype into shard.grad; grad_reduce = float32: the gradient is cast and reduce-scattered in fp32 into a
-    persistent fp32 slice per flat (`_GatherReduceInto`, Megatron's main_grad).
+    persistent fp32 slice per flat (`_GatherReduce`, Megatron's main_grad).
     replicate: HSDP's replica group (`hybrid_groups`): `group` is then the shard group, each shard's reduced
-    gradient is all-reduced over `replicate` too, and the default divisor is d = r x s (`_GatherHybrid`).
+    gradient is all-reduced over `replicate` too, and the default divisor is d = r x s (`_GatherReduce`).
     """
 
     tag_prefix = "zero3"
@@ -332,10 +315,9 @@ class FullyShardedDataParallel(nn.Module):
         for flat in unit.flats:
             tag = f"{self.tag_prefix}.{flat.layout.key}"
             divide_by = self._group_size(flat) if self.divide_by is None else self.divide_by
-            if flat.replicate is not None:  # HSDP: reduce-scatter over the shard group, all-reduce over replicas
-                full = _GatherHybrid.apply(flat.shard, flat, divide_by, tag)
-            elif flat.main_grad is not None:  # mixed precision, reduced in another dtype: into main_grad
-                full = _GatherReduceInto.apply(flat.shard, flat, divide_by, tag)
+            # HSDP (all-reduced over the replicas too), or mixed precision reduced in another dtype (into main_grad)
+            if flat.replicate is not None or flat.main_grad is not None:
+                full = _GatherReduce.apply(flat.shard, flat, divide_by, tag)
             else:
                 full = C.all_gather(flat.shard, 0, flat.group, tag=tag)
                 if divide_by != 1:  # backward: the all-gather's reduce-scatter sums, this turns the sum into the mean
