@@ -81,11 +81,19 @@ def ring_attention_saved_bytes(
     [b, n_kv_head, s/cp, d_head] in the input dtype, and the rows' LSE [b, n_head, s/cp] in the accumulation dtype
     (`lse_bytes_per_elem`, default float32's 4 for half inputs, else `bytes_per_elem`). No score matrix is kept
     (backward recomputes each block's probabilities from the LSE), so it is linear in s/cp: 1/cp of cp=1."""
+    n = _local(seq_len, cp)
+    own_kv = batch * n * d_head * 2 * n_kv_head * bytes_per_elem
+    return _query_side_saved_bytes(batch, n, n_head, d_head, bytes_per_elem, lse_bytes_per_elem) + own_kv
+
+
+def _query_side_saved_bytes(
+    batch: int, n: int, n_head: int, d_head: int, bytes_per_elem: int, lse_bytes_per_elem: int | None
+) -> int:
+    """What every CP kind keeps of its own n query rows for backward: q and out [b, n_head, n, d_head] in the input
+    dtype and the rows' LSE [b, n_head, n] in the accumulation dtype (default float32's 4 for half inputs)."""
     if lse_bytes_per_elem is None:
         lse_bytes_per_elem = max(bytes_per_elem, 4)
-    n = _local(seq_len, cp)
-    tensors = batch * n * d_head * (2 * n_head + 2 * n_kv_head) * bytes_per_elem
-    return tensors + batch * n_head * n * lse_bytes_per_elem
+    return batch * n * d_head * 2 * n_head * bytes_per_elem + batch * n_head * n * lse_bytes_per_elem
 
 
 # --------------------------------------------------------------------------------------------------- all-gather
@@ -137,10 +145,7 @@ def allgather_saved_bytes(
     [b, n_head, s/cp] as the ring keeps them, but K and V *gathered*, [2, b, n_kv_head, s, d_head]: the whole
     sequence's, whatever cp is (the ring keeps its own s/cp). The same tensor is what a rank holds while it
     attends; `allgather_gathered_bytes` alone."""
-    if lse_bytes_per_elem is None:
-        lse_bytes_per_elem = max(bytes_per_elem, 4)
-    n = _local(seq_len, cp)
-    mine = batch * n * d_head * 2 * n_head * bytes_per_elem + batch * n_head * n * lse_bytes_per_elem
+    mine = _query_side_saved_bytes(batch, _local(seq_len, cp), n_head, d_head, bytes_per_elem, lse_bytes_per_elem)
     return mine + allgather_gathered_bytes(batch, seq_len, n_kv_head, d_head, bytes_per_elem)
 
 
