@@ -51,3 +51,19 @@ def pytest_collection_modifyitems(config, items):
             if getattr(shared, "scope", None) in ("module", "session") and getattr(shared, "baseid", "") == module:
                 item.add_marker(pytest.mark.xdist_group(module))
                 break
+
+
+def assert_cp_attention_equals_full(cases, per_rank, cp):
+    """A CP attention's outputs and q/k/v gradients, gathered from `per_rank` (each rank's list of
+    (out, dq, dk, dv, ...) per case), equal single-device attention's on every case ((q, k, v, w), causal,
+    layout): the loss is sum(out * w)."""
+    from pylib.cp import unshard_sequence
+    from pylib.model import attention_core
+
+    for i, (tensors, causal, layout) in enumerate(cases):
+        q, k, v, w = (x.clone().requires_grad_() for x in tensors)
+        out = attention_core(q, k, v, causal=causal)
+        (out * w).sum().backward()
+        for j, (name, expected) in enumerate(zip(("out", "dq", "dk", "dv"), (out.detach(), q.grad, k.grad, v.grad))):
+            got = unshard_sequence([per_rank[r][i][j] for r in range(cp)], 2, layout)
+            assert_float64_close(got, expected, f"{name} of case {i}")

@@ -22,16 +22,16 @@ from pylib.analysis.cp import (
     ring_work_per_rank,
 )
 from pylib.compose import formula_traffic, traced_traffic
-from pylib.cp import allgather_attention, allgather_block_plan, shard_sequence, unshard_sequence
+from pylib.cp import allgather_attention, allgather_block_plan, shard_sequence
 from pylib.experiments.compose_training import compare_with_reference, train, train_reference
 from pylib.experiments.plan_runs import measure_plans
-from pylib.model import attention_core, saved_activations
+from pylib.model import saved_activations
 from pylib.plan import ALL_CP_KINDS, RunOptions
 from pylib.plan.presets import llama2_70b, tiny, tiny_gqa
 from pylib.runtime import ParallelConfig, launch, trace
 from pylib.runtime.mesh import AxisGroup
 from pylib.viz.planner import compare
-from tests.conftest import assert_float64_close
+from tests.conftest import assert_cp_attention_equals_full
 
 B, S, D = 2, 16, 5
 HEADS = {"mha": (4, 4), "gqa": (8, 2)}
@@ -65,13 +65,7 @@ def _rank(cases):
 def test_allgather_attention_output_and_grads_equal_full_attention(causal, layout, cp):
     cases = [(_full(heads, seed=i), causal, layout) for i, heads in enumerate(HEADS)]
     per_rank = launch(_rank, cp, cases)
-    for i, (tensors, _, _) in enumerate(cases):
-        q, k, v, w = (x.clone().requires_grad_() for x in tensors)
-        out = attention_core(q, k, v, causal=causal)
-        (out * w).sum().backward()
-        for j, expected in enumerate([out.detach(), q.grad, k.grad, v.grad]):
-            got = unshard_sequence([per_rank[r][i][j] for r in range(cp)], 2, layout)
-            assert_float64_close(got, expected, f"case {i}, tensor {j}")
+    assert_cp_attention_equals_full(cases, per_rank, cp)
 
 
 @pytest.mark.parametrize("cp", [2, 4])

@@ -18,7 +18,7 @@ from pylib.cp import (
 from pylib.model import attention_core
 from pylib.runtime import launch, tag, trace
 from pylib.runtime.mesh import AxisGroup
-from tests.conftest import assert_float64_close
+from tests.conftest import assert_cp_attention_equals_full, assert_float64_close
 
 B, S, D = 2, 16, 5  # batch > 1, odd head dim
 HEADS = {"mha": (4, 4), "gqa": (4, 2)}
@@ -58,11 +58,7 @@ def _rank_ring(cases, **kw):
 def test_ring_attention_output_and_grads_equal_full_attention(causal, layout, cp):
     cases = [(_full(heads, seed=i), causal, layout) for i, heads in enumerate(HEADS)]  # MHA and GQA
     per_rank = launch(_rank_ring, cp, cases)
-    for i, (tensors, _, _) in enumerate(cases):
-        expected = _reference(*tensors, causal)
-        for j, name in enumerate(["out", "dq", "dk", "dv"]):
-            got = unshard_sequence([per_rank[r][i][j] for r in range(cp)], 2, layout)
-            assert_float64_close(got, expected[j], f"{name} of case {i}")
+    assert_cp_attention_equals_full(cases, per_rank, cp)
 
 
 def test_blocking_variant_and_a_plugged_in_kernel_give_the_same_result():

@@ -6,11 +6,10 @@ import torch
 import torch.distributed as dist
 
 from pylib.analysis.cp import ulysses_traffic
-from pylib.cp import shard_sequence, ulysses_attention, unshard_sequence
-from pylib.model import attention_core
+from pylib.cp import shard_sequence, ulysses_attention
 from pylib.runtime import launch, trace
 from pylib.runtime.mesh import AxisGroup
-from tests.conftest import assert_float64_close
+from tests.conftest import assert_cp_attention_equals_full
 
 B, S, D = 2, 16, 5
 HEADS = {"mha": (4, 4), "gqa": (8, 4)}  # cp=4 needs 4 | n_kv_head
@@ -44,13 +43,7 @@ def _rank(cases):
 def test_ulysses_output_and_grads_equal_full_attention(causal, layout, cp):
     cases = [(_full(heads, seed=i), causal, layout) for i, heads in enumerate(HEADS)]
     per_rank = launch(_rank, cp, cases)
-    for i, (tensors, _, _) in enumerate(cases):
-        q, k, v, w = (x.clone().requires_grad_() for x in tensors)
-        out = attention_core(q, k, v, causal=causal)
-        (out * w).sum().backward()
-        for j, expected in enumerate([out.detach(), q.grad, k.grad, v.grad]):
-            got = unshard_sequence([per_rank[r][i][j] for r in range(cp)], 2, layout)
-            assert_float64_close(got, expected)
+    assert_cp_attention_equals_full(cases, per_rank, cp)
 
 
 @pytest.mark.parametrize("cp", [2, 4])
