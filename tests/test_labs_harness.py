@@ -367,6 +367,21 @@ def test_nccl_asked_for_on_a_machine_without_gpus_is_blocked_not_failed(tmp_path
     assert "blocked" in capsys.readouterr().out
 
 
+def _stopped_before_pylib_ran(returncode: int, stderr: str) -> bool:
+    """The interpreter stopped before any line of pylib ran: killed by the signal's default action before Python
+    installs its handler, "Fatal Python error: init_import_site" while it imports `site`, or a KeyboardInterrupt
+    raised inside the import machinery while `runpy` looks for the package (a traceback whose frames are all the
+    interpreter's own, `<frozen runpy>`: importlib's frames are left out of tracebacks)."""
+    if "init_import_site" in stderr:
+        return True
+    if returncode != -signal.SIGINT:
+        return False
+    frames = re.findall(r'File "([^"]+)"', stderr)
+    return not stderr.strip() or (
+        stderr.rstrip().endswith("KeyboardInterrupt") and all(f.startswith("<frozen ") for f in frames)
+    )
+
+
 @pytest.mark.slow
 def test_sigint_at_any_moment_of_a_lab_run_writes_the_report_and_exits_130(tmp_path):
     """From the first instants (the interpreter importing the harness, parsing its arguments) to a lab's kernel
@@ -396,9 +411,7 @@ def test_sigint_at_any_moment_of_a_lab_run_writes_the_report_and_exits_130(tmp_p
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-        # before any line of pylib ran, the interpreter itself stops: killed by the signal's default action before
-        # Python installs its handler, or "Fatal Python error: init_import_site" while it imports `site`
-        if "init_import_site" in stderr or (proc.returncode == -signal.SIGINT and not stderr.strip()):
+        if _stopped_before_pylib_ran(proc.returncode, stderr):
             seen.append((delay, "interpreter start-up"))
             continue
         assert proc.returncode == 130, (delay, stdout + stderr)
