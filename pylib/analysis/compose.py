@@ -160,33 +160,29 @@ def _cp_rows(st: _Step) -> None:
     cfg, cp, tp, m, e = st.cfg, st.pc.cp, st.pc.tp, st.m, st.e
     q_heads = cfg.n_heads // tp
     kv_heads = kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)[0]
-    for _ in st.layers:
-        if st.opt.cp_kind == "ring":
-            r = cp_formulas.ring_traffic(st.b, st.seq, kv_heads, cfg.d_head, cp, e)
-            msg = r["kv_message_bytes"]
-            st.add("cp", "forward", "send", "ring", m * r["forward_kv_transfers"], m * r["forward_bytes_sent"], msg)
-            st.add("cp", "forward", "recv", "ring", m * r["forward_kv_transfers"], 0, msg)
-            n_bwd = r["backward_kv_transfers"] + r["backward_dkv_transfers"]
-            st.add("cp", "backward", "send", "ring", m * n_bwd, m * r["backward_bytes_sent"], msg)
-            st.add("cp", "backward", "recv", "ring", m * n_bwd, 0, msg)
-        elif st.opt.cp_kind == "allgather":
-            a = cp_formulas.allgather_traffic(st.b, st.seq, kv_heads, cfg.d_head, cp, e)
-            st.add("cp", "forward", "all_gather", "allgather", m, m * a["forward_bytes_sent"], a["gathered_bytes"])
-            st.add(
-                "cp",
-                "backward",
-                "reduce_scatter",
-                "allgather",
-                m,
-                m * a["backward_bytes_sent"],
-                a["reduce_scatter_bytes"],
-            )
-        else:
-            u = cp_formulas.ulysses_traffic(st.b, st.seq, q_heads, kv_heads, cfg.d_head, cp, e)
-            q = u["local_bytes"]["q"]
-            for phase in ("forward", "backward"):
-                count, sent = u[f"all_to_alls_{phase}"], u[f"{phase}_bytes_sent"]
-                st.add("cp", phase, "all_to_all", "ulysses", m * count, m * sent, q)
+    # Every held layer issues the same rows: build one layer's once and repeat those objects (as `_tp_rows` does).
+    one = _Step(cfg, st.pc, st.opt, st.b, st.seq, st.pp_rank, [], False, False)
+    if st.opt.cp_kind == "ring":
+        r = cp_formulas.ring_traffic(st.b, st.seq, kv_heads, cfg.d_head, cp, e)
+        msg = r["kv_message_bytes"]
+        one.add("cp", "forward", "send", "ring", m * r["forward_kv_transfers"], m * r["forward_bytes_sent"], msg)
+        one.add("cp", "forward", "recv", "ring", m * r["forward_kv_transfers"], 0, msg)
+        n_bwd = r["backward_kv_transfers"] + r["backward_dkv_transfers"]
+        one.add("cp", "backward", "send", "ring", m * n_bwd, m * r["backward_bytes_sent"], msg)
+        one.add("cp", "backward", "recv", "ring", m * n_bwd, 0, msg)
+    elif st.opt.cp_kind == "allgather":
+        a = cp_formulas.allgather_traffic(st.b, st.seq, kv_heads, cfg.d_head, cp, e)
+        one.add("cp", "forward", "all_gather", "allgather", m, m * a["forward_bytes_sent"], a["gathered_bytes"])
+        one.add(
+            "cp", "backward", "reduce_scatter", "allgather", m, m * a["backward_bytes_sent"], a["reduce_scatter_bytes"]
+        )
+    else:
+        u = cp_formulas.ulysses_traffic(st.b, st.seq, q_heads, kv_heads, cfg.d_head, cp, e)
+        q = u["local_bytes"]["q"]
+        for phase in ("forward", "backward"):
+            count, sent = u[f"all_to_alls_{phase}"], u[f"{phase}_bytes_sent"]
+            one.add("cp", phase, "all_to_all", "ulysses", m * count, m * sent, q)
+    st.rows += one.rows * len(st.layers)
 
 
 def _recompute_rows(st: _Step, layouts) -> None:
@@ -380,13 +376,24 @@ def step_traffic(
 
 def per_axis(rows: list[Traffic]) -> dict[str, dict]:
     """{axis: {"bytes_sent": total, "ops": {op: count}}} -- the shape of the tracer summary in `pylib.compose`."""
-    out: dict[str, dict] = {}
     # The same row object repeats (one per layer): count it once, times its repeats, where that is exact (ints and
     # Fractions; a float would add up differently).
+    if all(not isinstance(r.bytes_sent, float) for r in rows):
+        return counted_per_axis(counted_rows(rows))
+    return counted_per_axis((r, 1) for r in rows)
+
+
+def counted_rows(rows) -> tuple[tuple[Traffic, int], ...]:
+    """(row, times) for each distinct row object, in the order first seen: the layers of a kind repeat the same
+    objects, so a step's thousands of rows are a few dozen of these."""
     times = Counter(map(id, rows))
-    exact = all(not isinstance(r.bytes_sent, float) for r in rows)
-    for r in {id(r): r for r in rows}.values() if exact else rows:
-        n = times[id(r)] if exact else 1
+    return tuple((r, times[id(r)]) for r in {id(r): r for r in rows}.values())
+
+
+def counted_per_axis(counted) -> dict[str, dict]:
+    """`per_axis` of (row, times) pairs."""
+    out: dict[str, dict] = {}
+    for r, n in counted:
         a = out.setdefault(r.axis, dict(bytes_sent=0, ops={}))
         a["bytes_sent"] += n * r.bytes_sent
         a["ops"][r.op] = a["ops"].get(r.op, 0) + n * r.count

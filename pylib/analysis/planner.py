@@ -951,6 +951,11 @@ def rank_times(cfg, plan: Plan, workload: Workload, cluster: Cluster, pp_rank: i
 
 
 def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster, intra: dict) -> dict[str, float]:
+    """`counted_exposed_seconds` of the rows (a row object that repeats, once per layer, counted with its repeats)."""
+    return counted_exposed_seconds(plan, compose_analysis.counted_rows(moved_rows), t, cluster, intra)
+
+
+def counted_exposed_seconds(plan: Plan, counted, t: MicrobatchTime, cluster: Cluster, intra: dict) -> dict[str, float]:
     """Seconds of this rank's communication left on the critical path, by axis (the module docstring's overlap rules):
     TP/SP (and ETP, TP-CP) in full, or (1 - tp_overlap) of it with `tp_comm_overlap`; ring CP less the attention
     core it hides behind; Ulysses and EP in full; PP's sends of the fill and drain, (pp - 1) / (v m) of them; DP by
@@ -968,22 +973,18 @@ def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster,
     compute by `CostModel.contention` seconds ("contention")."""
     m = plan.options.n_microbatches
     secs: dict[tuple, float] = {}
-    seen: dict[int, tuple] = {}  # a layer's rows are the same objects in every layer: their key and seconds, once
     ops = 0  # the model axes' ops that move bytes (each waits the latency)
-    for r in moved_rows:
-        found = seen.get(id(r))
-        if found is None:
-            bw = cluster.intra_node_bandwidth if intra[r.axis] else cluster.inter_node_bandwidth
-            op = r.op
-            if r.where.endswith(".regather"):
-                op = "regather"
-            elif plan.sp_regather and r.axis == "tp" and r.phase == "backward" and r.op == "reduce_scatter":
-                op = "wgrad_overlap"  # Megatron: the input gradient's reduce-scatter runs under the weight gradient
-            latent = r.count if r.axis not in DP_AXES and r.bytes_sent and r.op != "recv" else 0
-            found = seen[id(r)] = ((r.axis, r.phase, op), r.bytes_sent / bw, latent)
-        key, x, latent = found
-        secs[key] = secs.get(key, 0.0) + x
-        ops += latent
+    for r, times in counted:
+        bw = cluster.intra_node_bandwidth if intra[r.axis] else cluster.inter_node_bandwidth
+        op = r.op
+        if r.where.endswith(".regather"):
+            op = "regather"
+        elif plan.sp_regather and r.axis == "tp" and r.phase == "backward" and r.op == "reduce_scatter":
+            op = "wgrad_overlap"  # Megatron: the input gradient's reduce-scatter runs under the weight gradient
+        key = (r.axis, r.phase, op)
+        secs[key] = secs.get(key, 0.0) + times * (r.bytes_sent / bw)
+        if r.axis not in DP_AXES and r.bytes_sent and r.op != "recv":
+            ops += times * r.count
     out: dict[str, float] = {}
     dp = {"reduce": 0.0, "gather_opt": 0.0, "gather_fwd": 0.0}
     tp_keep = 1 - cluster.model.tp_overlap if cluster.tp_comm_overlap else 1.0
@@ -1032,7 +1033,7 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
         mem = rank_memory(cfg, plan, workload, r, cluster.world_size)
         rows, by_axis = _predicted_rows(cfg, plan, workload, r, cluster.world_size)
         t = rank_times(cfg, plan, workload, cluster, r)
-        exposed = exposed_seconds(plan, rows, t, cluster, intra)
+        exposed = counted_exposed_seconds(plan, rows, t, cluster, intra)
         by_axis = {a: dict(bytes_sent=x["bytes_sent"], ops=dict(x["ops"])) for a, x in by_axis.items()}  # the caller's
         ranks.append(RankPrediction(r, mem, by_axis, sum(exposed.values()), t, exposed))
     peak = max(r.memory["total"] for r in ranks)
@@ -1054,12 +1055,15 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
 
 @functools.lru_cache(maxsize=4096)
 def _predicted_rows(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: int) -> tuple[tuple, dict]:
-    """(traffic rows in the workload's gradient dtype, their `per_axis`) of one rank, remembered: they do not depend
-    on the cluster's speeds or the cost model, which a fit varies over the same plans (all arguments immutable)."""
+    """(`counted_rows` of the traffic rows in the workload's gradient dtype, their `per_axis`) of one rank,
+    remembered: they do not depend on the cluster's speeds or the cost model, which a fit varies over the same plans
+    (all arguments immutable)."""
     layouts = flat_layouts(cfg, plan, pp_rank, world_size)
     rows = rank_traffic_rows(cfg, plan, workload.batch, workload.seq, pp_rank, layouts)
-    rows = tuple(gradient_dtype_rows(rows, workload))
-    return rows, compose_analysis.per_axis(rows)
+    counted = compose_analysis.counted_rows(rows)
+    scaled = gradient_dtype_rows([r for r, _ in counted], workload)  # once per distinct row
+    counted = tuple((r, times) for r, (_, times) in zip(scaled, counted, strict=True))
+    return counted, compose_analysis.counted_per_axis(counted)
 
 
 DP_AXES = ("dp-cp", "edp", HSDP_SHARD, HSDP_REPLICATE)
