@@ -42,7 +42,8 @@ def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`), keep together on one worker the tests of a
     module that share a module- or session-scoped fixture defined in that module: split over two workers, such a
     fixture would run once on each (the lab harness's every-lab run is 80 s, the planner's measured runs 8 s). The
-    group is the module; every other test is spread one by one."""
+    group is the module; every other test is spread one by one. A module that shares a cache of its own instead of a
+    fixture marks itself (`pytestmark = pytest.mark.xdist_group(...)`, as tests/test_compose_train.py does)."""
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         module = item.nodeid.split("::", 1)[0]
