@@ -30,14 +30,16 @@ $(STAMP): requirements.txt requirements-common.txt pyproject.toml | $(VENV)/bin/
 	touch $@
 
 # pytest exits 5 when it collects no test; make fails on any non-zero status, so that counts as a failure too.
-# The suite runs on every core (pytest-xdist, -n auto). loadgroup: tests are handed out one by one, except that a
-# module's tests sharing a module-scoped fixture stay on one worker (tests/conftest.py groups them), so such a fixture
-# runs once. PYTEST_WORKERS=0 runs the suite in this process alone.
+# The suite runs on every core (pytest-xdist, -n auto). loadfile: a module's tests stay on one worker, so what they
+# share (a module-scoped fixture such as the lab harness's every-lab run, a module's cache of launched runs) runs
+# once, not once per worker. (loadgroup would spread the other tests one by one, but under pytest 9 its groups are
+# silently ignored: xdist 3.8 renames a test by assigning `item._nodeid`, which pytest 9's `nodeid` no longer reads.)
+# PYTEST_WORKERS=0 runs the suite in this process alone.
 PYTEST_WORKERS ?= auto
 test: $(STAMP)
 	ruff check $(LINTED)
 	ruff format --check $(LINTED)
-	python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # The execution cache is keyed on each chapter's code only, so drop it whenever pylib or the requirements change:
 # otherwise a chapter would show what an older pylib computed.

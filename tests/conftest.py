@@ -4,7 +4,6 @@ Import them as `from tests.conftest import FLOAT64_ATOL, assert_float64_close` (
 path, so `tests` is a namespace package).
 """
 
-import pytest
 import torch
 
 from pylib.model.moe import MoE
@@ -36,22 +35,6 @@ def seeded_moe(cfg, d_model=8, d_ff=16, kind="gelu", seed=0, dtype="float64"):
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return MoE(d_model, d_ff, cfg, kind).to(getattr(torch, dtype))
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`), keep together on one worker the tests of a
-    module that share a module- or session-scoped fixture defined in that module: split over two workers, such a
-    fixture would run once on each (the lab harness's every-lab run is 80 s, the planner's measured runs 8 s). The
-    group is the module; every other test is spread one by one. A module that shares a cache of its own instead of a
-    fixture marks itself (`pytestmark = pytest.mark.xdist_group(...)`, as tests/test_compose_train.py does)."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        module = item.nodeid.split("::", 1)[0]
-        for defs in getattr(info, "name2fixturedefs", {}).values():
-            shared = defs[-1]
-            if getattr(shared, "scope", None) in ("module", "session") and getattr(shared, "baseid", "") == module:
-                item.add_marker(pytest.mark.xdist_group(module))
-                break
 
 
 def assert_cp_attention_equals_full(cases, per_rank, cp):

@@ -29,8 +29,7 @@ from pylib.plan import RunOptions
 from pylib.plan.presets import tiny, tiny_gqa, tiny_moe
 from pylib.runtime import ParallelConfig, launch
 
-# `run` launches each composed run once per process: on one xdist worker, not once on each (see tests/conftest.py)
-pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("test_compose_train")]
+pytestmark = pytest.mark.timeout(240)
 
 BATCH, SEQ, STEPS = 8, 16, 5
 DATA = "pattern"  # a generated toy language (pylib.model.pattern_tokens): a few steps visibly lower the loss
@@ -86,8 +85,8 @@ _cache: dict[str, tuple] = {}
 
 
 def run(name: str):
-    """(results per rank, reference, the run's spec): launched once per test process (the module's tests share one
-    xdist worker)."""
+    """(results per rank, reference, the run's spec): launched once per test process (`make test` keeps a module's
+    tests on one xdist worker)."""
     if name not in _cache:
         cfg, pc, world, options, kw = RUNS[name]
         steps = 1 if name == "super16" else STEPS
