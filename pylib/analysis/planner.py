@@ -950,13 +950,9 @@ def rank_times(cfg, plan: Plan, workload: Workload, cluster: Cluster, pp_rank: i
     )
 
 
-def exposed_seconds(plan: Plan, moved_rows, t: MicrobatchTime, cluster: Cluster, intra: dict) -> dict[str, float]:
-    """`counted_exposed_seconds` of the rows (a row object that repeats, once per layer, counted with its repeats)."""
-    return counted_exposed_seconds(plan, compose_analysis.counted_rows(moved_rows), t, cluster, intra)
-
-
-def counted_exposed_seconds(plan: Plan, counted, t: MicrobatchTime, cluster: Cluster, intra: dict) -> dict[str, float]:
-    """Seconds of this rank's communication left on the critical path, by axis (the module docstring's overlap rules):
+def exposed_seconds(plan: Plan, counted, t: MicrobatchTime, cluster: Cluster, intra: dict) -> dict[str, float]:
+    """Seconds of this rank's communication left on the critical path, by axis (the module docstring's overlap rules),
+    from its traffic rows as (row, times) pairs (`compose.counted_rows`: a layer's rows repeat, priced once each):
     TP/SP (and ETP, TP-CP) in full, or (1 - tp_overlap) of it with `tp_comm_overlap`; ring CP less the attention
     core it hides behind; Ulysses and EP in full; PP's sends of the fill and drain, (pp - 1) / (v m) of them; DP by
     ZeRO stage: DDP / ZeRO-1 reduce once, behind the last microbatch's backward, ZeRO-1/2 gather the updated
@@ -1033,7 +1029,7 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
         mem = rank_memory(cfg, plan, workload, r, cluster.world_size)
         rows, by_axis = _predicted_rows(cfg, plan, workload, r, cluster.world_size)
         t = rank_times(cfg, plan, workload, cluster, r)
-        exposed = counted_exposed_seconds(plan, rows, t, cluster, intra)
+        exposed = exposed_seconds(plan, rows, t, cluster, intra)
         by_axis = {a: dict(bytes_sent=x["bytes_sent"], ops=dict(x["ops"])) for a, x in by_axis.items()}  # the caller's
         ranks.append(RankPrediction(r, mem, by_axis, sum(exposed.values()), t, exposed))
     peak = max(r.memory["total"] for r in ranks)
