@@ -43,7 +43,7 @@ def test_dp_reduce_and_hiding_tokens_by_hand():
         assert S.backward_seconds(n, t_star) == pytest.approx(S.dp_reduce_seconds(n, 4, LINKS["ib"]))
 
 
-def _predicted_rows(P, cfg, plan, workload, pp_rank, world_size) -> list:
+def _predicted_rows(cfg, plan, workload, pp_rank, world_size) -> list:
     """The rows `predict` prices: the planner's (row, times) pairs, each row as many times as it is issued."""
     counted, _ = P._predicted_rows(cfg, plan, workload, pp_rank, world_size)
     return [r for r, times in counted for _ in range(times)]
@@ -58,7 +58,7 @@ def test_dp_seconds_equal_the_planners_before_overlap(d, intra):
     assert pred.intra_node["dp-cp"] is intra
     n = padded_numel(parameter_counts(cfg, plan.par)["total"], d)
     link = S.links(cluster)["nvlink" if intra else "ib"]
-    rows = _predicted_rows(P, cfg, plan, P.Workload(batch=d, seq=4096), 0, d)
+    rows = _predicted_rows(cfg, plan, P.Workload(batch=d, seq=4096), 0, d)
     (loss,) = [r for r in rows if r.axis == "dp-cp" and r.where == "loss"]  # the loss's scalar, 8 B in fp64
     ours = S.dp_reduce_seconds(n, d, link) + loss.bytes_sent / link.beta
     assert pred.ranks[0].exposed["dp"] == pytest.approx(ours, rel=1e-12)
@@ -95,7 +95,7 @@ def test_tp_layer_seconds_equal_the_planners_layer_rows():
     cfg, t = llama2_7b(), 4
     plan = P.Plan(ParallelConfig(tp=t), RunOptions(sequence_parallel=False))
     cluster = P.Cluster(t)
-    rows = _predicted_rows(P, cfg, plan, P.Workload(batch=1, seq=4096), 0, t)
+    rows = _predicted_rows(cfg, plan, P.Workload(batch=1, seq=4096), 0, t)
     layer = [r for r in rows if r.axis == "tp" and r.where in ("attn", "mlp")]
     assert len(layer) == 4 * cfg.n_layers
     link = S.links(cluster)["nvlink"]
@@ -175,7 +175,7 @@ def test_ep_crossover_is_where_bytes_equal_gemms():
 def test_ep_bytes_and_messages_are_the_planners():
     cfg, ep = mixtral_8x7b(), 8
     plan = P.Plan(ParallelConfig(dp=ep, ep=ep), RunOptions(n_microbatches=1))
-    rows = _predicted_rows(P, cfg, plan, P.Workload(batch=ep, seq=4096), 0, ep)
+    rows = _predicted_rows(cfg, plan, P.Workload(batch=ep, seq=4096), 0, ep)
     moved = [r for r in rows if r.axis == "ep" and r.where == "dispatch+combine"]
     link = S.links()["nvlink"]
     planner_seconds = sum(r.bytes_sent for r in moved) / link.beta + link.alpha * sum(r.count for r in moved)

@@ -123,6 +123,10 @@ class _Step:
     def e(self) -> int:
         return tp_formulas.dtype_bytes(self.cfg.dtype)
 
+    def scratch(self) -> _Step:
+        """An empty step of the same rank and options, to collect one layer's rows (repeated per layer after)."""
+        return _Step(self.cfg, self.pc, self.opt, self.b, self.seq, self.pp_rank, [], False, False)
+
     def add(self, axis, phase, op, where, count, sent, payload=0):
         if count:
             self.rows.append(Traffic(axis, phase, op, where, count, sent, payload))
@@ -144,7 +148,7 @@ def _tp_rows(st: _Step) -> None:
     # Every layer of a kind issues the same rows: build a dense layer's and a MoE layer's (attention only) once.
     of_kind = {}
     for moe, wanted in ((False, ("attn", "mlp")), (True, ("attn",))):
-        kind = _Step(cfg, st.pc, st.opt, st.b, st.seq, st.pp_rank, [], False, False)
+        kind = st.scratch()
         kind.add_collectives("tp", [c for c in ops if c.where.split(".")[0] in wanted], m)
         of_kind[moe] = kind.rows
     for i in st.layers:
@@ -161,7 +165,7 @@ def _cp_rows(st: _Step) -> None:
     q_heads = cfg.n_heads // tp
     kv_heads = kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)[0]
     # Every held layer issues the same rows: build one layer's once and repeat those objects (as `_tp_rows` does).
-    one = _Step(cfg, st.pc, st.opt, st.b, st.seq, st.pp_rank, [], False, False)
+    one = st.scratch()
     if st.opt.cp_kind == "ring":
         r = cp_formulas.ring_traffic(st.b, st.seq, kv_heads, cfg.d_head, cp, e)
         msg = r["kv_message_bytes"]
