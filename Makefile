@@ -34,12 +34,13 @@ $(STAMP): requirements.txt requirements-common.txt pyproject.toml | $(VENV)/bin/
 # share (a module-scoped fixture such as the lab harness's every-lab run, a module's cache of launched runs) runs
 # once, not once per worker. (loadgroup would spread the other tests one by one, but under pytest 9 its groups are
 # silently ignored: xdist 3.8 renames a test by assigning `item._nodeid`, which pytest 9's `nodeid` no longer reads.)
-# PYTEST_WORKERS=0 runs the suite in this process alone.
+# --no-loadscope-reorder: the modules go out in collection order, which tests/conftest.py starts with the longest
+# (LONGEST_FIRST), so no long module starts last. PYTEST_WORKERS=0 runs the suite in this process alone.
 PYTEST_WORKERS ?= auto
 test: $(STAMP)
 	ruff check $(LINTED)
 	ruff format --check $(LINTED)
-	python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+	python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The execution cache is keyed on each chapter's code only, so drop it whenever pylib or the requirements change:
 # otherwise a chapter would show what an older pylib computed.
