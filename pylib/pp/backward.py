@@ -1,0 +1,167 @@
+"""A stage's backward as two steps: B, the input gradient (what the previous stage waits for), then W, the
+weight gradient (what only the optimizer step waits for). Zero-bubble schedules run W later, in the bubble.
+
+    w = backward_input(y, dy, x, params)    # B: returns x's gradient; w holds what W needs
+    ...                                      # other forwards and backwards of this rank
+    w.run()                                  # W: accumulates into every parameter's .grad
+
+How. Autograd records the stage's forward as a graph of nodes, each with edges to the nodes of its inputs. Some
+nodes lie on a path from the output to the stage input x (the *input path*); a node on it whose other edges lead
+to parameters is a *frontier* node -- the matmul of a linear layer (edges to its input, on the path, and to its
+weight), the multiply of an RMSNorm (to its input and its gain). B computes x's gradient with
+`torch.autograd.grad(y, x)`, which runs only the nodes on the input path and asks each frontier node for its
+input-side gradient only; a hook on each frontier node keeps the gradient arriving at it (its output's gradient,
+the "grad_output" of the layer). W starts `torch.autograd.backward` at each frontier node with that kept gradient
+and asks for the parameters only, so each node computes just its weight side. Every node runs its backward
+formula once per output edge it is asked for, never twice: nothing is recomputed, and each gradient is the same
+float64 bits as the fused `torch.autograd.backward(y, dy)` (the same formula on the same tensors; the parameters'
+.grad is accumulated by the same AccumulateGrad nodes, so hooks on them still fire).
+
+Memory. B keeps the graph (`retain_graph=True`): the tensors the frontier nodes saved (each linear's input, each
+norm's normalized input) stay alive until W, together with the kept output gradients (`stash_bytes`). A stage
+whose input needs no gradient (the first stage: token ids) has no input path: B does nothing and W runs the whole
+backward.
+
+The same split elsewhere (read, not copied): Megatron-LM's `--delay-wgrad-compute` (d98e8a6,
+megatron/core/transformer/..., TransformerEngine's `delay_wgrad_compute`) stashes (input, grad_output) per linear
+layer in a custom autograd function and computes dW = grad_outputᵀ·input later -- per-layer code, and the
+norms' and embeddings' gradients stay in B. torch 2.13's `torch.distributed.pipelining._backward`
+(`stage_backward_input` / `stage_backward_weight`) walks the autograd graph as here, for any module. We take the
+graph walk (any stage module works, the executor stays generic, and every parameter's gradient moves to W), and
+call W through `torch.autograd.backward(..., inputs=params)` so the gradients accumulate where a fused backward
+puts them.
+
+Limit: a parameter used at two places of one stage (reached from two frontier nodes) is refused: W from one
+frontier would run back along the input path to the other and count that use twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch.autograd.graph import GradientEdge, Node
+
+
+def _node(t: torch.Tensor) -> Node | None:
+    """The autograd node gradients of `t` flow into: its grad_fn, or (a leaf) its AccumulateGrad."""
+    if t.grad_fn is not None:
+        return t.grad_fn
+    if not t.requires_grad:
+        return None
+    return t.view_as(t).grad_fn.next_functions[0][0]
+
+
+def _reaching(root: Node, targets: set[Node]) -> set[Node]:
+    """The nodes of the graph under `root` from which some node of `targets` is reachable (targets included)."""
+    reach: dict[Node, bool] = {}
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node in reach and not expanded:
+            continue
+        children = [fn for fn, _ in node.next_functions if fn is not None]
+        if not expanded:
+            stack.append((node, True))
+            reach.setdefault(node, False)  # marks "visiting"
+            stack.extend((c, False) for c in children if c not in reach)
+            continue
+        reach[node] = node in targets or any(reach.get(c, False) for c in children)
+    return {n for n, r in reach.items() if r}
+
+
+@dataclass
+class WeightGrad:
+    """What W needs from B: the frontier nodes, the gradients kept at them, and the parameters each reaches.
+    `run()` computes the weight gradients once; `stash_bytes` is what the kept gradients occupy."""
+
+    frontier: list[tuple[Node, tuple, list[torch.Tensor]]] = field(default_factory=list)
+    whole: tuple | None = None  # (output, grad_output, params): no input path, W is the whole backward
+    done: bool = False
+
+    @property
+    def stash_bytes(self) -> int:
+        kept = [g for _, grads, _ in self.frontier for g in grads if g is not None]
+        if self.whole is not None and self.whole[1] is not None:
+            kept.append(self.whole[1])
+        return sum(g.numel() * g.element_size() for g in kept)
+
+    def run(self) -> None:
+        if self.done:
+            raise RuntimeError("this W already ran: the graph it needed is gone")
+        self.done = True
+        if self.whole is not None:
+            y, dy, params = self.whole
+            torch.autograd.backward(y, grad_tensors=dy, inputs=params)
+        for node, grads, params in self.frontier:
+            edges = [(GradientEdge(node, i), g) for i, g in enumerate(grads) if g is not None]
+            if edges and params:
+                torch.autograd.backward([e for e, _ in edges], grad_tensors=[g for _, g in edges], inputs=params)
+        self.frontier, self.whole = [], None  # the graph and the kept gradients are released here
+
+
+def backward_input(
+    y: torch.Tensor, dy: torch.Tensor | None, x: torch.Tensor | None, params: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor | None, WeightGrad]:
+    """B of one stage: the gradient of its input `x` given its output `y` and the output's gradient `dy` (None
+    when y is the scalar loss), and the `WeightGrad` whose `run()` is W. `params`: the stage's parameters."""
+    params = [p for p in params if p.requires_grad]
+    x_node = _node(x) if x is not None else None
+    root = y.grad_fn
+    if root is None:
+        raise ValueError("the stage output has no autograd graph: was the forward run under no_grad?")
+    on_path = _reaching(root, {x_node}) if x_node is not None else set()
+    if root not in on_path:  # the output does not depend on x (first stage): W is the whole backward
+        return None, WeightGrad(whole=(y, dy, params))
+    by_node = {_node(p): p for p in params}
+    to_params = _reaching(root, set(by_node))
+    frontier: list[tuple[Node, list[torch.Tensor]]] = []
+    owner: dict[Node, Node] = {}
+    for node in on_path:
+        side = [fn for fn, _ in node.next_functions if fn is not None and fn not in on_path and fn in to_params]
+        if not side:
+            continue
+        mine = [by_node[a] for a in _reaching_all(side, set(by_node))]
+        for p in mine:
+            acc = _node(p)
+            if acc in owner and owner[acc] is not node:
+                raise ValueError(
+                    f"a parameter of shape {tuple(p.shape)} is used at two places in this stage; the B/W split "
+                    "needs each parameter used once (W from one use would run back through the other)"
+                )
+            owner[acc] = node
+        frontier.append((node, mine))
+    kept: dict[Node, tuple] = {}
+    hooks = [node.register_prehook(_keep(kept, node)) for node, _ in frontier]
+    try:
+        (dx,) = torch.autograd.grad(y, x, grad_outputs=dy, retain_graph=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    y.detach_()  # the nodes above the first frontier are no longer needed
+    missed = [node.name() for node, _ in frontier if node not in kept]
+    if missed:
+        raise RuntimeError(f"B did not reach the frontier nodes {missed}: their weight gradients would be lost")
+    return dx, WeightGrad(frontier=[(node, kept[node], mine) for node, mine in frontier])
+
+
+def _keep(kept: dict, node: Node):
+    def hook(grad_outputs):
+        kept[node] = tuple(grad_outputs)
+
+    return hook
+
+
+def _reaching_all(starts: list[Node], targets: set[Node]) -> list[Node]:
+    """The nodes of `targets` reachable from any of `starts`, in a stable order."""
+    seen, out, stack = set(), [], list(reversed(starts))
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node in targets:
+            out.append(node)
+        stack.extend(fn for fn, _ in reversed(node.next_functions) if fn is not None)
+    return out
