@@ -64,9 +64,14 @@ def _pipeline_backward(split: bool, watch: bool = False):
     return dxs, grads, runs, ws
 
 
-def test_split_backward_gives_the_fused_input_and_weight_gradients_bit_for_bit_in_float64():
-    dx_fused, g_fused, _, _ = _pipeline_backward(split=False)
-    dx_split, g_split, _, _ = _pipeline_backward(split=True)
+@pytest.fixture(scope="module")
+def both():
+    """The fused and the split backward of the same four stages, each autograd node's runs recorded."""
+    return _pipeline_backward(split=False, watch=True), _pipeline_backward(split=True, watch=True)
+
+
+def test_split_backward_gives_the_fused_input_and_weight_gradients_bit_for_bit_in_float64(both):
+    (dx_fused, g_fused, _, _), (dx_split, g_split, _, _) = both
     assert CFG.dtype == "float64"
     for a, b in zip(dx_fused, dx_split):
         assert (a is None and b is None) or torch.equal(a, b)
@@ -75,9 +80,8 @@ def test_split_backward_gives_the_fused_input_and_weight_gradients_bit_for_bit_i
         assert g_split[name] is not None and torch.equal(g_split[name], g), name
 
 
-def test_b_and_w_share_only_the_frontier_nodes_so_nothing_is_computed_twice():
-    _, _, fused, _ = _pipeline_backward(split=False, watch=True)
-    _, _, split, ws = _pipeline_backward(split=True, watch=True)
+def test_b_and_w_share_only_the_frontier_nodes_so_nothing_is_computed_twice(both):
+    (_, _, fused, _), (_, _, split, ws) = both
     b, w = split["B"], split["W"]
     assert len(set(b)) == len(b) and len(set(fused["B"])) == len(fused["B"])  # each node once per phase
     # a node runs in both phases only when it is a frontier node (its input side in B, its weight side in W)
@@ -119,3 +123,29 @@ def test_a_parameter_used_twice_in_a_stage_is_refused():
     y = lin(torch.tanh(lin(x)))
     with pytest.raises(ValueError, match="used at two places"):
         backward_input(y, torch.ones_like(y), x, list(lin.parameters()))
+
+
+@pytest.mark.slow
+def test_our_split_gives_the_bits_of_torch_pipelinings_stage_backward_input_and_weight():
+    # torch 2.13, torch/distributed/pipelining/_backward.py: the same graph walk, W per parameter group
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    grads = []
+    for ours in (True, False):
+        chunk = split_model(build_model(CFG), P)[1][0]
+        x = torch.randn(2, 8, CFG.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        x.requires_grad_()
+        y = chunk(x)
+        dy = torch.linspace(-1, 1, y.numel(), dtype=torch.float64).reshape(y.shape)
+        if ours:
+            dx, w = backward_input(y, dy, x, list(chunk.parameters()))
+            w.run()
+        else:
+            (dx,), groups = stage_backward_input([y], [dy], [x], iter(list(chunk.parameters())))
+            stage_backward_weight(iter(list(chunk.parameters())), groups)
+        grads.append((dx, {n: q.grad for n, q in chunk.named_parameters()}))
+    (dx_ours, g_ours), (dx_torch, g_torch) = grads
+    assert torch.equal(dx_ours, dx_torch)
+    assert set(g_ours) == set(g_torch)
+    for name, g in g_torch.items():
+        assert torch.equal(g_ours[name], g), name

@@ -390,3 +390,12 @@ def test_a_w_before_its_b_is_reported_by_the_simulator():
     bad[1][i], bad[1][j] = bad[1][j], bad[1][i]
     with pytest.raises(ScheduleError, match="runs before its B"):
         simulate(bad)
+
+
+def test_zb_h1_bubble_rate_is_p_minus_1_over_3m_of_the_work_and_p_minus_1_over_3m_plus_p_minus_1_of_the_step():
+    # the two ways of quoting ZB-H1's bubble at T_F = T_B = T_W: idle / busy (the textbook's ratio, as (p-1)/m for
+    # 1F1B) and idle / step time; the zero-bubble repository's (p-1)/3m is the first
+    for p, m in [(2, 2), (4, 8), (8, 8), (8, 24)]:
+        b = bubble(simulate(build("zb-h1", p, m), 1.0, 1.0, cost_w=1.0))
+        assert b.relative[0] == pytest.approx((p - 1) / (3 * m))
+        assert b.share[0] == pytest.approx((p - 1) / (3 * m + p - 1))
