@@ -31,8 +31,14 @@ graph walk (any stage module works, the executor stays generic, and every parame
 call W through `torch.autograd.backward(..., inputs=params)` so the gradients accumulate where a fused backward
 puts them.
 
-Limit: a parameter used at two places of one stage (reached from two frontier nodes) is refused: W from one
-frontier would run back along the input path to the other and count that use twice.
+Tensor parallelism: TP's and SP's collectives are autograd functions on the input path (their backward is the
+conjugate collective), so B runs every one of them and W is local matmuls only (tests/test_pp_backward_split_tp.py).
+
+Limits. A parameter used at two places of one stage (reached from two frontier nodes) is refused: W from one
+frontier would run back along the input path to the other and count that use twice. A custom autograd function
+that returns its input and weight gradients from one backward (SP with `regather=True`:
+`pylib.tp.regions._GatherThenLinears`) is a frontier node whose backward cannot run one side only: B runs it whole
+and W runs it again, its all-gather and reduce-scatter included -- still the same gradients, but not free.
 """
 
 from __future__ import annotations
