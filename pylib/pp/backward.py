@@ -59,22 +59,25 @@ def _node(t: torch.Tensor) -> Node | None:
     return t.view_as(t).grad_fn.next_functions[0][0]
 
 
-def _reaching(root: Node, targets: set[Node]) -> set[Node]:
-    """The nodes of the graph under `root` from which some node of `targets` is reachable (targets included)."""
-    reach: dict[Node, bool] = {}
+def _walk(root: Node, x_node: Node | None, param_nodes: set[Node]) -> tuple[set[Node], set[Node]]:
+    """One pass over the graph under `root`: the nodes from which x's node is reachable (the input path), and
+    those from which some parameter's node is (both sets include the targets themselves)."""
+    to_x: dict[Node, bool] = {}
+    to_p: dict[Node, bool] = {}
     stack: list[tuple[Node, bool]] = [(root, False)]
     while stack:
         node, expanded = stack.pop()
-        if node in reach and not expanded:
+        if not expanded:
+            if node in to_x:
+                continue
+            to_x[node] = to_p[node] = False  # visiting; a DAG never meets it again before it is done
+            stack.append((node, True))
+            stack.extend((fn, False) for fn, _ in node.next_functions if fn is not None and fn not in to_x)
             continue
         children = [fn for fn, _ in node.next_functions if fn is not None]
-        if not expanded:
-            stack.append((node, True))
-            reach.setdefault(node, False)  # marks "visiting"
-            stack.extend((c, False) for c in children if c not in reach)
-            continue
-        reach[node] = node in targets or any(reach.get(c, False) for c in children)
-    return {n for n, r in reach.items() if r}
+        to_x[node] = node is x_node or any(to_x[c] for c in children)
+        to_p[node] = node in param_nodes or any(to_p[c] for c in children)
+    return {n for n, r in to_x.items() if r}, {n for n, r in to_p.items() if r}
 
 
 @dataclass
@@ -117,11 +120,12 @@ def backward_input(
     root = y.grad_fn
     if root is None:
         raise ValueError("the stage output has no autograd graph: was the forward run under no_grad?")
-    on_path = _reaching(root, {x_node}) if x_node is not None else set()
-    if root not in on_path:  # the output does not depend on x (first stage): W is the whole backward
+    if x_node is None:  # the first stage: no input gradient, W is the whole backward
         return None, WeightGrad(whole=(y, dy, params))
     by_node = {_node(p): p for p in params}
-    to_params = _reaching(root, set(by_node))
+    on_path, to_params = _walk(root, x_node, set(by_node))
+    if root not in on_path:  # the output does not depend on x: W is the whole backward
+        return None, WeightGrad(whole=(y, dy, params))
     frontier: list[tuple[Node, list[torch.Tensor]]] = []
     owner: dict[Node, Node] = {}
     for node in on_path:
