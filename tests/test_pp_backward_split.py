@@ -10,7 +10,7 @@ from pylib.plan.presets import tiny_gqa
 from pylib.pp.backward import backward_input
 from pylib.pp.split import split_model
 
-CFG = tiny_gqa().with_(n_layers=8)
+CFG = tiny_gqa().with_(n_layers=4)
 P = 4
 
 
@@ -29,7 +29,7 @@ def _pipeline_backward(split: bool, watch: bool = False):
     """Forward the four stages of the tiny model one after another, then their backwards from the last: fused,
     or B for every stage first and every W after (the latest a schedule can put them)."""
     chunks = [c[0] for c in split_model(build_model(CFG), P)]
-    ids, targets = random_tokens(CFG, 4, 8, seed=1)
+    ids, targets = random_tokens(CFG, 2, 4, seed=1)
     ins, outs, h = [], [], ids
     for k, chunk in enumerate(chunks):
         x = h if k == 0 else h.detach().requires_grad_()
@@ -70,16 +70,18 @@ def both():
     return _pipeline_backward(split=False, watch=True), _pipeline_backward(split=True, watch=True)
 
 
+@pytest.mark.slow
 def test_split_backward_gives_the_fused_input_and_weight_gradients_bit_for_bit_in_float64(both):
     (dx_fused, g_fused, _, _), (dx_split, g_split, _, _) = both
     assert CFG.dtype == "float64"
     for a, b in zip(dx_fused, dx_split):
         assert (a is None and b is None) or torch.equal(a, b)
-    assert set(g_fused) == set(g_split) and len(g_fused) > 50
+    assert set(g_fused) == set(g_split) == {n for n, _ in build_model(CFG).named_parameters()}
     for name, g in g_fused.items():
         assert g_split[name] is not None and torch.equal(g_split[name], g), name
 
 
+@pytest.mark.slow
 def test_b_and_w_share_only_the_frontier_nodes_so_nothing_is_computed_twice(both):
     (_, _, fused, _), (_, _, split, ws) = both
     b, w = split["B"], split["W"]
@@ -94,15 +96,27 @@ def test_b_and_w_share_only_the_frontier_nodes_so_nothing_is_computed_twice(both
     assert all(x.frontier == [] for x in ws)  # W released what it kept
 
 
-def test_b_keeps_the_output_gradients_w_needs_and_counts_their_bytes():
-    chunks = [c[0] for c in split_model(build_model(CFG), P)]
-    x = torch.randn(2, 8, CFG.d_model, dtype=torch.float64, requires_grad=True)
-    y = chunks[1](x)
-    dx, w = backward_input(y, torch.ones_like(y), x, list(chunks[1].parameters()))
-    assert dx.shape == x.shape and w.stash_bytes > 0
-    # one kept gradient per frontier node: a [2, 8, h]-sized tensor or a flattened view of one per node
-    assert w.stash_bytes % (2 * 8 * 8) == 0
-    w.run()
+def test_one_middle_stage_split_gives_the_fused_bits_and_keeps_the_output_gradients_w_needs():
+    grads = []
+    for split in (False, True):
+        chunk = split_model(build_model(CFG), P)[1][0]
+        x = torch.randn(2, 8, CFG.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+        x.requires_grad_()
+        y = chunk(x)
+        dy = torch.linspace(-1, 1, y.numel(), dtype=torch.float64).reshape(y.shape)
+        if split:
+            dx, w = backward_input(y, dy, x, list(chunk.parameters()))
+            assert all(p.grad is None for p in chunk.parameters())  # B computed no weight gradient
+            assert w.stash_bytes > 0 and w.stash_bytes % (2 * 8) == 0  # kept [2, 8, ...] output gradients
+            w.run()
+        else:
+            torch.autograd.backward(y, dy)
+            dx = x.grad
+        grads.append((dx, {n: p.grad for n, p in chunk.named_parameters()}))
+    (dx_fused, fused), (dx_split, split_grads) = grads
+    assert torch.equal(dx_fused, dx_split)
+    assert all(torch.equal(split_grads[n], g) for n, g in fused.items())
+    assert dx_split.shape == x.shape
     with pytest.raises(RuntimeError, match="already ran"):
         w.run()
 
