@@ -5,6 +5,7 @@ opaque, and leaves matplotlib's rcParams as it found them."""
 import ast
 import importlib
 import inspect
+import io
 import pkgutil
 import re
 
@@ -301,7 +302,8 @@ def test_every_public_figure_function_has_a_case():
 def test_figure_is_drawn_on_the_card_and_legible_at_page_width(name, runs):
     """Each figure, drawn once: a Figure on the card (its background and every axes' is `style.CARD`) that leaves
     rcParams as it found them, and whose smallest text, shown in the content column (scaled down when wider), is at
-    least style.LEGIBLE_PX pixels high: no digits a reader cannot read."""
+    least style.LEGIBLE_PX pixels high: no digits a reader cannot read. On a phone too: in the 390-px screen's
+    column (style.PHONE_COLUMN_PX), held at the width show_as_svg writes for it (style.phone_metadata)."""
     before = dict(matplotlib.rcParams)
     fig = {**CASES, **ASSEMBLED}[name](runs)
     assert isinstance(fig, Figure), f"{name} returned a {type(fig).__name__}, not a matplotlib Figure"
@@ -312,8 +314,14 @@ def test_figure_is_drawn_on_the_card_and_legible_at_page_width(name, runs):
     assert dict(matplotlib.rcParams) == before, f"{name} left rcParams changed"
     fig.canvas.draw()  # tick labels exist once drawn
     px = style.smallest_text_px(fig)
+    svg = io.StringIO()
+    fig.savefig(svg, format="svg", bbox_inches="tight")  # as the notebook saves it (style.show_as_svg)
+    width_pt = float(re.search(r'<svg[^>]*\swidth="([0-9.]+)pt"', svg.getvalue())[1])
+    phone_width = style.phone_metadata(fig, svg.getvalue()).get("width")
+    phone_px = style.shown_text_px(fig, style.PHONE_COLUMN_PX, width_pt, phone_width)
     plt.close(fig)
     assert px >= style.LEGIBLE_PX, f"{name}: smallest text {px:.1f} px at a {style.COLUMN_PX} px column"
+    assert phone_px >= style.LEGIBLE_PX, f"{name}: smallest text {phone_px:.1f} px on a phone, shown {phone_width} px"
 
 
 def test_figure_modules_return_figures_and_leave_showing_and_the_backend_to_the_notebook():
