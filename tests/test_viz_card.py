@@ -209,6 +209,18 @@ def _ring_steps():
     return collectives.fig_ring_steps(ring_contributors(launch(rank, 4)))
 
 
+def _plan_frontier():
+    """The planner's figure for a job small enough to predict in a fraction of a second (the chapter's: 64 GPUs)."""
+    from dataclasses import replace
+
+    from pylib.viz import planner
+
+    job = replace(planner.preset_job("Llama-2-7B-class dense"), world=4, batch=4, seq=1024)
+    return planner.fig_plan_frontier(
+        planner.feasible_plans(job), planner.best_plans(job, top=1)[0], job.cluster.usable_memory
+    )
+
+
 def _schedules_on_chapter_axes():
     """pp.md's use: the chapter makes the axes with style.subplots and hands each to a pp figure function."""
     fig, axes = style.subplots(2, 1, figsize=(9, 5))
@@ -281,6 +293,7 @@ CASES = {
         torch.arange(8).repeat_interleave(4).reshape(4, 8), microbatch_rows=1, dp_rows=2
     ),
     "compose.plot_rank_report": lambda runs: compose.plot_rank_report(_report_rows(), unit="B"),
+    "planner.fig_plan_frontier": lambda runs: _plan_frontier(),
     "checkpoint.plot_resharding": lambda runs: ckpt.plot_resharding(
         {r: {"model": 5120 + 256 * r, "exp_avg": 5632, "exp_avg_sq": 5632} for r in range(8)},
         {b: {a: 1024 * (1 + (a + b) % 3) for a in range(8) if (a + b) % 4} for b in range(8)},
