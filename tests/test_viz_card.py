@@ -39,6 +39,8 @@ from pylib.seedcheck.layer_flow import layer_flow  # noqa: E402
 from pylib.viz import checkpoint as ckpt  # noqa: E402
 from pylib.viz import collectives, compose, cp, dp, ep, matrix_dims, pp, style, three_axes, tp  # noqa: E402
 from pylib.viz import layer_flow as flow
+from tests.test_viz_ring_overlap import timelines_of_two_steps
+from tests.test_viz_tp_block import example_without_ranks
 
 # A figure function, by its name: fig_*, plot_*, draw_*, *_figure. Each one needs a case in CASES below.
 FIGURE_NAME = re.compile(r"^(fig|plot|draw)_|_figure$")
@@ -232,6 +234,7 @@ def _schedules_on_chapter_axes():
 CASES = {
     "tp.fig_column_vs_row": lambda runs: tp.fig_column_vs_row(runs["tp"]),
     "tp.fig_sp_region": lambda runs: tp.fig_sp_region(layer_traces(t=2, b=1, s=8)),
+    "tp.fig_tp_block": lambda runs: tp.fig_tp_block(example_without_ranks()),
     "tp.fig_vocab_padding": lambda runs: tp.fig_vocab_padding([(37, 4, 8, 64), (128256, 8, 128, 129024)]),
     "cp.ring_rounds_figure": lambda runs: cp.ring_rounds_figure(ring_rounds([r["zigzag"][0] for r in runs["cp"]])),
     "cp.zigzag_balance_figure": lambda runs: cp.zigzag_balance_figure(
@@ -250,6 +253,7 @@ CASES = {
         ],
         16,
     ),
+    "cp.ring_overlap_figure": lambda runs: cp.ring_overlap_figure(timelines_of_two_steps()),
     "cp.merge_drift_figure": lambda runs: cp.merge_drift_figure(
         [dict(cp=c, bf16_merge=1e-3 * c, fp32_merge=2e-4) for c in (1, 2, 4, 8)]
     ),
