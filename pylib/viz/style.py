@@ -351,15 +351,15 @@ def legible_pt(fig, pt: float) -> float:
 
 # On a phone. The content column at 390 px (a phone held upright) is PHONE_COLUMN_PX wide for a figure (measured on the
 # built site: 390 less 2 x 16 px of the article's padding and 2 x 8 of the figure's), about half COLUMN_PX, so a figure
-# legible at COLUMN_PX is not, scaled down to it: its text lands at 4.6-8.5 px. Reflowing every figure for a narrow
-# screen would mean a second layout per figure, and a diagram's geometry (a timeline, a matrix of cells) is the
-# argument; so instead a figure keeps, on a narrow screen, the width at which its smallest text is LEGIBLE_PX high
-# (`legible_width_px`), and scrolls sideways in its own box when that is wider than the column: the reader swipes,
-# as for a wide table, instead of pinching. show_as_svg writes that width into the output's metadata
-# (`svg_with_phone_width`, only for a figure that needs it: wider than PHONE_COLUMN_PX); myst-nb turns it into the
-# <img>'s `style="width: ...px"`, which book/_static/site.css keeps below 576 px (with the column as a minimum, and
-# the figure's box scrolling) and overrides above, where the column is wide enough (at least 528 px) for the
-# natural width. tests/site/test_browser.py measures the text of every figure at 390 px from its SVG.
+# legible at COLUMN_PX is not, scaled down to it: its text landed at 4.7-8.6 px (36 of the 37 figures of pylib.viz).
+# Reflowing every figure for a narrow screen would mean a second layout per figure, and a diagram's geometry (a
+# timeline, a matrix of cells) is the argument; so instead a figure keeps, on a narrow screen, the width at which its
+# smallest text is LEGIBLE_PX high (`legible_width_px`), and scrolls sideways in its own box when that is wider than
+# the column: the reader swipes, as for a wide table, instead of pinching. show_as_svg writes that width into the
+# output's metadata (`svg_with_phone_width`, only for a figure that needs it: wider than PHONE_COLUMN_PX); myst-nb
+# turns it into the <img>'s `style="width: ...px"`, which book/_static/site.css keeps below 576 px (with the column
+# as a minimum, and the figure's box scrolling) and overrides above, where the column is wide enough (at least 528
+# px) for the natural width. tests/site/test_browser.py measures the text of every figure at 390 px from its SVG.
 PHONE_COLUMN_PX = 342
 
 
