@@ -23,7 +23,6 @@ from pylib.i18n import N_, shown, tr
 from pylib.plan.config import ModelConfig
 from pylib.plan.presets import deepseek_v3_like, llama2_7b, llama2_70b, mixtral_8x7b
 from pylib.tables import fmt_bytes, html_table, text_table
-from pylib.viz import style
 
 
 @dataclass
@@ -571,10 +570,18 @@ def pareto_front(preds) -> list[P.Prediction]:
     return front
 
 
-@style.styled
 def fig_plan_frontier(preds, chosen: P.Prediction, usable: float, *, title: str | None = None):
     """Every feasible plan as a point, peak memory of its busiest GPU (GB) against predicted step time (s), with
     the Pareto front drawn (`pareto_front`), the chosen plan marked and named, the usable memory as a line."""
+    # matplotlib (and numpy with it) only here: the rest of this module runs where neither can be imported
+    # (tests/test_torch_free.py; the explorer's formulas)
+    from pylib.viz import style
+
+    with style.use():
+        return _plan_frontier(style, preds, chosen, usable, title)
+
+
+def _plan_frontier(style, preds, chosen, usable, title):
     front = pareto_front(preds)
     fig, ax = style.subplots(figsize=(7, 4.2))
     gb = 1e9
