@@ -36,7 +36,7 @@ def configurations(dense, moe):
             16,
             RunOptions(zero_stage=1, schedule="1f1b", n_microbatches=2, cp_kind="ring"),
         ),
-        "tp4 cp2 dp2 (ZeRO-2, seed B's 1/16)": (
+        "tp4 cp2 dp2 (ZeRO-2, article B's 1/16)": (
             dense,
             ParallelConfig(tp=4, cp=2, dp=2),
             16,

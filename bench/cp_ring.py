@@ -240,7 +240,7 @@ def _rank_rounds(full):
 
 
 def rounds():
-    print("== Seed A's round table (cp=4), read from the real ring's trace")
+    print("== Article A's round table (cp=4), read from the real ring's trace")
     print(format_round_table(ring_rounds(launch(_rank_rounds, 4, _qkv(1, 2, 2, 16, 8), backend="gloo"))))
     print()
 

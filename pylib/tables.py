@@ -1,11 +1,11 @@
-"""Tables as text: a labelled MyST table a chapter cell prints, seed A's labelled matrix rows, plain-text and HTML
+"""Tables as text: a labelled MyST table a chapter cell prints, article A's labelled matrix rows, plain-text and HTML
 tables for the explorers, and the byte and shape formats they share. The figures (`pylib.viz`) and the seed checks
 (`pylib.seedcheck`) both print with these, so this module sits below both and imports only `pylib.i18n`.
 
     markdown_table(header, rows, caption=, name=)    # a MyST {table} with a caption and a label
-    format_rows(matrix, row_labels, col_labels)      # a matrix printed the way seed A prints its numbers
+    format_rows(matrix, row_labels, col_labels)      # a matrix printed the way article A prints its numbers
     text_table(header, rows) / html_table(header, rows)
-    fmt_bytes(n)  fmt_shape(shape)                   # "1.5 GB" (decimal units, as seed B); "[2, 4, 16]"
+    fmt_bytes(n)  fmt_shape(shape)                   # "1.5 GB" (decimal units, as article B); "[2, 4, 16]"
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def markdown_table(header: list[str], rows: list[list], caption: str, name: str,
 
 
 def format_rows(matrix, row_labels: list[str], col_labels: list[str] | None = None, decimals: int = 3) -> str:
-    """A matrix printed the way seed A prints its numbers: one labelled row per token, fixed decimals.
+    """A matrix printed the way article A prints its numbers: one labelled row per token, fixed decimals.
 
     >>> print(format_rows([[0.5, -1.25]], ["cat"], ["d1", "d2"], decimals=2))
             d1     d2
@@ -69,7 +69,7 @@ def fmt_shape(shape) -> str:
 
 
 def fmt_bytes(n: float) -> str:
-    """Decimal units, as seed B writes them (MB, GB)."""
+    """Decimal units, as article B writes them (MB, GB)."""
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.3g} {unit}"

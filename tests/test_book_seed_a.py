@@ -173,7 +173,7 @@ def test_primitive_names_give_seed_a_names_of_traced_ops_once_each_in_a_fixed_or
     assert primitive_names(["reduce_scatter", "all_gather", "all_gather"]) == ["All-Gather", "Reduce-Scatter"]
     assert primitive_names(["all_to_all", "all_reduce"]) == ["All-Reduce", "All-to-All"]
     assert primitive_names([]) == []
-    with pytest.raises(ValueError, match=r"no seed A name for traced ops \['broadcast'\]"):
+    with pytest.raises(ValueError, match=r"no article A name for traced ops \['broadcast'\]"):
         primitive_names(["all_reduce", "broadcast"])
 
 
@@ -230,8 +230,8 @@ def test_traffic_light_colours_and_the_remedy_verdict():
     assert [traffic_light(False, ["w"]), traffic_light(True, ["w"]), traffic_light(True, [])] == [
         "red", "yellow", "green"]  # fmt: skip
     assert verdict(["TP column"], ["TP column"]) == "agrees"
-    assert verdict(["cut"], ["SP cut", "CP cut"]) == "agrees; seed A is less specific"
-    with pytest.raises(ValueError, match="seed A names"):
+    assert verdict(["cut"], ["SP cut", "CP cut"]) == "agrees; article A is less specific"
+    with pytest.raises(ValueError, match="article A names"):
         verdict(["TP column"], ["EP experts"])
 
 

@@ -29,7 +29,7 @@ def test_default_tables_are_the_shapes_of_the_default_plan():
     summary = shapes.summary(cfg, par, b, s, **kw)
     assert not summary.problems
     assert ex.text() == render_text(summary, ex.title())
-    head, rows = tables(summary)["weights (seed B's [in, out]; per rank)"]
+    head, rows = tables(summary)["weights (article B's [in, out]; per rank)"]
     (wq,) = [r for r in rows if r[0] == "W_Q"]
     assert wq[3] == f"[{cfg.d_model}, {cfg.d_model // par.tp}]"  # seed B's [in, out]: heads cut by TP
     assert "[8192, 1024]" in ex.panes[0].value  # the same row in the widget's weights tab

@@ -1,5 +1,5 @@
 """Per-rank shapes of every activation of the reference model under a TP x CP x EP x DP x PP plan, their bytes, and
-the traffic of one training step: seed B's matrix view as pure functions of sizes (the weights' shapes are
+the traffic of one training step: article B's matrix view as pure functions of sizes (the weights' shapes are
 `pylib.analysis.weights`', which the planner builds on too).
 
     acts = activation_shapes(cfg, par, b, s, RunOptions(sequence_parallel=True))     # list[TensorShape]
@@ -14,12 +14,12 @@ No processes: the tests (tests/test_analysis_shapes.py) compare every prediction
 sharded modules (`pylib.tp`, `pylib.cp`, `pylib.ep`, `pylib.pp`, `pylib.dp`) inside launched ranks and with the
 traced traffic; the book's explorer (`pylib.viz.explorer`) shows them for any model.
 
-Conventions (seed B's symbols; `par` a `pylib.plan.ParallelConfig`):
-  b       the micro-batch of one step *across the data-parallel ranks* (seed B: DP cuts b -> b/N_DP), so a rank
+Conventions (article B's symbols; `par` a `pylib.plan.ParallelConfig`):
+  b       the micro-batch of one step *across the data-parallel ranks* (article B: DP cuts b -> b/N_DP), so a rank
           holds b_r = b / dp sequences; m micro-batches per step per rank (pipelining);
   s       the sequence length; a CP rank holds s_c = s / cp tokens; with sequence parallelism the activations
           outside the TP region hold s_c / tp tokens, those inside the region s_c;
-  weights torch's storage layout [out, in] (`TensorShape.seed_b` gives seed B's [in, out]);
+  weights torch's storage layout [out, in] (`TensorShape.seed_b` gives article B's [in, out]);
   heads   TP splits query heads n_head / tp; K/V heads n_kv_head / tp when tp divides them, else (n_kv_head
           divides tp) one K/V head replicated on tp / n_kv_head ranks (`pylib.plan.heads`);
   CP      "ring": each step materialises a score block [b_r, n_head/tp, s_c, s_c] (zig-zag causal: half blocks
@@ -251,7 +251,7 @@ def activation_shapes(
     pp_rank: int = 0,
     cp_rank: int = 0,
 ) -> list[TensorShape]:
-    """Seed B's activations of one layer (and the logits) as one rank holds them in one forward of one
+    """Article B's activations of one layer (and the logits) as one rank holds them in one forward of one
     micro-batch. full = the single-device shape for the whole micro-batch [b, s, ...]; count = layers of this
     kind on the stage (logits: 1 on the last stage). Dense and MoE rows appear when the model has such layers."""
     check_sizes(cfg, par, b, s, options)

@@ -3,7 +3,7 @@
 Pure functions of sizes (no processes). The tests check every function against real runs of `pylib.tp`: the
 traffic against the tracer, the memory against `pylib.model.saved_activations`, exactly, byte for byte.
 
-Symbols (seed B / Korthikanti et al.): b micro-batch, s sequence, h hidden, a = n_head, t = TP size, e bytes per
+Symbols (article B / Korthikanti et al.): b micro-batch, s sequence, h hidden, a = n_head, t = TP size, e bytes per
 element of the activation dtype, h_ffn = d_ff, d_head = h / a.
 
 Traffic per layer (the textbook claim, `layer_collectives`):
@@ -346,6 +346,6 @@ def korthikanti_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, sequence_pa
 
 def green_zone_bytes(cfg, b: int, s: int, t: int = 1, *, sequence_parallel: bool = False) -> int:
     """What a layer saves *outside* the TP region (LayerNorm inputs and statistics): the part SP cuts to 1/t
-    (seed A section 4)."""
+    (article A section 4)."""
     rows = compare_with_korthikanti(cfg, b, s, t, sequence_parallel=sequence_parallel)
     return sum(r.ours_bytes for r in rows if r.item.startswith("LayerNorm"))

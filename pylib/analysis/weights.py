@@ -1,4 +1,4 @@
-"""Per-rank shapes of every weight of the reference model under a TP x CP x EP x DP x PP plan: seed B's weight
+"""Per-rank shapes of every weight of the reference model under a TP x CP x EP x DP x PP plan: article B's weight
 matrices as pure functions of sizes, and the parameter counts that follow from them.
 
     ws = weight_shapes(cfg, par, pp_rank=0)       # list[TensorShape], torch [out, in]
@@ -7,7 +7,7 @@ matrices as pure functions of sizes, and the parameter counts that follow from t
 
 The planner sizes parameters, gradients and optimizer state from these shapes (`pylib.analysis.planner`); the
 explorer's module (`pylib.analysis.shapes`) adds the activations, and asks the planner for memory and traffic. The
-conventions (seed B's symbols, which axis cuts which dimension) are `shapes`' docstring's.
+conventions (article B's symbols, which axis cuts which dimension) are `shapes`' docstring's.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from .tp import dtype_bytes
 class TensorShape:
     """One tensor (or a family of equal tensors) as one rank holds it.
 
-    name: seed B's name ("W_Q", "FFN intermediate"); param: the reference model's name pattern ("layers.{i}.attn.
-    q_proj.weight"; "" for activations); symbol: seed B's shape in symbols ("[h, h_kv]");
+    name: article B's name ("W_Q", "FFN intermediate"); param: the reference model's name pattern ("layers.{i}.attn.
+    q_proj.weight"; "" for activations); symbol: article B's shape in symbols ("[h, h_kv]");
     full / local: the reference shape and this rank's (torch layout: weights [out, in]); local None when this
     rank holds none of it (a layer of another pipeline stage, the LM head off the last stage);
     splits: (axis, dim, parts) for every axis that cuts a dimension; count / full_count: how many such tensors
     this rank holds / the whole model has (layers on the stage, local experts); linear: an nn.Linear weight
-    (seed B writes it transposed); expected: a data-dependent shape, given as its expectation."""
+    (article B writes it transposed); expected: a data-dependent shape, given as its expectation."""
 
     name: str
     param: str
@@ -52,7 +52,7 @@ class TensorShape:
 
     @property
     def seed_b(self) -> tuple[int, ...] | None:
-        """The local shape in seed B's orientation: a linear weight [in, out], everything else as stored."""
+        """The local shape in article B's orientation: a linear weight [in, out], everything else as stored."""
         if self.local is None:
             return None
         return tuple(reversed(self.local)) if self.linear else self.local

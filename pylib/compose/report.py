@@ -4,7 +4,7 @@
     print(format_report(results))            # rank | tp cp dp pp ep | layers | params grads optim | act | traffic
 
 `ffn_probe(modules)` measures the FFN intermediate activation (the input of every `down_proj`: [b, s, h_ffn] on one
-device, [b/dp, s/cp, h_ffn/tp] on a rank of the composed model, [rows, h_ffn/etp] inside an expert) -- seed B's
+device, [b/dp, s/cp, h_ffn/tp] on a rank of the composed model, [rows, h_ffn/etp] inside an expert) -- article B's
 superposition claim is that the per-rank bytes are 1/(tp*cp*dp) of the single-device ones.
 """
 

@@ -11,12 +11,12 @@ sequence-sharded to head-sharded and back) or by all-gather CP (Llama 3's: K and
         q [b, n_head, s/cp, d_head]; k, v [b, n_kv_head, s/cp, d_head] -> out [b, n_head, s/cp, d_head]
     CPAttentionCore(group, layout=, kind="ring"|"ulysses"|"allgather", causal=)  # core(q, k, v, positions)
     CPAttention.from_full(attn, group=, layout=, kind=); cp_block(block, ...); CPTransformer.from_full(model, ...)
-    ring_rounds(events_by_rank)                                     # seed A's round table from the trace
+    ring_rounds(events_by_rank)                                     # article A's round table from the trace
 
 Files: layout.py (the shardings), kernels.py (the block kernel: torch, torch's fused SDPA ops, flash-attn),
 merge.py (the LSE merge), ring.py (the ring; recorder.py observes its steps), ulysses.py, allgather.py (all-gather
 CP and its block plan, `allgather_block_plan`), layer.py (drop-in modules),
-rounds.py (seed A's round table). The merge-precision experiment is `pylib.experiments.ring_merge_drift`.
+rounds.py (article A's round table). The merge-precision experiment is `pylib.experiments.ring_merge_drift`.
 """
 
 from .allgather import AllGatherAttention, GatherBlock, allgather_attention, allgather_block_plan

@@ -1,4 +1,4 @@
-"""Seed A's round table, read back from a real ring's trace: which K/V block each rank holds at each round.
+"""Article A's round table, read back from a real ring's trace: which K/V block each rank holds at each round.
 
 Ring attention tags its forward transfers "ring.kv.<t>" (under any enclosing tag): the block received with tag t
 is the one used at step t (round t+1 in the seed's 1-based counting). Before the first transfer each rank holds

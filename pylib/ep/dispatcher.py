@@ -2,7 +2,7 @@
 
 Rank r of the expert-parallel (EP) group holds experts [r * E_local, (r+1) * E_local), E_local = E / ep. With
 expert tensor parallelism (ETP) every rank of an ETP group holds the same experts, each a 1/etp slice of h_ffn,
-and the ranks of an ETP group hold *different* tokens (as under sequence parallelism). Seed A section 6:
+and the ranks of an ETP group hold *different* tokens (as under sequence parallelism). Article A section 6:
 
   dispatch   1 count     tokens_per_expert [E] from the routing                            (local)
              2 exchange  send my counts for rank j's experts to rank j: recv_counts [ep, E_local]

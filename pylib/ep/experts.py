@@ -1,6 +1,6 @@
 """The experts one rank holds: E_local = E / ep whole experts, or with ETP a 1/etp slice of each.
 
-ETP cuts each expert's FFN as tensor parallelism cuts a dense MLP (seed B's column / row split):
+ETP cuts each expert's FFN as tensor parallelism cuts a dense MLP (article B's column / row split):
 
     up_proj, gate_proj  W [h_ffn, h] (torch [out, in])  column-parallel: rows [i * h_ffn/etp, (i+1) * h_ffn/etp)
     down_proj           W [h, h_ffn]                    row-parallel:    columns of the same range

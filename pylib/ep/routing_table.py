@@ -1,7 +1,7 @@
 """A routing as a table a reader can check: token -> its experts, their combine weights, the EP ranks owning them.
 
     rows = routing_table(moe.last_routing, n_experts, ep, token_names, moe.last_keep)
-    print(format_routing_table(rows, ep, n_experts, one_based=True))   # seed A's way: experts counted from 1
+    print(format_routing_table(rows, ep, n_experts, one_based=True))   # article A's way: experts counted from 1
 
 Experts are placed in contiguous blocks: EP rank r owns experts [r*E/ep, (r+1)*E/ep).
 """
@@ -35,7 +35,7 @@ def routing_table(
 
 
 def format_routing_table(rows: list[dict], ep: int, n_experts: int, one_based: bool = False) -> str:
-    """Seed A's table as text: token | experts | ranks (GPU i holds experts ...)."""
+    """Article A's table as text: token | experts | ranks (GPU i holds experts ...)."""
     off = 1 if one_based else 0
     per = n_experts // ep
     lines = [f"{'token':<6} {'experts':<10} {'weights':<14} ranks"]

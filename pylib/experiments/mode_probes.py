@@ -1,14 +1,14 @@
-"""Seed B's claims measured inside launched ranks: each parallel mode built from the reference model, run for one
+"""Article B's claims measured inside launched ranks: each parallel mode built from the reference model, run for one
 training step under the tracer, with `pylib.seedcheck.activation_probe.ActivationProbe` recording the local shape
-of every weight and activation seed B lists.
+of every weight and activation article B lists.
 
     launch(probe_modes, n, cfg, moe_cfg, b=8, s=16)      # -> per rank: {mode: record}
     launch(probe_compose, world, cfg, ParallelConfig(...), b, s, RunOptions(...))   # every mode on one mesh (compose)
-    launch(sp_without_tp, n, cfg, b, s)                  # seed B's FAQ: sequence parallelism with no TP
+    launch(sp_without_tp, n, cfg, b, s)                  # article B's FAQ: sequence parallelism with no TP
 
-Weight shapes are torch's [out, in] (seed B writes [in, out]). Every function returns plain data (tuples, dicts,
+Weight shapes are torch's [out, in] (article B writes [in, out]). Every function returns plain data (tuples, dicts,
 the tracer's events as dicts), so the results cross the process boundary and the book prints them;
-`pylib.seedcheck` judges them against seed B's tables.
+`pylib.seedcheck` judges them against article B's tables.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def probe_modes(
     ulysses: also CP with Ulysses (mode "CP ulysses"); kv_replicated_cfg: also TP on a model whose K/V heads
     are fewer than the ranks (mode "TP kv-replicated").
 
-    Returns {mode: record} with record = params (this rank's parameter shapes), acts (seed B's activations),
+    Returns {mode: record} with record = params (this rank's parameter shapes), acts (article B's activations),
     scores (every score block), events (the trace), specs (the module's ShardSpecs), and mode extras."""
 
     rank, n = dist.get_rank(), dist.get_world_size()

@@ -1,7 +1,7 @@
-"""Seed A section 6 for real: EP = 4, 8 experts (2 per rank), top-2, 8 tokens.
+"""Article A section 6 for real: EP = 4, 8 experts (2 per rank), top-2, 8 tokens.
 
-The 8 tokens are seed A's two sentences, "The cat sat here" and "A dog ran fast" (ids 0..7), and the MoE is the
-reference model of seed A (d = 4, one head, h_ffn = 8) with its MLP replaced by 8 experts and a top-2 router
+The 8 tokens are article A's two sentences, "The cat sat here" and "A dog ran fast" (ids 0..7), and the MoE is the
+reference model of article A (d = 4, one head, h_ffn = 8) with its MLP replaced by 8 experts and a top-2 router
 (`pylib.plan.presets.seed_a_moe_config`). The routing table -- token -> its two experts -> the ranks that own
 them -- comes from that real router on the hidden states that really enter the MoE (LN2's output). Expert ids are
 0-based here; the seed counts from 1 (its "expert 1, 5" is our (0, 4)) and
@@ -28,7 +28,7 @@ SEED_A_IDS = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]])
 
 
 def seed_a_moe_input(cfg: ModelConfig | None = None) -> tuple[torch.Tensor, torch.nn.Module]:
-    """(x [2, 4, h], the MoE module): the hidden states entering layer 0's MoE for seed A's 8 tokens."""
+    """(x [2, 4, h], the MoE module): the hidden states entering layer 0's MoE for article A's 8 tokens."""
     cfg = cfg or seed_a_moe_config()
     model = build_model(cfg)
     moe = model.layers[0].mlp
@@ -36,7 +36,7 @@ def seed_a_moe_input(cfg: ModelConfig | None = None) -> tuple[torch.Tensor, torc
 
 
 def seed_a_routing_table(ep: int = 4, n_experts: int = 8, top_k: int = 2) -> list[dict]:
-    """Seed A's routing table from the real router of the reference MoE (see the module docstring)."""
+    """Article A's routing table from the real router of the reference MoE (see the module docstring)."""
     cfg = seed_a_moe_config(n_experts, top_k)
     x, moe = seed_a_moe_input(cfg)
     with torch.no_grad():
@@ -45,7 +45,7 @@ def seed_a_routing_table(ep: int = 4, n_experts: int = 8, top_k: int = 2) -> lis
 
 
 def seed_a_ep_worker(ep_group=None) -> dict:
-    """Inside a launched rank of a 4-rank run: route seed A's tokens with the real router, dispatch them over
+    """Inside a launched rank of a 4-rank run: route article A's tokens with the real router, dispatch them over
     EP = 4 with the all-to-all, and return this rank's view: the tokens it holds (2 of the 8), their routing
     rows, the experts it holds, the rows its experts received from each rank, and the trace of the forward."""
     g = resolve_group(ep_group)

@@ -1,4 +1,4 @@
-"""Seed A's selection guide (section 8) with the number behind each remedy, at real model sizes.
+"""Article A's selection guide (section 8) with the number behind each remedy, at real model sizes.
 
     g = selection_guide()        # SelectionGuide: .n (every number, by name), .rows (the table), .table()
 
@@ -201,7 +201,7 @@ def _rows(why_sp: str, why_cp: str, why_ep: str, why_pp: str, why_dp: str) -> li
         ],
         [
             tr("none of it is enough and throughput must go up"),
-            tr("stack the above, add DP (seed A: DeepSeek-V3 with CP, EP and TP)"),
+            tr("stack the above, add DP (article A: DeepSeek-V3 with CP, EP and TP)"),
             why_dp,
             "`dp.traffic_per_step`, `dp.paper_bytes`",
         ],

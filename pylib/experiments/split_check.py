@@ -1,5 +1,5 @@
 """Is a module token-local? Run it on the whole sequence here and on pieces of it on real ranks, and compare
-(seed A's test for which stages of a layer can be split along the sequence without communication).
+(article A's test for which stages of a layer can be split along the sequence without communication).
 
     split_check(fn, [x], seq_dims=[1])     # SplitCheck: .matches, .max_abs_err, the local shapes, comm events
 """

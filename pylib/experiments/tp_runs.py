@@ -3,7 +3,7 @@
     ex = column_row_example(t=2)        # ColumnParallelLinear / RowParallelLinear on t ranks, every shard's numbers
     traces = layer_traces(t=2)          # one TPBlock forward + backward traced, TP and TP + SP
 
-Matrices are kept in seed B's layout, W [in, out] (torch stores [out, in]).
+Matrices are kept in article B's layout, W [in, out] (torch stores [out, in]).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pylib.tp import ColumnParallelLinear, RowParallelLinear, TPBlock, scatter_t
 class ColumnRowExample:
     """One column-parallel and one row-parallel matmul on t ranks, every number from the real shards.
 
-    Seed B layout: x [n, d_in]; column split W [d_in, d_out] -> W_r [d_in, d_out/t], y_r = x W_r [n, d_out/t];
+    Article B layout: x [n, d_in]; column split W [d_in, d_out] -> W_r [d_in, d_out/t], y_r = x W_r [n, d_out/t];
     row split V [d_out, d_in] -> V_r [d_out/t, d_in], partial_r = y_r V_r [n, d_in] (full size), z = sum_r."""
 
     x: np.ndarray
@@ -50,7 +50,7 @@ def _column_row_rank(x, up, down):
 
 
 def column_row_example(t: int = 2, n: int = 4, d_in: int = 4, d_out: int = 8, seed: int = 0) -> ColumnRowExample:
-    """Run the split on t launched ranks (seed A's sizes by default: 4 tokens, d = 4, d_ff = 8)."""
+    """Run the split on t launched ranks (article A's sizes by default: 4 tokens, d = 4, d_ff = 8)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d_in, generator=g, device="cpu").round(decimals=1)
     up = torch.nn.Linear(d_in, d_out, bias=False)

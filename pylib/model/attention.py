@@ -1,4 +1,4 @@
-"""Self-attention: the one place a Transformer layer mixes tokens (seed A's "red light").
+"""Self-attention: the one place a Transformer layer mixes tokens (article A's "red light").
 
 Shapes: x [b, s, h]; q [b, n_head, s, d_head]; k, v [b, n_kv_head, s, d_head]. With GQA each group of
 n_head / n_kv_head query heads shares one K/V head: query head i reads K/V head i // (n_head / n_kv_head).

@@ -1,4 +1,4 @@
-"""The position-wise MLP (FFN): every token alone through the same weights (seed A's green zone).
+"""The position-wise MLP (FFN): every token alone through the same weights (article A's green zone).
 
 GELU:   down(gelu(up x))                 up [h -> h_ffn], down [h_ffn -> h]
 SwiGLU: down(silu(gate x) * up x)         gate and up [h -> h_ffn], down [h_ffn -> h]

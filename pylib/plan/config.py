@@ -5,7 +5,7 @@ the modules that run it (`pylib.model`) share one definition.
     MoEConfig(n_experts, top_k, d_ff, score, capacity_factor, ...)       expert_capacity(n_tokens, moe)
     SEED_A, TINY                                                        (the named models: `pylib.plan.presets`)
 
-Symbols follow seed B: h = d_model, h_ffn = d_ff, n_head, n_kv_head, d_head = h / n_head, V = vocab_size,
+Symbols follow article B: h = d_model, h_ffn = d_ff, n_head, n_kv_head, d_head = h / n_head, V = vocab_size,
 L = n_layers, E = moe.n_experts. The dtype is a name (a key of `pylib.plan.options.DTYPE_BYTES`: "float32",
 "float64", "bfloat16", "float16"); `pylib.model.torch_dtype` turns it into a torch dtype.
 """
@@ -102,8 +102,8 @@ class ModelConfig:
     """A Pre-LN decoder: embedding, n_layers x [LN, attention, residual, LN, MLP, residual], final LN, LM head.
 
     mlp: "gelu" (up, GELU, down) or "swiglu" (down(silu(gate x) * up x)).
-    position: "none" (the token embedding alone, as in seed A) or "rope" (rotary embedding on q and k).
-    causal: causal self-attention (a language model) or full (as in seed A's example).
+    position: "none" (the token embedding alone, as in article A) or "rope" (rotary embedding on q and k).
+    causal: causal self-attention (a language model) or full (as in article A's example).
     Weights are PyTorch's default initialisation after torch.manual_seed(seed), modules created in reading order
     (embedding; per layer q, k, v, o, then MLP; LM head), so a config and a seed fix every number.
     """
@@ -169,7 +169,7 @@ class ModelConfig:
 
     @staticmethod
     def seed_a() -> ModelConfig:
-        """Seed A's worked example: d=4, one head, d_ff=8, GELU, no positions, full attention, 8 tokens in the
+        """Article A's worked example: d=4, one head, d_ff=8, GELU, no positions, full attention, 8 tokens in the
         vocabulary (the two sentences "The cat sat here" and "A dog ran fast"), seed 0."""
         return ModelConfig(
             vocab_size=8, d_model=4, n_layers=1, n_heads=1, d_ff=8, mlp="gelu", position="none", causal=False, seed=0

@@ -3,13 +3,13 @@ tests, labs, benches and chapters run. Plain data: importing this module loads n
 
     llama2_70b() gpt_style_70b() deepseek_v3_like() llama2_7b() mixtral_8x7b()   # real shapes (meta device only)
     llama3_405b() megatron_gpt(h, n_heads, n_layers)                            # the calibration's published runs
-    probe_config() probe_moe_config()                                           # seed B's probe model, on ranks
-    seed_a_moe_config(n_experts, top_k)                                         # seed A with an MoE MLP
+    probe_config() probe_moe_config()                                           # article B's probe model, on ranks
+    seed_a_moe_config(n_experts, top_k)                                         # article A with an MoE MLP
     PRESETS["llama2_70b"]()                                                     # the real-model presets by name
     tiny() tiny_gqa() tiny_moe() tiny_odd() tiny_layer()                        # what tests and chapters run
 
 Each is a function returning a fresh `ModelConfig` (frozen, so `cfg.with_(n_layers=2)` derives a variant).
-Symbols follow seed B: h = d_model, h_ffn = d_ff, n_head, n_kv_head, V = vocab_size, L = n_layers, E = n_experts.
+Symbols follow article B: h = d_model, h_ffn = d_ff, n_head, n_kv_head, V = vocab_size, L = n_layers, E = n_experts.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def llama2_70b() -> ModelConfig:
 
 def gpt_style_70b() -> ModelConfig:
     """The same width, depth and vocabulary with GPT-style choices: every head its own K/V (MHA) and a two-matrix
-    GELU MLP with h_ffn = 4h, seed B's baseline ("双矩阵 FFN 典型 ~4h")."""
+    GELU MLP with h_ffn = 4h, article B's baseline ("双矩阵 FFN 典型 ~4h")."""
     return llama2_70b().with_(n_kv_heads=None, d_ff=4 * 8192, mlp="gelu")
 
 
@@ -114,7 +114,7 @@ PRESETS = {
 
 
 def probe_config() -> ModelConfig:
-    """The small model seed B's probes run on ranks: every size distinct, GQA, SwiGLU, RoPE, causal."""
+    """The small model article B's probes run on ranks: every size distinct, GQA, SwiGLU, RoPE, causal."""
     return ModelConfig(
         vocab_size=64, d_model=48, n_layers=4, n_heads=8, n_kv_heads=4, d_ff=128, mlp="swiglu", position="rope"
     )
@@ -126,7 +126,7 @@ def probe_moe_config() -> ModelConfig:
 
 
 def seed_a_moe_config(n_experts: int = 8, top_k: int = 2) -> ModelConfig:
-    """Seed A's model with its MLP replaced by `n_experts` experts (each h_ffn = 8), top-k routing, float64."""
+    """Article A's model with its MLP replaced by `n_experts` experts (each h_ffn = 8), top-k routing, float64."""
     return SEED_A.with_(moe=MoEConfig(n_experts=n_experts, top_k=top_k), dtype="float64")
 
 

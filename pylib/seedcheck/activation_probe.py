@@ -1,14 +1,14 @@
-"""Forward hooks that record seed B's activations by name, on a single-device model, a parallel mode's module or
+"""Forward hooks that record article B's activations by name, on a single-device model, a parallel mode's module or
 a meta-device copy (shapes only, no storage).
 
     probe = ActivationProbe().watch_layer(model.layers[0]).watch_head(model.lm_head)
     model(ids); probe.remove()
     probe.shapes["Q"], probe.scores, probe.expert_rows
 
-The activations are recorded where seed B names them, in the watched layer:
+The activations are recorded where article B names them, in the watched layer:
 
     input hidden       the block's input                          (forward pre-hook on the layer)
-    LN output          the first LayerNorm's output               (forward hook on ln1; not in seed B's list)
+    LN output          the first LayerNorm's output               (forward hook on ln1; not in article B's list)
     Q, K, V            the attention core's arguments             (the core wrapped for the call)
     attention scores   every score block the core materialises   (a TorchFunctionMode inside the core: the
                                                                    outputs of its 1st, 3rd, ... matmul)
@@ -40,7 +40,7 @@ class MatmulRecorder(TorchFunctionMode):
 
 
 class ActivationProbe:
-    """Forward hooks on one layer (and optionally the LM head) recording seed B's activations by name.
+    """Forward hooks on one layer (and optionally the LM head) recording article B's activations by name.
 
     `shapes[name]` is the first shape seen (the first forward); `scores` every score block of that forward."""
 

@@ -1,5 +1,5 @@
 """Which dimension each mode cuts, measured: the share of each tensor dimension one rank holds under each mode
-alone (from `pylib.experiments.mode_probes.probe_modes` records), against seed B's tbl-mat-axis and against the
+alone (from `pylib.experiments.mode_probes.probe_modes` records), against article B's tbl-mat-axis and against the
 modes' own shard specs.
 
     cuts = axis_cuts(runs[0], cfg, moe_cfg, b, s)    # {mode: {dim: share one rank holds}}
@@ -70,7 +70,7 @@ def axis_cuts(run: dict, cfg: ModelConfig, moe_cfg: ModelConfig, b: int, s: int)
     return out
 
 
-# Seed B's tbl-mat-axis: mode -> (the dimension it names, the object it names), and what each names in our dims.
+# Article B's tbl-mat-axis: mode -> (the dimension it names, the object it names), and what each names in our dims.
 SEED_AXIS = {
     "TP": ("h (or n_head)", "weight matrices"),
     "SP": ("s", "activations (with TP)"),
@@ -81,7 +81,7 @@ SEED_AXIS = {
 }
 
 
-# SEED_AXIS's words as a table shows them: seed B's own Chinese in the Chinese edition.
+# SEED_AXIS's words as a table shows them: article B's own Chinese in the Chinese edition.
 _SEED_AXIS_SHOWN = frozenset(
     {
         N_("h (or n_head)"),
@@ -101,12 +101,12 @@ def seed_axis_shown(mode: str) -> tuple[str, str]:
 
 
 # The seed's "h (or n_head)" read as the dimensions it can mean in a measurement: the width inside attention
-# (n_head d_head, which seed B writes as h) and, by the same token, the FFN's and the vocabulary's inner widths.
+# (n_head d_head, which article B writes as h) and, by the same token, the FFN's and the vocabulary's inner widths.
 SEED_AXIS_DIMS = {"TP": {"n_head", "h_ffn", "V"}, "SP": {"s"}, "CP": {"s"}, "DP": {"b"}, "PP": {"L"}, "EP": {"E"}}
 
 
 def spec_dims(specs: list[dict]) -> set[str]:
-    """The dimensions a mode's own `shard_specs()` say it splits, named with seed B's symbols: a TP column/row split
+    """The dimensions a mode's own `shard_specs()` say it splits, named with article B's symbols: a TP column/row split
     of an attention weight cuts the heads, of an MLP weight h_ffn, the vocabulary-parallel embedding and LM head V;
     a CP sequence spec cuts s; a PP stage spec the layers L; an EP expert spec the experts E; a TP LayerNorm noted as
     seeing s/t tokens under SP, s."""

@@ -1,4 +1,4 @@
-"""Seed B's cut tables (tbl-mat-weight-cut, tbl-mat-act-cut) as data: per tensor and mode, its words and the claim
+"""Article B's cut tables (tbl-mat-weight-cut, tbl-mat-act-cut) as data: per tensor and mode, its words and the claim
 they make in checkable form, with the English the book prints for the words.
 """
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pylib import i18n
 
-# Seed B's words in its cut tables, in English (the tables print these; the Chinese stays in the data).
+# Article B's words in its cut tables, in English (the tables print these; the Chinese stays in the data).
 SEED_WORDS = {
     "切 V 或 h (vocab parallel / TP)": "cut V or h (vocab parallel / TP)",
     "切 V 或 h": "cut V or h",
@@ -46,13 +46,13 @@ SEED_WORDS = {
 
 
 def seed_words(seed: str) -> str:
-    """Seed B's words as a table shows them: seed B wrote Chinese, so the Chinese edition shows its own words and
+    """Article B's words as a table shows them: article B wrote Chinese, so the Chinese edition shows its own words and
     the English edition their English (SEED_WORDS)."""
     return seed if i18n.language() == "zh" else SEED_WORDS[seed]
 
 
-# Seed B's tbl-mat-weight-cut, cell by cell: (its words, the claim they make in checkable form). Claims:
-# a shape in seed B's symbols and orientation with N the column's degree ("|" between alternatives); "full":
+# Article B's tbl-mat-weight-cut, cell by cell: (its words, the claim they make in checkable form). Claims:
+# a shape in article B's symbols and orientation with N the column's degree ("|" between alternatives); "full":
 # every rank holds it whole; "as TP": what TP alone holds (SP adds no cut); "stage 0" / "stage L-1": held whole
 # by that pipeline stage only; "by layer": whole on the stage that holds its layer, absent elsewhere;
 # "experts/N": a rank holds E/N of the experts, each whole.
@@ -160,7 +160,7 @@ WEIGHT_SYMBOLS = {
 }
 
 
-# Seed B's tbl-mat-act-cut: (its words, the claim). Claims as above, plus "stage full": whole on the stage that
+# Article B's tbl-mat-act-cut: (its words, the claim). Claims as above, plus "stage full": whole on the stage that
 # holds the layer; "blocks": the rank never holds [.., s/N, s] (only blocks); "routed": tokens go to experts.
 SEED_ACT_CUT = {
     "input hidden": {

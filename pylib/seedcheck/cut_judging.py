@@ -1,4 +1,4 @@
-"""Seed B's cut tables judged cell by cell against what the ranks measured (`probe_modes` records on N ranks): each
+"""Article B's cut tables judged cell by cell against what the ranks measured (`probe_modes` records on N ranks): each
 cell "agrees", is "imprecise" (true, but not what Megatron and pylib do, or not quite what happens) or is "wrong".
 
     cells = weight_cut_cells(runs, cfg, moe_cfg)              # [Cell] for every (tensor, mode) of the weight table
@@ -22,7 +22,7 @@ from .tensor_names import shown_name
 
 @dataclass
 class Cell:
-    """One cell of a cut table: seed B's words, what they claim (`claim`, see `judge`), what was measured, the
+    """One cell of a cut table: article B's words, what they claim (`claim`, see `judge`), what was measured, the
     verdict ("agrees", "imprecise" or "wrong") and the measured value written out (in the reader's language).
     `kind` says what was measured, in words no edition translates: "shape" (the local shape on every rank),
     "stage" (held whole by one pipeline stage, absent on the others), "experts" (E/N whole experts per rank),
@@ -54,7 +54,7 @@ def _is_linear(param: str) -> bool:
 
 
 def _local(rec: dict, param: str):
-    """This rank's shape of a reference parameter in seed B's orientation (None when it does not hold it)."""
+    """This rank's shape of a reference parameter in article B's orientation (None when it does not hold it)."""
     params = rec["params"]
     name = param
     if ".experts." in param and param not in params:
@@ -120,7 +120,7 @@ def _shape_verdict(runs, claim, params, full, sizes, rec_mode, tp_mode) -> tuple
 
 
 def judge_weight(runs, row: str, mode: str, cfg, moe_cfg) -> Cell:
-    """Measure one cell of tbl-mat-weight-cut on every rank and judge seed B's claim."""
+    """Measure one cell of tbl-mat-weight-cut on every rank and judge article B's claim."""
     seed, claim = SEED_WEIGHT_CUT[row][mode]
     moe_row = row.startswith("MoE")
     sizes = symbol_sizes(moe_cfg if moe_row else cfg, N=len(runs))
@@ -150,7 +150,7 @@ def weight_cut_cells(runs, cfg, moe_cfg) -> list[Cell]:
 
 
 def judge_activation(runs, row: str, mode: str, cfg, moe_cfg, b: int, s: int) -> Cell:
-    """Measure one cell of tbl-mat-act-cut on every rank and judge seed B's claim."""
+    """Measure one cell of tbl-mat-act-cut on every rank and judge article B's claim."""
     seed, claim = SEED_ACT_CUT[row][mode]
     N = len(runs)
     sizes = symbol_sizes(cfg, b=b, s=s, N=N)
@@ -207,7 +207,7 @@ def activation_cut_cells(runs, cfg, moe_cfg, b: int, s: int) -> list[Cell]:
 
 
 def cut_table_rows(cells: list[Cell], with_seed: bool = True) -> list[list[str]]:
-    """One table row per tensor: its name, then per mode the measured value with its verdict mark (and seed B's
+    """One table row per tensor: its name, then per mode the measured value with its verdict mark (and article B's
     words: its own Chinese in the Chinese edition, their English in the English one)."""
     by_row: dict[str, dict[str, Cell]] = defaultdict(dict)
     for c in cells:
@@ -217,7 +217,7 @@ def cut_table_rows(cells: list[Cell], with_seed: bool = True) -> list[list[str]]
         line = [shown_name(row)]
         for mode in MODES:
             c = cols[mode]
-            said = "<br>*" + tr("seed B: {words}", words=seed_words(c.seed)) + "*" if with_seed else ""
+            said = "<br>*" + tr("article B: {words}", words=seed_words(c.seed)) + "*" if with_seed else ""
             line.append(f"{MARK[c.verdict]} {c.measured}{said}")
         out.append(line)
     return out

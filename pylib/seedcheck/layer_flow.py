@@ -1,10 +1,10 @@
-"""Seed A's six stages of the Pre-LN layer, read off the modules a real forward calls.
+"""Article A's six stages of the Pre-LN layer, read off the modules a real forward calls.
 
     flow = layer_flow(model.layers[0], x)      # [FlowStage ① .. ⑥], each with the calls that make it
     record_block_calls(block, x)               # every leaf module the forward called, and the attention core
 
 Shapes use the seeds' names: x [b, s, h]; q, k, v [b, n_head, s, d_head]. `ModuleCall.weight_shape` is torch's
-[out, in] (seed A writes x @ W, i.e. W as [in, out]). `pylib.viz.layer_flow.draw_layer_flow` draws the stages.
+[out, in] (article A writes x @ W, i.e. W as [in, out]). `pylib.viz.layer_flow.draw_layer_flow` draws the stages.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from pylib import i18n
 
-# Seed A numbers the Pre-LN layer ① .. ⑥; each stage is made of these submodules of a Block (in call order).
+# Article A numbers the Pre-LN layer ① .. ⑥; each stage is made of these submodules of a Block (in call order).
 STAGE_TITLES = {
     1: "LayerNorm",
     2: "QKV projection",
@@ -68,7 +68,7 @@ class ModuleCall:
 
 @dataclass
 class FlowStage:
-    """One of seed A's six stages and the calls that make it."""
+    """One of article A's six stages and the calls that make it."""
 
     number: int
     title: str
@@ -127,15 +127,15 @@ def record_block_calls(block: torch.nn.Module, x: torch.Tensor) -> list[ModuleCa
 
 
 def layer_flow(block: torch.nn.Module, x: torch.Tensor) -> list[FlowStage]:
-    """Seed A's six stages ① .. ⑥, each with the calls a real forward of `block` made for it.
+    """Article A's six stages ① .. ⑥, each with the calls a real forward of `block` made for it.
 
-    Raises ValueError if the block calls a module seed A's numbering does not know, or calls them out of order
+    Raises ValueError if the block calls a module article A's numbering does not know, or calls them out of order
     (a Post-LN block, say, would call ln1 after attention)."""
     stages = {n: FlowStage(n, STAGE_TITLES[n]) for n in STAGE_TITLES}
     last = 0
     for call in record_block_calls(block, x):
         if call.name not in STAGE_OF_MODULE:
-            raise ValueError(f"{call.name} ({call.kind}) is not part of seed A's six stages")
+            raise ValueError(f"{call.name} ({call.kind}) is not part of article A's six stages")
         n = STAGE_OF_MODULE[call.name]
         if n < last:
             raise ValueError(f"{call.name} (stage {n}) was called after stage {last}: not a Pre-LN layer")

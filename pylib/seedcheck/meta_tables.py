@@ -1,9 +1,9 @@
-"""Seed B's weight and activation lists read off the reference model built on the meta device: every tensor has its
+"""Article B's weight and activation lists read off the reference model built on the meta device: every tensor has its
 real shape and dtype and no storage, so a 70B-parameter model costs nothing.
 
     model = meta_model(llama2_70b(), n_layers=1)
-    weight_rows(model, cfg)            # [WeightRow]: seed B's shape, the module's shape (seed B's orientation), count
-    meta_activations(cfg, b, s)        # seed B's activations from forward hooks, shapes and dtype only
+    weight_rows(model, cfg)            # [WeightRow]: article B's shape, the module's shape (its orientation), count
+    meta_activations(cfg, b, s)        # article B's activations from forward hooks, shapes and dtype only
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def meta_model(cfg: ModelConfig, n_layers: int | None = None):
         return Transformer(cfg).to(torch_dtype(cfg.dtype))
 
 
-# Seed B's weight list (tbl-mat-weights): name -> (seed's shape, where, the parameter of one layer it is).
+# Article B's weight list (tbl-mat-weights): name -> (seed's shape, where, the parameter of one layer it is).
 SEED_WEIGHTS = {
     "token embedding": ("[V, h]", "input layer (one per model)", "embed.weight", False),
     "LM head": ("[h, V]", "output layer (one per model, often shared with the embedding)", "lm_head.weight", True),
@@ -38,7 +38,7 @@ SEED_WEIGHTS = {
     "W_gate": ("[h, h_ffn]", "every layer's FFN (SwiGLU only)", "layers.{i}.mlp.gate_proj.weight", True),
     "W_up": ("[h, h_ffn]", "every layer's FFN up projection", "layers.{i}.mlp.up_proj.weight", True),
     "W_down": ("[h_ffn, h]", "every layer's FFN down projection", "layers.{i}.mlp.down_proj.weight", True),
-    "router": ("[h, E]", "every MoE layer (not in seed B's list)", "layers.{i}.mlp.router.gate.weight", True),
+    "router": ("[h, E]", "every MoE layer (not in article B's list)", "layers.{i}.mlp.router.gate.weight", True),
     "expert W_gate": ("[h, h_ffn_e]", "every MoE layer, E times", "layers.{i}.mlp.experts.0.gate_proj.weight", True),
     "expert W_up": ("[h, h_ffn_e]", "every MoE layer, E times", "layers.{i}.mlp.experts.0.up_proj.weight", True),
     "expert W_down": ("[h_ffn_e, h]", "every MoE layer, E times", "layers.{i}.mlp.experts.0.down_proj.weight", True),
@@ -54,7 +54,7 @@ class WeightRow:
     where: str
     param: str
     torch_shape: tuple | None  # as stored, [out, in]
-    shape: tuple | None  # seed B's orientation
+    shape: tuple | None  # article B's orientation
     expected: tuple | None  # the seed's symbolic shape evaluated for this config
     per_model: int  # how many such tensors the whole model has
 
@@ -64,7 +64,7 @@ class WeightRow:
 
 
 def weight_rows(model, cfg: ModelConfig | None = None) -> list[WeightRow]:
-    """Seed B's weight list from a (meta) model's real parameters: the first layer (or first MoE layer) stands
+    """Article B's weight list from a (meta) model's real parameters: the first layer (or first MoE layer) stands
     for every layer; per_model counts the tensors of that kind in the whole model `cfg` (default: the model's own
     config; pass the full config when the model was built with fewer of its identical layers)."""
     cfg = cfg or model.cfg
@@ -109,7 +109,7 @@ SEED_ACTIVATIONS = {
 
 def meta_activations(cfg: ModelConfig, b: int, s: int) -> dict:
     """Forward hooks on a one-layer meta-device copy of `cfg` (every layer is the same module code): the shapes
-    and dtypes of seed B's activations for ids [b, s], with no number computed and no memory used."""
+    and dtypes of article B's activations for ids [b, s], with no number computed and no memory used."""
     model = meta_model(cfg, n_layers=1)
     probe = ActivationProbe().watch_layer(model.layers[0]).watch_head(model.lm_head)
     ids = torch.zeros(b, s, dtype=torch.long, device="meta")

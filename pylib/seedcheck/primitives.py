@@ -1,7 +1,7 @@
-"""The tracer's collectives read the way the seeds name them: seed A's primitive names, and seed B's primitives
+"""The tracer's collectives read the way the seeds name them: article A's primitive names, and article B's primitives
 table (which op each mode issued, in which phase, where in the model, how many per layer).
 
-    primitive_names(["recv", "send"])          # ['P2P']: seed A's names, each once, in a fixed order
+    primitive_names(["recv", "send"])          # ['P2P']: article A's names, each once, in a fixed order
     primitives(events)                         # (op, phase) -> count, per layer, where, payload sizes
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-# The tracer's op names, and the names seed A gives the primitives (a send and its receive are one P2P transfer).
+# The tracer's op names, and the names article A gives the primitives (a send and its receive are one P2P transfer).
 PRIMITIVE_NAMES = {
     "all_reduce": "All-Reduce",
     "all_gather": "All-Gather",
@@ -22,7 +22,7 @@ PRIMITIVE_NAMES = {
 
 
 def primitive_names(ops) -> list[str]:
-    """Seed A's names for a collection of traced op names (`CommEvent.op`), each once, in a fixed order.
+    """Article A's names for a collection of traced op names (`CommEvent.op`), each once, in a fixed order.
 
     >>> primitive_names(["recv", "send", "send"])
     ['P2P']
@@ -32,7 +32,7 @@ def primitive_names(ops) -> list[str]:
     ops = set(ops)
     unknown = sorted(ops - PRIMITIVE_NAMES.keys())
     if unknown:
-        raise ValueError(f"no seed A name for traced ops {unknown}; known: {sorted(PRIMITIVE_NAMES)}")
+        raise ValueError(f"no article A name for traced ops {unknown}; known: {sorted(PRIMITIVE_NAMES)}")
     return list(dict.fromkeys(PRIMITIVE_NAMES[op] for op in PRIMITIVE_NAMES if op in ops))
 
 

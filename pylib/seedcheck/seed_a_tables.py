@@ -1,4 +1,4 @@
-"""Seed A's tables of sections 3 to 6, transcribed, and the Part I tables printed beside them from real runs.
+"""Article A's tables of sections 3 to 6, transcribed, and the Part I tables printed beside them from real runs.
 
     SEED_A_DIMS                                  # section 3: mode -> (splits, bottleneck, primitive, names)
     dims_rows(traced) / dims_table(traced)       # that table with the tracer's primitives, forward and backward
@@ -15,8 +15,8 @@ from pylib import i18n
 from pylib.seedcheck.primitives import primitive_names
 from pylib.tables import markdown_table
 
-# Seed A, section 3, as printed (in English): what each mode splits, the bottleneck it relieves, its core primitive,
-# and the set of seed A's primitive names (`primitive_names`) that primitive stands for.
+# Article A, section 3, as printed (in English): what each mode splits, the bottleneck it relieves, its core primitive,
+# and the set of article A's primitive names (`primitive_names`) that primitive stands for.
 SEED_A_DIMS = {
     "DP": ("the data, along batch", "throughput", "gradient All-Reduce", {"All-Reduce"}),
     "TP": (
@@ -38,7 +38,7 @@ SEED_A_DIMS = {
 
 
 def _seed_a_dims_shown(mode: str) -> tuple[str, str, str]:
-    """SEED_A_DIMS[mode]'s three texts in the reader's language (zh: seed A's own Chinese)."""
+    """SEED_A_DIMS[mode]'s three texts in the reader's language (zh: article A's own Chinese)."""
     return {
         "DP": (i18n.tr("the data, along batch"), i18n.tr("throughput"), i18n.tr("gradient All-Reduce")),
         "TP": (
@@ -70,10 +70,10 @@ def _names(events, phase: str) -> str:
 
 
 def dims_rows(traced: list[dict]) -> list[list[str]]:
-    """One row per mode: [mode, splits, bottleneck, seed A's primitive, traced forward, traced backward, ✓/✗].
+    """One row per mode: [mode, splits, bottleneck, article A's primitive, traced forward, traced backward, ✓/✗].
 
     The traced columns take every rank's forward and backward events (the pipeline executor's clock sync runs in a
-    phase of its own and is left out); ✓ when the set of primitive names equals seed A's."""
+    phase of its own and is left out); ✓ when the set of primitive names equals article A's."""
     rows = []
     for mode, (splits, bottleneck, primitive, names) in SEED_A_DIMS.items():
         events = [e for rank in traced for e in rank[mode] if e["phase"] in ("forward", "backward")]
@@ -85,25 +85,25 @@ def dims_rows(traced: list[dict]) -> list[list[str]]:
 
 
 def dims_table(traced: list[dict]) -> str:
-    """Seed A's table of dimensions as a labelled MyST table (`tbl-megatron-dims`), from `dims_rows`."""
+    """Article A's table of dimensions as a labelled MyST table (`tbl-megatron-dims`), from `dims_rows`."""
     header = [
         "",
         i18n.tr("splits"),
         i18n.tr("relieves"),
-        i18n.tr("seed A's primitive"),
+        i18n.tr("article A's primitive"),
         i18n.tr("traced: forward"),
         i18n.tr("traced: backward"),
         i18n.tr("same?"),
     ]
     caption = i18n.tr(
-        "Seed A's table of Megatron's dimensions. The traced columns are the tracer's record of each mode run on "
-        "two real ranks with seed A's sizes, forward and backward."
+        "Article A's table of Megatron's dimensions. The traced columns are the tracer's record of each mode run on "
+        "two real ranks with article A's sizes, forward and backward."
     )
     return markdown_table(header, dims_rows(traced), caption=caption, name="tbl-megatron-dims")
 
 
 def ring_round_rows(rounds: list[dict]) -> list[list[str]]:
-    """Seed A's round table from `pylib.cp.ring_rounds` rows (round, holds [per rank], recv_from [per rank])."""
+    """Article A's round table from `pylib.cp.ring_rounds` rows (round, holds [per rank], recv_from [per rank])."""
     n = len(rounds[0]["holds"])
     rows = []
     for row in rounds:
@@ -128,7 +128,7 @@ def ring_round_table(rounds: list[dict]) -> str:
     """The round table as a labelled MyST table (`tbl-ring-rounds`)."""
     n = len(rounds[0]["holds"])
     caption = i18n.tr(
-        "Seed A's ring-attention round table for {n} GPUs, read back from the trace of a real ring on {n} ranks: "
+        "Article A's ring-attention round table for {n} GPUs, read back from the trace of a real ring on {n} ranks: "
         "the K/V block each GPU computes with in each round, and the transfer before it.",
         n=n,
     )
@@ -137,7 +137,7 @@ def ring_round_table(rounds: list[dict]) -> str:
 
 
 def routing_rows(table: list[dict], per_rank: int = 2) -> list[list[str]]:
-    """Seed A's routing table, one row per token: [token, start GPU, experts (from 1), weights, expert GPUs]."""
+    """Article A's routing table, one row per token: [token, start GPU, experts (from 1), weights, expert GPUs]."""
     return [
         [
             row["token"],
@@ -153,8 +153,8 @@ def routing_rows(table: list[dict], per_rank: int = 2) -> list[list[str]]:
 def routing_table_md(table: list[dict]) -> str:
     """The routing table as a labelled MyST table (`tbl-ep-routing`)."""
     caption = i18n.tr(
-        "Seed A's routing table from the real top-2 router of seed A's model with 8 experts (counted from 1, as "
-        "seed A does; GPU g holds experts 2g+1 and 2g+2)."
+        "Article A's routing table from the real top-2 router of article A's model with 8 experts (counted from 1, as "
+        "article A does; GPU g holds experts 2g+1 and 2g+2)."
     )
     header = [i18n.tr("token"), i18n.tr("on"), i18n.tr("experts"), i18n.tr("weights"), i18n.tr("experts on")]
     return markdown_table(header, routing_rows(table), caption=caption, name="tbl-ep-routing")
@@ -192,7 +192,7 @@ def _ops(events, phase: str | None = None) -> str:
     ) or i18n.tr("none")
 
 
-def _ep_holds(res: dict) -> str:  # seed A counts experts from 1; pylib from 0
+def _ep_holds(res: dict) -> str:  # article A counts experts from 1; pylib from 0
     experts = ", ".join(str(e + 1) for e in res["experts_held"])
     routed = "; ".join(
         i18n.tr(
@@ -236,7 +236,7 @@ def three_axes_table(dp: list[dict], cp: list[dict], tp: list[dict], ep: list[di
     ]  # fmt: skip
     caption = i18n.tr(
         "The three axes of [batch, seq, d] and the parallelism that cuts each, run on two real ranks with the "
-        "model's weights (weights written [in, out], as in x W); EP on four ranks with seed A's model turned into "
+        "model's weights (weights written [in, out], as in x W); EP on four ranks with article A's model turned into "
         "a mixture of 8 experts (ranks 2 and 3 hold experts 5-6 and 7-8)."
     )
     header = [
@@ -253,7 +253,7 @@ def three_axes_table(dp: list[dict], cp: list[dict], tp: list[dict], ep: list[di
 def selection_guide_table(rows: list[list[str]]) -> str:
     """`tbl-selection-guide`: rows of `pylib.experiments.selection_guide` (symptom, remedy, number, computed with)."""
     caption = i18n.tr(
-        "Seed A's selection guide, each remedy with a number computed from pylib's formulas at real model sizes (a "
+        "Article A's selection guide, each remedy with a number computed from pylib's formulas at real model sizes (a "
         "70B-class dense model; a DeepSeek-V3-like MoE for the EP row)."
     )
     header = [i18n.tr("symptom"), i18n.tr("remedy"), i18n.tr("the number behind it"), i18n.tr("computed with")]

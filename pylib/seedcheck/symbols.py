@@ -1,10 +1,10 @@
-"""Seed B's symbols (h, h_ffn, n_head, n_kv_head, d_head, h_kv, V, L; E, K, h_ffn_e; b, s, N) evaluated for a
-config, seed B's symbolic shapes evaluated with them, and measured shapes written back in symbols.
+"""Article B's symbols (h, h_ffn, n_head, n_kv_head, d_head, h_kv, V, L; E, K, h_ffn_e; b, s, N) evaluated for a
+config, article B's symbolic shapes evaluated with them, and measured shapes written back in symbols.
 
     sizes = symbol_sizes(cfg, b=8, s=16, N=2)
     evaluate("[b, n_head/N, s, d_head]", sizes)      # -> (8, 4, 16, 6)
     describe((48, 12), "[h, h_kv]", sizes, N=2)      # -> "[h, h_kv/N]"
-    seed_b_shape(torch_shape, linear=True)           # torch's [out, in] -> seed B's [in, out]
+    seed_b_shape(torch_shape, linear=True)           # torch's [out, in] -> article B's [in, out]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pylib.model import ModelConfig
 
 
 def symbol_sizes(cfg: ModelConfig, b: int | None = None, s: int | None = None, N: int | None = None) -> dict:
-    """Seed B's symbols evaluated for a config (and a batch, a sequence length, a parallel degree N)."""
+    """Article B's symbols evaluated for a config (and a batch, a sequence length, a parallel degree N)."""
     out = dict(
         h=cfg.d_model,
         h_ffn=cfg.d_ff,
@@ -73,5 +73,5 @@ def describe(local, full_symbolic: str, sizes: dict, N: int) -> str:
 
 
 def seed_b_shape(torch_shape, linear: bool):
-    """torch's [out, in] -> seed B's [in, out] for a linear weight; anything else unchanged."""
+    """torch's [out, in] -> article B's [in, out] for a linear weight; anything else unchanged."""
     return None if torch_shape is None else (tuple(reversed(torch_shape)) if linear else tuple(torch_shape))

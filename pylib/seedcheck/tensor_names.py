@@ -1,4 +1,4 @@
-"""The names of seed B's tensors as a table row shows them, in the reader's language. The English name stays the
+"""The names of article B's tensors as a table row shows them, in the reader's language. The English name stays the
 key of the data (SEED_WEIGHTS, SEED_ACTIVATIONS, the cut tables; chapters compare it with ==); only the shown text
 changes.
 
@@ -45,7 +45,7 @@ _WHERE = frozenset(
         N_("every layer's FFN (SwiGLU only)"),
         N_("every layer's FFN up projection"),
         N_("every layer's FFN down projection"),
-        N_("every MoE layer (not in seed B's list)"),
+        N_("every MoE layer (not in article B's list)"),
         N_("every MoE layer, E times"),
         N_("twice per layer (before attention, before the FFN)"),
         N_("with γ (LayerNorm only; RMSNorm has none)"),
@@ -61,7 +61,7 @@ _WHERE = frozenset(
 
 
 def shown_where(text: str) -> str:
-    """Where seed B's tensor appears (SEED_WEIGHTS / SEED_ACTIVATIONS) in the reader's language."""
+    """Where article B's tensor appears (SEED_WEIGHTS / SEED_ACTIVATIONS) in the reader's language."""
     if text not in _WHERE:
         raise KeyError(f"{text!r} is none of the data's 'where' and 'produced' texts")
     return tr(text)

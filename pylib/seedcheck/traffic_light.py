@@ -1,14 +1,14 @@
-"""Seed A section 1: the token-locality table and the traffic-light colours with the parallelism that takes care of
+"""Article A section 1: the token-locality table and the traffic-light colours with the parallelism that takes care of
 each stage, derived from real runs rather than typed.
 
     traffic_light(token_local, weight_matrices)      # "green" / "yellow" / "red"
     derived_remedy(stage, held, seq_len)             # ["TP column", "TP row", "all_reduce", ...] for one stage
-    SEED_A_REMEDY                                    # seed A's right-hand column, as printed, and what it names
-    verdict(said, got)                               # "agrees" / "agrees; seed A is less specific" (or raises)
+    SEED_A_REMEDY                                    # article A's right-hand column, as printed, and what it names
+    verdict(said, got)                               # "agrees" / "agrees; article A is less specific" (or raises)
     locality_table(checks, labels) / traffic_light_table(...)   # the labelled MyST tables
 
 `stage` is a `pylib.seedcheck.layer_flow.Stage` (its number and the calls the forward pass made); `held` is rank 0's
-account of how TP, TP + SP, CP and EP hold seed A's layer (the chapter's launched function returns it):
+account of how TP, TP + SP, CP and EP hold article A's layer (the chapter's launched function returns it):
 held["TP"]["specs"] (ShardSpecs), held["TP"]["ops"] [(tag, op)], held["TP + SP"]["tokens"] {LayerNorm: tokens},
 held["CP"]["specs"], held["CP"]["kind"], held["CP"]["replaced"] (the attention methods CP replaces),
 held["EP"]["specs"].
@@ -54,7 +54,7 @@ def derived_remedy(stage, held: dict, seq_len: int) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-SEED_A_REMEDY = {  # seed A's colour blocks, right-hand column, as printed, and what each names
+SEED_A_REMEDY = {  # article A's colour blocks, right-hand column, as printed, and what each names
     1: ("SP/CP 直接切 (SP / CP: cut directly)", ["SP cut", "CP cut"]),
     2: ("TP 按权重列切 (TP: split the weights by column)", ["TP column"]),
     3: ("CP Ring Attention", ["CP ring"]),
@@ -63,8 +63,8 @@ SEED_A_REMEDY = {  # seed A's colour blocks, right-hand column, as printed, and 
     6: ("TP 切 / EP 切专家 (TP split / EP: split the experts)", ["TP", "EP experts"]),
 }
 
-# seed A's words as a table shows them: the English edition keeps the English gloss beside seed A's Chinese, the
-# Chinese edition shows seed A's Chinese alone
+# article A's words as a table shows them: the English edition keeps the English gloss beside article A's Chinese, the
+# Chinese edition shows article A's Chinese alone
 _SEED_A_SHOWN = {
     1: N_("SP/CP 直接切 (SP / CP: cut directly)"),
     2: N_("TP 按权重列切 (TP: split the weights by column)"),
@@ -89,7 +89,7 @@ WORDS = {
 COLOURS = frozenset({N_("green"), N_("yellow"), N_("red")})
 
 
-def _covers(general: str, specific: str) -> bool:  # seed A's "cut" names no one; its "TP" no direction
+def _covers(general: str, specific: str) -> bool:  # article A's "cut" names no one; its "TP" no direction
     return (
         general == specific
         or (general == "cut" and specific.endswith(" cut"))
@@ -98,17 +98,17 @@ def _covers(general: str, specific: str) -> bool:  # seed A's "cut" names no one
 
 
 # verdict() returns the English key (chapters compare it with ==); a table shows it in the reader's language
-_VERDICT_TEXT = frozenset({N_("agrees"), N_("agrees; seed A is less specific")})
+_VERDICT_TEXT = frozenset({N_("agrees"), N_("agrees; article A is less specific")})
 
 
 def verdict(said: list[str], got: list[str]) -> str:
-    """ "agrees" when seed A names exactly the derived remedies; "agrees; seed A is less specific" when each of seed
-    A's names covers derived ones and each derived one is covered; a ValueError otherwise."""
+    """ "agrees" when article A names exactly the derived remedies; "agrees; article A is less specific" when each
+    of article A's names covers derived ones and each derived one is covered; a ValueError otherwise."""
     if sorted(said) == sorted(got):
         return "agrees"
     if all(any(_covers(a, b) for a in said) for b in got) and all(any(_covers(a, b) for b in got) for a in said):
-        return "agrees; seed A is less specific"
-    raise ValueError(f"seed A names {said}, the modules say {got}")
+        return "agrees; article A is less specific"
+    raise ValueError(f"article A names {said}, the modules say {got}")
 
 
 def locality_table(checks: dict, labels: dict) -> str:
@@ -134,7 +134,7 @@ def locality_table(checks: dict, labels: dict) -> str:
 
 
 def traffic_light_table(labels: dict, colours: dict, matrices: dict, derived: dict) -> str:
-    """`tbl-traffic-light`: per stage its computed colour, weight matrices, derived remedy, seed A's, the verdict."""
+    """`tbl-traffic-light`: per stage its computed colour, weight matrices, derived remedy, article A's, the verdict."""
     rows = [
         [
             labels[n],
@@ -147,16 +147,16 @@ def traffic_light_table(labels: dict, colours: dict, matrices: dict, derived: di
         for n in colours
     ]
     caption = tr(
-        "Seed A's traffic lights, computed: red where the split test fails, yellow where it passes and the stage "
+        "Article A's traffic lights, computed: red where the split test fails, yellow where it passes and the stage "
         "holds a weight matrix, green otherwise; the remedy derived from how TP, SP, CP and EP hold the layer on "
-        "two real ranks, beside seed A's column."
+        "two real ranks, beside article A's column."
     )
     header = [
         tr("stage"),
         tr("colour"),
         tr("weight matrices"),
         tr("remedy, from the specs"),
-        tr("seed A's remedy"),
+        tr("article A's remedy"),
         tr("the two"),
     ]
     return markdown_table(header, rows, caption=caption, name="tbl-traffic-light")

@@ -1,7 +1,7 @@
 """Column- and row-parallel linear layers, built from a reference `nn.Linear` (each rank keeps its slice).
 
-torch stores a linear's weight as [out, in] and computes y = x W^T; seed B writes W as [in, out] and y = x W.
-So seed B's *column* split (split the output features) is a split of torch's dim 0, and its *row* split (split
+torch stores a linear's weight as [out, in] and computes y = x W^T; article B writes W as [in, out] and y = x W.
+So article B's *column* split (split the output features) is a split of torch's dim 0, and its *row* split (split
 the input features) is a split of torch's dim 1. Shapes below are torch's.
 
     ColumnParallelLinear   W [out/t, in]   x [b, s, in] (whole)   -> y [b, s, out/t]  my output columns, no comm
@@ -109,7 +109,7 @@ class ColumnParallelLinear(nn.Module):
         return y
 
     def shard_specs(self, prefix: str = "") -> list[ShardSpec]:
-        note = "torch [out, in]: split dim 0 = seed B's column split of W [in, out]"
+        note = "torch [out, in]: split dim 0 = article B's column split of W [in, out]"
         if self.replicas > 1:
             note = f"K/V head held whole by {self.replicas} TP ranks; gradient summed over them"
         specs = [ShardSpec(prefix + "weight", "tp", 0, self.kind, self.full_shape, tuple(self.weight.shape), note)]
@@ -173,7 +173,7 @@ class RowParallelLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def shard_specs(self, prefix: str = "") -> list[ShardSpec]:
-        note = "torch [out, in]: split dim 1 = seed B's row split of W [in, out]; partial sums reduced over TP"
+        note = "torch [out, in]: split dim 1 = article B's row split of W [in, out]; partial sums reduced over TP"
         specs = [ShardSpec(prefix + "weight", "tp", 1, "row", self.full_shape, tuple(self.weight.shape), note)]
         if self.bias is not None:
             bnote = "added after the reduction" + (

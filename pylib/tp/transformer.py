@@ -7,7 +7,7 @@ Per layer (Pre-LN), with t TP ranks:
 
 TP only: x is [b, s, h] on every rank; enter = identity (all-reduce in backward), leave = all-reduce.
 TP + SP: x is my sequence slice [b, s/t, h]; enter = all-gather, leave = reduce-scatter. LayerNorm and the
-residual adds run on s/t tokens (seed A's green zone cut to 1/t); the LayerNorm gradients need
+residual adds run on s/t tokens (article A's green zone cut to 1/t); the LayerNorm gradients need
 `allreduce_sequence_parallel_grads` (see grads.py).
 
 Model: vocab-parallel embedding, the layers, final LayerNorm, column-parallel LM head giving my vocabulary

@@ -3,9 +3,9 @@
 the site's light and dark themes. Nothing here launches ranks: the runs are `pylib.experiments`.
 
     style        the book's matplotlib style (card background, palette, contrast checks)
-    layer_flow   seed A's Pre-LN layer as six stages (from `pylib.seedcheck.layer_flow`)
+    layer_flow   article A's Pre-LN layer as six stages (from `pylib.seedcheck.layer_flow`)
     three_axes   which elements of [b, s, d] each rank holds, one panel per parallelism
-    matrix_dims  seed B's matrix view: dimensions each mode cuts, column/row shards, the FFN superposition
+    matrix_dims  article B's matrix view: dimensions each mode cuts, column/row shards, the FFN superposition
     tp cp ep pp dp   one module per parallelism: the figure that makes each strategy click
     explorer     Part II's per-rank shapes / memory / traffic explorer (ipywidgets, and a form for the static site)
     live         the static site's explorers: plain HTML forms computed in the page by pylib itself (Pyodide)

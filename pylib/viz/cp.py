@@ -2,7 +2,7 @@
 
     sequence_split_figure(specs, seq_len) the matrix picture: x [s, h] split along s, and the score matrix each
                                           rank must fill (from the CP model's shard specs)
-    ring_rounds_figure(rows)              seed A's round table as a picture (rows from pylib.cp.ring_rounds)
+    ring_rounds_figure(rows)              article A's round table as a picture (rows from pylib.cp.ring_rounds)
     zigzag_balance_figure(work)           measured per-rank attention work, contiguous vs zig-zag
     causal_ownership_figure(seq_len, cp)  the causal score matrix coloured by the rank that computes each row
     merge_drift_figure(rows)              error of bf16 ring attention vs cp, bf16 vs float32 merge (measured)
@@ -139,7 +139,7 @@ def _chunk_owner(note: str) -> tuple[int, list[int], int]:
 
 @style.styled
 def sequence_split_figure(specs_by_rank, seq_len: int, *, name: str = "x", causal: bool = True):
-    """Seed B's matrix picture of CP, from each rank's `shard_specs()` (a list per cp rank, rank order).
+    """Article B's matrix picture of CP, from each rank's `shard_specs()` (a list per cp rank, rank order).
 
     Left: the activation `name` [s, h] with its rows coloured by the rank that holds them (split along s; every
     column on every rank). Right: the score matrix q k^T [s, s] (under the causal mask if `causal`): row i is

@@ -1,6 +1,6 @@
 """Table rows for the context-parallelism chapter, formatted from real runs (cells to hand to `markdown_table`).
 
-ring_round_table_rows(rounds)   seed A's round table: what each rank receives and attends to, round by round
+ring_round_table_rows(rounds)   article A's round table: what each rank receives and attends to, round by round
                                 (rounds from `pylib.cp.ring_rounds`, read from the trace)
 overlap_table_rows(result)      the ring overlapped vs blocking: slowest rank's wall, compute and wait (ms)
                                 (result from `pylib.experiments.ring_overlap.ring_overlap_timings`)

@@ -1,4 +1,4 @@
-"""Data-parallel figures, drawn from real runs: seed B's matrix picture, the flat buffers, ZeRO's per-rank memory
+"""Data-parallel figures, drawn from real runs: article B's matrix picture, the flat buffers, ZeRO's per-rank memory
 bars, the bucket / backward overlap, ZeRO-3's resident parameters and HSDP's mesh.
 
     fig = plot_dp_matrix(d, tokens_per_rank, h_in, h_out, kind=spec.kind)     # which axis is split, which collective
@@ -193,7 +193,7 @@ def _matrix(ax, box, *, strips=None, axis="rows", label="", shape="", colour=sty
 
 @style.styled
 def plot_dp_matrix(d: int, tokens_per_rank: int, h_in: int, h_out: int, *, weight: str = "W", kind: str = "replicated"):
-    """Seed B's rule for data parallelism, as two matrix products of one linear layer Y = X W (W as [in, out]).
+    """Article B's rule for data parallelism, as two matrix products of one linear layer Y = X W (W as [in, out]).
 
     d ranks each hold `tokens_per_rank` rows (b/d * s tokens) of X and dY and, as `kind` says ("replicated", from
     the wrapper's `shard_specs()`), all of W. Forward contracts over h_in, which every rank holds whole: no

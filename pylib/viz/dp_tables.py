@@ -2,7 +2,7 @@
 measured (and asserted) and returns the labelled table the page shows. Formatting only: no function here runs a
 rank or checks a claim; the chapter's visible cells do both.
 
-    Markdown(operators(d, errors, all_reduces))           # tbl-dp-operators: seed B's rule, one row per operator
+    Markdown(operators(d, errors, all_reduces))           # tbl-dp-operators: article B's rule, one row per operator
     Markdown(zero_traffic(results, d, steps))             # tbl-zero-traffic: collectives and bytes per stage
     share(measured, zero_stage, "optim", d)                    # "whole", "1/d" or the ratio to DDP's
 """
@@ -64,7 +64,7 @@ def operators(d: int, err: dict, all_reduces: list[dict]) -> str:
         ],
         rows,
         caption=tr(
-            "Seed B's rule for data parallelism, run on {d} ranks: only the "
+            "Article B's rule for data parallelism, run on {d} ranks: only the "
             "operator that contracts over the split batch axis needs a collective.",
             d=d,
         ),

@@ -1,4 +1,4 @@
-"""An ipywidgets explorer of seed B's matrix view: pick a model (presets, or sliders for every size) and the TP /
+"""An ipywidgets explorer of article B's matrix view: pick a model (presets, or sliders for every size) and the TP /
 CP / DP / PP / EP sizes, see the per-rank shape of every weight and activation, the memory and the traffic.
 
     ex = Explorer()               # Llama-2-70B on TP 8 x PP 4 x DP 4 by default
@@ -118,13 +118,13 @@ def tables(summary: shapes.Summary) -> dict[str, tuple[list[str], list[list[str]
     ]
     t_rows = [[t.mode, t.op, t.when, str(t.count), fmt_bytes(t.message), fmt_bytes(t.sent)] for t in summary.traffic]
     return {
-        tr("weights (seed B's [in, out]; per rank)"): (
-            [tr("weight"), tr("seed B"), tr("full"), tr("this rank"), tr("split by"), tr("count here")]
+        tr("weights (article B's [in, out]; per rank)"): (
+            [tr("weight"), tr("article B"), tr("full"), tr("this rank"), tr("split by"), tr("count here")]
             + [tr("bytes here")],
             w_rows,
         ),
         tr("activations of one layer, one micro-batch (per rank)"): (
-            [tr("activation"), tr("seed B"), tr("full"), tr("this rank"), tr("split by"), tr("bytes"), tr("note")],
+            [tr("activation"), tr("article B"), tr("full"), tr("this rank"), tr("split by"), tr("bytes"), tr("note")],
             a_rows,
         ),
         tr("memory of this rank"): ([tr("what"), tr("bytes")], mem_rows),

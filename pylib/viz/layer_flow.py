@@ -1,5 +1,5 @@
-"""Seed A's Pre-LN layer drawn as its six stages, from the calls a real forward made
-(`pylib.seedcheck.layer_flow.layer_flow`), in seed A's traffic-light colours when a chapter gives them.
+"""Article A's Pre-LN layer drawn as its six stages, from the calls a real forward made
+(`pylib.seedcheck.layer_flow.layer_flow`), in article A's traffic-light colours when a chapter gives them.
 
     draw_layer_flow(layer_flow(model.layers[0], x), colours={3: "red"})   # a stage that is token-global
 """
@@ -13,7 +13,7 @@ from pylib.seedcheck.layer_flow import FlowStage
 
 from . import style
 
-# The names a chapter gives draw_layer_flow's boxes and draw_three_axes' ranks, in the book's palette: seed A's
+# The names a chapter gives draw_layer_flow's boxes and draw_three_axes' ranks, in the book's palette: article A's
 # traffic lights (a stage that is token-local, needs care, is token-global), a neutral stage, ranks 0 .. 3.
 COLOURS = {
     "green": style.GREEN,

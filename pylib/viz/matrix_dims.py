@@ -1,4 +1,4 @@
-"""Seed B's matrix-view figures from measurements: which tensor dimension each mode cuts (fig-mat-dim-orth), the
+"""Article B's matrix-view figures from measurements: which tensor dimension each mode cuts (fig-mat-dim-orth), the
 column- and row-parallel shards (fig-mat-tp-col-row) and the FFN intermediate cut by TP, then CP, then DP
 (fig-mat-superposition).
 
@@ -35,7 +35,7 @@ DIM_LABELS = {
 
 @style.styled
 def fig_dim_orth(cuts: dict[str, dict[str, float]], modes=MODES, dims=DIMS):
-    """Seed B's fig-mat-dim-orth from measurements: one row per mode, one column per tensor dimension, a filled
+    """Article B's fig-mat-dim-orth from measurements: one row per mode, one column per tensor dimension, a filled
     cell where the mode's ranks hold only part of that dimension (the share written in it)."""
     fig, ax = style.subplots(figsize=(1.05 * len(dims) + 1.6, 0.55 * len(modes) + 1.4), grid=False)
     ax.set_xlim(0, len(dims))
@@ -82,7 +82,7 @@ def fig_dim_orth(cuts: dict[str, dict[str, float]], modes=MODES, dims=DIMS):
 
 
 def fig_col_row(ex):
-    """Seed B's fig-mat-tp-col-row from the real shards of `pylib.experiments.tp_runs.column_row_example`: the TP
+    """Article B's fig-mat-tp-col-row from the real shards of `pylib.experiments.tp_runs.column_row_example`: the TP
     chapter's figure (`pylib.viz.tp.fig_column_vs_row`, one page column wide, four rows of matrices)."""
     return fig_column_vs_row(ex)
 
@@ -102,7 +102,7 @@ def superposition_pieces(runs: list[dict], b: int, s: int, d_ff: int) -> np.ndar
 
 @style.styled
 def fig_superposition(runs: list[dict], b: int, s: int, d_ff: int, tp: int, cp: int, dp: int, rank: int = 0):
-    """Seed B's fig-mat-superposition from the 16-rank run: the FFN intermediate [b, s, h_ffn] drawn as b
+    """Article B's fig-mat-superposition from the 16-rank run: the FFN intermediate [b, s, h_ffn] drawn as b
     stacked sequences (rows: tokens, columns: h_ffn), and the part rank `rank` holds after TP, then CP, then DP:
     each panel shades the elements that rank still holds, with the cut lines of the axes applied so far."""
     me = runs[rank]

@@ -1,4 +1,4 @@
-"""The planner on the page: its predictions checked against short real runs, its ranked plans as tables, seed A's
+"""The planner on the page: its predictions checked against short real runs, its ranked plans as tables, article A's
 selection guide read off its numbers, and an ipywidgets explorer.
 
     records = measure_plans(cfg, plans, batch=8, seq=16)       # pylib.experiments.plan_runs: every rank, one step

@@ -43,17 +43,17 @@ def stages(n_layers: int, held: dict) -> str:
 
 
 def weights(rows: list[list], p: int) -> str:
-    """tbl-pp-weights. rows: [weight (seed B), what seed B says, where it is held, its shapes]."""
+    """tbl-pp-weights. rows: [weight (article B), what article B says, where it is held, its shapes]."""
     return markdown_table(
         [
-            tr("weight (seed B)"),
-            tr("seed B says (PP column)"),
+            tr("weight (article B)"),
+            tr("article B says (PP column)"),
             tr("held by (from `shard_specs`, p = {p})", p=p),
             tr("shape on that rank"),
         ],
         rows,
         caption=tr(
-            "Seed B's PP column, rebuilt from `shard_specs`: every weight is held whole ([out, in], as nn.Linear "
+            "Article B's PP column, rebuilt from `shard_specs`: every weight is held whole ([out, in], as nn.Linear "
             "stores it) by exactly one rank."
         ),
         name="tbl-pp-weights",

@@ -38,7 +38,7 @@ One meaning, one colour, in every figure:
     COMM                      communication (a collective's name, a P2P arrow, a send/recv wait, a bucket in flight)
     WASTE                     what is spent on nothing: the pipeline bubble, a flat buffer's padding
     REPLICATED                a tensor every rank holds whole (no rank's colour)
-    GREEN, AMBER, RED         seed A's traffic lights (AMBER: a fill only, too light for lines on the card)
+    GREEN, AMBER, RED         article A's traffic lights (AMBER: a fill only, too light for lines on the card)
 
 A figure function of pylib.viz: decorate it with `@styled` (its body runs under the style, so its text and legends
 need no colour), make its axes with `subplots(...)`, or `figure_axes(ax, ...)` when it takes an `ax=`, colour by
@@ -76,7 +76,7 @@ OCHRE = "#a67c12"
 GREY = "#7a818c"
 PALETTE = (BLUE, ORANGE, GREEN, RED, PURPLE, TEAL, OCHRE, GREY)
 # A yellow that looks yellow cannot be dark enough for a line on the card (OCHRE is the palette's yellow): AMBER is a
-# fill only, always with an edge and INK text on it -- seed A's yellow traffic light.
+# fill only, always with an edge and INK text on it -- article A's yellow traffic light.
 AMBER = "#e0ae2e"
 DARK_PAGE = "#121212"  # the pydata theme's dark page background, for the contrast checks
 

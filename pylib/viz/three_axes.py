@@ -1,4 +1,4 @@
-"""Which elements of an activation [batch, seq, d] each rank holds, one panel per parallelism (seed A's three
+"""Which elements of an activation [batch, seq, d] each rank holds, one panel per parallelism (article A's three
 axes: DP cuts the batch, SP/CP the sequence, TP the features).
 
     draw_three_axes({"DP": per_rank_indices, ...}, (b, s, d), token_names)

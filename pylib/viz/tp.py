@@ -1,11 +1,11 @@
 """Figures for tensor and sequence parallelism, drawn from real runs of `pylib.tp`.
 
-    fig_column_vs_row(column_row_example(t=2))   # seed B's fig-mat-tp-col-row, with the real numbers
+    fig_column_vs_row(column_row_example(t=2))   # article B's fig-mat-tp-col-row, with the real numbers
     fig_sp_region(layer_traces(t=2))             # where SP's all-gathers and reduce-scatters sit around the TP region
 
 The runs (`column_row_example`, `layer_traces`: real ranks) are `pylib.experiments.tp_runs`.
 
-Matrices are shown in seed B's layout, W [in, out] (torch stores [out, in]; the figures transpose it). Colours and
+Matrices are shown in article B's layout, W [in, out] (torch stores [out, in]; the figures transpose it). Colours and
 background are the book's (`pylib.viz.style`): a rank's cells in its rank colour, what every rank holds in
 `REPLICATED`.
 """
@@ -51,7 +51,7 @@ WIDTH_IN = style.COLUMN_PX / style.CSS_PX_PER_IN
 
 @style.styled
 def fig_column_vs_row(ex):
-    """Seed B's fig-mat-tp-col-row: the column split's outputs concatenate; the row split's outputs are full-size
+    """Article B's fig-mat-tp-col-row: the column split's outputs concatenate; the row split's outputs are full-size
     partial sums that must be all-reduced. Every number is from the ranks' real shards.
 
     One page column wide, four rows of t + 2 panel slots: x and the column shards W_r; the outputs y_r and their
@@ -275,8 +275,8 @@ def _shape(shape) -> str:
 @style.styled
 def fig_tp_block(ex: dict):
     """Megatron-LM's TP block as `tp_block_example` ran it: x -> f -> column-parallel linear -> GELU ->
-    row-parallel linear -> g -> y, one lane per rank between f and g, each with its shard of W_up and W_down (seed B's
-    layout, W [in, out]) and the shapes of what it computes; under f and g the collectives each crossing issued,
+    row-parallel linear -> g -> y, one lane per rank between f and g, each with its shard of W_up and W_down (article
+    B's layout, W [in, out]) and the shapes of what it computes; under f and g the collectives each crossing issued,
     forward and backward (traced), which are each other's conjugates. One page column wide, its text FONT + 0.5 pt."""
     t, ranks = ex["t"], ex["ranks"]
     size = FONT + 0.5
@@ -323,7 +323,7 @@ def fig_tp_block(ex: dict):
         colour = style.rank_colour(r)
         specs = {name.split(".")[0]: (kind, local) for name, kind, _, local in rank["specs"]}
         (up_kind, up), (down_kind, down) = specs["up_proj"], specs["down_proj"]
-        # torch stores [out, in]; seed B's layout is W [in, out]
+        # torch stores [out, in]; article B's layout is W [in, out]
         box("up", y, f"{tr(up_kind)}\nW_up {_shape(up[::-1])}", colour)
         box("gelu", y, f"GELU\n{_shape(rank['shapes']['hidden'])}", colour, alpha=0.15)
         box("down", y, f"{tr(down_kind)}\nW_down {_shape(down[::-1])}", colour)
