@@ -38,6 +38,35 @@ def _misuses():
     out["int avg"] = _message(lambda: C.all_reduce_(torch.ones(2, dtype=torch.int64), op="avg"))
     out["unknown op"] = _message(lambda: C.all_reduce_(torch.ones(2), op="prod"))
     out["async int avg"] = _message(lambda: C.all_reduce_async(torch.ones(2, dtype=torch.int64), op="avg"))
+    out.update(_full_exchanges(r))
+    return out
+
+
+def _full_exchanges(r):
+    """How often the ranks fall back to the whole descriptor (step 2): never while they agree, once on a mismatch;
+    and a step-1 difference the descriptors do not show (a rank's hash forced to differ) still stops the data."""
+    from pylib.runtime import agreement
+
+    encode, count = agreement._encode, [0]
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return encode(*args, **kwargs)
+
+    agreement._encode = counted
+    C.all_reduce_(torch.ones(2))
+    C.all_gather_tensor(torch.ones(2, 3), dim=-1)
+    splits = [1, 2] if r == 0 else [2, 1]  # rank 0 keeps 1 row and sends 2 to rank 1, which sends it 2 back
+    C.all_to_all_rows(torch.ones(3, 4), splits, splits)
+    C.all_gather_rows(torch.ones(1 + r, 4), [1, 2])
+    C.all_reduce_async(torch.ones(2)).wait()
+    out = {"full exchanges while agreeing": count[0]}
+    _message(lambda: C.all_reduce_(torch.ones(2 + r)))
+    out["full exchanges on one mismatch"] = count[0] - out["full exchanges while agreeing"]
+    fast_row = agreement._fast_row
+    agreement._fast_row = lambda *a: [v + (r if k == 0 else 0) for k, v in enumerate(fast_row(*a))]
+    out["hash differs, descriptors equal"] = _message(lambda: C.all_reduce_(torch.ones(2)))
+    agreement._fast_row, agreement._encode = fast_row, encode
     return out
 
 
@@ -59,6 +88,76 @@ def test_ranks_that_disagree_on_dtype_shape_op_or_row_counts_get_one_error_namin
     assert "rank 0 expects 3 rows from rank 1 (its output_splits[1]), but rank 1 sends it 1" in out["splits"]
     assert "the row counts `sizes`: rank 0 [1, 1], rank 1 [1, 2]" in out["sizes"]
     assert out["still in step"] == 2.0
+
+
+def test_ranks_that_agree_pay_one_small_all_reduce_and_only_a_mismatch_exchanges_whole_descriptors(misuses):
+    for out in misuses:
+        assert out["full exchanges while agreeing"] == 0
+        assert out["full exchanges on one mismatch"] == 1
+        assert "all_reduce_ over [0, 1]: the ranks' calls differ" in out["hash differs, descriptors equal"]
+
+
+def test_step_one_sees_unequal_hashes_whose_sum_matches_and_every_field_of_the_call():
+    from types import SimpleNamespace
+
+    from pylib.runtime.agreement import _PRIMES, FAST_LENGTH, _agreed, _fast_row
+
+    def row(op="all_reduce", t=None, params=(0,), dims=0, rows_only=False, sizes=None):
+        t = torch.ones(2, 3) if t is None else t
+        return _fast_row(SimpleNamespace(size=4, rank=0), op, [t], list(params), dims, rows_only, sizes, None, None)
+
+    base = row()
+    assert len(base) == FAST_LENGTH
+    changed = {
+        "op": row(op="all_gather"),
+        "dtype": row(t=torch.ones(2, 3, dtype=torch.float64)),
+        "shape": row(t=torch.ones(3, 2)),
+        "dims": row(t=torch.ones(2, 3, 1)),
+        "param": row(params=(1,)),
+        "sizes": row(sizes=[1, 2, 1, 1]),
+    }
+    for field, other in changed.items():
+        assert other[0] != base[0] and other[2] != base[2], field
+    assert row(params=(-1,), dims=1)[:4] == row(params=(1,), dims=1)[:4]  # dim -1 and ndim - 1 are one call
+    assert row(t=torch.ones(5, 3), rows_only=True)[:4] == row(rows_only=True)[:4]  # uneven rows: dim 0 may differ
+    assert row(params=(2,), dims=1)[-1] == 1  # this rank's dim out of range: counted, so every rank falls back
+
+    def summed(*rows):
+        return [sum(col) for col in zip(*rows)]
+
+    a = base[0]
+    assert _agreed(summed(*[base] * 4), 4)
+    fooled = [[h, h * h, base[2], base[3], 0, 0, 0] for h in (a, a, a + 5, a - 5)]  # equal sum, unequal hashes
+    assert sum(r[0] for r in fooled) == 4 * a and not _agreed(summed(*fooled), 4)
+    assert not _agreed(summed(*[base] * 3, [*base[:4], _PRIMES[0] - 1, 0, 0]), 4)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_the_split_residual_is_zero_exactly_when_every_rank_expects_the_rows_its_peers_send(n):
+    from types import SimpleNamespace
+
+    from pylib.runtime.agreement import _agreed, _fast_row
+
+    gen = torch.Generator().manual_seed(n)
+    sends = torch.randint(0, 50, (n, n), generator=gen).tolist()  # sends[i][j]: rows rank i sends rank j
+
+    def verdict(expects):
+        t = torch.ones(1, 4)
+        rows = [
+            _fast_row(SimpleNamespace(size=n, rank=i), "a2a", [t], [], 0, True, None, sends[i], expects[i])
+            for i in range(n)
+        ]
+        return _agreed([sum(col) for col in zip(*rows)], n)
+
+    consistent = [[sends[j][i] for j in range(n)] for i in range(n)]  # rank i expects from j what j sends i
+    assert verdict(consistent)
+    for i in range(n):
+        for j in range(n):
+            wrong = [list(r) for r in consistent]
+            wrong[i][j] += 1
+            assert not verdict(wrong), (i, j)
+    swapped = [list(reversed(r)) for r in consistent]
+    assert verdict(swapped) == (swapped == consistent)
 
 
 def test_the_agreement_check_can_be_switched_off_and_back(misuses):

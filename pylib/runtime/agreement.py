@@ -2,9 +2,9 @@
 
 A collective whose ranks disagree fails badly: gloo sums a float32 tensor on one rank with an int32 tensor on
 another and returns garbage, or aborts the whole process ("Received data size doesn't match expected size") on
-mismatched sizes; NCCL hangs. So every collective in `pylib.runtime.collectives` first all-gathers a small
-descriptor of its call -- which op, its dtype and shape, its dim / reduce op, the row counts of an uneven op --
-and every rank raises the same ValueError naming each rank's value when they differ:
+mismatched sizes; NCCL hangs. So every collective in `pylib.runtime.collectives` first checks a descriptor of its
+call -- which op, its dtype and shape, its dim / reduce op, the row counts of an uneven op -- and every rank raises
+the same ValueError naming each rank's value when they differ:
 
     all_reduce_ over world (ranks [0, 1]): the ranks disagree on the dtype: rank 0 float32, rank 1 int32
 
@@ -13,9 +13,24 @@ and every rank raises the same ValueError naming each rank's value when they dif
 
 Called in the caller before `launch`, the setting reaches gloo's ranks too (they are forked from the caller).
 Default (`None`): on under gloo (the CPU ranks of the tests, the labs and the book), off under NCCL, where the
-extra collective would cost real latency on every call. The check is one all-gather of `descriptor_length(n)`
-int64 values per collective; `bench/reliability.py` measures what it costs. It is not traced (it moves no model
-data).
+extra collective would cost real latency on every call. It is not traced (it moves no model data).
+
+Two steps, the second only when the first finds a disagreement (`agree`):
+
+1. **Do all ranks agree?** One all-reduce (sum) of `FAST_LENGTH` int64, whatever the op, group or tensor: two
+   independent hashes a, b of the call (op, params, each tensor's dtype and shape, `sizes`) sent with their
+   squares, so the sums tell every rank at once whether all the hashes were equal (n * sum(a^2) == sum(a)^2
+   exactly when every a is the same: the integers stay below 2^62, nothing wraps); the residuals of an uneven
+   all-to-all, sum_ij (out_splits_i[j] - in_splits_j[i]) * w_ij mod two primes near 2^31 (w pseudo-random,
+   fixed), zero when every rank's expected rows match what its peers send; and a count of ranks whose own dim
+   argument is out of range. Every rank reads the same sums, so every rank takes the same branch: no rank can
+   go on to send data while another stops. Why an all-reduce and not an all-gather of the hashes: on gloo the
+   all-reduce of a few int64 takes about half as long as the all-gather at 4 ranks (`bench/peers.py` prints the
+   check's cost).
+2. **Name the disagreement.** Only when step 1 says the ranks differ, every rank all-gathers the whole
+   descriptor (`descriptor_length(n)` int64) and raises the error naming each rank's value, as below. A hash
+   collision (two different calls with equal 60 bits of hash and equal residuals) is the one way a disagreement
+   passes step 1.
 
 Every rank's call is checked before any data moves, whatever its number of dimensions: a shape is sent as its
 first 8 dims, its dim count and a checksum of the whole shape, and when two ranks differ beyond what 8 dims show,
@@ -38,6 +53,8 @@ small all-gather per step, not one per collective (`checks_each_step`).
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import zlib
 
 import torch
@@ -240,6 +257,8 @@ def agree(
         return
     n = g.size
     device = tensors[0].device if tensors else torch.device("cpu")
+    if _all_agree(g, kind or who, tensors, params, dims_of_first, rows_only, sizes, in_splits, out_splits, device):
+        return
     desc = _encode(kind or who, n, tensors, params, sizes, in_splits, out_splits, rows_only)
     mine = torch.tensor(desc, dtype=torch.int64, device=device)  # on the rank's device: NCCL moves no CPU tensor
     gathered = torch.empty(n * mine.numel(), dtype=torch.int64, device=device)
@@ -283,6 +302,75 @@ def agree(
                         f"(its output_splits[{j}]), but rank {ranks[j]} sends it {cj.in_splits[i]} "
                         f"(its input_splits[{i}])"
                     )
+    raise ValueError(  # step 1 saw a difference that the descriptors do not show: never let the data move
+        f"{who} over {ranks}: the ranks' calls differ (their hashes of op, dtype, shape and arguments differ), but "
+        "the descriptors the ranks exchanged do not show where"
+    )
+
+
+FAST_LENGTH = 7  # int64 in step 1's all-reduce: a, a^2, b, b^2, two split residuals, out-of-range count
+_HASH_BITS = 30  # at most 30 bits a hash; fewer for groups of more than 4 ranks (`_hash_bits`)
+_PRIMES = (2_147_483_647, 2_147_483_629)  # the residuals' moduli: two primes below 2^31
+
+
+def _hash_bits(n: int) -> int:
+    """Bits per hash for a group of n ranks, so that the sum of n squares stays below 2^62 (no int64 wraps)."""
+    return min(_HASH_BITS, (62 - max(n - 1, 1).bit_length()) // 2)
+
+
+@functools.lru_cache(maxsize=64)
+def _split_weights(n: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """w[k][i][j] in [1, prime_k): fixed pseudo-random weights of the pair (i, j), the same on every rank."""
+    out = []
+    for k, prime in enumerate(_PRIMES):
+        rows = []
+        for i in range(n):
+            row = []
+            for j in range(n):
+                digest = hashlib.blake2b(f"{k}:{i}:{j}".encode(), digest_size=8).digest()
+                row.append(1 + int.from_bytes(digest, "little") % (prime - 1))
+            rows.append(tuple(row))
+        out.append(tuple(rows))
+    return tuple(out)
+
+
+def _fast_row(g, op, tensors, params, dims_of_first, rows_only, sizes, in_splits, out_splits) -> list[int]:
+    """This rank's FAST_LENGTH values for step 1 (see the module docstring)."""
+    n, i = g.size, g.rank
+    bad = 0
+    if dims_of_first and tensors:
+        ndim = tensors[0].dim()
+        bad = int(any(ndim == 0 or not -ndim <= d < ndim for d in params[:dims_of_first]))
+        if not bad:
+            params = _normalised(params, ndim, dims_of_first)
+    shapes = tuple((_dtype_code(t.dtype), t.dim(), tuple(t.shape[1:] if rows_only else t.shape)) for t in tensors)
+    key = repr((_op_code(op), tuple(params), shapes, None if sizes is None else tuple(sizes)))
+    digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
+    bits = _hash_bits(n)
+    a, b = (int.from_bytes(digest[k : k + 8], "little") >> (64 - bits) for k in (0, 8))
+    residuals = [0, 0]
+    if in_splits is not None:
+        for k, (prime, w) in enumerate(zip(_PRIMES, _split_weights(n))):
+            expect = sum(int(out_splits[j]) * w[i][j] for j in range(n))  # rows rank j sends rank i, as i expects
+            sent = sum(int(in_splits[j]) * w[j][i] for j in range(n))  # rows rank i sends rank j
+            residuals[k] = (expect - sent) % prime
+    return [a, a * a, b, b * b, *residuals, bad]
+
+
+def _all_agree(g, op, tensors, params, dims_of_first, rows_only, sizes, in_splits, out_splits, device) -> bool:
+    """Step 1: one all-reduce (sum) of FAST_LENGTH int64; True when every rank of `g` makes the same call and
+    every dim argument is in range on every rank. Every rank gets the same answer."""
+    row = _fast_row(g, op, tensors, params, dims_of_first, rows_only, sizes, in_splits, out_splits)
+    sums = torch.tensor(row, dtype=torch.int64, device=device)
+    dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=g.pg)
+    return _agreed(sums.cpu().tolist(), g.size)
+
+
+def _agreed(sums: list[int], n: int) -> bool:
+    """Step 1's verdict from the n ranks' summed rows: every hash equal (n * sum of squares == square of the sum,
+    exact in Python's integers), both split residuals 0 modulo their primes, no dim out of range."""
+    sa, sa2, sb, sb2, r0, r1, bad = sums
+    return n * sa2 == sa * sa and n * sb2 == sb * sb and r0 % _PRIMES[0] == 0 and r1 % _PRIMES[1] == 0 and bad == 0
 
 
 def _param_text(name: str, value: int) -> str:
