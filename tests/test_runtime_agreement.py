@@ -39,6 +39,14 @@ def _misuses():
     out["unknown op"] = _message(lambda: C.all_reduce_(torch.ones(2), op="prod"))
     out["async int avg"] = _message(lambda: C.all_reduce_async(torch.ones(2, dtype=torch.int64), op="avg"))
     out.update(_full_exchanges(r))
+    from pylib.runtime import agreement
+
+    agreement._setting.full_exchange = True  # the design before step 1 (bench/peers.py's "full"): the same errors
+    out["dtype, full exchange"] = _message(
+        lambda: C.all_reduce_(torch.ones(3, dtype=torch.float32 if r else torch.int32))
+    )
+    out["agreeing, full exchange"] = float(C.all_reduce_(torch.ones(1))[0])
+    agreement._setting.full_exchange = False
     return out
 
 
@@ -95,6 +103,8 @@ def test_ranks_that_agree_pay_one_small_all_reduce_and_only_a_mismatch_exchanges
         assert out["full exchanges while agreeing"] == 0
         assert out["full exchanges on one mismatch"] == 1
         assert "all_reduce_ over [0, 1]: the ranks' calls differ" in out["hash differs, descriptors equal"]
+        assert "disagree on the dtype: rank 0 int32, rank 1 float32" in out["dtype, full exchange"]
+        assert out["agreeing, full exchange"] == 2.0
 
 
 def test_step_one_sees_unequal_hashes_whose_sum_matches_and_every_field_of_the_call():

@@ -82,6 +82,9 @@ _DTYPES = (
 
 class _Setting:
     enabled: bool | None = None  # None: on under gloo, off under NCCL
+    # True: skip step 1 and exchange the whole descriptors before every collective, the design before issue 30
+    # (kept so that `bench/peers.py` measures what step 1 saves; a test runs both)
+    full_exchange: bool = False
 
 
 _setting = _Setting()
@@ -257,7 +260,10 @@ def agree(
         return
     n = g.size
     device = tensors[0].device if tensors else torch.device("cpu")
-    if _all_agree(g, kind or who, tensors, params, dims_of_first, rows_only, sizes, in_splits, out_splits, device):
+    fast = not _setting.full_exchange
+    if fast and _all_agree(
+        g, kind or who, tensors, params, dims_of_first, rows_only, sizes, in_splits, out_splits, device
+    ):
         return
     desc = _encode(kind or who, n, tensors, params, sizes, in_splits, out_splits, rows_only)
     mine = torch.tensor(desc, dtype=torch.int64, device=device)  # on the rank's device: NCCL moves no CPU tensor
@@ -302,10 +308,11 @@ def agree(
                         f"(its output_splits[{j}]), but rank {ranks[j]} sends it {cj.in_splits[i]} "
                         f"(its input_splits[{i}])"
                     )
-    raise ValueError(  # step 1 saw a difference that the descriptors do not show: never let the data move
-        f"{who} over {ranks}: the ranks' calls differ (their hashes of op, dtype, shape and arguments differ), but "
-        "the descriptors the ranks exchanged do not show where"
-    )
+    if fast:  # step 1 saw a difference that the descriptors do not show: never let the data move
+        raise ValueError(
+            f"{who} over {ranks}: the ranks' calls differ (their hashes of op, dtype, shape and arguments differ), "
+            "but the descriptors the ranks exchanged do not show where"
+        )
 
 
 FAST_LENGTH = 7  # int64 in step 1's all-reduce: a, a^2, b, b^2, two split residuals, out-of-range count
