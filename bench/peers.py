@@ -1,11 +1,12 @@
 """Ours against torch's own implementation of each mode, in one run: one table of step-time ratios ours / torch.
 
-    PYTHONPATH=. python bench/peers.py [--steps 5] [--repeats 3] [--settings on off full] [--tiny]
+    PYTHONPATH=. python bench/peers.py [--steps 10] [--settings on off full] [--tiny]
 
 Every row is a forward + backward (and, for DP, the gradient sync and the optimizer step) of the same module on
 the same gloo ranks, timed as the slowest rank's step (each rank times from a common barrier; the step is the max
-over ranks), the median of `--steps` steps in each of `--repeats` rounds, then the median of the rounds. In every
-round each variant runs its steps in turn, so load from the rest of the machine falls on all of them alike.
+over ranks). `--steps` cycles each run every variant once, back to back; a step time is the median over cycles,
+a ratio the median over cycles of the two variants' ratio in the same cycle, so a burst of load from the rest of
+the machine falls on both sides of it.
 
     TP, TP+SP            pylib.tp.TPBlock                    DTensor: parallelize_module (pylib.tp.dtensor)
     1F1B, interleaved    pylib.pp.PipelineParallel           torch.distributed.pipelining Schedule1F1B /
@@ -82,9 +83,10 @@ def _setting(name: str):
         agreement._setting.full_exchange = False
 
 
-def _timed(ours, theirs, settings, steps, repeats) -> dict[str, list[list[float]]]:
-    """This rank's step times: {variant: [[seconds of each step] for each round]}, variants "ours <setting>" and
-    "torch"; each variant warmed up once first."""
+def _timed(ours, theirs, settings, steps) -> dict[str, list[float]]:
+    """This rank's step times {variant: [seconds of each cycle]}, variants "ours <setting>" and "torch": each
+    variant warmed up once, then `steps` cycles, each running every variant once, back to back (so a burst of load
+    from the rest of the machine falls on the variants of one cycle alike)."""
     variants = {f"ours {s}": (ours, s) for s in settings}
     if theirs is not None:
         variants["torch"] = (theirs, "off")
@@ -92,23 +94,20 @@ def _timed(ours, theirs, settings, steps, repeats) -> dict[str, list[list[float]
         with _setting(s):
             fn()
     out = {k: [] for k in variants}
-    for _ in range(repeats):
+    for _ in range(steps):
         for key, (fn, s) in variants.items():
-            times = []
             with _setting(s):
-                for _ in range(steps):
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - t0)
-            out[key].append(times)
+                dist.barrier()
+                t0 = time.perf_counter()
+                fn()
+                out[key].append(time.perf_counter() - t0)
     return out
 
 
 # ------------------------------------------------------------------------------------------------ the rows
 
 
-def _tp_rank(sizes, settings, steps, repeats):
+def _tp_rank(sizes, settings, steps):
     t = dist.get_world_size()
     rows = []
     for b, s, h, heads, ff in sizes:
@@ -118,12 +117,12 @@ def _tp_rank(sizes, settings, steps, repeats):
             ours, theirs = TPBlock.from_full(ref, sequence_parallel=sp), dtensor_block(ref, t, sp)
             x = random_hidden(b, s, h, dtype=torch_dtype(cfg.dtype))
             x = (scatter_to_sequence_parallel_region(x) if sp else x).detach().requires_grad_()
-            times = _timed(lambda: tp_step(ours, x, True), lambda: tp_step(theirs, x, False), settings, steps, repeats)  # noqa: B023
+            times = _timed(lambda: tp_step(ours, x, True), lambda: tp_step(theirs, x, False), settings, steps)  # noqa: B023
             rows.append((("TP+SP" if sp else "TP"), f"b={b} s={s} h={h}", "DTensor", times))
     return rows
 
 
-def _pp_rank(m, schedules, settings, steps, repeats):
+def _pp_rank(m, schedules, settings, steps):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
 
     rank, p = dist.get_rank(), dist.get_world_size()
@@ -152,11 +151,11 @@ def _pp_rank(m, schedules, settings, steps, repeats):
             pipe.step(ids, targets, schedule=name, n_microbatches=m, recorder=PipelineRecorder(measure_memory=False))
 
         label = "Schedule1F1B" if v == 1 else "ScheduleInterleaved1F1B"
-        rows.append((name, f"p={p} m={m} v={v}", label, _timed(ours, theirs, settings, steps, repeats)))
+        rows.append((name, f"p={p} m={m} v={v}", label, _timed(ours, theirs, settings, steps)))
     return rows
 
 
-def _dp_rank(cfg, batch, seq, settings, steps, repeats):
+def _dp_rank(cfg, batch, seq, settings, steps):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -200,7 +199,7 @@ def _dp_rank(cfg, batch, seq, settings, steps, repeats):
                 label,
                 f"{cfg.n_layers} layers h={cfg.d_model} b={batch} s={seq}",
                 peer,
-                _timed(ours, theirs, settings, steps, repeats),
+                _timed(ours, theirs, settings, steps),
             )
         )
     return rows
@@ -225,7 +224,7 @@ def _allgather_kv_attention(q, k, v, layout):
     return F.scaled_dot_product_attention(q, k_full, v_full, attn_mask=mask)
 
 
-def _cp_rank(size, settings, steps, repeats):
+def _cp_rank(size, settings, steps):
     r, n = dist.get_rank(), dist.get_world_size()
     b, s, h, h_kv, d = size
     q, k, v = (shard_sequence(x, 2, r, n, "zigzag").requires_grad_() for x in _qkv(b, h, h_kv, s, d))
@@ -245,12 +244,12 @@ def _cp_rank(size, settings, steps, repeats):
             "ring (CP)",
             f"s={s} heads={h} d={d} causal",
             "all-gather KV + SDPA",
-            _timed(ours, theirs, settings, steps, repeats),
+            _timed(ours, theirs, settings, steps),
         )
     ]
 
 
-def _ep_rank(size, settings, steps, repeats):
+def _ep_rank(size, settings, steps):
     tokens, h, cfg = size
     r = dist.get_rank()
     with torch.random.fork_rng():
@@ -263,35 +262,32 @@ def _ep_rank(size, settings, steps, repeats):
         layer(x).sum().backward()
 
     label = f"{tokens} tokens/rank h={h} E={cfg.n_experts} top-{cfg.top_k}"
-    return [("EP dispatch", label, "(none in torch)", _timed(ours, None, settings, steps, repeats))]
+    return [("EP dispatch", label, "(none in torch)", _timed(ours, None, settings, steps))]
 
 
 # ------------------------------------------------------------------------------------------------ the table
 
 
-def _step_seconds(per_rank: list[list[list[float]]]) -> float:
-    """One variant's step time from every rank's [[step seconds] per round]: the slowest rank of each step, the
-    median step of each round, the median round."""
-    rounds = []
-    for k in range(len(per_rank[0])):
-        steps = [max(rank[k][i] for rank in per_rank) for i in range(len(per_rank[0][k]))]
-        rounds.append(statistics.median(steps))
-    return statistics.median(rounds)
-
-
 def table_rows(launched: list[tuple[int, list]]) -> list[dict]:
-    """From [(ranks, [each rank's rows])] to one dict a row: the mode, its size, the peer, the seconds of each
-    variant, and the ratios ours / torch for each setting and the check's cost (on / off - 1)."""
+    """From [(ranks, [each rank's rows])] to one dict a row: the mode, its size, the peer, each variant's step
+    seconds (the slowest rank of each cycle, the median cycle), the ratio ours / torch for each setting and the
+    check's cost ours-on / ours-off - 1, each ratio the median over cycles of the two variants' times in the same
+    cycle (paired: a burst of load in one cycle falls on both)."""
     out = []
     for ranks, per_rank in launched:
         for i, (mode, size, peer, _) in enumerate(per_rank[0]):
-            times = {key: _step_seconds([rows[i][3][key] for rows in per_rank]) for key in per_rank[0][i][3]}
-            row = dict(mode=mode, size=size, ranks=ranks, peer=peer, seconds=times)
-            for key in times:
-                if key.startswith("ours ") and "torch" in times:
-                    row[f"{key}/torch"] = times[key] / times["torch"]
-            if "ours on" in times and "ours off" in times:
-                row["check"] = times["ours on"] / times["ours off"] - 1
+            steps = {key: [max(ts) for ts in zip(*(rows[i][3][key] for rows in per_rank))] for key in per_rank[0][i][3]}
+            row = dict(mode=mode, size=size, ranks=ranks, peer=peer)
+            row["seconds"] = {key: statistics.median(ts) for key, ts in steps.items()}
+
+            def paired(a, b, steps=steps):
+                return statistics.median(x / y for x, y in zip(steps[a], steps[b]))
+
+            for key in steps:
+                if key.startswith("ours ") and "torch" in steps:
+                    row[f"{key}/torch"] = paired(key, "torch")
+            if "ours on" in steps and "ours off" in steps:
+                row["check"] = paired("ours on", "ours off") - 1
             out.append(row)
     return out
 
@@ -317,7 +313,7 @@ def format_table(rows: list[dict], settings) -> str:
     return "\n".join(text)
 
 
-def measure(settings=SETTINGS, steps=5, repeats=3, tiny=False) -> list[dict]:
+def measure(settings=SETTINGS, steps=10, tiny=False) -> list[dict]:
     """Every row, launched from this process: [(ranks, rows)] ready for `table_rows`."""
     if tiny:
         small = ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, d_ff=32, dtype="float32")
@@ -328,29 +324,29 @@ def measure(settings=SETTINGS, steps=5, repeats=3, tiny=False) -> list[dict]:
         pp_schedules, worlds = [("1f1b", 1), ("interleaved", 2)], (2, 4)
     launched = []
     for t in worlds:
-        launched.append((t, launch(_tp_rank, t, tp, settings, steps, repeats, timeout=900, backend="gloo")))
+        launched.append((t, launch(_tp_rank, t, tp, settings, steps, timeout=900, backend="gloo")))
     p, m = pp
-    launched.append((p, launch(_pp_rank, p, m, pp_schedules, settings, steps, repeats, timeout=900, backend="gloo")))
+    launched.append((p, launch(_pp_rank, p, m, pp_schedules, settings, steps, timeout=900, backend="gloo")))
     d = worlds[-1]
-    launched.append((d, launch(_dp_rank, d, *dp, settings, steps, repeats, timeout=900, backend="gloo")))
-    launched.append((d, launch(_cp_rank, d, cp, settings, steps, repeats, timeout=900, backend="gloo")))
-    launched.append((d, launch(_ep_rank, d, ep, settings, steps, repeats, timeout=900, backend="gloo")))
+    launched.append((d, launch(_dp_rank, d, *dp, settings, steps, timeout=900, backend="gloo")))
+    launched.append((d, launch(_cp_rank, d, cp, settings, steps, timeout=900, backend="gloo")))
+    launched.append((d, launch(_ep_rank, d, ep, settings, steps, timeout=900, backend="gloo")))
     return table_rows(launched)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10, help="cycles, each running every variant once")
     ap.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
     ap.add_argument("--tiny", action="store_true", help="the smallest sizes (the test's run)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # several ranks share the cores: extra threads only contend
     start = machine()
     t0 = time.time()
-    rows = measure(args.settings, args.steps, args.repeats, args.tiny)
+    rows = measure(args.settings, args.steps, args.tiny)
     print(f"machine: {start}")
-    print(f"step times: slowest rank, median of {args.steps} steps, median of {args.repeats} rounds; float32\n")
+    print(f"ms: the slowest rank's step, median of {args.steps} cycles; ratios: median over cycles of the ratio")
+    print("within a cycle; check: ours on / ours off - 1; float32\n")
     print(format_table(rows, args.settings))
     print(f"\n(total {time.time() - t0:.0f} s; load average at the end {os.getloadavg()[0]:.1f})")
 
