@@ -265,6 +265,51 @@ def _ep_rank(size, settings, steps):
     return [("EP dispatch", label, "(none in torch)", _timed(ours, None, settings, steps))]
 
 
+def _check_rank(settings, calls, rounds):
+    """The check alone: seconds per call of a small all_gather_tensor (16 float32 per rank) under each setting,
+    `rounds` rounds of `calls` calls per setting, the settings taking turns round by round."""
+    from pylib.runtime import collectives as C
+
+    x = torch.ones(16)
+    out = {s: [] for s in settings}
+    for _ in range(rounds):
+        for s in settings:
+            with _setting(s):
+                C.all_gather_tensor(x)
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    C.all_gather_tensor(x)
+                out[s].append((time.perf_counter() - t0) / calls)
+    return out
+
+
+def check_rows(settings, calls=100, rounds=5, worlds=(2, 4)) -> list[dict]:
+    """Per world size: the microseconds of one small collective under each setting (the slowest rank of each round,
+    the median round) and what the check adds to it, on and full, per call (median over rounds of on - off)."""
+    rows = []
+    for n in worlds:
+        per_rank = launch(_check_rank, n, settings, calls, rounds, timeout=900, backend="gloo")
+        rounds_of = {s: [max(ts) for ts in zip(*(r[s] for r in per_rank))] for s in settings}
+        row = dict(ranks=n, us={s: 1e6 * statistics.median(ts) for s, ts in rounds_of.items()})
+        for s in settings:
+            if s != "off" and "off" in settings:
+                row[f"{s} adds"] = 1e6 * statistics.median(a - b for a, b in zip(rounds_of[s], rounds_of["off"]))
+        rows.append(row)
+    return rows
+
+
+def format_check_rows(rows: list[dict], settings) -> str:
+    head = f"{'ranks':>5}  " + "  ".join(f"{s + ' us':>9}" for s in settings)
+    adds = [s for s in settings if f"{s} adds" in rows[0]]
+    head += "".join(f"  {s + ' adds us':>13}" for s in adds)
+    lines = [head]
+    for r in rows:
+        line = f"{r['ranks']:>5}  " + "  ".join(f"{r['us'][s]:>9.0f}" for s in settings)
+        lines.append(line + "".join(f"  {r[f'{s} adds']:>13.0f}" for s in adds))
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------------ the table
 
 
@@ -348,6 +393,10 @@ def main(argv=None):
     print(f"ms: the slowest rank's step, median of {args.steps} cycles; ratios: median over cycles of the ratio")
     print("within a cycle; check: ours on / ours off - 1; float32\n")
     print(format_table(rows, args.settings))
+    if not args.tiny:
+        print("\nthe check alone: one all_gather_tensor of 16 float32 per rank, per call (slowest rank, median of 5")
+        print("rounds of 100 calls, the settings taking turns); 'adds': median over rounds of (setting - off)\n")
+        print(format_check_rows(check_rows(args.settings), args.settings))
     print(f"\n(total {time.time() - t0:.0f} s; load average at the end {os.getloadavg()[0]:.1f})")
 
 

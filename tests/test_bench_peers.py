@@ -43,3 +43,8 @@ def test_peers_runs_every_row_against_torch_on_tiny_sizes():
         assert "cannot run" not in r["peer"], r["peer"]  # FSDP2 included: it runs on gloo CPU
         assert r["ours on/torch"] > 0 and r["ours off/torch"] > 0
     assert all(r["seconds"]["ours on"] > 0 and "check" in r for r in rows)
+    (check,) = peers.check_rows(("on", "off", "full"), calls=2, rounds=1, worlds=(2,))
+    assert check["ranks"] == 2 and all(check["us"][s] > 0 for s in ("on", "off", "full"))
+    assert {"on adds", "full adds"} <= set(check) and "full adds us" in peers.format_check_rows(
+        [check], ["on", "off", "full"]
+    )
