@@ -1,6 +1,6 @@
 """Ours against torch's own implementation of each mode, in one run: one table of step-time ratios ours / torch.
 
-    PYTHONPATH=. python bench/peers.py [--steps 10] [--settings on off full] [--tiny]
+    PYTHONPATH=. python bench/peers.py [--steps 10] [--settings on off full] [--rows tp pp dp cp ep] [--tiny]
 
 Every row is a forward + backward (and, for DP, the gradient sync and the optimizer step) of the same module on
 the same gloo ranks, timed as the slowest rank's step (each rank times from a common barrier; the step is the max
@@ -18,7 +18,7 @@ the machine falls on both sides of it.
     EP dispatch          pylib.ep.ExpertParallelMoE          (torch has none: the row shows the check's cost only)
 
 Torch has no cross-rank agreement check, so ours runs under each `--settings` (like with like: "off"):
-    on    the check as shipped (`pylib.runtime.agreement`: one all-reduce of 7 int64 before each collective)
+    on    the check as shipped (`pylib.runtime.agreement`: one all-reduce of two int64 before each collective)
     off   `agreement_check(False)`: no check at all, as torch
     full  the check before issue 30: every collective first all-gathers every rank's whole descriptor
 The `check` column is ours-on / ours-off - 1: what the check costs of that row's step.
@@ -358,8 +358,11 @@ def format_table(rows: list[dict], settings) -> str:
     return "\n".join(text)
 
 
-def measure(settings=SETTINGS, steps=10, tiny=False) -> list[dict]:
-    """Every row, launched from this process: [(ranks, rows)] ready for `table_rows`."""
+ROWS = ("tp", "pp", "dp", "cp", "ep")
+
+
+def measure(settings=SETTINGS, steps=10, tiny=False, rows=ROWS) -> list[dict]:
+    """The chosen `rows` (all by default), launched from this process, as `table_rows` gives them."""
     if tiny:
         small = ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, d_ff=32, dtype="float32")
         tp, pp, dp, cp, ep = [(1, 16, 16, 2, 32)], (2, 2), (small, 4, 8), (1, 64, 2, 2, 8), (16, 8, EP_SIZE[2])
@@ -367,15 +370,15 @@ def measure(settings=SETTINGS, steps=10, tiny=False) -> list[dict]:
     else:
         tp, pp, dp, cp, ep = TP_SIZES, (4, 8), (DP_CFG, DP_BATCH, DP_SEQ), CP_SIZE, EP_SIZE
         pp_schedules, worlds = [("1f1b", 1), ("interleaved", 2)], (2, 4)
-    launched = []
-    for t in worlds:
-        launched.append((t, launch(_tp_rank, t, tp, settings, steps, timeout=900, backend="gloo")))
-    p, m = pp
-    launched.append((p, launch(_pp_rank, p, m, pp_schedules, settings, steps, timeout=900, backend="gloo")))
-    d = worlds[-1]
-    launched.append((d, launch(_dp_rank, d, *dp, settings, steps, timeout=900, backend="gloo")))
-    launched.append((d, launch(_cp_rank, d, cp, settings, steps, timeout=900, backend="gloo")))
-    launched.append((d, launch(_ep_rank, d, ep, settings, steps, timeout=900, backend="gloo")))
+    d, (p, m) = worlds[-1], pp
+    runs = {
+        "tp": [(t, (_tp_rank, t, tp, settings, steps)) for t in worlds],
+        "pp": [(p, (_pp_rank, p, m, pp_schedules, settings, steps))],
+        "dp": [(d, (_dp_rank, d, *dp, settings, steps))],
+        "cp": [(d, (_cp_rank, d, cp, settings, steps))],
+        "ep": [(d, (_ep_rank, d, ep, settings, steps))],
+    }
+    launched = [(n, launch(*args, timeout=900, backend="gloo")) for row in rows for n, args in runs[row]]
     return table_rows(launched)
 
 
@@ -384,11 +387,12 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=10, help="cycles, each running every variant once")
     ap.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
     ap.add_argument("--tiny", action="store_true", help="the smallest sizes (the test's run)")
+    ap.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS), help="which modes (all by default)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # several ranks share the cores: extra threads only contend
     start = machine()
     t0 = time.time()
-    rows = measure(args.settings, args.steps, args.tiny)
+    rows = measure(args.settings, args.steps, args.tiny, args.rows)
     print(f"machine: {start}")
     print(f"ms: the slowest rank's step, median of {args.steps} cycles; ratios: median over cycles of the ratio")
     print("within a cycle; check: ours on / ours off - 1; float32\n")

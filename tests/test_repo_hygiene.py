@@ -123,7 +123,7 @@ def test_untraced_communication_finder_sees_every_import_style():
 
 
 def test_pylib_communicates_only_through_the_traced_collectives():
-    # agreement.py: the untraced check before each collective (one all-reduce of 7 int64; it moves no model data)
+    # agreement.py: the untraced check before each collective (one all-reduce of two int64; it moves no model data)
     allowed = {ROOT / "pylib" / "runtime" / name for name in ("collectives.py", "compat.py", "agreement.py")}
     offenders = {
         str(path.relative_to(ROOT)): hits

@@ -71,10 +71,10 @@ def _full_exchanges(r):
     out = {"full exchanges while agreeing": count[0]}
     _message(lambda: C.all_reduce_(torch.ones(2 + r)))
     out["full exchanges on one mismatch"] = count[0] - out["full exchanges while agreeing"]
-    fast_row = agreement._fast_row
-    agreement._fast_row = lambda *a: [v + (r if k == 0 else 0) for k, v in enumerate(fast_row(*a))]
+    call_hash = agreement.call_hash
+    agreement.call_hash = lambda *a: call_hash(*a) ^ r  # rank 1's hash differs, its descriptor does not
     out["hash differs, descriptors equal"] = _message(lambda: C.all_reduce_(torch.ones(2)))
-    agreement._fast_row, agreement._encode = fast_row, encode
+    agreement.call_hash, agreement._encode = call_hash, encode
     return out
 
 
@@ -107,57 +107,46 @@ def test_ranks_that_agree_pay_one_small_all_reduce_and_only_a_mismatch_exchanges
         assert out["agreeing, full exchange"] == 2.0
 
 
-def test_step_one_sees_unequal_hashes_whose_sum_matches_and_every_field_of_the_call():
-    from types import SimpleNamespace
+def test_step_one_hashes_every_field_of_the_call_and_sees_any_rank_that_differs():
+    from pylib.runtime.agreement import all_equal, call_hash, hash_row
 
-    from pylib.runtime.agreement import _PRIMES, FAST_LENGTH, _agreed, _fast_row
+    def h(op="all_reduce", t=None, params=(0,), dims=0, rows_only=False, sizes=None):
+        return call_hash(op, [torch.ones(2, 3) if t is None else t], list(params), dims, rows_only, sizes)
 
-    def row(op="all_reduce", t=None, params=(0,), dims=0, rows_only=False, sizes=None):
-        t = torch.ones(2, 3) if t is None else t
-        return _fast_row(SimpleNamespace(size=4, rank=0), op, [t], list(params), dims, rows_only, sizes, None, None)
-
-    base = row()
-    assert len(base) == FAST_LENGTH
+    base = h()
     changed = {
-        "op": row(op="all_gather"),
-        "dtype": row(t=torch.ones(2, 3, dtype=torch.float64)),
-        "shape": row(t=torch.ones(3, 2)),
-        "dims": row(t=torch.ones(2, 3, 1)),
-        "param": row(params=(1,)),
-        "sizes": row(sizes=[1, 2, 1, 1]),
+        "op": h(op="all_gather"),
+        "dtype": h(t=torch.ones(2, 3, dtype=torch.float64)),
+        "shape": h(t=torch.ones(3, 2)),
+        "dims": h(t=torch.ones(2, 3, 1)),
+        "param": h(params=(1,)),
+        "sizes": h(sizes=[1, 2, 1, 1]),
     }
-    for field, other in changed.items():
-        assert other[0] != base[0] and other[2] != base[2], field
-    assert row(params=(-1,), dims=1)[:4] == row(params=(1,), dims=1)[:4]  # dim -1 and ndim - 1 are one call
-    assert row(t=torch.ones(5, 3), rows_only=True)[:4] == row(rows_only=True)[:4]  # uneven rows: dim 0 may differ
-    assert row(params=(2,), dims=1)[-1] == 1  # this rank's dim out of range: counted, so every rank falls back
+    assert all(other != base for other in changed.values()), changed
+    assert 0 <= base < 2**63
+    assert h(params=(-1,), dims=1) == h(params=(1,), dims=1)  # dim -1 and ndim - 1 are one call
+    assert h(t=torch.ones(5, 3), rows_only=True) == h(rows_only=True)  # uneven rows: dim 0 may differ
+    assert h(params=(2,), dims=1) is None  # this rank's dim is out of range
 
-    def summed(*rows):
-        return [sum(col) for col in zip(*rows)]
+    def verdict(*hashes):
+        return all_equal([max(col) for col in zip(*(hash_row(x) for x in hashes))])
 
-    a = base[0]
-    assert _agreed(summed(*[base] * 4), 4)
-    fooled = [[h, h * h, base[2], base[3], 0, 0, 0] for h in (a, a, a + 5, a - 5)]  # equal sum, unequal hashes
-    assert sum(r[0] for r in fooled) == 4 * a and not _agreed(summed(*fooled), 4)
-    assert not _agreed(summed(*[base] * 3, [*base[:4], _PRIMES[0] - 1, 0, 0]), 4)
+    assert verdict(base, base, base, base)
+    assert not verdict(base, base, base + 1, base)  # one rank differs: max(h) > min(h)
+    assert not verdict(base, base - 1, base + 1, base)  # equal sum, unequal hashes
+    assert not verdict(base, None, base, base) and not verdict(None, None)  # out of range anywhere: never equal
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
 def test_the_split_residual_is_zero_exactly_when_every_rank_expects_the_rows_its_peers_send(n):
-    from types import SimpleNamespace
-
-    from pylib.runtime.agreement import _agreed, _fast_row
+    from pylib.runtime.agreement import _PRIMES, split_residuals
 
     gen = torch.Generator().manual_seed(n)
     sends = torch.randint(0, 50, (n, n), generator=gen).tolist()  # sends[i][j]: rows rank i sends rank j
 
     def verdict(expects):
-        t = torch.ones(1, 4)
-        rows = [
-            _fast_row(SimpleNamespace(size=n, rank=i), "a2a", [t], [], 0, True, None, sends[i], expects[i])
-            for i in range(n)
-        ]
-        return _agreed([sum(col) for col in zip(*rows)], n)
+        sums = [sum(col) for col in zip(*(split_residuals(n, i, sends[i], expects[i]) for i in range(n)))]
+        return all(r % prime == 0 for r, prime in zip(sums, _PRIMES))
 
     consistent = [[sends[j][i] for j in range(n)] for i in range(n)]  # rank i expects from j what j sends i
     assert verdict(consistent)

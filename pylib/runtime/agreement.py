@@ -17,20 +17,20 @@ extra collective would cost real latency on every call. It is not traced (it mov
 
 Two steps, the second only when the first finds a disagreement (`agree`):
 
-1. **Do all ranks agree?** One all-reduce (sum) of `FAST_LENGTH` int64, whatever the op, group or tensor: two
-   independent hashes a, b of the call (op, params, each tensor's dtype and shape, `sizes`) sent with their
-   squares, so the sums tell every rank at once whether all the hashes were equal (n * sum(a^2) == sum(a)^2
-   exactly when every a is the same: the integers stay below 2^62, nothing wraps); the residuals of an uneven
-   all-to-all, sum_ij (out_splits_i[j] - in_splits_j[i]) * w_ij mod two primes near 2^31 (w pseudo-random,
-   fixed), zero when every rank's expected rows match what its peers send; and a count of ranks whose own dim
-   argument is out of range. Every rank reads the same sums, so every rank takes the same branch: no rank can
-   go on to send data while another stops. Why an all-reduce and not an all-gather of the hashes: on gloo the
-   all-reduce of a few int64 takes about half as long as the all-gather at 4 ranks (`bench/peers.py` prints the
-   check's cost).
+1. **Do all ranks agree?** One all-reduce (max) of two int64, whatever the op, group or tensor: [h, -h], h a
+   63-bit hash of the call (op, params, each tensor's dtype and shape, `sizes`); max(h) == -max(-h) exactly when
+   every rank's h is the same, and every rank reads the same maxima, so every rank takes the same branch: no rank
+   goes on to send data while another stops. A rank whose own dim argument is out of range sends a row that can
+   only disagree. An uneven all-to-all, once the hashes agree, adds a second small all-reduce (sum of two int64):
+   sum_ij (out_splits_i[j] - in_splits_j[i]) * w_ij modulo two primes near 2^31 (w pseudo-random, fixed), zero
+   when every rank expects from each peer the rows that peer sends. Why two int64 and an all-reduce, measured at
+   4 gloo ranks on this project's 2-core machine (under load; the slowest rank, median of 5 rounds of 50 calls):
+   an all-reduce of two int64 3.0 ms, of seven 10.3 ms, an all-gather of two 6.2 ms, of a whole descriptor
+   (46) 6.0 ms. `bench/peers.py` prints what the check costs.
 2. **Name the disagreement.** Only when step 1 says the ranks differ, every rank all-gathers the whole
    descriptor (`descriptor_length(n)` int64) and raises the error naming each rank's value, as below. A hash
-   collision (two different calls with equal 60 bits of hash and equal residuals) is the one way a disagreement
-   passes step 1.
+   collision (two different calls with the same 63-bit hash, or split residuals that vanish modulo both primes by
+   chance) is the one way a disagreement passes step 1.
 
 Every rank's call is checked before any data moves, whatever its number of dimensions: a shape is sent as its
 first 8 dims, its dim count and a checksum of the whole shape, and when two ranks differ beyond what 8 dims show,
@@ -315,14 +315,33 @@ def agree(
         )
 
 
-FAST_LENGTH = 7  # int64 in step 1's all-reduce: a, a^2, b, b^2, two split residuals, out-of-range count
-_HASH_BITS = 30  # at most 30 bits a hash; fewer for groups of more than 4 ranks (`_hash_bits`)
-_PRIMES = (2_147_483_647, 2_147_483_629)  # the residuals' moduli: two primes below 2^31
+_DISAGREE = (1 << 63) - 1  # a rank whose own dim argument is out of range sends [_DISAGREE, _DISAGREE]
+_PRIMES = (2_147_483_647, 2_147_483_629)  # the split residuals' moduli: two primes below 2^31
 
 
-def _hash_bits(n: int) -> int:
-    """Bits per hash for a group of n ranks, so that the sum of n squares stays below 2^62 (no int64 wraps)."""
-    return min(_HASH_BITS, (62 - max(n - 1, 1).bit_length()) // 2)
+def call_hash(op, tensors, params, dims_of_first=0, rows_only=False, sizes=None) -> int | None:
+    """A 63-bit hash of what the ranks must agree on: the op, its params (dims counted from the front), each
+    tensor's dtype and shape (after dim 0 with `rows_only`) and `sizes`; None when a dim argument is out of range
+    for this rank's tensor. The same on every process (blake2b, not Python's salted hash)."""
+    if dims_of_first and tensors:
+        ndim = tensors[0].dim()
+        if any(ndim == 0 or not -ndim <= d < ndim for d in params[:dims_of_first]):
+            return None
+        params = _normalised(params, ndim, dims_of_first)
+    shapes = tuple((_dtype_code(t.dtype), t.dim(), tuple(t.shape[1:] if rows_only else t.shape)) for t in tensors)
+    key = repr((_op_code(op), tuple(params), shapes, None if sizes is None else tuple(sizes)))
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def hash_row(h: int | None) -> list[int]:
+    """This rank's two int64 for step 1's all-reduce (max): [h, -h], or [_DISAGREE, _DISAGREE] for None."""
+    return [_DISAGREE, _DISAGREE] if h is None else [h, -h]
+
+
+def all_equal(maxima: list[int]) -> bool:
+    """Step 1's verdict from the maxima of every rank's [h, -h]: max(h) == min(h), i.e. every h is the same (a
+    rank's _DISAGREE row makes max(h) the largest int64 and min(h) at most minus it)."""
+    return maxima[0] == -maxima[1]
 
 
 @functools.lru_cache(maxsize=64)
@@ -341,43 +360,30 @@ def _split_weights(n: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
     return tuple(out)
 
 
-def _fast_row(g, op, tensors, params, dims_of_first, rows_only, sizes, in_splits, out_splits) -> list[int]:
-    """This rank's FAST_LENGTH values for step 1 (see the module docstring)."""
-    n, i = g.size, g.rank
-    bad = 0
-    if dims_of_first and tensors:
-        ndim = tensors[0].dim()
-        bad = int(any(ndim == 0 or not -ndim <= d < ndim for d in params[:dims_of_first]))
-        if not bad:
-            params = _normalised(params, ndim, dims_of_first)
-    shapes = tuple((_dtype_code(t.dtype), t.dim(), tuple(t.shape[1:] if rows_only else t.shape)) for t in tensors)
-    key = repr((_op_code(op), tuple(params), shapes, None if sizes is None else tuple(sizes)))
-    digest = hashlib.blake2b(key.encode(), digest_size=16).digest()
-    bits = _hash_bits(n)
-    a, b = (int.from_bytes(digest[k : k + 8], "little") >> (64 - bits) for k in (0, 8))
-    residuals = [0, 0]
-    if in_splits is not None:
-        for k, (prime, w) in enumerate(zip(_PRIMES, _split_weights(n))):
-            expect = sum(int(out_splits[j]) * w[i][j] for j in range(n))  # rows rank j sends rank i, as i expects
-            sent = sum(int(in_splits[j]) * w[j][i] for j in range(n))  # rows rank i sends rank j
-            residuals[k] = (expect - sent) % prime
-    return [a, a * a, b, b * b, *residuals, bad]
+def split_residuals(n: int, i: int, in_splits, out_splits) -> list[int]:
+    """Rank i's share of sum_ij (out_splits_i[j] - in_splits_j[i]) * w_ij modulo each prime: the ranks' shares sum
+    to 0 modulo both when every rank expects from each peer the rows that peer sends it."""
+    out = []
+    for prime, w in zip(_PRIMES, _split_weights(n)):
+        expect = sum(int(out_splits[j]) * w[i][j] for j in range(n))  # rows rank j sends rank i, as i expects
+        sent = sum(int(in_splits[j]) * w[j][i] for j in range(n))  # rows rank i sends rank j
+        out.append((expect - sent) % prime)
+    return out
 
 
 def _all_agree(g, op, tensors, params, dims_of_first, rows_only, sizes, in_splits, out_splits, device) -> bool:
-    """Step 1: one all-reduce (sum) of FAST_LENGTH int64; True when every rank of `g` makes the same call and
-    every dim argument is in range on every rank. Every rank gets the same answer."""
-    row = _fast_row(g, op, tensors, params, dims_of_first, rows_only, sizes, in_splits, out_splits)
-    sums = torch.tensor(row, dtype=torch.int64, device=device)
-    dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=g.pg)
-    return _agreed(sums.cpu().tolist(), g.size)
-
-
-def _agreed(sums: list[int], n: int) -> bool:
-    """Step 1's verdict from the n ranks' summed rows: every hash equal (n * sum of squares == square of the sum,
-    exact in Python's integers), both split residuals 0 modulo their primes, no dim out of range."""
-    sa, sa2, sb, sb2, r0, r1, bad = sums
-    return n * sa2 == sa * sa and n * sb2 == sb * sb and r0 % _PRIMES[0] == 0 and r1 % _PRIMES[1] == 0 and bad == 0
+    """Step 1: True when every rank of `g` makes the same call (and, for an uneven all-to-all, every rank expects
+    the rows its peers send). Every rank gets the same answer."""
+    h = call_hash(op, tensors, params, dims_of_first, rows_only, sizes)
+    row = torch.tensor(hash_row(h), dtype=torch.int64, device=device)
+    dist.all_reduce(row, op=dist.ReduceOp.MAX, group=g.pg)
+    if not all_equal(row.cpu().tolist()):
+        return False
+    if in_splits is None:  # the same call on every rank (equal hashes): none of them has splits to compare
+        return True
+    shares = torch.tensor(split_residuals(g.size, g.rank, in_splits, out_splits), dtype=torch.int64, device=device)
+    dist.all_reduce(shares, op=dist.ReduceOp.SUM, group=g.pg)
+    return all(r % prime == 0 for r, prime in zip(shares.cpu().tolist(), _PRIMES))
 
 
 def _param_text(name: str, value: int) -> str:
