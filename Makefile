@@ -34,12 +34,13 @@ $(STAMP): requirements.txt requirements-common.txt pyproject.toml | $(VENV)/bin/
 # share (a module-scoped fixture such as the lab harness's every-lab run, a module's cache of launched runs) runs
 # once, not once per worker. (loadgroup would spread the other tests one by one, but under pytest 9 its groups are
 # silently ignored: xdist 3.8 renames a test by assigning `item._nodeid`, which pytest 9's `nodeid` no longer reads.)
-# PYTEST_WORKERS=0 runs the suite in this process alone.
+# --no-loadscope-reorder: the modules go out in collection order, which tests/conftest.py starts with the longest
+# (LONGEST_FIRST), so no long module starts last. PYTEST_WORKERS=0 runs the suite in this process alone.
 PYTEST_WORKERS ?= auto
 test: $(STAMP)
 	ruff check $(LINTED)
 	ruff format --check $(LINTED)
-	python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+	python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The execution cache is keyed on each chapter's code only, so drop it whenever pylib or the requirements change:
 # otherwise a chapter would show what an older pylib computed.
@@ -47,15 +48,13 @@ _build/.pylib-stamp: $(shell find pylib -name '*.py' 2>/dev/null) requirements.t
 	rm -rf _build/.jupyter_cache _build/zh/_build/.jupyter_cache
 	mkdir -p _build && touch $@
 
-# Check the catalogs (tools/i18n/catalogs.py: 0 missing, 0 outdated, markup and glossary terms kept), build and
-# execute the book in English and in Chinese side by side (tools/i18n/build_editions.py; the Chinese build is
-# tools/i18n/build_zh.py's: PYLIB_LANG=zh, Sphinx's language zh_CN, its own execution cache, the site moved to
-# _build/html/zh/).
+# Check the catalogs (tools/i18n/catalogs.py: 0 missing, 0 outdated, markup and glossary terms kept) and build and
+# execute the book in English and in Chinese, the three side by side (tools/i18n/build_editions.py; the Chinese
+# build is tools/i18n/build_zh.py's: PYLIB_LANG=zh, Sphinx's language zh_CN, its own execution cache, the site moved
+# to _build/html/zh/).
 I18N_ALLOW_INCOMPLETE ?=
 book: $(STAMP) _build/.pylib-stamp vendor
-	python tools/i18n/catalogs.py extract
-	python tools/i18n/catalogs.py check $(if $(I18N_ALLOW_INCOMPLETE),|| echo "I18N_ALLOW_INCOMPLETE: building with incomplete catalogs" >&2)
-	python tools/i18n/build_editions.py
+	I18N_ALLOW_INCOMPLETE=$(I18N_ALLOW_INCOMPLETE) python tools/i18n/build_editions.py
 
 # --- The site as readers see it (tools/site, tests/site) ------------------------------------------------------------
 # vendor: MathJax, require.js and the widget manager from the npm registry into book/_static/vendor/ (git-ignored),

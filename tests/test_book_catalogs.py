@@ -32,7 +32,7 @@ def test_every_page_has_a_chinese_catalog():
     assert not missing, f"pages without {catalogs.LOCALE.relative_to(ROOT)}/<page>.po: {missing}"
 
 
-@pytest.mark.slow  # reviews every entry of every catalog (4 s), as `catalogs.py check` does first in `make book`
+@pytest.mark.slow  # reviews every entry of every catalog (4 s), as `catalogs.py check` does in `make book`
 def test_committed_catalogs_are_complete_and_keep_markup_and_terms():
     glossary = terms.load()
     faults = []

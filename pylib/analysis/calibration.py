@@ -43,6 +43,7 @@ Sources:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from pylib.plan.config import ModelConfig
@@ -212,13 +213,23 @@ def workload(run: Run) -> P.Workload:
 
 def _published_plans(run: Run, **knobs) -> list[P.Plan]:
     """Every plan of the published mesh with LAYOUT_SEARCH's knobs (`knobs` replacing some of them)."""
+    return list(_published_plan_tuple(run, tuple(sorted(knobs.items()))))
+
+
+@functools.lru_cache(maxsize=256)
+def _published_plan_tuple(run: Run, knobs: tuple) -> tuple[P.Plan, ...]:
+    """`_published_plans`, remembered (a fit asks for the same run's plans once per set of constants)."""
     space = replace(
-        LAYOUT_SEARCH, meshes=(run.par,), group_sizes=PUBLISHED_GROUP_SIZES, balance_ends=run.balance_ends, **knobs
+        LAYOUT_SEARCH,
+        meshes=(run.par,),
+        group_sizes=PUBLISHED_GROUP_SIZES,
+        balance_ends=run.balance_ends,
+        **dict(knobs),
     )
     plans = P.enumerate_plans(run.cfg, run.gpus, run.batch, run.seq, space)
     if not plans:
         raise ValueError(f"{run.name}: the planner accepts no plan with the published mesh {run.par.describe()}")
-    return plans
+    return tuple(plans)
 
 
 def _tflops(run: Run, step_time: float) -> float:

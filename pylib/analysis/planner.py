@@ -908,7 +908,10 @@ def _state(cfg, key: _LayoutKey, precision: str, optimizer_states: int, grad_byt
     return state["params"], state["grads"], state["optim"], zero3_gathered_bytes(layouts, key.zero_stage)
 
 
+@functools.lru_cache(maxsize=65536)
 def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank: int) -> int:
+    """The activation bytes at the schedule's peak, remembered: like the model state (`_state`), they do not depend
+    on the cluster's speeds or the cost model, which a fit and the explorers vary over the same plans."""
     o = plan.options
     chunks = _chunk_bytes(cfg, plan.micro_batch(batch), seq, _activation_key(plan), pp_rank, attention)
     return peak_saved_bytes(list(chunks), o.schedule, plan.par.pp, o.n_microbatches, o.v, pp_rank, plan.group_size)
