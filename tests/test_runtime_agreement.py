@@ -75,7 +75,39 @@ def _full_exchanges(r):
     agreement.call_hash = lambda *a: call_hash(*a) ^ r  # rank 1's hash differs, its descriptor does not
     out["hash differs, descriptors equal"] = _message(lambda: C.all_reduce_(torch.ones(2)))
     agreement.call_hash, agreement._encode = call_hash, encode
+    out["pipeline gathers while agreeing"] = _pipeline_gathers(lambda mb, k: (1, 4))
     return out
+
+
+def _pipeline_gathers(shape_of, p=2):
+    """How many all-gathers agree_pipeline makes (besides its one small all-reduce) for a 1F1B step, m = 2."""
+    from pylib.plan.schedules import build
+    from pylib.runtime import agreement
+    from pylib.runtime.collectives import resolve_group
+
+    gather, count = agreement._gather_rows, [0]
+
+    def counted(*args):
+        count[0] += 1
+        return gather(*args)
+
+    agreement._gather_rows = counted
+    try:
+        agreement.agree_pipeline(resolve_group(None), build("1f1b", p, 2), torch.float32, shape_of)
+    finally:
+        agreement._gather_rows = gather
+    return count[0]
+
+
+def _unrelated_views():
+    """3 stages: rank 0 holds another shape for the boundary into stage 2, which only ranks 1 and 2 cross."""
+    r = dist.get_rank()
+    return _pipeline_gathers(lambda mb, k: (1, 5) if r == 0 and k == 2 else (1, 4), p=3)
+
+
+@pytest.mark.slow
+def test_pipeline_ranks_whose_views_differ_only_where_neither_sends_pay_the_gathers_and_go_on():
+    assert launch(_unrelated_views, 3, timeout=60) == [2, 2, 2]
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +137,7 @@ def test_ranks_that_agree_pay_one_small_all_reduce_and_only_a_mismatch_exchanges
         assert "all_reduce_ over [0, 1]: the ranks' calls differ" in out["hash differs, descriptors equal"]
         assert "disagree on the dtype: rank 0 int32, rank 1 float32" in out["dtype, full exchange"]
         assert out["agreeing, full exchange"] == 2.0
+        assert out["pipeline gathers while agreeing"] == 0
 
 
 def test_step_one_hashes_every_field_of_the_call_and_sees_any_rank_that_differs():
