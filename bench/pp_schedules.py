@@ -12,6 +12,11 @@ Bubble, four ways (idle time / compute time, averaged over ranks):
               shared 2-core machine is small against it; communication and scheduling overheads remain
   raw         wall clock of the tiny model as is (dominated by per-op overhead and noise on a CPU)
 The median over `--repeats` runs is printed for the wall-clock columns.
+
+Zero bubble (ZB-H1, ZB-H2: the backward split into B and W): each rank's own idle (from its first compute to its
+last, the busiest rank), padded to t_f, t_b/2, t_b/2 seconds for F, B, W (1F1B's backward to t_b), against
+(p-1)(T_F+T_B+T_W) for 1F1B, (p-1)(T_F+T_B-T_W) for ZB-H1 and 0 for ZB-H2; and the raw step time of each
+against our 1F1B's on the same ranks (what the W bookkeeping costs).
 """
 
 from __future__ import annotations
@@ -101,6 +106,57 @@ def _torch_1f1b(m, steps):
     return times
 
 
+ZB_SWEEP = ("1f1b", "zb-h1", "zb-h2")
+
+
+def _zero_bubble(m, repeats, t_f, t_b, t_w):
+    """Per schedule: the padded timelines (own idle) and the raw step seconds, alternating schedules per repeat."""
+    model = build_model(CFG)
+    ids, targets = random_tokens(CFG, m, SEQ, seed=m)
+    pipe = PipelineParallel(model)
+    out = {name: dict(padded=[], raw=[]) for name in ZB_SWEEP}
+    for name in ZB_SWEEP:  # warm-up
+        pipe.step(ids, targets, schedule=name, n_microbatches=m, recorder=PipelineRecorder(measure_memory=False))
+    for _ in range(repeats):
+        for name in ZB_SWEEP:
+            delay = (t_f, t_b + t_w) if name == "1f1b" else (t_f, t_b, t_w)
+            pipe.zero_grad()
+            run = pipe.step(
+                ids,
+                targets,
+                schedule=name,
+                n_microbatches=m,
+                recorder=PipelineRecorder(measure_memory=False, compute_delay=delay),
+            )
+            out[name]["padded"].append(run.timeline)
+            pipe.zero_grad()
+            C.all_reduce_(torch.zeros(1))  # a barrier
+            t = time.perf_counter()
+            pipe.step(ids, targets, schedule=name, n_microbatches=m, recorder=PipelineRecorder(measure_memory=False))
+            C.all_reduce_(torch.zeros(1))
+            out[name]["raw"].append(time.perf_counter() - t)
+    return out
+
+
+def zero_bubble_rows(p, m, repeats, t_f, t_b, t_w):
+    """Measure the ZB table on p gloo ranks: (name, formula, simulated, padded own idle in s, raw ms, ratio)."""
+    results = launch(_zero_bubble, p, m, repeats, t_f, t_b, t_w, timeout=900, backend="gloo")
+    formula = {"1f1b": (p - 1) * (t_f + t_b + t_w), "zb-h1": (p - 1) * (t_f + t_b - t_w), "zb-h2": 0.0}
+    base = statistics.median(results[0]["1f1b"]["raw"])
+    rows = []
+    for name in ZB_SWEEP:
+        sched = build(
+            name, p, m, cost_f=t_f, cost_b=t_b if name != "1f1b" else t_b + t_w, cost_w=t_w if name != "1f1b" else 0
+        )
+        simulated = max(bubble(simulate(sched, t_f, sched.cost_b, sends="eager", cost_w=sched.cost_w)).own_idle)
+        padded = statistics.median(
+            max(bubble([e for r in range(p) for e in results[r][name]["padded"][k]]).own_idle) for k in range(repeats)
+        )
+        raw = statistics.median(results[0][name]["raw"])
+        rows.append((name, formula[name], simulated, padded, raw, raw / base))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--p", type=int, default=4)
@@ -108,7 +164,11 @@ def main():
     ap.add_argument("--steps", type=int, default=10, help="timed steps for the PyTorch comparison")
     ap.add_argument("--t-f", type=float, default=0.04, help="padded forward seconds per stage and microbatch")
     ap.add_argument("--t-b", type=float, default=0.08, help="padded backward seconds per stage and microbatch")
+    ap.add_argument("--zero-bubble-only", action="store_true", help="only the zero-bubble table")
     args = ap.parse_args()
+    if args.zero_bubble_only:
+        _print_zero_bubble(args)
+        return
     p = args.p
     ms = [p, 2 * p, 4 * p]  # multiples of p, as the interleaved schedule needs
     nbytes = torch.finfo(torch_dtype(CFG.dtype)).bits // 8
@@ -169,6 +229,20 @@ def main():
         f"  ours {ours * 1e3:8.1f} ms   PyTorch Schedule1F1B {theirs * 1e3:8.1f} ms   "
         f"ratio ours/PyTorch {ours / theirs:.2f}"
     )
+    _print_zero_bubble(args)
+
+
+def _print_zero_bubble(args):
+    p, m = args.p, 2 * args.p
+    t_f, t_b, t_w = args.t_f, args.t_b / 2, args.t_b / 2
+    rows = zero_bubble_rows(p, m, args.repeats, t_f, t_b, t_w)
+    print(
+        f"\nZero bubble, p={p}, m={m}: own idle of the busiest rank (s), T_F={t_f * 1e3:.0f} ms, "
+        f"T_B={t_b * 1e3:.0f} ms, T_W={t_w * 1e3:.0f} ms (1F1B's backward T_B+T_W); raw step time vs our 1F1B"
+    )
+    print(f"{'schedule':<8} {'formula':>8} {'simulated':>9} {'padded':>7} {'raw ms':>7} {'raw/1f1b':>8}")
+    for name, formula, simulated, padded, raw, ratio in rows:
+        print(f"{name:<8} {formula:>8.3f} {simulated:>9.3f} {padded:>7.3f} {raw * 1e3:>7.1f} {ratio:>8.2f}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pylib.analysis import pp as A
 from pylib.model import ModelConfig, build_model, random_tokens
 from pylib.plan.presets import tiny
 from pylib.plan.schedules import (
+    ZERO_BUBBLE,
     ScheduleError,
     build,
     compute_order,
@@ -293,3 +294,108 @@ def test_an_interleaved_order_megatron_rejects_still_runs_but_its_bubble_exceeds
     assert build("interleaved", 4, 8, 2, strict=False).actions == build("interleaved", 4, 8, 2).actions
     with pytest.raises(ScheduleError, match="v >= 2"):
         build("interleaved", 4, 6, 1, strict=False)
+
+
+# ------------------------------------------------------------------------------------------- zero bubble
+
+
+def _zb_configs(ps):
+    """(name, p, m) for the zero-bubble schedules over every p in `ps` and m from the smallest allowed to 3p+1."""
+    out = []
+    for p in ps:
+        for m in range(p, 3 * p + 2):
+            out.append(("zb-h1", p, m))
+            if m >= 2 * p - 1:
+                out.append(("zb-h2", p, m))
+    return out
+
+
+@pytest.mark.parametrize("ps", [pytest.param(range(1, 5)), pytest.param(range(5, 9), marks=pytest.mark.slow)])
+def test_zero_bubble_lists_hold_one_f_b_and_w_per_microbatch_w_after_its_b_and_cannot_deadlock(ps):
+    for name, p, m in _zb_configs(ps):
+        sched = build(name, p, m)
+        for r in range(p):
+            order = [(a.op, a.mb) for a in sched.compute(r)]
+            assert sorted(order) == sorted((op, i) for op in "FBW" for i in range(m)), (name, p, m, r)
+            assert all(order.index(("W", i)) > order.index(("B", i)) for i in range(m)), (name, p, m, r)
+            assert sched.deferred(r) == {(i, 0) for i in range(m)}
+        for sends in ("rendezvous", "eager"):  # the placement argument of the module docstring, checked
+            events = simulate(sched, 1.0, 1.0, sends=sends, cost_w=1.0)
+            assert len([e for e in events if e.is_compute]) == 3 * m * p, (name, p, m)
+
+
+COSTS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1.5, 1.25, 0.5), (1, 1, 0.25)]  # T_W <= T_F and T_W <= T_B
+
+
+@pytest.mark.parametrize("cost", COSTS, ids=str)
+def test_bubbles_of_1f1b_and_zb_h1_are_the_published_formulas_on_the_busiest_rank(cost):
+    t_f, t_b, t_w = cost
+    for p, m in [(2, 2), (2, 5), (3, 3), (3, 7), (4, 4), (4, 9), (8, 8), (8, 17)]:
+        for name, formula in [("1f1b", (p - 1) * (t_f + t_b + t_w)), ("zb-h1", (p - 1) * (t_f + t_b - t_w))]:
+            sched = build(name, p, m, cost_f=t_f, cost_b=t_b, cost_w=t_w)
+            b = bubble(simulate(sched, t_f, t_b, cost_w=t_w))
+            assert max(b.own_idle) == pytest.approx(formula), (name, p, m)
+            assert b.idle[0] == pytest.approx(formula)  # rank 0 starts first and ends last: the step's bubble
+
+
+def test_zb_h1_bubble_exceeds_its_formula_when_a_w_costs_more_than_a_forward():
+    b = bubble(simulate(build("zb-h1", 4, 8, cost_f=1, cost_b=1, cost_w=2), 1, 1, cost_w=2))
+    formula = (4 - 1) * (1 + 1 - 2)
+    assert formula == 0 and max(b.own_idle) == 3.0  # the formula's condition T_W <= T_F matters
+
+
+def test_zb_h2_has_no_bubble_on_any_rank_at_equal_costs_and_1f1b_keeps_its_trapezoid():
+    for p, m in [(2, 3), (2, 8), (3, 5), (4, 7), (4, 12), (8, 15), (8, 24)]:
+        for scale in (1.0, 2.5):
+            c = dict(cost_f=scale, cost_b=scale, cost_w=scale)
+            zb = bubble(simulate(build("zb-h2", p, m, **c), scale, scale, cost_w=scale))
+            assert zb.own_idle == pytest.approx([0.0] * p), (p, m)
+            # the parallelogram: rank r starts r forwards late and ends as late, so the step still spans
+            # (p-1) T_F more than one rank's work -- what the optimizer step's synchronization costs
+            assert zb.step_time == pytest.approx(3 * m * scale + (p - 1) * scale)
+            one = bubble(simulate(build("1f1b", p, m, **c), scale, scale, cost_w=scale))
+            assert max(one.own_idle) == pytest.approx(3 * (p - 1) * scale)
+
+
+def test_microbatches_in_flight_1f1b_p_minus_r_zb_h1_p_on_every_rank_zb_h2_up_to_2p_minus_1():
+    for p, m in [(2, 4), (4, 8), (4, 13), (8, 16)]:
+        one = peak_in_flight(simulate(build("1f1b", p, m), 1.0, 2.0))
+        h1 = peak_in_flight(simulate(build("zb-h1", p, m), 1.0, 1.0, cost_w=1.0))
+        h2 = peak_in_flight(simulate(build("zb-h2", p, m), 1.0, 1.0, cost_w=1.0))
+        assert one == [p - r for r in range(p)]
+        assert h1 == [p] * p
+        assert max(h2) == h2[0] == 2 * p - 1 and all(x <= 2 * p - 1 for x in h2)
+
+
+@pytest.mark.parametrize(
+    "name, p, m, v, message",
+    [
+        ("zb-h1", 4, 3, 1, r"zb-h1 needs at least as many microbatches as ranks: m=3 < p=4"),
+        ("zb-h2", 4, 6, 1, r"zb-h2 needs m >= 2p-1 microbatches: m=6, p=4, 2p-1=7"),
+        ("zb-h1", 2, 4, 2, r"zb-h1 runs one chunk per rank \(v=1\), got v=2"),
+        ("zb-h3", 2, 4, 1, r"unknown schedule 'zb-h3'"),
+    ],
+)
+def test_zero_bubble_schedules_refuse_sizes_they_cannot_run_naming_the_constraint(name, p, m, v, message):
+    with pytest.raises(ScheduleError, match=message):
+        build(name, p, m, v)
+    assert name not in ZERO_BUBBLE or build(name, p, 2 * p, 1).name == name
+
+
+def test_a_w_before_its_b_is_reported_by_the_simulator():
+    sched = build("zb-h1", 2, 2)
+    bad = [list(x) for x in sched]
+    i = next(k for k, a in enumerate(bad[1]) if a.op == "W")
+    j = next(k for k, a in enumerate(bad[1]) if a.op == "B" and a.mb == bad[1][i].mb)
+    bad[1][i], bad[1][j] = bad[1][j], bad[1][i]
+    with pytest.raises(ScheduleError, match="runs before its B"):
+        simulate(bad)
+
+
+def test_zb_h1_bubble_rate_is_p_minus_1_over_3m_of_the_work_and_p_minus_1_over_3m_plus_p_minus_1_of_the_step():
+    # the two ways of quoting ZB-H1's bubble at T_F = T_B = T_W: idle / busy (the textbook's ratio, as (p-1)/m for
+    # 1F1B) and idle / step time; the zero-bubble repository's (p-1)/3m is the first
+    for p, m in [(2, 2), (4, 8), (8, 8), (8, 24)]:
+        b = bubble(simulate(build("zb-h1", p, m), 1.0, 1.0, cost_w=1.0))
+        assert b.relative[0] == pytest.approx((p - 1) / (3 * m))
+        assert b.share[0] == pytest.approx((p - 1) / (3 * m + p - 1))

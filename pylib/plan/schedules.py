@@ -19,6 +19,23 @@ Compute order per rank (p ranks, m microbatches, v chunks per rank, rank r):
   Megatron's constraint for interleaving: p <= N <= m and (m % N == 0 or m % N >= p); with the default N = p that
   is m % p == 0 (what older Megatron asserted as "number of microbatches must be divisible by pipeline size").
 
+Zero-bubble schedules (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024) split each backward in two
+actions: B, the input gradient the previous stage waits for, and W, the weight gradient only the optimizer step
+waits for (`pylib.pp.backward`). A B with a W of the same (microbatch, chunk) later in its rank's list computes the
+input gradient only; a B without one is the whole backward, as in the schedules above. In flight now means: forward
+done, W not yet (W still needs the forward's saved tensors).
+  ZB-H1        1F1B's order with every B split and rank r's W of microbatch k moved after its B of microbatch k+r
+               (the rest at the end): the later ranks fill their tail with W.  in flight: p on every rank (1F1B's
+               peak, on every rank instead of on rank 0 only). Needs m >= p.
+  ZB-H2        built by list scheduling at T_F = T_B = T_W (the paper's assumption for its hand-made schedules):
+               whenever a rank is free it runs a B whose gradient is there, else a forward while fewer than 2p-1
+               microbatches are in flight, else its oldest pending W. Rank 0 fills its warm-up with 2p-1 forwards;
+               the trapezoid of 1F1B becomes a parallelogram.  in flight: up to 2p-1. Needs m >= 2p-1.
+Their bubbles, with T_F, T_B, T_W the costs of F, B and W (1F1B's backward costs T_B + T_W), measured on the
+busiest rank from its own first compute to its own last (`pylib.pp.timeline.Bubble.own_idle`): 1F1B
+(p-1)(T_F+T_B+T_W); ZB-H1 (p-1)(T_F+T_B-T_W) when T_W <= T_F and T_W <= T_B; ZB-H2 zero when T_F = T_B = T_W
+(tests/test_pp_schedules.py holds each against the simulator for p up to 8).
+
 Where the communication goes, and why it cannot deadlock. gloo's blocking send waits for the matching receive
 (a rendezvous; NCCL point-to-point behaves alike), so an order of sends and receives can deadlock even when the
 computation could proceed: in 1F1B, rank 0 sends an activation to rank 1 while rank 1 sends a gradient to rank 0,
@@ -45,7 +62,9 @@ from pylib.i18n import tr
 
 from .split import virtual_stage
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")  # the ones RunOptions, compose and the planner know
+ZERO_BUBBLE = ("zb-h1", "zb-h2")  # B and W split: built and run here, not yet known to the planner
+ALL_SCHEDULES = SCHEDULES + ZERO_BUBBLE
 
 
 class ScheduleError(ValueError):
@@ -56,7 +75,8 @@ class ScheduleError(ValueError):
 class Action:
     """One step of one rank.
 
-    op: "F" (forward), "B" (backward), "send" or "recv".
+    op: "F" (forward), "B" (backward: the input gradient, and the weight gradient too unless a "W" of the same
+    (mb, chunk) follows in the rank's list), "W" (the weight gradient), "send" or "recv".
     mb: microbatch index, 0..m-1.
     chunk: this rank's chunk index, 0..v-1; stage: the virtual stage of that chunk (chunk·p + rank).
     what: for send / recv, "act" (an activation, forward direction) or "grad" (an activation's gradient).
@@ -73,7 +93,7 @@ class Action:
 
     @property
     def is_compute(self) -> bool:
-        return self.op in ("F", "B")
+        return self.op in ("F", "B", "W")
 
     @property
     def is_comm(self) -> bool:
@@ -99,9 +119,9 @@ class Action:
 class Schedule:
     """A whole pipeline schedule: `actions[r]` is rank r's list. Index it like that list of lists: `sched[r]`.
 
-    name: "gpipe", "1f1b" or "interleaved"; p ranks, m microbatches, v chunks per rank, N microbatches per group
-    (interleaved only). `times[r]` holds, for each compute action of rank r, its logical (start, end) from the
-    placement step (with costs cost_f, cost_b).
+    name: one of ALL_SCHEDULES; p ranks, m microbatches, v chunks per rank, N microbatches per group (interleaved
+    only). `times[r]` holds, for each compute action of rank r, its logical (start, end) from the placement step
+    (a forward costs cost_f, a B cost_b, a W cost_w, a B with no W cost_b + cost_w).
     """
 
     name: str
@@ -113,6 +133,7 @@ class Schedule:
     cost_f: float = 1.0
     cost_b: float = 2.0
     times: list[dict[Action, tuple[float, float]]] = field(default_factory=list, repr=False)
+    cost_w: float = 0.0
 
     def __getitem__(self, rank: int) -> list[Action]:
         return self.actions[rank]
@@ -127,6 +148,10 @@ class Schedule:
     def n_stages(self) -> int:
         return self.p * self.v
 
+    def deferred(self, rank: int) -> set[tuple[int, int]]:
+        """The (mb, chunk) whose weight gradient rank `rank` runs as a separate W (its B is the input side only)."""
+        return deferred_weights(self.actions[rank])
+
     def compute(self, rank: int) -> list[Action]:
         """Rank `rank`'s forwards and backwards only, in order."""
         return [a for a in self.actions[rank] if a.is_compute]
@@ -136,6 +161,21 @@ class Schedule:
         return "\n".join(
             tr("rank {r}: {actions}", r=r, actions=" ".join(str(a) for a in self.compute(r))) for r in range(self.p)
         )
+
+
+def deferred_weights(actions) -> set[tuple[int, int]]:
+    """The (mb, chunk) keys of the W actions in one rank's list: their B computes the input gradient only."""
+    return {(a.mb, a.chunk) for a in actions if a.op == "W"}
+
+
+def compute_cost(a: Action, deferred: set, cost_f: float, cost_b: float, cost_w: float) -> float:
+    """What action `a` costs: a forward cost_f, a W cost_w, a B cost_b, or cost_b + cost_w if its W is not
+    deferred (the fused backward)."""
+    if a.op == "F":
+        return cost_f
+    if a.op == "W":
+        return cost_w
+    return cost_b if (a.mb, a.chunk) in deferred else cost_b + cost_w
 
 
 # --------------------------------------------------------------------------------------------- compute orders
@@ -247,6 +287,9 @@ def warmup_forwards(
     if name == "interleaved":
         n = p if group_size is None else group_size
         return min(2 * (p - rank - 1) + (v - 1) * n, n_microbatches * v)
+    if name in ZERO_BUBBLE:
+        order = compute_order(name, p, n_microbatches, rank)
+        return next(i for i, a in enumerate(order) if a.op == "B")
     raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
 
 
@@ -266,6 +309,10 @@ def compute_order(
 
     if name == "gpipe":
         return [f(i, 0) for i in range(n_microbatches)] + [b(i, 0) for i in range(n_microbatches)]
+    if name == "zb-h1":
+        return _zb_h1(p, n_microbatches, rank)
+    if name == "zb-h2":
+        return _zb_h2(p, n_microbatches)[rank]
     if name == "1f1b":
         fwd = [(i, 0) for i in range(n_microbatches)]
         bwd = fwd
@@ -274,7 +321,7 @@ def compute_order(
         fwd = interleaved_table(n_microbatches, v, n)
         bwd = [(mb, v - 1 - c) for mb, c in fwd]
     else:
-        raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
+        raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(ALL_SCHEDULES)}")
     total = len(fwd)
     warm = warmup_forwards(name, p, n_microbatches, rank, v, group_size)
     order = [f(*fwd[i]) for i in range(warm)]
@@ -284,11 +331,62 @@ def compute_order(
     return order
 
 
+def _zb_h1(p: int, n_microbatches: int, rank: int) -> list[Action]:
+    """ZB-H1 on rank r: 1F1B's forwards and B's, and the W of microbatch k right after the B of microbatch k + r
+    (the last r W's at the end). Rank r then holds at most (p - r) + r = p microbatches in flight."""
+    m = n_microbatches
+    out = []
+    for a in compute_order("1f1b", p, m, rank):
+        out.append(a)
+        if a.op == "B" and a.mb - rank >= 0:
+            out.append(Action("W", a.mb - rank, 0, rank))
+    out += [Action("W", k, 0, rank) for k in range(max(m - rank, 0), m)]
+    return out
+
+
+def _zb_h2(p: int, n_microbatches: int) -> list[list[Action]]:
+    """ZB-H2 for every rank: each rank, whenever it is free (unit costs, communication free), runs the B whose
+    output gradient has arrived, else the next forward if fewer than 2p-1 microbatches are in flight, else its
+    oldest pending W; it waits when none of them can run."""
+    m, limit = n_microbatches, 2 * p - 1
+    f_end: dict[tuple[int, int], float] = {}  # (mb, rank) -> end of its forward
+    b_end: dict[tuple[int, int], float] = {}
+    nf, nb, nw = [0] * p, [0] * p, [0] * p
+    free = [0.0] * p
+    orders: list[list[Action]] = [[] for _ in range(p)]
+    t = 0.0
+    while any(nw[r] < m for r in range(p)):
+        for r in range(p):
+            if free[r] > t:
+                continue
+            if nb[r] < nf[r] and (f_end if r == p - 1 else b_end).get((nb[r], min(r + 1, p - 1)), t + 1) <= t:
+                a = Action("B", nb[r], 0, r)
+                b_end[(nb[r], r)] = t + 1
+                nb[r] += 1
+            elif nf[r] < m and nf[r] - nw[r] < limit and (r == 0 or f_end.get((nf[r], r - 1), t + 1) <= t):
+                a = Action("F", nf[r], 0, r)
+                f_end[(nf[r], r)] = t + 1
+                nf[r] += 1
+            elif nw[r] < nb[r]:
+                a = Action("W", nw[r], 0, r)
+                nw[r] += 1
+            else:
+                continue
+            orders[r].append(a)
+            free[r] = t + 1
+        t += 1
+        if t > 4 * m * p + 4 * p:  # every rank runs 3m unit actions; a longer run is a bug in the rules above
+            raise ScheduleError(f"zb-h2 list scheduling did not finish for p={p}, m={m}")
+    return orders
+
+
 # --------------------------------------------------------------------------------------------- placement
 
 
 def _dependencies(a: Action, n_stages: int) -> list[tuple[str, int, int]]:
     """(op, mb, stage) of the compute actions `a` waits for."""
+    if a.op == "W":
+        return [("B", a.mb, a.stage)]
     if a.op == "F":
         return [("F", a.mb, a.stage - 1)] if a.stage > 0 else []
     deps = [("F", a.mb, a.stage)]
@@ -297,11 +395,14 @@ def _dependencies(a: Action, n_stages: int) -> list[tuple[str, int, int]]:
     return deps
 
 
-def logical_times(orders: list[list[Action]], n_stages: int, cost_f: float = 1.0, cost_b: float = 2.0):
+def logical_times(
+    orders: list[list[Action]], n_stages: int, cost_f: float = 1.0, cost_b: float = 2.0, cost_w: float = 0.0
+):
     """Start and end of every compute action when each rank runs its order as soon as the data is there
-    (communication free). Returns {(op, mb, stage): (start, end)}; raises ScheduleError if some action's data
-    never arrives (the compute orders themselves deadlock)."""
+    (communication free; costs as `compute_cost`). Returns {(op, mb, stage): (start, end)}; raises ScheduleError
+    if some action's data never arrives (the compute orders themselves deadlock)."""
     done: dict[tuple[str, int, int], tuple[float, float]] = {}
+    deferred = [deferred_weights(order) for order in orders]
     pos = [0] * len(orders)
     clock = [0.0] * len(orders)
     progress = True
@@ -314,7 +415,7 @@ def logical_times(orders: list[list[Action]], n_stages: int, cost_f: float = 1.0
                 if any(d not in done for d in deps):
                     break
                 start = max([clock[r]] + [done[d][1] for d in deps])
-                end = start + (cost_f if a.op == "F" else cost_b)
+                end = start + compute_cost(a, deferred[r], cost_f, cost_b, cost_w)
                 done[(a.op, a.mb, a.stage)] = (start, end)
                 clock[r] = end
                 pos[r] += 1
@@ -385,7 +486,13 @@ def _message_key(tau: float, msg, p: int) -> tuple:
 
 
 def place_communication(
-    orders: list[list[Action]], p: int, v: int, cost_f: float = 1.0, cost_b: float = 2.0, policy: str = "ordered"
+    orders: list[list[Action]],
+    p: int,
+    v: int,
+    cost_f: float = 1.0,
+    cost_b: float = 2.0,
+    policy: str = "ordered",
+    cost_w: float = 0.0,
 ):
     """Insert the sends and receives into each rank's compute order.
 
@@ -394,7 +501,7 @@ def place_communication(
     that produced it -- the obvious placement, which deadlocks under blocking sends (kept for the book to show).
     Returns (actions per rank, logical times per rank)."""
     n_stages = p * v
-    times = logical_times(orders, n_stages, cost_f, cost_b)
+    times = logical_times(orders, n_stages, cost_f, cost_b, cost_w)
     per_rank_times = [{a: times[(a.op, a.mb, a.stage)] for a in order} for order in orders]
     if policy == "naive":
         placed = [
@@ -430,8 +537,8 @@ def check_schedule(
     take seconds for thousands of microbatches; this is instant). Raises the ScheduleError `build` would raise;
     returns the interleaved group size N (None for the other schedules)."""
     _check_sizes(p, n_microbatches, v)
-    if name not in SCHEDULES:
-        raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
+    if name not in ALL_SCHEDULES:
+        raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(ALL_SCHEDULES)}")
     if name == "interleaved":
         if strict:
             return check_interleaved(p, n_microbatches, v, group_size)
@@ -440,6 +547,16 @@ def check_schedule(
         raise ScheduleError(f"{name} runs one chunk per rank (v=1), got v={v}; use 'interleaved' for v > 1")
     if group_size is not None:
         raise ScheduleError(f"group_size applies to the interleaved schedule only, not {name}")
+    if name == "zb-h1" and n_microbatches < p:
+        raise ScheduleError(
+            f"zb-h1 needs at least as many microbatches as ranks: m={n_microbatches} < p={p} (rank r defers its "
+            "W's by r microbatches; with m < p there is no steady state for them to fill)"
+        )
+    if name == "zb-h2" and n_microbatches < 2 * p - 1:
+        raise ScheduleError(
+            f"zb-h2 needs m >= 2p-1 microbatches: m={n_microbatches}, p={p}, 2p-1={2 * p - 1} (rank 0 fills its "
+            "warm-up with 2p-1 forwards before its first B)"
+        )
     return None
 
 
@@ -451,19 +568,27 @@ def build(
     *,
     group_size: int | None = None,
     cost_f: float = 1.0,
-    cost_b: float = 2.0,
+    cost_b: float | None = None,
+    cost_w: float | None = None,
     policy: str = "ordered",
     strict: bool = True,
 ) -> Schedule:
-    """The schedule `name` ("gpipe", "1f1b" or "interleaved") for p ranks, m microbatches, v chunks per rank.
+    """The schedule `name` (one of ALL_SCHEDULES) for p ranks, m microbatches, v chunks per rank.
+
+    cost_f, cost_b, cost_w: the costs the communication is placed with (a B costs cost_b, a W cost_w, a B with no
+    W cost_b + cost_w). Defaults: a backward costs two forwards, all of it in B for the fused schedules
+    (cost_b=2, cost_w=0), half in B and half in W for the zero-bubble ones (cost_b=cost_w=1).
 
     strict=False builds an interleaved schedule that Megatron would reject (m not a multiple of N, a short last
     group): it still runs and is still correct, but its bubble exceeds (p-1)/(v·m) -- which is why Megatron
     rejects it."""
     group_size = check_schedule(name, p, n_microbatches, v, group_size=group_size, strict=strict)
+    split = name in ZERO_BUBBLE
+    cost_b = (1.0 if split else 2.0) if cost_b is None else cost_b
+    cost_w = (1.0 if split else 0.0) if cost_w is None else cost_w
     orders = [compute_order(name, p, n_microbatches, r, v, group_size, strict=strict) for r in range(p)]
-    actions, times = place_communication(orders, p, v, cost_f, cost_b, policy)
-    return Schedule(name, p, n_microbatches, v, actions, group_size, cost_f, cost_b, times)
+    actions, times = place_communication(orders, p, v, cost_f, cost_b, policy, cost_w)
+    return Schedule(name, p, n_microbatches, v, actions, group_size, cost_f, cost_b, times, cost_w)
 
 
 def gpipe(p: int, n_microbatches: int, **kw) -> Schedule:
@@ -479,3 +604,13 @@ def one_f_one_b(p: int, n_microbatches: int, **kw) -> Schedule:
 def interleaved_1f1b(p: int, n_microbatches: int, v: int, group_size: int | None = None, **kw) -> Schedule:
     """Megatron's interleaved 1F1B with v model chunks per rank (virtual pipeline size v)."""
     return build("interleaved", p, n_microbatches, v, group_size=group_size, **kw)
+
+
+def zb_h1(p: int, n_microbatches: int, **kw) -> Schedule:
+    """ZB-H1: 1F1B with B and W split and rank r's W's deferred by r microbatches (1F1B's peak memory)."""
+    return build("zb-h1", p, n_microbatches, 1, **kw)
+
+
+def zb_h2(p: int, n_microbatches: int, **kw) -> Schedule:
+    """ZB-H2: up to 2p-1 microbatches in flight, no bubble when T_F = T_B = T_W."""
+    return build("zb-h2", p, n_microbatches, 1, **kw)

@@ -2,9 +2,16 @@
 
 stage_layers(n_layers, pp, v)            # which layers chunk c of rank r holds (Megatron's layout)
 sched = build("1f1b", p, m)              # or gpipe(p, m), one_f_one_b(p, m), interleaved_1f1b(p, m, v)
-sched[r]                                 # rank r's plain list of Actions: F / B / send / recv
+sched = build("zb-h1", p, m)             # zero bubble: zb_h1(p, m), zb_h2(p, m): the backward split in B and W
+sched[r]                                 # rank r's plain list of Actions: F / B / W / send / recv
 simulate(sched)                          # run the lists against each other: deadlocks, timeline
 bubble(timeline), peak_in_flight(timeline)
+
+Where W lives: a schedule with a W for (mb, chunk) in rank r's list makes that B the input gradient only; the
+executor's B calls `backward_input` (pylib.pp.backward), which keeps the forward's graph and the output gradient
+at each frontier node (a linear's matmul, a norm's multiply), and its W calls `WeightGrad.run()`, which restarts
+autograd there for the parameters alone. Between the two, the recorder counts the forward's activations and the
+kept gradients as held; the simulator costs a B T_B, a W T_W and an unsplit backward T_B + T_W.
 
 # inside launched ranks:
 pipe = PipelineParallel(build_model(cfg), group=mesh.pp, v=1)
@@ -14,21 +21,27 @@ recorder=PipelineRecorder(measure_memory=False, compute_delay=(t_f, t_b))       
 """
 
 from pylib.plan.schedules import (
+    ALL_SCHEDULES,
     SCHEDULES,
+    ZERO_BUBBLE,
     Action,
     Schedule,
     ScheduleError,
     build,
     check_interleaved,
     compute_order,
+    deferred_weights,
     gpipe,
     interleaved_1f1b,
     interleaved_table,
     one_f_one_b,
     place_communication,
     warmup_forwards,
+    zb_h1,
+    zb_h2,
 )
 
+from .backward import WeightGrad, backward_input
 from .executor import Boundary, PipelineRun, microbatches, pipeline_device, run_pipeline
 from .pipeline import PipelineParallel
 from .recorder import PipelineRecorder
@@ -47,8 +60,11 @@ from .split import (
 from .timeline import Bubble, Event, bubble, idle_intervals, peak_in_flight, replay
 
 __all__ = [
+    "ALL_SCHEDULES",
     "Boundary",
     "SCHEDULES",
+    "WeightGrad",
+    "ZERO_BUBBLE",
     "Action",
     "Bubble",
     "DeadlockError",
@@ -60,10 +76,12 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "bubble",
+    "backward_input",
     "build",
     "check_interleaved",
     "check_split",
     "compute_order",
+    "deferred_weights",
     "gpipe",
     "idle_intervals",
     "interleaved_1f1b",
@@ -84,4 +102,6 @@ __all__ = [
     "stage_layers",
     "virtual_stage",
     "warmup_forwards",
+    "zb_h1",
+    "zb_h2",
 ]

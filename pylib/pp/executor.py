@@ -28,6 +28,10 @@ boundary's shape, compared between the two ranks on either side of it (`pylib.ru
 a stage built with another activation shape, or given another microbatch count, is refused naming both ranks,
 instead of gloo aborting with "Received data size doesn't match". Two small untraced all-gathers per step.
 
+Split backward. A rank whose list holds a W for (mb, chunk) runs that B as the input gradient only and the W later
+(`pylib.pp.backward`: the same float64 bits as the fused backward); what W needs -- the forward's graph and the
+output gradients kept at the frontier nodes -- stays alive, and counted, from the B to the W.
+
 Timing and memory are observed, not threaded through: a `PipelineRecorder` (`pylib.pp.recorder`) records every
 forward, backward, send and receive as an `Event` with start and end in seconds since a common start (the ranks
 meet in a one-element all-reduce first), and the bytes autograd saved for each forward. Its `compute_delay` pads
@@ -49,6 +53,7 @@ from ..runtime import collectives as C
 from ..runtime import tracer
 from ..runtime.agreement import agree_pipeline
 from ..runtime.launch import current_device
+from .backward import backward_input
 from .recorder import PipelineRecorder
 from .timeline import Event
 
@@ -167,6 +172,7 @@ def run_pipeline(
         blocking_sends=blocking_sends,
         backward_context=backward_context,
         rec=rec,
+        deferred=schedule.deferred(g.rank),
     )
     rec.start(g.rank, g, device)
     for a in schedule[g.rank]:
@@ -216,6 +222,8 @@ class RankStep:
     blocking_sends: bool
     backward_context: Callable[[int, int], AbstractContextManager] | None
     rec: PipelineRecorder
+    deferred: set = field(default_factory=set)  # (mb, chunk) whose weight gradient runs as a separate W
+    weight_grads: dict = field(default_factory=dict)  # (mb, chunk) -> the WeightGrad its W runs
     stage_in: dict = field(default_factory=dict)  # (mb, chunk) -> received activation (requires grad)
     stage_out: dict = field(default_factory=dict)  # (mb, chunk) -> output (the scaled loss on the last stage)
     grad_out: dict = field(default_factory=dict)  # (mb, chunk) -> received gradient of the output
@@ -227,7 +235,7 @@ class RankStep:
         self.excluded = [list(chunk.parameters()) for chunk in self.chunks]  # not activations
 
     def do(self, a: Action) -> None:
-        ops = {"F": self.forward, "B": self.backward, "send": self.send, "recv": self.recv}
+        ops = {"F": self.forward, "B": self.backward, "W": self.weight, "send": self.send, "recv": self.recv}
         if a.op not in ops:
             raise ValueError(f"unknown action {a}")
         ops[a.op](a)
@@ -253,13 +261,27 @@ class RankStep:
     def backward(self, a: Action) -> None:
         key = (a.mb, a.chunk)
         y = self.stage_out.pop(key)
+        dy = None if a.stage == self.n_stages - 1 else self.grad_out.pop(key)
+        if key in self.deferred:  # B: the input gradient only; W comes later
+            x = self.stage_in.pop(key) if a.stage > 0 else None
+            dx, self.weight_grads[key] = backward_input(y, dy, x, self.excluded[a.chunk])
+            if a.stage > 0:
+                self.grad_in[key] = dx
+            self.rec.input_grad_done(key, self.weight_grads[key].stash_bytes)
+            return
         with self.backward_context(a.mb, a.chunk) if self.backward_context is not None else nullcontext():
-            if a.stage == self.n_stages - 1:
-                torch.autograd.backward(y)
-            else:
-                torch.autograd.backward(y, grad_tensors=self.grad_out.pop(key))
+            torch.autograd.backward(y, grad_tensors=dy)
         if a.stage > 0:
             self.grad_in[key] = self.stage_in.pop(key).grad
+        self.rec.backward_done(key)
+
+    def weight(self, a: Action) -> None:
+        """W: the weight gradient of (mb, chunk), accumulated into .grad as the fused backward would."""
+        key = (a.mb, a.chunk)
+        if key not in self.weight_grads:
+            raise RuntimeError(f"rank {self.g.rank}: {a} runs before its B")
+        with self.backward_context(a.mb, a.chunk) if self.backward_context is not None else nullcontext():
+            self.weight_grads.pop(key).run()
         self.rec.backward_done(key)
 
     def send(self, a: Action) -> None:
@@ -287,11 +309,11 @@ class RankStep:
         """Wait for the posted sends; check nothing was left behind; the losses in microbatch order (last stage)."""
         for work in self.pending_sends:
             work.wait()
-        if self.stage_out or self.stage_in or self.grad_out or self.grad_in:
+        if self.stage_out or self.stage_in or self.grad_out or self.grad_in or self.weight_grads:
             raise RuntimeError(
                 f"rank {self.g.rank}: the schedule left tensors behind (outputs {sorted(self.stage_out)}, inputs "
-                f"{sorted(self.stage_in)}, gradients {sorted(self.grad_out)} / {sorted(self.grad_in)}): some forward "
-                "has no backward or send"
+                f"{sorted(self.stage_in)}, gradients {sorted(self.grad_out)} / {sorted(self.grad_in)}, weight "
+                f"gradients {sorted(self.weight_grads)}): some forward has no backward, W or send"
             )
         if self.g.rank != (self.n_stages - 1) % self.g.size:
             return []

@@ -5,7 +5,10 @@ The executor (`pylib.pp.executor.run_pipeline`) calls its recorder at these poin
     recorder.start(rank, group, device)   once, before the first action: the ranks agree on a time origin
     with recorder.action(a):              around every action: its interval becomes an `Event` of the timeline
     with recorder.forward(key, exclude):  around a forward's compute: the bytes autograd saved for it
-    recorder.backward_done(key)           the forward's activations are freed
+    recorder.input_grad_done(key, nbytes) a split backward's B: the activations stay (W needs them), plus the
+                                          nbytes of output gradients kept for W
+    recorder.backward_done(key)           the forward's activations (and what B kept) are freed: after a fused
+                                          backward, or after W
 
 Times come from `pylib.runtime.clock.device_now` (on CUDA it first waits for the compute stream, so an action is
 timed where it ran, not where it was launched), in seconds since the common origin. A receive's interval includes
@@ -14,7 +17,8 @@ wait).
 
 measure_memory=False skips the saved-tensor probe (its bytes read 0; autograd applies only the innermost
 saved-tensor hooks, so a caller with its own probe turns this one off). compute_delay=(t_f, t_b) pads each forward
-of one chunk to at least t_f seconds and each backward to t_b (sleeping after the real compute): a measurement aid
+of one chunk to at least t_f seconds and each backward to t_b (sleeping after the real compute); (t_f, t_b, t_w)
+pads a split schedule's B to t_b and its W to t_w: a measurement aid
 that makes every compute cost a known, noise-free amount, so the measured bubble can be compared with the formula
 on a busy 2-core machine; it changes nothing else.
 """
@@ -38,7 +42,7 @@ class PipelineRecorder:
     """One rank's observations of one step (filled again by every run it is passed to)."""
 
     measure_memory: bool = True
-    compute_delay: tuple[float, float] | None = None
+    compute_delay: tuple[float, ...] | None = None
     timeline: list[Event] = field(default_factory=list)
     activation_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
     peak_in_flight: int = 0
@@ -46,7 +50,7 @@ class PipelineRecorder:
 
     def start(self, rank: int, group, device) -> None:
         """A common time origin: every rank leaves this one-element all-reduce at about the same moment."""
-        self.rank, self._live, self._live_bytes = rank, 0, 0
+        self.rank, self._live, self._live_bytes, self._kept = rank, 0, 0, {}
         self.timeline, self.activation_bytes = [], {}
         self.peak_in_flight = self.peak_activation_bytes = 0
         C.all_reduce_(torch.zeros(1, device=device), group, phase="pp-sync")
@@ -56,8 +60,8 @@ class PipelineRecorder:
     def action(self, a):
         start = clock.device_now()
         yield
-        if self.compute_delay and a.op in ("F", "B"):
-            self._pad(start, self.compute_delay[0 if a.op == "F" else 1])
+        if self.compute_delay and a.op in ("F", "B", "W")[: len(self.compute_delay)]:
+            self._pad(start, self.compute_delay["FBW".index(a.op)])
         self.timeline.append(Event.of(self.rank, a, start - self._t0, clock.device_now() - self._t0))
 
     @contextmanager
@@ -71,8 +75,14 @@ class PipelineRecorder:
         self.peak_activation_bytes = max(self.peak_activation_bytes, self._live_bytes)
         self.peak_in_flight = max(self.peak_in_flight, self._live)
 
+    def input_grad_done(self, key: tuple[int, int], nbytes: int) -> None:
+        """B of a split backward: the output gradients kept for W (`nbytes`) join the forward's activations."""
+        self._kept[key] = nbytes
+        self._live_bytes += nbytes
+        self.peak_activation_bytes = max(self.peak_activation_bytes, self._live_bytes)
+
     def backward_done(self, key: tuple[int, int]) -> None:
-        self._live_bytes -= self.activation_bytes[key]
+        self._live_bytes -= self.activation_bytes[key] + self._kept.pop(key, 0)
         self._live -= 1
 
     def _pad(self, start: float, seconds: float) -> None:

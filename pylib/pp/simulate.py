@@ -17,8 +17,10 @@ The simulator reports
     or its gradient's receive), a compute done twice, or a tensor sent before it was computed;
 
 and otherwise returns the logical timeline: each action's start and end when a forward costs `cost_f`, a backward
-`cost_b` and a message `cost_comm` time units. The bubble, the in-flight microbatches and the figure the book draws
-before running anything all come from this timeline.
+`cost_b` and a message `cost_comm` time units. Zero-bubble schedules split a backward into B and W
+(`pylib.plan.schedules`): there a B costs `cost_b`, a W `cost_w`, and a B with no W of its own (the fused backward)
+`cost_b + cost_w`; a W before its B is reported like a backward before its forward. The bubble, the in-flight
+microbatches and the figure the book draws before running anything all come from this timeline.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 from collections import deque
 
 from pylib.i18n import tr
-from pylib.plan.schedules import Action, Schedule, ScheduleError
+from pylib.plan.schedules import Action, Schedule, ScheduleError, compute_cost, deferred_weights
 
 from .timeline import Event
 
@@ -47,12 +49,13 @@ def simulate(
     cost_b: float = 2.0,
     cost_comm: float = 0.0,
     sends: str = "rendezvous",
+    cost_w: float = 0.0,
 ) -> list[Event]:
     """Execute the per-rank action lists against each other; return the timeline (sorted by rank, then time)."""
     if sends not in SEMANTICS:
         raise ValueError(f"sends must be one of {SEMANTICS}, not {sends!r}")
     lists = list(schedule.actions if isinstance(schedule, Schedule) else schedule)
-    sim = _Simulation(lists, cost_f, cost_b, cost_comm, sends)
+    sim = _Simulation(lists, cost_f, cost_b, cost_comm, sends, cost_w)
     while True:
         moved = [sim.advance(r) for r in range(sim.p)]  # each rank in turn, as far as it can go
         if not any(moved):  # a whole round in which nobody moved: done, or deadlocked
@@ -63,9 +66,12 @@ class _Simulation:
     """The state of p ranks walking their lists: where each is (`pos`), its logical clock, what it computed and
     received, and (eager sends) the messages waiting in each link."""
 
-    def __init__(self, lists: list[list[Action]], cost_f: float, cost_b: float, cost_comm: float, sends: str):
+    def __init__(
+        self, lists: list[list[Action]], cost_f: float, cost_b: float, cost_comm: float, sends: str, cost_w: float
+    ):
         self.lists, self.sends = lists, sends
-        self.cost_f, self.cost_b, self.cost_comm = cost_f, cost_b, cost_comm
+        self.cost_f, self.cost_b, self.cost_w, self.cost_comm = cost_f, cost_b, cost_w, cost_comm
+        self.deferred = [deferred_weights(lst) for lst in lists]
         self.p = p = len(lists)
         self.pos = [0] * p
         self.clock = [0.0] * p
@@ -90,7 +96,7 @@ class _Simulation:
     def compute(self, r: int, a: Action) -> None:
         self.check_compute(r, a)
         start = self.clock[r]
-        self.clock[r] += self.cost_f if a.op == "F" else self.cost_b
+        self.clock[r] += compute_cost(a, self.deferred[r], self.cost_f, self.cost_b, self.cost_w)
         self.computed[r].add((a.op, a.mb, a.chunk))
         self.log(r, a, start, self.clock[r])
         self.pos[r] += 1
@@ -152,6 +158,10 @@ class _Simulation:
         if a.op == "F":
             if a.stage > 0 and ("act", a.mb, a.chunk) not in self.received[r]:
                 raise ScheduleError(f"rank {r}: {a} runs before its input activation was received")
+            return
+        if a.op == "W":
+            if ("B", a.mb, a.chunk) not in self.computed[r]:
+                raise ScheduleError(f"rank {r}: {a} runs before its B (the weight gradient needs the output's)")
             return
         if ("F", a.mb, a.chunk) not in self.computed[r]:
             raise ScheduleError(f"rank {r}: {a} runs before its forward")

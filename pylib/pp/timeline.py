@@ -8,6 +8,14 @@ Bubble: with T the step time (first compute start to last compute end, over all 
 spent computing, rank r idled T - busy_r. The textbook figure is that idle time *relative to the ideal* time,
 (T - busy_r) / busy_r, which is (p-1)/m for GPipe and 1F1B and (p-1)/(v·m) for interleaved 1F1B (see
 `pylib.analysis.pp`); as a share of the step it is (T - busy_r) / T = (p-1)/(m+p-1) for GPipe.
+
+Own idle: the time rank r idles between its own first compute and its own last, the bubble the zero-bubble paper
+counts (ranks that need not wait for each other at the optimizer step start and end at different times: ZB-H2's
+parallelogram has none). For 1F1B and ZB-H1 the busiest rank, rank 0, starts first and ends last, so its own
+idle is the step's bubble.
+
+A zero-bubble timeline has W events (the weight gradient, `pylib.plan.schedules`): a microbatch stays in flight
+from its F to its W; a B with no W of its own ends it, as before.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from pylib.plan.schedules import Action, logical_times
 class Event:
     """One interval of one rank's timeline (logical units from `simulate`, seconds from the executor).
 
-    rank: pp-group index; kind: "F", "B", "send" or "recv"; mb, chunk, stage: the microbatch, this rank's chunk and
+    rank: pp-group index; kind: "F", "B", "W", "send" or "recv"; mb, chunk, stage: the microbatch, this rank's chunk and
     its virtual stage; what: "act" / "grad" for communication; peer: the other rank. A communication interval runs
     from the moment the rank reached the op to the moment it completed (so it includes waiting for the peer)."""
 
@@ -47,7 +55,7 @@ class Event:
 
     @property
     def is_compute(self) -> bool:
-        return self.kind in ("F", "B")
+        return self.kind in ("F", "B", "W")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -67,6 +75,7 @@ class Bubble:
     idle: list[float]  # step_time - busy
     relative: list[float]  # idle / busy: the bubble relative to the ideal time, the textbook's (p-1)/m
     share: list[float]  # idle / step_time: the share of the step the rank idles
+    own_idle: list[float]  # idle between the rank's own first compute start and its own last compute end
 
     @property
     def mean_relative(self) -> float:
@@ -89,16 +98,21 @@ def bubble(timeline) -> Bubble:
         raise ValueError(f"the timeline covers ranks {ranks}; every rank 0..{ranks[-1]} must be present")
     busy = [sum(e.duration for e in compute if e.rank == r) for r in ranks]
     idle = [step - b for b in busy]
-    return Bubble(step, busy, idle, [i / b for i, b in zip(idle, busy)], [i / step for i in idle])
+    span = [max(e.end for e in compute if e.rank == r) - min(e.start for e in compute if e.rank == r) for r in ranks]
+    own = [s - b for s, b in zip(span, busy)]
+    return Bubble(step, busy, idle, [i / b for i, b in zip(idle, busy)], [i / step for i in idle], own)
 
 
 def peak_in_flight(timeline) -> list[int]:
-    """Per rank: the most (microbatch, chunk) activations held at once -- forwards done whose backward is not."""
+    """Per rank: the most (microbatch, chunk) activations held at once -- forwards done whose backward (W, where
+    the backward is split) is not."""
     events = sorted((e for e in as_events(timeline) if e.is_compute), key=lambda e: (e.rank, e.start))
+    split = {(e.rank, e.mb, e.chunk) for e in events if e.kind == "W"}
     peak: dict[int, int] = {}
     live: dict[int, int] = {}
     for e in events:
-        live[e.rank] = live.get(e.rank, 0) + (1 if e.kind == "F" else -1)
+        ends = e.kind == "W" or (e.kind == "B" and (e.rank, e.mb, e.chunk) not in split)
+        live[e.rank] = live.get(e.rank, 0) + (1 if e.kind == "F" else -1 if ends else 0)
         peak[e.rank] = max(peak.get(e.rank, 0), live[e.rank])
     return [peak[r] for r in sorted(peak)]
 
@@ -119,11 +133,11 @@ def idle_intervals(timeline, rank: int) -> list[tuple[float, float]]:
     return gaps
 
 
-def replay(timeline, cost_f: float = 1.0, cost_b: float = 2.0) -> list[Event]:
+def replay(timeline, cost_f: float = 1.0, cost_b: float = 2.0, cost_w: float = 0.0) -> list[Event]:
     """Re-time a recorded run in logical units: each rank's forwards and backwards in the order it actually ran
-    them, a forward costing `cost_f` and a backward `cost_b`, each starting as soon as its rank is free and its
-    input exists (messages free). Wall-clock noise drops out; the order the executor really followed stays, so
-    the bubble of the replay is the schedule's own."""
+    them, a forward costing `cost_f` and a backward `cost_b` (a B `cost_b` and a W `cost_w` where split), each
+    starting as soon as its rank is free and its input exists (messages free). Wall-clock noise drops out; the
+    order the executor really followed stays, so the bubble of the replay is the schedule's own."""
     compute = [e for e in as_events(timeline) if e.is_compute]
     ranks = sorted({e.rank for e in compute})
     orders = [
@@ -134,5 +148,5 @@ def replay(timeline, cost_f: float = 1.0, cost_b: float = 2.0) -> list[Event]:
         for r in ranks
     ]
     n_stages = max(e.stage for e in compute) + 1
-    times = logical_times(orders, n_stages, cost_f, cost_b)
+    times = logical_times(orders, n_stages, cost_f, cost_b, cost_w)
     return [Event.of(r, a, *times[(a.op, a.mb, a.stage)]) for r, order in zip(ranks, orders) for a in order]
