@@ -38,7 +38,76 @@ def _misuses():
     out["int avg"] = _message(lambda: C.all_reduce_(torch.ones(2, dtype=torch.int64), op="avg"))
     out["unknown op"] = _message(lambda: C.all_reduce_(torch.ones(2), op="prod"))
     out["async int avg"] = _message(lambda: C.all_reduce_async(torch.ones(2, dtype=torch.int64), op="avg"))
+    out.update(_full_exchanges(r))
+    from pylib.runtime import agreement
+
+    agreement._setting.full_exchange = True  # the design before step 1 (bench/peers.py's "full"): the same errors
+    out["dtype, full exchange"] = _message(
+        lambda: C.all_reduce_(torch.ones(3, dtype=torch.float32 if r else torch.int32))
+    )
+    out["agreeing, full exchange"] = float(C.all_reduce_(torch.ones(1))[0])
+    agreement._setting.full_exchange = False
     return out
+
+
+def _full_exchanges(r):
+    """How often the ranks fall back to the whole descriptor (step 2): never while they agree, once on a mismatch;
+    and a step-1 difference the descriptors do not show (a rank's hash forced to differ) still stops the data."""
+    from pylib.runtime import agreement
+
+    encode, count = agreement._encode, [0]
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return encode(*args, **kwargs)
+
+    agreement._encode = counted
+    C.all_reduce_(torch.ones(2))
+    C.all_gather_tensor(torch.ones(2, 3), dim=-1)
+    splits = [1, 2] if r == 0 else [2, 1]  # rank 0 keeps 1 row and sends 2 to rank 1, which sends it 2 back
+    C.all_to_all_rows(torch.ones(3, 4), splits, splits)
+    C.all_gather_rows(torch.ones(1 + r, 4), [1, 2])
+    C.all_reduce_async(torch.ones(2)).wait()
+    out = {"full exchanges while agreeing": count[0]}
+    _message(lambda: C.all_reduce_(torch.ones(2 + r)))
+    out["full exchanges on one mismatch"] = count[0] - out["full exchanges while agreeing"]
+    call_hash = agreement.call_hash
+    agreement.call_hash = lambda *a: call_hash(*a) ^ r  # rank 1's hash differs, its descriptor does not
+    out["hash differs, descriptors equal"] = _message(lambda: C.all_reduce_(torch.ones(2)))
+    agreement.call_hash, agreement._encode = call_hash, encode
+    out["pipeline gathers while agreeing"] = _pipeline_gathers(lambda mb, k: (1, 4))
+    return out
+
+
+def _pipeline_gathers(shape_of, p=2):
+    """How many all-gathers agree_pipeline makes (besides its one small all-reduce) for a 1F1B step, m = 2."""
+    from pylib.plan.schedules import build
+    from pylib.runtime import agreement
+    from pylib.runtime.collectives import resolve_group
+
+    gather, count = agreement._gather_rows, [0]
+
+    def counted(*args):
+        count[0] += 1
+        return gather(*args)
+
+    agreement._gather_rows = counted
+    try:
+        agreement.agree_pipeline(resolve_group(None), build("1f1b", p, 2), torch.float32, shape_of)
+    finally:
+        agreement._gather_rows = gather
+    return count[0]
+
+
+def _unrelated_views():
+    """3 stages: rank 0 holds another shape for the boundary into stage 2, which only ranks 1 and 2 cross."""
+    r = dist.get_rank()
+    return _pipeline_gathers(lambda mb, k: (1, 5) if r == 0 and k == 2 else (1, 4), p=3)
+
+
+@pytest.mark.slow
+def test_pipeline_ranks_whose_views_differ_only_where_neither_sends_pay_the_gathers_and_go_on():
+    assert launch(_unrelated_views, 3, timeout=60) == [2, 2, 2]
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +128,68 @@ def test_ranks_that_disagree_on_dtype_shape_op_or_row_counts_get_one_error_namin
     assert "rank 0 expects 3 rows from rank 1 (its output_splits[1]), but rank 1 sends it 1" in out["splits"]
     assert "the row counts `sizes`: rank 0 [1, 1], rank 1 [1, 2]" in out["sizes"]
     assert out["still in step"] == 2.0
+
+
+def test_ranks_that_agree_pay_one_small_all_reduce_and_only_a_mismatch_exchanges_whole_descriptors(misuses):
+    for out in misuses:
+        assert out["full exchanges while agreeing"] == 0
+        assert out["full exchanges on one mismatch"] == 1
+        assert "all_reduce_ over [0, 1]: the ranks' calls differ" in out["hash differs, descriptors equal"]
+        assert "disagree on the dtype: rank 0 int32, rank 1 float32" in out["dtype, full exchange"]
+        assert out["agreeing, full exchange"] == 2.0
+        assert out["pipeline gathers while agreeing"] == 0
+
+
+def test_step_one_hashes_every_field_of_the_call_and_sees_any_rank_that_differs():
+    from pylib.runtime.agreement import all_equal, call_hash, hash_row
+
+    def h(op="all_reduce", t=None, params=(0,), dims=0, rows_only=False, sizes=None):
+        return call_hash(op, [torch.ones(2, 3) if t is None else t], list(params), dims, rows_only, sizes)
+
+    base = h()
+    changed = {
+        "op": h(op="all_gather"),
+        "dtype": h(t=torch.ones(2, 3, dtype=torch.float64)),
+        "shape": h(t=torch.ones(3, 2)),
+        "dims": h(t=torch.ones(2, 3, 1)),
+        "param": h(params=(1,)),
+        "sizes": h(sizes=[1, 2, 1, 1]),
+    }
+    assert all(other != base for other in changed.values()), changed
+    assert 0 <= base < 2**63
+    assert h(params=(-1,), dims=1) == h(params=(1,), dims=1)  # dim -1 and ndim - 1 are one call
+    assert h(t=torch.ones(5, 3), rows_only=True) == h(rows_only=True)  # uneven rows: dim 0 may differ
+    assert h(params=(2,), dims=1) is None  # this rank's dim is out of range
+
+    def verdict(*hashes):
+        return all_equal([max(col) for col in zip(*(hash_row(x) for x in hashes))])
+
+    assert verdict(base, base, base, base)
+    assert not verdict(base, base, base + 1, base)  # one rank differs: max(h) > min(h)
+    assert not verdict(base, base - 1, base + 1, base)  # equal sum, unequal hashes
+    assert not verdict(base, None, base, base) and not verdict(None, None)  # out of range anywhere: never equal
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_the_split_residual_is_zero_exactly_when_every_rank_expects_the_rows_its_peers_send(n):
+    from pylib.runtime.agreement import _PRIMES, split_residuals
+
+    gen = torch.Generator().manual_seed(n)
+    sends = torch.randint(0, 50, (n, n), generator=gen).tolist()  # sends[i][j]: rows rank i sends rank j
+
+    def verdict(expects):
+        sums = [sum(col) for col in zip(*(split_residuals(n, i, sends[i], expects[i]) for i in range(n)))]
+        return all(r % prime == 0 for r, prime in zip(sums, _PRIMES))
+
+    consistent = [[sends[j][i] for j in range(n)] for i in range(n)]  # rank i expects from j what j sends i
+    assert verdict(consistent)
+    for i in range(n):
+        for j in range(n):
+            wrong = [list(r) for r in consistent]
+            wrong[i][j] += 1
+            assert not verdict(wrong), (i, j)
+    swapped = [list(reversed(r)) for r in consistent]
+    assert verdict(swapped) == (swapped == consistent)
 
 
 def test_the_agreement_check_can_be_switched_off_and_back(misuses):

@@ -2,9 +2,9 @@
 
 A collective whose ranks disagree fails badly: gloo sums a float32 tensor on one rank with an int32 tensor on
 another and returns garbage, or aborts the whole process ("Received data size doesn't match expected size") on
-mismatched sizes; NCCL hangs. So every collective in `pylib.runtime.collectives` first all-gathers a small
-descriptor of its call -- which op, its dtype and shape, its dim / reduce op, the row counts of an uneven op --
-and every rank raises the same ValueError naming each rank's value when they differ:
+mismatched sizes; NCCL hangs. So every collective in `pylib.runtime.collectives` first checks a descriptor of its
+call -- which op, its dtype and shape, its dim / reduce op, the row counts of an uneven op -- and every rank raises
+the same ValueError naming each rank's value when they differ:
 
     all_reduce_ over world (ranks [0, 1]): the ranks disagree on the dtype: rank 0 float32, rank 1 int32
 
@@ -13,9 +13,24 @@ and every rank raises the same ValueError naming each rank's value when they dif
 
 Called in the caller before `launch`, the setting reaches gloo's ranks too (they are forked from the caller).
 Default (`None`): on under gloo (the CPU ranks of the tests, the labs and the book), off under NCCL, where the
-extra collective would cost real latency on every call. The check is one all-gather of `descriptor_length(n)`
-int64 values per collective; `bench/reliability.py` measures what it costs. It is not traced (it moves no model
-data).
+extra collective would cost real latency on every call. It is not traced (it moves no model data).
+
+Two steps, the second only when the first finds a disagreement (`agree`):
+
+1. **Do all ranks agree?** One all-reduce (max) of two int64, whatever the op, group or tensor: [h, -h], h a
+   63-bit hash of the call (op, params, each tensor's dtype and shape, `sizes`); max(h) == -max(-h) exactly when
+   every rank's h is the same, and every rank reads the same maxima, so every rank takes the same branch: no rank
+   goes on to send data while another stops. A rank whose own dim argument is out of range sends a row that can
+   only disagree. An uneven all-to-all, once the hashes agree, adds a second small all-reduce (sum of two int64):
+   sum_ij (out_splits_i[j] - in_splits_j[i]) * w_ij modulo two primes near 2^31 (w pseudo-random, fixed), zero
+   when every rank expects from each peer the rows that peer sends. Why two int64 and an all-reduce, measured at
+   4 gloo ranks on this project's 2-core machine (under load; the slowest rank, median of 5 rounds of 50 calls):
+   an all-reduce of two int64 3.0 ms, of seven 10.3 ms, an all-gather of two 6.2 ms, of a whole descriptor
+   (46) 6.0 ms. `bench/peers.py` prints what the check costs.
+2. **Name the disagreement.** Only when step 1 says the ranks differ, every rank all-gathers the whole
+   descriptor (`descriptor_length(n)` int64) and raises the error naming each rank's value, as below. A hash
+   collision (two different calls with the same 63-bit hash, or split residuals that vanish modulo both primes by
+   chance) is the one way a disagreement passes step 1.
 
 Every rank's call is checked before any data moves, whatever its number of dimensions: a shape is sent as its
 first 8 dims, its dim count and a checksum of the whole shape, and when two ranks differ beyond what 8 dims show,
@@ -32,12 +47,14 @@ The batch (`agree_on_batch`): ranks that must see the same data compare a checks
 few int64 per step (see its docstring for why a checksum rather than a broadcast from one rank).
 
 These two per-step checks run unless switched off with `agreement_check(False)`, under NCCL too: they cost one
-small all-gather per step, not one per collective (`checks_each_step`).
+small collective per step, not one per collective (`checks_each_step`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import zlib
 
 import torch
@@ -65,6 +82,9 @@ _DTYPES = (
 
 class _Setting:
     enabled: bool | None = None  # None: on under gloo, off under NCCL
+    # True: skip step 1 and exchange the whole descriptors before every collective, the design before issue 30
+    # (kept so that `bench/peers.py` measures what step 1 saves; a test runs both)
+    full_exchange: bool = False
 
 
 _setting = _Setting()
@@ -240,6 +260,11 @@ def agree(
         return
     n = g.size
     device = tensors[0].device if tensors else torch.device("cpu")
+    fast = not _setting.full_exchange
+    if fast and _all_agree(
+        g, kind or who, tensors, params, dims_of_first, rows_only, sizes, in_splits, out_splits, device
+    ):
+        return
     desc = _encode(kind or who, n, tensors, params, sizes, in_splits, out_splits, rows_only)
     mine = torch.tensor(desc, dtype=torch.int64, device=device)  # on the rank's device: NCCL moves no CPU tensor
     gathered = torch.empty(n * mine.numel(), dtype=torch.int64, device=device)
@@ -283,6 +308,82 @@ def agree(
                         f"(its output_splits[{j}]), but rank {ranks[j]} sends it {cj.in_splits[i]} "
                         f"(its input_splits[{i}])"
                     )
+    if fast:  # step 1 saw a difference that the descriptors do not show: never let the data move
+        raise ValueError(
+            f"{who} over {ranks}: the ranks' calls differ (their hashes of op, dtype, shape and arguments differ), "
+            "but the descriptors the ranks exchanged do not show where"
+        )
+
+
+_DISAGREE = (1 << 63) - 1  # a rank whose own dim argument is out of range sends [_DISAGREE, _DISAGREE]
+_PRIMES = (2_147_483_647, 2_147_483_629)  # the split residuals' moduli: two primes below 2^31
+
+
+def call_hash(op, tensors, params, dims_of_first=0, rows_only=False, sizes=None) -> int | None:
+    """A 63-bit hash of what the ranks must agree on: the op, its params (dims counted from the front), each
+    tensor's dtype and shape (after dim 0 with `rows_only`) and `sizes`; None when a dim argument is out of range
+    for this rank's tensor. The same on every process (blake2b, not Python's salted hash)."""
+    if dims_of_first and tensors:
+        ndim = tensors[0].dim()
+        if any(ndim == 0 or not -ndim <= d < ndim for d in params[:dims_of_first]):
+            return None
+        params = _normalised(params, ndim, dims_of_first)
+    shapes = tuple((_dtype_code(t.dtype), t.dim(), tuple(t.shape[1:] if rows_only else t.shape)) for t in tensors)
+    key = repr((_op_code(op), tuple(params), shapes, None if sizes is None else tuple(sizes)))
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
+
+
+def hash_row(h: int | None) -> list[int]:
+    """This rank's two int64 for step 1's all-reduce (max): [h, -h], or [_DISAGREE, _DISAGREE] for None."""
+    return [_DISAGREE, _DISAGREE] if h is None else [h, -h]
+
+
+def all_equal(maxima: list[int]) -> bool:
+    """Step 1's verdict from the maxima of every rank's [h, -h]: max(h) == min(h), i.e. every h is the same (a
+    rank's _DISAGREE row makes max(h) the largest int64 and min(h) at most minus it)."""
+    return maxima[0] == -maxima[1]
+
+
+@functools.lru_cache(maxsize=64)
+def _split_weights(n: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """w[k][i][j] in [1, prime_k): fixed pseudo-random weights of the pair (i, j), the same on every rank."""
+    out = []
+    for k, prime in enumerate(_PRIMES):
+        rows = []
+        for i in range(n):
+            row = []
+            for j in range(n):
+                digest = hashlib.blake2b(f"{k}:{i}:{j}".encode(), digest_size=8).digest()
+                row.append(1 + int.from_bytes(digest, "little") % (prime - 1))
+            rows.append(tuple(row))
+        out.append(tuple(rows))
+    return tuple(out)
+
+
+def split_residuals(n: int, i: int, in_splits, out_splits) -> list[int]:
+    """Rank i's share of sum_ij (out_splits_i[j] - in_splits_j[i]) * w_ij modulo each prime: the ranks' shares sum
+    to 0 modulo both when every rank expects from each peer the rows that peer sends it."""
+    out = []
+    for prime, w in zip(_PRIMES, _split_weights(n)):
+        expect = sum(int(out_splits[j]) * w[i][j] for j in range(n))  # rows rank j sends rank i, as i expects
+        sent = sum(int(in_splits[j]) * w[j][i] for j in range(n))  # rows rank i sends rank j
+        out.append((expect - sent) % prime)
+    return out
+
+
+def _all_agree(g, op, tensors, params, dims_of_first, rows_only, sizes, in_splits, out_splits, device) -> bool:
+    """Step 1: True when every rank of `g` makes the same call (and, for an uneven all-to-all, every rank expects
+    the rows its peers send). Every rank gets the same answer."""
+    h = call_hash(op, tensors, params, dims_of_first, rows_only, sizes)
+    row = torch.tensor(hash_row(h), dtype=torch.int64, device=device)
+    dist.all_reduce(row, op=dist.ReduceOp.MAX, group=g.pg)
+    if not all_equal(row.cpu().tolist()):
+        return False
+    if in_splits is None:  # the same call on every rank (equal hashes): none of them has splits to compare
+        return True
+    shares = torch.tensor(split_residuals(g.size, g.rank, in_splits, out_splits), dtype=torch.int64, device=device)
+    dist.all_reduce(shares, op=dist.ReduceOp.SUM, group=g.pg)
+    return all(r % prime == 0 for r, prime in zip(shares.cpu().tolist(), _PRIMES))
 
 
 def _param_text(name: str, value: int) -> str:
@@ -345,15 +446,26 @@ def agree_pipeline(g, schedule, dtype: torch.dtype, shape_of) -> None:
     the dtype of what crosses a boundary, and, for every boundary, the shape `shape_of(mb, stage)` of the
     activation entering `stage` (its gradient has the same shape), compared between the rank that sends across it
     and the rank that receives. A mismatch raises ValueError on every rank naming both ranks, the microbatch, the
-    stage and both shapes. Two small untraced all-gathers per step; on whenever `checks_each_step()`."""
+    stage and both shapes. Untraced, on whenever `checks_each_step()`.
+
+    Cost: first one all-reduce (max) of two int64, [h, -h] of a hash of everything this rank sees (the schedule,
+    m, v, p, the dtype, every boundary's shape): equal on every rank, nothing can disagree, and the step goes on.
+    Otherwise two small all-gathers compare what must agree; ranks whose views differ only where neither of them
+    sends nor receives (a stage that knows only its own boundaries) pay those and are let through."""
     if g.size == 1 or not checks_each_step():
         return
     name, m, v = schedule.name, schedule.m, schedule.v
     p, n_stages = g.size, g.size * v
     table = [tuple(shape_of(mb, k)) for k in range(1, n_stages) for mb in range(m)]
+    device = _small_device(g)
+    everything = repr((name, m, v, schedule.p, _dtype_code(dtype), table)).encode()
+    h = int.from_bytes(hashlib.blake2b(everything, digest_size=8).digest(), "little") >> 1
+    row = torch.tensor(hash_row(h), dtype=torch.int64, device=device)
+    dist.all_reduce(row, op=dist.ReduceOp.MAX, group=g.pg)
+    if all_equal(row.cpu().tolist()):
+        return
     most = max((len(s) for s in table), default=0)
     header = [zlib.crc32(name.encode()) & 0x7FFFFFFF, m, v, schedule.p, _dtype_code(dtype), most]
-    device = _small_device(g)
     got = _gather_rows(g, header, device)
     ranks = list(g.ranks)
     for k, what in ((0, "the schedule"), (1, "the number of microbatches m"), (2, "the chunks per rank v"), (3, "p")):

@@ -1,0 +1,50 @@
+"""bench/peers.py: ours against torch's own implementation of each mode, one table of ratios."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import peers  # noqa: E402  (bench/peers.py)
+
+
+def _launched():
+    """Two ranks' rows as the rank functions return them: (mode, size, peer, {variant: [seconds of each cycle]})."""
+    rank0 = [("TP", "b=1", "DTensor", {"ours on": [0.012, 0.010, 0.030], "ours off": [0.008, 0.009, 0.020],
+                                       "torch": [0.010, 0.020, 0.040]})]  # fmt: skip
+    rank1 = [("TP", "b=1", "DTensor", {"ours on": [0.011, 0.014, 0.031], "ours off": [0.008, 0.010, 0.020],
+                                       "torch": [0.020, 0.010, 0.040]})]  # fmt: skip
+    ep = [("EP dispatch", "16 tokens", "(none in torch)", {"ours on": [0.003], "ours off": [0.002]})]
+    return [(2, [rank0, rank1]), (2, [ep, ep])]
+
+
+def test_the_table_times_the_slowest_rank_and_pairs_the_ratios_within_a_cycle():
+    tp, ep = peers.table_rows(_launched())
+    # slowest rank of each cycle: on (0.012, 0.014, 0.031), off (0.008, 0.010, 0.020), torch (0.020, 0.020, 0.040)
+    assert tp["seconds"] == pytest.approx({"ours on": 0.014, "ours off": 0.010, "torch": 0.020})
+    assert tp["ours on/torch"] == pytest.approx(0.7)  # median of 0.6, 0.7, 0.775
+    assert tp["ours off/torch"] == pytest.approx(0.5)  # median of 0.4, 0.5, 0.5
+    assert tp["check"] == pytest.approx(0.5)  # median of 1.5, 1.4, 1.55, less 1
+    assert "ours on/torch" not in ep and ep["check"] == pytest.approx(0.5)  # no peer: the check's cost alone
+    text = peers.format_table([tp, ep], ["on", "off"])
+    assert "ours on/torch" in text.splitlines()[0] and "0.70" in text and "+50%" in text
+    assert f"{os.cpu_count()} CPUs, torch {torch.__version__}" in peers.machine()
+
+
+@pytest.mark.slow
+def test_peers_runs_every_row_against_torch_on_tiny_sizes():
+    rows = peers.measure(("on", "off"), steps=1, tiny=True)
+    modes = [r["mode"] for r in rows]
+    assert modes == ["TP", "TP+SP", "1f1b", "DDP", "ZeRO-3", "ring (CP)", "EP dispatch"]
+    for r in rows[:-1]:
+        assert "cannot run" not in r["peer"], r["peer"]  # FSDP2 included: it runs on gloo CPU
+        assert r["ours on/torch"] > 0 and r["ours off/torch"] > 0
+    assert all(r["seconds"]["ours on"] > 0 and "check" in r for r in rows)
+    (check,) = peers.check_rows(("on", "off", "full"), calls=2, rounds=1, worlds=(2,))
+    assert check["ranks"] == 2 and all(check["us"][s] > 0 for s in ("on", "off", "full"))
+    assert {"on adds", "full adds"} <= set(check) and "full adds us" in peers.format_check_rows(
+        [check], ["on", "off", "full"]
+    )
