@@ -37,6 +37,26 @@ def seeded_moe(cfg, d_model=8, d_ff=16, kind="gelu", seed=0, dtype="float64"):
         return MoE(d_model, d_ff, cfg, kind).to(getattr(torch, dtype))
 
 
+def one_device_step(cfg, batch, seq, seed=1):
+    """The single-device reference a pipeline test compares with: the loss of `build_model(cfg)` on
+    `random_tokens(cfg, batch, seq, seed)` and every parameter's gradient after its backward."""
+    from pylib.model import build_model, random_tokens
+
+    model = build_model(cfg)
+    loss = model.loss(*random_tokens(cfg, batch, seq, seed=seed))
+    loss.backward()
+    return loss.item(), {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+def merge_stage_dicts(per_rank: list[dict]) -> dict:
+    """One dict from each pipeline rank's dict of its own stage's entries (no name held by two ranks)."""
+    merged = {}
+    for d in per_rank:
+        assert not set(d) & set(merged), f"held by two ranks: {sorted(set(d) & set(merged))}"
+        merged.update(d)
+    return merged
+
+
 def assert_cp_attention_equals_full(cases, per_rank, cp):
     """A CP attention's outputs and q/k/v gradients, gathered from `per_rank` (each rank's list of
     (out, dq, dk, dv, ...) per case), equal single-device attention's on every case ((q, k, v, w), causal,

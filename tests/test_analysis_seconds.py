@@ -105,6 +105,45 @@ def test_tp_layer_seconds_equal_the_planners_layer_rows():
     assert ours == pytest.approx(planner_seconds + planner_latency, rel=1e-12)
 
 
+def test_sp_layer_seconds_by_hand():
+    cfg = tiny()  # h = 16 in float64
+    b, s, t, h, e = 2, 8, 4, 16, 8
+    link = S.Link("test", alpha=1e-6, beta=1e9, source="hand")
+    plain, regather = (S.sp_layer_seconds(cfg, b, s, t, link, regather=r) for r in (False, True))
+    assert plain["comm_tp"] == S.tp_layer_seconds(cfg, b, s, t, link)["comm"]
+    assert plain["comm_sp"] - plain["comm_tp"] == pytest.approx(4 * 1e-6)  # the same bytes in 8 messages, not 4
+    gathered = 2 * (1e-6 + (t - 1) / t * b * s * h * e / 1e9)  # the backward's two all-gathers
+    assert regather["comm_sp"] - plain["comm_sp"] == pytest.approx(gathered)
+    cluster = P.Cluster(1)
+    assert plain["elem_tp"] == pytest.approx(2 * e * b * s * h * cluster.model.c_rep / cluster.hbm_bandwidth)
+    assert plain["elem_sp"] == pytest.approx(plain["elem_tp"] / t)
+    assert plain["gemm"] == S.tp_layer_seconds(cfg, b, s, t, link)["gemm"]
+
+
+def test_sp_elementwise_saving_is_the_planners():
+    cfg, t, seq = llama2_7b(), 4, 4096
+    cluster = P.Cluster(t)
+    on, off = (
+        P.rank_times(
+            cfg, P.Plan(ParallelConfig(tp=t, pp=2), RunOptions(sequence_parallel=sp)), P.Workload(1, seq), cluster, 1
+        )
+        for sp in (True, False)
+    )  # pipeline rank 1: half the layers and the LM head, no embedding
+    x = S.sp_layer_seconds(cfg, 1, seq, t, S.links(cluster)["nvlink"], cluster)
+    assert off.total - on.total == pytest.approx(cfg.n_layers // 2 * (x["elem_tp"] - x["elem_sp"]), rel=1e-12)
+
+
+def test_sp_crossover_is_where_the_saving_pays_the_extra_messages():
+    big = llama2_70b()
+    for t in (2, 4, 8):
+        tokens = S.sp_crossover_tokens(big, t, LINKS["nvlink"])
+        x = S.sp_layer_seconds(big, 1, tokens, t, LINKS["nvlink"])
+        assert x["comm_sp"] - x["comm_tp"] == pytest.approx(x["elem_tp"] - x["elem_sp"], rel=1e-9)
+    assert 800 < S.sp_crossover_tokens(big, 8, LINKS["nvlink"]) < 900  # Llama-2-70B at t = 8: from ~850 tokens on
+    with pytest.raises(ValueError, match="SP needs TP"):
+        S.sp_crossover_tokens(big, 1, LINKS["nvlink"])
+
+
 def test_pp_microbatches_and_seconds():
     assert S.pp_microbatches_for(8, 0.1) == 70 and S.pp_microbatches_for(8, 0.1, v=2) == 35
     assert S.pp_microbatches_for(4, 1.0) == 3 and S.pp_microbatches_for(1, 0.5) == 1

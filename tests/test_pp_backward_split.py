@@ -96,14 +96,21 @@ def test_b_and_w_share_only_the_frontier_nodes_so_nothing_is_computed_twice(both
     assert all(x.frontier == [] for x in ws)  # W released what it kept
 
 
+def _middle_stage(seed):
+    """A middle stage (the second of P) of the reference model, run forward on a random float64 input: (the
+    stage, its input, its output, a fixed output gradient)."""
+    chunk = split_model(build_model(CFG), P)[1][0]
+    x = torch.randn(2, 8, CFG.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    x.requires_grad_()
+    y = chunk(x)
+    dy = torch.linspace(-1, 1, y.numel(), dtype=torch.float64).reshape(y.shape)
+    return chunk, x, y, dy
+
+
 def test_one_middle_stage_split_gives_the_fused_bits_and_keeps_the_output_gradients_w_needs():
     grads = []
     for split in (False, True):
-        chunk = split_model(build_model(CFG), P)[1][0]
-        x = torch.randn(2, 8, CFG.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-        x.requires_grad_()
-        y = chunk(x)
-        dy = torch.linspace(-1, 1, y.numel(), dtype=torch.float64).reshape(y.shape)
+        chunk, x, y, dy = _middle_stage(seed=3)
         if split:
             dx, w = backward_input(y, dy, x, list(chunk.parameters()))
             assert all(p.grad is None for p in chunk.parameters())  # B computed no weight gradient
@@ -146,11 +153,7 @@ def test_our_split_gives_the_bits_of_torch_pipelinings_stage_backward_input_and_
 
     grads = []
     for ours in (True, False):
-        chunk = split_model(build_model(CFG), P)[1][0]
-        x = torch.randn(2, 8, CFG.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-        x.requires_grad_()
-        y = chunk(x)
-        dy = torch.linspace(-1, 1, y.numel(), dtype=torch.float64).reshape(y.shape)
+        chunk, x, y, dy = _middle_stage(seed=0)
         if ours:
             dx, w = backward_input(y, dy, x, list(chunk.parameters()))
             w.run()

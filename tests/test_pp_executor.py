@@ -18,7 +18,7 @@ from pylib.pp.executor import Boundary, microbatches, run_pipeline
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.timeline import bubble, peak_in_flight, replay
 from pylib.runtime import AxisGroup, Mesh, ParallelConfig, launch, trace
-from tests.conftest import assert_float64_close
+from tests.conftest import assert_float64_close, merge_stage_dicts, one_device_step
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -85,11 +85,7 @@ def suite(request):
 
 @pytest.fixture(scope="module")
 def reference():
-    model = build_model(CFG)
-    ids, targets = random_tokens(CFG, B, S, seed=1)
-    loss = model.loss(ids, targets)
-    loss.backward()
-    grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    loss, grads = one_device_step(CFG, B, S)
     model = build_model(CFG)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     losses = []
@@ -101,15 +97,7 @@ def reference():
         opt.step()
         losses.append(step_loss.item())
     params = {k: p.detach().clone() for k, p in model.named_parameters()}
-    return dict(loss=loss.item(), grads=grads, losses=losses, params=params)
-
-
-def _merge(per_rank: list[dict]) -> dict:
-    merged = {}
-    for d in per_rank:
-        assert not set(d) & set(merged), "a parameter is held by two ranks"
-        merged.update(d)
-    return merged
+    return dict(loss=loss, grads=grads, losses=losses, params=params)
 
 
 def test_pipeline_loss_and_every_gradient_equal_the_reference_for_every_schedule_and_m(suite, reference):
@@ -118,7 +106,7 @@ def test_pipeline_loss_and_every_gradient_equal_the_reference_for_every_schedule
         last = results[-1]["one_step"][i][0]  # rank p-1 holds the last stage (v chunks: chunk v-1 of rank p-1)
         assert last == pytest.approx(reference["loss"], abs=1e-12), (name, m, v)
         assert all(r["one_step"][i][0] is None for r in results[:-1])
-        grads = _merge([r["one_step"][i][1] for r in results])
+        grads = merge_stage_dicts([r["one_step"][i][1] for r in results])
         assert set(grads) == set(reference["grads"]), (name, m, v)
         for k, g in reference["grads"].items():
             assert_float64_close(grads[k], g, f"{name} m={m} v={v} N={n}: {k}")
@@ -128,7 +116,7 @@ def test_blocking_sends_run_the_same_schedules_without_deadlock_and_with_the_sam
     pp, results = suite
     for i, (name, m, v) in enumerate(BLOCKING[pp]):
         assert results[-1]["blocking"][i][0] == pytest.approx(reference["loss"], abs=1e-12), name
-        grads = _merge([r["blocking"][i][1] for r in results])
+        grads = merge_stage_dicts([r["blocking"][i][1] for r in results])
         for k, g in reference["grads"].items():
             assert_float64_close(grads[k], g, f"{name} m={m} v={v}: {k}")
 
@@ -137,14 +125,14 @@ def test_five_adam_steps_give_the_reference_parameters(suite, reference):
     pp, results = suite
     for i, (name, _m, _v) in enumerate(TRAIN[pp]):
         assert results[-1]["train"][i][0] == pytest.approx(reference["losses"], abs=1e-10), name
-        params = _merge([r["train"][i][1] for r in results])
+        params = merge_stage_dicts([r["train"][i][1] for r in results])
         for k, p in reference["params"].items():
             torch.testing.assert_close(params[k], p, rtol=0, atol=1e-10, msg=f"{name}: {k}")
 
 
 def test_unscaled_microbatch_losses_give_gradients_m_times_too_large(suite, reference):
     _, results = suite
-    grads = _merge([r["unscaled"] for r in results])
+    grads = merge_stage_dicts([r["unscaled"] for r in results])
     for k, g in reference["grads"].items():
         torch.testing.assert_close(grads[k], PITFALL_M * g, rtol=0, atol=1e-11, msg=k)
     big = max((grads[k] - g).abs().max().item() for k, g in reference["grads"].items())
@@ -263,7 +251,7 @@ def test_executor_is_generic_over_stage_modules_and_per_stage_activation_shapes(
     for p, v, name, m in [(2, 2, "interleaved", 2), (4, 1, "1f1b", 3)]:
         results = launch(_generic, p, v, name, m, timeout=60)
         assert results[-1][0] == pytest.approx(loss.item(), abs=1e-12)
-        grads = _merge([r[1] for r in results])
+        grads = merge_stage_dicts([r[1] for r in results])
         for k, s in enumerate(stages):
             assert_float64_close(grads[k], s.lin.weight.grad)
 
@@ -303,7 +291,7 @@ def test_two_pipelines_side_by_side_on_a_mesh_each_match_the_reference_on_their_
         assert {r[1] for r in mine} == {(d, d + 2)}  # Megatron's layout: pp groups [0, 2] and [1, 3]
         assert [r[2] for r in mine if r[2] is not None] == [pytest.approx(loss.item(), abs=1e-12)]
         assert all(r[4] == {1 - r[5]} for r in mine)  # peers are named by their index in the pp group
-        grads = _merge([r[3] for r in mine])
+        grads = merge_stage_dicts([r[3] for r in mine])
         for k, p in ref.named_parameters():
             assert_float64_close(grads[k], p.grad, k)
 
@@ -328,7 +316,7 @@ def test_an_interleaved_order_megatron_rejects_still_trains_like_the_reference()
     loss.backward()
     results = launch(_loose_interleaved, 2, timeout=60)
     assert results[-1][0] == pytest.approx(loss.item(), abs=1e-12)
-    grads = _merge([r[1] for r in results])
+    grads = merge_stage_dicts([r[1] for r in results])
     for k, q in ref.named_parameters():
         assert_float64_close(grads[k], q.grad, k)
 

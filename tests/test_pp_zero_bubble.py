@@ -11,7 +11,7 @@ from pylib.plan.schedules import build
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.timeline import bubble, peak_in_flight, replay
 from pylib.runtime import launch
-from tests.conftest import assert_float64_close
+from tests.conftest import assert_float64_close, merge_stage_dicts, one_device_step
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -42,19 +42,7 @@ def suite(request):
 
 @pytest.fixture(scope="module")
 def reference():
-    model = build_model(CFG)
-    ids, targets = random_tokens(CFG, B, S, seed=1)
-    loss = model.loss(ids, targets)
-    loss.backward()
-    return loss.item(), {k: p.grad.clone() for k, p in model.named_parameters()}
-
-
-def _merge(per_rank):
-    merged = {}
-    for d in per_rank:
-        assert not set(d) & set(merged)
-        merged.update(d)
-    return merged
+    return one_device_step(CFG, B, S)
 
 
 def test_zero_bubble_schedules_give_the_reference_loss_and_every_gradient_in_float64(suite, reference):
@@ -62,7 +50,7 @@ def test_zero_bubble_schedules_give_the_reference_loss_and_every_gradient_in_flo
     loss, grads = reference
     for i, (name, m) in enumerate(RUNS[pp]):
         assert results[-1][i][0].loss == pytest.approx(loss, abs=1e-12), (name, m)
-        mine = _merge([r[i][1] for r in results])
+        mine = merge_stage_dicts([r[i][1] for r in results])
         assert set(mine) == set(grads)
         for k, g in grads.items():
             assert_float64_close(mine[k], g, f"{name} p={pp} m={m}: {k}")
@@ -71,10 +59,10 @@ def test_zero_bubble_schedules_give_the_reference_loss_and_every_gradient_in_flo
 def test_zero_bubble_gradients_are_the_same_bits_as_1f1b_with_the_same_microbatches(suite):
     # each rank runs its W's in microbatch order, as 1F1B runs its backwards: the same sums in the same order
     pp, results = suite
-    base = _merge([r[0][1] for r in results])
+    base = merge_stage_dicts([r[0][1] for r in results])
     for i, (name, m) in enumerate(RUNS[pp]):
         if m == RUNS[pp][0][1]:
-            mine = _merge([r[i][1] for r in results])
+            mine = merge_stage_dicts([r[i][1] for r in results])
             assert all(torch.equal(mine[k], g) for k, g in base.items()), name
 
 

@@ -5,6 +5,7 @@ opaque, and leaves matplotlib's rcParams as it found them."""
 import ast
 import importlib
 import inspect
+import io
 import pkgutil
 import re
 
@@ -38,6 +39,8 @@ from pylib.seedcheck.layer_flow import layer_flow  # noqa: E402
 from pylib.viz import checkpoint as ckpt  # noqa: E402
 from pylib.viz import collectives, compose, cp, dp, ep, matrix_dims, pp, style, three_axes, tp  # noqa: E402
 from pylib.viz import layer_flow as flow
+from tests.test_viz_ring_overlap import timelines_of_two_steps
+from tests.test_viz_tp_block import example_without_ranks
 
 # A figure function, by its name: fig_*, plot_*, draw_*, *_figure. Each one needs a case in CASES below.
 FIGURE_NAME = re.compile(r"^(fig|plot|draw)_|_figure$")
@@ -208,6 +211,18 @@ def _ring_steps():
     return collectives.fig_ring_steps(ring_contributors(launch(rank, 4)))
 
 
+def _plan_frontier():
+    """The planner's figure for a job small enough to predict in a fraction of a second (the chapter's: 64 GPUs)."""
+    from dataclasses import replace
+
+    from pylib.viz import planner
+
+    job = replace(planner.preset_job("Llama-2-7B-class dense"), world=4, batch=4, seq=1024)
+    return planner.fig_plan_frontier(
+        planner.feasible_plans(job), planner.best_plans(job, top=1)[0], job.cluster.usable_memory
+    )
+
+
 def _schedules_on_chapter_axes():
     """pp.md's use: the chapter makes the axes with style.subplots and hands each to a pp figure function."""
     fig, axes = style.subplots(2, 1, figsize=(9, 5))
@@ -219,6 +234,7 @@ def _schedules_on_chapter_axes():
 CASES = {
     "tp.fig_column_vs_row": lambda runs: tp.fig_column_vs_row(runs["tp"]),
     "tp.fig_sp_region": lambda runs: tp.fig_sp_region(layer_traces(t=2, b=1, s=8)),
+    "tp.fig_tp_block": lambda runs: tp.fig_tp_block(example_without_ranks()),
     "tp.fig_vocab_padding": lambda runs: tp.fig_vocab_padding([(37, 4, 8, 64), (128256, 8, 128, 129024)]),
     "cp.ring_rounds_figure": lambda runs: cp.ring_rounds_figure(ring_rounds([r["zigzag"][0] for r in runs["cp"]])),
     "cp.zigzag_balance_figure": lambda runs: cp.zigzag_balance_figure(
@@ -237,6 +253,7 @@ CASES = {
         ],
         16,
     ),
+    "cp.ring_overlap_figure": lambda runs: cp.ring_overlap_figure(timelines_of_two_steps()),
     "cp.merge_drift_figure": lambda runs: cp.merge_drift_figure(
         [dict(cp=c, bf16_merge=1e-3 * c, fp32_merge=2e-4) for c in (1, 2, 4, 8)]
     ),
@@ -280,6 +297,7 @@ CASES = {
         torch.arange(8).repeat_interleave(4).reshape(4, 8), microbatch_rows=1, dp_rows=2
     ),
     "compose.plot_rank_report": lambda runs: compose.plot_rank_report(_report_rows(), unit="B"),
+    "planner.fig_plan_frontier": lambda runs: _plan_frontier(),
     "checkpoint.plot_resharding": lambda runs: ckpt.plot_resharding(
         {r: {"model": 5120 + 256 * r, "exp_avg": 5632, "exp_avg_sq": 5632} for r in range(8)},
         {b: {a: 1024 * (1 + (a + b) % 3) for a in range(8) if (a + b) % 4} for b in range(8)},
@@ -304,7 +322,8 @@ def test_every_public_figure_function_has_a_case():
 def test_figure_is_drawn_on_the_card_and_legible_at_page_width(name, runs):
     """Each figure, drawn once: a Figure on the card (its background and every axes' is `style.CARD`) that leaves
     rcParams as it found them, and whose smallest text, shown in the content column (scaled down when wider), is at
-    least style.LEGIBLE_PX pixels high: no digits a reader cannot read."""
+    least style.LEGIBLE_PX pixels high: no digits a reader cannot read. On a phone too: in the 390-px screen's
+    column (style.PHONE_COLUMN_PX), held at the width show_as_svg writes for it (style.phone_metadata)."""
     before = dict(matplotlib.rcParams)
     fig = {**CASES, **ASSEMBLED}[name](runs)
     assert isinstance(fig, Figure), f"{name} returned a {type(fig).__name__}, not a matplotlib Figure"
@@ -315,8 +334,14 @@ def test_figure_is_drawn_on_the_card_and_legible_at_page_width(name, runs):
     assert dict(matplotlib.rcParams) == before, f"{name} left rcParams changed"
     fig.canvas.draw()  # tick labels exist once drawn
     px = style.smallest_text_px(fig)
+    svg = io.StringIO()
+    fig.savefig(svg, format="svg", bbox_inches="tight")  # as the notebook saves it (style.show_as_svg)
+    width_pt = float(re.search(r'<svg[^>]*\swidth="([0-9.]+)pt"', svg.getvalue())[1])
+    phone_width = style.phone_metadata(fig, svg.getvalue()).get("width")
+    phone_px = style.shown_text_px(fig, style.PHONE_COLUMN_PX, width_pt, phone_width)
     plt.close(fig)
     assert px >= style.LEGIBLE_PX, f"{name}: smallest text {px:.1f} px at a {style.COLUMN_PX} px column"
+    assert phone_px >= style.LEGIBLE_PX, f"{name}: smallest text {phone_px:.1f} px on a phone, shown {phone_width} px"
 
 
 def test_figure_modules_return_figures_and_leave_showing_and_the_backend_to_the_notebook():

@@ -3,6 +3,7 @@ sizes, every control recomputes it, a change costs about a second, and the compa
 difference between prediction and measurement."""
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -13,10 +14,14 @@ from pylib.viz.planner import (
     PRESETS,
     Check,
     PlannerExplorer,
+    best_plans,
     compare_table,
     explorer_cluster,
+    feasible_plans,
     megatron_workload,
+    pareto_front,
     plans_text,
+    preset_job,
 )
 
 
@@ -87,3 +92,35 @@ def test_the_explorers_and_the_planner_chapter_ask_one_function_about_one_job(mo
     # the chapter's ranking and its knob table's baseline come from the same call about the same job
     assert "top70 = best_plans(job, top=10)" in chapter and "bp = top70[0].plan" in chapter
     assert "job = DEFAULT_JOB" in chapter and "top_of(" not in chapter
+
+
+# ------------------------------------------------------------------------------------ memory against step time
+
+
+def _small_job():
+    """A job whose plans take a fraction of a second to predict: the 7B preset on 4 GPUs, 4 x 1024 tokens."""
+    return replace(preset_job("Llama-2-7B-class dense"), world=4, batch=4, seq=1024)
+
+
+def _point(memory, seconds):
+    return P.Prediction(None, [], memory, True, seconds, 0.0, 0.0)
+
+
+def test_pareto_front_keeps_the_plans_no_other_beats_on_memory_and_time():
+    a, b, c, d, e = (_point(m, t) for m, t in [(10, 9.0), (20, 5.0), (30, 5.0), (15, 12.0), (40, 1.0)])
+    assert pareto_front([c, e, d, a, b]) == [a, b, e]  # c: as slow as b, more memory; d: beaten by a
+    assert pareto_front([]) == []
+
+
+def test_feasible_plans_are_every_plan_that_fits_and_the_ranking_starts_on_their_front():
+    job = _small_job()
+    preds = feasible_plans(job)
+    cfg, work, cluster = job.cfg, job.workload, job.cluster
+    every = P.enumerate_plans(cfg, cluster.world_size, work.batch, work.seq, job.space)
+    fits = {p for p in every if P.peak_memory(cfg, p, work, cluster) <= cluster.usable_memory}
+    assert {x.plan for x in preds} == fits
+    assert all(x.fits for x in preds) and len(preds) > 10
+    front = pareto_front(preds)
+    assert front[-1].plan == best_plans(job, top=1)[0].plan  # the ranking's first: the front's fastest
+    for x in preds:  # nothing off the front beats a plan on it on both counts
+        assert not any(x.peak_memory <= f.peak_memory and x.step_time < f.step_time for f in front)

@@ -26,6 +26,8 @@ from the strategies' own traffic formulas (`dp.traffic_per_step`, `tp.layer_traf
     DP   dp_hiding_tokens    tokens per GPU whose backward hides the gradient all-reduce
          hsdp_hiding_tokens  tokens per GPU and micro-batch whose backward hides HSDP's (or ZeRO-3's) traffic
     TP   tp_crossover        the t from which a layer's all-reduces outlast its GEMMs
+    SP   sp_crossover_tokens the tokens per micro-batch from which the elementwise seconds SP cuts by t pay for
+                             its extra messages (`sp_layer_seconds`: the same bytes, so TP's crossover stands)
     PP   pp_microbatches_for the m that brings the bubble (p-1)/(v m) under a target
     CP   cp_hiding_tokens    the s/cp from which a ring step's K/V pass hides behind its attention;
          cp_forward_exposed_seconds   the ring's exposed forward against all-gather CP's
@@ -161,6 +163,47 @@ def tp_crossover(cfg, link: Link, cluster: Cluster | None = None) -> float:
     c = cluster or Cluster(world_size=1)
     e = dtype_bytes(cfg.dtype)
     return 1 + 3 * link.beta * dense_layer_params(cfg) / (4 * cfg.d_model * e * c.model.eta * c.peak_flops)
+
+
+# --- SP: TP's bytes in other collectives, and the elementwise work it cuts ------------------------------------
+
+
+def sp_layer_seconds(
+    cfg, b: int, s: int, t: int, link: Link, cluster: Cluster | None = None, regather: bool = False
+) -> dict[str, float]:
+    """One dense layer, forward and backward, on one of t ranks, TP alone against TP + SP (`tp.layer_collectives`,
+    one alpha per collective; the planner's elementwise term, `efficiency.microbatch_seconds`):
+
+    "comm_tp", "comm_sp"   the collectives' seconds: TP's four all-reduces, SP's all-gathers and reduce-scatters
+                           (the same bytes, twice the messages; `regather` adds the backward's two all-gathers)
+    "elem_tp", "elem_sp"   the elementwise passes over [T, h] (LayerNorms, residual adds, dropout: c_rep of the
+                           cost model's c_elem), forward and backward, which SP runs on T/t tokens
+    "gemm"                 the layer's GEMMs, as `tp_layer_seconds` counts them (SP does not change them)"""
+    c = cluster or Cluster(world_size=1)
+    e = dtype_bytes(cfg.dtype)
+    ops = {
+        sp: tp_analysis.layer_collectives(b, s, cfg.d_model, t, e, sequence_parallel=sp, regather=regather and sp)
+        for sp in (False, True)
+    }
+    comm = {sp: link.seconds(sum(x.bytes_sent for x in o), messages=len(o)) for sp, o in ops.items()}
+    outside = 2 * e * b * s * cfg.d_model * c.model.c_rep / c.hbm_bandwidth  # forward and backward, one pass each
+    return {
+        "comm_tp": comm[False],
+        "comm_sp": comm[True],
+        "elem_tp": outside,
+        "elem_sp": outside / t,
+        "gemm": tp_layer_seconds(cfg, b, s, t, link, c)["gemm"],
+    }
+
+
+def sp_crossover_tokens(cfg, t: int, link: Link, cluster: Cluster | None = None) -> float:
+    """The tokens per micro-batch (b s) from which SP is faster than TP alone (no regather): its four extra
+    messages, 4 alpha, against the elementwise seconds it cuts, 2 c_rep e T h (1 - 1/t) / HBM bandwidth:
+    T* = 2 alpha HBM / (c_rep e h (1 - 1/t)). The bytes on the wire are the same and do not enter."""
+    c = cluster or Cluster(world_size=1)
+    if t < 2:
+        raise ValueError(f"t={t}: SP needs TP (t >= 2)")
+    return 2 * link.alpha * c.hbm_bandwidth / (c.model.c_rep * dtype_bytes(cfg.dtype) * cfg.d_model * (1 - 1 / t))
 
 
 # --- PP: the bubble against the number of microbatches ---------------------------------------------------------

@@ -76,11 +76,24 @@ def _orders(events, stats: TimelineStats, n: int) -> list[dict]:
     return out
 
 
+def _timeline(events, stats: TimelineStats, t0: float) -> dict:
+    """One run on this rank, in seconds since it started: each step's compute intervals (phase, step, start, end)
+    and each ring transfer from when it was issued to when it was waited for (phase, name "kv.1" / "dkv.1", start,
+    end; the receive of each `batch_isend_irecv` pair: its send is issued and waited for with it)."""
+    compute = [dict(phase=p, step=st, start=a - t0, end=b - t0) for p, st, a, b in stats.intervals]
+    transfers = [
+        dict(phase=e.phase, name=e.tag.rsplit("ring.", 1)[-1], start=e.t_start - t0, end=e.t_end - t0)
+        for e in events
+        if e.op == "recv" and "ring." in e.tag
+    ]
+    return dict(compute=compute, transfers=transfers)
+
+
 def _rank(full, repeats: int, causal: bool):
     r, n = dist.get_rank(), dist.get_world_size()
     q, k, v = (shard_sequence(x, 2, r, n, "zigzag") for x in full)
     times = {True: [], False: []}
-    results, orders = {}, {}
+    results, orders, timelines = {}, {}, {}
     for i in range(repeats + 1):
         for overlap in (True, False) if i % 2 else (False, True):  # alternate, so drift hits both alike
             ql, kl, vl = (x.clone().requires_grad_() for x in (q, k, v))
@@ -96,7 +109,8 @@ def _rank(full, repeats: int, causal: bool):
                 orders[overlap] = _orders(tr.events, stats, n)
                 continue
             times[overlap].append((wall, stats.compute_s(None), stats.wait_s(None)))
-    return dict(times=times, results=results, orders=orders)
+            timelines[overlap] = _timeline(tr.events, stats, t0)  # the last repeat's
+    return dict(times=times, results=results, orders=orders, timelines=timelines)
 
 
 def machine() -> str:
@@ -126,7 +140,9 @@ def ring_overlap_timings(
 
     Returns dict(machine, sizes, kv_message_bytes, variants={"overlap": {...}, "blocking": {...}} with the
     slowest rank's median wall / compute / wait seconds, identical (every rank's output and input gradients
-    equal bit for bit between the two variants), orders={"overlap": [...], "blocking": [...]} per rank)."""
+    equal bit for bit between the two variants), orders={"overlap": [...], "blocking": [...]} per rank,
+    timelines={"overlap": [...], "blocking": [...]}: per rank, the last repeat's compute intervals and transfers,
+    `_timeline`)."""
     g = torch.Generator().manual_seed(0)
     full = [torch.randn(b, h, s, d_head, generator=g) for h in (n_head, n_kv_head, n_kv_head)]
     ranks = launch(_rank, cp, full, repeats, causal, backend="gloo", timeout=300)
@@ -145,4 +161,5 @@ def ring_overlap_timings(
         variants=variants,
         identical=identical,
         orders={name: [rank["orders"][key] for rank in ranks] for name, key in VARIANTS},
+        timelines={name: [rank["timelines"][key] for rank in ranks] for name, key in VARIANTS},
     )

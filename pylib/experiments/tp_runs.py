@@ -95,3 +95,55 @@ def layer_traces(t: int = 2, b: int = 1, s: int = 8, cfg=None, regather: bool = 
     modes = [("TP", False, False), ("TP + SP", True, regather)]
     events = launch(_layer_trace_rank, t, cfg, b, s, modes)[0]
     return {"t": t, "b": b, "s": s, "h": cfg.d_model, "dtype": cfg.dtype, "events": events}
+
+
+# ------------------------------------------------------------------------------------------ the TP block
+
+
+def _tp_block_rank(cfg, b, s):
+    from pylib.tp import TPMLP, enter_tp_region, leave_tp_region
+
+    device = current_device()
+    mlp = build_model(cfg).to(device).layers[0].mlp
+    block = TPMLP.from_full(mlp)
+    x = random_hidden(b, s, cfg.d_model, dtype=torch_dtype(cfg.dtype)).to(device)
+
+    def ops(events):
+        return {phase: [e.op for e in events if e.phase == phase] for phase in ("forward", "backward")}
+
+    crossings = {}
+    for name, cross in (("f", enter_tp_region), ("g", leave_tp_region)):
+        xi = x.clone().requires_grad_()
+        with trace() as tr:
+            cross(xi).square().sum().backward()
+        crossings[name] = ops(tr.events)
+    xi = x.clone().requires_grad_()
+    with trace() as tr:
+        hidden = block.hidden(xi)  # f, then the column-parallel linear and GELU: [b, s, h_ffn/t]
+        y = block.down_proj(hidden)  # the row-parallel linear, then g
+        y.square().sum().backward()
+    with torch.no_grad():
+        partial = torch.nn.functional.linear(hidden, block.down_proj.weight)  # before g: a full-size partial sum
+        error = (y - mlp(x)).abs().max().item()
+    shapes = dict(x=x.shape, hidden=hidden.shape, partial=partial.shape, y=y.shape)
+    return dict(
+        crossings=crossings,
+        block_ops=ops(tr.events),
+        specs=[(sp.name, sp.kind, tuple(sp.full_shape), tuple(sp.local_shape)) for sp in block.shard_specs()],
+        shapes={k: tuple(v) for k, v in shapes.items()},
+        error=error,
+    )
+
+
+def tp_block_example(cfg, t: int = 2, b: int = 1, s: int = 8) -> dict:
+    """The TP block of Megatron-LM, f -> column-parallel linear -> GELU -> row-parallel linear -> g, run on t ranks
+    from the first layer's MLP of `build_model(cfg)` (a GELU MLP), forward and backward.
+
+    Returns dict(t, b, s, h, h_ffn, ranks=[per rank: crossings={"f"|"g": {"forward"|"backward": [collective op
+    names]}} (each crossing traced alone), block_ops (the same, for the whole block), specs=[(name, kind, full shape,
+    this rank's shape)] (`TPMLP.shard_specs`, torch's [out, in]), shapes (x [b, s, h], hidden [b, s, h_ffn/t], the
+    partial sum before g and y after it, [b, s, h]), error (max |y - the full MLP's output|)])."""
+    if cfg.mlp != "gelu":
+        raise ValueError(f"tp_block_example draws the GELU MLP (f, column, GELU, row, g); got mlp={cfg.mlp!r}")
+    ranks = launch(_tp_block_rank, t, cfg, b, s)
+    return dict(t=t, b=b, s=s, h=cfg.d_model, h_ffn=cfg.d_ff, ranks=ranks)

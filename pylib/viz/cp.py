@@ -7,6 +7,8 @@
     causal_ownership_figure(seq_len, cp)  the causal score matrix coloured by the rank that computes each row
     merge_drift_figure(rows)              error of bf16 ring attention vs cp, bf16 vs float32 merge (measured)
     allgather_figure(runs, seq_len)       all-gather CP: the chunks each rank holds, gathers and attends to
+    ring_overlap_figure(timelines)        the ring's measured timeline: each step's compute and the K/V transfers,
+                                          overlapped and blocking (pylib.experiments.ring_overlap)
 
 Drawn in the book's style (`pylib.viz.style`): each rank, and the K/V block it owns, in its rank colour.
 """
@@ -249,5 +251,56 @@ def allgather_figure(runs, seq_len: int, layout: str = CP_LAYOUT):
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.tick_params(length=0)
+    fig.tight_layout()
+    return fig
+
+
+def _variant_title(name: str) -> str:
+    """A ring_overlap_timings variant's name as the figure's panel title."""
+    titles = {"overlap": tr("overlapped (overlap=True)"), "blocking": tr("blocking (overlap=False)")}
+    return titles.get(name, name)
+
+
+@style.styled
+def ring_overlap_figure(timelines: dict, *, title: str | None = None):
+    """The ring's measured timeline (`ring_overlap_timings(...)["timelines"]`), one panel per variant on one time
+    axis: for each rank a lane of compute, each step's block attention and merge as a bar (forward blue, backward
+    orange, labelled F<step> / B<step>), and under it a lane of the K/V (and, backward, dK/dV) transfers, each from
+    when it was issued to when it was waited for. Overlapped, a transfer's bar spans the compute above it; blocking,
+    it ends before the compute starts."""
+    names = list(timelines)
+    n = len(timelines[names[0]])
+    end = max(x["end"] for tl in timelines.values() for rank in tl for x in rank["compute"] + rank["transfers"])
+    ms = 1e3
+    gap = 0.07 * end * ms  # labels of one lane closer than this would overlap: the later one is left out
+    fig, axes = style.subplots(len(names), 1, figsize=(7, 1.2 + 1.05 * n * len(names)), sharex=True, grid="x")
+    for ax, name in zip(np.atleast_1d(axes), names):
+        for r, rank in enumerate(timelines[name]):
+            y = 2 * r
+            for c in rank["compute"]:
+                colour = style.FORWARD if c["phase"] == "forward" else style.BACKWARD
+                width = (c["end"] - c["start"]) * ms
+                ax.barh(y, width, left=c["start"] * ms, height=0.8, color=colour, edgecolor=style.CARD, lw=1.2)
+                label = ("F" if c["phase"] == "forward" else "B") + str(c["step"])
+                ink = style.ink_on(colour)
+                ax.text(c["start"] * ms + width / 2, y, label, ha="center", va="center", fontsize=9, color=ink)
+            last = -float("inf")
+            for t in rank["transfers"]:
+                alpha = 0.55 if t["phase"] == "forward" else 0.35
+                left, width = t["start"] * ms, (t["end"] - t["start"]) * ms
+                ax.barh(y + 0.9, width, left=left, height=0.5, color=style.COMM, alpha=alpha, edgecolor=style.COMM)
+                if left - last >= gap:
+                    ax.text(left, y + 0.9, t["name"], ha="left", va="center", fontsize=9, color=style.INK)
+                    last = left
+        ticks = [2 * r + d for r in range(n) for d in (0, 0.9)]
+        labels = [lab for r in range(n) for lab in (tr("rank {r}", r=r), tr("transfers"))]
+        ax.set_yticks(ticks, labels, fontsize=9)
+        ax.set_ylim(2 * n - 0.5, -0.6)
+        ax.set_xlim(0, end * ms * 1.02)
+        ax.set_title(_variant_title(name), fontsize=10, loc="left")
+        ax.tick_params(axis="x", labelsize=9)
+    np.atleast_1d(axes)[-1].set_xlabel(tr("time since the rank started forward (ms)"), fontsize=10)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig

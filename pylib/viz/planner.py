@@ -543,3 +543,96 @@ def knob_rows(base: P.Prediction, changed: list[tuple[str, P.Prediction]], usabl
             delta = f"{x.step_time / base.step_time - 1:+.1%}"
         rows.append([label, x.plan.describe(), fmt_bytes(x.peak_memory), step(x), delta, why])
     return rows
+
+
+# ------------------------------------------------------------------------------------ memory against step time
+
+
+@functools.lru_cache(maxsize=16)
+def feasible_plans(job: Job) -> tuple[P.Prediction, ...]:
+    """Every plan of `job` that fits its GPUs, predicted: `planner.enumerate_plans` over `job.space` (the plans
+    `best_plans` ranks), kept where the busiest rank's peak memory is within the usable memory (the screen
+    `rank_plans` applies first), each through `planner.predict`. Ordered by step time, then peak memory."""
+    cfg, work, cluster = job.cfg, job.workload, job.cluster
+    plans = P.enumerate_plans(cfg, cluster.world_size, work.batch, work.seq, job.space)
+    fits = [p for p in plans if P.peak_memory(cfg, p, work, cluster) <= cluster.usable_memory]
+    preds = [P.predict(cfg, p, work, cluster) for p in fits]
+    return tuple(sorted(preds, key=lambda x: (x.step_time, x.peak_memory)))
+
+
+def pareto_front(preds) -> list[P.Prediction]:
+    """The plans no other plan beats on both counts: none needs no more memory and takes no more time, and less of
+    one. In order of peak memory (step time falling)."""
+    front: list[P.Prediction] = []
+    for x in sorted(preds, key=lambda x: (x.peak_memory, x.step_time)):
+        if not front or x.step_time < front[-1].step_time:
+            front.append(x)
+    return front
+
+
+def fig_plan_frontier(preds, chosen: P.Prediction, usable: float, *, title: str | None = None):
+    """Every feasible plan as a point, peak memory of its busiest GPU (GB) against predicted step time (s), with
+    the Pareto front drawn (`pareto_front`), the chosen plan marked and named, the usable memory as a line."""
+    # matplotlib (and numpy with it) only here: the rest of this module runs where neither can be imported
+    # (tests/test_torch_free.py; the explorer's formulas)
+    from pylib.viz import style
+
+    with style.use():
+        return _plan_frontier(style, preds, chosen, usable, title)
+
+
+def _plan_frontier(style, preds, chosen, usable, title):
+    front = pareto_front(preds)
+    fig, ax = style.subplots(figsize=(7, 4.2))
+    gb = 1e9
+    ax.scatter(
+        [x.peak_memory / gb for x in preds],
+        [x.step_time for x in preds],
+        s=14,
+        color=style.tint(style.BLUE, 0.35),
+        edgecolor="none",
+        label=tr("a plan that fits ({n})", n=len(preds)),
+        zorder=2,
+    )
+    ax.plot(
+        [x.peak_memory / gb for x in front],
+        [x.step_time for x in front],
+        color=style.ORANGE,
+        lw=1.6,
+        marker="o",
+        ms=4,
+        label=tr("Pareto front ({n} plans)", n=len(front)),
+        zorder=3,
+    )
+    ax.axvline(usable / gb, color=style.MUTED, lw=1, ls="--", zorder=1)
+    ax.annotate(
+        tr("usable memory {gb:.0f} GB", gb=usable / gb),
+        (usable / gb, 1),
+        xycoords=("data", "axes fraction"),
+        xytext=(-4, -4),
+        textcoords="offset points",
+        ha="right",
+        va="top",
+        fontsize=9,
+        color=style.MUTED,
+    )
+    ax.plot(
+        chosen.peak_memory / gb,
+        chosen.step_time,
+        marker="*",
+        ms=15,
+        color=style.RED,
+        markeredgecolor=style.CARD,
+        ls="none",
+        label=tr("chosen: {plan}", plan=chosen.plan.describe()),
+        zorder=4,
+    )
+    ax.set_yscale("log")  # step times span two orders of magnitude: the slowest plans barely compute
+    ax.set_xlabel(tr("peak memory of the busiest GPU (GB)"), fontsize=10)
+    ax.set_ylabel(tr("predicted step time (s, log scale)"), fontsize=10)
+    ax.tick_params(labelsize=9)
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig

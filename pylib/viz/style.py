@@ -54,6 +54,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
+import re
 
 import matplotlib as mpl
 import matplotlib.pyplot as plt
@@ -175,7 +177,10 @@ def show_as_svg() -> None:
     backend's PNG at the figure's dpi (100: soft on a HiDPI screen and when a phone reader zooms in). Runs when this
     module is imported, so every chapter and lab that draws (each imports pylib.viz) shows SVG with no cell of its
     own; outside IPython (a test, a script) it does nothing. A `{glue:figure}` pastes the same SVG: myst-nb's glue
-    formats a figure through the same formatters."""
+    formats a figure through the same formatters.
+
+    Each SVG goes out with the width its smallest text needs on a phone (`svg_with_phone_width`), as the output's
+    metadata; see PHONE_COLUMN_PX for what the site does with it."""
     import sys
 
     if "IPython" not in sys.modules:  # not in a notebook: nothing imported IPython
@@ -186,6 +191,7 @@ def show_as_svg() -> None:
     if shell is None:
         return
     from IPython.core.pylabtools import select_figure_formats
+    from matplotlib.figure import Figure
     from matplotlib_inline.backend_inline import InlineBackend
 
     mpl.rcParams["svg.fonttype"] = "path"
@@ -194,6 +200,10 @@ def show_as_svg() -> None:
     config = InlineBackend.instance()
     config.figure_formats = {"svg"}
     select_figure_formats(shell, config.figure_formats, **config.print_figure_kwargs)
+    # Then the SVG formatter itself, replaced by one that adds the metadata (select_figure_formats registered
+    # IPython's print_figure for Figure; a formatter may return (data, metadata)).
+    formatter = shell.display_formatter.formatters["image/svg+xml"]
+    formatter.for_type(Figure, functools.partial(svg_with_phone_width, **config.print_figure_kwargs))
 
 
 def apply() -> None:
@@ -310,8 +320,8 @@ def contrast_ratio(a, b) -> float:
 # CSS pixels there is not legible; tests/test_viz_card.py holds every figure function of pylib.viz to it.
 # The natural width is taken as the figure's width; the inline backend saves with bbox_inches="tight", which trims
 # the empty margin (the text then shows larger than computed, when the figure is wider than the column) or grows to
-# take in text outside the figure (smaller: keep text inside the figure). On a phone (390 px) the column is about
-# half as wide and so is every wide figure's text: there a reader zooms in, and the SVG stays sharp when they do.
+# take in text outside the figure (smaller: keep text inside the figure). On a phone the column is about half as wide:
+# see PHONE_COLUMN_PX below for how a figure stays legible there.
 CSS_PX_PER_IN = 96
 COLUMN_PX = 672
 LEGIBLE_PX = 9.0
@@ -337,6 +347,64 @@ def legible_pt(fig, pt: float) -> float:
     does not choose the figure's width (`legible_pt(ax.figure, 7)` is 7 pt on a figure up to COLUMN_PX wide)."""
     scale = min(1.0, COLUMN_PX / (fig.get_figwidth() * CSS_PX_PER_IN))
     return max(pt, 1.01 * LEGIBLE_PX * 72 / (CSS_PX_PER_IN * scale))
+
+
+# On a phone. The content column at 390 px (a phone held upright) is PHONE_COLUMN_PX wide for a figure (measured on the
+# built site: 390 less 2 x 16 px of the article's padding and 2 x 8 of the figure's), about half COLUMN_PX, so a figure
+# legible at COLUMN_PX is not, scaled down to it: its text landed at 4.7-8.6 px (36 of the 37 figures of pylib.viz).
+# Reflowing every figure for a narrow screen would mean a second layout per figure, and a diagram's geometry (a
+# timeline, a matrix of cells) is the argument; so instead a figure keeps, on a narrow screen, the width at which its
+# smallest text is LEGIBLE_PX high (`legible_width_px`), and scrolls sideways in its own box when that is wider than
+# the column: the reader swipes, as for a wide table, instead of pinching. show_as_svg writes that width into the
+# output's metadata (`svg_with_phone_width`, only for a figure that needs it: wider than PHONE_COLUMN_PX); myst-nb
+# turns it into the <img>'s `style="width: ...px"`, which book/_static/site.css keeps below 576 px (with the column
+# as a minimum, and the figure's box scrolling) and overrides above, where the column is wide enough (at least 528
+# px) for the natural width. tests/site/test_browser.py measures the text of every figure at 390 px from its SVG.
+PHONE_COLUMN_PX = 342
+
+
+def legible_width_px(fig, width_pt: float | None = None) -> float:
+    """The narrowest width, in CSS px, at which `fig` shows its smallest visible text LEGIBLE_PX high (0 when it
+    has no text: any width will do). width_pt: the width of the saved SVG in points (with bbox_inches="tight" it
+    differs from the figure's; default: the figure's own). The SVG's text scales with its width: a fontsize-pt text of a
+    width_pt-wide SVG shown w px wide is fontsize * w / width_pt px high."""
+    if width_pt is None:
+        width_pt = fig.get_figwidth() * 72
+    natural = smallest_text_px(fig, column_px=float("inf"))  # every text at the SVG's natural size (4/3 px per pt)
+    return width_pt * CSS_PX_PER_IN / 72 * LEGIBLE_PX / natural
+
+
+def shown_text_px(fig, column_px: float, width_pt: float | None = None, phone_width: float | None = None) -> float:
+    """The smallest text of `fig` in CSS px on a page whose content column is `column_px` wide: the SVG at its
+    natural width or scaled down to the column, unless `phone_width` (the metadata show_as_svg writes) holds it at
+    least that wide (site.css: the column as a minimum too), as on a narrow screen."""
+    if width_pt is None:
+        width_pt = fig.get_figwidth() * 72
+    natural_px = width_pt * CSS_PX_PER_IN / 72
+    shown = min(natural_px, column_px) if phone_width is None else max(phone_width, column_px)
+    return smallest_text_px(fig, column_px=float("inf")) * shown / natural_px
+
+
+def svg_with_phone_width(fig, **kwargs):
+    """IPython's SVG of `fig` (`print_figure(fig, "svg", **kwargs)`): (data, {"width": px}) when the figure needs
+    more than PHONE_COLUMN_PX to show its text LEGIBLE_PX high (`phone_metadata`), else the data alone; None for a
+    figure with nothing drawn (IPython shows nothing then)."""
+    from IPython.core.pylabtools import print_figure
+
+    data = print_figure(fig, "svg", **kwargs)
+    if data is None:
+        return None
+    metadata = phone_metadata(fig, data)
+    return (data, metadata) if metadata else data
+
+
+def phone_metadata(fig, svg: str) -> dict:
+    """{"width": px} for the SVG `svg` of `fig` when its legible width exceeds PHONE_COLUMN_PX, else {}."""
+    match = re.search(r'<svg[^>]*\swidth="([0-9.]+)pt"', svg)
+    if match is None:
+        raise ValueError("the SVG has no width in points on its <svg> element: not matplotlib's SVG backend?")
+    need = legible_width_px(fig, float(match.group(1)))
+    return {"width": math.ceil(need)} if need > PHONE_COLUMN_PX and math.isfinite(need) else {}
 
 
 show_as_svg()

@@ -258,3 +258,111 @@ def fig_vocab_padding(cases: list[tuple[int, int, int, int]]):
     fig.tight_layout()
     fig.subplots_adjust(right=0.7)
     return fig
+
+
+# ------------------------------------------------------------------------------------------ the TP block
+
+
+def _op_names(ops: list[str]) -> str:
+    """A crossing's collectives in one phase, as the reader says them: "all-reduce", or "identity" for none."""
+    return ", ".join(op.replace("_", "-") for op in ops) if ops else tr("identity")
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(str(n) for n in shape) + "]"
+
+
+@style.styled
+def fig_tp_block(ex: dict):
+    """Megatron-LM's TP block as `tp_block_example` ran it: x -> f -> column-parallel linear -> GELU ->
+    row-parallel linear -> g -> y, one lane per rank between f and g, each with its shard of W_up and W_down (seed B's
+    layout, W [in, out]) and the shapes of what it computes; under f and g the collectives each crossing issued,
+    forward and backward (traced), which are each other's conjugates. One page column wide, its text FONT + 0.5 pt."""
+    t, ranks = ex["t"], ex["ranks"]
+    size = FONT + 0.5
+    lane, box_h = 1.2, 0.78  # vertical pitch of a rank's lane and height of its boxes (data units)
+    top = (t - 1) * lane / 2
+    widths = dict(x=1.05, f=0.7, up=1.75, gelu=1.3, down=1.75, g=0.7, y=1.05)
+    gap = 0.42
+    xs, at = {}, 0.0
+    for name, width in widths.items():
+        xs[name] = at + width / 2
+        at += width + gap
+    span = at - gap
+    fig, ax = style.subplots(figsize=(WIDTH_IN, 0.55 * (t * lane + 2.6)), grid=False)
+
+    def box(name, y, text, colour, height=box_h, alpha=0.3):
+        width = widths[name]
+        ax.add_patch(
+            FancyBboxPatch(
+                (xs[name] - width / 2, y - height / 2),
+                width,
+                height,
+                boxstyle="round,pad=0.02,rounding_size=0.08",
+                facecolor=style.tint(colour, 1 - alpha),
+                edgecolor=colour,
+                lw=1.0,
+            )
+        )
+        ax.text(xs[name], y, text, ha="center", va="center", fontsize=size, color=style.INK)
+
+    def arrow(a, b, y):
+        x0, x1 = xs[a] + widths[a] / 2, xs[b] - widths[b] / 2
+        ax.annotate("", (x1, y), (x0, y), arrowprops=dict(arrowstyle="-|>", color=style.TEXT, lw=0.9))
+
+    first = ranks[0]["shapes"]
+    crossing_h = 2 * top + box_h + 0.3
+    box("x", 0, f"x\n{_shape(first['x'])}", style.REPLICATED)
+    box("y", 0, f"y\n{_shape(first['y'])}", style.REPLICATED)
+    for name in ("f", "g"):
+        box(name, 0, name, style.COMM, height=crossing_h, alpha=0.18)
+    arrow("x", "f", 0)
+    arrow("g", "y", 0)
+    for r, rank in enumerate(ranks):
+        y = top - r * lane
+        colour = style.rank_colour(r)
+        specs = {name.split(".")[0]: (kind, local) for name, kind, _, local in rank["specs"]}
+        (up_kind, up), (down_kind, down) = specs["up_proj"], specs["down_proj"]
+        # torch stores [out, in]; seed B's layout is W [in, out]
+        box("up", y, f"{tr(up_kind)}\nW_up {_shape(up[::-1])}", colour)
+        box("gelu", y, f"GELU\n{_shape(rank['shapes']['hidden'])}", colour, alpha=0.15)
+        box("down", y, f"{tr(down_kind)}\nW_down {_shape(down[::-1])}", colour)
+        for a, b in (("f", "up"), ("up", "gelu"), ("gelu", "down"), ("down", "g")):
+            arrow(a, b, y)
+        ax.text(xs["up"] - widths["up"] / 2, y + box_h / 2 + 0.03, tr("rank {r}", r=r), va="bottom", fontsize=size)
+    low = -top - box_h / 2
+    ax.text(
+        xs["down"] + widths["down"] / 2,
+        low - 0.06,
+        tr("out: partial sums {shape}", shape=_shape(first["partial"])),
+        ha="right",
+        va="top",
+        fontsize=size,
+        color=style.MUTED,
+    )
+    below = -crossing_h / 2 - 0.06
+    for name in ("f", "g"):
+        ops = ranks[0]["crossings"][name]
+        ax.text(
+            xs[name],
+            below,
+            tr("forward: {fwd}\nbackward: {bwd}", fwd=_op_names(ops["forward"]), bwd=_op_names(ops["backward"])),
+            ha="center",
+            va="top",
+            fontsize=size,
+            color=style.TEXT,
+        )
+    ax.set_xlim(-0.05, span + 0.05)
+    ax.set_ylim(below - 0.75, top + box_h / 2 + 0.4)
+    ax.axis("off")
+    ax.set_title(
+        tr(
+            "The TP block on t = {t} ranks, h = {h}, h_ffn = {h_ffn}: f and g are conjugate",
+            t=t,
+            h=ex["h"],
+            h_ffn=ex["h_ffn"],
+        ),
+        fontsize=size + 0.5,
+    )
+    fig.tight_layout()
+    return fig

@@ -214,6 +214,25 @@ def strip_query(url: str) -> str:
     return urlsplit(url)._replace(query="", fragment="").geturl()
 
 
+# A matplotlib SVG draws each text as paths (pylib.viz.style: svg.fonttype "path") in a group scaled from its font's
+# units: `scale(s -s)`, s = fontsize / 100 (matplotlib.textpath's FONT_SCALE), in the SVG's user units (points,
+# the viewBox's). So the smallest text of a figure can be read from its file, with no font and no browser.
+_SVG_TEXT_SCALE = re.compile(r"scale\((-?[0-9.]+) (-?[0-9.]+)\)")
+_SVG_VIEWBOX = re.compile(r'<svg[^>]*\sviewBox="[-0-9. ]*?\s([0-9.]+)\s+[0-9.]+"')
+
+
+@functools.cache
+def svg_text_size(path: Path) -> tuple[float, float] | None:
+    """(smallest text size, viewBox width) of a matplotlib SVG, both in its user units: shown w CSS px wide, its
+    smallest text is size * w / width px high. None for an SVG with no text drawn as paths (or no viewBox)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    box = _SVG_VIEWBOX.search(text)
+    sizes = [100 * float(a) for a, b in _SVG_TEXT_SCALE.findall(text) if float(a) > 0 and float(b) == -float(a)]
+    if box is None or not sizes:
+        return None
+    return min(sizes), float(box[1])
+
+
 # ------------------------------------------------------------------------------------------------ the labels
 
 

@@ -7,6 +7,7 @@ the same visit:
   pylib.viz.style.smallest_text_px assumes (its COLUMN_PX is the width a wide figure gets here);
 - the page's weight (every response of the visit, compressed and not) within its budget;
 - at phone width (390 px), no sideways scroll of the page and nothing cut off: what is wider scrolls in its own box;
+  every figure's smallest text at least pylib.viz.style.LEGIBLE_PX high (read from its SVG);
 - on pages with widgets, every control either changes what the widget shows when moved, or sits in a container
   marked `pb-needs-kernel`, disabled, under a visible notice (book/_static/widget-support.js).
 
@@ -169,7 +170,21 @@ PHONE_COLLECT = (
       cut.push(`${name(e)} shows ${e.clientWidth} of ${e.scrollWidth} px: ${where(e)}`);
     }
   }
-  return {width: document.scrollingElement.scrollWidth, viewport: W, wide, cut, searchBoxes: shown(SEARCH)};
+  // Every image of the article a reader can see, as shown: its width, and the nearest box around it that scrolls or
+  // clips (its overflow-x is not visible), where it is on the screen.
+  const scroller = e => {
+    for (let p = e.parentElement; p && p !== document.body; p = p.parentElement) {
+      if (getComputedStyle(p).overflowX !== "visible") return p;
+    }
+    return null;
+  };
+  const figures = Array.from(document.querySelectorAll("article img")).filter(i => i.complete && i.naturalWidth > 0
+    && i.getBoundingClientRect().width > 0).map(i => {
+    const r = i.getBoundingClientRect(), box = scroller(i), b = box && box.getBoundingClientRect();
+    return {src: i.src, width: r.width, right: r.right, box: box && name(box), boxLeft: b && b.left,
+      boxRight: b && b.right, boxScrolls: !!box && getComputedStyle(box).overflowX === "auto"};
+  });
+  return {width: document.scrollingElement.scrollWidth, viewport: W, wide, cut, figures, searchBoxes: shown(SEARCH)};
 }
 """
 )
@@ -459,6 +474,32 @@ def test_nothing_is_cut_off_at_phone_width(page, visit):
     if any("widget-label" in c for c in cut):
         hint = "\n(a widget's description ends in an ellipsis: give it style={'description_width': 'initial'})"
     assert not cut, f"{page} at {PHONE['width']} px, content cut off:\n  " + "\n  ".join(cut[:12]) + hint
+
+
+def test_every_figure_is_legible_at_phone_width_and_only_its_own_box_scrolls(page, visit):
+    """At 390 px, every figure's smallest text is at least style.LEGIBLE_PX high, as shown (its size read from the
+    SVG file, sitemap.svg_text_size, scaled to the width the browser gives the image): a figure too wide for the
+    phone's column keeps the width show_as_svg wrote for it (style.PHONE_COLUMN_PX, book/_static/site.css). And a
+    figure wider than the screen makes only its own box scroll: that box starts and ends on the screen, and the page
+    itself stays 390 px wide."""
+    screen = visit.phone["viewport"]
+    problems = []
+    for f in visit.phone["figures"]:
+        name = urlsplit(f["src"]).path.rsplit("/", 1)[-1]
+        path = sitemap.SITE / unquote(urlsplit(f["src"]).path).lstrip("/")
+        size = sitemap.svg_text_size(path) if path.suffix == ".svg" and path.is_file() else None
+        if size is not None:
+            px = size[0] * f["width"] / size[1]
+            if px < style.LEGIBLE_PX - 0.01:
+                problems.append(f"{name}: smallest text {px:.1f} px, shown {f['width']:.0f} px wide")
+        if f["right"] > screen + 1 and not (f["boxScrolls"] and f["boxLeft"] >= -1 and f["boxRight"] <= screen + 1):
+            problems.append(
+                f"{name}: {f['width']:.0f} px wide, reaches {f['right']:.0f} px, and its box ({f['box']}, "
+                f"{f['boxLeft']} to {f['boxRight']} px) does not scroll it on the screen"
+            )
+    if visit.phone["width"] > screen:
+        problems.append(f"the page is {visit.phone['width']} px wide at {screen} px")
+    assert not problems, f"{page} at {PHONE['width']} px:\n  " + "\n  ".join(problems)
 
 
 # ------------------------------------------------------------------------------------------------- search
