@@ -101,3 +101,30 @@ def test_timelines_share_one_time_axis_when_given_xlim_and_label_only_bars_wide_
         return sum(len(t.get_text()) for t in fig.axes[0].texts)
 
     assert 0 < drawn(squeezed) < drawn(plot_schedule(sched))  # narrower bars: shorter labels ("3" for "3.1")
+
+
+@pytest.mark.parametrize("name", ["zb-h1", "zb-h2"])
+def test_zero_bubble_figure_draws_w_in_its_own_colour_and_names_f_b_w_in_the_legend(name):
+    import matplotlib.colors as mc
+
+    from pylib.viz import pp, style
+
+    sched = build(name, 4, 8)
+    fig = plot_schedule(sched)  # the schedule's own costs: F 1, B 1, W 1
+    events = simulate(sched, 1.0, 1.0, sends="eager", cost_w=1.0)
+    bars = _patches(fig, "compute")
+    assert len(bars) == 3 * 4 * 8  # an F, a B and a W per (rank, microbatch)
+    colours = [mc.to_hex(b.get_facecolor()) for b in bars]
+    for kind, colour in [("F", style.FORWARD), ("B", style.BACKWARD), ("W", pp.WEIGHT_GRAD)]:
+        assert colours.count(colour) == sum(1 for e in events if e.kind == kind) == 4 * 8, kind
+    assert len({style.FORWARD, style.BACKWARD, pp.WEIGHT_GRAD, style.WASTE}) == 4
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend[:3] == ["F: forward", "B: input gradient", "W: weight gradient"]
+    shaded = sum(p.get_width() for p in _patches(fig, "bubble"))
+    assert shaded == pytest.approx(sum(bubble(events).idle))
+
+
+def test_fused_schedule_figure_keeps_the_two_kind_legend():
+    fig = plot_schedule(build("1f1b", 4, 8))
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend[:2] == ["forward", "backward"] and "W: weight gradient" not in legend

@@ -306,7 +306,10 @@ CASES = {
     ),
 }
 # Figures a chapter assembles itself from axes it made (not a public function of pylib.viz).
-ASSEMBLED = {"pp.plot_schedule on style.subplots axes": lambda runs: _schedules_on_chapter_axes()}
+ASSEMBLED = {
+    "pp.plot_schedule on style.subplots axes": lambda runs: _schedules_on_chapter_axes(),
+    "pp.plot_schedule zero bubble (B, W split)": lambda runs: pp.plot_schedule(build("zb-h2", 4, 8)),
+}
 
 
 def test_every_public_figure_function_has_a_case():

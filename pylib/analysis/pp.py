@@ -22,6 +22,18 @@ warm-up grows by v-1 forwards per unit of N: N = p holds the fewest activations.
 order: with m a multiple of p its warm-up then deadlocks for every N < p (`logical_times` finds it for p 4, 8, 16
 and v 2, 4, 8: a rank waits for a forward its ring neighbour runs only after a backward that waits on it).
 
+Zero bubble (B and W split; t_b: the input gradient B, t_w: the weight gradient W, a fused backward t_b + t_w).
+The bubble is the busiest rank's idle time between its own first and last compute (rank 0's, in all three):
+    1F1B, GPipe    (p-1)(t_f + t_b + t_w)
+    ZB-H1          (p-1)(t_b + max(t_f - t_w, 0))     = the paper's (p-1)(t_f + t_b - t_w) when t_w <= t_f
+    ZB-H2          0 at equal costs, the costs its order is built for
+Rank 0, ZB-H1: after its p warm-up forwards it waits (p-1) t_b for the first input gradient, with no W yet to fill
+the wait; after its last forward that microbatch's gradient is (p-1)(t_f + t_b) away while (p-1)(t_b + t_w) of B's
+and W's are left to run: (p-1)(t_f - t_w) more when that is positive. In 1F1B every hop back costs t_b + t_w:
+(p-1)(t_b + t_w) + (p-1) t_f. In flight: ZB-H1 holds p on every rank (rank r runs the W of microbatch k after the B
+of k + r: 1F1B's p - r plus r), ZB-H2 2p - 1 on every rank (its forward limit); each deferred W also keeps its
+output gradients (`pylib.pp.backward`).
+
 P2P traffic. Each of the p·v - 1 stage boundaries carries, per microbatch, one activation forward and its gradient
 backward, each b·s·h elements of the activation dtype (divide s by the TP size with sequence parallelism and by the
 CP size with context parallelism: the caller passes the local shape).
@@ -31,7 +43,14 @@ from __future__ import annotations
 
 import functools
 
-from pylib.plan.schedules import check_schedule, compute_order, logical_times, warmup_forwards
+from pylib.plan.schedules import (
+    ZERO_BUBBLE,
+    ScheduleError,
+    check_schedule,
+    compute_order,
+    logical_times,
+    warmup_forwards,
+)
 from pylib.plan.split import chunk_layers
 
 
@@ -72,6 +91,23 @@ def bubble_time(p: int, t_f: float, t_b: float, v: int = 1) -> float:
     return (p - 1) * (t_f + t_b) / v
 
 
+def split_bubble_time(schedule: str, p: int, t_f: float, t_b: float, t_w: float) -> float:
+    """The busiest rank's idle time per step (inside its own span) with the backward's B costing t_b and W t_w (a
+    fused backward t_b + t_w); see the module docstring for the derivation. ZB-H2 is zero at equal costs only: its
+    order is built for them, so other costs raise."""
+    if schedule in ("gpipe", "1f1b"):
+        return bubble_time(p, t_f, t_b + t_w)
+    if schedule == "zb-h1":
+        return (p - 1) * (t_b + max(t_f - t_w, 0.0))
+    if schedule == "zb-h2":
+        if not t_f == t_b == t_w:
+            raise ValueError(f"zb-h2's zero bubble holds at equal costs; got t_f={t_f}, t_b={t_b}, t_w={t_w}")
+        return 0.0
+    raise ScheduleError(
+        f"no split-backward bubble formula for {schedule!r}; known: gpipe, 1f1b, {', '.join(ZERO_BUBBLE)}"
+    )
+
+
 def step_time(p: int, n_microbatches: int, t_f: float, t_b: float, v: int = 1) -> float:
     """Ideal pipelined step time: m·(t_f + t_b) of compute plus the bubble."""
     return n_microbatches * (t_f + t_b) + bubble_time(p, t_f, t_b, v)
@@ -82,7 +118,10 @@ def peak_in_flight(
 ) -> int:
     """Most (microbatch, chunk) activations rank `rank` holds at once under `schedule`: its warm-up forwards
     (`schedules.warmup_forwards`, the one warm-up formula) plus the one of its first steady 1F1B step, at most its
-    v·m forwards."""
+    v·m forwards. A zero-bubble schedule holds an activation until its W: ZB-H1 p on every rank, ZB-H2 2p - 1."""
+    if schedule in ZERO_BUBBLE:
+        check_schedule(schedule, p, n_microbatches, v, group_size=group_size)
+        return p if schedule == "zb-h1" else 2 * p - 1
     return min(warmup_forwards(schedule, p, n_microbatches, rank, v, group_size) + 1, v * n_microbatches)
 
 

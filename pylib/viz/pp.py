@@ -6,7 +6,10 @@
 One row per rank (rank 0 on top); forwards and backwards as bars labelled with the microbatch (and the chunk, when
 interleaved: lighter bars for later chunks); the time a rank idles inside the step is hatched -- the bubble.
 Colours are the book's (`pylib.viz.style`): FORWARD, BACKWARD, COMM, the bubble in WASTE, a stage in its rank's
-colour. Each function draws on `ax` when given one (a chapter's `style.subplots`), else on a figure of its own.
+colour. A zero-bubble schedule's backward is split: its B (the input gradient) keeps BACKWARD's colour and its W (the
+weight gradient) is drawn in WEIGHT_GRAD, the palette's bluish green, the hue that stays apart from both the blue
+forward and the orange B under red-green colour blindness (the legend then reads F, B, W).
+Each function draws on `ax` when given one (a chapter's `style.subplots`), else on a figure of its own.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ def _unit(unit: str) -> str:
 def _shade(color: str, chunk: int, n_chunks: int) -> str:
     """Chunk 0 in the full colour, later chunks lighter."""
     return style.tint(color, 0.45 * chunk / max(n_chunks - 1, 1))
+
+
+WEIGHT_GRAD = style.GREEN  # a split backward's W; its B stays style.BACKWARD
+KIND_COLOUR = {"F": style.FORWARD, "B": style.BACKWARD, "W": WEIGHT_GRAD}
 
 
 @style.styled
@@ -61,6 +68,7 @@ def plot_timeline(
     # a label is drawn only where it fits: about 0.6 of the font size per character, in data units
     per_char = 0.6 * small / 72 * (xlim[1] - xlim[0]) / (ax.get_position().width * fig.get_figwidth())
     _draw_compute(ax, compute, n_chunks, per_char, small)
+    split = any(e.kind == "W" for e in compute)
     if shade_bubble:
         _draw_idle(ax, events, ranks)
     if show_comm:
@@ -78,7 +86,7 @@ def plot_timeline(
     )
     ax.tick_params(labelsize=style.legible_pt(fig, 9))
     ax.xaxis.label.set_fontsize(style.legible_pt(fig, 9))
-    handles = _timeline_legend(n_chunks, shade_bubble, show_comm)
+    handles = _timeline_legend(n_chunks, shade_bubble, show_comm, split)
     ncol = len(handles) if len(handles) <= 4 else (len(handles) + 1) // 2
     legend_pt = style.legible_pt(fig, 8)
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=ncol, fontsize=legend_pt)
@@ -90,10 +98,11 @@ BAR = 0.8  # a rank's row height on the timeline
 
 
 def _draw_compute(ax, compute, n_chunks: int, per_char: float, fontsize: float) -> None:
-    """One bar per forward / backward, shaded by chunk, labelled mb (or mb.chunk) where the label fits."""
+    """One bar per forward / backward (B and W where split), shaded by chunk, labelled mb (or mb.chunk) where the
+    label fits."""
     for e in compute:
         y = -e.rank
-        color = _shade(style.FORWARD if e.kind == "F" else style.BACKWARD, e.chunk, n_chunks)
+        color = _shade(KIND_COLOUR[e.kind], e.chunk, n_chunks)
         ax.add_patch(
             Rectangle(
                 (e.start, y - BAR / 2),
@@ -147,16 +156,20 @@ def _draw_comm(ax, events) -> None:
             )
 
 
-def _timeline_legend(n_chunks: int, shade_bubble: bool, show_comm: bool) -> list:
-    if n_chunks == 1:
+def _timeline_legend(n_chunks: int, shade_bubble: bool, show_comm: bool, split: bool = False) -> list:
+    kinds = ("F", "B", "W") if split else ("F", "B")
+    if n_chunks == 1 and split:
+        names = {"F": tr("F: forward"), "B": tr("B: input gradient"), "W": tr("W: weight gradient")}
+        handles = [Patch(facecolor=KIND_COLOUR[k], label=names[k]) for k in kinds]
+    elif n_chunks == 1:
         handles = [
             Patch(facecolor=style.FORWARD, label=tr("forward")),
             Patch(facecolor=style.BACKWARD, label=tr("backward")),
         ]
     else:
         handles = [
-            Patch(facecolor=_shade(color, c, n_chunks), label=tr("{kind} chunk {c}", kind=kind, c=c))
-            for kind, color in (("F", style.FORWARD), ("B", style.BACKWARD))
+            Patch(facecolor=_shade(KIND_COLOUR[kind], c, n_chunks), label=tr("{kind} chunk {c}", kind=kind, c=c))
+            for kind in kinds
             for c in range(n_chunks)
         ]
     if shade_bubble:
@@ -169,15 +182,22 @@ def _timeline_legend(n_chunks: int, shade_bubble: bool, show_comm: bool) -> list
 def plot_schedule(
     schedule,
     *,
-    cost_f: float = 1.0,
-    cost_b: float = 2.0,
+    cost_f: float | None = None,
+    cost_b: float | None = None,
+    cost_w: float | None = None,
     sends: str = "eager",
     title: str | None = None,
     xlim: tuple[float, float] | None = None,
     ax=None,
 ):
-    """Draw a pure schedule (`pylib.plan.schedules`) from its simulated logical timeline."""
-    events = simulate(schedule, cost_f, cost_b, sends=sends)
+    """Draw a pure schedule (`pylib.plan.schedules`) from its simulated logical timeline: a forward costs `cost_f`,
+    a backward `cost_b` (a split one: a B `cost_b`, a W `cost_w`); each left out is the schedule's own (`build`'s
+    defaults: forward 1, backward 2, split as B 1 and W 1)."""
+    own = (schedule.cost_f, schedule.cost_b, schedule.cost_w)
+    cost_f, cost_b, cost_w = (
+        mine if mine is not None else theirs for mine, theirs in zip((cost_f, cost_b, cost_w), own)
+    )
+    events = simulate(schedule, cost_f, cost_b, sends=sends, cost_w=cost_w)
     name = title or f"{schedule.name}, p={schedule.p}, m={schedule.m}" + (f", v={schedule.v}" if schedule.v > 1 else "")
     return plot_timeline(events, title=name, unit="units", show_comm=False, xlim=xlim, ax=ax)
 
