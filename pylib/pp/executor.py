@@ -26,7 +26,8 @@ interleaved schedule when a forward and a backward cost different times (`pylib.
 Agreement. Before its first send, each step's ranks agree on the schedule, m, v, the boundary dtype and every
 boundary's shape, compared between the two ranks on either side of it (`pylib.runtime.agreement.agree_pipeline`):
 a stage built with another activation shape, or given another microbatch count, is refused naming both ranks,
-instead of gloo aborting with "Received data size doesn't match". Two small untraced all-gathers per step.
+instead of gloo aborting with "Received data size doesn't match". One small untraced all-reduce (max) of a hash
+of all of it per step; the two all-gathers that name a disagreement run only when the hashes differ.
 
 Split backward. A rank whose list holds a W for (mb, chunk) runs that B as the input gradient only and the W later
 (`pylib.pp.backward`: the same float64 bits as the fused backward); what W needs -- the forward's graph and the
