@@ -30,13 +30,19 @@ from pylib.runtime import launch, trace
 EP = 4
 
 
-def _traced_ep_run(tokens: int, h: int, cfg: MoEConfig):
+def ep_layer_and_input(tokens: int, h: int, cfg: MoEConfig):
+    """This rank's expert-parallel layer of one seeded MoE (h, 4h, `cfg`) and its own input of `tokens` rows."""
     r = dist.get_rank()
     with torch.random.fork_rng():
         torch.manual_seed(0)
         moe = MoE(h, 4 * h, cfg)
     layer = ExpertParallelMoE.from_full(moe)
     x = torch.randn(1, tokens, h, generator=torch.Generator().manual_seed(r), requires_grad=True)
+    return layer, x
+
+
+def _traced_ep_run(tokens: int, h: int, cfg: MoEConfig):
+    layer, x = ep_layer_and_input(tokens, h, cfg)
     with trace() as tr:
         layer(x).sum().backward()
     return [e.as_dict() for e in tr.events], layer.last_routing.experts, layer.last_keep

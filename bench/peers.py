@@ -44,8 +44,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benches, imported not copied
 from cp_ring import _qkv  # noqa: E402
+from ep_moe import ep_layer_and_input  # noqa: E402
 from pp_schedules import CFG as PP_CFG  # noqa: E402
 from pp_schedules import SEQ as PP_SEQ  # noqa: E402
+from pp_schedules import torch_schedule_step  # noqa: E402
 from tp_layer import SIZES as TP_SIZES  # noqa: E402
 from tp_layer import _step as tp_step  # noqa: E402
 
@@ -53,9 +55,7 @@ from pylib.cp import ring_attention, shard_sequence  # noqa: E402
 from pylib.cp.layout import sequence_positions  # noqa: E402
 from pylib.dp import wrap  # noqa: E402
 from pylib.dp.batch import micro_batch  # noqa: E402
-from pylib.ep import ExpertParallelMoE  # noqa: E402
 from pylib.model import ModelConfig, build_model, random_hidden, random_tokens, torch_dtype  # noqa: E402
-from pylib.model.moe import MoE  # noqa: E402
 from pylib.plan.config import MoEConfig  # noqa: E402
 from pylib.pp.pipeline import PipelineParallel  # noqa: E402
 from pylib.pp.recorder import PipelineRecorder  # noqa: E402
@@ -139,12 +139,7 @@ def _pp_rank(m, schedules, settings, steps):
         pipe = PipelineParallel(model, v=v)
 
         def theirs(schedule=schedule):
-            if rank == 0:
-                schedule.step(ids)
-            elif rank == p - 1:
-                schedule.step(target=targets)
-            else:
-                schedule.step()
+            torch_schedule_step(schedule, ids, targets)
 
         def ours(pipe=pipe, name=name):
             pipe.zero_grad()
@@ -251,12 +246,7 @@ def _cp_rank(size, settings, steps):
 
 def _ep_rank(size, settings, steps):
     tokens, h, cfg = size
-    r = dist.get_rank()
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        moe = MoE(h, 4 * h, cfg)
-    layer = ExpertParallelMoE.from_full(moe)
-    x = torch.randn(1, tokens, h, generator=torch.Generator().manual_seed(r), requires_grad=True)
+    layer, x = ep_layer_and_input(tokens, h, cfg)
 
     def ours():
         layer(x).sum().backward()

@@ -72,6 +72,18 @@ def _sweep(ms, repeats, t_f, t_b):
     return out
 
 
+def torch_schedule_step(schedule, ids, targets):
+    """One step of a `torch.distributed.pipelining` schedule on this rank: the first stage feeds the inputs, the
+    last the targets, the others neither."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        schedule.step(ids)
+    elif rank == p - 1:
+        schedule.step(target=targets)
+    else:
+        schedule.step()
+
+
 def _torch_1f1b(m, steps):
     rank, p = dist.get_rank(), dist.get_world_size()
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
@@ -83,12 +95,7 @@ def _torch_1f1b(m, steps):
     pipe = PipelineParallel(model)
 
     def theirs():
-        if rank == 0:
-            schedule.step(ids)
-        elif rank == p - 1:
-            schedule.step(target=targets)
-        else:
-            schedule.step()
+        torch_schedule_step(schedule, ids, targets)
 
     def ours():
         pipe.step(ids, targets, schedule="1f1b", n_microbatches=m, recorder=PipelineRecorder(measure_memory=False))
