@@ -336,3 +336,59 @@ def test_a_blocking_gloo_send_waits_for_its_receiver_even_for_a_tiny_message():
 
     with pytest.raises(LaunchTimeout, match=r"ranks \[0, 1\] never returned"):
         launch(_both_send_first, 2, 2, backend="gloo", timeout=3)
+
+
+_C10D = ("all_reduce", "all_gather_into_tensor", "all_gather", "broadcast", "barrier", "send", "recv", "isend", "irecv")
+
+
+def _calls_per_step():
+    """One 1F1B step (m = 4) per (recorder, check): the torch.distributed calls it made, by name, and what it
+    returned: the losses, the gradients, the timeline's length, the traced ops."""
+    from pylib.pp.recorder import PipelineRecorder
+    from pylib.runtime import agreement_check
+
+    model = build_model(CFG)
+    ids, targets = random_tokens(CFG, B, S, seed=1)
+    calls = {}
+    for name in _C10D:
+        real = getattr(dist, name)
+
+        def counted(*args, _real=real, _name=name, **kw):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _real(*args, **kw)
+
+        setattr(dist, name, counted)
+    out = {}
+    for timeline in (True, False):
+        for check in (True, False):
+            pipe = PipelineParallel(model)
+            pipe.zero_grad()  # the chunks share the model's parameters: each step's gradients from zero
+            calls.clear()
+            with agreement_check(check), trace() as tr:
+                run = pipe.step(ids, targets, n_microbatches=4, recorder=PipelineRecorder(record_timeline=timeline))
+            grads = {k: p.grad.clone() for k, p in pipe.named_parameters()}
+            ops = [(e.op, e.phase) for e in tr.events]
+            out[timeline, check] = dict(calls=dict(calls), losses=run.losses, grads=grads, n=len(run.timeline), ops=ops)
+    return out
+
+
+def test_a_step_makes_one_collective_for_its_check_and_one_for_its_timeline_and_none_else():
+    """What a step costs beyond its sends and receives (torch's Schedule1F1B makes only those): the agreement
+    check's one all-reduce, and the recorder's time origin (a traced one-element all-reduce, itself unchecked)
+    only when a timeline is recorded. Switching either off changes no loss, no gradient bit and no traced byte of
+    the data."""
+    for rank, out in enumerate(launch(_calls_per_step, 2, timeout=60)):
+        for (timeline, check), got in out.items():
+            calls = dict(got["calls"])
+            # rank 0 posts 4 activations and receives 4 gradients; rank 1 the other way round
+            p2p = {k: calls.pop(k) for k in ("send", "recv", "isend", "irecv") if k in calls}
+            assert p2p == {"isend": 4, "recv": 4}, (rank, timeline, check, p2p)
+            collectives = int(timeline) + int(check)
+            assert calls == ({"all_reduce": collectives} if collectives else {}), (rank, timeline, check, calls)
+            assert got["n"] == (16 if timeline else 0)
+            base = out[True, True]
+            assert got["losses"] == base["losses"]
+            assert all(torch.equal(got["grads"][k], g) for k, g in base["grads"].items())
+            sync = [("all_reduce", "pp-sync")] if timeline else []
+            assert [o for o in got["ops"] if o[0] == "all_reduce"] == sync
+            assert [o for o in got["ops"] if o[0] != "all_reduce"] == [o for o in base["ops"] if o[0] != "all_reduce"]

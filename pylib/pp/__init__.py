@@ -18,6 +18,7 @@ pipe = PipelineParallel(build_model(cfg), group=mesh.pp, v=1)
 run = pipe.step(ids, targets, schedule="1f1b", n_microbatches=8)     # run.loss, run.timeline
 run_pipeline(sched, chunks, Boundary(shape), group=..., inputs=..., targets=...)   # any stage modules
 recorder=PipelineRecorder(measure_memory=False, compute_delay=(t_f, t_b))       # what observes a run
+recorder=PipelineRecorder(measure_memory=False, record_timeline=False)          # nothing but the step (a timing)
 """
 
 from pylib.plan.schedules import (

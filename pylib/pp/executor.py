@@ -36,7 +36,13 @@ output gradients kept at the frontier nodes -- stays alive, and counted, from th
 Timing and memory are observed, not threaded through: a `PipelineRecorder` (`pylib.pp.recorder`) records every
 forward, backward, send and receive as an `Event` with start and end in seconds since a common start (the ranks
 meet in a one-element all-reduce first), and the bytes autograd saved for each forward. Its `compute_delay` pads
-compute to fixed costs (a measurement aid for comparing the measured bubble with the formula).
+compute to fixed costs (a measurement aid for comparing the measured bubble with the formula);
+`record_timeline=False` records no Event and makes no all-reduce.
+
+What a step costs beyond its sends, receives and compute -- what torch.distributed.pipelining's schedules also
+pay -- is the agreement's one all-reduce (while `checks_each_step()`) and the recorder's time origin (while it
+records a timeline); the losses are read to the host once, at the end of the step (a read per microbatch would
+wait for a GPU m times). `tests/test_pp_executor.py` counts the torch.distributed calls of a step.
 """
 
 from __future__ import annotations
@@ -229,17 +235,17 @@ class RankStep:
     stage_out: dict = field(default_factory=dict)  # (mb, chunk) -> output (the scaled loss on the last stage)
     grad_out: dict = field(default_factory=dict)  # (mb, chunk) -> received gradient of the output
     grad_in: dict = field(default_factory=dict)  # (mb, chunk) -> gradient of the input, to send back
-    losses: dict = field(default_factory=dict)  # mb -> its unscaled loss (last stage)
+    losses: dict = field(default_factory=dict)  # mb -> its unscaled loss, detached (last stage)
     pending_sends: list = field(default_factory=list)  # posted sends, waited for at the end of the step
 
     def __post_init__(self):
         self.excluded = [list(chunk.parameters()) for chunk in self.chunks]  # not activations
+        self.ops = {"F": self.forward, "B": self.backward, "W": self.weight, "send": self.send, "recv": self.recv}
 
     def do(self, a: Action) -> None:
-        ops = {"F": self.forward, "B": self.backward, "W": self.weight, "send": self.send, "recv": self.recv}
-        if a.op not in ops:
+        if a.op not in self.ops:
             raise ValueError(f"unknown action {a}")
-        ops[a.op](a)
+        self.ops[a.op](a)
 
     def forward(self, a: Action) -> None:
         key, chunk = (a.mb, a.chunk), self.chunks[a.chunk]
@@ -256,7 +262,7 @@ class RankStep:
         loss = chunk(x, self.targets[mb])
         if loss.dim() != 0:
             raise ValueError(f"the last stage must return a scalar loss, got shape {tuple(loss.shape)}")
-        self.losses[mb] = float(loss.detach())
+        self.losses[mb] = loss.detach()  # read once, in finish(): a float() here would wait for a GPU each time
         return loss / self.m if self.scale_loss else loss
 
     def backward(self, a: Action) -> None:
@@ -318,4 +324,4 @@ class RankStep:
             )
         if self.g.rank != (self.n_stages - 1) % self.g.size:
             return []
-        return [self.losses[i] for i in range(self.m)]
+        return torch.stack([self.losses[i] for i in range(self.m)]).tolist()  # one device-to-host read a step

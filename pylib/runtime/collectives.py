@@ -121,6 +121,22 @@ def _on_rank_device(op: str, *tensors: torch.Tensor) -> None:
             )
 
 
+_CPU = torch.device("cpu")
+_P2P_DEVICE: list = [None, None]  # [the default process group, the device type current_device() gave under it]
+
+
+def _on_p2p_device(op: str, *tensors: torch.Tensor) -> None:
+    """`_on_rank_device` for the point-to-point ops, which a pipeline step calls tens of times: the same check and
+    message, with `current_device()`'s backend lookup made once per default process group (a new group, after
+    destroy and init, looks again; a CUDA rank's GPU index is read on every call, since set_device may move it)."""
+    world = dist.GroupMember.WORLD
+    if _P2P_DEVICE[0] is not world:
+        _P2P_DEVICE[:] = [world, current_device().type]
+    want = torch.device("cuda", torch.cuda.current_device()) if _P2P_DEVICE[1] == "cuda" else _CPU
+    if any(t.device != want for t in tensors):
+        _on_rank_device(op, *tensors)  # the full check: it raises, naming the op and both devices
+
+
 def _check_divisible(size: int, n: int, what: str):
     if size % n:
         raise ValueError(f"{what}: size {size} is not divisible by the group size {n}")
@@ -345,7 +361,7 @@ def reduce_scatter_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=N
 def send(t: torch.Tensor, dst: int, group=None, *, phase=None, tag=None) -> None:
     """Blocking send of `t` to group member `dst` (an index into the group)."""
     g = resolve_group(group)
-    _on_rank_device("send", t)
+    _on_p2p_device("send", t)
     t0 = tracer.now()
     dist.send(t.contiguous(), dst=g.global_of(dst))
     _record("send", g, _nbytes(t), _nbytes(t), 0, [t], t0, peer=g.global_of(dst), phase=phase, tag=tag)
@@ -354,7 +370,7 @@ def send(t: torch.Tensor, dst: int, group=None, *, phase=None, tag=None) -> None
 def recv(t: torch.Tensor, src: int, group=None, *, phase=None, tag=None) -> torch.Tensor:
     """Blocking receive into `t` from group member `src`; returns `t`."""
     g = resolve_group(group)
-    _on_rank_device("recv", t)
+    _on_p2p_device("recv", t)
     t0 = tracer.now()
     dist.recv(t, src=g.global_of(src))
     _record("recv", g, _nbytes(t), 0, _nbytes(t), [t], t0, peer=g.global_of(src), phase=phase, tag=tag)
@@ -394,13 +410,13 @@ def _post(kind: str, t: torch.Tensor, peer: int, g: AxisGroup, phase, tag, work)
 
 def isend(t: torch.Tensor, dst: int, group=None, *, phase=None, tag=None) -> P2PWork:
     g = resolve_group(group)
-    _on_rank_device("isend", t)
+    _on_p2p_device("isend", t)
     return _post("send", t, dst, g, phase, tag, dist.isend(t.contiguous(), dst=g.global_of(dst)))
 
 
 def irecv(t: torch.Tensor, src: int, group=None, *, phase=None, tag=None) -> P2PWork:
     g = resolve_group(group)
-    _on_rank_device("irecv", t)
+    _on_p2p_device("irecv", t)
     return _post("recv", t, src, g, phase, tag, dist.irecv(t, src=g.global_of(src)))
 
 
@@ -410,7 +426,7 @@ def batch_isend_irecv(ops, group=None, *, phase=None, tag=None) -> list[P2PWork]
     Posting both directions at once is what lets a ring (or a pipeline) exchange without deadlock: no rank
     blocks in a send while its neighbour blocks in its own send."""
     g = resolve_group(group)
-    _on_rank_device("batch_isend_irecv", *(t for _, t, _ in ops))
+    _on_p2p_device("batch_isend_irecv", *(t for _, t, _ in ops))
     p2p = []
     for kind, t, peer in ops:
         fn = dist.isend if kind == "send" else dist.irecv
