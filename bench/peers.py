@@ -10,7 +10,7 @@ the machine falls on both sides of it.
 
     TP, TP+SP            pylib.tp.TPBlock                    DTensor: parallelize_module (pylib.tp.dtensor)
     1F1B, interleaved    pylib.pp.PipelineParallel           torch.distributed.pipelining Schedule1F1B /
-                                                             ScheduleInterleaved1F1B, the same chunks
+                         (no timeline recorded)              ScheduleInterleaved1F1B, the same chunks
     DDP                  pylib.dp.wrap(..., "ddp")           torch.nn.parallel.DistributedDataParallel + Adam
     ZeRO-3               pylib.dp.wrap(..., "zero3")         FSDP2: torch.distributed.fsdp.fully_shard + Adam
     ring (CP)            pylib.cp.ring_attention, zig-zag    all-gather K and V (torch.distributed.nn), then
@@ -143,7 +143,8 @@ def _pp_rank(m, schedules, settings, steps):
 
         def ours(pipe=pipe, name=name):
             pipe.zero_grad()
-            pipe.step(ids, targets, schedule=name, n_microbatches=m, recorder=PipelineRecorder(measure_memory=False))
+            recorder = PipelineRecorder(measure_memory=False, record_timeline=False)  # torch records none either
+            pipe.step(ids, targets, schedule=name, n_microbatches=m, recorder=recorder)
 
         label = "Schedule1F1B" if v == 1 else "ScheduleInterleaved1F1B"
         rows.append((name, f"p={p} m={m} v={v}", label, _timed(ours, theirs, settings, steps)))

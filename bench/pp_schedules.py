@@ -1,7 +1,7 @@
 """Pipeline parallelism, measured: bubble, point-to-point traffic and activation memory against their formulas,
 and our 1F1B step time against PyTorch's Schedule1F1B on the same ranks.
 
-    PYTHONPATH=$PWD python bench/pp_schedules.py [--p 4] [--repeats 3]
+    PYTHONPATH=$PWD python bench/pp_schedules.py [--p 4] [--repeats 3] [--torch-only | --zero-bubble-only]
 
 Bubble, four ways (idle time / compute time, averaged over ranks):
   formula     (p-1)/m for GPipe and 1F1B, (p-1)/(v·m) for interleaved
@@ -12,6 +12,11 @@ Bubble, four ways (idle time / compute time, averaged over ranks):
               shared 2-core machine is small against it; communication and scheduling overheads remain
   raw         wall clock of the tiny model as is (dominated by per-op overhead and noise on a CPU)
 The median over `--repeats` runs is printed for the wall-clock columns.
+
+1F1B against PyTorch (`--torch-only`: this row alone): our step and `Schedule1F1B`'s on the same ranks, model and
+microbatches, alternating, the median step of rank 0. Ours runs with the cross-rank agreement check on (as shipped
+under gloo: one all-reduce per step, `agree_pipeline`) and off (as torch, which has none), and records no timeline
+(`PipelineRecorder(record_timeline=False)`: torch records none, so neither side makes a collective of its own).
 
 Zero bubble (ZB-H1, ZB-H2: the backward split into B and W): each rank's own idle (from its first compute to its
 last, the busiest rank), padded to t_f, t_b/2, t_b/2 seconds for F, B, W (1F1B's backward to t_b), against
@@ -85,8 +90,11 @@ def torch_schedule_step(schedule, ids, targets):
 
 
 def _torch_1f1b(m, steps):
+    """This rank's step seconds {"ours on", "ours off", "torch": [each step]}, the three alternating."""
     rank, p = dist.get_rank(), dist.get_world_size()
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from pylib.runtime import agreement_check
 
     model = build_model(CFG)
     ids, targets = random_tokens(CFG, m, SEQ, seed=0)
@@ -98,18 +106,22 @@ def _torch_1f1b(m, steps):
         torch_schedule_step(schedule, ids, targets)
 
     def ours():
-        pipe.step(ids, targets, schedule="1f1b", n_microbatches=m, recorder=PipelineRecorder(measure_memory=False))
+        recorder = PipelineRecorder(measure_memory=False, record_timeline=False)
+        pipe.step(ids, targets, schedule="1f1b", n_microbatches=m, recorder=recorder)
 
-    times = {"ours": [], "torch": []}
-    for fn in (ours, theirs):  # warm-up
-        fn()
-    for _ in range(steps):
-        for who, fn in (("ours", ours), ("torch", theirs)):
-            C.all_reduce_(torch.zeros(1))  # a barrier
-            t = time.perf_counter()
+    variants = {"ours on": (ours, True), "ours off": (ours, False), "torch": (theirs, False)}
+    times = {who: [] for who in variants}
+    for fn, check in variants.values():  # warm-up
+        with agreement_check(check):
             fn()
-            C.all_reduce_(torch.zeros(1))
-            times[who].append(time.perf_counter() - t)
+    for _ in range(steps):
+        for who, (fn, check) in variants.items():
+            with agreement_check(check):
+                dist.barrier()
+                t = time.perf_counter()
+                fn()
+                dist.barrier()
+                times[who].append(time.perf_counter() - t)
     return times
 
 
@@ -172,9 +184,13 @@ def main():
     ap.add_argument("--t-f", type=float, default=0.04, help="padded forward seconds per stage and microbatch")
     ap.add_argument("--t-b", type=float, default=0.08, help="padded backward seconds per stage and microbatch")
     ap.add_argument("--zero-bubble-only", action="store_true", help="only the zero-bubble table")
+    ap.add_argument("--torch-only", action="store_true", help="only the 1F1B step against PyTorch's")
     args = ap.parse_args()
     if args.zero_bubble_only:
         _print_zero_bubble(args)
+        return
+    if args.torch_only:
+        _print_torch_1f1b(args)
         return
     p = args.p
     ms = [p, 2 * p, 4 * p]  # multiples of p, as the interleaved schedule needs
@@ -228,15 +244,20 @@ def main():
                 f"{formula:>9}" + ("  (chunks differ: bound)" if v > 1 and r in (0, p - 1) else "")
             )
 
-    m = 2 * p
-    times = launch(_torch_1f1b, p, m, args.steps, timeout=600, backend="gloo")[0]
-    ours, theirs = statistics.median(times["ours"]), statistics.median(times["torch"])
-    print(f"\n1F1B step time, p={p}, m={m}, median of {args.steps} alternating steps on the same ranks")
-    print(
-        f"  ours {ours * 1e3:8.1f} ms   PyTorch Schedule1F1B {theirs * 1e3:8.1f} ms   "
-        f"ratio ours/PyTorch {ours / theirs:.2f}"
-    )
+    _print_torch_1f1b(args)
     _print_zero_bubble(args)
+
+
+def _print_torch_1f1b(args):
+    p, m = args.p, 2 * args.p
+    times = launch(_torch_1f1b, p, m, args.steps, timeout=600, backend="gloo")[0]
+    on, off, theirs = (statistics.median(times[k]) for k in ("ours on", "ours off", "torch"))
+    print(f"\n1F1B step time, p={p}, m={m}, rank 0, median of {args.steps} alternating steps on the same ranks")
+    print(
+        f"  ours, check on {on * 1e3:8.1f} ms   ours, check off {off * 1e3:8.1f} ms   "
+        f"PyTorch Schedule1F1B {theirs * 1e3:8.1f} ms"
+    )
+    print(f"  ratio ours/PyTorch: check on {on / theirs:.2f}, check off {off / theirs:.2f}")
 
 
 def _print_zero_bubble(args):
