@@ -20,13 +20,15 @@ under gloo: one all-reduce per step, `agree_pipeline`) and off (as torch, which 
 
 Zero bubble (ZB-H1, ZB-H2: the backward split into B and W): each rank's own idle (from its first compute to its
 last, the busiest rank), padded to t_f, t_b/2, t_b/2 seconds for F, B, W (1F1B's backward to t_b), against
-(p-1)(T_F+T_B+T_W) for 1F1B, (p-1)(T_F+T_B-T_W) for ZB-H1 and 0 for ZB-H2; and the raw step time of each
+`pylib.analysis.pp.split_bubble_time`: (p-1)(T_F+T_B+T_W) for 1F1B, (p-1)(T_B+max(T_F-T_W, 0)) for ZB-H1, 0 for
+ZB-H2 at equal costs (nan otherwise: no formula); and the raw step time of each
 against our 1F1B's on the same ranks (what the W bookkeeping costs).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 
@@ -157,10 +159,18 @@ def _zero_bubble(m, repeats, t_f, t_b, t_w):
     return out
 
 
+def _formula(name, p, t_f, t_b, t_w):
+    """The busiest rank's idle by `pylib.analysis.pp.split_bubble_time`; nan for ZB-H2 away from equal costs,
+    where it states none."""
+    try:
+        return A.split_bubble_time(name, p, t_f, t_b, t_w)
+    except ValueError:
+        return math.nan
+
+
 def zero_bubble_rows(p, m, repeats, t_f, t_b, t_w):
     """Measure the ZB table on p gloo ranks: (name, formula, simulated, padded own idle in s, raw ms, ratio)."""
     results = launch(_zero_bubble, p, m, repeats, t_f, t_b, t_w, timeout=900, backend="gloo")
-    formula = {"1f1b": (p - 1) * (t_f + t_b + t_w), "zb-h1": (p - 1) * (t_f + t_b - t_w), "zb-h2": 0.0}
     base = statistics.median(results[0]["1f1b"]["raw"])
     rows = []
     for name in ZB_SWEEP:
@@ -172,7 +182,7 @@ def zero_bubble_rows(p, m, repeats, t_f, t_b, t_w):
             max(bubble([e for r in range(p) for e in results[r][name]["padded"][k]]).own_idle) for k in range(repeats)
         )
         raw = statistics.median(results[0][name]["raw"])
-        rows.append((name, formula[name], simulated, padded, raw, raw / base))
+        rows.append((name, _formula(name, p, t_f, t_b, t_w), simulated, padded, raw, raw / base))
     return rows
 
 
