@@ -322,20 +322,32 @@ _PRIMES = (2_147_483_647, 2_147_483_629)  # the split residuals' moduli: two pri
 def call_hash(op, tensors, params, dims_of_first=0, rows_only=False, sizes=None) -> int | None:
     """A 63-bit hash of what the ranks must agree on: the op, its params (dims counted from the front), each
     tensor's dtype and shape (after dim 0 with `rows_only`) and `sizes`; None when a dim argument is out of range
-    for this rank's tensor. The same on every process (blake2b, not Python's salted hash)."""
+    for this rank's tensor (`_hash63`)."""
     if dims_of_first and tensors:
         ndim = tensors[0].dim()
         if any(ndim == 0 or not -ndim <= d < ndim for d in params[:dims_of_first]):
             return None
         params = _normalised(params, ndim, dims_of_first)
     shapes = tuple((_dtype_code(t.dtype), t.dim(), tuple(t.shape[1:] if rows_only else t.shape)) for t in tensors)
-    key = repr((_op_code(op), tuple(params), shapes, None if sizes is None else tuple(sizes)))
+    return _hash63(repr((_op_code(op), tuple(params), shapes, None if sizes is None else tuple(sizes))))
+
+
+def _hash63(key: str) -> int:
+    """A 63-bit hash of `key`, the same on every process (blake2b, not Python's salted hash)."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
 
 
 def hash_row(h: int | None) -> list[int]:
     """This rank's two int64 for step 1's all-reduce (max): [h, -h], or [_DISAGREE, _DISAGREE] for None."""
     return [_DISAGREE, _DISAGREE] if h is None else [h, -h]
+
+
+def _hashes_agree(g, h: int | None, device) -> bool:
+    """Step 1's round trip: one all-reduce (max) of this rank's [h, -h] over `g`; True on every rank exactly when
+    every rank's h is the same."""
+    row = torch.tensor(hash_row(h), dtype=torch.int64, device=device)
+    dist.all_reduce(row, op=dist.ReduceOp.MAX, group=g.pg)
+    return all_equal(row.cpu().tolist())
 
 
 def all_equal(maxima: list[int]) -> bool:
@@ -374,10 +386,7 @@ def split_residuals(n: int, i: int, in_splits, out_splits) -> list[int]:
 def _all_agree(g, op, tensors, params, dims_of_first, rows_only, sizes, in_splits, out_splits, device) -> bool:
     """Step 1: True when every rank of `g` makes the same call (and, for an uneven all-to-all, every rank expects
     the rows its peers send). Every rank gets the same answer."""
-    h = call_hash(op, tensors, params, dims_of_first, rows_only, sizes)
-    row = torch.tensor(hash_row(h), dtype=torch.int64, device=device)
-    dist.all_reduce(row, op=dist.ReduceOp.MAX, group=g.pg)
-    if not all_equal(row.cpu().tolist()):
+    if not _hashes_agree(g, call_hash(op, tensors, params, dims_of_first, rows_only, sizes), device):
         return False
     if in_splits is None:  # the same call on every rank (equal hashes): none of them has splits to compare
         return True
@@ -458,11 +467,7 @@ def agree_pipeline(g, schedule, dtype: torch.dtype, shape_of) -> None:
     p, n_stages = g.size, g.size * v
     table = [tuple(shape_of(mb, k)) for k in range(1, n_stages) for mb in range(m)]
     device = _small_device(g)
-    everything = repr((name, m, v, schedule.p, _dtype_code(dtype), table)).encode()
-    h = int.from_bytes(hashlib.blake2b(everything, digest_size=8).digest(), "little") >> 1
-    row = torch.tensor(hash_row(h), dtype=torch.int64, device=device)
-    dist.all_reduce(row, op=dist.ReduceOp.MAX, group=g.pg)
-    if all_equal(row.cpu().tolist()):
+    if _hashes_agree(g, _hash63(repr((name, m, v, schedule.p, _dtype_code(dtype), table))), device):
         return
     most = max((len(s) for s in table), default=0)
     header = [zlib.crc32(name.encode()) & 0x7FFFFFFF, m, v, schedule.p, _dtype_code(dtype), most]
