@@ -7,6 +7,8 @@ Which rank holds what:
   router.gate  [E, h]                  replicated on every rank; each rank routes its own tokens
   experts      E_local = E / ep        rank i of the EP group holds experts [i * E_local, (i+1) * E_local)
   inside one   h_ffn / etp             rank j of the ETP group holds slice j of every local expert's FFN
+  shared       n_s*h_ffn / tp          rank j of the TP group holds slice j of the shared MLP, replicated over EP
+                                       (`pylib.ep.shared`: placed as Megatron-Core places its SharedExpertMLP)
 
 Tokens differ across the ranks of the EP and ETP groups (different sequence shards under SP/CP, or different
 micro-batches). So the layer's output on the union of all ranks' tokens is the reference MoE's output on that
@@ -50,6 +52,7 @@ from .aux_loss import group_aux_loss
 from .checks import check_expert_parallel, check_orthogonal
 from .dispatcher import AllToAllDispatcher, DispatchState
 from .experts import LocalExperts
+from .shared import SharedExperts
 
 
 def _single(name: str) -> AxisGroup:
@@ -65,7 +68,14 @@ class ExpertParallelMoE(nn.Module):
     After a forward: `last_routing` and `last_keep` (this rank's tokens), `last_state` (the dispatch counts),
     `last_aux_loss` (this rank's share, detached) are kept for inspection."""
 
-    def __init__(self, moe: MoE, ep_group: AxisGroup, etp_group: AxisGroup, aux_group: AxisGroup | None):
+    def __init__(
+        self,
+        moe: MoE,
+        ep_group: AxisGroup,
+        etp_group: AxisGroup,
+        aux_group: AxisGroup | None,
+        tp_group: AxisGroup | None = None,
+    ):
         super().__init__()
         cfg = moe.cfg
         d_ff, d_model = moe.experts[0].up_proj.weight.shape
@@ -79,6 +89,8 @@ class ExpertParallelMoE(nn.Module):
             moe.experts, ep_group.rank * self.n_local, self.n_local, etp_group.rank, etp_group.size
         )
         self.dispatcher = AllToAllDispatcher(cfg.n_experts, ep_group, etp_group)
+        self.tp_group = tp_group if tp_group is not None else _single("tp")
+        self.shared = None if moe.shared is None else SharedExperts(moe.shared, self.tp_group)
         device = moe.router.gate.weight.device
         self.register_buffer(
             "routed_counts", torch.zeros(cfg.n_experts, dtype=torch.int64, device=device), persistent=False
@@ -89,22 +101,29 @@ class ExpertParallelMoE(nn.Module):
         self.last_aux_loss: torch.Tensor | None = None
 
     @classmethod
-    def from_full(cls, moe: MoE, *, ep_group=None, etp_group=None, aux_group=None) -> ExpertParallelMoE:
+    def from_full(cls, moe: MoE, *, ep_group=None, etp_group=None, aux_group=None, tp_group=None) -> ExpertParallelMoE:
         """Keep this rank's experts (and ETP slices) of the reference `moe`.
 
         ep_group: the EP group (None = every rank). etp_group: the ETP group (None = no ETP).
-        aux_group: the ranks whose tokens form one batch for the aux losses (None = this rank's tokens only)."""
+        aux_group: the ranks whose tokens form one batch for the aux losses (None = this rank's tokens only).
+        tp_group: the dense TP group the shared experts are cut over, its ranks holding sequence shards of the
+        same sequences (None = each rank computes the whole shared MLP on its own tokens)."""
         ep = collectives.resolve_group(ep_group)
         etp = _single("etp") if etp_group is None else collectives.resolve_group(etp_group)
         aux = None if aux_group is None else collectives.resolve_group(aux_group)
-        return cls(moe, ep, etp, aux)
+        tp = None if tp_group is None else collectives.resolve_group(tp_group)
+        return cls(moe, ep, etp, aux, tp)
 
     @classmethod
     def from_mesh(cls, moe: MoE, mesh, *, aux_group: str | None = "tp-cp") -> ExpertParallelMoE:
         """The folded layout: EP and ETP groups from the mesh's expert layout; aux losses over the mesh's
         `aux_group` (default "tp-cp", Megatron's: the ranks holding pieces of the same sequences)."""
         return cls.from_full(
-            moe, ep_group=mesh.ep, etp_group=mesh.etp, aux_group=None if aux_group is None else mesh[aux_group]
+            moe,
+            ep_group=mesh.ep,
+            etp_group=mesh.etp,
+            aux_group=None if aux_group is None else mesh[aux_group],
+            tp_group=mesh.tp,
         )
 
     @property
@@ -124,6 +143,8 @@ class ExpertParallelMoE(nn.Module):
         rows, state = self.dispatcher.dispatch(xt, routing.experts, keep)
         y = self.experts(rows, state.rows_per_local_expert)
         out = self.dispatcher.combine(y, state, routing.weights)
+        if self.shared is not None:
+            out = out + self.shared(x).reshape(out.shape)
         aux = group_aux_loss(routing, self.cfg, self.aux_group)
         if aux is not None:
             out = AddAuxiliaryLoss.apply(out, aux)
@@ -144,6 +165,16 @@ class ExpertParallelMoE(nn.Module):
                 with tag("router_grad"):
                     collectives.all_reduce_(p.grad, group, phase="grad_sync")
 
+    def reduce_shared_grad(self, group=None) -> None:
+        """Sum the shared experts' gradients over `group`: the ranks holding the same TP slice for other tokens
+        (the data-parallel ranks of the dense layout; in a full model its gradient reduction does this)."""
+        if self.shared is None:
+            return
+        for p in self.shared.parameters():
+            if p.grad is not None:
+                with tag("shared_grad"):
+                    collectives.all_reduce_(p.grad, group, phase="grad_sync")
+
     @torch.no_grad()
     def update_expert_bias(self, rate: float | None = None, group=None) -> torch.Tensor:
         """Aux-loss-free balancing: sum the routed counts over `group` (the ranks sharing this router), apply
@@ -160,8 +191,9 @@ class ExpertParallelMoE(nn.Module):
     # ------------------------------------------------------------------------------------------ layout as data
 
     def param_map(self) -> list[tuple[str, nn.Parameter, str, tuple]]:
-        """(local name, local parameter, reference name, index into the reference tensor) for every parameter:
-        `reference_param[index]` is what this rank holds."""
+        """(local name, local parameter, reference name, index into the reference tensor) for the router and the
+        routed experts: `reference_param[index]` is what this rank holds. The shared experts (dense, TP-cut) are
+        in `shared.param_map()`."""
         out = [("router.gate.weight", self.router.gate.weight, "router.gate.weight", (slice(None),))]
         step = self.d_ff // self.etp_group.size
         lo = self.etp_group.rank * step
@@ -212,4 +244,12 @@ class ExpertParallelMoE(nn.Module):
                     f"h_ffn slice {self.etp_group.rank} of {etp}" if etp > 1 else "whole expert (etp=1)",
                 )
             )
+        if self.shared is not None:
+            tp = self.tp_group.size
+            for _, p, ref, index in self.shared.param_map():
+                d = len(index) - 1
+                full = list(p.shape)
+                full[d] *= tp
+                kind = "column" if d == 0 else "row"
+                specs.append(ShardSpec(ref, "tp", d, kind, tuple(full), tuple(p.shape), "shared, replicated over ep"))
         return specs

@@ -13,6 +13,13 @@ C from every rank of its expert-parallel group). The reference reproduces that r
 per token saying which rank holds it; capacity is then computed and applied per label, over that label's tokens
 in their original order. Without labels the whole batch is one group (one rank).
 
+Shared experts (DeepSeek-V2/V3, Qwen-MoE; `cfg.n_shared_experts`) are one dense MLP every token goes through,
+its output added to the routed experts' weighted sum: y = shared(x) + sum_j w_j * expert_{e_j}(x).
+
+Group-limited top-k (`cfg.n_groups`, `cfg.topk_groups`; `select_experts`) restricts each token's k experts to its
+topk_groups best groups of consecutive experts; with the groups on different nodes it caps the nodes a token's
+rows travel to.
+
 The load-balancing and z losses, by contrast, are taken over every token of the call (the union of all ranks'
 tokens in an expert-parallel run that reduces them over its ranks).
 """
@@ -38,6 +45,24 @@ class Routing(NamedTuple):
     weights: torch.Tensor  # [T, k] combine weights of the chosen experts
 
 
+def select_experts(selection: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
+    """[T, E] selection scores (no gradient; bias included) -> [T, k] expert ids, best first.
+
+    Plain top-k, or with cfg.n_groups > 1 and topk_groups < n_groups group-limited top-k (DeepSeek-V3's router;
+    Megatron-Core's group_limited_topk in moe_utils.py): the E experts form n_groups groups of consecutive ids, a
+    group scores the sum of its top_k // topk_groups best selection scores (top-2 for V3's k = 8, M = 4), each token
+    keeps its topk_groups best groups, and its top_k experts are chosen inside them (the rest masked to -inf)."""
+    k, G = cfg.top_k, cfg.n_groups
+    M = G if cfg.topk_groups is None else cfg.topk_groups
+    if M < G:
+        T, E = selection.shape
+        group_scores = selection.view(T, G, E // G).topk(k // M, dim=-1).values.sum(-1)
+        kept = torch.zeros(T, G, dtype=torch.bool, device=selection.device)
+        kept.scatter_(1, group_scores.topk(M, dim=-1).indices, True)
+        selection = selection.masked_fill(~kept.repeat_interleave(E // G, dim=1), float("-inf"))
+    return torch.topk(selection, k, dim=-1).indices
+
+
 class Router(nn.Module):
     """Linear gate [h -> E] and top-k selection. x [T, h] -> Routing.
 
@@ -58,17 +83,17 @@ class Router(nn.Module):
         bias = self.expert_bias.to(logits.dtype)
         if cfg.score == "sigmoid":
             scores = torch.sigmoid(logits)
-            experts = torch.topk(scores.detach() + bias, k, dim=-1).indices
+            experts = select_experts(scores.detach() + bias, cfg)
             weights = scores.gather(-1, experts)
             if k > 1:
                 weights = weights / weights.sum(-1, keepdim=True)
         elif cfg.topk_then_softmax:
             scores = torch.softmax(logits, dim=-1)
-            experts = torch.topk(logits.detach() + bias, k, dim=-1).indices
+            experts = select_experts(logits.detach() + bias, cfg)
             weights = torch.softmax(logits.gather(-1, experts), dim=-1)
         else:
             scores = torch.softmax(logits, dim=-1)
-            experts = torch.topk(scores.detach() + bias, k, dim=-1).indices
+            experts = select_experts(scores.detach() + bias, cfg)
             weights = scores.gather(-1, experts)
         return Routing(logits, scores, experts, weights)
 
@@ -182,7 +207,9 @@ def auxiliary_loss(routing: Routing, cfg: MoEConfig) -> torch.Tensor | None:
 
 
 class MoE(nn.Module):
-    """Router + E expert MLPs. x [b, s, h] -> [b, s, h]; each token's output is sum_j w_j * expert_{e_j}(x).
+    """Router + E expert MLPs (+ the shared experts). x [b, s, h] -> [b, s, h]; each token's output is
+    sum_j w_j * expert_{e_j}(x), plus shared(x) when cfg.n_shared_experts > 0: `shared` is one MLP of
+    n_shared_experts * h_ffn(expert) hidden units (DeepSeek-V2/V3 fuse their shared experts the same way).
 
     After a forward, `last_routing` and `last_keep` hold the decision (detached) for inspection. While gradients
     are enabled, `routed_counts` [E] accumulates the tokens the router sent to each expert (before dropping) until
@@ -197,6 +224,7 @@ class MoE(nn.Module):
         self.cfg = cfg
         self.router = Router(d_model, cfg)
         self.experts = nn.ModuleList(MLP(d_model, cfg.d_ff or d_ff, kind) for _ in range(cfg.n_experts))
+        self.shared = MLP(d_model, cfg.n_shared_experts * (cfg.d_ff or d_ff), kind) if cfg.n_shared_experts else None
         counts = torch.zeros(cfg.n_experts, dtype=torch.int64, device=self.router.gate.weight.device)
         self.register_buffer("routed_counts", counts, persistent=False)
         self.drop_groups: torch.Tensor | None = None
@@ -226,6 +254,8 @@ class MoE(nn.Module):
             if tok.numel():
                 y = expert(xt[tok]) * routing.weights[tok, slot].unsqueeze(-1)
                 out = out.index_add(0, tok, y)
+        if self.shared is not None:
+            out = out + self.shared(xt)
         self.last_routing = Routing(*(t.detach() for t in routing))
         self.last_keep = keep
         aux = auxiliary_loss(routing, self.cfg)

@@ -21,6 +21,7 @@ from .options import DTYPE_BYTES
 
 SCORES = ("softmax", "sigmoid")
 DROP_POLICIES = ("probs", "position")
+DISPATCHERS = ("alltoall", "allgather")
 MLPS = ("gelu", "swiglu")
 POSITIONS = ("none", "rope")
 
@@ -42,6 +43,16 @@ class MoEConfig:
     z-loss mean(logsumexp(logits)^2). Both add gradient without changing the layer's forward value.
     bias_update_rate: step of the auxiliary-loss-free expert-bias update (DeepSeek-V3), applied by
     `MoE.update_expert_bias()`; 0 = the bias stays 0.
+    n_shared_experts: experts every token goes through, beside the routed ones (DeepSeek-V2/V3, Qwen-MoE): one
+    dense MLP of n_shared_experts * (expert h_ffn) hidden units, added unweighted (0 = none).
+    n_groups, topk_groups: group-limited top-k (DeepSeek-V3; Megatron's moe_router_num_groups / group_topk): the
+    experts in n_groups equal groups of consecutive ids, each token first keeps the topk_groups groups whose
+    top_k // topk_groups best selection scores sum highest, then picks its top_k inside them. None = no limit.
+    When the groups are the nodes of the EP group, this is node-limited routing.
+    dispatcher: "alltoall" (rows to the ranks of their experts) or "allgather" (every rank gathers the EP x ETP
+    group's tokens and keeps its experts' rows; Megatron's MoEAllGatherTokenDispatcher).
+    pad_to_capacity: every expert receives exactly C rows from every rank, zero rows filling the gaps (fixed shapes;
+    Megatron's --moe-pad-expert-input-to-capacity); needs a capacity_factor and the all-to-all dispatcher.
     """
 
     n_experts: int = 8
@@ -55,6 +66,11 @@ class MoEConfig:
     z_loss_coef: float = 0.0
     bias_update_rate: float = 0.0
     every: int = 1  # layer i is MoE when i % every == every - 1 (every=1: all layers)
+    n_shared_experts: int = 0
+    n_groups: int = 1
+    topk_groups: int | None = None
+    dispatcher: str = "alltoall"
+    pad_to_capacity: bool = False
 
     def __post_init__(self):
         # every field checked before any rule reads it (pylib.plan.fields: the type, finiteness and range)
@@ -68,6 +84,13 @@ class MoEConfig:
         choice("MoEConfig", "drop_policy", self.drop_policy, DROP_POLICIES)
         for name in ("aux_loss_coef", "z_loss_coef", "bias_update_rate"):
             number("MoEConfig", name, getattr(self, name), low=0)
+        object.__setattr__(
+            self, "n_shared_experts", integer("MoEConfig", "n_shared_experts", self.n_shared_experts, low=0)
+        )
+        object.__setattr__(self, "n_groups", integer("MoEConfig", "n_groups", self.n_groups))
+        object.__setattr__(self, "topk_groups", integer("MoEConfig", "topk_groups", self.topk_groups, none=True))
+        choice("MoEConfig", "dispatcher", self.dispatcher, DISPATCHERS)
+        flag("MoEConfig", "pad_to_capacity", self.pad_to_capacity)
         bad = routing_problems(self)
         if bad:
             raise ValueError(bad[0])
@@ -82,6 +105,35 @@ def routing_problems(moe) -> list[str]:
         out.append(f"top_k={moe.top_k} must be between 1 and n_experts={moe.n_experts}")
     if moe.capacity_factor is not None and moe.capacity_factor <= 0:
         out.append(f"capacity_factor={moe.capacity_factor} must be > 0 (or None for no dropping)")
+    out += group_routing_problems(moe)
+    if getattr(moe, "pad_to_capacity", False):
+        if moe.capacity_factor is None:
+            out.append("pad_to_capacity=True pads every expert to its capacity C: it needs a capacity_factor")
+        if moe.dispatcher != "alltoall":
+            out.append(f"pad_to_capacity=True pads the all-to-all's rows; dispatcher={moe.dispatcher!r} has none")
+    return out
+
+
+def group_routing_problems(moe) -> list[str]:
+    """The rules of group-limited top-k: n_groups divides n_experts, 1 <= topk_groups <= n_groups, topk_groups <=
+    top_k (each kept group is scored by its top_k // topk_groups best experts), and the kept groups hold at least
+    top_k experts."""
+    G = getattr(moe, "n_groups", 1)
+    if G == 1 and getattr(moe, "topk_groups", None) is None:
+        return []
+    M = G if moe.topk_groups is None else moe.topk_groups
+    if moe.n_experts % G:
+        return [f"n_groups={G} does not divide n_experts={moe.n_experts}"]
+    out = []
+    if not 1 <= M <= G:
+        out.append(f"topk_groups={M} must be between 1 and n_groups={G}")
+    if M > moe.top_k:
+        out.append(
+            f"topk_groups={M} must be at most top_k={moe.top_k}: "
+            "a group is scored by its top_k // topk_groups best experts"
+        )
+    elif M * (moe.n_experts // G) < moe.top_k:
+        out.append(f"top_k={moe.top_k} experts do not fit in topk_groups={M} groups of {moe.n_experts // G} experts")
     return out
 
 
