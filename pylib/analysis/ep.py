@@ -111,6 +111,47 @@ def etp_gather_bytes(rows_per_member: Sequence[int], member: int, h: int, dtype_
     )
 
 
+def node_rows(experts, ep_rank: int, n_experts: int, ep: int, ranks_per_node: int, keep=None) -> dict:
+    """Rows EP rank `ep_rank` sends in one dispatch, by where they go, from its routing experts [T, k] (keep [T, k]):
+
+    intra       kept assignments to another rank of its own node (node = ep rank // ranks_per_node)
+    inter       kept assignments to a rank of another node: what the all-to-all moves across nodes
+    inter_dedup distinct (token, other node) pairs: what crosses nodes when a token goes to each node once and
+                fans out inside it (DeepSeek-V3's dispatch); node-limited routing caps it at T * topk_groups."""
+    per_rank, home = n_experts // ep, ep_rank // ranks_per_node
+    rows = experts.tolist() if hasattr(experts, "tolist") else experts
+    keeps = [[True] * len(r) for r in rows] if keep is None else (keep.tolist() if hasattr(keep, "tolist") else keep)
+    out = dict(intra=0, inter=0, inter_dedup=0)
+    for chosen, kept in zip(rows, keeps):
+        nodes = set()
+        for e, kp in zip(chosen, kept):
+            dst = int(e) // per_rank
+            if not kp or dst == ep_rank:
+                continue
+            if dst // ranks_per_node == home:
+                out["intra"] += 1
+            else:
+                out["inter"] += 1
+                nodes.add(dst // ranks_per_node)
+        out["inter_dedup"] += len(nodes)
+    return out
+
+
+def expected_inter_node_rows(tokens: int, top_k: int, n_experts: int, ep: int, ranks_per_node: int) -> dict:
+    """Uniform routing without a group limit, no dropping, N = ep / ranks_per_node nodes:
+
+        inter       T * k * (N - 1) / N                                 (each assignment lands on a node at random)
+        inter_dedup T * (N - 1) * (1 - C(E - E/N, k) / C(E, k))         (a node is touched unless all k miss it)
+
+    Node-limited routing (topk_groups = M groups = nodes) leaves `inter` as it is in expectation and caps
+    inter_dedup at T * M."""
+    from math import comb
+
+    N = ep // ranks_per_node
+    miss = comb(n_experts - n_experts // N, top_k) / comb(n_experts, top_k)
+    return dict(inter=tokens * top_k * (N - 1) / N, inter_dedup=tokens * (N - 1) * (1 - miss))
+
+
 def expert_params_per_rank(h: int, d_ff: int, n_experts: int, ep: int, etp: int = 1, mlp: str = "gelu") -> int:
     """Expert weights one rank holds: (E / ep) experts x (2 or 3) matrices of h x h_ffn / etp."""
     mats = 3 if mlp == "swiglu" else 2

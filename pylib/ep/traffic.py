@@ -32,3 +32,23 @@ def traffic_matrix(
             for j, dst in enumerate(_field(e, "group")):
                 m[src][dst] += splits[j] * row
     return m
+
+
+def node_split(matrix: Sequence[Sequence[int]], group_ranks: Sequence[int], ranks_per_node: int) -> list[dict]:
+    """Split each EP rank's sent bytes into those that stay on its node and those that cross to another node.
+
+    matrix: the world x world bytes of `traffic_matrix`; group_ranks: the EP group's global ranks in group order;
+    nodes are blocks of `ranks_per_node` consecutive members of that order (member i on node i // ranks_per_node).
+    One dict per member, in group order: rank, node, intra (bytes to other ranks of its node), inter (bytes to
+    ranks of other nodes), local (its own rows, which never leave it)."""
+    n = len(group_ranks)
+    if ranks_per_node < 1 or n % ranks_per_node:
+        raise ValueError(f"ranks_per_node={ranks_per_node} does not divide the EP group's {n} ranks into nodes")
+    out = []
+    for i, src in enumerate(group_ranks):
+        row = dict(rank=src, node=i // ranks_per_node, intra=0, inter=0, local=matrix[src][src])
+        for j, dst in enumerate(group_ranks):
+            if j != i:
+                row["intra" if j // ranks_per_node == i // ranks_per_node else "inter"] += matrix[src][dst]
+        out.append(row)
+    return out
