@@ -1,4 +1,5 @@
-"""Shared experts and group-limited routing: the expert-parallel layer equals the reference MoE in float64.
+"""Shared experts, group-limited routing, the all-gather dispatcher and pad-to-capacity: the expert-parallel layer
+equals the reference MoE in float64.
 
 The shared MLP is cut over the dense TP group (column / row, sequence-parallel gather and reduce-scatter) and
 replicated over EP, as Megatron-Core's SharedExpertMLP; the routed experts go through the dispatcher as before.
@@ -12,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from pylib.ep import ExpertParallelMoE
-from pylib.plan.config import MoEConfig
+from pylib.plan.config import MoEConfig, expert_capacity
 from pylib.runtime import Mesh, ParallelConfig, launch
 from tests.conftest import assert_float64_close, seeded_moe
 
@@ -32,8 +33,24 @@ CASES = {
         MoEConfig(n_experts=8, top_k=4, score="sigmoid", n_groups=4, topk_groups=2, n_shared_experts=1),
         "swiglu",
     ),
+    "allgather-shared-drop": (
+        MoEConfig(n_experts=8, top_k=2, dispatcher="allgather", n_shared_experts=1, capacity_factor=0.6),
+        "gelu",
+    ),
+    "allgather-grouped-aux": (
+        MoEConfig(n_experts=8, top_k=4, dispatcher="allgather", n_groups=2, topk_groups=1, aux_loss_coef=0.1),
+        "swiglu",
+    ),
+    "pad-drop-position": (
+        MoEConfig(n_experts=8, top_k=2, pad_to_capacity=True, capacity_factor=0.7, drop_policy="position"),
+        "gelu",
+    ),
+    "pad-no-drop-shared": (
+        MoEConfig(n_experts=8, top_k=2, pad_to_capacity=True, capacity_factor=4.0, n_shared_experts=1),
+        "swiglu",
+    ),
 }
-DROPPING = {"shared2-swiglu-drop-aux", "grouped-sigmoid-drop"}
+DROPPING = {"shared2-swiglu-drop-aux", "grouped-sigmoid-drop", "allgather-shared-drop", "pad-drop-position"}
 
 
 def _data(s):
@@ -65,6 +82,9 @@ def _worker(tp, ep, etp, s):
             grads={ref: (p.grad, idx) for _, p, ref, idx in maps},
             shared=layer.shared is not None,
             dropped=int((~layer.last_keep).sum()),
+            dispatcher=type(layer.dispatcher).__name__,
+            rows=layer.last_state.rows_per_local_expert,
+            capacity=expert_capacity(x.numel() // H, cfg),
         )
     return out
 
@@ -99,6 +119,10 @@ def test_shared_experts_and_group_limited_routing_match_the_reference_forward_an
                 full = torch.zeros_like(params[ref_name]) if full is None else full  # an idle expert
                 g = torch.zeros_like(full[idx]) if g is None else g
                 assert_float64_close(g, full[idx], f"{name}: {ref_name} rank {r}")
+            want = "AllGatherDispatcher" if cfg.dispatcher == "allgather" else "AllToAllDispatcher"
+            assert got["dispatcher"] == want
+            if cfg.pad_to_capacity:  # fixed shapes: each local expert gets C rows from each of the etp*ep ranks
+                assert got["rows"] == [4 * got["capacity"]] * 4
         if name in DROPPING:
             assert sum(res[name]["dropped"] for res in results) > 0, f"{name} dropped nothing: it tests nothing"
         if cfg.n_groups > 1:  # the limit binds: every token's experts lie in at most topk_groups groups

@@ -152,6 +152,65 @@ def expected_inter_node_rows(tokens: int, top_k: int, n_experts: int, ep: int, r
     return dict(inter=tokens * top_k * (N - 1) / N, inter_dedup=tokens * (N - 1) * (1 - miss))
 
 
+def dispatcher_bytes(
+    dispatcher: str,
+    tokens: int,
+    top_k: int,
+    h: int,
+    dtype_bytes: int,
+    ep: int,
+    etp: int = 1,
+    n_experts: int | None = None,
+    capacity: int | None = None,
+) -> dict:
+    """Bytes one rank sends in one MoE layer's forward, by collective, and their "total" (backward: the same again).
+
+    T tokens on the rank, n = etp * ep, rows of h * b bytes; uniform routing, nothing dropped (T*k rows leave each
+    rank, T*k arrive) unless `capacity` pads every expert to C rows (then E*C rows each way, whatever the routing).
+
+      "alltoall"  dispatch + combine   2 * R * h b * (ep-1)/ep             R = T*k, or E*C padded
+                  ETP gather + scatter 2 * (etp-1) * R * h b               (ring over the received rows)
+                  counts               (ep-1) * E/ep * 8 + (etp-1) * E * 8  (int64; none when padded)
+      "allgather" gather rows          (n-1) * T * h b                     (ring)
+                  gather ids, weights  (n-1) * T * k * (8 + b)             (int64 expert ids, router weights)
+                  reduce-scatter       (n-1) * T * h b
+
+    The rows' parts reduce to 2 R h b (n-1)/ep for the all-to-all and 2 T h b (n-1) for the all-gather, so the
+    crossover does not depend on etp (`dispatcher_crossover_top_k`)."""
+    row, n = h * dtype_bytes, ep * etp
+    if dispatcher == "allgather":
+        parts = dict(
+            gather_rows=(n - 1) * tokens * row,
+            gather_routing=(n - 1) * tokens * top_k * (8 + dtype_bytes),
+            reduce_scatter=(n - 1) * tokens * row,
+        )
+    elif dispatcher == "alltoall":
+        if capacity is not None and n_experts is None:
+            raise ValueError("a padded all-to-all moves E*C rows: give n_experts with capacity")
+        rows = tokens * top_k if capacity is None else n_experts * capacity
+        parts = dict(
+            alltoall=2 * rows * row * (ep - 1) / ep,
+            etp=2 * (etp - 1) * rows * row,
+            counts=0
+            if capacity is not None or n_experts is None
+            else (ep - 1) * n_experts // ep * 8 + (etp - 1) * n_experts * 8,
+        )
+    else:
+        raise ValueError(f"dispatcher={dispatcher!r}: 'alltoall' or 'allgather'")
+    return dict(parts, total=sum(parts.values()))
+
+
+def dispatcher_crossover_top_k(h: int, dtype_bytes: int, ep: int) -> float:
+    """The top-k above which the all-gather dispatcher sends fewer bytes than the all-to-all (uniform routing, no
+    padding, counts neglected): (n-1) T (2 h b + k (8 + b)) < 2 T k h b (n-1)/ep, i.e.
+
+        k > 2 h b / (2 h b / ep - 8 - b)          (-> ep for large h; inf when 2 h b / ep <= 8 + b)
+
+    The same for every etp: both sides scale with n - 1 = ep*etp - 1."""
+    denom = 2 * h * dtype_bytes / ep - 8 - dtype_bytes
+    return float("inf") if denom <= 0 else 2 * h * dtype_bytes / denom
+
+
 def expert_params_per_rank(h: int, d_ff: int, n_experts: int, ep: int, etp: int = 1, mlp: str = "gelu") -> int:
     """Expert weights one rank holds: (E / ep) experts x (2 or 3) matrices of h x h_ffn / etp."""
     mats = 3 if mlp == "swiglu" else 2

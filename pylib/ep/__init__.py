@@ -2,13 +2,16 @@
 expert, and the folding of the expert layout ETP x EP x EDP onto the dense ranks TP x CP x DP.
 
     ExpertParallelMoE.from_full(moe, *, ep_group=None, etp_group=None, aux_group=None)   # or .from_mesh(moe, mesh)
-    AllToAllDispatcher(n_experts, ep_group, etp_group).dispatch(...) / .combine(...)
+    AllToAllDispatcher(n_experts, ep_group, etp_group).dispatch(...) / .combine(...)   (cfg.dispatcher "alltoall")
+    AllGatherDispatcher(n_experts, grid_group, first, n_local)                          (cfg.dispatcher "allgather")
+    SharedExperts(moe.shared, tp_group)      # the shared MLP, TP-cut and replicated over EP
     permute(x, experts, n_experts, keep) -> rows, plan;  unpermute(rows, plan, weights);  sort_chunks(rows, counts)
     group_aux_loss(routing, cfg, group)      # this rank's share of the aux losses over the group's tokens
     folding_table(config, world_size)        # each rank's place in the dense and in the expert layout
     routing_table(routing, n_experts, ep, token_names, keep)   # token -> experts, weights, owning EP ranks
 """
 
+from .allgather import AllGatherDispatcher, AllGatherState
 from .aux_loss import group_aux_loss, group_token_stats
 from .checks import check_expert_parallel, expert_parallel_problems
 from .dispatcher import AllToAllDispatcher, DispatchState
@@ -16,8 +19,12 @@ from .experts import LocalExperts
 from .layer import ExpertParallelMoE
 from .permute import PermutePlan, permute, sort_chunks, unpermute
 from .routing_table import format_routing_table, routing_table
+from .shared import SharedExperts
 
 __all__ = [
+    "AllGatherDispatcher",
+    "AllGatherState",
+    "SharedExperts",
     "AllToAllDispatcher",
     "DispatchState",
     "ExpertParallelMoE",

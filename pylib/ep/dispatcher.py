@@ -19,6 +19,12 @@ and the ranks of an ETP group hold *different* tokens (as under sequence paralle
 Backward runs the same exchanges in reverse order (the all-to-all's conjugate is the all-to-all with the splits
 swapped; the ETP all-gather's is the reduce-scatter), each tagged as the forward op it undoes.
 
+Pad to capacity (`capacity` given to `dispatch`; Megatron's --moe-pad-expert-input-to-capacity): step 3 places
+expert e's rows at [e*C, e*C + n_e) of a zero tensor [E*C, h], so every split is C rows per expert whatever the
+routing -- fixed shapes, no count exchange (step 2 is skipped: the counts are known), and each local expert gets
+exactly ep*C (etp*ep*C with ETP) rows, padding included. Step 3' drops the padding rows again. The zero rows cost
+bytes and expert FLOPs but change nothing: an expert without bias maps 0 to 0, and the rows are never combined.
+
 Megatron-Core's MoEAlltoAllTokenDispatcher follows the same steps; it also ships the router probabilities with
 the tokens and applies them at the experts, where we apply them at home in step 3' (nothing extra to send).
 """
@@ -44,13 +50,15 @@ class DispatchState:
     plan: the local permutation. send_counts [ep, E_local]: my rows for each rank's local experts.
     recv_counts [ep, E_local]: rows each source rank sent to my local experts. chunk_counts [etp * ep, E_local]:
     rows per (ETP member, source rank, local expert) after the ETP all-gather (= recv_counts when etp = 1).
-    etp_rows [etp]: rows each ETP member received in the all-to-all."""
+    etp_rows [etp]: rows each ETP member received in the all-to-all.
+    pad_index [A] (pad to capacity only): where each permuted row sits in the padded [E*C, h] tensor."""
 
     plan: PermutePlan
     send_counts: torch.Tensor
     recv_counts: torch.Tensor
     chunk_counts: torch.Tensor
     etp_rows: list[int]
+    pad_index: torch.Tensor | None = None
 
     # Host-side lists (the all-to-alls and the experts' split need ints): each costs one device sync, so each is
     # computed once per dispatch and reused by the experts, the combine and whoever inspects the state.
@@ -78,18 +86,29 @@ class AllToAllDispatcher:
         self.ep, self.etp = ep_group.size, etp_group.size
         self.n_local = n_experts // self.ep
 
-    def dispatch(self, x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor | None = None):
+    def dispatch(
+        self, x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor | None = None, capacity: int | None = None
+    ):
+        """capacity: pad every expert's rows to exactly C (None = send only the kept rows)."""
         rows, plan = permute(x, experts, self.n_experts, keep)
-        send_counts = plan.tokens_per_expert.view(self.ep, self.n_local)
-        with tag("counts"):
-            recv_counts = collectives.exchange_counts(plan.tokens_per_expert, self.ep_group).view(self.ep, self.n_local)
-            if self.etp > 1:
-                gathered = collectives.all_gather_tensor(recv_counts.reshape(1, -1), 0, self.etp_group)
-                chunk_counts = gathered.view(self.etp * self.ep, self.n_local)
-            else:
-                chunk_counts = recv_counts
+        pad_index = None
+        if capacity is not None:
+            rows, pad_index = self._pad(rows, plan, capacity)
+            send_counts = torch.full((self.ep, self.n_local), capacity, dtype=torch.int64, device=x.device)
+            recv_counts = send_counts  # every rank sends C per expert: nothing to exchange
+            chunk_counts = send_counts.repeat(self.etp, 1)
+        else:
+            send_counts = plan.tokens_per_expert.view(self.ep, self.n_local)
+            with tag("counts"):
+                recv_counts = collectives.exchange_counts(plan.tokens_per_expert, self.ep_group)
+                recv_counts = recv_counts.view(self.ep, self.n_local)
+                if self.etp > 1:
+                    gathered = collectives.all_gather_tensor(recv_counts.reshape(1, -1), 0, self.etp_group)
+                    chunk_counts = gathered.view(self.etp * self.ep, self.n_local)
+                else:
+                    chunk_counts = recv_counts
         etp_rows = chunk_counts.view(self.etp, -1).sum(1).tolist()
-        state = DispatchState(plan, send_counts, recv_counts, chunk_counts, etp_rows)
+        state = DispatchState(plan, send_counts, recv_counts, chunk_counts, etp_rows, pad_index)
         with tag("dispatch"):
             rows = collectives.all_to_all_uneven(rows, state.output_splits, state.input_splits, self.ep_group)
             if self.etp > 1:
@@ -102,4 +121,17 @@ class AllToAllDispatcher:
             if self.etp > 1:
                 y = collectives.reduce_scatter_uneven(y, state.etp_rows, self.etp_group)
             y = collectives.all_to_all_uneven(y, state.input_splits, state.output_splits, self.ep_group)
+        if state.pad_index is not None:
+            y = y[state.pad_index]
         return unpermute(y, state.plan, weights)
+
+    def _pad(self, rows: torch.Tensor, plan: PermutePlan, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """rows [A, h] sorted by expert -> [E*C, h] with expert e's n_e <= C rows first in its block of C."""
+        counts = plan.tokens_per_expert
+        if int(counts.max()) > capacity:
+            raise ValueError(f"an expert has {int(counts.max())} rows, more than its capacity C={capacity}")
+        start = torch.cumsum(counts, 0) - counts  # first permuted row of each expert
+        e = plan.expert_index
+        pad_index = e * capacity + torch.arange(e.numel(), device=e.device) - start[e]
+        padded = rows.new_zeros((self.n_experts * capacity, *rows.shape[1:]))
+        return padded.index_copy(0, pad_index, rows), pad_index

@@ -48,6 +48,7 @@ from pylib.runtime.mesh import AxisGroup
 from pylib.runtime.sharding import ShardSpec
 from pylib.runtime.tracer import tag
 
+from .allgather import AllGatherDispatcher, AllGatherState
 from .aux_loss import group_aux_loss
 from .checks import check_expert_parallel, check_orthogonal
 from .dispatcher import AllToAllDispatcher, DispatchState
@@ -75,6 +76,7 @@ class ExpertParallelMoE(nn.Module):
         etp_group: AxisGroup,
         aux_group: AxisGroup | None,
         tp_group: AxisGroup | None = None,
+        grid_group: AxisGroup | None = None,
     ):
         super().__init__()
         cfg = moe.cfg
@@ -88,7 +90,18 @@ class ExpertParallelMoE(nn.Module):
         self.experts = LocalExperts(
             moe.experts, ep_group.rank * self.n_local, self.n_local, etp_group.rank, etp_group.size
         )
-        self.dispatcher = AllToAllDispatcher(cfg.n_experts, ep_group, etp_group)
+        if cfg.dispatcher == "allgather":
+            if grid_group is None and etp_group.size > 1:
+                raise ValueError(
+                    f"the all-gather dispatcher gathers over the etp x ep = {etp_group.size} x {ep_group.size} grid: "
+                    "pass grid_group (mesh['etp-ep'])"
+                )
+            grid = ep_group if grid_group is None else grid_group
+            if grid.size != ep_group.size * etp_group.size:
+                raise ValueError(f"grid_group has {grid.size} ranks, etp x ep = {etp_group.size * ep_group.size}")
+            self.dispatcher = AllGatherDispatcher(cfg.n_experts, grid, ep_group.rank * self.n_local, self.n_local)
+        else:
+            self.dispatcher = AllToAllDispatcher(cfg.n_experts, ep_group, etp_group)
         self.tp_group = tp_group if tp_group is not None else _single("tp")
         self.shared = None if moe.shared is None else SharedExperts(moe.shared, self.tp_group)
         device = moe.router.gate.weight.device
@@ -97,22 +110,27 @@ class ExpertParallelMoE(nn.Module):
         )
         self.last_routing: Routing | None = None
         self.last_keep: torch.Tensor | None = None
-        self.last_state: DispatchState | None = None
+        self.last_state: DispatchState | AllGatherState | None = None
         self.last_aux_loss: torch.Tensor | None = None
 
     @classmethod
-    def from_full(cls, moe: MoE, *, ep_group=None, etp_group=None, aux_group=None, tp_group=None) -> ExpertParallelMoE:
+    def from_full(
+        cls, moe: MoE, *, ep_group=None, etp_group=None, aux_group=None, tp_group=None, grid_group=None
+    ) -> ExpertParallelMoE:
         """Keep this rank's experts (and ETP slices) of the reference `moe`.
 
         ep_group: the EP group (None = every rank). etp_group: the ETP group (None = no ETP).
         aux_group: the ranks whose tokens form one batch for the aux losses (None = this rank's tokens only).
         tp_group: the dense TP group the shared experts are cut over, its ranks holding sequence shards of the
-        same sequences (None = each rank computes the whole shared MLP on its own tokens)."""
+        same sequences (None = each rank computes the whole shared MLP on its own tokens).
+        grid_group: the etp x ep ranks the all-gather dispatcher gathers over (None = the EP group; needed when
+        cfg.dispatcher == "allgather" and etp > 1)."""
         ep = collectives.resolve_group(ep_group)
         etp = _single("etp") if etp_group is None else collectives.resolve_group(etp_group)
         aux = None if aux_group is None else collectives.resolve_group(aux_group)
         tp = None if tp_group is None else collectives.resolve_group(tp_group)
-        return cls(moe, ep, etp, aux, tp)
+        grid = None if grid_group is None else collectives.resolve_group(grid_group)
+        return cls(moe, ep, etp, aux, tp, grid)
 
     @classmethod
     def from_mesh(cls, moe: MoE, mesh, *, aux_group: str | None = "tp-cp") -> ExpertParallelMoE:
@@ -124,6 +142,7 @@ class ExpertParallelMoE(nn.Module):
             etp_group=mesh.etp,
             aux_group=None if aux_group is None else mesh[aux_group],
             tp_group=mesh.tp,
+            grid_group=mesh["etp-ep"],
         )
 
     @property
@@ -137,10 +156,14 @@ class ExpertParallelMoE(nn.Module):
         shape = x.shape
         xt = x.reshape(-1, shape[-1])
         routing = self.router(xt)
-        keep = capacity_keep_mask(routing, self.cfg, expert_capacity(xt.shape[0], self.cfg))
+        capacity = expert_capacity(xt.shape[0], self.cfg)
+        keep = capacity_keep_mask(routing, self.cfg, capacity)
         if torch.is_grad_enabled():
             self.routed_counts += tokens_per_expert(routing.experts, self.cfg.n_experts)
-        rows, state = self.dispatcher.dispatch(xt, routing.experts, keep)
+        if self.cfg.pad_to_capacity:
+            rows, state = self.dispatcher.dispatch(xt, routing.experts, keep, capacity)
+        else:
+            rows, state = self.dispatcher.dispatch(xt, routing.experts, keep)
         y = self.experts(rows, state.rows_per_local_expert)
         out = self.dispatcher.combine(y, state, routing.weights)
         if self.shared is not None:
