@@ -102,4 +102,6 @@ def test_inter_node_bytes_traced_equal_the_formula_with_and_without_the_node_lim
     # the limit roughly halves the distinct (token, remote node) pairs; unlimited is near its uniform expectation
     expect = expected_inter_node_rows(tokens * 4, K, E, 4, rpn)["inter_dedup"]
     assert dedup["node-limited"] < 0.7 * dedup["unlimited"]
+    limited = expected_inter_node_rows(tokens * 4, K, E, 4, rpn, topk_groups=1)["inter_dedup"]  # T M (N-1)/N
+    assert abs(dedup["node-limited"] - limited) < 0.15 * limited
     assert abs(dedup["unlimited"] - expect) < 0.1 * expect

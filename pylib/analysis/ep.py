@@ -137,19 +137,25 @@ def node_rows(experts, ep_rank: int, n_experts: int, ep: int, ranks_per_node: in
     return out
 
 
-def expected_inter_node_rows(tokens: int, top_k: int, n_experts: int, ep: int, ranks_per_node: int) -> dict:
-    """Uniform routing without a group limit, no dropping, N = ep / ranks_per_node nodes:
+def expected_inter_node_rows(
+    tokens: int, top_k: int, n_experts: int, ep: int, ranks_per_node: int, topk_groups: int | None = None
+) -> dict:
+    """Expected rows crossing nodes in one dispatch, uniform routing, no dropping, N = ep / ranks_per_node nodes:
 
-        inter       T * k * (N - 1) / N                                 (each assignment lands on a node at random)
-        inter_dedup T * (N - 1) * (1 - C(E - E/N, k) / C(E, k))         (a node is touched unless all k miss it)
+        inter       T * k * (N - 1) / N                            (each assignment lands on a node at random)
+        inter_dedup T * (N - 1) * (1 - C(E - E/N, k) / C(E, k))    (a node is touched unless all k miss it)
 
-    Node-limited routing (topk_groups = M groups = nodes) leaves `inter` as it is in expectation and caps
-    inter_dedup at T * M."""
+    With node-limited routing (topk_groups = M, the groups being the nodes) `inter` is unchanged in expectation and
+    inter_dedup becomes T * M * (N - 1) / N: M nodes at random, each remote with probability (N - 1) / N -- exact
+    when each kept node receives at least one of the k experts (always for M = 1), an upper bound otherwise."""
     from math import comb
 
     N = ep // ranks_per_node
-    miss = comb(n_experts - n_experts // N, top_k) / comb(n_experts, top_k)
-    return dict(inter=tokens * top_k * (N - 1) / N, inter_dedup=tokens * (N - 1) * (1 - miss))
+    if topk_groups is None:
+        dedup = tokens * (N - 1) * (1 - comb(n_experts - n_experts // N, top_k) / comb(n_experts, top_k))
+    else:
+        dedup = tokens * topk_groups * (N - 1) / N
+    return dict(inter=tokens * top_k * (N - 1) / N, inter_dedup=dedup)
 
 
 def dispatcher_bytes(

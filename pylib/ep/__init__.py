@@ -11,11 +11,11 @@ expert, and the folding of the expert layout ETP x EP x EDP onto the dense ranks
     routing_table(routing, n_experts, ep, token_names, keep)   # token -> experts, weights, owning EP ranks
 """
 
-from .allgather import AllGatherDispatcher, AllGatherState
 from .aux_loss import group_aux_loss, group_token_stats
 from .checks import check_expert_parallel, expert_parallel_problems
 from .dispatcher import AllToAllDispatcher, DispatchState
 from .experts import LocalExperts
+from .gather_dispatcher import AllGatherDispatcher, AllGatherState
 from .layer import ExpertParallelMoE
 from .permute import PermutePlan, permute, sort_chunks, unpermute
 from .routing_table import format_routing_table, routing_table

@@ -48,11 +48,11 @@ from pylib.runtime.mesh import AxisGroup
 from pylib.runtime.sharding import ShardSpec
 from pylib.runtime.tracer import tag
 
-from .allgather import AllGatherDispatcher, AllGatherState
 from .aux_loss import group_aux_loss
 from .checks import check_expert_parallel, check_orthogonal
 from .dispatcher import AllToAllDispatcher, DispatchState
 from .experts import LocalExperts
+from .gather_dispatcher import AllGatherDispatcher, AllGatherState
 from .shared import SharedExperts
 
 
