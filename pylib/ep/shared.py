@@ -54,6 +54,11 @@ class SharedExperts(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_group.size > 1 and x.dim() != 3:
+            raise ValueError(
+                f"the shared experts gather the tp={self.tp_group.size} sequence shards along dim 1 of x [b, s, h]; "
+                f"got x of shape {tuple(x.shape)}"
+            )
         with tag("shared"):
             full = collectives.all_gather(x, 1, self.tp_group)
             partial = self.mlp(full)
