@@ -122,3 +122,28 @@ def test_off_without_the_builds_folder_or_when_a_chapter_turns_it_off(tmp_path, 
     monkeypatch.delenv(replay.ENV)
     launch(pid_and, 2, 3)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_fingerprints_are_the_same_in_another_process():
+    """The other edition's kernel is another process: a model, a config, tensors and a notebook function must give
+    the same fingerprint there (a plain pickle of an nn.Module does not)."""
+    import subprocess
+    import sys
+
+    code = """
+import os, torch
+from pylib.plan import ParallelConfig, RunOptions
+from pylib.plan.presets import tiny_gqa
+from pylib.runtime import replay
+torch.manual_seed(0)
+scope = {"K": 2, "os": os}
+exec(compile("def step(x):\\n    return x * K\\n", "/tmp/cell.py", "exec"), scope)
+values = (torch.nn.Linear(4, 3), tiny_gqa(), ParallelConfig(tp=2), RunOptions(), torch.arange(5.0), scope["step"])
+print(replay.fingerprint(scope["step"], values, {"dtype": torch.float64}, 2, "gloo").hex())
+"""
+    runs = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1] and len(runs[0]) == 64

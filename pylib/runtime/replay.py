@@ -14,8 +14,7 @@ When is it the same launch? Each kernel keeps a chain: the key of its n-th launc
     constants included); a library function by its module and name (the build drops the folder whenever pylib
     changes, as it drops the execution caches);
   * the arguments and the world size and backend by value;
-  * what forked ranks inherit without being told: torch's default dtype and the torch, numpy and `random` generator
-    states.
+  * what forked ranks inherit without being told: torch's default dtype and generator state.
 
 Anything that cannot be fingerprinted (an open file, a lock, a generator) makes the launch run as usual. A run
 whose ranks asked for the language (`pylib.i18n.language`, which every translation goes through) is stored for
@@ -34,14 +33,12 @@ import fcntl
 import hashlib
 import os
 import pickle
-import random
 import sys
 import types
 from contextlib import contextmanager
 from pathlib import Path
 
 import cloudpickle
-import numpy as np
 import torch
 
 ENV = "PYLIB_LAUNCH_REPLAY"
@@ -148,12 +145,13 @@ def _digest(obj) -> bytes:
 
 
 def inherited_state() -> bytes:
-    """What forked ranks inherit from the caller without being passed it: the default dtype and the generators."""
+    """What forked ranks inherit from the caller without being passed it: the default dtype and torch's generator.
+    (Not Python's or numpy's generators: each process seeds those from the OS, so they would differ between the
+    editions' kernels even where nothing differs; a chapter that seeds them does so in both editions alike, at the
+    same place in the sequence, which the chain already pins.)"""
     h = hashlib.sha256()
     h.update(str(torch.get_default_dtype()).encode())
     h.update(torch.random.get_rng_state().numpy().tobytes())
-    h.update(repr(random.getstate()).encode())
-    h.update(repr(np.random.get_state(legacy=True)).encode())
     return h.digest()
 
 
