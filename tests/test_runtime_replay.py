@@ -54,18 +54,19 @@ def test_the_other_kernel_replays_the_same_launch_and_its_output(store, capsys):
 
 
 def test_other_arguments_another_place_in_the_sequence_or_other_inherited_state_run_again(store):
-    generator = torch.random.get_rng_state()
     first = launch(pid_and, 2, 3)
     second = launch(pid_and, 2, 3)  # the same call, second in this kernel: its own place
     assert {p for p, _ in second}.isdisjoint(p for p, _ in first)
     store.kernel()
     assert launch(pid_and, 2, 4)[0][1] == 4  # first place, other arguments: runs
     store.kernel()
-    torch.manual_seed(1234)  # the generators forked ranks inherit changed: runs
-    seeded = launch(pid_and, 2, 3)
-    assert {p for p, _ in seeded}.isdisjoint(p for p, _ in first)
+    torch.set_default_dtype(torch.float64)  # what forked ranks inherit changed: runs
+    try:
+        other = launch(pid_and, 2, 3)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert {p for p, _ in other}.isdisjoint(p for p, _ in first)
     store.kernel()
-    torch.random.set_rng_state(generator)
     assert launch(pid_and, 2, 3) == first  # the same launch from the same state: replayed
 
 

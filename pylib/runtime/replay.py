@@ -14,7 +14,7 @@ When is it the same launch? Each kernel keeps a chain: the key of its n-th launc
     constants included); a library function by its module and name (the build drops the folder whenever pylib
     changes, as it drops the execution caches);
   * the arguments and the world size and backend by value;
-  * what forked ranks inherit without being told: torch's default dtype and generator state.
+  * what forked ranks inherit without being told and the chain does not pin: torch's default dtype.
 
 Anything that cannot be fingerprinted (an open file, a lock, a generator) makes the launch run as usual. A run
 whose ranks asked for the language (`pylib.i18n.language`, which every translation goes through) is stored for
@@ -145,14 +145,12 @@ def _digest(obj) -> bytes:
 
 
 def inherited_state() -> bytes:
-    """What forked ranks inherit from the caller without being passed it: the default dtype and torch's generator.
-    (Not Python's or numpy's generators: each process seeds those from the OS, so they would differ between the
-    editions' kernels even where nothing differs; a chapter that seeds them does so in both editions alike, at the
-    same place in the sequence, which the chain already pins.)"""
-    h = hashlib.sha256()
-    h.update(str(torch.get_default_dtype()).encode())
-    h.update(torch.random.get_rng_state().numpy().tobytes())
-    return h.digest()
+    """What forked ranks inherit from the caller without being passed it and that the chain does not pin: torch's
+    default dtype. (Not the generators: every process seeds torch's, Python's and numpy's from the OS, so they
+    differ between the editions' kernels even where nothing else does; a chapter that seeds one does so in both
+    editions alike, at the same place in the sequence, which the chain pins; one that does not gets numbers that
+    change from build to build in either edition, and the replay shows one of them.)"""
+    return hashlib.sha256(str(torch.get_default_dtype()).encode()).digest()
 
 
 def fingerprint(fn, args: tuple, kwargs: dict, world_size: int, backend: str) -> bytes:
