@@ -4,6 +4,7 @@ and only in a language its ranks did not ask for when they asked for one."""
 
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -113,6 +114,41 @@ def _uses(lock):
 
 def _fails():
     raise ValueError("no")
+
+
+CALLS = []
+
+
+@replay.shared
+def costly(n, words=False):
+    """A pure function of the chapter's own process, as a planner search is."""
+    CALLS.append(n)
+    return (n * n, i18n.tr("expert")) if words else n * n
+
+
+def test_a_shared_function_is_called_once_for_both_editions_and_words_once_per_language(store):
+    CALLS.clear()
+    assert costly(3) == 9 and costly(3, words=True) == (9, "expert")
+    store.kernel()
+    i18n.set_language("zh")
+    assert costly(3) == 9  # no words: the other kernel takes it
+    assert costly(3, words=True)[1] != "expert"  # words: said again in this language
+    assert CALLS == [3, 3, 3]
+
+
+def sleeps(seconds):
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def test_a_replay_lasts_as_long_as_the_run_did(store):
+    t0 = time.monotonic()
+    first = launch(sleeps, 2, 0.6)
+    ran = time.monotonic() - t0
+    store.kernel()
+    t0 = time.monotonic()
+    assert launch(sleeps, 2, 0.6) == first
+    assert time.monotonic() - t0 >= 0.9 * ran >= 0.5
 
 
 def test_off_without_the_builds_folder_or_when_a_chapter_turns_it_off(tmp_path, monkeypatch):
