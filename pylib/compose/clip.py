@@ -232,6 +232,8 @@ def held_norm_families(pieces, table, mesh, kv_replicas, *, sharded: bool, exper
     expert all-reduce, with nothing to add where its stages hold no expert)."""
     dense, expert = [], []
     for r in table:
+        if r.pre == "embd" and r.name == "lm_head.weight":  # the last stage's copy of a tied embedding: the
+            continue  # first stage counts it (Megatron's param_is_not_shared, megatron/core/transformer/module.py)
         if counted_here(r.kind, mesh.tp, kv_replicas.get(r.name, 1)):
             views = [v for _, _, v in pieces.get(r.name, [])]
             (expert if r.kind == "expert" else dense).extend(views)

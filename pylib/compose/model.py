@@ -24,7 +24,7 @@ the dp-cp average of the last stage's loss (phase "loss": two tiny all-reduces, 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -40,7 +40,7 @@ from pylib.plan.options import CP_LAYOUT, MixedPrecision, RunOptions, ZeroStage
 from pylib.plan.schedules import build
 from pylib.pp.executor import Boundary, microbatches, run_pipeline
 from pylib.pp.recorder import PipelineRecorder
-from pylib.pp.split import virtual_stage
+from pylib.pp.split import embedding_group, virtual_stage
 from pylib.runtime import collectives as C
 from pylib.runtime.agreement import agree_on_batch
 from pylib.runtime.recompute import is_recomputing
@@ -52,6 +52,7 @@ from .checks import ComposeConfigError, check_compose, compose_problems
 from .clip import GradClip, clip_held_gradients
 from .probe import SavedProbe
 from .reductions import (
+    EMBD,
     finalize_gradients,
     held_gradient_pieces,
     held_parameter_pieces,
@@ -106,6 +107,7 @@ class _StageLayout:
     specs: list
     stage_of: dict
     expert: set
+    tied: set
 
     @classmethod
     def read(cls, stages, mesh) -> _StageLayout:
@@ -117,15 +119,24 @@ class _StageLayout:
             specs=[spec for s in stages for spec in s.shard_specs()],
             stage_of={n: s.stage for s in stages for n, _ in s.named_parameters()},
             expert={r.name for r in table if r.dp_group == "edp"},
+            tied={r.name for r in table if r.pre == EMBD},
         )
 
 
-def _wrap(stage, mesh, expert: set, zero_stage: ZeroStage, bucket_bytes: int, optimizer, optim_kwargs: dict, precision):
-    """The stage in its data-parallel wrapper: dense parameters over dp-cp, expert parameters over edp."""
+def _wrap(stage, mesh, held: _StageLayout, zero_stage: ZeroStage, bucket_bytes, optimizer, optim_kwargs, precision):
+    """The stage in its data-parallel wrapper: dense parameters over dp-cp, expert parameters over edp.
+
+    A tied embedding copy (first or last stage) gets, under ZeRO, a flat buffer of its own (the same dp-cp group,
+    named "dp-cp:embd"), so the first and the last stage shard it alike and the embedding group's all-reduce adds
+    matching elements: Megatron-Core's `_does_param_require_new_bucket` for `shared_embedding` parameters
+    (megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py at d98e8a6)."""
     dense_group, expert_group = mesh["dp-cp"], mesh["edp"]
+    tied_group = replace(dense_group, name=f"{dense_group.name}:{EMBD}")
 
     def group_for(name, p):
-        return expert_group if name in expert else dense_group
+        if name in held.tied and zero_stage != ZeroStage.DDP:
+            return tied_group
+        return expert_group if name in held.expert else dense_group
 
     return wrap(
         stage,
@@ -220,10 +231,11 @@ class ParallelTransformer:
         # read the layout before the DP wrappers take the parameters over (ZeRO-3 removes them from the modules)
         held = _StageLayout.read(stages, mesh)
         wrappers = [
-            _wrap(s, mesh, held.expert, options.zero_stage, bucket_bytes, optimizer, optim_kwargs, precision)
-            for s in stages
+            _wrap(s, mesh, held, options.zero_stage, bucket_bytes, optimizer, optim_kwargs, precision) for s in stages
         ]
         model = cls(cfg, mesh, stages, wrappers, held.table, held.infos, held.kv, options)
+        # tied embeddings over stages: the first and last pipeline rank (collective: every rank builds the groups)
+        model.embedding_group = embedding_group(mesh) if cfg.tie_embeddings else None
         model._stage_specs, model._stage_of = held.specs, held.stage_of
         model.device = device
         return model
@@ -344,7 +356,7 @@ class ParallelTransformer:
         for w in self.wrappers:
             w.finish_gradient_sync()
         pieces = self.gradient_pieces()
-        reduced = finalize_gradients(pieces, self.table, mesh, self.kv_replicas)
+        reduced = finalize_gradients(pieces, self.table, mesh, self.kv_replicas, self.embedding_group)
         clipped = None
         if clip is not None:
             sharded, experts = self.zero_stage != ZeroStage.DDP, self.cfg.moe is not None
