@@ -17,7 +17,9 @@ Who holds what (each rank keeps only its shards):
 One step: the rank's batch part is cut into m microbatches; `pylib.pp.run_pipeline` runs the schedule's
 forwards and backwards (each microbatch's loss / m, so the accumulated gradients are those of the mean); the
 data-parallel wrapper of each chunk reduces once, after that chunk's last backward; `finalize_gradients` completes
-what DP cannot (TP sums, expert scaling; `reductions.py`); each wrapper's optimizer steps. The loss reported is
+what DP cannot (TP sums, expert scaling, a tied embedding's sum over the first and last stage; `reductions.py`);
+with cfg.moe.bias_update_rate > 0 each MoE layer's expert bias moves by the step's counts summed over tp-dp-cp
+(`_update_expert_bias`); each wrapper's optimizer steps. The loss reported is
 the dp-cp average of the last stage's loss (phase "loss": two tiny all-reduces, not part of training).
 """
 
@@ -35,6 +37,7 @@ from pylib.dp.memory import HeldBytes
 from pylib.dp.wrap import wrap
 from pylib.i18n import tr
 from pylib.model import torch_dtype
+from pylib.model.moe import tokens_per_expert
 from pylib.plan.fields import instance
 from pylib.plan.options import CP_LAYOUT, MixedPrecision, RunOptions, ZeroStage
 from pylib.plan.schedules import build
@@ -85,6 +88,7 @@ class StepResult:
     moe_routing: list = field(default_factory=list)
     timeline: list = field(default_factory=list)
     clip: object = None  # the `clip.ClipResult` of a step run with clip=GradClip(...); None otherwise
+    expert_counts: dict = field(default_factory=dict)  # MoE layer -> this rank's routed assignments per expert [E]
 
 
 def local_batch(x: torch.Tensor, mesh, layout: str = CP_LAYOUT) -> torch.Tensor:
@@ -180,6 +184,7 @@ class ParallelTransformer:
         self.schedule = build(self.schedule_name, mesh.pp.size, self.m, self.v)
         self._problems: dict[tuple, list[str]] = {}
         self._moe_log: list = []
+        self._step_counts: dict[int, torch.Tensor] = {}  # per MoE layer: this rank's routed assignments this step
         for stage in stages:
             for i, moe in stage.moe_layers().items():
                 moe.register_forward_hook(self._log_routing(i))
@@ -258,6 +263,8 @@ class ParallelTransformer:
                 return
             st = module.last_state
             self._moe_log.append((layer, st.send_counts.clone(), st.recv_counts.clone(), list(st.etp_rows)))
+            counts = tokens_per_expert(module.last_routing.experts, module.cfg.n_experts)
+            self._step_counts[layer] = self._step_counts.get(layer, 0) + counts
 
         return hook
 
@@ -336,7 +343,7 @@ class ParallelTransformer:
         my_ids, my_targets = local_batch(ids, mesh, layout), local_batch(targets, mesh, layout)
         m = self.m
         self.zero_grad()
-        self._moe_log = []
+        self._moe_log, self._step_counts = [], {}
         self.saved.reset()
         for stage in self.stages:
             stage.saved_probe = self.saved if stage_probe else None
@@ -357,6 +364,7 @@ class ParallelTransformer:
             w.finish_gradient_sync()
         pieces = self.gradient_pieces()
         reduced = finalize_gradients(pieces, self.table, mesh, self.kv_replicas, self.embedding_group)
+        self._update_expert_bias()
         clipped = None
         if clip is not None:
             sharded, experts = self.zero_stage != ZeroStage.DDP, self.cfg.moe is not None
@@ -378,9 +386,33 @@ class ParallelTransformer:
             peak_in_flight=run.peak_in_flight,
             reduced=reduced,
             moe_routing=list(self._moe_log),
+            expert_counts={k: v.clone() for k, v in self._step_counts.items()},
             timeline=list(run.timeline),
             clip=clipped,
         )
+
+    def _update_expert_bias(self) -> None:
+        """Auxiliary-loss-free balancing, once per optimizer step (cfg.moe.bias_update_rate > 0): each MoE layer's
+        `update_expert_bias` with the step's counts (every microbatch's forward, a recomputed forward not counted
+        twice) summed over the ranks that share its router, tp-dp-cp -- every rank of the layer's pipeline stage,
+        whatever EP folds inside it. Every such rank ends with the same bias, that of the reference updated from the
+        whole global batch's counts. Megatron-Core does the same in `finalize_model_grads` (`_update_router_expert_
+        bias`: the counts all-reduced over TP x CP x DP, megatron/core/distributed/finalize_model_grads.py at
+        d98e8a6), before the optimizer step."""
+        moe = self.cfg.moe
+        if moe is None or moe.bias_update_rate == 0:
+            return
+        group = self.mesh["tp-dp-cp"]
+        for stage in self.stages:
+            for i, layer in stage.moe_layers().items():
+                if not layer.training:  # as Megatron: a layer in eval mode keeps its bias
+                    continue
+                counts = self._step_counts.get(i)
+                if counts is None:  # no forward of this layer in the step
+                    layer.routed_counts.zero_()
+                else:
+                    layer.routed_counts.copy_(counts)
+                layer.update_expert_bias(group=group)
 
     def _global_loss(self, local: float | None) -> float:
         """The dp-cp average of the last stage's loss, then handed to every pipeline stage (phase "loss")."""

@@ -1,0 +1,54 @@
+"""Auxiliary-loss-free balancing driven by training: the composed model updates every MoE layer's expert bias once
+per optimizer step from the whole step's counts summed over the ranks that share the router (tp-dp-cp), as
+Megatron-Core's finalize_model_grads does, and so trains exactly like the single-device reference that updates its
+bias from the global batch's counts."""
+
+import pytest
+import torch
+
+from pylib.experiments.compose_training import compare_with_reference, train, train_reference
+from pylib.model import MoEConfig
+from pylib.plan import RunOptions
+from pylib.plan.presets import tiny
+from pylib.runtime import ParallelConfig, launch
+from tests.conftest import FLOAT64_ATOL
+
+CFG = tiny().with_(
+    position="rope", moe=MoEConfig(n_experts=4, top_k=2, every=2, score="sigmoid", bias_update_rate=0.05)
+)
+PAR = ParallelConfig(tp=2, dp=2, pp=2, ep=2)  # 8 ranks; layers 1 and 3 are MoE, one on each stage
+OPTIONS = RunOptions(zero_stage=1, schedule="1f1b", n_microbatches=2, recompute="full")  # recomputed: counted once
+STEPS, BATCH, SEQ = 4, 8, 16
+
+
+@pytest.fixture(scope="module")
+def runs():
+    results = launch(train, 8, CFG, PAR, OPTIONS, steps=STEPS, batch=BATCH, seq=SEQ, data="pattern")
+    return results, train_reference(CFG, steps=STEPS, batch=BATCH, seq=SEQ, data="pattern")
+
+
+@pytest.mark.slow
+def test_expert_bias_updated_each_step_from_the_global_counts_equals_the_reference(runs):
+    results, ref = runs
+    err = compare_with_reference(results, ref)
+    assert err["loss_err"] <= FLOAT64_ATOL and err["param_err"] <= FLOAT64_ATOL and err["missing"] == []
+    moved = set()
+    for r in results:
+        assert len(r["expert_bias"]) == STEPS
+        for step, (held, want) in enumerate(zip(r["expert_bias"], ref["expert_bias"])):
+            assert set(held) == {2 * r["coords"]["pp"] + 1}  # stage 0 holds MoE layer 1, stage 1 layer 3
+            for layer, bias in held.items():
+                assert torch.equal(bias, want[layer]), (r["rank"], step, layer)  # every rank, bit for bit
+                moved |= {layer} if bias.abs().max() > 0 else set()
+    assert moved == {1, 3}  # the bias did move on both stages
+
+
+@pytest.mark.slow
+def test_the_step_counts_are_every_microbatchs_tokens_once_summed_over_the_stage(runs):
+    results, _ = runs
+    tokens = BATCH * SEQ * CFG.moe.top_k  # every assignment of the global batch, on each MoE layer
+    for stage in (0, 1):
+        ranks = [r for r in results if r["coords"]["pp"] == stage]
+        for step in range(STEPS):
+            total = torch.tensor([r["expert_counts"][step][2 * stage + 1] for r in ranks]).sum(0)
+            assert int(total.sum()) == tokens
