@@ -52,3 +52,12 @@ def test_the_step_counts_are_every_microbatchs_tokens_once_summed_over_the_stage
         for step in range(STEPS):
             total = torch.tensor([r["expert_counts"][step][2 * stage + 1] for r in ranks]).sum(0)
             assert int(total.sum()) == tokens
+
+
+def test_step_loads_add_every_ranks_counts_per_layer_and_step():
+    from pylib.experiments.moe_balance_training import step_loads, worst_imbalance
+
+    ranks = [[{1: [3, 1, 0, 0]}, {1: [1, 1, 1, 1]}], [{1: [1, 1, 2, 0]}, {1: [2, 2, 0, 0]}]]
+    loads = step_loads(ranks, 2)
+    assert loads == [{1: [4, 2, 2, 0]}, {1: [3, 3, 1, 1]}]
+    assert worst_imbalance(loads[0]) == 4 * 4 / 8 and worst_imbalance({1: [2, 2], 3: [3, 1]}) == 1.5
