@@ -61,3 +61,17 @@ def test_step_loads_add_every_ranks_counts_per_layer_and_step():
     loads = step_loads(ranks, 2)
     assert loads == [{1: [4, 2, 2, 0]}, {1: [3, 3, 1, 1]}]
     assert worst_imbalance(loads[0]) == 4 * 4 / 8 and worst_imbalance({1: [2, 2], 3: [3, 1]}) == 1.5
+
+
+def test_the_balance_figure_draws_the_curves_and_the_biases_it_is_given():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from pylib.viz import style
+    from pylib.viz.ep_balance import plot_balance_during_training
+
+    fig = plot_balance_during_training({"a": [2.0, 1.5, 1.2], "b": [1.9, 1.8, 2.0]}, [[0.0, 0.0], [0.01, -0.01]])
+    left, right = fig.axes
+    assert [list(ln.get_ydata()) for ln in left.get_lines()[:2]] == [[2.0, 1.5, 1.2], [1.9, 1.8, 2.0]]
+    assert [list(ln.get_ydata()) for ln in right.get_lines()[:2]] == [[0.0, 0.01], [0.0, -0.01]]
+    assert style.smallest_text_px(fig) >= 9
