@@ -3,6 +3,7 @@
     run = balance_during_training(steps=30)         # one launch of 2 ranks (dp 2, ep 2), four routers in turn
     run.imbalance[name]                            # per step: the worse MoE layer's max / mean expert load
     run.biases[name]                               # per step: each MoE layer's expert bias after the step
+    reference_biases(name)                         # the same on one device: equal to run.biases[name]
 
 Every variant is the same tiny MoE Transformer (`VARIANTS`: 4 layers, layers 1 and 3 an 8-expert top-2 MoE),
 trained by `ParallelTransformer.step` on 2 ranks (dp 2, ep 2, ZeRO-1, 2 microbatches) on the same "pattern"
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pylib.compose import ParallelTransformer
+from pylib.experiments.compose_training import train_reference
 from pylib.model import MoEConfig, batches, build_model
 from pylib.plan.options import RunOptions
 from pylib.plan.presets import tiny
@@ -37,16 +39,23 @@ OPTIONS = RunOptions(zero_stage=1, n_microbatches=1)
 BATCH, SEQ, LR = 16, 16, 1e-2  # 512 assignments per MoE layer per step, 64 per expert when even
 
 
+def model_config(moe: MoEConfig):
+    """The model every variant trains: `tiny` at 2 layers with RoPE, layer 1 the MoE `moe`."""
+    return tiny().with_(n_layers=2, position="rope", moe=moe)
+
+
 @dataclass
 class BalanceCurves:
     """Per variant, per step: `counts` {MoE layer: [E] assignments of the whole global batch}, `imbalance` (the
-    worse layer's max / mean), `losses`, and `biases` {MoE layer: the bias after the step}."""
+    worse layer's max / mean), `losses`, and `biases` {MoE layer: the bias after the step}; `ranks_agree`: every
+    rank held the same bias after every step, in every variant."""
 
     counts: dict[str, list[dict[int, list[int]]]]
     imbalance: dict[str, list[float]]
     losses: dict[str, list[float]]
     biases: dict[str, list[dict[int, list[float]]]]
     steps: int
+    ranks_agree: bool
 
     def mean_over(self, name: str, first: int, last: int) -> float:
         """The mean imbalance of steps [first, last) of one variant."""
@@ -58,7 +67,7 @@ def _worker(steps: int) -> dict:
     mesh = Mesh(PAR)
     out = {}
     for name, moe in VARIANTS.items():
-        cfg = tiny().with_(n_layers=2, position="rope", moe=moe)
+        cfg = model_config(moe)
         model = ParallelTransformer.from_full(build_model(cfg), mesh, OPTIONS, batch=BATCH, seq=SEQ, lr=LR)
         run = dict(counts=[], losses=[], biases=[])
         for step in range(steps):
@@ -92,14 +101,19 @@ def worst_imbalance(loads: dict[int, list[int]]) -> float:
 def balance_during_training(steps: int = 30) -> BalanceCurves:
     """Train the `VARIANTS` for `steps` steps on `PAR` with `OPTIONS` (one launch) and measure each step's load."""
     ranks = launch(_worker, PAR.dense_world_size, steps)
-    counts, imbalance, losses, biases = {}, {}, {}, {}
+    counts, imbalance, losses, biases, agree = {}, {}, {}, {}, True
     for name in VARIANTS:
         counts[name] = step_loads([r[name]["counts"] for r in ranks], steps)
         imbalance[name] = [worst_imbalance(t) for t in counts[name]]
         losses[name] = ranks[0][name]["losses"]
-        merged: list[dict] = [{} for _ in range(steps)]
-        for r in ranks:
-            for step, b in enumerate(r[name]["biases"]):
-                merged[step].update(b)
-        biases[name] = merged
-    return BalanceCurves(counts, imbalance, losses, biases, steps)
+        biases[name] = ranks[0][name]["biases"]
+        agree = agree and all(r[name]["biases"] == biases[name] for r in ranks)
+    return BalanceCurves(counts, imbalance, losses, biases, steps, agree)
+
+
+def reference_biases(name: str, steps: int = 30) -> list[dict[int, list[float]]]:
+    """Per step, each MoE layer's expert bias of variant `name` trained on one device on the whole global batch
+    (`train_reference`: the bias updated once per step from the global counts)."""
+    cfg = model_config(VARIANTS[name])
+    ref = train_reference(cfg, steps=steps, batch=BATCH, seq=SEQ, lr=LR, data="pattern")
+    return [{i: b.tolist() for i, b in step.items()} for step in ref["expert_bias"]]
