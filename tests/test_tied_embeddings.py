@@ -3,16 +3,17 @@
 The first stage holds the embedding, the last stage a copy used as the LM head; both start equal and their gradients
 are summed over the embedding group (the first and last pipeline rank) after the data-parallel reduction, so the
 copies stay equal step after step. Claims: the runs equal the single-device tied reference in float64 (loss, every
-gradient, the weights after three Adam steps) for pp = 2 with tp = 1, 2 and dp = 2 (DDP and ZeRO-1) and for pp = 4
-(an embedding group that is not the pipeline group); the embedding group moves one all-reduce per step; a
-checkpoint keeps the tied weight once; the planner counts the last stage's copy.
+gradient, the global gradient norm, the weights after three clipped Adam steps) for pp = 2 with tp = 1, 2 and
+dp = 2 (DDP and ZeRO-1), for pp = 4 (an embedding group that is not the pipeline group) and for one stage; the
+embedding group moves one all-reduce per step; a checkpoint keeps the tied weight once; the planner counts the last
+stage's copy.
 """
 
 import pytest
 import torch
 
 from pylib.analysis.weights import local_parameters, model_parameter_count, parameter_counts
-from pylib.compose import ParallelTransformer
+from pylib.compose import GradClip, ParallelTransformer
 from pylib.compose.checkpoint import read_checkpoint, save_checkpoint
 from pylib.model import batches, build_model
 from pylib.plan import RunOptions
@@ -27,6 +28,7 @@ from tests.conftest import FLOAT64_ATOL
 
 CFG = tiny().with_(tie_embeddings=True)  # V = 32, h = 16, 4 layers, float64
 BATCH, SEQ, STEPS, LR = 4, 8, 3, 1e-2
+MAX_NORM = 0.5  # below the gradient norm of every step: each step clips, the tied weight counted once
 
 
 def test_problems_accept_tied_embeddings_over_pipeline_stages():
@@ -95,26 +97,30 @@ def ref():
     """The single-device tied model: step-0 gradients, the losses and the weights after STEPS Adam steps."""
     model = build_model(CFG)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
-    grads, losses = None, []
+    grads, losses, norms = None, [], []
     for step in range(STEPS):
         loss = model.loss(*batches(CFG, BATCH, SEQ, step, data="pattern"))
         loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
         if grads is None:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return dict(grads=grads, losses=losses, params={n: p.detach().clone() for n, p in model.named_parameters()})
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return dict(grads=grads, losses=losses, norms=norms, params=params)
 
 
 def _run(par, options, folder=None):
     mesh = Mesh(par)
     model = ParallelTransformer.from_full(build_model(CFG), mesh, options, batch=BATCH, seq=SEQ, lr=LR)
     infos = {i.name: i for i in model.infos}
-    out = dict(losses=[], grads=[], embd_events=[], table=model.reduction_table())
+    out = dict(losses=[], norms=[], grads=[], embd_events=[], table=model.reduction_table())
     for step in range(STEPS):
         with trace() as tr:
-            out["losses"].append(model.step(*batches(CFG, BATCH, SEQ, step, data="pattern")).loss)
+            res = model.step(*batches(CFG, BATCH, SEQ, step, data="pattern"), clip=GradClip(MAX_NORM))
+        out["losses"].append(res.loss)
+        out["norms"].append(res.clip.norm)
         out["embd_events"].append([(e.op, e.phase, e.payload_bytes) for e in tr.events if e.axis == "embd"])
         if step == 0:
             for name, parts in model.gradient_pieces().items():
@@ -154,6 +160,7 @@ def test_tied_embeddings_over_stages_train_like_the_reference(runs, ref, name):
     held = {"embed.weight": 0, "lm_head.weight": 0}
     for r in results:
         assert r["losses"] == pytest.approx(ref["losses"], abs=FLOAT64_ATOL)
+        assert r["norms"] == pytest.approx(ref["norms"], abs=FLOAT64_ATOL)
         for local, ref_name, index, lo, hi, g in r["grads"]:
             want = ref["grads"][ref_name][index].reshape(-1)[lo:hi]
             assert float((g - want).abs().max()) <= FLOAT64_ATOL, (local, lo, hi)
