@@ -27,11 +27,13 @@ The bubble is the busiest rank's idle time between its own first and last comput
     1F1B, GPipe    (p-1)(t_f + t_b + t_w)
     ZB-H1          (p-1)(t_b + max(t_f - t_w, 0))     = the paper's (p-1)(t_f + t_b - t_w) when t_w <= t_f
     ZB-H2          0 at equal costs, the costs its order is built for
+    ZB-V           0 at equal costs once m >= 2p - 1 (two chunks per rank in a V; (2p-1-m) t_f for p <= m < 2p-1)
 Rank 0, ZB-H1: after its p warm-up forwards it waits (p-1) t_b for the first input gradient, with no W yet to fill
 the wait; after its last forward that microbatch's gradient is (p-1)(t_f + t_b) away while (p-1)(t_b + t_w) of B's
 and W's are left to run: (p-1)(t_f - t_w) more when that is positive. In 1F1B every hop back costs t_b + t_w:
 (p-1)(t_b + t_w) + (p-1) t_f. In flight: ZB-H1 holds p on every rank (rank r runs the W of microbatch k after the B
-of k + r: 1F1B's p - r plus r), ZB-H2 2p - 1 on every rank (its forward limit); each deferred W also keeps its
+of k + r: 1F1B's p - r plus r), ZB-H2 2p - 1 on every rank (its forward limit), ZB-V 2p chunk activations of
+half a stage each, 1F1B's p stages on every rank; each deferred W also keeps its
 output gradients (`pylib.pp.backward`).
 
 P2P traffic. Each of the p·v - 1 stage boundaries carries, per microbatch, one activation forward and its gradient
@@ -99,9 +101,9 @@ def split_bubble_time(schedule: str, p: int, t_f: float, t_b: float, t_w: float)
         return bubble_time(p, t_f, t_b + t_w)
     if schedule == "zb-h1":
         return (p - 1) * (t_b + max(t_f - t_w, 0.0))
-    if schedule == "zb-h2":
+    if schedule in ("zb-h2", "zb-v"):
         if not t_f == t_b == t_w:
-            raise ValueError(f"zb-h2's zero bubble holds at equal costs; got t_f={t_f}, t_b={t_b}, t_w={t_w}")
+            raise ValueError(f"{schedule}'s zero bubble holds at equal costs; got t_f={t_f}, t_b={t_b}, t_w={t_w}")
         return 0.0
     raise ScheduleError(
         f"no split-backward bubble formula for {schedule!r}; known: gpipe, 1f1b, {', '.join(ZERO_BUBBLE)}"
@@ -118,9 +120,12 @@ def peak_in_flight(
 ) -> int:
     """Most (microbatch, chunk) activations rank `rank` holds at once under `schedule`: its warm-up forwards
     (`schedules.warmup_forwards`, the one warm-up formula) plus the one of its first steady 1F1B step, at most its
-    v·m forwards. A zero-bubble schedule holds an activation until its W: ZB-H1 p on every rank, ZB-H2 2p - 1."""
+    v·m forwards. A zero-bubble schedule holds an activation until its W: ZB-H1 p on every rank, ZB-H2 2p - 1,
+    ZB-V 2p chunk activations (each half a stage: 1F1B's p stages), min(2p, m + 1 + r) when m < 2p - 1."""
     if schedule in ZERO_BUBBLE:
         check_schedule(schedule, p, n_microbatches, v, group_size=group_size)
+        if schedule == "zb-v":
+            return min(2 * p, n_microbatches + 1 + rank)
         return p if schedule == "zb-h1" else 2 * p - 1
     return min(warmup_forwards(schedule, p, n_microbatches, rank, v, group_size) + 1, v * n_microbatches)
 

@@ -31,6 +31,12 @@ done, W not yet (W still needs the forward's saved tensors).
                whenever a rank is free it runs a B whose gradient is there, else a forward while fewer than 2p-1
                microbatches are in flight, else its oldest pending W. Rank 0 fills its warm-up with 2p-1 forwards;
                the trapezoid of 1F1B becomes a parallelogram.  in flight: up to 2p-1. Needs m >= 2p-1.
+  ZB-V         two chunks per rank in the V placement (`rank_stage`: chunk 0 = stage r, chunk 1 = stage 2p-1-r,
+               so stage 0 and the loss's stage 2p-1 are both on rank 0, and stages p-1, p both on rank p-1, handed
+               over in memory): warm-up forwards down the V and back up, then (F, B, W) of each chunk in turn, a
+               cool-down whose W's fill the rising side's waits (`_zb_v`). in flight: 2p chunk activations of
+               L/2p layers, 1F1B's p stages' worth. Needs m >= p; no bubble at T_F = T_B = T_W once m >= 2p-1
+               (2p-1-m units of T_F before that: tests/test_pp_zbv.py).
 Their bubbles, with T_F, T_B, T_W the costs of F, B and W (1F1B's backward costs T_B + T_W), measured on the
 busiest rank from its own first compute to its own last (`pylib.pp.timeline.Bubble.own_idle`): 1F1B
 (p-1)(T_F+T_B+T_W); ZB-H1 (p-1)(T_F+T_B-T_W) when T_W <= T_F and T_W <= T_B; ZB-H2 zero when T_F = T_B = T_W
@@ -51,11 +57,17 @@ We place communication in three steps:
 Because every rank walks its own messages in the order of one global list, the earliest unfinished message
 always has both its ends waiting for it, so it completes: no deadlock, for any p, m, v and any real timing. And
 every receive comes before the compute that uses it, since the exchange time is at most the consumer's start.
+The argument never asks where a stage lives, only that each message has two ends on two ranks: it holds for the V
+placement too, where the messages follow the schedule's stage -> rank map (`stage_ranks`) and a boundary inside
+one rank (the V's turn) is no message at all -- its consumer follows its producer in that rank's own compute
+order, which step 1 already checked. tests/test_pp_zbv.py runs ZB-V for p up to 8 and m from p to 2p+3 under both
+send semantics and costs other than the placement's.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass, field
 
 from pylib.i18n import tr
@@ -63,8 +75,42 @@ from pylib.i18n import tr
 from .split import virtual_stage
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")  # the ones RunOptions, compose and the planner know
-ZERO_BUBBLE = ("zb-h1", "zb-h2")  # B and W split: built and run here, not yet known to the planner
+ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-v")  # B and W split: built and run here, not yet known to the planner
 ALL_SCHEDULES = SCHEDULES + ZERO_BUBBLE
+V_SHAPED = ("zb-v",)  # two chunks per rank in the V placement (`PLACEMENTS`)
+PLACEMENTS = ("loop", "v")
+V_MIN_MICROBATCHES = {"zb-v": lambda p: p}
+V_MIN_MICROBATCHES_TEXT = {"zb-v": "p"}
+V_MIN_MICROBATCHES_WHY = {"zb-v": "rank 0's warm-up runs 2p-1 forwards of its first chunk"}
+
+
+def placement_of(name: str) -> str:
+    """Where schedule `name` puts its stages: "v" for the V-shaped ones, else "loop"."""
+    return "v" if name in V_SHAPED else "loop"
+
+
+def rank_stage(rank: int, chunk: int, p: int, placement: str = "loop") -> int:
+    """The stage chunk `chunk` of rank `rank` holds. "loop" (Megatron's layout, every schedule but the V):
+    chunk·p + rank, the activation goes round the ring of ranks v times. "v" (two chunks per rank): chunk 0 holds
+    stage rank, chunk 1 stage 2p-1-rank, so the forward goes down the ranks and back up, and the first and the
+    last stage are both on rank 0. In both, stage k is chunk k // p of its rank."""
+    if placement == "loop":
+        return virtual_stage(rank, chunk, p)
+    if placement == "v":
+        if chunk not in (0, 1):
+            raise ScheduleError(f"the V placement has two chunks per rank, 0 and 1, not chunk {chunk}")
+        return rank if chunk == 0 else 2 * p - 1 - rank
+    raise ScheduleError(f"unknown placement {placement!r}; known: {', '.join(PLACEMENTS)}")
+
+
+@functools.lru_cache(maxsize=256)
+def stage_ranks(p: int, v: int, placement: str = "loop") -> tuple[int, ...]:
+    """ranks[k]: the rank holding stage k, for the p·v stages (the map the executor and the messages follow)."""
+    out = [0] * (p * v)
+    for r in range(p):
+        for c in range(v):
+            out[rank_stage(r, c, p, placement)] = r
+    return tuple(out)
 
 
 class ScheduleError(ValueError):
@@ -120,8 +166,9 @@ class Schedule:
     """A whole pipeline schedule: `actions[r]` is rank r's list. Index it like that list of lists: `sched[r]`.
 
     name: one of ALL_SCHEDULES; p ranks, m microbatches, v chunks per rank, N microbatches per group (interleaved
-    only). `times[r]` holds, for each compute action of rank r, its logical (start, end) from the placement step
-    (a forward costs cost_f, a B cost_b, a W cost_w, a B with no W cost_b + cost_w).
+    only); placement: where the stages live (`rank_stage`: "loop", or "v" for the V-shaped schedules).
+    `times[r]` holds, for each compute action of rank r, its logical (start, end) from the placement step (a
+    forward costs cost_f, a B cost_b, a W cost_w, a B with no W cost_b + cost_w).
     """
 
     name: str
@@ -134,6 +181,7 @@ class Schedule:
     cost_b: float = 2.0
     times: list[dict[Action, tuple[float, float]]] = field(default_factory=list, repr=False)
     cost_w: float = 0.0
+    placement: str = "loop"
 
     def __getitem__(self, rank: int) -> list[Action]:
         return self.actions[rank]
@@ -147,6 +195,15 @@ class Schedule:
     @property
     def n_stages(self) -> int:
         return self.p * self.v
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """ranks[k]: the rank holding stage k (`stage_ranks`)."""
+        return stage_ranks(self.p, self.v, self.placement)
+
+    def rank_of(self, stage: int) -> int:
+        """The rank holding stage `stage`."""
+        return self.ranks[stage]
 
     def deferred(self, rank: int) -> set[tuple[int, int]]:
         """The (mb, chunk) whose weight gradient rank `rank` runs as a separate W (its B is the input side only)."""
@@ -307,6 +364,9 @@ def compute_order(
     def b(mb, c):
         return Action("B", mb, c, virtual_stage(rank, c, p))
 
+    if name == "zb-v":
+        return _zb_v(p, n_microbatches, rank)
+
     if name == "gpipe":
         return [f(i, 0) for i in range(n_microbatches)] + [b(i, 0) for i in range(n_microbatches)]
     if name == "zb-h1":
@@ -341,6 +401,48 @@ def _zb_h1(p: int, n_microbatches: int, rank: int) -> list[Action]:
         if a.op == "B" and a.mb - rank >= 0:
             out.append(Action("W", a.mb - rank, 0, rank))
     out += [Action("W", k, 0, rank) for k in range(max(m - rank, 0), m)]
+    return out
+
+
+def _zb_v(p: int, n_microbatches: int, rank: int) -> list[Action]:
+    """ZB-V on rank r (chunk 0 = stage r, chunk 1 = stage 2p-1-r; the paper's Section 6). Each chunk's actions
+    come in microbatch order; `nxt(op, c)` emits the next one of chunk c if its turn has come (a forward while
+    microbatches remain, a B after its forward, a W after its B), else nothing. The phases:
+      warm-up    2(p-r)-1 forwards of chunk 0, then r pairs (F chunk 1, F chunk 0), then p-r triples
+                 (F, B, W of chunk 1): rank r's first backward is due when the microbatch that started the V
+                 comes back up, and chunk 1's stage is closer to the loss the lower r is.
+      steady     (F0, B0, W0, F1, B1, W1) until the forwards run out: one microbatch in, one out, per chunk.
+      cool-down  r pairs (B0, B1) with their W's postponed, p-r pairs (B0, W0), then the postponed W's of
+                 chunk 1 and of chunk 0: the W's fill the time the B's of the rising side wait.
+    In flight (forward done, W not yet): 2p chunk activations on every rank, each half a stage of 1F1B's, so
+    1F1B's peak (p stage activations); at T_F = T_B = T_W no rank idles between its first and its last compute."""
+    m = n_microbatches
+    stages = (rank_stage(rank, 0, p, "v"), rank_stage(rank, 1, p, "v"))
+    done = {(op, c): 0 for op in "FBW" for c in (0, 1)}
+    out: list[Action] = []
+
+    def nxt(op: str, c: int) -> None:
+        k = done[(op, c)]
+        before = {"F": m, "B": done[("F", c)], "W": done[("B", c)]}[op]
+        if k < before:
+            out.append(Action(op, k, c, stages[c]))
+            done[(op, c)] = k + 1
+
+    for _ in range(2 * (p - rank) - 1):
+        nxt("F", 0)
+    for _ in range(rank):
+        nxt("F", 1), nxt("F", 0)
+    for _ in range(p - rank):
+        nxt("F", 1), nxt("B", 1), nxt("W", 1)
+    while done[("F", 0)] < m or done[("F", 1)] < m:
+        for op, c in (("F", 0), ("B", 0), ("W", 0), ("F", 1), ("B", 1), ("W", 1)):
+            nxt(op, c)
+    for _ in range(rank):
+        nxt("B", 0), nxt("B", 1)
+    for _ in range(p - rank):
+        nxt("B", 0), nxt("W", 0)
+    while done[("W", 1)] < m or done[("W", 0)] < m:
+        nxt("W", 1) if done[("W", 1)] < done[("B", 1)] else nxt("W", 0)
     return out
 
 
@@ -426,27 +528,32 @@ def logical_times(
     return done
 
 
-def _link(from_stage: int, to_stage: int, p: int) -> int:
+def _link(from_stage: int, to_stage: int, ranks: tuple[int, ...]) -> int:
     """The link a message crosses, numbered by the rank on its forward-direction sending side: stage boundary
-    (k, k+1) is link k % p, joining rank k % p to rank (k+1) % p."""
-    return min(from_stage, to_stage) % p
+    (k, k+1) is link ranks[k] (in the loop placement k % p, joining rank k % p to rank (k+1) % p)."""
+    return ranks[min(from_stage, to_stage)]
 
 
-def _messages_out(a: Action, p: int, n_stages: int) -> list[Action]:
-    """The send a compute issues: a forward's activation to the next stage, a backward's gradient to the previous."""
-    if a.op == "F" and a.stage < n_stages - 1:
-        return [Action("send", a.mb, a.chunk, a.stage, "act", (a.stage + 1) % p)]
-    if a.op == "B" and a.stage > 0:
-        return [Action("send", a.mb, a.chunk, a.stage, "grad", (a.stage - 1) % p)]
+def _messages_out(a: Action, ranks: tuple[int, ...]) -> list[Action]:
+    """The send a compute issues: a forward's activation to the next stage, a backward's gradient to the previous
+    -- none where that stage is on the same rank (the V's turn, stages p-1 and p on rank p-1: handed over in
+    memory)."""
+    me = ranks[a.stage]
+    if a.op == "F" and a.stage < len(ranks) - 1 and ranks[a.stage + 1] != me:
+        return [Action("send", a.mb, a.chunk, a.stage, "act", ranks[a.stage + 1])]
+    if a.op == "B" and a.stage > 0 and ranks[a.stage - 1] != me:
+        return [Action("send", a.mb, a.chunk, a.stage, "grad", ranks[a.stage - 1])]
     return []
 
 
-def _messages_in(a: Action, p: int, n_stages: int) -> list[Action]:
-    """The receive a compute needs first: its input activation, or its output's gradient."""
-    if a.op == "F" and a.stage > 0:
-        return [Action("recv", a.mb, a.chunk, a.stage, "act", (a.stage - 1) % p)]
-    if a.op == "B" and a.stage < n_stages - 1:
-        return [Action("recv", a.mb, a.chunk, a.stage, "grad", (a.stage + 1) % p)]
+def _messages_in(a: Action, ranks: tuple[int, ...]) -> list[Action]:
+    """The receive a compute needs first: its input activation, or its output's gradient (none from its own
+    rank)."""
+    me = ranks[a.stage]
+    if a.op == "F" and a.stage > 0 and ranks[a.stage - 1] != me:
+        return [Action("recv", a.mb, a.chunk, a.stage, "act", ranks[a.stage - 1])]
+    if a.op == "B" and a.stage < len(ranks) - 1 and ranks[a.stage + 1] != me:
+        return [Action("recv", a.mb, a.chunk, a.stage, "grad", ranks[a.stage + 1])]
     return []
 
 
@@ -454,13 +561,13 @@ class _ExchangeTimes:
     """When each message can be exchanged: the first moment tau, between its producer's end and its consumer's
     start, when neither end is in the middle of a compute (so a blocking send waits for nobody)."""
 
-    def __init__(self, orders: list[list[Action]], times: dict, p: int, n_stages: int):
+    def __init__(self, orders: list[list[Action]], times: dict, ranks: tuple[int, ...]):
         self.spans = [[times[(a.op, a.mb, a.stage)] for a in order] for order in orders]
         self.starts = [[start for start, _ in rank_spans] for rank_spans in self.spans]
         self.consumer_start = {}  # message -> (receiving rank, start of the compute that needs it)
         for r, order in enumerate(orders):
             for a in order:
-                for rv in _messages_in(a, p, n_stages):
+                for rv in _messages_in(a, ranks):
                     self.consumer_start[rv.message()] = (r, times[(a.op, a.mb, a.stage)][0])
 
     def free(self, r: int, t: float) -> bool:
@@ -477,11 +584,11 @@ class _ExchangeTimes:
         return next((t for t in sorted(points) if self.free(sender, t) and self.free(receiver, t)), produced)
 
 
-def _message_key(tau: float, msg, p: int) -> tuple:
+def _message_key(tau: float, msg, ranks: tuple[int, ...]) -> tuple:
     """The global order of the step's messages: by exchange time, then even links before odd ones, activations
     before gradients, then microbatch and sender."""
     what, mb, src, dst = msg
-    link = _link(src, dst, p)
+    link = _link(src, dst, ranks)
     return (tau, 0, link % 2, link, 0 if what == "act" else 1, mb, src)
 
 
@@ -493,33 +600,34 @@ def place_communication(
     cost_b: float = 2.0,
     policy: str = "ordered",
     cost_w: float = 0.0,
+    placement: str = "loop",
 ):
-    """Insert the sends and receives into each rank's compute order.
+    """Insert the sends and receives into each rank's compute order (stages on ranks as `placement` puts them:
+    `rank_stage`).
 
     policy "ordered": the deadlock-free placement described in the module docstring.
     policy "naive": every receive right before the compute that needs it and every send right after the compute
     that produced it -- the obvious placement, which deadlocks under blocking sends (kept for the book to show).
     Returns (actions per rank, logical times per rank)."""
-    n_stages = p * v
+    n_stages, ranks = p * v, stage_ranks(p, v, placement)
     times = logical_times(orders, n_stages, cost_f, cost_b, cost_w)
     per_rank_times = [{a: times[(a.op, a.mb, a.stage)] for a in order} for order in orders]
     if policy == "naive":
         placed = [
-            [x for a in order for x in (*_messages_in(a, p, n_stages), a, *_messages_out(a, p, n_stages))]
-            for order in orders
+            [x for a in order for x in (*_messages_in(a, ranks), a, *_messages_out(a, ranks))] for order in orders
         ]
         return placed, per_rank_times
     if policy != "ordered":
         raise ValueError(f"policy must be 'ordered' or 'naive', not {policy!r}")
-    exchange = _ExchangeTimes(orders, times, p, n_stages)
+    exchange = _ExchangeTimes(orders, times, ranks)
     events: list[list[tuple]] = [[] for _ in range(p)]
     for r, order in enumerate(orders):
         for a in order:
             start, end = times[(a.op, a.mb, a.stage)]
             events[r].append(((start, 1), a))  # a compute sorts after the messages exchanged at its start
-            for snd in _messages_out(a, p, n_stages):
+            for snd in _messages_out(a, ranks):
                 msg = snd.message()
-                key = _message_key(exchange(r, end, msg), msg, p)
+                key = _message_key(exchange(r, end, msg), msg, ranks)
                 receiver = exchange.consumer_start[msg][0]
                 events[r].append((key, snd))
                 events[receiver].append((key, Action("recv", msg[1], msg[3] // p, msg[3], msg[0], r)))
@@ -543,6 +651,9 @@ def check_schedule(
         if strict:
             return check_interleaved(p, n_microbatches, v, group_size)
         return _loose_group_size(p, v, group_size)
+    if name in V_SHAPED:
+        _check_v(name, p, n_microbatches, v, group_size)
+        return None
     if v != 1:
         raise ScheduleError(f"{name} runs one chunk per rank (v=1), got v={v}; use 'interleaved' for v > 1")
     if group_size is not None:
@@ -558,6 +669,22 @@ def check_schedule(
             "warm-up with 2p-1 forwards before its first B)"
         )
     return None
+
+
+def _check_v(name: str, p: int, n_microbatches: int, v: int, group_size: int | None) -> None:
+    """The V-shaped schedules' sizes: two chunks per rank, and (`V_MIN_MICROBATCHES`) enough microbatches."""
+    if v != 2:
+        raise ScheduleError(
+            f"{name} runs two chunks per rank in a V (stage r and stage 2p-1-r on rank r): v must be 2, got v={v}"
+        )
+    if group_size is not None:
+        raise ScheduleError(f"group_size applies to the interleaved schedule only, not {name}")
+    least = V_MIN_MICROBATCHES[name](p)
+    if n_microbatches < least:
+        raise ScheduleError(
+            f"{name} needs m >= {V_MIN_MICROBATCHES_TEXT[name]} microbatches: m={n_microbatches}, p={p}, "
+            f"{V_MIN_MICROBATCHES_TEXT[name]}={least} ({V_MIN_MICROBATCHES_WHY[name]})"
+        )
 
 
 def build(
@@ -587,8 +714,14 @@ def build(
     cost_b = (1.0 if split else 2.0) if cost_b is None else cost_b
     cost_w = (1.0 if split else 0.0) if cost_w is None else cost_w
     orders = [compute_order(name, p, n_microbatches, r, v, group_size, strict=strict) for r in range(p)]
-    actions, times = place_communication(orders, p, v, cost_f, cost_b, policy, cost_w)
-    return Schedule(name, p, n_microbatches, v, actions, group_size, cost_f, cost_b, times, cost_w)
+    placement = placement_of(name)
+    actions, times = place_communication(orders, p, v, cost_f, cost_b, policy, cost_w, placement)
+    return Schedule(name, p, n_microbatches, v, actions, group_size, cost_f, cost_b, times, cost_w, placement)
+
+
+def zb_v(p: int, n_microbatches: int, **kw) -> Schedule:
+    """ZB-V: two chunks per rank in the V placement, no bubble when T_F = T_B = T_W, 1F1B's peak memory."""
+    return build("zb-v", p, n_microbatches, 2, **kw)
 
 
 def gpipe(p: int, n_microbatches: int, **kw) -> Schedule:

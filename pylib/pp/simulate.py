@@ -80,6 +80,9 @@ class _Simulation:
         self.received: list[set] = [set() for _ in range(p)]  # (what, mb, chunk) arrived at rank r
         self.in_link: dict[tuple[int, int], deque] = {}  # eager: (src, dst) -> [(send action, arrival time)]
         self.last_stage = max((a.stage for lst in lists for a in lst), default=0)
+        # where each stage lives, read off the computes: (rank, chunk); a neighbour stage on the same rank (the
+        # V's turn) hands its tensor over in memory, with no message
+        self.home = {a.stage: (r, a.chunk) for r, lst in enumerate(lists) for a in lst if a.is_compute}
 
     def advance(self, r: int) -> bool:
         """Move rank r as far as it can go now; True if it moved at all."""
@@ -156,7 +159,7 @@ class _Simulation:
         if (a.op, a.mb, a.chunk) in self.computed[r]:
             raise ScheduleError(f"rank {r}: {a} runs twice")
         if a.op == "F":
-            if a.stage > 0 and ("act", a.mb, a.chunk) not in self.received[r]:
+            if a.stage > 0 and not self.arrived(r, "act", a.mb, a.chunk, a.stage - 1, "F"):
                 raise ScheduleError(f"rank {r}: {a} runs before its input activation was received")
             return
         if a.op == "W":
@@ -165,8 +168,15 @@ class _Simulation:
             return
         if ("F", a.mb, a.chunk) not in self.computed[r]:
             raise ScheduleError(f"rank {r}: {a} runs before its forward")
-        if a.stage < self.last_stage and ("grad", a.mb, a.chunk) not in self.received[r]:
+        if a.stage < self.last_stage and not self.arrived(r, "grad", a.mb, a.chunk, a.stage + 1, "B"):
             raise ScheduleError(f"rank {r}: {a} runs before its output gradient was received")
+
+    def arrived(self, r: int, what: str, mb: int, chunk: int, neighbour: int, op: str) -> bool:
+        """The input of (mb, chunk) from stage `neighbour` is on rank r: received, or computed there (op)."""
+        home = self.home.get(neighbour)
+        if home is not None and home[0] == r:
+            return (op, mb, home[1]) in self.computed[r]
+        return (what, mb, chunk) in self.received[r]
 
     def check_send(self, r: int, a: Action) -> None:
         if ("F" if a.what == "act" else "B", a.mb, a.chunk) not in self.computed[r]:
