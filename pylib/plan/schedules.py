@@ -37,6 +37,13 @@ done, W not yet (W still needs the forward's saved tensors).
                cool-down whose W's fill the rising side's waits (`_zb_v`). in flight: 2p chunk activations of
                L/2p layers, 1F1B's p stages' worth. Needs m >= p; no bubble at T_F = T_B = T_W once m >= 2p-1
                (2p-1-m units of T_F before that: tests/test_pp_zbv.py).
+  DualPipeV    DeepSeek's DualPipe cut in half (`_dualpipe_v`), on the same V: its steady state is slots of an
+               overlapped F&B -- the forward of one chunk with the whole backward of the other, written as a
+               forward marked overlapped (what="&") followed by its B; `simulate` and `logical_times` cost the slot
+               cost_fb, the executor runs the two back to back. A B is split only where its W fills a wait.
+               in flight: 2p+1 chunk activations (DeepSeek's PP+1, PP = 2p stages). Needs m >= 2p. Bubble
+               (p-1)(T_FB + T_B - 2 T_W) = DeepSeek's (PP/2-1)(F&B + B - 3W), B there the full backward, exactly
+               when T_F = T_B and T_FB = T_F + T_B + T_W (tests/test_pp_dualpipe.py).
 Their bubbles, with T_F, T_B, T_W the costs of F, B and W (1F1B's backward costs T_B + T_W), measured on the
 busiest rank from its own first compute to its own last (`pylib.pp.timeline.Bubble.own_idle`): 1F1B
 (p-1)(T_F+T_B+T_W); ZB-H1 (p-1)(T_F+T_B-T_W) when T_W <= T_F and T_W <= T_B; ZB-H2 zero when T_F = T_B = T_W
@@ -75,13 +82,17 @@ from pylib.i18n import tr
 from .split import virtual_stage
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")  # the ones RunOptions, compose and the planner know
-ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-v")  # B and W split: built and run here, not yet known to the planner
+ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-v", "dualpipev")  # B and W split: built and run here, not yet known to the planner
 ALL_SCHEDULES = SCHEDULES + ZERO_BUBBLE
-V_SHAPED = ("zb-v",)  # two chunks per rank in the V placement (`PLACEMENTS`)
+V_SHAPED = ("zb-v", "dualpipev")  # two chunks per rank in the V placement (`PLACEMENTS`)
+OVERLAP = "&"  # Action.what of a forward that shares its slot with the next B (DualPipe's F&B)
 PLACEMENTS = ("loop", "v")
-V_MIN_MICROBATCHES = {"zb-v": lambda p: p}
-V_MIN_MICROBATCHES_TEXT = {"zb-v": "p"}
-V_MIN_MICROBATCHES_WHY = {"zb-v": "rank 0's warm-up runs 2p-1 forwards of its first chunk"}
+V_MIN_MICROBATCHES = {"zb-v": lambda p: p, "dualpipev": lambda p: 2 * p}
+V_MIN_MICROBATCHES_TEXT = {"zb-v": "p", "dualpipev": "2p"}
+V_MIN_MICROBATCHES_WHY = {
+    "zb-v": "rank 0's warm-up runs 2p-1 forwards of its first chunk",
+    "dualpipev": "its main phase runs m - 2p + r + 1 rounds of F&B pairs on rank r, at least one on rank 0",
+}
 
 
 def placement_of(name: str) -> str:
@@ -142,6 +153,12 @@ class Action:
         return self.op in ("F", "B", "W")
 
     @property
+    def overlapped(self) -> bool:
+        """A forward that runs as one slot with the compute right after it, a B (DualPipe's F&B: marked by
+        what="&"; on a GPU the two overlap, on a CPU they run back to back)."""
+        return self.op == "F" and self.what == OVERLAP
+
+    @property
     def is_comm(self) -> bool:
         return self.op in ("send", "recv")
 
@@ -156,7 +173,7 @@ class Action:
 
     def __str__(self) -> str:
         if self.is_compute:
-            return f"{self.op}{self.mb}" + (f".c{self.chunk}" if self.chunk else "")
+            return f"{self.op}{self.mb}" + (f".c{self.chunk}" if self.chunk else "") + self.what
         arrow = "->" if self.op == "send" else "<-"
         return f"{self.op} {self.what} {self.mb}" + (f".c{self.chunk}" if self.chunk else "") + f" {arrow} {self.peer}"
 
@@ -182,6 +199,7 @@ class Schedule:
     times: list[dict[Action, tuple[float, float]]] = field(default_factory=list, repr=False)
     cost_w: float = 0.0
     placement: str = "loop"
+    cost_fb: float | None = None  # an overlapped F&B slot (None: its two actions back to back)
 
     def __getitem__(self, rank: int) -> list[Action]:
         return self.actions[rank]
@@ -233,6 +251,25 @@ def compute_cost(a: Action, deferred: set, cost_f: float, cost_b: float, cost_w:
     if a.op == "W":
         return cost_w
     return cost_b if (a.mb, a.chunk) in deferred else cost_b + cost_w
+
+
+def slot_cost(
+    f: Action, b: Action, deferred: set, cost_f: float, cost_b: float, cost_w: float, cost_fb: float | None
+) -> float:
+    """What an overlapped pair (forward `f`, then B `b`, one slot) costs: cost_fb if given, else the two back to
+    back (what a CPU gives)."""
+    if cost_fb is not None:
+        return cost_fb
+    return cost_f + compute_cost(b, deferred, cost_f, cost_b, cost_w)
+
+
+def overlap_partner(order: list[Action], i: int, rank: int | None = None) -> Action:
+    """The B that shares the slot of the overlapped forward order[i]: the next compute in the list."""
+    nxt = next((a for a in order[i + 1 :] if a.is_compute), None)
+    if nxt is None or nxt.op != "B":
+        where = "" if rank is None else f"rank {rank}: "
+        raise ScheduleError(f"{where}{order[i]} is marked overlapped but the next compute is {nxt}, not a B")
+    return nxt
 
 
 # --------------------------------------------------------------------------------------------- compute orders
@@ -366,6 +403,8 @@ def compute_order(
 
     if name == "zb-v":
         return _zb_v(p, n_microbatches, rank)
+    if name == "dualpipev":
+        return _dualpipe_v(p, n_microbatches, rank)
 
     if name == "gpipe":
         return [f(i, 0) for i in range(n_microbatches)] + [b(i, 0) for i in range(n_microbatches)]
@@ -446,6 +485,73 @@ def _zb_v(p: int, n_microbatches: int, rank: int) -> list[Action]:
     return out
 
 
+def _dualpipe_v(p: int, n_microbatches: int, rank: int) -> list[Action]:
+    """DualPipeV on rank r (DeepSeek's DualPipe cut in half into a V, Sea AI Lab's "cut-in-half"; the same V
+    placement as ZB-V). Its unit is the F&B slot: the forward of one chunk overlapped with the whole backward
+    (B and W) of the other chunk, marked by an overlapped F (`Action.overlapped`) followed by its B. A B is split
+    (its W later, oldest first) only where a W is there to fill a wait. The phases, for rank r:
+      1  2(p-r-1) forwards of chunk 0                           the microbatches that start the V
+      2  r+1 pairs (F0, F1)                                    the first ones turn at rank p-1 and come back
+      3  p-r-1 triples (B1 split, the oldest W, F1)            the backward reaches rank r: zero-bubble fill
+      4  m-2p+r+1 rounds of the slots (F0 & B1), (F1 & B0)     the steady state, two F&B slots a round (rank
+                                                               p-1's first (F0, B1) not overlapped: its B1 waits
+                                                               on that F0, through chunk 1's forward)
+      5  p-r-1 rounds of B1, then the slot (F1 & B0)           the forwards run out on chunk 0
+      6  r+1 pairs (B1, B0), split from the middle one on      the tail: from here the W's can wait
+      7  p-r-1 rounds of (the oldest W, B0 split)
+      8  the r+1 W's left
+    In flight: 2p+1 chunk activations on rank 0, DualPipe's PP+1 with PP = 2p stages."""
+    m = n_microbatches
+    stages = (rank_stage(rank, 0, p, "v"), rank_stage(rank, 1, p, "v"))
+    count = {(op, c): 0 for op in "FB" for c in (0, 1)}
+    waiting: list[tuple[int, int]] = []  # (mb, chunk) of the split B's whose W has not run, oldest first
+    out: list[Action] = []
+
+    def fwd(c: int, overlap: bool = False) -> None:
+        out.append(Action("F", count[("F", c)], c, stages[c], OVERLAP if overlap else ""))
+        count[("F", c)] += 1
+
+    def bwd(c: int, split: bool = False) -> None:
+        mb = count[("B", c)]
+        out.append(Action("B", mb, c, stages[c]))
+        count[("B", c)] += 1
+        if split:
+            waiting.append((mb, c))
+
+    def weight() -> None:
+        if waiting:
+            mb, c = waiting.pop(0)
+            out.append(Action("W", mb, c, stages[c]))
+
+    for _ in range(2 * (p - rank - 1)):
+        fwd(0)
+    for _ in range(rank + 1):
+        fwd(0), fwd(1)
+    for _ in range(p - rank - 1):
+        bwd(1, split=True), weight(), fwd(1)
+    for i in range(m - 2 * p + rank + 1):
+        if i == 0 and rank == p - 1:
+            fwd(0), bwd(1)
+        else:
+            fwd(0, overlap=True), bwd(1)
+        fwd(1, overlap=True), bwd(0)
+    for _ in range(p - rank - 1):
+        bwd(1), fwd(1, overlap=True), bwd(0)
+    split = False
+    for i in range(rank + 1):
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 1)
+        bwd(1, split)
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 0)
+        bwd(0, split)
+    for _ in range(p - rank - 1):
+        weight(), bwd(0, split=True)
+    for _ in range(rank + 1):
+        weight()
+    if waiting or any(count[k] != m for k in count):
+        raise ScheduleError(f"dualpipev on rank {rank} of p={p}, m={m} left actions out: {count}, W's {waiting}")
+    return out
+
+
 def _zb_h2(p: int, n_microbatches: int) -> list[list[Action]]:
     """ZB-H2 for every rank: each rank, whenever it is free (unit costs, communication free), runs the B whose
     output gradient has arrived, else the next forward if fewer than 2p-1 microbatches are in flight, else its
@@ -498,10 +604,16 @@ def _dependencies(a: Action, n_stages: int) -> list[tuple[str, int, int]]:
 
 
 def logical_times(
-    orders: list[list[Action]], n_stages: int, cost_f: float = 1.0, cost_b: float = 2.0, cost_w: float = 0.0
+    orders: list[list[Action]],
+    n_stages: int,
+    cost_f: float = 1.0,
+    cost_b: float = 2.0,
+    cost_w: float = 0.0,
+    cost_fb: float | None = None,
 ):
     """Start and end of every compute action when each rank runs its order as soon as the data is there
-    (communication free; costs as `compute_cost`). Returns {(op, mb, stage): (start, end)}; raises ScheduleError
+    (communication free; costs as `compute_cost`; an overlapped F&B pair is one slot of `slot_cost`, both its
+    actions given the slot's start and end). Returns {(op, mb, stage): (start, end)}; raises ScheduleError
     if some action's data never arrives (the compute orders themselves deadlock)."""
     done: dict[tuple[str, int, int], tuple[float, float]] = {}
     deferred = [deferred_weights(order) for order in orders]
@@ -513,14 +625,19 @@ def logical_times(
         for r, order in enumerate(orders):
             while pos[r] < len(order):
                 a = order[pos[r]]
-                deps = _dependencies(a, n_stages)
+                slot = [a, overlap_partner(order, pos[r], r)] if a.overlapped else [a]
+                deps = [d for x in slot for d in _dependencies(x, n_stages)]
                 if any(d not in done for d in deps):
                     break
                 start = max([clock[r]] + [done[d][1] for d in deps])
-                end = start + compute_cost(a, deferred[r], cost_f, cost_b, cost_w)
-                done[(a.op, a.mb, a.stage)] = (start, end)
-                clock[r] = end
-                pos[r] += 1
+                if a.overlapped:
+                    cost = slot_cost(a, slot[1], deferred[r], cost_f, cost_b, cost_w, cost_fb)
+                else:
+                    cost = compute_cost(a, deferred[r], cost_f, cost_b, cost_w)
+                for x in slot:  # an overlapped pair: both start together and end together
+                    done[(x.op, x.mb, x.stage)] = (start, start + cost)
+                clock[r] = start + cost
+                pos[r] += len(slot)
                 progress = True
     stuck = {r: str(order[pos[r]]) for r, order in enumerate(orders) if pos[r] < len(order)}
     if stuck:
@@ -601,6 +718,7 @@ def place_communication(
     policy: str = "ordered",
     cost_w: float = 0.0,
     placement: str = "loop",
+    cost_fb: float | None = None,
 ):
     """Insert the sends and receives into each rank's compute order (stages on ranks as `placement` puts them:
     `rank_stage`).
@@ -610,7 +728,7 @@ def place_communication(
     that produced it -- the obvious placement, which deadlocks under blocking sends (kept for the book to show).
     Returns (actions per rank, logical times per rank)."""
     n_stages, ranks = p * v, stage_ranks(p, v, placement)
-    times = logical_times(orders, n_stages, cost_f, cost_b, cost_w)
+    times = logical_times(orders, n_stages, cost_f, cost_b, cost_w, cost_fb)
     per_rank_times = [{a: times[(a.op, a.mb, a.stage)] for a in order} for order in orders]
     if policy == "naive":
         placed = [
@@ -624,7 +742,9 @@ def place_communication(
     for r, order in enumerate(orders):
         for a in order:
             start, end = times[(a.op, a.mb, a.stage)]
-            events[r].append(((start, 1), a))  # a compute sorts after the messages exchanged at its start
+            # a compute sorts after the messages exchanged at its start (both halves of an overlapped pair start
+            # together: the pair's receives come before its forward, its sends after its B; the sort is stable)
+            events[r].append(((start, 1), a))
             for snd in _messages_out(a, ranks):
                 msg = snd.message()
                 key = _message_key(exchange(r, end, msg), msg, ranks)
@@ -699,11 +819,13 @@ def build(
     cost_w: float | None = None,
     policy: str = "ordered",
     strict: bool = True,
+    cost_fb: float | None = None,
 ) -> Schedule:
     """The schedule `name` (one of ALL_SCHEDULES) for p ranks, m microbatches, v chunks per rank.
 
     cost_f, cost_b, cost_w: the costs the communication is placed with (a B costs cost_b, a W cost_w, a B with no
-    W cost_b + cost_w). Defaults: a backward costs two forwards, all of it in B for the fused schedules
+    W cost_b + cost_w); cost_fb: an overlapped F&B slot of DualPipeV (None: cost_f plus its B's cost, no
+    overlap). Defaults: a backward costs two forwards, all of it in B for the fused schedules
     (cost_b=2, cost_w=0), half in B and half in W for the zero-bubble ones (cost_b=cost_w=1).
 
     strict=False builds an interleaved schedule that Megatron would reject (m not a multiple of N, a short last
@@ -715,13 +837,18 @@ def build(
     cost_w = (1.0 if split else 0.0) if cost_w is None else cost_w
     orders = [compute_order(name, p, n_microbatches, r, v, group_size, strict=strict) for r in range(p)]
     placement = placement_of(name)
-    actions, times = place_communication(orders, p, v, cost_f, cost_b, policy, cost_w, placement)
-    return Schedule(name, p, n_microbatches, v, actions, group_size, cost_f, cost_b, times, cost_w, placement)
+    actions, times = place_communication(orders, p, v, cost_f, cost_b, policy, cost_w, placement, cost_fb)
+    return Schedule(name, p, n_microbatches, v, actions, group_size, cost_f, cost_b, times, cost_w, placement, cost_fb)
 
 
 def zb_v(p: int, n_microbatches: int, **kw) -> Schedule:
     """ZB-V: two chunks per rank in the V placement, no bubble when T_F = T_B = T_W, 1F1B's peak memory."""
     return build("zb-v", p, n_microbatches, 2, **kw)
+
+
+def dualpipe_v(p: int, n_microbatches: int, **kw) -> Schedule:
+    """DualPipeV: the V placement, overlapped F&B slots in the steady state (cost_fb: what one slot costs)."""
+    return build("dualpipev", p, n_microbatches, 2, **kw)
 
 
 def gpipe(p: int, n_microbatches: int, **kw) -> Schedule:
