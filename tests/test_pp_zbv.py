@@ -81,6 +81,9 @@ def test_zb_v_turn_of_the_v_is_handed_over_in_memory_and_every_other_boundary_is
     assert len([x for x in comm if x[1].op == "send"]) == 2 * (2 * p - 2) * m
     assert not any(a.message()[2:] in ((p - 1, p), (p, p - 1)) for _, a in comm)
     assert all(abs(r - a.peer) == 1 for r, a in comm)  # only neighbours talk
+    sends = len([x for x in comm if x[1].op == "send"])
+    assert A.p2p_bytes_per_step(1, 8, 16, 8, p, m, 2, placement="v") == sends * A.p2p_message_bytes(1, 8, 16, 8)
+    assert A.p2p_bytes_per_step(1, 8, 16, 8, p, m, 2, placement="v") == 2 * A.p2p_bytes_per_step(1, 8, 16, 8, p, m)
 
 
 def test_zb_v_actions_are_each_chunks_f_b_w_in_microbatch_order():

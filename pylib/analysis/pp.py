@@ -53,6 +53,7 @@ from pylib.plan.schedules import (
     check_schedule,
     compute_order,
     logical_times,
+    stage_ranks,
     warmup_forwards,
 )
 from pylib.plan.split import chunk_layers
@@ -171,9 +172,18 @@ def p2p_message_bytes(b: int, s: int, h: int, dtype_bytes: int) -> int:
     return b * s * h * dtype_bytes
 
 
-def p2p_bytes_per_step(b: int, s: int, h: int, dtype_bytes: int, p: int, n_microbatches: int, v: int = 1) -> int:
-    """Bytes sent over all links in one step, both directions: 2·(p·v - 1)·m·b·s·h·dtype_bytes."""
-    return 2 * (p * v - 1) * n_microbatches * p2p_message_bytes(b, s, h, dtype_bytes)
+def p2p_bytes_per_step(
+    b: int, s: int, h: int, dtype_bytes: int, p: int, n_microbatches: int, v: int = 1, placement: str = "loop"
+) -> int:
+    """Bytes sent over all links in one step, both directions: 2·(p·v - 1)·m·b·s·h·dtype_bytes. In the V placement
+    (ZB-V, DualPipeV: v = 2) the boundary between stages p-1 and p lies inside rank p-1 and sends nothing:
+    2·(2p - 2)·m·b·s·h·dtype_bytes, twice 1F1B's."""
+    if placement == "v":
+        ranks = stage_ranks(p, v, placement)
+        boundaries = sum(ranks[k] != ranks[k + 1] for k in range(p * v - 1))
+    else:
+        boundaries = p * v - 1
+    return 2 * boundaries * n_microbatches * p2p_message_bytes(b, s, h, dtype_bytes)
 
 
 def p2p_bytes_per_rank(
