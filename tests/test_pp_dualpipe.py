@@ -1,22 +1,17 @@
 """DualPipeV (DeepSeek's DualPipe cut in half into a V; torch's ScheduleDualPipeV) as schedule data on the V
 placement, with its overlapped F&B slots: the pure part holds the schedule against DeepSeek's published bubble
 (PP/2-1)(F&B+B-3W) and activations PP+1 (PP = 2p stages) for p up to 8 and says where the formula stops being
-the schedule's; the launched part (slow) runs it on gloo ranks against the single-device reference in float64."""
+the schedule's. Its run on gloo ranks against the single-device reference in float64 shares ZB-V's launch
+(tests/test_pp_zbv.py)."""
 
 import functools
 
 import pytest
-import torch
 
 from pylib.analysis import pp as A
-from pylib.model import build_model, random_tokens
-from pylib.plan.presets import tiny_gqa
 from pylib.plan.schedules import ScheduleError, build, dualpipe_v
-from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.simulate import simulate
-from pylib.pp.timeline import bubble, peak_in_flight, replay
-from pylib.runtime import launch
-from tests.conftest import assert_float64_close, merge_stage_dicts, one_device_step
+from pylib.pp.timeline import bubble, peak_in_flight
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -86,59 +81,3 @@ def test_dualpipev_never_deadlocks_and_keeps_each_f_and_b_slot_together():
 def test_dualpipev_refuses_sizes_it_cannot_run_naming_the_constraint(kw, message):
     with pytest.raises(ScheduleError, match=message):
         build("dualpipev", **kw)
-
-
-# --------------------------------------------------------------------------------------------- on real ranks
-
-CFG = tiny_gqa().with_(n_layers=8)
-B, S = 8, 8
-RUNS = {2: [("1f1b", 4, 1), ("dualpipev", 4, 2), ("dualpipev", 8, 2)], 4: [("1f1b", 8, 1), ("dualpipev", 8, 2)]}
-
-
-def _suite(pp):
-    model = build_model(CFG)
-    ids, targets = random_tokens(CFG, B, S, seed=1)
-    out = []
-    for name, m, v in RUNS[pp]:
-        pipe = PipelineParallel(model, v=v, placement="v" if v == 2 else "loop")
-        run = pipe.step(ids, targets, schedule=name, n_microbatches=m)
-        out.append((run, {k: p.grad for k, p in pipe.named_parameters()}))
-    return out
-
-
-@pytest.fixture(scope="module", params=[pytest.param(p, marks=pytest.mark.slow) for p in (2, 4)], ids=["pp2", "pp4"])
-def suite(request):
-    pp = request.param
-    return pp, launch(_suite, pp, pp, timeout=150)
-
-
-def test_dualpipev_on_gloo_ranks_gives_the_reference_loss_and_every_gradient_and_1f1b_bits(suite):
-    pp, results = suite
-    loss, grads = one_device_step(CFG, B, S)
-    base = merge_stage_dicts([r[0][1] for r in results])
-    for i, (name, m, v) in enumerate(RUNS[pp]):
-        holder = 0 if v == 2 else pp - 1
-        assert results[holder][i][0].loss == pytest.approx(loss, abs=1e-12), (name, m)
-        mine = merge_stage_dicts([r[i][1] for r in results])
-        assert set(mine) == set(grads)
-        for k, g in grads.items():
-            assert_float64_close(mine[k], g, f"{name} p={pp} m={m}: {k}")
-        if m == RUNS[pp][0][1]:  # W's of a chunk in microbatch order: the same sums as 1F1B's
-            assert all(torch.equal(mine[k], g) for k, g in base.items()), name
-
-
-def test_executor_runs_the_dualpipev_lists_and_holds_2p_plus_1_in_flight(suite):
-    pp, results = suite
-    for i, (name, m, v) in enumerate(RUNS[pp]):
-        if name != "dualpipev":
-            continue
-        sched = build(name, pp, m, v)
-        for r, res in enumerate(results):
-            run = res[i][0]
-            assert [(e.kind, e.mb, e.chunk, e.what, e.peer) for e in run.timeline] == [
-                (a.op, a.mb, a.chunk, a.what, a.peer) for a in sched[r]
-            ], (m, r)
-            assert run.peak_in_flight == 2 * pp + 1
-        timeline = [e for res in results for e in res[i][0].timeline]
-        own = max(bubble(replay(timeline, 1.0, 1.0, 1.0)).own_idle)
-        assert own == A.split_bubble_time("dualpipev", pp, 1.0, 1.0, 1.0), m

@@ -1,8 +1,8 @@
 """ZB-V (Qi et al., Section 6): two chunks per rank in the V placement, as schedule data run by the one executor
-and the one simulator. The pure part (no process): the placement, the bubble and the activations in flight
-against the paper's claims for p up to 8, deadlock freedom for every p, m in a range under both send semantics
-and unequal real costs, and the bad input named. The launched part (slow): real gloo ranks, p = 2 and 4, the
-loss and every gradient of the single-device reference in float64, the same bits as 1F1B's."""
+and the one simulator. The pure part (no process): the placement, the bubble and the activations in flight against
+the paper's claims for p up to 8, deadlock freedom for every p, m in a range under both send semantics and unequal
+real costs, and the bad input named. The launched part (slow): real gloo ranks, p = 2 and 4, ZB-V and DualPipeV
+(same V), the loss and every gradient of the single-device reference in float64, the same bits as 1F1B's."""
 
 import functools
 
@@ -69,7 +69,7 @@ def test_zb_v_messages_never_deadlock_for_any_p_m_semantics_or_real_costs():
     for p, m in SWEEP:
         sched = _zb_v(p, m)
         for sends in ("rendezvous", "eager"):
-            for costs in ((1.0, 1.0, 1.0), (1.0, 2.0, 0.5), (3.0, 1.0, 2.0)):
+            for costs in ((1.0, 2.0, 0.5), (3.0, 1.0, 2.0)):  # the placement's own (1, 1, 1): the other tests
                 simulate(sched, costs[0], costs[1], sends=sends, cost_w=costs[2])
 
 
@@ -121,18 +121,24 @@ def test_the_v_refuses_a_layer_count_it_cannot_cut_before_any_rank_starts():
 
 
 # --------------------------------------------------------------------------------------------- on real ranks
+# One launch per p runs ZB-V and DualPipeV (tests/test_pp_dualpipe.py holds DualPipeV's pure part) and a 1F1B
+# baseline with the same microbatches.
 
 CFG = tiny_gqa().with_(n_layers=8)
 B, S = 8, 8
-RUNS = {2: [("1f1b", 4, 1), ("zb-v", 2, 2), ("zb-v", 4, 2)], 4: [("1f1b", 8, 1), ("zb-v", 4, 2), ("zb-v", 8, 2)]}
+RUNS = {
+    2: [("1f1b", 4), ("zb-v", 4), ("dualpipev", 4)],
+    4: [("1f1b", 8), ("zb-v", 4), ("zb-v", 8), ("dualpipev", 8)],
+}
 
 
 def _suite(pp):
     model = build_model(CFG)
     ids, targets = random_tokens(CFG, B, S, seed=1)
     out = []
-    for name, m, v in RUNS[pp]:
-        pipe = PipelineParallel(model, v=v, placement="v" if name == "zb-v" else "loop")
+    for name, m in RUNS[pp]:
+        v = 1 if name == "1f1b" else 2
+        pipe = PipelineParallel(model, v=v, placement="v" if v == 2 else "loop")
         run = pipe.step(ids, targets, schedule=name, n_microbatches=m)
         out.append((run, {k: p.grad for k, p in pipe.named_parameters()}))
     return out
@@ -144,40 +150,45 @@ def suite(request):
     return pp, launch(_suite, pp, pp, timeout=150)
 
 
-def test_zb_v_on_gloo_ranks_gives_the_reference_loss_and_every_gradient_in_float64(suite):
+@pytest.fixture(scope="module")
+def reference():
+    return one_device_step(CFG, B, S)
+
+
+def test_v_schedules_on_gloo_ranks_give_the_reference_loss_every_gradient_and_1f1b_bits(suite, reference):
+    # each chunk runs its W's in microbatch order, as 1F1B runs its backwards: the same sums in the same order
     pp, results = suite
-    loss, grads = one_device_step(CFG, B, S)
-    for i, (name, m, _) in enumerate(RUNS[pp]):
-        holder = 0 if name == "zb-v" else pp - 1  # the V's loss is on rank 0
+    loss, grads = reference
+    base = merge_stage_dicts([r[0][1] for r in results])
+    for i, (name, m) in enumerate(RUNS[pp]):
+        holder = pp - 1 if name == "1f1b" else 0  # the V's loss is on rank 0
         assert results[holder][i][0].loss == pytest.approx(loss, abs=1e-12), (name, m)
         assert all(res[i][0].loss is None for r, res in enumerate(results) if r != holder)
         mine = merge_stage_dicts([r[i][1] for r in results])
         assert set(mine) == set(grads)
         for k, g in grads.items():
             assert_float64_close(mine[k], g, f"{name} p={pp} m={m}: {k}")
+        if m == RUNS[pp][0][1]:
+            assert all(torch.equal(mine[k], g) for k, g in base.items()), name
 
 
-def test_zb_v_gradients_are_the_same_bits_as_1f1b_with_the_same_microbatches(suite):
-    # each chunk runs its W's in microbatch order, as 1F1B runs its backwards: the same sums in the same order
+def test_executor_runs_the_v_action_lists_with_the_activations_and_bubble_they_promise(suite):
+    # ZB-V: 2p chunks in flight, no bubble once m >= 2p-1; DualPipeV: 2p+1, DeepSeek's bubble at unit costs
     pp, results = suite
-    base = merge_stage_dicts([r[0][1] for r in results])
-    i = next(i for i, (name, m, _) in enumerate(RUNS[pp]) if name == "zb-v" and m == RUNS[pp][0][1])
-    mine = merge_stage_dicts([r[i][1] for r in results])
-    assert all(torch.equal(mine[k], g) for k, g in base.items())
-
-
-def test_executor_runs_the_zb_v_action_lists_with_2p_chunks_in_flight_and_no_bubble_replayed(suite):
-    pp, results = suite
-    for i, (name, m, v) in enumerate(RUNS[pp]):
-        if name != "zb-v":
+    for i, (name, m) in enumerate(RUNS[pp]):
+        if name == "1f1b":
             continue
-        sched = build(name, pp, m, v)
+        sched = build(name, pp, m, 2)
         for r, res in enumerate(results):
             run = res[i][0]
             assert [(e.kind, e.mb, e.chunk, e.what, e.peer) for e in run.timeline] == [
                 (a.op, a.mb, a.chunk, a.what, a.peer) for a in sched[r]
-            ], (m, r)
+            ], (name, m, r)
             assert run.peak_in_flight == peak_in_flight(simulate(sched, 1.0, 1.0, cost_w=1.0))[r]
         timeline = [e for res in results for e in res[i][0].timeline]
         own = max(bubble(replay(timeline, 1.0, 1.0, 1.0)).own_idle)
-        assert own == max(2 * pp - 1 - m, 0), m
+        if name == "zb-v":
+            assert own == max(2 * pp - 1 - m, 0), m
+        else:
+            assert own == A.split_bubble_time(name, pp, 1.0, 1.0, 1.0)
+            assert {res[i][0].peak_in_flight for res in results} == {2 * pp + 1}
