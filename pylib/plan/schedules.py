@@ -199,7 +199,6 @@ class Schedule:
     times: list[dict[Action, tuple[float, float]]] = field(default_factory=list, repr=False)
     cost_w: float = 0.0
     placement: str = "loop"
-    cost_fb: float | None = None  # an overlapped F&B slot (None: its two actions back to back)
 
     def __getitem__(self, rank: int) -> list[Action]:
         return self.actions[rank]
@@ -219,9 +218,9 @@ class Schedule:
         """ranks[k]: the rank holding stage k (`stage_ranks`)."""
         return stage_ranks(self.p, self.v, self.placement)
 
-    def rank_of(self, stage: int) -> int:
-        """The rank holding stage `stage`."""
-        return self.ranks[stage]
+    def rank_of(self, k: int) -> int:
+        """The rank holding stage k."""
+        return self.ranks[k]
 
     def deferred(self, rank: int) -> set[tuple[int, int]]:
         """The (mb, chunk) whose weight gradient rank `rank` runs as a separate W (its B is the input side only)."""
@@ -819,14 +818,14 @@ def build(
     cost_w: float | None = None,
     policy: str = "ordered",
     strict: bool = True,
-    cost_fb: float | None = None,
 ) -> Schedule:
     """The schedule `name` (one of ALL_SCHEDULES) for p ranks, m microbatches, v chunks per rank.
 
     cost_f, cost_b, cost_w: the costs the communication is placed with (a B costs cost_b, a W cost_w, a B with no
-    W cost_b + cost_w); cost_fb: an overlapped F&B slot of DualPipeV (None: cost_f plus its B's cost, no
-    overlap). Defaults: a backward costs two forwards, all of it in B for the fused schedules
-    (cost_b=2, cost_w=0), half in B and half in W for the zero-bubble ones (cost_b=cost_w=1).
+    W cost_b + cost_w; DualPipeV's overlapped F&B slot its two halves back to back: the order is deadlock-free under
+    any real timing, as the module docstring argues, and `simulate` takes the slot's real cost). Defaults: a
+    backward costs two forwards, all of it in B for the fused schedules (cost_b=2, cost_w=0), half in B and half in
+    W for the zero-bubble ones (cost_b=cost_w=1).
 
     strict=False builds an interleaved schedule that Megatron would reject (m not a multiple of N, a short last
     group): it still runs and is still correct, but its bubble exceeds (p-1)/(v·m) -- which is why Megatron
@@ -837,8 +836,8 @@ def build(
     cost_w = (1.0 if split else 0.0) if cost_w is None else cost_w
     orders = [compute_order(name, p, n_microbatches, r, v, group_size, strict=strict) for r in range(p)]
     placement = placement_of(name)
-    actions, times = place_communication(orders, p, v, cost_f, cost_b, policy, cost_w, placement, cost_fb)
-    return Schedule(name, p, n_microbatches, v, actions, group_size, cost_f, cost_b, times, cost_w, placement, cost_fb)
+    actions, times = place_communication(orders, p, v, cost_f, cost_b, policy, cost_w, placement)
+    return Schedule(name, p, n_microbatches, v, actions, group_size, cost_f, cost_b, times, cost_w, placement)
 
 
 def zb_v(p: int, n_microbatches: int, **kw) -> Schedule:
@@ -847,7 +846,7 @@ def zb_v(p: int, n_microbatches: int, **kw) -> Schedule:
 
 
 def dualpipe_v(p: int, n_microbatches: int, **kw) -> Schedule:
-    """DualPipeV: the V placement, overlapped F&B slots in the steady state (cost_fb: what one slot costs)."""
+    """DualPipeV: the V placement, overlapped F&B slots in the steady state (`simulate`'s cost_fb: what one costs)."""
     return build("dualpipev", p, n_microbatches, 2, **kw)
 
 
