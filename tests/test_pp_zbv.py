@@ -118,6 +118,9 @@ def test_the_v_refuses_a_layer_count_it_cannot_cut_before_any_rank_starts():
         rank_chunks(odd, 0, 1, 2, placement="v")
     with pytest.raises(ValueError, match="v must be 2, got v=3"):
         rank_chunks(model, 0, 1, 3, placement="v")
+    tied = build_model(tiny_gqa().with_(n_layers=8, tie_embeddings=True))
+    with pytest.raises(ValueError, match="tie_embeddings=True with the V placement"):
+        rank_chunks(tied, 0, 2, 2, placement="v")
 
 
 # --------------------------------------------------------------------------------------------- on real ranks

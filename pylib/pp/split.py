@@ -233,6 +233,12 @@ def rank_chunks(
     """This rank's chunks only (what a launched rank keeps), in chunk order. recompute: as
     `PipelineChunk.from_full`; placement: "loop" or "v" (`pylib.plan.schedules.rank_stage`)."""
     check_v_split(model.cfg.n_layers, pp, v, placement)
+    if placement == "v" and model.cfg.tie_embeddings:
+        raise ValueError(
+            "tie_embeddings=True with the V placement: the embedding (stage 0) and the LM head (stage 2p-1) are "
+            "both on rank 0, in chunks 0 and 1, so their gradients would be summed inside rank 0, not over the "
+            "embedding group of the first and last rank (`embedding_group`); not supported: untie them"
+        )
     if not 0 <= rank < pp:
         raise ValueError(f"rank={rank} is outside 0..{pp - 1}")
     return [PipelineChunk.from_full(model, rank_stage(rank, c, pp, placement), pp * v, recompute) for c in range(v)]
