@@ -267,6 +267,9 @@ class Fp8Linear(nn.Module):
             else {}
         )
         self.weight_fp8: tuple[Fp8Tensor, ...] = ()  # the FP8 copies of the weight the last forward made
+        # keep them after backward (TE caches a step's FP8 weights across micro-batches); False frees them when the
+        # backward is done, as ZeRO-3 frees a unit's gathered weights
+        self.cache_weights = True
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, recipe={self.recipe.recipe}"
@@ -351,6 +354,8 @@ class _Fp8LinearFunction(torch.autograd.Function):
         dw = fp8_mm(qdyt, ctx.qxt, layer.path)  # [N, K]
         db = dy2.float().sum(0).to(layer.bias.dtype) if ctx.has_bias else None
         ctx.qxt = ctx.qwt = None
+        if not layer.cache_weights:
+            layer.weight_fp8 = ()
         return dx.to(ctx.x_dtype).view(ctx.x_shape), dw.to(layer.weight.dtype), db, None
 
 
