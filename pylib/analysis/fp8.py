@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from pylib.i18n import N_
 from pylib.plan.options import MixedPrecision, ZeroStage
 
 from .dp import _exact, mixed_held_bytes
@@ -88,13 +89,15 @@ def bytes_per_parameter(held: dict[str, int | float], n_params: int) -> float | 
 # ours: it counts a model-weight copy of 1 byte for FP8 weights (no transposed or column-wise copy, no scales), a
 # separate fp32 accumulation buffer beside the 16-bit gradients, and no master copy where the model weights are
 # fp32 (Transformer Engine's row).
-PLAYBOOK = {
-    "bf16 + fp32 mixed precision": dict(master=4, accumulated=4, weights=2, grads=2, optimizer=8, total=20),
-    "the same without fp32 grad accumulation": dict(master=4, accumulated=0, weights=2, grads=2, optimizer=8, total=16),
-    "Transformer Engine": dict(master=0, accumulated=0, weights=4, grads=4, optimizer=8, total=16),
-    "FP8-LM O3": dict(master=2, accumulated=2, weights=1, grads=1, optimizer=3, total=9),
-    "DeepSeek-V3": dict(master=4, accumulated=4, weights=1, grads=2, optimizer=4, total=15),
-    "nanotron FP8": dict(master=2, accumulated=4, weights=1, grads=1, optimizer=2, total=10),
+PLAYBOOK = {  # row names are labels, translated where shown
+    N_("bf16 + fp32 mixed precision"): dict(master=4, accumulated=4, weights=2, grads=2, optimizer=8, total=20),
+    N_("the same without fp32 gradient accumulation"): dict(
+        master=4, accumulated=0, weights=2, grads=2, optimizer=8, total=16
+    ),
+    N_("Transformer Engine"): dict(master=0, accumulated=0, weights=4, grads=4, optimizer=8, total=16),
+    N_("FP8-LM O3"): dict(master=2, accumulated=2, weights=1, grads=1, optimizer=3, total=9),
+    N_("DeepSeek-V3"): dict(master=4, accumulated=4, weights=1, grads=2, optimizer=4, total=15),
+    N_("nanotron FP8"): dict(master=2, accumulated=4, weights=1, grads=1, optimizer=2, total=10),
 }
 
 

@@ -119,7 +119,7 @@ def gemm_errors(
 
 
 def loss_parity(
-    steps: int = 30,
+    steps: int = 20,
     recipes: tuple[str, ...] = FP8_RECIPES,
     batch: int = 4,
     seq: int = 32,
