@@ -150,10 +150,8 @@ def loss_parity(
                     return float(loss.detach())
             else:
                 trainer = SingleDeviceMixed(model, precision, parts=1, lr=lr)
-                if path != "scaled_mm":
-                    for m in model.modules():
-                        if hasattr(m, "path"):
-                            m.path = path
+                for layer in fp8_layers(model):
+                    layer.path = path
                 step = trainer.train_step
             out[name] = [step(*batches(cfg, batch, seq, s, data="pattern", seed=seed)) for s in range(steps)]
     return out
