@@ -15,7 +15,7 @@ Every operand is quantized along its GEMM's K: `quantize(x, dtype, tile)` keeps 
     blockwise    1 x 128 activations and gradients,         amax / max, fp32              E4M3 everywhere
                  128 x 128 weights (DeepSeek-V3 3.3.2)
     mxfp8        1 x 32 every operand (OCP MX)               2**ceil(log2(amax / max)),    E4M3 everywhere
-                                                            stored as E8M0
+                                                            stored as its E8M0 byte
 
 Two paths give the product. "scaled_mm": real FP8 tensors into `torch._scaled_mm`, which on this torch (2.13, CPU)
 takes one scale per tensor or one per row of A and column of B; the block recipes run it once per K-block of 128 (32)
@@ -43,11 +43,8 @@ import torch.nn as nn
 from pylib.plan.options import Fp8Recipe
 
 PATHS = ("scaled_mm", "emulated")
-FP8_DTYPE_NAMES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "e8m0": "float8_e8m0fnu"}
-
-
-class Fp8DtypeError(RuntimeError):
-    """The recipe needs an FP8 dtype this torch does not have."""
+FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}  # both in every torch pylib supports (2.6+)
+E8M0_BIAS = 127  # an E8M0 scale is one byte, the exponent of a power of two plus 127 (OCP MX; 255 is NaN)
 
 
 class Fp8ShapeError(ValueError):
@@ -55,15 +52,19 @@ class Fp8ShapeError(ValueError):
 
 
 def fp8_dtype(fmt: str) -> torch.dtype:
-    """The torch dtype of an FP8 format name ("e4m3", "e5m2", "e8m0"); raises Fp8DtypeError naming this torch when it
-    lacks it."""
-    name = FP8_DTYPE_NAMES[fmt]
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise Fp8DtypeError(
-            f"FP8 format {fmt} needs torch.{name}, which torch {torch.__version__} does not have (a newer torch has it)"
-        )
-    return dtype
+    """The torch dtype of an FP8 data format name ("e4m3", "e5m2")."""
+    return FP8_DTYPES[fmt]
+
+
+def e8m0_encode(scale: torch.Tensor) -> torch.Tensor:
+    """Powers of two as their E8M0 bytes (uint8: the exponent + 127). torch.float8_e8m0fnu holds the same byte;
+    storing the byte keeps MXFP8 on torch 2.6, which lacks that dtype (`pylib.runtime.compat`)."""
+    return (torch.log2(scale).round() + E8M0_BIAS).clamp(0, 254).to(torch.uint8)
+
+
+def e8m0_decode(code: torch.Tensor) -> torch.Tensor:
+    """E8M0 bytes as the fp32 powers of two they stand for."""
+    return torch.exp2(code.float() - E8M0_BIAS)
 
 
 def fp8_max(dtype: torch.dtype) -> float:
@@ -75,7 +76,7 @@ def fp8_max(dtype: torch.dtype) -> float:
 class Fp8Tensor:
     """An operand in FP8: data [R, C] (C the contraction axis of the GEMM that reads it), one decode scale per tile
     (x ~ data * scale): scale [] for one tile (the whole tensor), [R, C/t] for 1 x t tiles, [R/t, C/t] for t x t
-    blocks; fp32, or E8M0 (float8_e8m0fnu) for MXFP8."""
+    blocks; fp32, or E8M0 bytes (uint8, `e8m0_encode`) for MXFP8."""
 
     data: torch.Tensor
     scale: torch.Tensor
@@ -85,9 +86,13 @@ class Fp8Tensor:
     def per_tensor(self) -> bool:
         return self.scale.dim() == 0
 
+    def scale_fp32(self) -> torch.Tensor:
+        """The decode scales in fp32 (E8M0 bytes decoded)."""
+        return e8m0_decode(self.scale) if self.scale.dtype == torch.uint8 else self.scale.float()
+
     def _scale_grid(self) -> torch.Tensor:
         """The fp32 scale of every element's tile as a [R/tr, 1, C/tc, 1] grid (broadcasts over the tiles)."""
-        s = self.scale.float()
+        s = self.scale_fp32()
         if self.per_tensor:
             return s
         return s[:, None, :, None]  # [R, C/t] for 1 x t tiles, [R/t, C/t] for t x t blocks
@@ -97,7 +102,7 @@ class Fp8Tensor:
         r, c = self.data.shape
         q = self.data.float()
         if self.per_tensor:
-            return q * self.scale.float()
+            return q * self.scale_fp32()
         tr, tc = self.tile
         return (q.view(r // tr, tr, c // tc, tc) * self._scale_grid()).view(r, c)
 
@@ -111,7 +116,7 @@ class Fp8Tensor:
 
     def row_scales(self, k: int, tk: int) -> torch.Tensor:
         """The fp32 scale of each row for K-block k (of length tk): [R, 1], as `torch._scaled_mm` takes row-wise."""
-        s = self.scale.float()
+        s = self.scale_fp32()
         tr = self.tile[0]
         col = s[:, k * tk // self.tile[1]]
         return (col if tr == 1 else col.repeat_interleave(tr)).reshape(-1, 1).contiguous()
@@ -164,7 +169,7 @@ def quantize(
     s = _decode_scale(blocks.abs().amax(dim=(1, 3)), top, power_of_two)  # [R/tr, C/tc]
     q = (blocks / s[:, None, :, None]).clamp(-top, top).to(dtype).view(r, c)
     if power_of_two:
-        s = s.to(fp8_dtype("e8m0"))  # exact: a power of two
+        s = e8m0_encode(s)  # exact: a power of two
     if tr == 1:
         return Fp8Tensor(q, s.reshape(r, c // tc), tile)
     return Fp8Tensor(q, s, tile)
@@ -255,8 +260,6 @@ class Fp8Linear(nn.Module):
         self.recipe, self.path = recipe, path
         self.fwd_dtype = fp8_dtype("e4m3")
         self.grad_dtype = fp8_dtype(recipe.grad_format)
-        if recipe.recipe == "mxfp8":
-            fp8_dtype("e8m0")
         self.amax = (
             {
                 "input": AmaxHistory(recipe, self.fwd_dtype),
@@ -388,14 +391,16 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 __all__ = [
-    "FP8_DTYPE_NAMES",
+    "E8M0_BIAS",
+    "FP8_DTYPES",
     "KEEP",
     "PATHS",
     "AmaxHistory",
-    "Fp8DtypeError",
     "Fp8Linear",
     "Fp8ShapeError",
     "Fp8Tensor",
+    "e8m0_decode",
+    "e8m0_encode",
     "fp8_dtype",
     "fp8_layers",
     "fp8_max",

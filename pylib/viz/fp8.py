@@ -14,15 +14,15 @@ import numpy as np
 import torch
 
 from ..i18n import tr
-from ..model.fp8 import quantize_operand
+from ..model.fp8 import e8m0_decode, quantize_operand
 from ..plan.options import Fp8Recipe
 from . import style
 
-FORMATS = {  # name: (torch dtype name, exponent bits, mantissa bits)
-    "E4M3": ("float8_e4m3fn", 4, 3),
-    "E5M2": ("float8_e5m2", 5, 2),
-    "E8M0": ("float8_e8m0fnu", 8, 0),
-    "bf16": ("bfloat16", 8, 7),
+FORMATS = {  # name: (torch dtype, or None for E8M0's byte; exponent bits, mantissa bits)
+    "E4M3": (torch.float8_e4m3fn, 4, 3),
+    "E5M2": (torch.float8_e5m2, 5, 2),
+    "E8M0": (None, 8, 0),
+    "bf16": (torch.bfloat16, 8, 7),
 }
 COLOURS = {"E4M3": style.BLUE, "E5M2": style.ORANGE, "E8M0": style.GREEN, "bf16": style.GREY}
 RUN_COLOURS = {
@@ -36,9 +36,13 @@ RUN_COLOURS = {
 
 
 def positive_values(name: str) -> np.ndarray:
-    """Every finite positive value of an 8-bit format, in order (all 256 bit patterns read as the format)."""
-    dtype = getattr(torch, FORMATS[name][0])
-    v = torch.arange(256, dtype=torch.uint8).view(dtype).float().numpy()
+    """Every finite positive value of an 8-bit format, in order (all 256 bit patterns read as the format; E8M0's
+    bytes decoded as pylib.model.fp8 stores them)."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    if name == "E8M0":
+        v = e8m0_decode(codes[:255]).numpy()  # 255 is NaN
+    else:
+        v = codes.view(FORMATS[name][0]).float().numpy()
     v = v[np.isfinite(v) & (v > 0)]
     return np.unique(v)
 
@@ -47,20 +51,24 @@ def format_facts() -> list[dict]:
     """One row per format: sign/exponent/mantissa bits, largest value, smallest normal, smallest subnormal (None
     when the format has none) and the relative spacing of its values at 1 (torch.finfo's eps)."""
     rows = []
-    for name, (dtype_name, e, m) in FORMATS.items():
-        dtype = getattr(torch, dtype_name)
-        info = torch.finfo(dtype)
-        smallest = float(positive_values(name)[0]) if name != "bf16" else float(info.smallest_normal) * 2.0**-7
+    for name, (dtype, e, m) in FORMATS.items():
+        if dtype is None:  # E8M0: every byte but NaN, a power of two
+            v = positive_values(name)
+            top, normal, smallest, eps = float(v[-1]), float(v[0]), float(v[0]), 1.0
+        else:
+            info = torch.finfo(dtype)
+            top, normal, eps = float(info.max), float(info.smallest_normal), float(info.eps)
+            smallest = float(positive_values(name)[0]) if name != "bf16" else normal * 2.0**-m
         rows.append(
             dict(
                 format=name,
                 sign=0 if name == "E8M0" else 1,
                 exponent=e,
                 mantissa=m,
-                max=float(info.max),
-                smallest_normal=float(info.smallest_normal),
-                smallest_subnormal=None if smallest == float(info.smallest_normal) else smallest,
-                eps=float(info.eps),
+                max=top,
+                smallest_normal=normal,
+                smallest_subnormal=None if smallest == normal else smallest,
+                eps=eps,
             )
         )
     return rows
@@ -74,7 +82,7 @@ def plot_formats(ax=None):
     names = ("E4M3", "E5M2")
     for row, name in enumerate(names):
         v = positive_values(name)
-        normal = v >= torch.finfo(getattr(torch, FORMATS[name][0])).smallest_normal
+        normal = v >= torch.finfo(FORMATS[name][0]).smallest_normal
         y = len(names) - 1 - row
         for mask, alpha in ((normal, 1.0), (~normal, 0.35)):
             ax.vlines(v[mask], y - 0.32, y + 0.32, color=COLOURS[name], lw=0.8, alpha=alpha)
