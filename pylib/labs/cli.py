@@ -1,4 +1,4 @@
-"""The command line: `python -m pylib.labs run|learner|list|lint|new`.
+"""The command line: `python -m pylib.labs run|learner|list|lint|new|split|i18n`.
 
     python -m pylib.labs run --all                       # every lab, solved, on this machine (what `make book` runs)
     python -m pylib.labs run 00 01 --learner             # the learner versions (their checks must fail)
@@ -7,6 +7,8 @@
     python -m pylib.labs list                            # labs, their parameters and exercises
     python -m pylib.labs lint                            # check every lab's format (--strip clears outputs)
     python -m pylib.labs new labs/08_my_topic.ipynb      # a skeleton lab in the format
+    python -m pylib.labs learner /tmp/solved --solved    # the solved labs, to edit in Jupyter; then
+    python -m pylib.labs split /tmp/solved/03_*.ipynb    # store them back: learner notebook + labs/solutions/*.json
     python -m pylib.labs run 00 --lang zh                # the lab in Chinese: instructions and messages
     python -m pylib.labs learner /srv/course/zh --lang zh   # the learner versions with Chinese instructions
     python -m pylib.labs i18n extract|check|todo|fill    # the labs' translation catalogs (see pylib.labs.i18n)
@@ -136,6 +138,11 @@ def _parser() -> argparse.ArgumentParser:
     lint = sub.add_parser("lint", parents=[common], help="check that labs follow the lab format")
     lint.add_argument("labs", nargs="*", help="labs to check (default: all)")
     lint.add_argument("--strip", action="store_true", help="first clear outputs and execution counts in place")
+
+    split = sub.add_parser(
+        "split", parents=[common], help="store solved labs in the labs folder: learner notebook + solutions file"
+    )
+    split.add_argument("solved", nargs="+", type=Path, help="solved NN_name.ipynb files (e.g. from `learner --solved`)")
 
     new = sub.add_parser("new", help="write a skeleton lab")
     new.add_argument("path", type=Path, help="labs/NN_name.ipynb")
@@ -272,13 +279,34 @@ def _lint(args) -> int:
     bad = 0
     for lab in _labs(args, args.labs):
         if args.strip:
-            nbformat.write(strip_outputs(lab.read()), lab.path)
+            nbformat.write(strip_outputs(lab.read_stored()), lab.path)
         problems = lab_problems(lab.path)
         bad += bool(problems)
         print(f"{'✗' if problems else '✓'} {lab.name}")
         for problem in problems:
             print(f"    {problem}")
     return 1 if bad else 0
+
+
+def _split(args) -> int:
+    """Each solved notebook becomes labs/NN_name.ipynb (the learner version) and labs/solutions/NN_name.json."""
+    import nbformat
+
+    from . import solutions
+    from .files import LAB_NAME
+
+    labs_dir = Path(args.labs_dir or default_labs_dir())
+    for path in args.solved:
+        check_readable(path)
+        if not LAB_NAME.match(path.name):
+            raise ValueError(f"{path.name}: a lab is named NN_name.ipynb (two digits, lower-case words)")
+        learner, sol = solutions.split(strip_outputs(nbformat.read(path, as_version=4)), path.stem)
+        if not sol["cells"]:
+            raise ValueError(f"{path}: no cell tagged 'solution' (split takes the solved lab)")
+        nbformat.write(learner, labs_dir / path.name)
+        print(labs_dir / path.name)
+        print(solutions.write(solutions.path_for(labs_dir / path.name), sol))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
             return i18n_main(args)
         if args.command == "lint":
             return _lint(args)
+        if args.command == "split":
+            return _split(args)
         print(new_lab(args.path))
         return 0
     except (ValueError, FileExistsError) as exc:

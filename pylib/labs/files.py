@@ -3,7 +3,9 @@
     find_labs(labs_dir=None)            # every lab in the folder (the repository's labs/ by default), in name order
     select_labs(["00", "collectives"])  # by path, full name, number or name without number
 
-The format of what is inside a lab (tags, parameters, exercises) is `pylib.labs.notebook`'s; its translation
+A lab in the repository is stored as its learner version plus its solutions (`pylib.labs.solutions`); `Lab.read()`
+gives the solved lab, `Lab.read_stored()` the file. The format of what is inside a lab (tags, parameters,
+exercises) is `pylib.labs.notebook`'s; its translation
 `pylib.labs.i18n`'s. Both find labs here.
 """
 
@@ -32,6 +34,18 @@ class Lab:
         return self.path.stem
 
     def read(self) -> nbformat.NotebookNode:
+        """The solved lab: the stored notebook with its solutions (labs/solutions/<name>.json) put back when that file
+        exists (see pylib.labs.solutions), else the stored notebook as it is (a learner's copy, a solved notebook)."""
+        from . import solutions
+
+        stored = self.read_stored()
+        sol_path = solutions.path_for(self.path)
+        if not sol_path.exists():
+            return stored
+        return solutions.solved(stored, solutions.read(sol_path), str(self.path))
+
+    def read_stored(self) -> nbformat.NotebookNode:
+        """The notebook as stored on disk (in labs/: the learner version, without solutions)."""
         return nbformat.read(self.path, as_version=4)
 
 
