@@ -313,6 +313,16 @@ def results() -> list[dict]:
     return list(_state.records.values())
 
 
+def cell_points(points: float) -> float:
+    """`points` times the share of the running cell's checks that passed, blocked ones left out (a check that needs
+    a GPU the grader lacks earns and costs nothing); 0 when none of them could run. The value of an nbgrader
+    autograder test cell's last line is its partial credit (`python -m pylib.labs nbgrader`)."""
+    here = [r for r in _state.records.values() if r["execution_count"] == _cell() and r["status"] != BLOCKED]
+    if not here:
+        return 0.0
+    return round(points * sum(r["status"] == PASSED for r in here) / len(here), 3)
+
+
 def summary() -> dict:
     """Print the tally; raise ChecksFailed naming every failed check (a lab's last cell calls this)."""
     counts = {s: sum(r["status"] == s for r in _state.records.values()) for s in (PASSED, FAILED, BLOCKED)}

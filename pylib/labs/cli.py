@@ -7,6 +7,7 @@
     python -m pylib.labs list                            # labs, their parameters and exercises
     python -m pylib.labs lint                            # check every lab's format (--strip clears outputs)
     python -m pylib.labs new labs/08_my_topic.ipynb      # a skeleton lab in the format
+    python -m pylib.labs nbgrader course/                # an nbgrader course: source/<lab>/<lab>.ipynb + config
     python -m pylib.labs learner /tmp/solved --solved    # the solved labs, to edit in Jupyter; then
     python -m pylib.labs split /tmp/solved/03_*.ipynb    # store them back: learner notebook + labs/solutions/*.json
     python -m pylib.labs run 00 --lang zh                # the lab in Chinese: instructions and messages
@@ -138,6 +139,11 @@ def _parser() -> argparse.ArgumentParser:
     lint = sub.add_parser("lint", parents=[common], help="check that labs follow the lab format")
     lint.add_argument("labs", nargs="*", help="labs to check (default: all)")
     lint.add_argument("--strip", action="store_true", help="first clear outputs and execution counts in place")
+
+    grader = sub.add_parser("nbgrader", parents=[common], help="the labs as nbgrader source notebooks")
+    grader.add_argument("out", type=Path, help="course folder: OUT/source/<lab>/<lab>.ipynb, OUT/nbgrader_config.py")
+    grader.add_argument("labs", nargs="*", help="labs to export (default: all)")
+    grader.add_argument("--timeout", type=int, default=300, help="nbgrader's per-cell timeout in seconds (300)")
 
     split = sub.add_parser(
         "split", parents=[common], help="store solved labs in the labs folder: learner notebook + solutions file"
@@ -331,6 +337,12 @@ def main(argv: list[str] | None = None) -> int:
             return i18n_main(args)
         if args.command == "lint":
             return _lint(args)
+        if args.command == "nbgrader":
+            from .nbgrader import export
+
+            for path in export(_labs(args, args.labs), args.out, timeout=args.timeout):
+                print(path)
+            return 0
         if args.command == "split":
             return _split(args)
         print(new_lab(args.path))
