@@ -8,6 +8,7 @@
     python -m pylib.labs lint                            # check every lab's format (--strip clears outputs)
     python -m pylib.labs new labs/08_my_topic.ipynb      # a skeleton lab in the format
     python -m pylib.labs nbgrader course/                # an nbgrader course: source/<lab>/<lab>.ipynb + config
+    python -m pylib.labs grade submitted/ --out gradebook   # every student's notebooks: gradebook.csv and .html
     python -m pylib.labs learner /tmp/solved --solved    # the solved labs, to edit in Jupyter; then
     python -m pylib.labs split /tmp/solved/03_*.ipynb    # store them back: learner notebook + labs/solutions/*.json
     python -m pylib.labs run 00 --lang zh                # the lab in Chinese: instructions and messages
@@ -144,6 +145,13 @@ def _parser() -> argparse.ArgumentParser:
     grader.add_argument("out", type=Path, help="course folder: OUT/source/<lab>/<lab>.ipynb, OUT/nbgrader_config.py")
     grader.add_argument("labs", nargs="*", help="labs to export (default: all)")
     grader.add_argument("--timeout", type=int, default=300, help="nbgrader's per-cell timeout in seconds (300)")
+
+    grade = sub.add_parser("grade", help="run many students' notebooks; write gradebook.csv and gradebook.html")
+    grade.add_argument("submissions", type=Path, help="SUBMISSIONS/<student>/**/NN_name.ipynb")
+    grade.add_argument("--out", type=Path, default=Path("gradebook"), help="where the gradebook goes (./gradebook)")
+    grade.add_argument(
+        "--timeout", type=positive_seconds, default=300.0, help="seconds per notebook, from its first cell (300)"
+    )
 
     split = sub.add_parser(
         "split", parents=[common], help="store solved labs in the labs folder: learner notebook + solutions file"
@@ -342,6 +350,23 @@ def main(argv: list[str] | None = None) -> int:
 
             for path in export(_labs(args, args.labs), args.out, timeout=args.timeout):
                 print(path)
+            return 0
+        if args.command == "grade":
+            from .gradebook import grade
+
+            check_writable(args.out)
+            rows = grade(args.submissions, args.out, timeout=args.timeout)
+            passed = sum(r["status"] == "passed" for r in rows)
+            csv_path, html_path = args.out / "gradebook.csv", args.out / "gradebook.html"
+            print(
+                tr(
+                    "{passed} of {n} notebook(s) passed; gradebook: {csv} and {html}",
+                    passed=passed,
+                    n=len(rows),
+                    csv=csv_path,
+                    html=html_path,
+                )
+            )
             return 0
         if args.command == "split":
             return _split(args)
