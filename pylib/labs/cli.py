@@ -9,6 +9,7 @@
     python -m pylib.labs new labs/08_my_topic.ipynb      # a skeleton lab in the format
     python -m pylib.labs nbgrader course/                # an nbgrader course: source/<lab>/<lab>.ipynb + config
     python -m pylib.labs grade submitted/ --out gradebook   # every student's notebooks: gradebook.csv and .html
+    python -m pylib.labs times                           # labs/times.json from the last run --all (and --learner)
     python -m pylib.labs learner /tmp/solved --solved    # the solved labs, to edit in Jupyter; then
     python -m pylib.labs split /tmp/solved/03_*.ipynb    # store them back: learner notebook + labs/solutions/*.json
     python -m pylib.labs run 00 --lang zh                # the lab in Chinese: instructions and messages
@@ -152,6 +153,9 @@ def _parser() -> argparse.ArgumentParser:
     grade.add_argument(
         "--timeout", type=positive_seconds, default=300.0, help="seconds per notebook, from its first cell (300)"
     )
+
+    times = sub.add_parser("times", parents=[common], help="record each lab's measured seconds in labs/times.json")
+    times.add_argument("--runs", type=Path, default=None, help="where run --all wrote (default: labs/_runs)")
 
     split = sub.add_parser(
         "split", parents=[common], help="store solved labs in the labs folder: learner notebook + solutions file"
@@ -302,6 +306,23 @@ def _lint(args) -> int:
     return 1 if bad else 0
 
 
+def _times(args) -> int:
+    """labs/times.json from the last `run --all` and `run --all --learner` (their report.json files)."""
+    import json
+
+    from .course import record_times, times_path
+
+    runs = Path(args.runs or Path(args.labs_dir or default_labs_dir()) / "_runs")
+    try:
+        reports = [json.loads((runs / mode / "report.json").read_text()) for mode in ("solution", "learner")]
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{runs}: run --all and run --all --learner first ({exc})") from None
+    path = times_path(args.labs_dir)
+    path.write_text(json.dumps(record_times(*reports), indent=1) + "\n")
+    print(path)
+    return 0
+
+
 def _split(args) -> int:
     """Each solved notebook becomes labs/NN_name.ipynb (the learner version) and labs/solutions/NN_name.json."""
     import nbformat
@@ -368,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             return 0
+        if args.command == "times":
+            return _times(args)
         if args.command == "split":
             return _split(args)
         print(new_lab(args.path))
