@@ -11,6 +11,7 @@ import pytest
 from pylib.labs import course
 from pylib.labs.cli import main
 from pylib.labs.files import find_labs
+from pylib.viz import lab_times
 
 ROOT = Path(__file__).resolve().parent.parent
 LABS = find_labs()
@@ -30,7 +31,7 @@ def test_each_labs_profile_is_read_from_the_lab():
     assert profiles["00_collectives"] == {"ranks": 4, "gpu_checks": ["gpu:4"]}
     assert profiles["07_capstone"]["ranks"] == 8 and profiles["03_context_parallel"]["ranks"] == 2
     assert sum(bool(p["gpu_checks"]) for p in profiles.values()) == 1
-    table = course.course_table(course.read_times(), profiles)
+    table = lab_times.course_table(course.read_times(), profiles)
     assert table.count("\n| `") == len(LABS) and ":name: tbl-labs-times" in table
 
 

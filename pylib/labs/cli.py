@@ -34,7 +34,7 @@ from pathlib import Path
 from pylib.i18n import normalise, set_language, tr
 
 from . import interrupts
-from .files import default_labs_dir, find_labs, select_labs
+from .files import check_readable, default_labs_dir, find_labs, select_labs
 from .notebook import (
     EXERCISE_NUMBER,
     lab_problems,
@@ -172,25 +172,6 @@ def _labs(args, names):
     for lab in labs:
         check_readable(lab.path)
     return labs
-
-
-def check_readable(path: Path) -> None:
-    """Raise ValueError naming `path` unless it is a JSON file that nbformat reads and validates as a notebook."""
-    import json
-
-    import nbformat
-
-    try:
-        nb = nbformat.read(path, as_version=4)
-        nbformat.validate(nb)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not a notebook: not JSON ({exc.msg} at line {exc.lineno})") from None
-    except Exception as exc:  # noqa: BLE001 - nbformat raises jsonschema's, its own and KeyError/TypeError
-        text = str(exc).strip()
-        reason = getattr(exc, "message", None) or (text.splitlines()[0] if text else type(exc).__name__)
-        raise ValueError(f"{path}: not a valid notebook: {reason}") from None
 
 
 def check_writable(folder: Path) -> None:

@@ -83,3 +83,20 @@ def select_labs(names: list[str], labs_dir: Path | None = None) -> list[Lab]:
         if hits[0] not in chosen:
             chosen.append(hits[0])
     return chosen
+
+
+def check_readable(path: Path) -> None:
+    """Raise ValueError naming `path` unless it is a JSON file that nbformat reads and validates as a notebook."""
+    import json
+
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not a notebook: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except Exception as exc:  # noqa: BLE001 - nbformat raises jsonschema's, its own and KeyError/TypeError
+        text = str(exc).strip()
+        reason = getattr(exc, "message", None) or (text.splitlines()[0] if text else type(exc).__name__)
+        raise ValueError(f"{path}: not a valid notebook: {reason}") from None

@@ -31,7 +31,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .files import LAB_NAME, Lab
+from .files import LAB_NAME, Lab, check_readable
 from .report import _NOT_DONE
 
 COLUMNS = ("student", "lab", "status", "passed", "failed", "blocked", "not_run", "seconds", "reason")
@@ -77,7 +77,6 @@ def _unreadable(student: str, path: Path, why: str) -> dict:
 
 def grade_one(student: str, path: Path, out_dir: Path, timeout: float) -> dict:
     """Run one submission in a temporary copy of its folder; its gradebook row."""
-    from .cli import check_readable
     from .runner import run_lab
 
     try:
