@@ -55,9 +55,10 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from pylib.i18n import editions as replay
 from pylib.i18n import language_asked, tr
 
-from . import leftovers, replay
+from . import leftovers
 
 # Errors that a rank raises because a *peer* went away; they never explain a failure on their own.
 _CONSEQUENCE_MARKERS = (

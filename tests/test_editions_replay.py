@@ -1,4 +1,4 @@
-"""The book's two editions share rank runs (pylib.runtime.replay): a launch is replayed only when it is the same
+"""The book's two editions share rank runs (pylib.i18n.editions): a launch is replayed only when it is the same
 launch — same function by what it does, same arguments, same place in the kernel's sequence, same inherited state —
 and only in a language its ranks did not ask for when they asked for one."""
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from pylib import i18n
-from pylib.runtime import RankFailedError, launch, replay
+from pylib.i18n import editions as replay
+from pylib.runtime import RankFailedError, launch
 
 
 @pytest.fixture
@@ -172,7 +173,7 @@ def test_fingerprints_are_the_same_in_another_process():
 import os, torch
 from pylib.plan import ParallelConfig, RunOptions
 from pylib.plan.presets import tiny_gqa
-from pylib.runtime import replay
+from pylib.i18n import editions as replay
 torch.manual_seed(0)
 scope = {"K": 2, "os": os}
 exec(compile("def step(x):\\n    return x * K\\n", "/tmp/cell.py", "exec"), scope)
@@ -184,3 +185,16 @@ print(replay.fingerprint(scope["step"], values, {"dtype": torch.float64}, 2, "gl
         for _ in range(2)
     ]
     assert runs[0] == runs[1] and len(runs[0]) == 64
+
+
+@replay.shared
+def outer(n):
+    return costly(n) + 1  # a shared call inside a shared call is part of it
+
+
+def test_what_a_shared_run_calls_is_part_of_it_so_the_chains_stay_in_step(store):
+    CALLS.clear()
+    assert outer(4) == 17 and costly(5) == 25
+    store.kernel()
+    assert outer(4) == 17 and costly(5) == 25  # both replayed: the inner call did not move the first kernel's chain
+    assert CALLS == [4, 5]

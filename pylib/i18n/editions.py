@@ -1,4 +1,9 @@
-"""Rank runs shared by the book's two editions: the Chinese build replays what the English build's ranks computed.
+"""What the book's two editions share: the second edition's build replays the rank runs (and the costly pure calls)
+the first one made.
+
+(Here, in pylib.i18n, because it is about the editions and every layer may use it: `launch` in pylib.runtime, the
+planner in the torch-free pylib.analysis. It loads no torch: a tensor is fingerprinted through torch only when one
+is handed in.)
 
 The book is built twice, in English and in Chinese, from the same chapters. A chapter's rank runs compute the same
 numbers in either language, so running them twice doubles half of the book's build for nothing. With
@@ -44,8 +49,7 @@ import types
 from contextlib import contextmanager
 from pathlib import Path
 
-import cloudpickle
-import torch
+from pylib.i18n import language, language_asked
 
 ENV = "PYLIB_LAUNCH_REPLAY"
 
@@ -125,10 +129,10 @@ def _value(obj, h, seen: set) -> None:
         h.update(f"{type(obj).__name__}{len(obj)}".encode())
         for item in sorted(_digest(v) for v in obj):
             h.update(item)
-    elif isinstance(obj, torch.Tensor):
+    elif _is_tensor(obj):
         t = obj.detach().cpu().contiguous()
         h.update(f"tensor {t.dtype} {tuple(t.shape)} {obj.requires_grad}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.view(sys.modules["torch"].uint8).numpy().tobytes() if t.numel() else b"")
     else:  # a dataclass, a config, an nn.Module...: what pickling would rebuild it from, walked as above
         try:
             reduced = obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
@@ -144,6 +148,11 @@ def _value(obj, h, seen: set) -> None:
                 _value(list(items), h, seen)
 
 
+def _is_tensor(obj) -> bool:
+    torch = sys.modules.get("torch")  # a tensor can only exist once torch is loaded
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
 def _digest(obj) -> bytes:
     h = hashlib.sha256()
     _value(obj, h, set())
@@ -156,7 +165,8 @@ def inherited_state() -> bytes:
     differ between the editions' kernels even where nothing else does; a chapter that seeds one does so in both
     editions alike, at the same place in the sequence, which the chain pins; one that does not gets numbers that
     change from build to build in either edition, and the replay shows one of them.)"""
-    return hashlib.sha256(str(torch.get_default_dtype()).encode()).digest()
+    torch = sys.modules.get("torch")
+    return hashlib.sha256(str(torch.get_default_dtype() if torch else None).encode()).digest()
 
 
 def fingerprint(fn, args: tuple, kwargs: dict, world_size: int, backend: str) -> bytes:
@@ -172,7 +182,8 @@ def fingerprint(fn, args: tuple, kwargs: dict, world_size: int, backend: str) ->
 
 
 _shared = True  # share_between_editions(False) turns it off for this process
-_chain = b""  # the key of this process's last launch
+_chain = b""  # the key of this process's last shared run
+_inside = False  # a shared run is under way in this process
 
 
 def share_between_editions(on: bool = True) -> None:
@@ -201,9 +212,7 @@ class Slot:
         """The stored value, after sleeping out what is left of the seconds the run took (the time spent waiting for
         the other edition to finish it counts): a cell that times it shows what the run took, and the other edition
         has the cores meanwhile."""
-        from pylib import i18n
-
-        for tag in ("any", i18n.language()):
+        for tag in ("any", language()):
             path = self._path(tag)
             if path.exists():
                 with open(path, "rb") as f:
@@ -214,12 +223,13 @@ class Slot:
         return None
 
     def put(self, value, seconds: float, asked_language: bool) -> None:
-        from pylib import i18n
-
-        path = self._path(i18n.language() if asked_language else "any")
+        path = self._path(language() if asked_language else "any")
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            cloudpickle.dump((value, seconds), f)
+        try:
+            data = pickle.dumps((value, seconds), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 - a value pickle refuses (a lambda in a result) is simply not shared
+            return
+        tmp.write_bytes(data)
         os.replace(tmp, path)
 
 
@@ -227,9 +237,9 @@ class Slot:
 def slot(fn, args: tuple, kwargs: dict, world_size: int, backend: str):
     """The store's slot for this run, held under its lock (None when sharing is off or the run cannot be
     fingerprinted); the chain moves on either way, so the next run's key names its place after this one."""
-    global _chain
+    global _chain, _inside
     root = folder()
-    if root is None:
+    if root is None or _inside:  # inside a shared run, what it calls is part of it (the replay never calls it)
         yield None
         return
     try:
@@ -244,9 +254,11 @@ def slot(fn, args: tuple, kwargs: dict, world_size: int, backend: str):
     waited_since = time.monotonic()
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other edition, if it is running this launch, finishes first
+        _inside = True
         try:
             yield Slot(root, key, waited_since)
         finally:
+            _inside = False
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
@@ -255,7 +267,6 @@ def shared(fn):
     under the book's build its result is shared between the editions as a launch's is. Pure: what it returns depends
     only on its arguments, and it changes neither them nor anything else the chapter reads later. A call that asked
     for the language is kept for that language only."""
-    from pylib import i18n
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
@@ -263,10 +274,10 @@ def shared(fn):
             earlier = stored.get() if stored is not None else None
             if earlier is not None:
                 return earlier
-            asked, start = i18n.language_asked(), time.monotonic()
+            asked, start = language_asked(), time.monotonic()
             value = fn(*args, **kwargs)
             if stored is not None:
-                stored.put(value, time.monotonic() - start, i18n.language_asked() != asked)
+                stored.put(value, time.monotonic() - start, language_asked() != asked)
             return value
 
     return call
