@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from pylib.dp import micro_batch, wrap
 from pylib.dp.mixed import SingleDeviceMixed
+from pylib.i18n import editions
 from pylib.model import batches, build_model
 from pylib.model.fp8 import fp8_layers, fp8_mm, quantize_operand, relative_error
 from pylib.plan.config import ModelConfig
@@ -118,6 +119,7 @@ def gemm_errors(
     return rows
 
 
+@editions.shared  # the book's two editions train once (pylib.i18n.editions)
 def loss_parity(
     steps: int = 20,
     recipes: tuple[str, ...] = FP8_RECIPES,
