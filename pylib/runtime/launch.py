@@ -33,6 +33,7 @@ For multi-node runs the same worker functions run under torchrun; see `pylib.run
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import datetime
@@ -141,6 +142,7 @@ class _World:
     deadline_wall: float
     parent_pid: int
     job: object
+    profile: object = None  # a pylib.runtime.profile.Profile, or None
 
 
 def _rank_main(rank, w: _World, result_conn, control_conn, out_path, others):
@@ -177,7 +179,8 @@ def _rank_main(rank, w: _World, result_conn, control_conn, out_path, others):
         if backend == "nccl":
             init["device_id"] = torch.device("cuda", rank)
         dist.init_process_group(**init)
-        result = _to_cpu(fn(*args, **kwargs))
+        with w.profile.session(rank, current_device()) if w.profile is not None else contextlib.nullcontext():
+            result = _to_cpu(fn(*args, **kwargs))
         try:
             payload = cloudpickle.dumps(("ok", rank, time.time(), result))
         except Exception as exc:
@@ -337,7 +340,7 @@ class _Run:
         self.procs: list = []
         self.deadline = time.monotonic() + timeout
 
-    def start(self, backend: str, job) -> None:
+    def start(self, backend: str, job, profile=None) -> None:
         """Start every rank; the parent keeps only the read ends of results and the write ends of control."""
         forked = self.ctx.get_start_method() == "fork"
         deadline = time.time() + self.timeout
@@ -348,7 +351,7 @@ class _Run:
                 target=_rank_main,
                 args=(
                     r,
-                    _World(self.world, backend, self.store_path, self.timeout, deadline, os.getpid(), job),
+                    _World(self.world, backend, self.store_path, self.timeout, deadline, os.getpid(), job, profile),
                     self.result_pipes[r][1],
                     self.control_pipes[r][0],
                     self.out_paths[r],
@@ -509,19 +512,26 @@ class _TerminateAsInterrupt:
         return False
 
 
-def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 60.0, **kwargs) -> list:
+def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 60.0, profile=None, **kwargs) -> list:
     """Run `fn(*args, **kwargs)` on `world_size` ranks with torch.distributed initialised; return results by rank.
 
     backend: "auto" (NCCL with one GPU per rank when enough GPUs are visible, else gloo), "gloo" or "nccl".
     timeout: seconds (> 0) for the whole run, and the process group's own timeout; None or math.inf: no limit.
     Tensors in the results are detached and moved to the CPU; under NCCL, tensors among the arguments are sent as
     CPU tensors too (move them to `current_device()` inside `fn`).
+    profile: a `pylib.runtime.profile.Profile`: every rank runs `fn` under torch.profiler and writes its trace, and
+    the traces are merged into `profile.merged_path` once every rank has returned. None (the default): no profiler.
     """
     timeout = _check_arguments(fn, world_size, timeout)
+    if profile is not None and not (callable(getattr(profile, "session", None)) and callable(profile.merge)):
+        raise TypeError(f"profile must be a pylib.runtime.profile.Profile or None, not {type(profile).__name__}")
     backend, ctx = _prepare_backend(backend, world_size)
     job = _job(fn, args, kwargs, backend)
     with _TerminateAsInterrupt():
-        return _launch(ctx, backend, job, world_size, timeout)
+        results = _launch(ctx, backend, job, world_size, timeout, profile)
+    if profile is not None:
+        profile.merge(world_size)
+    return results
 
 
 def _job(fn, args: tuple, kwargs: dict, backend: str):
@@ -534,10 +544,10 @@ def _job(fn, args: tuple, kwargs: dict, backend: str):
     return cloudpickle.dumps((fn, _to_cpu(args), _to_cpu(kwargs)))
 
 
-def _launch(ctx, backend: str, job, world_size: int, timeout: float) -> list:
+def _launch(ctx, backend: str, job, world_size: int, timeout: float, profile=None) -> list:
     run = _Run(ctx, world_size, timeout)
     try:
-        run.start(backend, job)
+        run.start(backend, job, profile)
         results, failures, silent = run.collect()
         if failures or silent:
             _kill(run.procs)
