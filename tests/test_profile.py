@@ -8,7 +8,18 @@ import torch
 
 from pylib.runtime import collectives as C
 from pylib.runtime import launch, tag, trace, tracer
-from pylib.runtime.profile import SYNC, Profile, clock_offsets, load, merge, region, spans, within
+from pylib.runtime.profile import (
+    SYNC,
+    Profile,
+    clock_offsets,
+    lanes,
+    load,
+    merge,
+    operators,
+    region,
+    spans,
+    within,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -144,3 +155,50 @@ def test_merge_shifts_a_rank_whose_clock_runs_ahead_until_its_sync_meets_rank_0s
     ]
     assert max(s.start for s in found) < min(s.end for s in found)
     assert min(s.start for s in spans(merged)) == 0.0  # times read from the earliest event
+
+
+def merged_example() -> dict:
+    """A small two-rank merged trace: a pipeline forward and backward on each rank with operators inside, a
+    collective, an async launch and its wait (what the figure tests draw)."""
+    ranks = []
+    for r in range(2):
+        t = 100.0 * r  # rank 1 starts its forward later
+        named = {
+            "F0@pp | pp.stage0 | forward": (t + 0.0, t + 300.0),
+            "all_reduce@tp | layers.0 | forward": (t + 120.0, t + 180.0),
+            "B0@pp | pp.stage0 | backward": (t + 400.0, t + 900.0),
+            "all_reduce_async@dp | grads | backward": (t + 500.0, t + 505.0),
+            "wait all_reduce@dp | grads | backward": (t + 900.0, t + 1000.0),
+        }
+        trace = _rank_trace(10 + r, (-20.0, -10.0), named)
+        # operators: two in the forward around the all-reduce, two in the backward around the async launch, one
+        # wrapper holding the whole backward (an autograd node whose backward communicates: not computing itself)
+        for a, b in ((t + 10, t + 110), (t + 190, t + 290), (t + 410, t + 495), (t + 510, t + 890), (t + 395, t + 995)):
+            trace["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 10 + r, "tid": 1,
+                                         "ts": a, "dur": b - a})  # fmt: skip
+        ranks.append(trace)
+    return merge(ranks)
+
+
+def test_operators_are_the_computing_slices_outside_communication():
+    trace = merged_example()
+    t0 = min(s.start for s in spans(trace))  # the merged origin: the clock sync
+    ops = [(round((a - t0) * 1e6), round((b - t0) * 1e6)) for a, b in operators(trace, 0)]
+    assert ops == [(30, 130), (210, 310), (430, 515), (530, 910)]  # the origin: the sync, 20 us before 0
+    kinds = [(s.op, s.kind) for s in spans(trace) if s.rank == 0]
+    assert kinds == [("clock-sync", "comm"), ("F0", "F"), ("all_reduce", "comm"), ("B0", "B"),
+                     ("all_reduce_async", "comm"), ("wait all_reduce", "wait")]  # fmt: skip
+
+
+def test_the_figure_draws_every_named_range_of_the_trace():
+    from pylib.viz.profile import plot_profile
+
+    trace = merged_example()
+    fig = plot_profile(*lanes(trace))
+    ax = fig.axes[0]
+    drawn = {gid: 0 for gid in ("F", "B", "comm", "wait")}
+    for coll in ax.collections:
+        if coll.get_gid() in drawn:
+            drawn[coll.get_gid()] += len(coll.get_paths())
+    assert drawn == {"F": 2, "B": 2, "comm": 6, "wait": 2}  # comm: the clock sync, the all-reduce, the launch
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]

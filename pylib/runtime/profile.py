@@ -289,16 +289,65 @@ class Span:
     def duration(self) -> float:
         return self.end - self.start
 
+    @property
+    def kind(self) -> str:
+        """ "F" (a pipeline forward), "B" (a backward or W), "wait" (a wait for an async op, a pipeline receive),
+        "comm" (a collective, a transfer's launch, a pipeline send) or "region" (a `region`)."""
+        if self.phase == "region":
+            return "region"
+        if self.axis == "pp" and self.op[:1] in ("F", "B", "W") and self.op[1:2].isdigit():
+            return "F" if self.op[0] == "F" else "B"
+        if self.op.startswith("wait") or (self.axis == "pp" and self.op.startswith("recv")):
+            return "wait"
+        return "comm"
+
 
 def spans(trace: dict) -> list[Span]:
     """Every range named by `pylib.runtime.tracer.span_name` in a merged trace, by start time."""
     n = trace["otherData"]["ranks"]
-    out = []
+    found = [
+        _span_of(e["pid"], e)
+        for e in trace["traceEvents"]
+        if e.get("ph") == "X" and e.get("pid") in range(n) and _NAME.match(e.get("name", ""))
+    ]
+    return sorted(found, key=lambda s: (s.start, s.rank))
+
+
+def _span_of(rank: int, e: dict) -> Span:
+    m = _NAME.match(e["name"])
+    return Span(rank, m["what"], m["tag"], m["phase"], e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6)
+
+
+def operators(trace: dict, rank: int) -> list[tuple[float, float]]:
+    """(start, end) seconds when rank `rank`'s thread was computing, as the trace shows it: its operator slices
+    (kineto's "cpu_op": aten ops, autograd nodes) on the thread that ran its named ranges, leaving out a slice that
+    holds a named range (a wrapper, such as the autograd node of a function whose backward communicates) and a
+    slice inside a communication range (the op's own bookkeeping); what is left, merged where it touches."""
+    named = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("pid") == rank and _NAME.match(e["name"])]
+    if not named:
+        return []
+    tid = named[0]["tid"]
+    ranges = [(e["ts"], e["ts"] + e["dur"], _span_of(rank, e).kind) for e in named if e["tid"] == tid]
+    comm = [(a, b) for a, b, k in ranges if k in ("comm", "wait")]
+    slices = []
     for e in trace["traceEvents"]:
-        if e.get("ph") == "X" and e.get("pid") in range(n) and (m := _NAME.match(e.get("name", ""))):
-            t0 = e["ts"] / 1e6
-            out.append(Span(e["pid"], m["what"], m["tag"], m["phase"], t0, t0 + e["dur"] / 1e6))
-    return sorted(out, key=lambda s: (s.start, s.rank))
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op" and e.get("pid") == rank and e.get("tid") == tid:
+            a, b = e["ts"], e["ts"] + e["dur"]
+            if any(a <= x and y <= b for x, y, _ in ranges) or any(x <= a and b <= y for x, y in comm):
+                continue
+            slices.append((a, b))
+    out: list[list[float]] = []
+    for a, b in sorted(slices):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a / 1e6, b / 1e6) for a, b in out]
+
+
+def lanes(trace: dict) -> tuple[list[Span], list[list[tuple[float, float]]]]:
+    """What `pylib.viz.profile.plot_profile` draws of a merged trace: its named ranges and each rank's operators."""
+    return spans(trace), [operators(trace, r) for r in range(trace["otherData"]["ranks"])]
 
 
 def within(found: list[Span], outer: Span) -> list[Span]:
