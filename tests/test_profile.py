@@ -104,6 +104,11 @@ def _users_own_profiler():
 
 
 @pytest.mark.slow
+def _tagged_all_reduce():
+    C.all_reduce_(torch.ones(4), tag="x")
+    return tracer.active_span() is not None
+
+
 def test_without_a_profile_no_range_is_opened():
     for names, off in launch(_users_own_profiler, 2, backend="gloo"):
         assert off
@@ -190,6 +195,7 @@ def test_operators_are_the_computing_slices_outside_communication():
                      ("all_reduce_async", "comm"), ("wait all_reduce", "wait")]  # fmt: skip
 
 
+@pytest.mark.slow  # matplotlib's first import
 def test_the_figure_draws_every_named_range_of_the_trace():
     from pylib.viz.profile import plot_profile
 
@@ -202,3 +208,30 @@ def test_the_figure_draws_every_named_range_of_the_trace():
             drawn[coll.get_gid()] += len(coll.get_paths())
     assert drawn == {"F": 2, "B": 2, "comm": 6, "wait": 2}  # comm: the clock sync, the all-reduce, the launch
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+
+
+@pytest.mark.slow
+def test_the_lab_harness_switch_profiles_every_launch_of_the_lab_each_into_its_own_folder(tmp_path):
+    from pylib.labs.files import find_labs
+    from pylib.labs.runner import kernel_arguments
+    from pylib.runtime import profile_launches
+
+    lab = find_labs()[0]
+    assert kernel_arguments(lab) == ["--IPKernelApp.log_level=ERROR"]  # off: the kernel as before
+    (line,) = [a.partition("=")[2] for a in kernel_arguments(lab, tmp_path) if a.startswith("--IPKernelApp.exec_lines")]
+    try:
+        exec(line, {})  # what the lab's kernel runs before its first cell
+        for _ in range(2):
+            launch(_tagged_all_reduce, 2, backend="gloo")
+    finally:
+        profile_launches(None)
+    for k in range(2):
+        merged = load(str(tmp_path / lab.name / f"launch{k}" / "trace.json"))
+        assert sorted((s.rank, s.op, s.tag) for s in spans(merged) if s.tag == "x") == [
+            (0, "all_reduce", "x"),
+            (1, "all_reduce", "x"),
+        ]
+    assert not (tmp_path / lab.name / "launch2").exists()
+    assert launch(_tagged_all_reduce, 2, backend="gloo") == [False, False]  # after None: no profile again
+    with pytest.raises(TypeError, match="profile_launches takes"):
+        profile_launches("traces")

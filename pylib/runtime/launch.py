@@ -512,6 +512,18 @@ class _TerminateAsInterrupt:
         return False
 
 
+_EVERY_LAUNCH: list = [None, 0]  # the profile every launch of this process takes (`profile_launches`), launches made
+
+
+def profile_launches(profile) -> None:
+    """Profile every later `launch` of this process that passes no `profile=` of its own, launch k into its own
+    folder (`profile.numbered(k)`: out_dir/launch{k}); None stops. The lab harness's switch (`run_lab(profile_dir=)`
+    calls it in the lab's kernel before the first cell): a lab's cells call launch themselves."""
+    if profile is not None and not callable(getattr(profile, "numbered", None)):
+        raise TypeError(f"profile_launches takes a pylib.runtime.profile.Profile or None, not {type(profile).__name__}")
+    _EVERY_LAUNCH[:] = [profile, 0]
+
+
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 60.0, profile=None, **kwargs) -> list:
     """Run `fn(*args, **kwargs)` on `world_size` ranks with torch.distributed initialised; return results by rank.
 
@@ -520,9 +532,13 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 6
     Tensors in the results are detached and moved to the CPU; under NCCL, tensors among the arguments are sent as
     CPU tensors too (move them to `current_device()` inside `fn`).
     profile: a `pylib.runtime.profile.Profile`: every rank runs `fn` under torch.profiler and writes its trace, and
-    the traces are merged into `profile.merged_path` once every rank has returned. None (the default): no profiler.
+    the traces are merged into `profile.merged_path` once every rank has returned. None (the default): no profiler,
+    unless `profile_launches` set one for every launch of this process.
     """
     timeout = _check_arguments(fn, world_size, timeout)
+    if profile is None and _EVERY_LAUNCH[0] is not None:
+        profile = _EVERY_LAUNCH[0].numbered(_EVERY_LAUNCH[1])
+        _EVERY_LAUNCH[1] += 1
     if profile is not None and not (callable(getattr(profile, "session", None)) and callable(profile.merge)):
         raise TypeError(f"profile must be a pylib.runtime.profile.Profile or None, not {type(profile).__name__}")
     backend, ctx = _prepare_backend(backend, world_size)

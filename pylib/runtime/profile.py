@@ -41,7 +41,7 @@ import json
 import os
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.profiler
@@ -59,7 +59,8 @@ _NAME = re.compile(r"^(?P<what>.+?) \| (?P<tag>.*?) \| (?P<phase>[^|]+)$")
 
 @dataclass(frozen=True)
 class Profile:
-    """Profile every rank of a launch (`launch(fn, n, profile=Profile(...))`).
+    """Profile every rank of a launch (`launch(fn, n, profile=Profile(...))`). The rank's function must not open
+    a torch.profiler of its own: kineto records one profile per process at a time.
 
     out_dir: where rank r writes `rank{r}.json` (its Chrome trace) and the caller the merged `trace.json`.
     record_shapes: record each operator's input shapes. profile_memory: record every allocation and free (the
@@ -80,6 +81,10 @@ class Profile:
         flag("Profile", "profile_memory", self.profile_memory)
         if self.window is not None and not isinstance(self.window, str):
             raise TypeError(f"Profile.window names a region, a str or None, not {type(self.window).__name__}")
+
+    def numbered(self, k: int) -> Profile:
+        """This profile for a process's k-th launch: the same options, out_dir/launch{k} (`profile_launches`)."""
+        return replace(self, out_dir=os.path.join(self.out_dir, f"launch{k}"))
 
     def rank_path(self, rank: int) -> str:
         return os.path.join(self.out_dir, f"rank{rank}.json")
