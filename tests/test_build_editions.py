@@ -150,3 +150,9 @@ def test_the_chinese_build_translates_part_titles_and_fold_prompts(tmp_path):
     assert "Show code cell" not in html and "Part 0" not in html
     for prompt in ("显示代码", "隐藏代码", "显示代码和输出", "隐藏代码和输出"):
         assert f'admonition-title">{prompt}</p>' in html, prompt
+
+
+def test_the_editions_share_rank_runs_through_the_variable_pylib_reads():
+    from pylib.runtime import replay
+
+    assert build_editions.REPLAY_ENV == replay.ENV

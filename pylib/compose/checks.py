@@ -51,9 +51,11 @@ def check_compose(cfg, par: ParallelConfig, world_size: int | None = None, **kwa
         raise ComposeConfigError(found, tr("ParallelConfig({plan}) on {n} ranks", plan=par.describe(), n=world_size))
 
 
-def refuse_training(cfg, par: ParallelConfig, options: RunOptions, where: str) -> None:
+def refuse_training(cfg, par: ParallelConfig, options: RunOptions, where) -> None:
     """Raise `ComposeConfigError` if a training forward of `cfg` on `par` with `options` is refused
-    (`training_problems`); `where` names the forward, e.g. "the training step"."""
+    (`training_problems`); `where()` names the forward, e.g. "the training step" (a function, so that the words
+    are translated only when refusing: a rank run that translates nothing is the same in either language, which
+    lets the book's two editions share it, see pylib.runtime.replay)."""
     found = training_problems(cfg, par, options)
     if found:
-        raise ComposeConfigError(found, where)
+        raise ComposeConfigError(found, where())

@@ -314,7 +314,10 @@ class ParallelTransformer:
         self.check_batch(B, S)
         # every rank, before any communication (a stage without MoE layers would otherwise wait for one that raised)
         checks.refuse_training(
-            self.cfg, self.mesh.config, self.options, tr("a training step on {plan}", plan=self.mesh.config.describe())
+            self.cfg,
+            self.mesh.config,
+            self.options,
+            lambda: tr("a training step on {plan}", plan=self.mesh.config.describe()),
         )
         mesh = self.mesh
         layout = self.options.cp_layout

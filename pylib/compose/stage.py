@@ -92,7 +92,7 @@ def _refuse_training_forward(cfg, par, options: RunOptions):
 
     def hook(module, args):
         if module.training:
-            checks.refuse_training(cfg, par, options, tr("the MoE layer's training forward"))
+            checks.refuse_training(cfg, par, options, lambda: tr("the MoE layer's training forward"))
 
     return hook
 

@@ -36,7 +36,7 @@ import math
 
 import torch
 
-from pylib.i18n import tr
+from pylib.i18n import N_, tr
 from pylib.model.attention import expand_kv
 from pylib.plan.heads import kv_group_problem
 
@@ -381,19 +381,20 @@ def choose_kernel(
         if fused is None:
             raise ValueError(f"kernel='sdpa' cannot run: {fused_problem or 'no fused torch op works here'}")
         return "sdpa"
-    problems = []
+    problems = []  # (message, fields): translated only when said (a rank run that says nothing asks no language)
     if not flash_is_available:
-        problems.append(tr("flash-attn is not installed (optional: pip install flash-attn --no-build-isolation)"))
+        problems.append((N_("flash-attn is not installed (optional: pip install flash-attn --no-build-isolation)"), {}))
     if device_type != "cuda":
-        problems.append(tr("tensors are on {device}, flash-attn needs cuda", device=device_type))
+        problems.append((N_("tensors are on {device}, flash-attn needs cuda"), dict(device=device_type)))
     if dtype not in FLASH_DTYPES:
-        problems.append(tr("dtype {dtype} is not float16/bfloat16", dtype=str(dtype).replace("torch.", "")))
+        problems.append((N_("dtype {dtype} is not float16/bfloat16"), dict(dtype=str(dtype).replace("torch.", ""))))
     if d_head % 8 or d_head > FLASH_MAX_HEAD_DIM:
-        problems.append(tr("d_head={d} is not a multiple of 8 up to {most}", d=d_head, most=FLASH_MAX_HEAD_DIM))
+        problems.append((N_("d_head={d} is not a multiple of 8 up to {most}"), dict(d=d_head, most=FLASH_MAX_HEAD_DIM)))
     if not problems:
         return "flash"
     if requested == "flash":
-        raise ValueError(tr("kernel='flash' cannot run: {problems}", problems=tr("; ").join(problems)))
+        said = tr("; ").join(tr(message, **fields) for message, fields in problems)
+        raise ValueError(tr("kernel='flash' cannot run: {problems}", problems=said))
     if device_type == "cuda" and fused is not None:
         return "sdpa"
     return "torch"

@@ -72,8 +72,18 @@ def _environment() -> str:
     return _read[1]
 
 
+_asked = 0  # how many times language() was asked: pylib.runtime.replay tells language-free rank runs by it
+
+
+def language_asked() -> int:
+    """How many times this process has asked for the language (every translation asks)."""
+    return _asked
+
+
 def language() -> str:
     """The current language: set_language(...), else $PYLIB_LANG, else 'en'."""
+    global _asked
+    _asked += 1
     if _chosen is not None:
         return _chosen
     return _environment()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import build_zh  # noqa: E402 - tools/i18n is not a package
+
+REPLAY_ENV = "PYLIB_LAUNCH_REPLAY"  # pylib.runtime.replay.ENV, not imported: that loads torch (a test checks both)
 
 ROOT = build_zh.ROOT
 
@@ -113,20 +116,30 @@ def main() -> int:
     # The catalog check runs beside the two builds, not before them: it needs one core for about 25 s (a gettext
     # build of the sources, then the review), the builds need the book's kernels; a failed check still stops both
     # builds at once. The Chinese build reads the committed .po files, which the check only reads.
+    # The two builds share their chapters' rank runs through a fresh folder (pylib.runtime.replay): whichever
+    # edition reaches a launch first runs it, the other replays its results, unless the ranks asked for the language.
+    shared = ROOT / "_build" / ".launch-replay"
+    shutil.rmtree(shared, ignore_errors=True)
+    editions = {**os.environ, REPLAY_ENV: str(shared)}
     builds = {
         "catalogs": (catalog_command(bool(os.environ.get("I18N_ALLOW_INCOMPLETE"))), dict(os.environ)),
-        "en": (english_command(), dict(os.environ)),
-        "zh": (zh_command, {**os.environ, "PYLIB_LANG": "zh"}),
+        "en": (english_command(), editions),
+        "zh": (zh_command, {**editions, "PYLIB_LANG": "zh"}),
     }
     try:
         failed, status = run_side_by_side(builds)
     finally:
         build_zh.ZH_CONFIG.unlink(missing_ok=True)
+        replayed = len(list(shared.glob("*.replayed"))), len(list(shared.glob("*.lock")))
+        shutil.rmtree(shared, ignore_errors=True)
     if failed:
         print(f"{failed} failed (status {status}); the other jobs were stopped", file=sys.stderr)
         return status
     build_zh.move_site()
-    print(f"catalogs checked and both editions built side by side in {time.monotonic() - start:.0f} s")
+    print(
+        f"catalogs checked and both editions built side by side in {time.monotonic() - start:.0f} s; "
+        f"{replayed[0]} of {replayed[1]} rank runs were run once for both editions"
+    )
     return 0
 
 

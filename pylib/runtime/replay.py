@@ -1,0 +1,246 @@
+"""Rank runs shared by the book's two editions: the Chinese build replays what the English build's ranks computed.
+
+The book is built twice, in English and in Chinese, from the same chapters. A chapter's rank runs compute the same
+numbers in either language, so running them twice doubles half of the book's build for nothing. With
+$PYLIB_LAUNCH_REPLAY naming a folder (tools/i18n/build_editions.py gives both builds one, fresh for each build), each
+launch's results and printed output are stored there, and the other edition's kernel, reaching the same launch,
+takes them instead of starting ranks. Without the variable (tests, labs, a reader's notebook) nothing changes.
+
+When is it the same launch? Each kernel keeps a chain: the key of its n-th launch is a hash of the key of its
+(n-1)-th, the kernel's folder, and a fingerprint of what the ranks start from —
+
+  * the function by what it does, not where it was typed: its bytecode, constants, names, defaults and closure, the
+    same for every nested function, and the value of every global it names (a notebook function's helpers and
+    constants included); a library function by its module and name (the build drops the folder whenever pylib
+    changes, as it drops the execution caches);
+  * the arguments and the world size and backend by value;
+  * what forked ranks inherit without being told and the chain does not pin: torch's default dtype.
+
+Anything that cannot be fingerprinted (an open file, a lock, a generator) makes the launch run as usual. A run
+whose ranks asked for the language (`pylib.i18n.language`, which every translation goes through) is stored for
+that language only; one whose ranks never asked is stored for both. Only successful runs are stored; a failure is
+run again. Two kernels reaching the same launch at once take turns on a lock file: the second waits and replays.
+
+What a replay cannot give: the ranks' side effects outside their results (files they write) and the time they
+took. A chapter whose ranks write files that another cell reads turns sharing off (`share_between_editions(False)`,
+in a hidden cell; without it the replaying edition fails loudly on the missing file), and a cell that times a launch
+shows, in the replaying edition, how long the replay took.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import pickle
+import sys
+import types
+from contextlib import contextmanager
+from pathlib import Path
+
+import cloudpickle
+import torch
+
+ENV = "PYLIB_LAUNCH_REPLAY"
+
+
+class Unfingerprintable(Exception):
+    """A value the key cannot be computed from: the launch runs as usual."""
+
+
+_BY_VALUE = (type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis))
+
+
+def _code(code: types.CodeType, h, seen: set, names: set) -> None:
+    """What a code object does, without where it was written (file, line numbers): its bytecode, constants (nested
+    code objects likewise), argument and variable names; the global names it reads are collected into `names`."""
+    h.update(code.co_code)
+    h.update(repr((code.co_argcount, code.co_kwonlyargcount, code.co_flags, code.co_varnames)).encode())
+    h.update(repr((code.co_names, code.co_freevars, code.co_cellvars)).encode())
+    names.update(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code(const, h, seen, names)
+        else:
+            _value(const, h, seen)
+
+
+def _function(fn: types.FunctionType, h, seen: set) -> None:
+    module = sys.modules.get(fn.__module__ or "")
+    library = module is not None and fn.__module__ != "__main__" and getattr(module, "__file__", None)
+    if library and getattr(module, fn.__name__, None) is fn:
+        h.update(f"function {fn.__module__}.{fn.__qualname__}".encode())
+        return
+    h.update(b"function by value")
+    names: set[str] = set()
+    _code(fn.__code__, h, seen, names)
+    _value(fn.__defaults__, h, seen)
+    _value(fn.__kwdefaults__, h, seen)
+    for cell in fn.__closure__ or ():
+        try:
+            _value(cell.cell_contents, h, seen)
+        except ValueError:  # an empty cell (a name bound later in the enclosing scope)
+            h.update(b"empty cell")
+    for name in sorted(names):  # every global the function (or a nested one) reads, by value
+        if name in fn.__globals__:
+            h.update(f"global {name}".encode())
+            _value(fn.__globals__[name], h, seen)
+
+
+def _value(obj, h, seen: set) -> None:
+    if isinstance(obj, _BY_VALUE):
+        h.update(f"{type(obj).__name__}:{obj!r}".encode())
+        return
+    if id(obj) in seen:  # a cycle, or a value met before: its identity in this walk is enough
+        h.update(b"seen")
+        return
+    seen.add(id(obj))
+    if isinstance(obj, types.ModuleType):
+        h.update(f"module {obj.__name__}".encode())
+    elif isinstance(obj, types.FunctionType):
+        _function(obj, h, seen)
+    elif isinstance(obj, (types.BuiltinFunctionType, type)):
+        h.update(f"{type(obj).__name__} {getattr(obj, '__module__', None)}.{obj.__qualname__}".encode())
+        if isinstance(obj, type) and obj.__module__ == "__main__":
+            raise Unfingerprintable(f"class {obj.__qualname__} defined in the notebook")
+    elif isinstance(obj, types.MethodType):
+        _value(obj.__func__, h, seen)
+        _value(obj.__self__, h, seen)
+    elif isinstance(obj, (tuple, list)):
+        h.update(f"{type(obj).__name__}{len(obj)}".encode())
+        for item in obj:
+            _value(item, h, seen)
+    elif isinstance(obj, dict):
+        h.update(f"dict{len(obj)}".encode())
+        for key, item in obj.items():
+            _value(key, h, seen)
+            _value(item, h, seen)
+    elif isinstance(obj, (set, frozenset)):
+        h.update(f"{type(obj).__name__}{len(obj)}".encode())
+        for item in sorted(_digest(v) for v in obj):
+            h.update(item)
+    elif isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"tensor {t.dtype} {tuple(t.shape)} {obj.requires_grad}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    else:  # a dataclass, a config, an nn.Module...: what pickling would rebuild it from, walked as above
+        try:
+            reduced = obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - whatever pickling refuses (a lock, a file) makes it unshareable
+            raise Unfingerprintable(f"{type(obj).__name__}: {exc}") from exc
+        h.update(f"reduce {type(obj).__module__}.{type(obj).__qualname__}".encode())
+        if isinstance(reduced, str):  # a module-level singleton, pickled by name
+            h.update(reduced.encode())
+            return
+        _value(tuple(reduced[:3]), h, seen)  # the constructor, its arguments, the state
+        for items in reduced[3:5]:  # list items, dict items
+            if items is not None:
+                _value(list(items), h, seen)
+
+
+def _digest(obj) -> bytes:
+    h = hashlib.sha256()
+    _value(obj, h, set())
+    return h.digest()
+
+
+def inherited_state() -> bytes:
+    """What forked ranks inherit from the caller without being passed it and that the chain does not pin: torch's
+    default dtype. (Not the generators: every process seeds torch's, Python's and numpy's from the OS, so they
+    differ between the editions' kernels even where nothing else does; a chapter that seeds one does so in both
+    editions alike, at the same place in the sequence, which the chain pins; one that does not gets numbers that
+    change from build to build in either edition, and the replay shows one of them.)"""
+    return hashlib.sha256(str(torch.get_default_dtype()).encode()).digest()
+
+
+def fingerprint(fn, args: tuple, kwargs: dict, world_size: int, backend: str) -> bytes:
+    """The launch's fingerprint (raises Unfingerprintable)."""
+    h = hashlib.sha256()
+    h.update(f"{world_size} {backend}".encode())
+    seen: set = set()
+    _value(fn, h, seen)
+    _value(args, h, seen)
+    _value(kwargs, h, seen)
+    h.update(inherited_state())
+    return h.digest()
+
+
+_shared = True  # share_between_editions(False) turns it off for this process
+_chain = b""  # the key of this process's last launch
+
+
+def share_between_editions(on: bool = True) -> None:
+    """Whether this process's launches from here on are stored for (and taken from) the other edition's build
+    (only ever when $PYLIB_LAUNCH_REPLAY names a folder)."""
+    global _shared
+    _shared = bool(on)
+
+
+def folder() -> Path | None:
+    raw = os.environ.get(ENV)
+    return Path(raw) if raw and _shared else None
+
+
+def language_asked() -> int:
+    """How many times this process has asked pylib.i18n for the language (a rank compares before and after)."""
+    from pylib import i18n
+
+    return i18n.language_asked()
+
+
+class Slot:
+    """One launch's place in the store: `get()` returns (results, outputs) stored for this language or for any,
+    else None; `put(...)` stores a finished run."""
+
+    def __init__(self, root: Path, key: str):
+        self.root, self.key = root, key
+
+    def _path(self, tag: str) -> Path:
+        return self.root / f"{self.key}-{tag}.pkl"
+
+    def get(self):
+        from pylib import i18n
+
+        for tag in ("any", i18n.language()):
+            path = self._path(tag)
+            if path.exists():
+                with open(path, "rb") as f:
+                    earlier = pickle.load(f)
+                (self.root / f"{self.key}.replayed").touch()  # the build counts them
+                return earlier
+        return None
+
+    def put(self, results: list, outputs: list[str], asked_language: bool) -> None:
+        from pylib import i18n
+
+        path = self._path(i18n.language() if asked_language else "any")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            cloudpickle.dump((results, outputs), f)
+        os.replace(tmp, path)
+
+
+@contextmanager
+def slot(fn, args: tuple, kwargs: dict, world_size: int, backend: str):
+    """The store's slot for this launch, held under its lock (None when sharing is off or the launch cannot be
+    fingerprinted); the chain moves on either way, so the next launch's key names its place after this one."""
+    global _chain
+    root = folder()
+    if root is None:
+        yield None
+        return
+    try:
+        fp = fingerprint(fn, args, kwargs, world_size, backend)
+    except Unfingerprintable:
+        _chain = hashlib.sha256(_chain + b"unfingerprintable").digest()
+        yield None
+        return
+    _chain = hashlib.sha256(_chain + os.getcwd().encode() + fp).digest()
+    root.mkdir(parents=True, exist_ok=True)
+    key = _chain.hex()[:32]
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other edition, if it is running this launch, finishes first
+        try:
+            yield Slot(root, key)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -1,0 +1,150 @@
+"""The book's two editions share rank runs (pylib.runtime.replay): a launch is replayed only when it is the same
+launch — same function by what it does, same arguments, same place in the kernel's sequence, same inherited state —
+and only in a language its ranks did not ask for when they asked for one."""
+
+import os
+import threading
+
+import pytest
+import torch
+
+from pylib import i18n
+from pylib.runtime import RankFailedError, launch, replay
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """Sharing on, into a fresh folder; `kernel()` starts a new kernel's chain (as the other edition's would)."""
+    monkeypatch.setenv(replay.ENV, str(tmp_path))
+    monkeypatch.setattr(replay, "_chain", b"")
+    monkeypatch.setattr(replay, "_shared", True)
+
+    class Store:
+        path = tmp_path
+
+        @staticmethod
+        def kernel():
+            replay._chain = b""
+
+        @staticmethod
+        def entries():
+            return sorted(p.name.split("-")[1] for p in tmp_path.glob("*.pkl"))
+
+    yield Store
+    i18n.set_language(None)
+
+
+def pid_and(x):
+    print(f"rank says {x}")
+    return os.getpid(), x
+
+
+def pid_and_language(x):
+    return os.getpid(), i18n.tr("expert"), x
+
+
+def test_the_other_kernel_replays_the_same_launch_and_its_output(store, capsys):
+    first = launch(pid_and, 2, 3)
+    printed = capsys.readouterr().out
+    store.kernel()
+    again = launch(pid_and, 2, 3)
+    assert again == first  # the same process ids: no rank was started
+    assert capsys.readouterr().out == printed and "rank says 3" in printed
+    assert store.entries() == ["any.pkl"]
+
+
+def test_other_arguments_another_place_in_the_sequence_or_other_inherited_state_run_again(store):
+    first = launch(pid_and, 2, 3)
+    second = launch(pid_and, 2, 3)  # the same call, second in this kernel: its own place
+    assert {p for p, _ in second}.isdisjoint(p for p, _ in first)
+    store.kernel()
+    assert launch(pid_and, 2, 4)[0][1] == 4  # first place, other arguments: runs
+    store.kernel()
+    torch.set_default_dtype(torch.float64)  # what forked ranks inherit changed: runs
+    try:
+        other = launch(pid_and, 2, 3)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert {p for p, _ in other}.isdisjoint(p for p, _ in first)
+    store.kernel()
+    assert launch(pid_and, 2, 3) == first  # the same launch from the same state: replayed
+
+
+def test_a_run_whose_ranks_asked_for_the_language_is_kept_for_that_language_only(store):
+    i18n.set_language("en")
+    en = launch(pid_and_language, 2, 1)
+    store.kernel()
+    i18n.set_language("zh")
+    zh = launch(pid_and_language, 2, 1)
+    assert {p for p, *_ in zh}.isdisjoint(p for p, *_ in en) and zh[0][1] != en[0][1]
+    store.kernel()
+    assert launch(pid_and_language, 2, 1) == zh
+    assert store.entries() == ["en.pkl", "zh.pkl"]
+
+
+def _notebook_function(constant, filename):
+    """A function as a notebook cell defines it: compiled from source under the cell's own file name."""
+    scope = {"K": constant, "os": os}
+    exec(compile("def step(x):\n    return os.getpid(), x * K\n", filename, "exec"), scope)
+    return scope["step"]
+
+
+def test_a_notebook_function_is_known_by_what_it_does_and_the_globals_it_reads(store):
+    first = launch(_notebook_function(2, "/tmp/ipykernel_1/cell3.py"), 2, 5)
+    store.kernel()
+    assert launch(_notebook_function(2, "/tmp/ipykernel_9/cell7.py"), 2, 5) == first  # typed elsewhere: the same
+    store.kernel()
+    other = launch(_notebook_function(3, "/tmp/ipykernel_9/cell7.py"), 2, 5)  # a global it reads changed
+    assert other[0][1] == 15
+
+
+def test_what_cannot_be_fingerprinted_or_fails_is_never_stored(store):
+    lock = threading.Lock()
+    launch(_uses, 2, lock)
+    assert store.entries() == []
+    with pytest.raises(RankFailedError):
+        launch(_fails, 2)
+    assert store.entries() == []
+
+
+def _uses(lock):
+    return lock is not None
+
+
+def _fails():
+    raise ValueError("no")
+
+
+def test_off_without_the_builds_folder_or_when_a_chapter_turns_it_off(tmp_path, monkeypatch):
+    monkeypatch.setattr(replay, "_shared", False)
+    monkeypatch.setenv(replay.ENV, str(tmp_path))
+    launch(pid_and, 2, 3)
+    monkeypatch.setattr(replay, "_shared", True)
+    monkeypatch.delenv(replay.ENV)
+    launch(pid_and, 2, 3)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_fingerprints_are_the_same_in_another_process():
+    """The other edition's kernel is another process: a model, a config, tensors and a notebook function must give
+    the same fingerprint there (a plain pickle of an nn.Module does not)."""
+    import subprocess
+    import sys
+
+    code = """
+import os, torch
+from pylib.plan import ParallelConfig, RunOptions
+from pylib.plan.presets import tiny_gqa
+from pylib.runtime import replay
+torch.manual_seed(0)
+scope = {"K": 2, "os": os}
+exec(compile("def step(x):\\n    return x * K\\n", "/tmp/cell.py", "exec"), scope)
+values = (torch.nn.Linear(4, 3), tiny_gqa(), ParallelConfig(tp=2), RunOptions(), torch.arange(5.0), scope["step"])
+print(replay.fingerprint(scope["step"], values, {"dtype": torch.float64}, 2, "gloo").hex())
+"""
+    runs = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1] and len(runs[0]) == 64
