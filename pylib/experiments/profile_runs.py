@@ -129,9 +129,12 @@ def profiled_run(
 
 
 def gzipped(path: str, dest: str) -> str:
-    """A gzip copy of a trace (what the book offers for download; Perfetto opens it as it is); returns dest."""
-
+    """A gzip copy of a trace (what the book offers for download; Perfetto opens it as it is), written whole and then
+    renamed into place, so that a reader of dest never sees half a file; returns dest."""
+    dest = os.fspath(dest)
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-    with open(path, "rb") as src, gzip.open(dest, "wb", compresslevel=9) as out:
+    part = f"{dest}.{os.getpid()}.part"
+    with open(path, "rb") as src, gzip.open(part, "wb", compresslevel=9) as out:
         shutil.copyfileobj(src, out)
+    os.replace(part, dest)
     return dest
