@@ -26,6 +26,7 @@ def test_every_row_cites_its_source_and_fit_and_holdout_split_the_table():
         assert r.tp * r.cp * r.pp * r.dp == r.gpus
 
 
+@pytest.mark.slow
 def test_every_published_layout_is_accepted_and_predicted_to_fit(evaluated):
     for e in evaluated:
         assert e.plan.plan.par == e.run.par and e.plan.fits, (e.run.name, e.plan.peak_memory)

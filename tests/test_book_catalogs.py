@@ -44,6 +44,7 @@ def test_committed_catalogs_are_complete_and_keep_markup_and_terms():
     assert not faults, "\n".join(faults[:30])
 
 
+@pytest.mark.slow
 def test_check_reviews_pylib_catalogs(tmp_path, monkeypatch):
     """`catalogs.py check` finds a fault in pylib's catalogs as in a chapter's: an entry emptied (missing), one
     dropped (missing), one no tr(...) uses (outdated), a glossary term translated another way (term)."""

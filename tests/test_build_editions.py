@@ -153,6 +153,6 @@ def test_the_chinese_build_translates_part_titles_and_fold_prompts(tmp_path):
 
 
 def test_the_editions_share_rank_runs_through_the_variable_pylib_reads():
-    from pylib.runtime import replay
+    from pylib.i18n import editions
 
-    assert build_editions.REPLAY_ENV == replay.ENV
+    assert build_editions.REPLAY_ENV == editions.ENV

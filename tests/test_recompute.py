@@ -160,6 +160,7 @@ def _model_runs(cfg, sp):
         pytest.param(4, True, marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.slow
 def test_tp_model_every_choice_same_gradients_and_the_group_formula(t, sp):
     cfg = _cfg("swiglu", 2, "rope", n_layers=4)
     for rank, runs in enumerate(launch(_model_runs, t, cfg, sp)):
@@ -321,6 +322,7 @@ def _pp_runs(cfg, m):
     return out
 
 
+@pytest.mark.slow
 def test_pipeline_stages_every_choice_same_gradients_and_bytes_per_chunk():
     from pylib.analysis.activations import chunk_saved_bytes, peak_saved_bytes
 

@@ -82,6 +82,7 @@ def _preset_names() -> set[str]:
     }
 
 
+@pytest.mark.slow
 def test_every_preset_is_built_without_torch_and_equals_the_one_built_here(without_torch):
     built = without_torch["presets"]
     assert set(built) == _preset_names() | {"SEED_A", "TINY"} and set(presets.PRESETS) <= set(built)
@@ -102,6 +103,7 @@ def test_the_planner_ranks_plans_for_every_preset_without_torch(without_torch):
     assert without_torch["presets"]["llama2_7b"]["fits"]
 
 
+@pytest.mark.slow
 def test_the_calibration_runs_without_torch_and_gives_the_same_numbers(without_torch):
     runs = without_torch["runs"]
     assert [r["name"] for r in runs] == [r.name for r in C.RUNS + C.LAYOUTS]

@@ -197,6 +197,7 @@ def test_the_scanner_flags_a_post_2_6_name_and_a_version_branch():
     assert unknown_keywords(calls) == [(5, "torch.zeros(pin=)"), (6, "torch.distributed.init_process_group(bakend=)")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SCANNED, ids=lambda p: str(p.relative_to(ROOT)))
 def test_pylib_and_bench_use_only_torch_2_6_names_outside_compat(path):
     source = path.read_text()
@@ -336,6 +337,7 @@ def _zero_stages(cfg):
     return out
 
 
+@pytest.mark.slow
 def test_zero_1_2_3_train_the_same_with_every_post_2_6_api_hidden():
     from pylib.model import ModelConfig
 
@@ -353,6 +355,7 @@ COMPOSED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(COMPOSED))
 def test_composed_steps_train_the_same_with_every_post_2_6_api_hidden(name):
     from pylib.experiments.compose_training import compare_with_reference, train, train_reference

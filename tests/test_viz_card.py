@@ -20,6 +20,7 @@ import torch.distributed as dist  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 import pylib.viz  # noqa: E402
+import pylib.viz.ep_balance as ep_balance  # noqa: E402
 from pylib.analysis import pp as pp_analysis  # noqa: E402
 from pylib.analysis.dp import hsdp_link_totals  # noqa: E402
 from pylib.cp import allgather_block_plan, ring_rounds, sequence_positions  # noqa: E402
@@ -268,6 +269,9 @@ CASES = {
     ),
     "ep.plot_load_balance": lambda runs: ep.plot_load_balance({"a": [2.0, 1.5, 1.2], "b": [1.9, 1.9, 2.0]}),
     "ep.plot_dropped": lambda runs: ep.plot_dropped([0.5, 1.0], {"r": [0.5, 0.1]}),
+    "ep_balance.plot_balance_during_training": lambda runs: ep_balance.plot_balance_during_training(
+        {"a": [2.0, 1.5, 1.2], "b": [1.9, 1.8, 2.0]}, [[0.0, 0.0], [0.01, -0.01], [0.02, -0.02]]
+    ),
     "ep.plot_expert_placement": lambda runs: ep.plot_expert_placement(_expert_holdings(), 4, 16),
     "profile.plot_profile": lambda runs: profile.plot_profile(*lanes(merged_example())),
     "pp.plot_timeline": lambda runs: pp.plot_timeline(simulate(build("1f1b", 2, 4), cost_comm=0.2), title="1F1B"),

@@ -25,6 +25,7 @@ from pylib.viz.planner import (
 )
 
 
+@pytest.mark.slow
 def test_default_view_is_the_cost_models_ranking_for_the_default_sizes():
     ex = PlannerExplorer()
     name, world, batch, seq, memory = ex.state()
@@ -35,6 +36,7 @@ def test_default_view_is_the_cost_models_ranking_for_the_default_sizes():
     assert want[0].plan.describe() in ex.out.value and "memory / GPU" in ex.out.value
 
 
+@pytest.mark.slow
 def test_every_control_recomputes_and_an_update_is_cheap():
     ex = PlannerExplorer()
     before = ex.out.value

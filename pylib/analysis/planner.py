@@ -67,6 +67,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
+from pylib.i18n import editions
 from pylib.plan.fields import divisors as _divisors  # by factorisation: 2**40 ranks or a prime answer at once
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.layout import FlatEntry, FlatLayout
@@ -1142,6 +1143,7 @@ def most_microbatches(plans: list[Plan]) -> list[Plan]:
     return list(plans)
 
 
+@editions.shared  # the book's two editions run each search once (pylib.i18n.editions; nothing changes elsewhere)
 def rank_plans(
     cfg,
     workload: Workload,

@@ -148,6 +148,10 @@ def _vocab_rows(w: _WeightRows) -> None:
     if not cfg.tie_embeddings:
         note = tr("column-parallel over the vocabulary")
         w.row("LM head", "lm_head.weight", "[h, V]", (V, h), (V // t, h), w.tp_split(0), int(last), 1, note=note)
+    elif w.par.pp > 1:  # tied over stages: the last stage holds a copy of the embedding (no tensor of the model's)
+        note = tr("tied: a copy of the embedding, gradients summed with the first stage's")
+        held = int(last and not first)
+        w.row("LM head", "lm_head.weight", "[h, V]", (V, h), (V // t, h), w.tp_split(0), held, 0, note=note)
 
 
 def _attention_rows(w: _WeightRows) -> None:

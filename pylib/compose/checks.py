@@ -55,7 +55,7 @@ def refuse_training(cfg, par: ParallelConfig, options: RunOptions, where) -> Non
     """Raise `ComposeConfigError` if a training forward of `cfg` on `par` with `options` is refused
     (`training_problems`); `where()` names the forward, e.g. "the training step" (a function, so that the words
     are translated only when refusing: a rank run that translates nothing is the same in either language, which
-    lets the book's two editions share it, see pylib.runtime.replay)."""
+    lets the book's two editions share it, see pylib.i18n.editions)."""
     found = training_problems(cfg, par, options)
     if found:
         raise ComposeConfigError(found, where())

@@ -18,6 +18,9 @@ per family adds the partial sums over the ranks that hold different elements:
     expert  every held expert slice (ETP x EP split)                  etp-ep-pp under DDP (edp replicas); the
                                                                       world under ZeRO (edp shards)
 
+A tied embedding held on the first and the last pipeline stage is counted on the first stage only (the last stage's
+copy is Megatron's `shared` parameter, left out by `param_is_not_shared`, megatron/core/transformer/module.py).
+
 Then ||g||^2 = dense + expert on every rank, the clip coefficient min(1, max_norm / (||g|| + 1e-6)) multiplies every
 held gradient, copies included. Before that, one all-reduce (minimum) over the whole world agrees on the first rank
 holding a non-finite gradient element (copies included): if there is one, every rank skips the update, or raises
@@ -232,6 +235,8 @@ def held_norm_families(pieces, table, mesh, kv_replicas, *, sharded: bool, exper
     expert all-reduce, with nothing to add where its stages hold no expert)."""
     dense, expert = [], []
     for r in table:
+        if r.pre == "embd" and r.name == "lm_head.weight":  # the last stage's copy of a tied embedding: the
+            continue  # first stage counts it (Megatron's param_is_not_shared, megatron/core/transformer/module.py)
         if counted_here(r.kind, mesh.tp, kv_replicas.get(r.name, 1)):
             views = [v for _, _, v in pieces.get(r.name, [])]
             (expert if r.kind == "expert" else dense).extend(views)

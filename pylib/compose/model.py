@@ -17,14 +17,16 @@ Who holds what (each rank keeps only its shards):
 One step: the rank's batch part is cut into m microbatches; `pylib.pp.run_pipeline` runs the schedule's
 forwards and backwards (each microbatch's loss / m, so the accumulated gradients are those of the mean); the
 data-parallel wrapper of each chunk reduces once, after that chunk's last backward; `finalize_gradients` completes
-what DP cannot (TP sums, expert scaling; `reductions.py`); each wrapper's optimizer steps. The loss reported is
+what DP cannot (TP sums, expert scaling, a tied embedding's sum over the first and last stage; `reductions.py`);
+with cfg.moe.bias_update_rate > 0 each MoE layer's expert bias moves by the step's counts summed over tp-dp-cp
+(`_update_expert_bias`); each wrapper's optimizer steps. The loss reported is
 the dp-cp average of the last stage's loss (phase "loss": two tiny all-reduces, not part of training).
 """
 
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -35,12 +37,13 @@ from pylib.dp.memory import HeldBytes
 from pylib.dp.wrap import wrap
 from pylib.i18n import tr
 from pylib.model import torch_dtype
+from pylib.model.moe import tokens_per_expert
 from pylib.plan.fields import instance
 from pylib.plan.options import CP_LAYOUT, MixedPrecision, RunOptions, ZeroStage
 from pylib.plan.schedules import build
 from pylib.pp.executor import Boundary, microbatches, run_pipeline
 from pylib.pp.recorder import PipelineRecorder
-from pylib.pp.split import virtual_stage
+from pylib.pp.split import embedding_group, virtual_stage
 from pylib.runtime import collectives as C
 from pylib.runtime.agreement import agree_on_batch
 from pylib.runtime.recompute import is_recomputing
@@ -52,6 +55,7 @@ from .checks import ComposeConfigError, check_compose, compose_problems
 from .clip import GradClip, clip_held_gradients
 from .probe import SavedProbe
 from .reductions import (
+    EMBD,
     finalize_gradients,
     held_gradient_pieces,
     held_parameter_pieces,
@@ -84,6 +88,7 @@ class StepResult:
     moe_routing: list = field(default_factory=list)
     timeline: list = field(default_factory=list)
     clip: object = None  # the `clip.ClipResult` of a step run with clip=GradClip(...); None otherwise
+    expert_counts: dict = field(default_factory=dict)  # MoE layer -> this rank's routed assignments per expert [E]
 
 
 def local_batch(x: torch.Tensor, mesh, layout: str = CP_LAYOUT) -> torch.Tensor:
@@ -106,6 +111,7 @@ class _StageLayout:
     specs: list
     stage_of: dict
     expert: set
+    tied: set
 
     @classmethod
     def read(cls, stages, mesh) -> _StageLayout:
@@ -117,15 +123,24 @@ class _StageLayout:
             specs=[spec for s in stages for spec in s.shard_specs()],
             stage_of={n: s.stage for s in stages for n, _ in s.named_parameters()},
             expert={r.name for r in table if r.dp_group == "edp"},
+            tied={r.name for r in table if r.pre == EMBD},
         )
 
 
-def _wrap(stage, mesh, expert: set, zero_stage: ZeroStage, bucket_bytes: int, optimizer, optim_kwargs: dict, precision):
-    """The stage in its data-parallel wrapper: dense parameters over dp-cp, expert parameters over edp."""
+def _wrap(stage, mesh, held: _StageLayout, zero_stage: ZeroStage, bucket_bytes, optimizer, optim_kwargs, precision):
+    """The stage in its data-parallel wrapper: dense parameters over dp-cp, expert parameters over edp.
+
+    A tied embedding copy (first or last stage) gets, under ZeRO, a flat buffer of its own (the same dp-cp group,
+    named "dp-cp:embd"), so the first and the last stage shard it alike and the embedding group's all-reduce adds
+    matching elements: Megatron-Core's `_does_param_require_new_bucket` for `shared_embedding` parameters
+    (megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py at d98e8a6)."""
     dense_group, expert_group = mesh["dp-cp"], mesh["edp"]
+    tied_group = replace(dense_group, name=f"{dense_group.name}:{EMBD}")
 
     def group_for(name, p):
-        return expert_group if name in expert else dense_group
+        if name in held.tied and zero_stage != ZeroStage.DDP:
+            return tied_group
+        return expert_group if name in held.expert else dense_group
 
     return wrap(
         stage,
@@ -169,6 +184,7 @@ class ParallelTransformer:
         self.schedule = build(self.schedule_name, mesh.pp.size, self.m, self.v)
         self._problems: dict[tuple, list[str]] = {}
         self._moe_log: list = []
+        self._step_counts: dict[int, torch.Tensor] = {}  # per MoE layer: this rank's routed assignments this step
         for stage in stages:
             for i, moe in stage.moe_layers().items():
                 moe.register_forward_hook(self._log_routing(i))
@@ -220,10 +236,11 @@ class ParallelTransformer:
         # read the layout before the DP wrappers take the parameters over (ZeRO-3 removes them from the modules)
         held = _StageLayout.read(stages, mesh)
         wrappers = [
-            _wrap(s, mesh, held.expert, options.zero_stage, bucket_bytes, optimizer, optim_kwargs, precision)
-            for s in stages
+            _wrap(s, mesh, held, options.zero_stage, bucket_bytes, optimizer, optim_kwargs, precision) for s in stages
         ]
         model = cls(cfg, mesh, stages, wrappers, held.table, held.infos, held.kv, options)
+        # tied embeddings over stages: the first and last pipeline rank (collective: every rank builds the groups)
+        model.embedding_group = embedding_group(mesh) if cfg.tie_embeddings else None
         model._stage_specs, model._stage_of = held.specs, held.stage_of
         model.device = device
         return model
@@ -246,6 +263,8 @@ class ParallelTransformer:
                 return
             st = module.last_state
             self._moe_log.append((layer, st.send_counts.clone(), st.recv_counts.clone(), list(st.etp_rows)))
+            counts = tokens_per_expert(module.last_routing.experts, module.cfg.n_experts)
+            self._step_counts[layer] = self._step_counts.get(layer, 0) + counts
 
         return hook
 
@@ -327,7 +346,7 @@ class ParallelTransformer:
         my_ids, my_targets = local_batch(ids, mesh, layout), local_batch(targets, mesh, layout)
         m = self.m
         self.zero_grad()
-        self._moe_log = []
+        self._moe_log, self._step_counts = [], {}
         self.saved.reset()
         for stage in self.stages:
             stage.saved_probe = self.saved if stage_probe else None
@@ -347,7 +366,8 @@ class ParallelTransformer:
         for w in self.wrappers:
             w.finish_gradient_sync()
         pieces = self.gradient_pieces()
-        reduced = finalize_gradients(pieces, self.table, mesh, self.kv_replicas)
+        reduced = finalize_gradients(pieces, self.table, mesh, self.kv_replicas, self.embedding_group)
+        self._update_expert_bias()
         clipped = None
         if clip is not None:
             sharded, experts = self.zero_stage != ZeroStage.DDP, self.cfg.moe is not None
@@ -369,9 +389,33 @@ class ParallelTransformer:
             peak_in_flight=run.peak_in_flight,
             reduced=reduced,
             moe_routing=list(self._moe_log),
+            expert_counts={k: v.clone() for k, v in self._step_counts.items()},
             timeline=list(run.timeline),
             clip=clipped,
         )
+
+    def _update_expert_bias(self) -> None:
+        """Auxiliary-loss-free balancing, once per optimizer step (cfg.moe.bias_update_rate > 0): each MoE layer's
+        `update_expert_bias` with the step's counts (every microbatch's forward, a recomputed forward not counted
+        twice) summed over the ranks that share its router, tp-dp-cp -- every rank of the layer's pipeline stage,
+        whatever EP folds inside it. Every such rank ends with the same bias, that of the reference updated from the
+        whole global batch's counts. Megatron-Core does the same in `finalize_model_grads` (`_update_router_expert_
+        bias`: the counts all-reduced over TP x CP x DP, megatron/core/distributed/finalize_model_grads.py at
+        d98e8a6), before the optimizer step."""
+        moe = self.cfg.moe
+        if moe is None or moe.bias_update_rate == 0:
+            return
+        group = self.mesh["tp-dp-cp"]
+        for stage in self.stages:
+            for i, layer in stage.moe_layers().items():
+                if not layer.training:  # as Megatron: a layer in eval mode keeps its bias
+                    continue
+                counts = self._step_counts.get(i)
+                if counts is None:  # no forward of this layer in the step
+                    layer.routed_counts.zero_()
+                else:
+                    layer.routed_counts.copy_(counts)
+                layer.update_expert_bias(group=group)
 
     def _global_loss(self, local: float | None) -> float:
         """The dp-cp average of the last stage's loss, then handed to every pipeline stage (phase "loss")."""

@@ -6,6 +6,8 @@ parameter is held (the table the book prints, `reduction_table`):
     parameter               held                    the local gradient covers        completed by
     ----------------------  ----------------------  -------------------------------  -----------------------------
     embed, lm_head          vocab rows over TP      the replica's s/cp tokens        average over dp-cp
+    tied embed (pp > 1)     first stage: embed,     its own use (input or output)    average over dp-cp, then sum
+                            last stage: a copy                                       over the embedding group
     q k v o, up gate down   a TP slice              the replica's s/cp tokens        average over dp-cp
     LayerNorms (SP)         whole on each TP rank   its s/(cp*tp) tokens             sum over tp, average over dp-cp
     k, v (GQA, tp > n_kv)   one K/V head, copied    its own query heads' share       sum over the head's copies
@@ -47,6 +49,8 @@ from pylib.tp.mlp import TPMLP
 
 SP_PHASE = "sp_grads"
 KV_PHASE = "kv_grads"
+EMBD = "embd"  # `Reduction.pre` of a tied embedding copy: summed over the embedding group (first, last stage)
+EMBD_PHASE = "grad_sync"  # Megatron-Core's finalize_model_grads runs it with the data-parallel reductions
 
 
 @dataclass(frozen=True)
@@ -102,9 +106,12 @@ def parameter_map(stage) -> list[ParamInfo]:
         out += [_info(f"ln_f.{n}", p, (_ALL,), "replicated", p.shape) for n, p in stage.ln_f.named_parameters()]
         h = stage.lm_head
         per, rank = h.weight.shape[0], h.group.rank
-        out.append(
-            _info("lm_head.weight", h.weight, (slice(rank * per, (rank + 1) * per), _ALL), "vocab", h.full_shape)
-        )
+        # tied: on the first stage too, the LM head is the embedding (one parameter, mapped above); on the last
+        # stage alone it is a copy of the embedding's piece (the reference has no lm_head.weight of its own)
+        if stage.embed is None or h.weight is not stage.embed.weight:
+            ref = "embed.weight" if getattr(h.weight, "shared_embedding", False) else None
+            rows = (slice(rank * per, (rank + 1) * per), _ALL)
+            out.append(_info("lm_head.weight", h.weight, rows, "vocab", h.full_shape, ref=ref))
     names = {n for n, _ in stage.named_parameters()}
     mapped = {i.name for i in out}
     if names != mapped:
@@ -190,7 +197,13 @@ def reduction_table(stage, mesh) -> list[Reduction]:
         sp = getattr(p, "sequence_parallel", False) and tp > 1
         replicas = getattr(p, "kv_replicas", 1)
         dense = ("dp-cp", dpcp, Fraction(1))  # the DP group, its size and the scale after its average
-        if info.kind == "expert":
+        if getattr(p, "shared_embedding", False):  # a tied embedding held on the first and the last stage
+            pre, (group, size, scale) = EMBD, dense
+            why = (
+                "tied input/output embedding, one copy on the first stage, one on the last: average over "
+                f"dp-cp={dpcp}, then sum over the embedding group (first and last pipeline stage)"
+            )
+        elif info.kind == "expert":
             pre, (group, size, scale) = None, ("edp", edp, Fraction(edp, dpcp))
             why = (
                 f"complete over its EP x ETP group's tokens; the edp={edp} members hold disjoint tokens: "
@@ -280,12 +293,16 @@ def _allreduce_pieces(views: list[torch.Tensor], group, phase_name: str, tag_nam
         offset += n
 
 
-def finalize_gradients(pieces: dict[str, list], table: list[Reduction], mesh, kv_replicas: dict[str, int]) -> dict:
+def finalize_gradients(
+    pieces: dict[str, list], table: list[Reduction], mesh, kv_replicas: dict[str, int], embedding_group=None
+) -> dict:
     """The reductions that follow the data-parallel one (see the module docstring), on the held `pieces`.
 
     One all-reduce over TP for every "tp" parameter (phase "sp_grads"), one for every "tp/kv" parameter (phase
     "kv_grads": each rank writes its piece into slot rank // replicas of a zero buffer with tp / replicas slots, so
-    the sum leaves in each slot the sum over exactly the ranks sharing that head), then the expert scaling.
+    the sum leaves in each slot the sum over exactly the ranks sharing that head), the expert scaling, and, for a
+    tied embedding split over stages ("embd" rows), one all-reduce over `embedding_group` (the first and last
+    pipeline rank, `pylib.pp.split.embedding_group`; phase "grad_sync", tag "embedding_grads").
     Returns the element counts reduced (for the traffic formulas)."""
     tp = mesh.tp
     sp_views = [v for r in table if r.pre == "tp" for _, _, v in pieces.get(r.name, [])]
@@ -310,7 +327,15 @@ def finalize_gradients(pieces: dict[str, list], table: list[Reduction], mesh, kv
         if r.scale != 1:
             for _, _, v in pieces.get(r.name, []):
                 v.mul_(float(r.scale))
-    return dict(sp_elements=sum(v.numel() for v in sp_views) if tp.size > 1 else 0, kv_elements=kv_elems)
+    embd_views = [v for r in table if r.pre == EMBD for _, _, v in pieces.get(r.name, [])]
+    if embd_views and embedding_group is None:
+        raise ValueError("this rank holds a tied embedding copy but no embedding group was given")
+    _allreduce_pieces(embd_views, embedding_group, EMBD_PHASE, "embedding_grads")
+    return dict(
+        sp_elements=sum(v.numel() for v in sp_views) if tp.size > 1 else 0,
+        kv_elements=kv_elems,
+        embd_elements=sum(v.numel() for v in embd_views),
+    )
 
 
 def kv_replica_counts(stage: nn.Module) -> dict[str, int]:

@@ -30,7 +30,7 @@ from pylib.cp.layout import sequence_positions
 from pylib.ep.layer import ExpertParallelMoE
 from pylib.i18n import tr
 from pylib.plan.options import RunOptions
-from pylib.pp.split import layers_of_stage
+from pylib.pp.split import layers_of_stage, mark_tied_embedding
 from pylib.runtime import ShardSpec, tag
 from pylib.runtime.recompute import run_layers
 from pylib.tp.attention import TPAttention
@@ -154,6 +154,8 @@ class ParallelStage(nn.Module):
             lm_head = ColumnParallelLinear.from_full(
                 model.lm_head, group=tp, sequence_parallel=sequence_parallel, what="vocab_size"
             )
+        if model.cfg.tie_embeddings:  # one parameter on one stage; across stages a marked copy on the last
+            mark_tied_embedding(embed, lm_head)
         return cls(
             stage=stage,
             n_stages=n_stages,
@@ -230,7 +232,8 @@ class ParallelStage(nn.Module):
                 specs += layer.mlp.shard_specs(p + "mlp.")
         if self.ln_f is not None:
             specs += layernorm_specs(self.ln_f, "ln_f.", sp, "s/(cp*tp)")
-            specs += self.lm_head.shard_specs("lm_head.")
+            if self.embed is None or self.lm_head.weight is not self.embed.weight:  # tied on one stage: one
+                specs += self.lm_head.shard_specs("lm_head.")
         return specs
 
     def extra_repr(self) -> str:

@@ -10,6 +10,7 @@ this package, and `pylib.viz` only draws what these return.
     tp_runs            column_row_example, layer_traces: TP and SP on real ranks, for `pylib.viz.tp`
     mode_probes        probe_modes, probe_compose, sp_without_tp: every mode's local shapes for article B's tables
     plan_runs          measure_plans: the planner's plans, one real step each
+    moe_balance_training  balance_during_training: expert load per step of the composed model, four routers
 
 Import from the module: `from pylib.experiments.compose_training import train`.
 """

@@ -63,8 +63,10 @@ def train(
     lr defaults to `LR`). Returns this rank's record: losses (global, per step), local_losses (its replica's,
     last-stage ranks), params (`parameter_pieces()` after the last step), memory (held bytes after step 0),
     activation bytes (step 0), traffic per axis per step (from the tracer), step times, the reduction table, the
-    routing of step 0 (MoE), and the layouts of the data-parallel buffers. record: what else to keep, "events"
-    (every traced op of every step) and "ffn" (the FFN hidden bytes per held layer in step 0, `ffn_probe`)."""
+    routing of step 0 (MoE), per step each held MoE layer's routed counts on this rank (expert_counts) and its
+    expert bias after the step (expert_bias), and the layouts of the data-parallel buffers. record: what else to
+    keep, "events" (every traced op of every step) and "ffn" (the FFN hidden bytes per held layer in step 0,
+    `ffn_probe`)."""
     bad = set(record) - {"events", "ffn"}
     if bad:
         raise ValueError(f"record={record!r}: {sorted(bad)} not among ('events', 'ffn')")
@@ -81,6 +83,8 @@ def train(
         traffic=[],
         times=[],
         events=[],
+        expert_counts=[],
+        expert_bias=[],
     )
     for step in range(steps):
         ids, targets = batches(model_cfg, batch, seq, step, data=data, seed=data_seed)
@@ -92,6 +96,10 @@ def train(
         if step == 0 and probe_ffn:
             out["ffn_hidden_bytes"] = dict(ffn)
         _record_step(out, res, tr, keep_events)
+        out["expert_counts"].append({k: v.tolist() for k, v in res.expert_counts.items()})
+        out["expert_bias"].append(
+            {i: moe.router.expert_bias.detach().clone() for s in model.stages for i, moe in s.moe_layers().items()}
+        )
         if step == 0:
             _record_first_step(out, model, res)
     return _record_model(out, model)
@@ -143,7 +151,9 @@ def train_reference(
     like: tuple[ParallelConfig, RunOptions] | None = None,
 ) -> dict:
     """The same steps on one device: the whole global batch, the reference model, `optimizer(lr=lr)`.
-    Returns losses (per step) and params (name -> tensor after the last step).
+    Returns losses (per step), params (name -> tensor after the last step) and expert_bias (per step, MoE layer
+    -> its bias after the step). With cfg.moe.bias_update_rate > 0 every MoE layer's expert bias is updated once
+    per step from the counts of the whole global batch.
 
     like=(par, options), the composed run's `ParallelConfig` and `RunOptions`: for MoE models with
     auxiliary losses or a capacity factor, reproduce the composed run's grouping on one device -- the batch is run
@@ -176,7 +186,7 @@ def _train_reference(model_cfg, steps, batch, seq, lr, data, data_seed, optimize
     model = build_model(cfg)
     moes = [m for m in model.modules() if isinstance(m, MoE)]
     opt = optimizer(model.parameters(), lr=lr)
-    out = dict(losses=[], times=[])
+    out = dict(losses=[], times=[], expert_bias=[])
     for step in range(steps):
         ids, targets = batches(model_cfg, batch, seq, step, data=data, seed=data_seed)
         t0 = clock.device_now()
@@ -192,12 +202,20 @@ def _train_reference(model_cfg, steps, batch, seq, lr, data, data_seed, optimize
         for p in model.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        if cfg.moe is not None and cfg.moe.bias_update_rate:  # the whole step's counts, as the composed model
+            for moe in moes:
+                moe.update_expert_bias()
         opt.step()
         opt.zero_grad(set_to_none=False)
         out["times"].append(clock.device_now() - t0)
         out["losses"].append(total)
+        out["expert_bias"].append({i: m.router.expert_bias.detach().clone() for i, m in _moe_by_layer(model)})
     out["params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
     return out
+
+
+def _moe_by_layer(model) -> list[tuple[int, MoE]]:
+    return [(i, layer.mlp) for i, layer in enumerate(model.layers) if isinstance(layer.mlp, MoE)]
 
 
 def compare_with_reference(results: list[dict], ref: dict) -> dict:

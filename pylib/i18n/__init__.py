@@ -72,7 +72,7 @@ def _environment() -> str:
     return _read[1]
 
 
-_asked = 0  # how many times language() was asked: pylib.runtime.replay tells language-free rank runs by it
+_asked = 0  # how many times language() was asked: pylib.i18n.editions tells language-free rank runs by it
 
 
 def language_asked() -> int:

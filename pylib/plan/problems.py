@@ -12,7 +12,7 @@ and `check_schedule` for PP), `pylib.compose` before it builds anything (`check_
 The rules come in two groups. `size_problems`: the sizes must divide (heads, h_ffn, V, experts, layers over the
 mesh; the batch over dp and m; the sequence over the CP layout's chunks and, with SP, over tp) -- what the sharded
 shapes need, for a mode alone or composed. `problems` adds the rules of the composed run: the choices must be known
-ones, the schedule must accept (pp, m, v), no EP without experts, no tied embeddings, and the mesh must fit the world
+ones, the schedule must accept (pp, m, v), no EP without experts, and the mesh must fit the world
 (`ParallelConfig.problems`). One rule is about training only, `training_problems`: a MoE layer under TP needs
 sequence parallelism to train. As in Megatron-Core, such a model is built and evaluates, and its first training
 forward is refused (`problems(..., training=False)` leaves the rule out: what the composed model checks when it is
@@ -249,11 +249,6 @@ def _choice_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
             f"recompute='full' with recompute_num_layers={k!r} (uniform) and zero_stage=3: a recomputed group spans "
             "several ZeRO-3 units, and each unit frees its gathered parameters after its forward, before the group's "
             "backward reads them; recompute one layer per group (recompute_num_layers=1, or recompute_method='block')"
-        )
-    if cfg.tie_embeddings:
-        out.append(
-            "tie_embeddings=True is not supported here: the embedding (first stage) and the LM head (last stage) "
-            "would share one weight across pipeline stages and data-parallel shards"
         )
     if not _layer_kinds(cfg)[0]:
         if par.ep > 1:

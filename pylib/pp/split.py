@@ -31,11 +31,16 @@ from pylib.plan.split import check_split, layers_of_stage, stage_layers, virtual
 
 from ..model import Transformer
 from ..model.data import check_tokens
+from ..runtime.collectives import all_reduce_
 from ..runtime.recompute import RecomputedCore, run_layers
 from ..runtime.sharding import ShardSpec
 
 __all__ = [
     "PipelineChunk",
+    "allreduce_embedding_grads",
+    "embedding_group",
+    "mark_tied_embedding",
+    "tied_weights",
     "check_split",
     "layers_of_stage",
     "lm_loss",
@@ -92,19 +97,18 @@ class PipelineChunk(nn.Module):
         `pylib.plan.recompute.Recompute` (or its granularity string)."""
         cfg = model.cfg
         ids = layers_of_stage(cfg.n_layers, stage, n_stages)
-        if cfg.tie_embeddings and n_stages > 1:
-            raise ValueError(
-                "tie_embeddings=True puts the shared embedding on the first and the last stage; pipeline stages "
-                "here need untied embeddings (Megatron all-reduces the two copies' gradients in an embedding group)"
-            )
         first, last = stage == 0, stage == n_stages - 1
+        embed = copy.deepcopy(model.embed) if first else None
+        lm_head = copy.deepcopy(model.lm_head) if last else None
+        if cfg.tie_embeddings:
+            mark_tied_embedding(embed, lm_head)
         return cls(
             {i: copy.deepcopy(model.layers[i]) for i in ids},
             stage=stage,
             n_stages=n_stages,
-            embed=copy.deepcopy(model.embed) if first else None,
+            embed=embed,
             ln_f=copy.deepcopy(model.ln_f) if last else None,
-            lm_head=copy.deepcopy(model.lm_head) if last else None,
+            lm_head=lm_head,
             vocab_size=cfg.vocab_size,
             recompute=as_recompute(recompute),
         )
@@ -135,6 +139,72 @@ class PipelineChunk(nn.Module):
         if self.is_last:
             parts.append("+ln_f+lm_head")
         return ", ".join(parts)
+
+
+def mark_tied_embedding(embed, lm_head) -> None:
+    """Tied input and output embeddings on a stage that holds `embed` (first stage), `lm_head` (last), or both.
+
+    Both on one stage: one parameter, as in the reference model. Split over stages, as Megatron-Core places them
+    (`LanguageModule.setup_embeddings_and_output_layer`, megatron/core/models/common/language_module/
+    language_module.py at d98e8a6): the first stage holds the embedding, the last stage a copy used as the LM head
+    (here copied from the same reference weight, so the two start equal); both are marked `shared_embedding`, and
+    their gradients must be summed over the embedding group (`embedding_group`, `allreduce_embedding_grads`) before
+    the optimizer, so the copies stay equal step after step."""
+    if embed is not None and lm_head is not None:
+        lm_head.weight = embed.weight
+        return
+    for module in (embed, lm_head):
+        if module is not None:
+            module.weight.shared_embedding = True
+
+
+def tied_weights(chunks) -> list[nn.Parameter]:
+    """The tied embedding copies these chunks hold (the `shared_embedding` parameters), in chunk order."""
+    return [p for c in chunks for p in c.parameters() if getattr(p, "shared_embedding", False)]
+
+
+def embedding_group(mesh):
+    """This rank's embedding group: the first and the last rank of its pipeline group (Megatron-Core's "embd"
+    group, `parallel_state.get_embedding_group`), as a `pylib.runtime.AxisGroup` named "embd"; None when
+    pp = 1 or this rank is neither end. Collective (process groups are created on every rank, in the same order):
+    every rank calls it. With pp = 2 the pipeline group itself is the pair."""
+    import torch.distributed as dist
+
+    from ..runtime.mesh import AxisGroup
+
+    pp_groups = [tuple(g) for g in mesh.groups["pp"]]
+    if len(pp_groups[0]) == 1:
+        return None
+    me, found = mesh.global_rank, None
+    for g in pp_groups:
+        pair = (g[0], g[-1])
+        if len(g) == 2:
+            pg = mesh.pp.pg if me in pair else None
+        else:
+            pg = dist.new_group(list(pair))
+        if me in pair:
+            found = AxisGroup("embd", pair, pair.index(me), pg)
+    return found
+
+
+def allreduce_embedding_grads(chunks, group) -> int:
+    """Sum the gradients of the tied embedding copies these chunks hold over the embedding `group` (the first
+    and last pipeline rank; `embedding_group`), in one all-reduce (phase "grad_sync", tag "embedding_grads"), as
+    Megatron-Core's `_allreduce_word_embedding_grads` does (megatron/core/distributed/finalize_model_grads.py at
+    d98e8a6). Afterwards both copies hold the reference's gradient of the tied weight. Returns the elements
+    reduced (0 on a rank that holds no copy)."""
+    grads = [p.grad for p in tied_weights(chunks) if p.grad is not None]
+    if not grads:
+        return 0
+    if group is None:
+        raise ValueError("these chunks hold a tied embedding copy but no embedding group was given")
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    all_reduce_(flat, group, phase="grad_sync", tag="embedding_grads")
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return flat.numel()
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

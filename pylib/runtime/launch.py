@@ -56,9 +56,10 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from pylib.i18n import editions as replay
 from pylib.i18n import language_asked, tr
 
-from . import leftovers, replay
+from . import leftovers
 
 # Errors that a rank raises because a *peer* went away; they never explain a failure on their own.
 _CONSEQUENCE_MARKERS = (
@@ -156,6 +157,7 @@ def _rank_main(rank, w: _World, result_conn, control_conn, out_path, others):
     _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller handles Ctrl-C and kills us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the caller's handler (launch installs one while it runs)
+    replay.share_between_editions(False)  # a rank's own calls of shared functions are its own
     log = open(out_path, "a", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
@@ -552,10 +554,11 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 6
             _print_outputs(outputs)
             return results
         job = _job(fn, args, kwargs, backend)
+        start = time.monotonic()
         with _TerminateAsInterrupt():
             results, outputs, asked_language = _launch(ctx, backend, job, world_size, timeout, profile)
         if stored is not None:
-            stored.put(results, outputs, asked_language)
+            stored.put((results, outputs), time.monotonic() - start, asked_language)
     if profile is not None:
         profile.merge(world_size)
     return results

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import build_zh  # noqa: E402 - tools/i18n is not a package
 
-REPLAY_ENV = "PYLIB_LAUNCH_REPLAY"  # pylib.runtime.replay.ENV, not imported: that loads torch (a test checks both)
+REPLAY_ENV = "PYLIB_LAUNCH_REPLAY"  # pylib.i18n.editions.ENV, not imported: that loads torch (a test checks both)
 
 ROOT = build_zh.ROOT
 
@@ -116,7 +116,7 @@ def main() -> int:
     # The catalog check runs beside the two builds, not before them: it needs one core for about 25 s (a gettext
     # build of the sources, then the review), the builds need the book's kernels; a failed check still stops both
     # builds at once. The Chinese build reads the committed .po files, which the check only reads.
-    # The two builds share their chapters' rank runs through a fresh folder (pylib.runtime.replay): whichever
+    # The two builds share their chapters' rank runs through a fresh folder (pylib.i18n.editions): whichever
     # edition reaches a launch first runs it, the other replays its results, unless the ranks asked for the language.
     shared = ROOT / "_build" / ".launch-replay"
     shutil.rmtree(shared, ignore_errors=True)

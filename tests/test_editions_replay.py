@@ -1,15 +1,17 @@
-"""The book's two editions share rank runs (pylib.runtime.replay): a launch is replayed only when it is the same
+"""The book's two editions share rank runs (pylib.i18n.editions): a launch is replayed only when it is the same
 launch — same function by what it does, same arguments, same place in the kernel's sequence, same inherited state —
 and only in a language its ranks did not ask for when they asked for one."""
 
 import os
 import threading
+import time
 
 import pytest
 import torch
 
 from pylib import i18n
-from pylib.runtime import RankFailedError, launch, replay
+from pylib.i18n import editions as replay
+from pylib.runtime import RankFailedError, launch
 
 
 @pytest.fixture
@@ -115,6 +117,41 @@ def _fails():
     raise ValueError("no")
 
 
+CALLS = []
+
+
+@replay.shared
+def costly(n, words=False):
+    """A pure function of the chapter's own process, as a planner search is."""
+    CALLS.append(n)
+    return (n * n, i18n.tr("expert")) if words else n * n
+
+
+def test_a_shared_function_is_called_once_for_both_editions_and_words_once_per_language(store):
+    CALLS.clear()
+    assert costly(3) == 9 and costly(3, words=True) == (9, "expert")
+    store.kernel()
+    i18n.set_language("zh")
+    assert costly(3) == 9  # no words: the other kernel takes it
+    assert costly(3, words=True)[1] != "expert"  # words: said again in this language
+    assert CALLS == [3, 3, 3]
+
+
+def sleeps(seconds):
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def test_a_replay_lasts_as_long_as_the_run_did(store):
+    t0 = time.monotonic()
+    first = launch(sleeps, 2, 0.6)
+    ran = time.monotonic() - t0
+    store.kernel()
+    t0 = time.monotonic()
+    assert launch(sleeps, 2, 0.6) == first
+    assert time.monotonic() - t0 >= 0.9 * ran >= 0.5
+
+
 def test_off_without_the_builds_folder_or_when_a_chapter_turns_it_off(tmp_path, monkeypatch):
     monkeypatch.setattr(replay, "_shared", False)
     monkeypatch.setenv(replay.ENV, str(tmp_path))
@@ -136,7 +173,7 @@ def test_fingerprints_are_the_same_in_another_process():
 import os, torch
 from pylib.plan import ParallelConfig, RunOptions
 from pylib.plan.presets import tiny_gqa
-from pylib.runtime import replay
+from pylib.i18n import editions as replay
 torch.manual_seed(0)
 scope = {"K": 2, "os": os}
 exec(compile("def step(x):\\n    return x * K\\n", "/tmp/cell.py", "exec"), scope)
@@ -148,3 +185,16 @@ print(replay.fingerprint(scope["step"], values, {"dtype": torch.float64}, 2, "gl
         for _ in range(2)
     ]
     assert runs[0] == runs[1] and len(runs[0]) == 64
+
+
+@replay.shared
+def outer(n):
+    return costly(n) + 1  # a shared call inside a shared call is part of it
+
+
+def test_what_a_shared_run_calls_is_part_of_it_so_the_chains_stay_in_step(store):
+    CALLS.clear()
+    assert outer(4) == 17 and costly(5) == 25
+    store.kernel()
+    assert outer(4) == 17 and costly(5) == 25  # both replayed: the inner call did not move the first kernel's chain
+    assert CALLS == [4, 5]

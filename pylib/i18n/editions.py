@@ -1,4 +1,9 @@
-"""Rank runs shared by the book's two editions: the Chinese build replays what the English build's ranks computed.
+"""What the book's two editions share: the second edition's build replays the rank runs (and the costly pure calls)
+the first one made.
+
+(Here, in pylib.i18n, because it is about the editions and every layer may use it: `launch` in pylib.runtime, the
+planner in the torch-free pylib.analysis. It loads no torch: a tensor is fingerprinted through torch only when one
+is handed in.)
 
 The book is built twice, in English and in Chinese, from the same chapters. A chapter's rank runs compute the same
 numbers in either language, so running them twice doubles half of the book's build for nothing. With
@@ -11,8 +16,8 @@ When is it the same launch? Each kernel keeps a chain: the key of its n-th launc
 
   * the function by what it does, not where it was typed: its bytecode, constants, names, defaults and closure, the
     same for every nested function, and the value of every global it names (a notebook function's helpers and
-    constants included); a library function by its module and name (the build drops the folder whenever pylib
-    changes, as it drops the execution caches);
+    constants included); a library function by its module and name (the folder is fresh for each build, so
+    both editions run the same library);
   * the arguments and the world size and backend by value;
   * what forked ranks inherit without being told and the chain does not pin: torch's default dtype.
 
@@ -21,25 +26,30 @@ whose ranks asked for the language (`pylib.i18n.language`, which every translati
 that language only; one whose ranks never asked is stored for both. Only successful runs are stored; a failure is
 run again. Two kernels reaching the same launch at once take turns on a lock file: the second waits and replays.
 
-What a replay cannot give: the ranks' side effects outside their results (files they write) and the time they
-took. A chapter whose ranks write files that another cell reads turns sharing off (`share_between_editions(False)`,
-in a hidden cell; without it the replaying edition fails loudly on the missing file), and a cell that times a launch
-shows, in the replaying edition, how long the replay took.
+A replay lasts as long as the run did (it sleeps what is left after waiting for the other edition, so the cores
+are the other edition's meanwhile): a cell that times a run shows about the same in both editions. What a replay
+cannot give is what the ranks did besides returning (files they wrote): a chapter whose ranks write files that
+another cell reads turns sharing off (`share_between_editions(False)`, in a hidden cell; without it the replaying
+edition fails loudly on the missing file).
+
+The same store serves costly pure functions of the chapter's own process (a planner search, a small training run):
+`@shared` on the library function.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import pickle
 import sys
+import time
 import types
 from contextlib import contextmanager
 from pathlib import Path
 
-import cloudpickle
-import torch
+from pylib.i18n import language, language_asked
 
 ENV = "PYLIB_LAUNCH_REPLAY"
 
@@ -119,10 +129,10 @@ def _value(obj, h, seen: set) -> None:
         h.update(f"{type(obj).__name__}{len(obj)}".encode())
         for item in sorted(_digest(v) for v in obj):
             h.update(item)
-    elif isinstance(obj, torch.Tensor):
+    elif _is_tensor(obj):
         t = obj.detach().cpu().contiguous()
         h.update(f"tensor {t.dtype} {tuple(t.shape)} {obj.requires_grad}".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.view(sys.modules["torch"].uint8).numpy().tobytes() if t.numel() else b"")
     else:  # a dataclass, a config, an nn.Module...: what pickling would rebuild it from, walked as above
         try:
             reduced = obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
@@ -138,6 +148,11 @@ def _value(obj, h, seen: set) -> None:
                 _value(list(items), h, seen)
 
 
+def _is_tensor(obj) -> bool:
+    torch = sys.modules.get("torch")  # a tensor can only exist once torch is loaded
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
 def _digest(obj) -> bytes:
     h = hashlib.sha256()
     _value(obj, h, set())
@@ -150,7 +165,8 @@ def inherited_state() -> bytes:
     differ between the editions' kernels even where nothing else does; a chapter that seeds one does so in both
     editions alike, at the same place in the sequence, which the chain pins; one that does not gets numbers that
     change from build to build in either edition, and the replay shows one of them.)"""
-    return hashlib.sha256(str(torch.get_default_dtype()).encode()).digest()
+    torch = sys.modules.get("torch")
+    return hashlib.sha256(str(torch.get_default_dtype() if torch else None).encode()).digest()
 
 
 def fingerprint(fn, args: tuple, kwargs: dict, world_size: int, backend: str) -> bytes:
@@ -166,7 +182,8 @@ def fingerprint(fn, args: tuple, kwargs: dict, world_size: int, backend: str) ->
 
 
 _shared = True  # share_between_editions(False) turns it off for this process
-_chain = b""  # the key of this process's last launch
+_chain = b""  # the key of this process's last shared run
+_inside = False  # a shared run is under way in this process
 
 
 def share_between_editions(on: bool = True) -> None:
@@ -181,52 +198,48 @@ def folder() -> Path | None:
     return Path(raw) if raw and _shared else None
 
 
-def language_asked() -> int:
-    """How many times this process has asked pylib.i18n for the language (a rank compares before and after)."""
-    from pylib import i18n
-
-    return i18n.language_asked()
-
-
 class Slot:
-    """One launch's place in the store: `get()` returns (results, outputs) stored for this language or for any,
-    else None; `put(...)` stores a finished run."""
+    """One run's place in the store: `get()` returns what was stored for this language or for any language, else
+    None; `put(...)` stores a finished run with the seconds it took."""
 
-    def __init__(self, root: Path, key: str):
-        self.root, self.key = root, key
+    def __init__(self, root: Path, key: str, waited_since: float):
+        self.root, self.key, self.waited_since = root, key, waited_since
 
     def _path(self, tag: str) -> Path:
         return self.root / f"{self.key}-{tag}.pkl"
 
     def get(self):
-        from pylib import i18n
-
-        for tag in ("any", i18n.language()):
+        """The stored value, after sleeping out what is left of the seconds the run took (the time spent waiting for
+        the other edition to finish it counts): a cell that times it shows what the run took, and the other edition
+        has the cores meanwhile."""
+        for tag in ("any", language()):
             path = self._path(tag)
             if path.exists():
                 with open(path, "rb") as f:
-                    earlier = pickle.load(f)
+                    value, seconds = pickle.load(f)
                 (self.root / f"{self.key}.replayed").touch()  # the build counts them
-                return earlier
+                time.sleep(max(0.0, seconds - (time.monotonic() - self.waited_since)))
+                return value
         return None
 
-    def put(self, results: list, outputs: list[str], asked_language: bool) -> None:
-        from pylib import i18n
-
-        path = self._path(i18n.language() if asked_language else "any")
+    def put(self, value, seconds: float, asked_language: bool) -> None:
+        path = self._path(language() if asked_language else "any")
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            cloudpickle.dump((results, outputs), f)
+        try:
+            data = pickle.dumps((value, seconds), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 - a value pickle refuses (a lambda in a result) is simply not shared
+            return
+        tmp.write_bytes(data)
         os.replace(tmp, path)
 
 
 @contextmanager
 def slot(fn, args: tuple, kwargs: dict, world_size: int, backend: str):
-    """The store's slot for this launch, held under its lock (None when sharing is off or the launch cannot be
-    fingerprinted); the chain moves on either way, so the next launch's key names its place after this one."""
-    global _chain
+    """The store's slot for this run, held under its lock (None when sharing is off or the run cannot be
+    fingerprinted); the chain moves on either way, so the next run's key names its place after this one."""
+    global _chain, _inside
     root = folder()
-    if root is None:
+    if root is None or _inside:  # inside a shared run, what it calls is part of it (the replay never calls it)
         yield None
         return
     try:
@@ -238,9 +251,33 @@ def slot(fn, args: tuple, kwargs: dict, world_size: int, backend: str):
     _chain = hashlib.sha256(_chain + os.getcwd().encode() + fp).digest()
     root.mkdir(parents=True, exist_ok=True)
     key = _chain.hex()[:32]
+    waited_since = time.monotonic()
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other edition, if it is running this launch, finishes first
+        _inside = True
         try:
-            yield Slot(root, key)
+            yield Slot(root, key, waited_since)
         finally:
+            _inside = False
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def shared(fn):
+    """Decorate a pure library function whose calls are costly (a planner search, a training run in this process):
+    under the book's build its result is shared between the editions as a launch's is. Pure: what it returns depends
+    only on its arguments, and it changes neither them nor anything else the chapter reads later. A call that asked
+    for the language is kept for that language only."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        with slot(call, args, kwargs, 0, "this process") as stored:  # by name: the decorated function
+            earlier = stored.get() if stored is not None else None
+            if earlier is not None:
+                return earlier
+            asked, start = language_asked(), time.monotonic()
+            value = fn(*args, **kwargs)
+            if stored is not None:
+                stored.put(value, time.monotonic() - start, language_asked() != asked)
+            return value
+
+    return call
