@@ -1,7 +1,7 @@
 """Pipeline parallelism, measured: bubble, point-to-point traffic and activation memory against their formulas,
 and our 1F1B step time against PyTorch's Schedule1F1B on the same ranks.
 
-    PYTHONPATH=$PWD python bench/pp_schedules.py [--p 4] [--repeats 3] [--torch-only | --zero-bubble-only]
+    PYTHONPATH=$PWD python bench/pp_schedules.py [--p 4] [--repeats 3] [--torch-only | --zero-bubble-only | --v-only]
 
 Bubble, four ways (idle time / compute time, averaged over ranks):
   formula     (p-1)/m for GPipe and 1F1B, (p-1)/(v·m) for interleaved
@@ -23,6 +23,11 @@ last, the busiest rank), padded to t_f, t_b/2, t_b/2 seconds for F, B, W (1F1B's
 `pylib.analysis.pp.split_bubble_time`: (p-1)(T_F+T_B+T_W) for 1F1B, (p-1)(T_B+max(T_F-T_W, 0)) for ZB-H1, 0 for
 ZB-H2 at equal costs (nan otherwise: no formula); and the raw step time of each
 against our 1F1B's on the same ranks (what the W bookkeeping costs).
+
+The V (`--v-only`: this table alone): ZB-V and DualPipeV, ours against PyTorch's ScheduleZBVZeroBubble and
+ScheduleDualPipeV on the same ranks, model (two chunks per rank in the V placement) and microbatches, alternating,
+the median step of rank 0 (ours with the agreement check off and no timeline, as torch). On a CPU DualPipeV's F&B
+slots run back to back on both sides: the ratio is the runtimes', not the overlap's.
 """
 
 from __future__ import annotations
@@ -127,6 +132,47 @@ def _torch_1f1b(m, steps):
     return times
 
 
+V_TORCH = {"zb-v": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+
+
+def _torch_v(m, steps):
+    """This rank's step seconds {(name, "ours" | "torch"): [each step]} for the V-shaped schedules, alternating."""
+    from torch.distributed import pipelining
+
+    from pylib.runtime import agreement_check
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    model = build_model(CFG)
+    ids, targets = random_tokens(CFG, m, SEQ, seed=0)
+    pipe = PipelineParallel(model, v=2, placement="v")
+    chunks = rank_chunks(model, rank, p, 2, placement="v")
+    stages = [pipelining.PipelineStage(c, c.stage, 2 * p, torch.device("cpu")) for c in chunks]
+    variants = {}
+    for name, cls in V_TORCH.items():
+        schedule = getattr(pipelining, cls)(stages, m, loss_fn=lm_loss)
+
+        def theirs(schedule=schedule):
+            schedule.step(ids, target=targets) if rank == 0 else schedule.step()
+
+        def ours(name=name):
+            recorder = PipelineRecorder(measure_memory=False, record_timeline=False)
+            pipe.step(ids, targets, schedule=name, n_microbatches=m, recorder=recorder)
+
+        variants[(name, "ours")], variants[(name, "torch")] = ours, theirs
+    times = {k: [] for k in variants}
+    with agreement_check(False):
+        for fn in variants.values():  # warm-up
+            fn()
+        for _ in range(steps):
+            for k, fn in variants.items():
+                dist.barrier()
+                t = time.perf_counter()
+                fn()
+                dist.barrier()
+                times[k].append(time.perf_counter() - t)
+    return times
+
+
 ZB_SWEEP = ("1f1b", "zb-h1", "zb-h2")
 
 
@@ -195,7 +241,11 @@ def main():
     ap.add_argument("--t-b", type=float, default=0.08, help="padded backward seconds per stage and microbatch")
     ap.add_argument("--zero-bubble-only", action="store_true", help="only the zero-bubble table")
     ap.add_argument("--torch-only", action="store_true", help="only the 1F1B step against PyTorch's")
+    ap.add_argument("--v-only", action="store_true", help="only ZB-V and DualPipeV against PyTorch's")
     args = ap.parse_args()
+    if args.v_only:
+        _print_torch_v(args)
+        return
     if args.zero_bubble_only:
         _print_zero_bubble(args)
         return
@@ -256,6 +306,17 @@ def main():
 
     _print_torch_1f1b(args)
     _print_zero_bubble(args)
+    _print_torch_v(args)
+
+
+def _print_torch_v(args):
+    p, m = args.p, 2 * args.p  # DualPipeV needs m >= 2p
+    times = launch(_torch_v, p, m, args.steps, timeout=600, backend="gloo")[0]
+    print(f"\nV-shaped schedules, p={p} (2p={2 * p} stages), m={m}, rank 0, median of {args.steps} alternating steps")
+    print(f"{'schedule':<10} {'ours ms':>8} {'torch ms':>9} {'ours/torch':>10}  (PyTorch class)")
+    for name, cls in V_TORCH.items():
+        ours, theirs = (statistics.median(times[(name, who)]) for who in ("ours", "torch"))
+        print(f"{name:<10} {ours * 1e3:>8.1f} {theirs * 1e3:>9.1f} {ours / theirs:>10.2f}  ({cls})")
 
 
 def _print_torch_1f1b(args):

@@ -198,3 +198,16 @@ def test_what_a_shared_run_calls_is_part_of_it_so_the_chains_stay_in_step(store)
     store.kernel()
     assert outer(4) == 17 and costly(5) == 25  # both replayed: the inner call did not move the first kernel's chain
     assert CALLS == [4, 5]
+
+
+@replay.shared
+def seeded(n):
+    torch.manual_seed(n)
+    return torch.rand(1).item()
+
+
+def test_a_shared_function_leaves_the_callers_generator_where_it_was(store):
+    torch.manual_seed(7)
+    before = torch.random.get_rng_state()
+    seeded(3)
+    assert torch.equal(torch.random.get_rng_state(), before)

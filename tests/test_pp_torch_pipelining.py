@@ -8,6 +8,10 @@ unscaled: their mean is the full-batch loss.
 
 PyTorch's interleaved schedules are deliberately not run here: on gloo, ScheduleInterleaved1F1B was seen to hang
 about once in six runs.
+
+The V-shaped schedules (ScheduleZBVZeroBubble, ScheduleDualPipeV, torch 2.13): the same stage modules in the V
+placement (`rank_chunks(..., placement="v")`) give the same loss and the same gradient bits as ours, and torch's
+action order (its `pipeline_order`: F, I = our split B, B = our unsplit B, W, and the overlapped F&B pairs) is ours.
 """
 
 import pytest
@@ -15,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from pylib.model import build_model, random_tokens
-from pylib.plan.presets import tiny
+from pylib.plan.presets import tiny, tiny_gqa
+from pylib.plan.schedules import build
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.split import lm_loss, rank_chunks
 from pylib.runtime import launch
@@ -83,3 +88,65 @@ def test_our_gpipe_and_1f1b_match_pytorch_pipelining_loss_and_gradients(p):
             assert_float64_close(grads["ours"][k], q.grad, f"{kind} {k}")
             # without scale_grads PyTorch sums m microbatch-mean gradients: m times the full-batch gradient
             torch.testing.assert_close(grads["torch_unscaled"][k], M * q.grad, rtol=0, atol=1e-11, msg=f"{kind} {k}")
+
+
+V_CFG = tiny_gqa().with_(n_layers=8)
+TORCH_V = {"zb-v": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+
+
+def _as_torch_order(sched, rank):
+    """Our compute order of `rank` in torch's action notation: stage, then F / I (a B whose W runs later) / B (the
+    whole backward) / W, then the microbatch; an overlapped F&B slot as its two joined by "&"."""
+    acts, split = sched.compute(rank), sched.deferred(rank)
+    names = [f"{a.stage}{'I' if a.op == 'B' and (a.mb, a.chunk) in split else a.op}{a.mb}" for a in acts]
+    out, i = [], 0
+    while i < len(acts):
+        out.append(names[i] + "&" + names[i + 1] if acts[i].overlapped else names[i])
+        i += 2 if acts[i].overlapped else 1
+    return out
+
+
+def _compare_v(m):
+    from torch.distributed import pipelining
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    model = build_model(V_CFG)
+    ids, targets = random_tokens(V_CFG, B, S, seed=3)
+    out = {}
+    for name, cls in TORCH_V.items():
+        pipe = PipelineParallel(model, v=2, placement="v")
+        run = pipe.step(ids, targets, schedule=name, n_microbatches=m)
+        chunks = rank_chunks(model, rank, p, 2, placement="v")
+        stages = [pipelining.PipelineStage(c, c.stage, 2 * p, torch.device("cpu")) for c in chunks]
+        schedule = getattr(pipelining, cls)(stages, m, loss_fn=lm_loss)
+        losses = []
+        schedule.step(ids, target=targets, losses=losses) if rank == 0 else schedule.step()
+        order = [
+            "&".join(str(x) for x in a.sub_actions) if a.sub_actions else str(a)
+            for a in schedule.pipeline_order[rank]
+            if a is not None
+        ]
+        out[name] = dict(
+            ours=(run.loss, {k: q.grad for k, q in pipe.named_parameters()}),
+            torch=(
+                sum(x.item() for x in losses) / m if losses else None,
+                {k: q.grad for c in chunks for k, q in c.named_parameters()},
+            ),
+            orders=(_as_torch_order(build(name, p, m, 2), rank), order),
+        )
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("p, m", [(4, 8)])
+def test_our_zb_v_and_dualpipev_match_pytorchs_schedules_in_order_loss_and_gradient_bits(p, m):
+    results = launch(_compare_v, p, m, timeout=90)
+    for name in TORCH_V:
+        assert results[0][name]["ours"][0] == results[0][name]["torch"][0], name  # the loss, on rank 0 (the V)
+        for r in range(p):
+            ours, theirs = results[r][name]["orders"]
+            assert ours == theirs, (name, r)
+            mine, torch_grads = results[r][name]["ours"][1], results[r][name]["torch"][1]
+            assert set(mine) == set(torch_grads)
+            assert all(torch.equal(mine[k], torch_grads[k]) for k in mine), (name, r)

@@ -40,6 +40,7 @@ from pylib.seedcheck.axis_cuts import DIMS, MODES  # noqa: E402
 from pylib.seedcheck.layer_flow import layer_flow  # noqa: E402
 from pylib.viz import checkpoint as ckpt  # noqa: E402
 from pylib.viz import collectives, compose, cp, dp, ep, matrix_dims, pp, profile, style, three_axes, tp  # noqa: E402
+from pylib.viz import fp8 as fp8_viz
 from pylib.viz import layer_flow as flow
 from tests.test_profile import merged_example
 from tests.test_viz_ring_overlap import timelines_of_two_steps
@@ -234,6 +235,12 @@ def _schedules_on_chapter_axes():
     return fig
 
 
+def _spiky_activation():
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(0))
+    x[:, :4] *= 1e5
+    return x
+
+
 CASES = {
     "tp.fig_column_vs_row": lambda runs: tp.fig_column_vs_row(runs["tp"]),
     "tp.fig_sp_region": lambda runs: tp.fig_sp_region(layer_traces(t=2, b=1, s=8)),
@@ -310,6 +317,11 @@ CASES = {
         {b: {a: 1024 * (1 + (a + b) % 3) for a in range(8) if (a + b) % 4} for b in range(8)},
         saved_on="tp2 dp2 pp2",
         loaded_on="tp4 dp2",
+    ),
+    "fp8.plot_formats": lambda runs: fp8_viz.plot_formats(),
+    "fp8.plot_scaling": lambda runs: fp8_viz.plot_scaling(_spiky_activation()),
+    "fp8.plot_loss_parity": lambda runs: fp8_viz.plot_loss_parity(
+        {"fp32": [5.0, 4.0, 3.1], "bf16": [5.0, 4.0, 3.0], "delayed": [5.0, 4.01, 3.02]}, 0.02
     ),
 }
 # Figures a chapter assembles itself from axes it made (not a public function of pylib.viz).

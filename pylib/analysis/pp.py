@@ -27,11 +27,15 @@ The bubble is the busiest rank's idle time between its own first and last comput
     1F1B, GPipe    (p-1)(t_f + t_b + t_w)
     ZB-H1          (p-1)(t_b + max(t_f - t_w, 0))     = the paper's (p-1)(t_f + t_b - t_w) when t_w <= t_f
     ZB-H2          0 at equal costs, the costs its order is built for
+    ZB-V           0 at equal costs once m >= 2p - 1 (two chunks per rank in a V; (2p-1-m) t_f for p <= m < 2p-1)
+    DualPipeV      (p-1)(t_fb + t_b - 2 t_w), DeepSeek's (PP/2-1)(F&B + B - 3W) with PP = 2p, B = t_b + t_w, met
+                   when t_f = t_b and the F&B slot t_fb = t_f + t_b + t_w (no overlap, as on a CPU)
 Rank 0, ZB-H1: after its p warm-up forwards it waits (p-1) t_b for the first input gradient, with no W yet to fill
 the wait; after its last forward that microbatch's gradient is (p-1)(t_f + t_b) away while (p-1)(t_b + t_w) of B's
 and W's are left to run: (p-1)(t_f - t_w) more when that is positive. In 1F1B every hop back costs t_b + t_w:
 (p-1)(t_b + t_w) + (p-1) t_f. In flight: ZB-H1 holds p on every rank (rank r runs the W of microbatch k after the B
-of k + r: 1F1B's p - r plus r), ZB-H2 2p - 1 on every rank (its forward limit); each deferred W also keeps its
+of k + r: 1F1B's p - r plus r), ZB-H2 2p - 1 on every rank (its forward limit), ZB-V 2p chunk activations of
+half a stage each, 1F1B's p stages on every rank; each deferred W also keeps its
 output gradients (`pylib.pp.backward`).
 
 P2P traffic. Each of the p·v - 1 stage boundaries carries, per microbatch, one activation forward and its gradient
@@ -49,6 +53,7 @@ from pylib.plan.schedules import (
     check_schedule,
     compute_order,
     logical_times,
+    stage_ranks,
     warmup_forwards,
 )
 from pylib.plan.split import chunk_layers
@@ -91,17 +96,34 @@ def bubble_time(p: int, t_f: float, t_b: float, v: int = 1) -> float:
     return (p - 1) * (t_f + t_b) / v
 
 
-def split_bubble_time(schedule: str, p: int, t_f: float, t_b: float, t_w: float) -> float:
+def dualpipe_bubble(pp_stages: int, f_and_b: float, b: float, w: float) -> float:
+    """DeepSeek's published bubble of DualPipe and DualPipeV, in their notation: (PP/2 - 1)(F&B + B - 3W), with PP
+    the number of pipeline stages (DualPipeV: 2p stages on p ranks), B the *full* backward (input and weight
+    gradient, our t_b + t_w), W the weight gradient alone and F&B one overlapped forward-and-backward slot."""
+    return (pp_stages / 2 - 1) * (f_and_b + b - 3 * w)
+
+
+def split_bubble_time(schedule: str, p: int, t_f: float, t_b: float, t_w: float, t_fb: float | None = None) -> float:
     """The busiest rank's idle time per step (inside its own span) with the backward's B costing t_b and W t_w (a
-    fused backward t_b + t_w); see the module docstring for the derivation. ZB-H2 is zero at equal costs only: its
-    order is built for them, so other costs raise."""
+    fused backward t_b + t_w); see the module docstring for the derivation. ZB-H2 and ZB-V are zero at equal costs
+    only: their orders are built for them, so other costs raise. DualPipeV (t_fb: one F&B slot, default t_f + t_b
+    + t_w, the two back to back): DeepSeek's `dualpipe_bubble` with PP = 2p and B = t_b + t_w, which its schedule
+    meets exactly when t_f = t_b and t_fb = t_f + t_b + t_w (tests/test_pp_dualpipe.py); other costs raise."""
     if schedule in ("gpipe", "1f1b"):
         return bubble_time(p, t_f, t_b + t_w)
     if schedule == "zb-h1":
         return (p - 1) * (t_b + max(t_f - t_w, 0.0))
-    if schedule == "zb-h2":
+    if schedule == "dualpipev":
+        t_fb = t_f + t_b + t_w if t_fb is None else t_fb
+        if not (t_f == t_b and t_fb == t_f + t_b + t_w):
+            raise ValueError(
+                f"dualpipev meets DeepSeek's (p-1)(F&B + B - 3W) when t_f = t_b and t_fb = t_f + t_b + t_w; got "
+                f"t_f={t_f}, t_b={t_b}, t_w={t_w}, t_fb={t_fb} (simulate the schedule for these costs)"
+            )
+        return dualpipe_bubble(2 * p, t_fb, t_b + t_w, t_w)
+    if schedule in ("zb-h2", "zb-v"):
         if not t_f == t_b == t_w:
-            raise ValueError(f"zb-h2's zero bubble holds at equal costs; got t_f={t_f}, t_b={t_b}, t_w={t_w}")
+            raise ValueError(f"{schedule}'s zero bubble holds at equal costs; got t_f={t_f}, t_b={t_b}, t_w={t_w}")
         return 0.0
     raise ScheduleError(
         f"no split-backward bubble formula for {schedule!r}; known: gpipe, 1f1b, {', '.join(ZERO_BUBBLE)}"
@@ -118,9 +140,15 @@ def peak_in_flight(
 ) -> int:
     """Most (microbatch, chunk) activations rank `rank` holds at once under `schedule`: its warm-up forwards
     (`schedules.warmup_forwards`, the one warm-up formula) plus the one of its first steady 1F1B step, at most its
-    v·m forwards. A zero-bubble schedule holds an activation until its W: ZB-H1 p on every rank, ZB-H2 2p - 1."""
+    v·m forwards. A zero-bubble schedule holds an activation until its W: ZB-H1 p on every rank, ZB-H2 2p - 1,
+    ZB-V 2p chunk activations (each half a stage: 1F1B's p stages), min(2p, m + 1 + r) when m < 2p - 1;
+    DualPipeV 2p + 1 (DeepSeek's PP + 1 with PP = 2p stages)."""
     if schedule in ZERO_BUBBLE:
         check_schedule(schedule, p, n_microbatches, v, group_size=group_size)
+        if schedule == "zb-v":
+            return min(2 * p, n_microbatches + 1 + rank)
+        if schedule == "dualpipev":
+            return 2 * p + 1
         return p if schedule == "zb-h1" else 2 * p - 1
     return min(warmup_forwards(schedule, p, n_microbatches, rank, v, group_size) + 1, v * n_microbatches)
 
@@ -144,9 +172,18 @@ def p2p_message_bytes(b: int, s: int, h: int, dtype_bytes: int) -> int:
     return b * s * h * dtype_bytes
 
 
-def p2p_bytes_per_step(b: int, s: int, h: int, dtype_bytes: int, p: int, n_microbatches: int, v: int = 1) -> int:
-    """Bytes sent over all links in one step, both directions: 2·(p·v - 1)·m·b·s·h·dtype_bytes."""
-    return 2 * (p * v - 1) * n_microbatches * p2p_message_bytes(b, s, h, dtype_bytes)
+def p2p_bytes_per_step(
+    b: int, s: int, h: int, dtype_bytes: int, p: int, n_microbatches: int, v: int = 1, placement: str = "loop"
+) -> int:
+    """Bytes sent over all links in one step, both directions: 2·(p·v - 1)·m·b·s·h·dtype_bytes. In the V placement
+    (ZB-V, DualPipeV: v = 2) the boundary between stages p-1 and p lies inside rank p-1 and sends nothing:
+    2·(2p - 2)·m·b·s·h·dtype_bytes, twice 1F1B's."""
+    if placement == "v":
+        ranks = stage_ranks(p, v, placement)
+        boundaries = sum(ranks[k] != ranks[k + 1] for k in range(p * v - 1))
+    else:
+        boundaries = p * v - 1
+    return 2 * boundaries * n_microbatches * p2p_message_bytes(b, s, h, dtype_bytes)
 
 
 def p2p_bytes_per_rank(

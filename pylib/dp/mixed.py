@@ -36,6 +36,7 @@ import torch
 import torch.nn as nn
 
 from pylib.model import torch_dtype
+from pylib.model.fp8 import to_fp8
 from pylib.plan.fields import instance
 from pylib.plan.options import MAX_CONSECUTIVE_SKIPS, MixedPrecision
 
@@ -45,8 +46,10 @@ from .memory import optimizer_state_tensors
 
 
 def cast_module(module: nn.Module, recipe: MixedPrecision) -> nn.Module:
-    """The module's floating-point parameters and buffers in the compute dtype (in place; returns the module)."""
-    return module.to(torch_dtype(recipe.compute))
+    """The module's floating-point parameters and buffers in the compute dtype (in place; returns the module); with an
+    FP8 recipe (`recipe.fp8`) its linear layers also run their GEMMs in FP8 (`pylib.model.fp8.to_fp8`)."""
+    module = module.to(torch_dtype(recipe.compute))
+    return module if recipe.fp8 is None else to_fp8(module, recipe.fp8)
 
 
 class LossScaleError(RuntimeError):

@@ -265,8 +265,9 @@ def slot(fn, args: tuple, kwargs: dict, world_size: int, backend: str):
 def shared(fn):
     """Decorate a pure library function whose calls are costly (a planner search, a training run in this process):
     under the book's build its result is shared between the editions as a launch's is. Pure: what it returns depends
-    only on its arguments, and it changes neither them nor anything else the chapter reads later. A call that asked
-    for the language is kept for that language only."""
+    only on its arguments, and it changes neither them nor anything else the chapter reads later (torch's generator,
+    which a seeded run moves, is put back after every call in both editions). A call that asked for the language is
+    kept for that language only."""
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
@@ -275,7 +276,13 @@ def shared(fn):
             if earlier is not None:
                 return earlier
             asked, start = language_asked(), time.monotonic()
-            value = fn(*args, **kwargs)
+            torch = sys.modules.get("torch")
+            generator = torch.random.get_rng_state() if torch else None
+            try:
+                value = fn(*args, **kwargs)
+            finally:  # what the replay cannot redo, the run does not do either: leave torch's generator as it was
+                if torch:
+                    torch.random.set_rng_state(generator)
             if stored is not None:
                 stored.put(value, time.monotonic() - start, language_asked() != asked)
             return value

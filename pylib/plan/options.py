@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from pylib.i18n import N_
 
-from .fields import ONE_OF, choice, flag, integer, number, refusal
+from .fields import ONE_OF, choice, flag, instance, integer, number, refusal
 from .recompute import RECOMPUTE, RECOMPUTE_METHODS, Recompute, as_recompute
 from .schedules import SCHEDULES
 
@@ -129,6 +129,85 @@ LOSS_SCALINGS = ("none", "static", "dynamic")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 
 
+# FP8 GEMM recipes, by Megatron-Core's `--fp8-recipe` names: "delayed" (Transformer Engine's DelayedScaling: one
+# scale per tensor from an amax history), "tensorwise" (Float8CurrentScaling: one scale per tensor from the tensor's own
+# amax), "blockwise" (DeepSeek-V3 / TE's Float8BlockScaling: 1 x 128 tiles for activations and gradients, 128 x 128
+# blocks for weights, fp32 scales) and "mxfp8" (OCP microscaling: 1 x 32 blocks along K, E8M0 power-of-two scales).
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+# TE's Format: "e4m3" every FP8 tensor in E4M3, "hybrid" E4M3 forward and E5M2 for the gradients (backward)
+FP8_FORMATS = ("e4m3", "hybrid")
+FP8_DEFAULT_FORMAT = {"delayed": "hybrid", "tensorwise": "hybrid", "blockwise": "e4m3", "mxfp8": "e4m3"}  # TE 2.x
+FP8_DEFAULT_BLOCK = {"blockwise": 128, "mxfp8": 32}
+AMAX_COMPUTE_ALGOS = ("max", "most_recent")
+MX_BLOCK = 32  # the OCP MX specification fixes the block: 32 elements share one E8M0 scale
+
+
+@dataclass(frozen=True)
+class Fp8Recipe:
+    """How the GEMMs of the linear layers run in FP8 (torch-free: `pylib.model.fp8` runs it).
+
+    recipe: one of FP8_RECIPES; fmt: "e4m3" or "hybrid" (None: the recipe's Transformer Engine default,
+    FP8_DEFAULT_FORMAT); amax_history_len, amax_compute_algo ("max" over the window or "most_recent") and margin (the
+    scale divided by 2**margin): TE's DelayedScaling fields, read by "delayed" only (TE's defaults are 1024, "max", 0;
+    ours keeps 16 so that a 30-step run sees its history roll); block: the tile length of "blockwise" (128, DeepSeek-V3)
+    and "mxfp8" (32, fixed by the MX specification); None takes the default. Checked when built; `shape_problems` says
+    which GEMM operands a block does not divide."""
+
+    recipe: str = "delayed"
+    fmt: str | None = None
+    amax_history_len: int = 16
+    amax_compute_algo: str = "max"
+    margin: int = 0
+    block: int | None = None
+
+    def __post_init__(self):
+        choice("Fp8Recipe", "recipe", self.recipe, FP8_RECIPES)
+        if self.fmt is None:
+            object.__setattr__(self, "fmt", FP8_DEFAULT_FORMAT[self.recipe])
+        choice("Fp8Recipe", "fmt", self.fmt, FP8_FORMATS)
+        object.__setattr__(self, "amax_history_len", integer("Fp8Recipe", "amax_history_len", self.amax_history_len))
+        choice("Fp8Recipe", "amax_compute_algo", self.amax_compute_algo, AMAX_COMPUTE_ALGOS)
+        object.__setattr__(self, "margin", integer("Fp8Recipe", "margin", self.margin, low=0))
+        block = integer("Fp8Recipe", "block", self.block, none=True)
+        if self.recipe in FP8_DEFAULT_BLOCK:
+            block = FP8_DEFAULT_BLOCK[self.recipe] if block is None else block
+            if self.recipe == "mxfp8" and block != MX_BLOCK:
+                raise ValueError(refusal("Fp8Recipe", "block", block, MX_BLOCK_RULE, mx=MX_BLOCK))
+        elif block is not None:
+            raise ValueError(refusal("Fp8Recipe", "block", block, PER_TENSOR_BLOCK, recipe=self.recipe))
+        object.__setattr__(self, "block", block)
+
+    @property
+    def per_tensor(self) -> bool:
+        """One scale per tensor ("delayed", "tensorwise"), against one per tile or block."""
+        return self.block is None
+
+    @property
+    def grad_format(self) -> str:
+        """The FP8 format of the gradients: "e5m2" under "hybrid", else "e4m3"."""
+        return "e5m2" if self.fmt == "hybrid" else "e4m3"
+
+    def shape_problems(self, out_features: int, in_features: int, tokens: int | None = None) -> list[str]:
+        """Why this recipe cannot run a linear layer [out_features, in_features] on `tokens` rows: a block must divide
+        K of each GEMM that reads the operand (in_features for the forward, out_features for dgrad, tokens for
+        wgrad) and, for blockwise weights, both sides of the 128 x 128 blocks. Empty when it can."""
+        if self.block is None:
+            return []
+        sizes = {"in_features": in_features, "out_features": out_features}
+        if tokens is not None:
+            sizes["tokens"] = tokens
+        return [
+            refusal("Fp8Recipe", name, size, BLOCK_DIVIDES, block=self.block, recipe=self.recipe)
+            for name, size in sizes.items()
+            if size % self.block
+        ]
+
+
+MX_BLOCK_RULE = N_("must be {mx}: the MX specification shares one E8M0 scale among {mx} elements")
+PER_TENSOR_BLOCK = N_("must be None: the {recipe!r} recipe keeps one scale per tensor, no blocks")
+BLOCK_DIVIDES = N_("is not a multiple of the {recipe} block {block}: each GEMM operand is cut into blocks along it")
+
+
 @dataclass(frozen=True)
 class MixedPrecision:
     """A mixed-precision recipe, by dtype name (torch-free: `pylib.dp.mixed` turns it into torch dtypes).
@@ -139,8 +218,9 @@ class MixedPrecision:
     default; "float32" = Megatron's `grad_reduce_in_fp32` / `accumulate_allreduce_grads_in_fp32`);
     loss_scaling: "none" (bf16 has fp32's exponent range), "static" (multiply the loss by `loss_scale`) or
     "dynamic" (start at `loss_scale`, halve it and skip the step when a gradient is inf/nan, double it after
-    `growth_interval` clean steps), as fp16 needs. Each field is checked when the recipe is built
-    (`pylib.plan.fields`), so a refused recipe never reaches a model."""
+    `growth_interval` clean steps), as fp16 needs; fp8: an `Fp8Recipe` runs the linear layers' GEMMs in FP8
+    (`pylib.dp.mixed.cast_module` swaps them), None keeps them in `compute`. Each field is checked when the recipe
+    is built (`pylib.plan.fields`), so a refused recipe never reaches a model."""
 
     compute: str = "bfloat16"
     master: str = "float32"
@@ -148,6 +228,7 @@ class MixedPrecision:
     loss_scaling: str = "none"
     loss_scale: float = 2.0**16
     growth_interval: int = 1000
+    fp8: Fp8Recipe | None = None  # the linear layers' GEMMs in FP8 (`pylib.model.fp8`); None: all in `compute`
 
     def __post_init__(self):
         choice("MixedPrecision", "compute", self.compute, COMPUTE_DTYPES)
@@ -159,6 +240,7 @@ class MixedPrecision:
         if bad:
             raise ValueError(bad[0])
         object.__setattr__(self, "growth_interval", integer("MixedPrecision", "growth_interval", self.growth_interval))
+        instance("MixedPrecision", "fp8", self.fp8, Fp8Recipe, none=True)
 
     @property
     def compute_bytes(self) -> int:
@@ -199,7 +281,14 @@ LOSS_SCALE_RANGE = N_(
 
 
 __all__ = [
+    "AMAX_COMPUTE_ALGOS",
     "COMPUTE_DTYPES",
+    "FP8_DEFAULT_BLOCK",
+    "FP8_DEFAULT_FORMAT",
+    "FP8_FORMATS",
+    "FP8_RECIPES",
+    "Fp8Recipe",
+    "MX_BLOCK",
     "MAX_CONSECUTIVE_SKIPS",
     "MAX_LOSS_SCALE",
     "MIN_LOSS_SCALE",

@@ -31,6 +31,19 @@ done, W not yet (W still needs the forward's saved tensors).
                whenever a rank is free it runs a B whose gradient is there, else a forward while fewer than 2p-1
                microbatches are in flight, else its oldest pending W. Rank 0 fills its warm-up with 2p-1 forwards;
                the trapezoid of 1F1B becomes a parallelogram.  in flight: up to 2p-1. Needs m >= 2p-1.
+  ZB-V         two chunks per rank in the V placement (`rank_stage`: chunk 0 = stage r, chunk 1 = stage 2p-1-r,
+               so stage 0 and the loss's stage 2p-1 are both on rank 0, and stages p-1, p both on rank p-1, handed
+               over in memory): warm-up forwards down the V and back up, then (F, B, W) of each chunk in turn, a
+               cool-down whose W's fill the rising side's waits (`_zb_v`). in flight: 2p chunk activations of
+               L/2p layers, 1F1B's p stages' worth. Needs m >= p; no bubble at T_F = T_B = T_W once m >= 2p-1
+               (2p-1-m units of T_F before that: tests/test_pp_zbv.py).
+  DualPipeV    DeepSeek's DualPipe cut in half (`_dualpipe_v`), on the same V: its steady state is slots of an
+               overlapped F&B -- the forward of one chunk with the whole backward of the other, written as a
+               forward marked overlapped (what="&") followed by its B; `simulate` and `logical_times` cost the slot
+               cost_fb, the executor runs the two back to back. A B is split only where its W fills a wait.
+               in flight: 2p+1 chunk activations (DeepSeek's PP+1, PP = 2p stages). Needs m >= 2p. Bubble
+               (p-1)(T_FB + T_B - 2 T_W) = DeepSeek's (PP/2-1)(F&B + B - 3W), B there the full backward, exactly
+               when T_F = T_B and T_FB = T_F + T_B + T_W (tests/test_pp_dualpipe.py).
 Their bubbles, with T_F, T_B, T_W the costs of F, B and W (1F1B's backward costs T_B + T_W), measured on the
 busiest rank from its own first compute to its own last (`pylib.pp.timeline.Bubble.own_idle`): 1F1B
 (p-1)(T_F+T_B+T_W); ZB-H1 (p-1)(T_F+T_B-T_W) when T_W <= T_F and T_W <= T_B; ZB-H2 zero when T_F = T_B = T_W
@@ -51,11 +64,17 @@ We place communication in three steps:
 Because every rank walks its own messages in the order of one global list, the earliest unfinished message
 always has both its ends waiting for it, so it completes: no deadlock, for any p, m, v and any real timing. And
 every receive comes before the compute that uses it, since the exchange time is at most the consumer's start.
+The argument never asks where a stage lives, only that each message has two ends on two ranks: it holds for the V
+placement too, where the messages follow the schedule's stage -> rank map (`stage_ranks`) and a boundary inside
+one rank (the V's turn) is no message at all -- its consumer follows its producer in that rank's own compute
+order, which step 1 already checked. tests/test_pp_zbv.py runs ZB-V for p up to 8 and m from p to 2p+3 under both
+send semantics and costs other than the placement's.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass, field
 
 from pylib.i18n import tr
@@ -63,8 +82,46 @@ from pylib.i18n import tr
 from .split import virtual_stage
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")  # the ones RunOptions, compose and the planner know
-ZERO_BUBBLE = ("zb-h1", "zb-h2")  # B and W split: built and run here, not yet known to the planner
+ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-v", "dualpipev")  # B and W split: built and run here, not yet known to the planner
 ALL_SCHEDULES = SCHEDULES + ZERO_BUBBLE
+V_SHAPED = ("zb-v", "dualpipev")  # two chunks per rank in the V placement (`PLACEMENTS`)
+OVERLAP = "&"  # Action.what of a forward that shares its slot with the next B (DualPipe's F&B)
+PLACEMENTS = ("loop", "v")
+V_MIN_MICROBATCHES = {"zb-v": lambda p: p, "dualpipev": lambda p: 2 * p}
+V_MIN_MICROBATCHES_TEXT = {"zb-v": "p", "dualpipev": "2p"}
+V_MIN_MICROBATCHES_WHY = {
+    "zb-v": "rank 0's warm-up runs 2p-1 forwards of its first chunk",
+    "dualpipev": "its main phase runs m - 2p + r + 1 rounds of F&B pairs on rank r, at least one on rank 0",
+}
+
+
+def placement_of(name: str) -> str:
+    """Where schedule `name` puts its stages: "v" for the V-shaped ones, else "loop"."""
+    return "v" if name in V_SHAPED else "loop"
+
+
+def rank_stage(rank: int, chunk: int, p: int, placement: str = "loop") -> int:
+    """The stage chunk `chunk` of rank `rank` holds. "loop" (Megatron's layout, every schedule but the V):
+    chunk·p + rank, the activation goes round the ring of ranks v times. "v" (two chunks per rank): chunk 0 holds
+    stage rank, chunk 1 stage 2p-1-rank, so the forward goes down the ranks and back up, and the first and the
+    last stage are both on rank 0. In both, stage k is chunk k // p of its rank."""
+    if placement == "loop":
+        return virtual_stage(rank, chunk, p)
+    if placement == "v":
+        if chunk not in (0, 1):
+            raise ScheduleError(f"the V placement has two chunks per rank, 0 and 1, not chunk {chunk}")
+        return rank if chunk == 0 else 2 * p - 1 - rank
+    raise ScheduleError(f"unknown placement {placement!r}; known: {', '.join(PLACEMENTS)}")
+
+
+@functools.lru_cache(maxsize=256)
+def stage_ranks(p: int, v: int, placement: str = "loop") -> tuple[int, ...]:
+    """ranks[k]: the rank holding stage k, for the p·v stages (the map the executor and the messages follow)."""
+    out = [0] * (p * v)
+    for r in range(p):
+        for c in range(v):
+            out[rank_stage(r, c, p, placement)] = r
+    return tuple(out)
 
 
 class ScheduleError(ValueError):
@@ -96,6 +153,12 @@ class Action:
         return self.op in ("F", "B", "W")
 
     @property
+    def overlapped(self) -> bool:
+        """A forward that runs as one slot with the compute right after it, a B (DualPipe's F&B: marked by
+        what="&"; on a GPU the two overlap, on a CPU they run back to back)."""
+        return self.op == "F" and self.what == OVERLAP
+
+    @property
     def is_comm(self) -> bool:
         return self.op in ("send", "recv")
 
@@ -110,7 +173,7 @@ class Action:
 
     def __str__(self) -> str:
         if self.is_compute:
-            return f"{self.op}{self.mb}" + (f".c{self.chunk}" if self.chunk else "")
+            return f"{self.op}{self.mb}" + (f".c{self.chunk}" if self.chunk else "") + self.what
         arrow = "->" if self.op == "send" else "<-"
         return f"{self.op} {self.what} {self.mb}" + (f".c{self.chunk}" if self.chunk else "") + f" {arrow} {self.peer}"
 
@@ -120,8 +183,9 @@ class Schedule:
     """A whole pipeline schedule: `actions[r]` is rank r's list. Index it like that list of lists: `sched[r]`.
 
     name: one of ALL_SCHEDULES; p ranks, m microbatches, v chunks per rank, N microbatches per group (interleaved
-    only). `times[r]` holds, for each compute action of rank r, its logical (start, end) from the placement step
-    (a forward costs cost_f, a B cost_b, a W cost_w, a B with no W cost_b + cost_w).
+    only); placement: where the stages live (`rank_stage`: "loop", or "v" for the V-shaped schedules).
+    `times[r]` holds, for each compute action of rank r, its logical (start, end) from the placement step (a
+    forward costs cost_f, a B cost_b, a W cost_w, a B with no W cost_b + cost_w).
     """
 
     name: str
@@ -134,6 +198,7 @@ class Schedule:
     cost_b: float = 2.0
     times: list[dict[Action, tuple[float, float]]] = field(default_factory=list, repr=False)
     cost_w: float = 0.0
+    placement: str = "loop"
 
     def __getitem__(self, rank: int) -> list[Action]:
         return self.actions[rank]
@@ -147,6 +212,15 @@ class Schedule:
     @property
     def n_stages(self) -> int:
         return self.p * self.v
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """ranks[k]: the rank holding stage k (`stage_ranks`)."""
+        return stage_ranks(self.p, self.v, self.placement)
+
+    def rank_of(self, k: int) -> int:
+        """The rank holding stage k."""
+        return self.ranks[k]
 
     def deferred(self, rank: int) -> set[tuple[int, int]]:
         """The (mb, chunk) whose weight gradient rank `rank` runs as a separate W (its B is the input side only)."""
@@ -176,6 +250,25 @@ def compute_cost(a: Action, deferred: set, cost_f: float, cost_b: float, cost_w:
     if a.op == "W":
         return cost_w
     return cost_b if (a.mb, a.chunk) in deferred else cost_b + cost_w
+
+
+def slot_cost(
+    f: Action, b: Action, deferred: set, cost_f: float, cost_b: float, cost_w: float, cost_fb: float | None
+) -> float:
+    """What an overlapped pair (forward `f`, then B `b`, one slot) costs: cost_fb if given, else the two back to
+    back (what a CPU gives)."""
+    if cost_fb is not None:
+        return cost_fb
+    return cost_f + compute_cost(b, deferred, cost_f, cost_b, cost_w)
+
+
+def overlap_partner(order: list[Action], i: int, rank: int | None = None) -> Action:
+    """The B that shares the slot of the overlapped forward order[i]: the next compute in the list."""
+    nxt = next((a for a in order[i + 1 :] if a.is_compute), None)
+    if nxt is None or nxt.op != "B":
+        where = "" if rank is None else f"rank {rank}: "
+        raise ScheduleError(f"{where}{order[i]} is marked overlapped but the next compute is {nxt}, not a B")
+    return nxt
 
 
 # --------------------------------------------------------------------------------------------- compute orders
@@ -307,6 +400,11 @@ def compute_order(
     def b(mb, c):
         return Action("B", mb, c, virtual_stage(rank, c, p))
 
+    if name == "zb-v":
+        return _zb_v(p, n_microbatches, rank)
+    if name == "dualpipev":
+        return _dualpipe_v(p, n_microbatches, rank)
+
     if name == "gpipe":
         return [f(i, 0) for i in range(n_microbatches)] + [b(i, 0) for i in range(n_microbatches)]
     if name == "zb-h1":
@@ -341,6 +439,115 @@ def _zb_h1(p: int, n_microbatches: int, rank: int) -> list[Action]:
         if a.op == "B" and a.mb - rank >= 0:
             out.append(Action("W", a.mb - rank, 0, rank))
     out += [Action("W", k, 0, rank) for k in range(max(m - rank, 0), m)]
+    return out
+
+
+def _zb_v(p: int, n_microbatches: int, rank: int) -> list[Action]:
+    """ZB-V on rank r (chunk 0 = stage r, chunk 1 = stage 2p-1-r; the paper's Section 6). Each chunk's actions
+    come in microbatch order; `nxt(op, c)` emits the next one of chunk c if its turn has come (a forward while
+    microbatches remain, a B after its forward, a W after its B), else nothing. The phases:
+      warm-up    2(p-r)-1 forwards of chunk 0, then r pairs (F chunk 1, F chunk 0), then p-r triples
+                 (F, B, W of chunk 1): rank r's first backward is due when the microbatch that started the V
+                 comes back up, and chunk 1's stage is closer to the loss the lower r is.
+      steady     (F0, B0, W0, F1, B1, W1) until the forwards run out: one microbatch in, one out, per chunk.
+      cool-down  r pairs (B0, B1) with their W's postponed, p-r pairs (B0, W0), then the postponed W's of
+                 chunk 1 and of chunk 0: the W's fill the time the B's of the rising side wait.
+    In flight (forward done, W not yet): 2p chunk activations on every rank, each half a stage of 1F1B's, so
+    1F1B's peak (p stage activations); at T_F = T_B = T_W no rank idles between its first and its last compute."""
+    m = n_microbatches
+    stages = (rank_stage(rank, 0, p, "v"), rank_stage(rank, 1, p, "v"))
+    done = {(op, c): 0 for op in "FBW" for c in (0, 1)}
+    out: list[Action] = []
+
+    def nxt(op: str, c: int) -> None:
+        k = done[(op, c)]
+        before = {"F": m, "B": done[("F", c)], "W": done[("B", c)]}[op]
+        if k < before:
+            out.append(Action(op, k, c, stages[c]))
+            done[(op, c)] = k + 1
+
+    for _ in range(2 * (p - rank) - 1):
+        nxt("F", 0)
+    for _ in range(rank):
+        nxt("F", 1), nxt("F", 0)
+    for _ in range(p - rank):
+        nxt("F", 1), nxt("B", 1), nxt("W", 1)
+    while done[("F", 0)] < m or done[("F", 1)] < m:
+        for op, c in (("F", 0), ("B", 0), ("W", 0), ("F", 1), ("B", 1), ("W", 1)):
+            nxt(op, c)
+    for _ in range(rank):
+        nxt("B", 0), nxt("B", 1)
+    for _ in range(p - rank):
+        nxt("B", 0), nxt("W", 0)
+    while done[("W", 1)] < m or done[("W", 0)] < m:
+        nxt("W", 1) if done[("W", 1)] < done[("B", 1)] else nxt("W", 0)
+    return out
+
+
+def _dualpipe_v(p: int, n_microbatches: int, rank: int) -> list[Action]:
+    """DualPipeV on rank r (DeepSeek's DualPipe cut in half into a V, Sea AI Lab's "cut-in-half"; the same V
+    placement as ZB-V). Its unit is the F&B slot: the forward of one chunk overlapped with the whole backward
+    (B and W) of the other chunk, marked by an overlapped F (`Action.overlapped`) followed by its B. A B is split
+    (its W later, oldest first) only where a W is there to fill a wait. The phases, for rank r:
+      1  2(p-r-1) forwards of chunk 0                           the microbatches that start the V
+      2  r+1 pairs (F0, F1)                                    the first ones turn at rank p-1 and come back
+      3  p-r-1 triples (B1 split, the oldest W, F1)            the backward reaches rank r: zero-bubble fill
+      4  m-2p+r+1 rounds of the slots (F0 & B1), (F1 & B0)     the steady state, two F&B slots a round (rank
+                                                               p-1's first (F0, B1) not overlapped: its B1 waits
+                                                               on that F0, through chunk 1's forward)
+      5  p-r-1 rounds of B1, then the slot (F1 & B0)           the forwards run out on chunk 0
+      6  r+1 pairs (B1, B0), split from the middle one on      the tail: from here the W's can wait
+      7  p-r-1 rounds of (the oldest W, B0 split)
+      8  the r+1 W's left
+    In flight: 2p+1 chunk activations on rank 0, DualPipe's PP+1 with PP = 2p stages."""
+    m = n_microbatches
+    stages = (rank_stage(rank, 0, p, "v"), rank_stage(rank, 1, p, "v"))
+    count = {(op, c): 0 for op in "FB" for c in (0, 1)}
+    waiting: list[tuple[int, int]] = []  # (mb, chunk) of the split B's whose W has not run, oldest first
+    out: list[Action] = []
+
+    def fwd(c: int, overlap: bool = False) -> None:
+        out.append(Action("F", count[("F", c)], c, stages[c], OVERLAP if overlap else ""))
+        count[("F", c)] += 1
+
+    def bwd(c: int, split: bool = False) -> None:
+        mb = count[("B", c)]
+        out.append(Action("B", mb, c, stages[c]))
+        count[("B", c)] += 1
+        if split:
+            waiting.append((mb, c))
+
+    def weight() -> None:
+        if waiting:
+            mb, c = waiting.pop(0)
+            out.append(Action("W", mb, c, stages[c]))
+
+    for _ in range(2 * (p - rank - 1)):
+        fwd(0)
+    for _ in range(rank + 1):
+        fwd(0), fwd(1)
+    for _ in range(p - rank - 1):
+        bwd(1, split=True), weight(), fwd(1)
+    for i in range(m - 2 * p + rank + 1):
+        if i == 0 and rank == p - 1:
+            fwd(0), bwd(1)
+        else:
+            fwd(0, overlap=True), bwd(1)
+        fwd(1, overlap=True), bwd(0)
+    for _ in range(p - rank - 1):
+        bwd(1), fwd(1, overlap=True), bwd(0)
+    split = False
+    for i in range(rank + 1):
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 1)
+        bwd(1, split)
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 0)
+        bwd(0, split)
+    for _ in range(p - rank - 1):
+        weight(), bwd(0, split=True)
+    for _ in range(rank + 1):
+        weight()
+    if waiting or any(count[k] != m for k in count):
+        raise ScheduleError(f"dualpipev on rank {rank} of p={p}, m={m} left actions out: {count}, W's {waiting}")
     return out
 
 
@@ -396,10 +603,16 @@ def _dependencies(a: Action, n_stages: int) -> list[tuple[str, int, int]]:
 
 
 def logical_times(
-    orders: list[list[Action]], n_stages: int, cost_f: float = 1.0, cost_b: float = 2.0, cost_w: float = 0.0
+    orders: list[list[Action]],
+    n_stages: int,
+    cost_f: float = 1.0,
+    cost_b: float = 2.0,
+    cost_w: float = 0.0,
+    cost_fb: float | None = None,
 ):
     """Start and end of every compute action when each rank runs its order as soon as the data is there
-    (communication free; costs as `compute_cost`). Returns {(op, mb, stage): (start, end)}; raises ScheduleError
+    (communication free; costs as `compute_cost`; an overlapped F&B pair is one slot of `slot_cost`, both its
+    actions given the slot's start and end). Returns {(op, mb, stage): (start, end)}; raises ScheduleError
     if some action's data never arrives (the compute orders themselves deadlock)."""
     done: dict[tuple[str, int, int], tuple[float, float]] = {}
     deferred = [deferred_weights(order) for order in orders]
@@ -411,14 +624,19 @@ def logical_times(
         for r, order in enumerate(orders):
             while pos[r] < len(order):
                 a = order[pos[r]]
-                deps = _dependencies(a, n_stages)
+                slot = [a, overlap_partner(order, pos[r], r)] if a.overlapped else [a]
+                deps = [d for x in slot for d in _dependencies(x, n_stages)]
                 if any(d not in done for d in deps):
                     break
                 start = max([clock[r]] + [done[d][1] for d in deps])
-                end = start + compute_cost(a, deferred[r], cost_f, cost_b, cost_w)
-                done[(a.op, a.mb, a.stage)] = (start, end)
-                clock[r] = end
-                pos[r] += 1
+                if a.overlapped:
+                    cost = slot_cost(a, slot[1], deferred[r], cost_f, cost_b, cost_w, cost_fb)
+                else:
+                    cost = compute_cost(a, deferred[r], cost_f, cost_b, cost_w)
+                for x in slot:  # an overlapped pair: both start together and end together
+                    done[(x.op, x.mb, x.stage)] = (start, start + cost)
+                clock[r] = start + cost
+                pos[r] += len(slot)
                 progress = True
     stuck = {r: str(order[pos[r]]) for r, order in enumerate(orders) if pos[r] < len(order)}
     if stuck:
@@ -426,27 +644,32 @@ def logical_times(
     return done
 
 
-def _link(from_stage: int, to_stage: int, p: int) -> int:
+def _link(from_stage: int, to_stage: int, ranks: tuple[int, ...]) -> int:
     """The link a message crosses, numbered by the rank on its forward-direction sending side: stage boundary
-    (k, k+1) is link k % p, joining rank k % p to rank (k+1) % p."""
-    return min(from_stage, to_stage) % p
+    (k, k+1) is link ranks[k] (in the loop placement k % p, joining rank k % p to rank (k+1) % p)."""
+    return ranks[min(from_stage, to_stage)]
 
 
-def _messages_out(a: Action, p: int, n_stages: int) -> list[Action]:
-    """The send a compute issues: a forward's activation to the next stage, a backward's gradient to the previous."""
-    if a.op == "F" and a.stage < n_stages - 1:
-        return [Action("send", a.mb, a.chunk, a.stage, "act", (a.stage + 1) % p)]
-    if a.op == "B" and a.stage > 0:
-        return [Action("send", a.mb, a.chunk, a.stage, "grad", (a.stage - 1) % p)]
+def _messages_out(a: Action, ranks: tuple[int, ...]) -> list[Action]:
+    """The send a compute issues: a forward's activation to the next stage, a backward's gradient to the previous
+    -- none where that stage is on the same rank (the V's turn, stages p-1 and p on rank p-1: handed over in
+    memory)."""
+    me = ranks[a.stage]
+    if a.op == "F" and a.stage < len(ranks) - 1 and ranks[a.stage + 1] != me:
+        return [Action("send", a.mb, a.chunk, a.stage, "act", ranks[a.stage + 1])]
+    if a.op == "B" and a.stage > 0 and ranks[a.stage - 1] != me:
+        return [Action("send", a.mb, a.chunk, a.stage, "grad", ranks[a.stage - 1])]
     return []
 
 
-def _messages_in(a: Action, p: int, n_stages: int) -> list[Action]:
-    """The receive a compute needs first: its input activation, or its output's gradient."""
-    if a.op == "F" and a.stage > 0:
-        return [Action("recv", a.mb, a.chunk, a.stage, "act", (a.stage - 1) % p)]
-    if a.op == "B" and a.stage < n_stages - 1:
-        return [Action("recv", a.mb, a.chunk, a.stage, "grad", (a.stage + 1) % p)]
+def _messages_in(a: Action, ranks: tuple[int, ...]) -> list[Action]:
+    """The receive a compute needs first: its input activation, or its output's gradient (none from its own
+    rank)."""
+    me = ranks[a.stage]
+    if a.op == "F" and a.stage > 0 and ranks[a.stage - 1] != me:
+        return [Action("recv", a.mb, a.chunk, a.stage, "act", ranks[a.stage - 1])]
+    if a.op == "B" and a.stage < len(ranks) - 1 and ranks[a.stage + 1] != me:
+        return [Action("recv", a.mb, a.chunk, a.stage, "grad", ranks[a.stage + 1])]
     return []
 
 
@@ -454,13 +677,13 @@ class _ExchangeTimes:
     """When each message can be exchanged: the first moment tau, between its producer's end and its consumer's
     start, when neither end is in the middle of a compute (so a blocking send waits for nobody)."""
 
-    def __init__(self, orders: list[list[Action]], times: dict, p: int, n_stages: int):
+    def __init__(self, orders: list[list[Action]], times: dict, ranks: tuple[int, ...]):
         self.spans = [[times[(a.op, a.mb, a.stage)] for a in order] for order in orders]
         self.starts = [[start for start, _ in rank_spans] for rank_spans in self.spans]
         self.consumer_start = {}  # message -> (receiving rank, start of the compute that needs it)
         for r, order in enumerate(orders):
             for a in order:
-                for rv in _messages_in(a, p, n_stages):
+                for rv in _messages_in(a, ranks):
                     self.consumer_start[rv.message()] = (r, times[(a.op, a.mb, a.stage)][0])
 
     def free(self, r: int, t: float) -> bool:
@@ -477,11 +700,11 @@ class _ExchangeTimes:
         return next((t for t in sorted(points) if self.free(sender, t) and self.free(receiver, t)), produced)
 
 
-def _message_key(tau: float, msg, p: int) -> tuple:
+def _message_key(tau: float, msg, ranks: tuple[int, ...]) -> tuple:
     """The global order of the step's messages: by exchange time, then even links before odd ones, activations
     before gradients, then microbatch and sender."""
     what, mb, src, dst = msg
-    link = _link(src, dst, p)
+    link = _link(src, dst, ranks)
     return (tau, 0, link % 2, link, 0 if what == "act" else 1, mb, src)
 
 
@@ -493,33 +716,37 @@ def place_communication(
     cost_b: float = 2.0,
     policy: str = "ordered",
     cost_w: float = 0.0,
+    placement: str = "loop",
+    cost_fb: float | None = None,
 ):
-    """Insert the sends and receives into each rank's compute order.
+    """Insert the sends and receives into each rank's compute order (stages on ranks as `placement` puts them:
+    `rank_stage`).
 
     policy "ordered": the deadlock-free placement described in the module docstring.
     policy "naive": every receive right before the compute that needs it and every send right after the compute
     that produced it -- the obvious placement, which deadlocks under blocking sends (kept for the book to show).
     Returns (actions per rank, logical times per rank)."""
-    n_stages = p * v
-    times = logical_times(orders, n_stages, cost_f, cost_b, cost_w)
+    n_stages, ranks = p * v, stage_ranks(p, v, placement)
+    times = logical_times(orders, n_stages, cost_f, cost_b, cost_w, cost_fb)
     per_rank_times = [{a: times[(a.op, a.mb, a.stage)] for a in order} for order in orders]
     if policy == "naive":
         placed = [
-            [x for a in order for x in (*_messages_in(a, p, n_stages), a, *_messages_out(a, p, n_stages))]
-            for order in orders
+            [x for a in order for x in (*_messages_in(a, ranks), a, *_messages_out(a, ranks))] for order in orders
         ]
         return placed, per_rank_times
     if policy != "ordered":
         raise ValueError(f"policy must be 'ordered' or 'naive', not {policy!r}")
-    exchange = _ExchangeTimes(orders, times, p, n_stages)
+    exchange = _ExchangeTimes(orders, times, ranks)
     events: list[list[tuple]] = [[] for _ in range(p)]
     for r, order in enumerate(orders):
         for a in order:
             start, end = times[(a.op, a.mb, a.stage)]
-            events[r].append(((start, 1), a))  # a compute sorts after the messages exchanged at its start
-            for snd in _messages_out(a, p, n_stages):
+            # a compute sorts after the messages exchanged at its start (both halves of an overlapped pair start
+            # together: the pair's receives come before its forward, its sends after its B; the sort is stable)
+            events[r].append(((start, 1), a))
+            for snd in _messages_out(a, ranks):
                 msg = snd.message()
-                key = _message_key(exchange(r, end, msg), msg, p)
+                key = _message_key(exchange(r, end, msg), msg, ranks)
                 receiver = exchange.consumer_start[msg][0]
                 events[r].append((key, snd))
                 events[receiver].append((key, Action("recv", msg[1], msg[3] // p, msg[3], msg[0], r)))
@@ -543,6 +770,9 @@ def check_schedule(
         if strict:
             return check_interleaved(p, n_microbatches, v, group_size)
         return _loose_group_size(p, v, group_size)
+    if name in V_SHAPED:
+        _check_v(name, p, n_microbatches, v, group_size)
+        return None
     if v != 1:
         raise ScheduleError(f"{name} runs one chunk per rank (v=1), got v={v}; use 'interleaved' for v > 1")
     if group_size is not None:
@@ -558,6 +788,22 @@ def check_schedule(
             "warm-up with 2p-1 forwards before its first B)"
         )
     return None
+
+
+def _check_v(name: str, p: int, n_microbatches: int, v: int, group_size: int | None) -> None:
+    """The V-shaped schedules' sizes: two chunks per rank, and (`V_MIN_MICROBATCHES`) enough microbatches."""
+    if v != 2:
+        raise ScheduleError(
+            f"{name} runs two chunks per rank in a V (stage r and stage 2p-1-r on rank r): v must be 2, got v={v}"
+        )
+    if group_size is not None:
+        raise ScheduleError(f"group_size applies to the interleaved schedule only, not {name}")
+    least = V_MIN_MICROBATCHES[name](p)
+    if n_microbatches < least:
+        raise ScheduleError(
+            f"{name} needs m >= {V_MIN_MICROBATCHES_TEXT[name]} microbatches: m={n_microbatches}, p={p}, "
+            f"{V_MIN_MICROBATCHES_TEXT[name]}={least} ({V_MIN_MICROBATCHES_WHY[name]})"
+        )
 
 
 def build(
@@ -576,8 +822,10 @@ def build(
     """The schedule `name` (one of ALL_SCHEDULES) for p ranks, m microbatches, v chunks per rank.
 
     cost_f, cost_b, cost_w: the costs the communication is placed with (a B costs cost_b, a W cost_w, a B with no
-    W cost_b + cost_w). Defaults: a backward costs two forwards, all of it in B for the fused schedules
-    (cost_b=2, cost_w=0), half in B and half in W for the zero-bubble ones (cost_b=cost_w=1).
+    W cost_b + cost_w; DualPipeV's overlapped F&B slot its two halves back to back: the order is deadlock-free under
+    any real timing, as the module docstring argues, and `simulate` takes the slot's real cost). Defaults: a
+    backward costs two forwards, all of it in B for the fused schedules (cost_b=2, cost_w=0), half in B and half in
+    W for the zero-bubble ones (cost_b=cost_w=1).
 
     strict=False builds an interleaved schedule that Megatron would reject (m not a multiple of N, a short last
     group): it still runs and is still correct, but its bubble exceeds (p-1)/(v·m) -- which is why Megatron
@@ -587,8 +835,19 @@ def build(
     cost_b = (1.0 if split else 2.0) if cost_b is None else cost_b
     cost_w = (1.0 if split else 0.0) if cost_w is None else cost_w
     orders = [compute_order(name, p, n_microbatches, r, v, group_size, strict=strict) for r in range(p)]
-    actions, times = place_communication(orders, p, v, cost_f, cost_b, policy, cost_w)
-    return Schedule(name, p, n_microbatches, v, actions, group_size, cost_f, cost_b, times, cost_w)
+    placement = placement_of(name)
+    actions, times = place_communication(orders, p, v, cost_f, cost_b, policy, cost_w, placement)
+    return Schedule(name, p, n_microbatches, v, actions, group_size, cost_f, cost_b, times, cost_w, placement)
+
+
+def zb_v(p: int, n_microbatches: int, **kw) -> Schedule:
+    """ZB-V: two chunks per rank in the V placement, no bubble when T_F = T_B = T_W, 1F1B's peak memory."""
+    return build("zb-v", p, n_microbatches, 2, **kw)
+
+
+def dualpipe_v(p: int, n_microbatches: int, **kw) -> Schedule:
+    """DualPipeV: the V placement, overlapped F&B slots in the steady state (`simulate`'s cost_fb: what one costs)."""
+    return build("dualpipev", p, n_microbatches, 2, **kw)
 
 
 def gpipe(p: int, n_microbatches: int, **kw) -> Schedule:

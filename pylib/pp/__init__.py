@@ -3,6 +3,8 @@
 stage_layers(n_layers, pp, v)            # which layers chunk c of rank r holds (Megatron's layout)
 sched = build("1f1b", p, m)              # or gpipe(p, m), one_f_one_b(p, m), interleaved_1f1b(p, m, v)
 sched = build("zb-h1", p, m)             # zero bubble: zb_h1(p, m), zb_h2(p, m): the backward split in B and W
+sched = zb_v(p, m)                       # ZB-V: v=2 chunks in the V (stage r and 2p-1-r on rank r), sched.ranks
+sched = dualpipe_v(p, m)                 # DualPipeV: the V with overlapped F&B slots (an F marked "&", then its B)
 sched[r]                                 # rank r's plain list of Actions: F / B / W / send / recv
 simulate(sched)                          # run the lists against each other: deadlocks, timeline
 bubble(timeline), peak_in_flight(timeline)
@@ -32,14 +34,18 @@ from pylib.plan.schedules import (
     check_interleaved,
     compute_order,
     deferred_weights,
+    dualpipe_v,
     gpipe,
     interleaved_1f1b,
     interleaved_table,
     one_f_one_b,
     place_communication,
+    rank_stage,
+    stage_ranks,
     warmup_forwards,
     zb_h1,
     zb_h2,
+    zb_v,
 )
 
 from .backward import WeightGrad, backward_input
@@ -83,6 +89,7 @@ __all__ = [
     "check_split",
     "compute_order",
     "deferred_weights",
+    "dualpipe_v",
     "gpipe",
     "idle_intervals",
     "interleaved_1f1b",
@@ -94,6 +101,8 @@ __all__ = [
     "peak_in_flight",
     "pipeline_device",
     "place_communication",
+    "rank_stage",
+    "stage_ranks",
     "rank_chunks",
     "replay",
     "run_pipeline",
@@ -105,4 +114,5 @@ __all__ = [
     "warmup_forwards",
     "zb_h1",
     "zb_h2",
+    "zb_v",
 ]

@@ -172,6 +172,7 @@ def run_pipeline(
         targets,
         m=schedule.m,
         n_stages=schedule.p * schedule.v,
+        ranks=schedule.ranks,
         shape_of=boundary.shape_of,
         dtype=dtype,
         device=device,
@@ -207,7 +208,7 @@ def _check_run(schedule: Schedule, chunks, g, inputs, targets) -> None:
     me = g.rank
     if me == 0 and (inputs is None or len(inputs) != m):
         raise ValueError(f"rank {me} holds the first stage and needs m={m} microbatch inputs")
-    if me == (p * v - 1) % p and (targets is None or len(targets) != m):
+    if me == schedule.rank_of(p * v - 1) and (targets is None or len(targets) != m):
         raise ValueError(f"rank {me} holds the last stage and needs m={m} microbatch targets")
 
 
@@ -222,6 +223,7 @@ class RankStep:
     targets: Sequence | None
     m: int
     n_stages: int
+    ranks: tuple[int, ...]  # ranks[k]: the rank holding stage k (the schedule's placement)
     shape_of: Callable[[int, int], tuple]
     dtype: torch.dtype
     device: torch.device
@@ -249,6 +251,8 @@ class RankStep:
 
     def forward(self, a: Action) -> None:
         key, chunk = (a.mb, a.chunk), self.chunks[a.chunk]
+        if a.stage > 0 and self.ranks[a.stage - 1] == self.g.rank:  # the V's turn: the previous stage is here
+            self.stage_in[key] = self.stage_out[(a.mb, (a.stage - 1) // self.g.size)].detach().requires_grad_()
         x = self.inputs[a.mb] if a.stage == 0 else self.stage_in[key]
         with self.rec.forward(key, self.excluded[a.chunk]):
             if a.stage == self.n_stages - 1:
@@ -268,7 +272,12 @@ class RankStep:
     def backward(self, a: Action) -> None:
         key = (a.mb, a.chunk)
         y = self.stage_out.pop(key)
-        dy = None if a.stage == self.n_stages - 1 else self.grad_out.pop(key)
+        if a.stage == self.n_stages - 1:
+            dy = None
+        elif self.ranks[a.stage + 1] == self.g.rank:  # the V's turn: the next stage's B ran here
+            dy = self.grad_in.pop((a.mb, (a.stage + 1) // self.g.size))
+        else:
+            dy = self.grad_out.pop(key)
         if key in self.deferred:  # B: the input gradient only; W comes later
             x = self.stage_in.pop(key) if a.stage > 0 else None
             dx, self.weight_grads[key] = backward_input(y, dy, x, self.excluded[a.chunk])
@@ -322,6 +331,6 @@ class RankStep:
                 f"{sorted(self.stage_in)}, gradients {sorted(self.grad_out)} / {sorted(self.grad_in)}, weight "
                 f"gradients {sorted(self.weight_grads)}): some forward has no backward, W or send"
             )
-        if self.g.rank != (self.n_stages - 1) % self.g.size:
+        if self.g.rank != self.ranks[-1]:
             return []
         return torch.stack([self.losses[i] for i in range(self.m)]).tolist()  # one device-to-host read a step

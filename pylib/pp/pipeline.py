@@ -3,6 +3,7 @@
 Inside a launched rank:
 
     pipe = PipelineParallel(build_model(cfg), group=mesh.pp, v=2)      # keeps only this rank's chunks
+    pipe = PipelineParallel(model, group=mesh.pp, v=2, placement="v")   # the V (zb-v): stage r and 2p-1-r
     run = pipe.step(ids, targets, schedule="interleaved", n_microbatches=4)
     opt = torch.optim.SGD(pipe.parameters(), lr=0.1); opt.step()
     dict(pipe.named_parameters())          # reference names: "layers.3.mlp.up_proj.weight", ...
@@ -32,12 +33,12 @@ def _cached_schedule(name: str, p: int, n_microbatches: int, v: int, group_size:
 class PipelineParallel:
     """This rank's v chunks of the reference model on the pp group `group` (p = group size)."""
 
-    def __init__(self, model: Transformer, group=None, *, v: int = 1):
+    def __init__(self, model: Transformer, group=None, *, v: int = 1, placement: str = "loop"):
         g = C.resolve_group(group)
-        self.group, self.p, self.rank, self.v = g, g.size, g.rank, v
+        self.group, self.p, self.rank, self.v, self.placement = g, g.size, g.rank, v, placement
         self.cfg = model.cfg
-        self.chunks = rank_chunks(model, g.rank, g.size, v)
-        self._specs = shard_specs(model, g.rank, g.size, v)
+        self.chunks = rank_chunks(model, g.rank, g.size, v, placement=placement)
+        self._specs = shard_specs(model, g.rank, g.size, v, placement=placement)
 
     def parameters(self):
         return [p for chunk in self.chunks for p in chunk.parameters()]
@@ -67,6 +68,11 @@ class PipelineParallel:
         accumulate in .grad. Extra keywords go to `run_pipeline` (scale_loss, blocking_sends, recorder)."""
         m = n_microbatches
         sched = _cached_schedule(schedule, self.p, m, self.v, group_size)
+        if sched.placement != self.placement:
+            raise ValueError(
+                f"schedule {schedule!r} places its stages {sched.placement!r} but this rank's chunks were cut for "
+                f"{self.placement!r}: build PipelineParallel(model, v={sched.v}, placement={sched.placement!r})"
+            )
         b, s = ids.shape
         return run_pipeline(
             sched,

@@ -28,7 +28,15 @@ from __future__ import annotations
 from collections import deque
 
 from pylib.i18n import tr
-from pylib.plan.schedules import Action, Schedule, ScheduleError, compute_cost, deferred_weights
+from pylib.plan.schedules import (
+    Action,
+    Schedule,
+    ScheduleError,
+    compute_cost,
+    deferred_weights,
+    overlap_partner,
+    slot_cost,
+)
 
 from .timeline import Event
 
@@ -50,12 +58,17 @@ def simulate(
     cost_comm: float = 0.0,
     sends: str = "rendezvous",
     cost_w: float = 0.0,
+    cost_fb: float | None = None,
 ) -> list[Event]:
-    """Execute the per-rank action lists against each other; return the timeline (sorted by rank, then time)."""
+    """Execute the per-rank action lists against each other; return the timeline (sorted by rank, then time).
+
+    cost_fb: what an overlapped F&B slot (DualPipeV) costs; None: its forward and its B back to back. The slot's
+    two events split its time in proportion to their own costs (a drawing convention: on a GPU they overlap); its
+    outputs are sent after the whole slot."""
     if sends not in SEMANTICS:
         raise ValueError(f"sends must be one of {SEMANTICS}, not {sends!r}")
     lists = list(schedule.actions if isinstance(schedule, Schedule) else schedule)
-    sim = _Simulation(lists, cost_f, cost_b, cost_comm, sends, cost_w)
+    sim = _Simulation(lists, cost_f, cost_b, cost_comm, sends, cost_w, cost_fb)
     while True:
         moved = [sim.advance(r) for r in range(sim.p)]  # each rank in turn, as far as it can go
         if not any(moved):  # a whole round in which nobody moved: done, or deadlocked
@@ -67,10 +80,18 @@ class _Simulation:
     received, and (eager sends) the messages waiting in each link."""
 
     def __init__(
-        self, lists: list[list[Action]], cost_f: float, cost_b: float, cost_comm: float, sends: str, cost_w: float
+        self,
+        lists: list[list[Action]],
+        cost_f: float,
+        cost_b: float,
+        cost_comm: float,
+        sends: str,
+        cost_w: float,
+        cost_fb: float | None = None,
     ):
         self.lists, self.sends = lists, sends
         self.cost_f, self.cost_b, self.cost_w, self.cost_comm = cost_f, cost_b, cost_w, cost_comm
+        self.cost_fb = cost_fb
         self.deferred = [deferred_weights(lst) for lst in lists]
         self.p = p = len(lists)
         self.pos = [0] * p
@@ -80,6 +101,9 @@ class _Simulation:
         self.received: list[set] = [set() for _ in range(p)]  # (what, mb, chunk) arrived at rank r
         self.in_link: dict[tuple[int, int], deque] = {}  # eager: (src, dst) -> [(send action, arrival time)]
         self.last_stage = max((a.stage for lst in lists for a in lst), default=0)
+        # where each stage lives, read off the computes: (rank, chunk); a neighbour stage on the same rank (the
+        # V's turn) hands its tensor over in memory, with no message
+        self.home = {a.stage: (r, a.chunk) for r, lst in enumerate(lists) for a in lst if a.is_compute}
 
     def advance(self, r: int) -> bool:
         """Move rank r as far as it can go now; True if it moved at all."""
@@ -94,12 +118,32 @@ class _Simulation:
         return moved
 
     def compute(self, r: int, a: Action) -> None:
+        if a.overlapped:
+            return self.slot(r, a)
         self.check_compute(r, a)
         start = self.clock[r]
         self.clock[r] += compute_cost(a, self.deferred[r], self.cost_f, self.cost_b, self.cost_w)
         self.computed[r].add((a.op, a.mb, a.chunk))
         self.log(r, a, start, self.clock[r])
         self.pos[r] += 1
+
+    def slot(self, r: int, f: Action) -> None:
+        """An overlapped F&B: the forward and the B right after it in the list, one slot of `slot_cost`."""
+        i = self.pos[r]
+        b = overlap_partner(self.lists[r], i, r)
+        if self.lists[r][i + 1] is not b:
+            raise ScheduleError(f"rank {r}: {self.lists[r][i + 1]} comes between {f} and {b}, which share one slot")
+        self.check_compute(r, f)
+        self.check_compute(r, b)
+        d = self.deferred[r]
+        total = slot_cost(f, b, d, self.cost_f, self.cost_b, self.cost_w, self.cost_fb)
+        own_f, own_b = self.cost_f, compute_cost(b, d, self.cost_f, self.cost_b, self.cost_w)
+        start, mid = self.clock[r], self.clock[r] + total * own_f / (own_f + own_b)
+        self.clock[r] = start + total
+        for a, t0, t1 in ((f, start, mid), (b, mid, self.clock[r])):
+            self.computed[r].add((a.op, a.mb, a.chunk))
+            self.log(r, a, t0, t1)
+        self.pos[r] += 2
 
     def communicate(self, r: int, a: Action) -> bool:
         """Rank r at a send or receive: complete it if the semantics allow now; False if r must wait."""
@@ -156,7 +200,7 @@ class _Simulation:
         if (a.op, a.mb, a.chunk) in self.computed[r]:
             raise ScheduleError(f"rank {r}: {a} runs twice")
         if a.op == "F":
-            if a.stage > 0 and ("act", a.mb, a.chunk) not in self.received[r]:
+            if a.stage > 0 and not self.arrived(r, "act", a.mb, a.chunk, a.stage - 1, "F"):
                 raise ScheduleError(f"rank {r}: {a} runs before its input activation was received")
             return
         if a.op == "W":
@@ -165,8 +209,15 @@ class _Simulation:
             return
         if ("F", a.mb, a.chunk) not in self.computed[r]:
             raise ScheduleError(f"rank {r}: {a} runs before its forward")
-        if a.stage < self.last_stage and ("grad", a.mb, a.chunk) not in self.received[r]:
+        if a.stage < self.last_stage and not self.arrived(r, "grad", a.mb, a.chunk, a.stage + 1, "B"):
             raise ScheduleError(f"rank {r}: {a} runs before its output gradient was received")
+
+    def arrived(self, r: int, what: str, mb: int, chunk: int, neighbour: int, op: str) -> bool:
+        """The input of (mb, chunk) from stage `neighbour` is on rank r: received, or computed there (op)."""
+        home = self.home.get(neighbour)
+        if home is not None and home[0] == r:
+            return (op, mb, home[1]) in self.computed[r]
+        return (what, mb, chunk) in self.received[r]
 
     def check_send(self, r: int, a: Action) -> None:
         if ("F" if a.what == "act" else "B", a.mb, a.chunk) not in self.computed[r]:

@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pylib.plan.recompute import Recompute, as_recompute, check_recompute
+from pylib.plan.schedules import rank_stage
 from pylib.plan.split import check_split, layers_of_stage, stage_layers, virtual_stage
 
 from ..model import Transformer
@@ -42,6 +43,7 @@ __all__ = [
     "mark_tied_embedding",
     "tied_weights",
     "check_split",
+    "check_v_split",
     "layers_of_stage",
     "lm_loss",
     "rank_chunks",
@@ -216,31 +218,55 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(flat, targets.reshape(-1))
 
 
-def split_model(model: Transformer, pp: int, v: int = 1, recompute=Recompute()) -> list[list[PipelineChunk]]:
-    """chunks[r][c]: the module for chunk c of rank r (virtual stage c·pp + r), copied from the full model.
-    recompute: as `PipelineChunk.from_full`."""
-    check_split(model.cfg.n_layers, pp, v)
-    return [
-        [PipelineChunk.from_full(model, virtual_stage(r, c, pp), pp * v, recompute) for c in range(v)]
-        for r in range(pp)
-    ]
-
-
-def rank_chunks(model: Transformer, rank: int, pp: int, v: int = 1, recompute=Recompute()) -> list[PipelineChunk]:
-    """This rank's chunks only (what a launched rank keeps), in chunk order. recompute: as
+def split_model(
+    model: Transformer, pp: int, v: int = 1, recompute=Recompute(), *, placement: str = "loop"
+) -> list[list[PipelineChunk]]:
+    """chunks[r][c]: the module for chunk c of rank r (virtual stage c·pp + r; in the V placement stage r or
+    2pp-1-r: `pylib.plan.schedules.rank_stage`), copied from the full model. recompute: as
     `PipelineChunk.from_full`."""
-    check_split(model.cfg.n_layers, pp, v)
+    return [rank_chunks(model, r, pp, v, recompute, placement=placement) for r in range(pp)]
+
+
+def rank_chunks(
+    model: Transformer, rank: int, pp: int, v: int = 1, recompute=Recompute(), *, placement: str = "loop"
+) -> list[PipelineChunk]:
+    """This rank's chunks only (what a launched rank keeps), in chunk order. recompute: as
+    `PipelineChunk.from_full`; placement: "loop" or "v" (`pylib.plan.schedules.rank_stage`)."""
+    check_v_split(model.cfg.n_layers, pp, v, placement)
+    if placement == "v" and model.cfg.tie_embeddings:
+        raise ValueError(
+            "tie_embeddings=True with the V placement: the embedding (stage 0) and the LM head (stage 2p-1) are "
+            "both on rank 0, in chunks 0 and 1, so their gradients would be summed inside rank 0, not over the "
+            "embedding group of the first and last rank (`embedding_group`); not supported: untie them"
+        )
     if not 0 <= rank < pp:
         raise ValueError(f"rank={rank} is outside 0..{pp - 1}")
-    return [PipelineChunk.from_full(model, virtual_stage(rank, c, pp), pp * v, recompute) for c in range(v)]
+    return [PipelineChunk.from_full(model, rank_stage(rank, c, pp, placement), pp * v, recompute) for c in range(v)]
 
 
-def shard_specs(model: Transformer, rank: int, pp: int, v: int = 1) -> list[ShardSpec]:
+def check_v_split(n_layers: int, pp: int, v: int, placement: str) -> None:
+    """`check_split`, and for the V placement its own conditions named: two chunks per rank, L / 2pp layers each
+    (so L even, and a multiple of 2pp)."""
+    if placement == "v":
+        if v != 2:
+            raise ValueError(
+                f"the V placement holds two chunks per rank (stage r and stage 2p-1-r): v must be 2, got v={v}"
+            )
+        if n_layers % (2 * pp):
+            raise ValueError(
+                f"the V cuts n_layers={n_layers} into 2p = {2 * pp} stages of equal size (chunk 0 = stage r, "
+                f"chunk 1 = stage {2 * pp}-1-r on rank r): n_layers must be a multiple of {2 * pp}"
+                + (" (an odd layer count cannot be cut into the V's two halves)" if n_layers % 2 else "")
+            )
+    check_split(n_layers, pp, v)
+
+
+def shard_specs(model: Transformer, rank: int, pp: int, v: int = 1, *, placement: str = "loop") -> list[ShardSpec]:
     """How `rank` holds the reference weights under pp (and v chunks): whole tensors of its stages, none of the
     others. Every spec has axis "pp", dim None (a stage holds a parameter entirely) and kind "stage"."""
     out = []
     full = dict(model.named_parameters())
-    for c, chunk in enumerate(rank_chunks(model, rank, pp, v)):
+    for c, chunk in enumerate(rank_chunks(model, rank, pp, v, placement=placement)):
         for name, p in chunk.named_parameters():
             out.append(
                 ShardSpec(

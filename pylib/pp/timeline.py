@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from pylib.plan.schedules import Action, logical_times
+from pylib.plan.schedules import Action, compute_cost, deferred_weights, logical_times
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,8 @@ class Event:
     @classmethod
     def of(cls, rank: int, a, start: float, end: float) -> Event:
         """The interval rank `rank` spent on action `a` (a `pylib.plan.schedules.Action`)."""
-        comm = a.is_comm
-        return cls(rank, a.op, a.mb, a.chunk, a.stage, start, end, a.what if comm else "", a.peer if comm else None)
+        comm = a.is_comm  # a compute's `what` is "" or "&" (a forward overlapped with the next B: DualPipe's F&B)
+        return cls(rank, a.op, a.mb, a.chunk, a.stage, start, end, a.what, a.peer if comm else None)
 
     @property
     def duration(self) -> float:
@@ -133,20 +133,34 @@ def idle_intervals(timeline, rank: int) -> list[tuple[float, float]]:
     return gaps
 
 
-def replay(timeline, cost_f: float = 1.0, cost_b: float = 2.0, cost_w: float = 0.0) -> list[Event]:
+def replay(
+    timeline, cost_f: float = 1.0, cost_b: float = 2.0, cost_w: float = 0.0, cost_fb: float | None = None
+) -> list[Event]:
     """Re-time a recorded run in logical units: each rank's forwards and backwards in the order it actually ran
-    them, a forward costing `cost_f` and a backward `cost_b` (a B `cost_b` and a W `cost_w` where split), each
+    them, a forward costing `cost_f` and a backward `cost_b` (a B `cost_b` and a W `cost_w` where split, an F&B
+    slot `cost_fb`), each
     starting as soon as its rank is free and its input exists (messages free). Wall-clock noise drops out; the
     order the executor really followed stays, so the bubble of the replay is the schedule's own."""
     compute = [e for e in as_events(timeline) if e.is_compute]
     ranks = sorted({e.rank for e in compute})
     orders = [
         [
-            Action(e.kind, e.mb, e.chunk, e.stage)
+            Action(e.kind, e.mb, e.chunk, e.stage, e.what)
             for e in sorted((e for e in compute if e.rank == r), key=lambda e: e.start)
         ]
         for r in ranks
     ]
     n_stages = max(e.stage for e in compute) + 1
-    times = logical_times(orders, n_stages, cost_f, cost_b, cost_w)
-    return [Event.of(r, a, *times[(a.op, a.mb, a.stage)]) for r, order in zip(ranks, orders) for a in order]
+    times = logical_times(orders, n_stages, cost_f, cost_b, cost_w, cost_fb)
+    out = []
+    for r, order in zip(ranks, orders):
+        deferred = deferred_weights(order)
+        for i, a in enumerate(order):
+            start, end = times[(a.op, a.mb, a.stage)]
+            if a.overlapped or (i and order[i - 1].overlapped):  # an F&B slot: drawn as `simulate` draws it
+                f, b = (a, order[i + 1]) if a.overlapped else (order[i - 1], a)
+                own_b = compute_cost(b, deferred, cost_f, cost_b, cost_w)
+                mid = start + (end - start) * cost_f / (cost_f + own_b)
+                start, end = (start, mid) if a is f else (mid, end)
+            out.append(Event.of(r, a, start, end))
+    return out

@@ -464,7 +464,7 @@ def agree_pipeline(g, schedule, dtype: torch.dtype, shape_of) -> None:
     if g.size == 1 or not checks_each_step():
         return
     name, m, v = schedule.name, schedule.m, schedule.v
-    p, n_stages = g.size, g.size * v
+    n_stages = g.size * v
     table = [tuple(shape_of(mb, k)) for k in range(1, n_stages) for mb in range(m)]
     device = _small_device(g)
     if _hashes_agree(g, _hash63(repr((name, m, v, schedule.p, _dtype_code(dtype), table))), device):
@@ -484,7 +484,7 @@ def agree_pipeline(g, schedule, dtype: torch.dtype, shape_of) -> None:
     shapes = _gather_rows(g, flat, device)
     per = width + 1
     for i, (k, mb) in enumerate((k, mb) for k in range(1, n_stages) for mb in range(m)):
-        sender, receiver = (k - 1) % p, k % p
+        sender, receiver = schedule.rank_of(k - 1), schedule.rank_of(k)
         seen = [tuple(shapes[r][i * per + 1 : i * per + 1 + shapes[r][i * per]]) for r in (sender, receiver)]
         if seen[0] != seen[1]:
             raise ValueError(

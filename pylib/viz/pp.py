@@ -68,6 +68,7 @@ def plot_timeline(
     # a label is drawn only where it fits: about 0.6 of the font size per character, in data units
     per_char = 0.6 * small / 72 * (xlim[1] - xlim[0]) / (ax.get_position().width * fig.get_figwidth())
     _draw_compute(ax, compute, n_chunks, per_char, small)
+    slots = _draw_slots(ax, compute)
     split = any(e.kind == "W" for e in compute)
     if shade_bubble:
         _draw_idle(ax, events, ranks)
@@ -87,6 +88,8 @@ def plot_timeline(
     ax.tick_params(labelsize=style.legible_pt(fig, 9))
     ax.xaxis.label.set_fontsize(style.legible_pt(fig, 9))
     handles = _timeline_legend(n_chunks, shade_bubble, show_comm, split)
+    if slots:
+        handles.append(Patch(facecolor="none", edgecolor=style.INK, linewidth=1.2, label=tr("F&B slot")))
     ncol = len(handles) if len(handles) <= 4 else (len(handles) + 1) // 2
     legend_pt = style.legible_pt(fig, 8)
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=ncol, fontsize=legend_pt)
@@ -119,6 +122,24 @@ def _draw_compute(ax, compute, n_chunks: int, per_char: float, fontsize: float) 
         if label is not None:
             ink = style.ink_on(color)
             ax.text(e.start + e.duration / 2, y, label, ha="center", va="center", fontsize=fontsize, color=ink)
+
+
+def _draw_slots(ax, compute) -> int:
+    """A frame round each overlapped F&B slot (DualPipe's pair: a forward marked "&" and the B after it, one slot
+    on a GPU, back to back here); returns how many were drawn."""
+    drawn = 0
+    for r in sorted({e.rank for e in compute}):
+        mine = sorted((e for e in compute if e.rank == r), key=lambda e: e.start)
+        for e, nxt in zip(mine, mine[1:]):
+            if e.what == "&":
+                frame = Rectangle(
+                    (e.start, -r - BAR / 2 - 0.04), nxt.end - e.start, BAR + 0.08, fill=False, linewidth=1.2
+                )
+                frame.set_edgecolor(style.INK)
+                frame.set_gid("slot")
+                ax.add_patch(frame)
+                drawn += 1
+    return drawn
 
 
 def _draw_idle(ax, events, ranks) -> None:

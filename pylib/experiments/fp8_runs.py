@@ -1,0 +1,217 @@
+"""FP8 recipes measured: the error of each GEMM against fp32, and a loss-parity run against bf16.
+
+    gemm_errors()     per recipe, per outlier size, the relative error of fprop, dgrad and wgrad of one linear with
+                      a real model's contraction lengths (Llama-2-7B's MLP up projection: h = 4096, h_ffn = 11008)
+    loss_parity()     the FP8 test model trained `steps` steps in bf16 and under each recipe, same seed and data
+    held_bytes()      inside a launched rank: what a rank holds after one step under each recipe and ZeRO stage
+
+Both are deterministic (fixed seeds, one thread) and take a few seconds on this CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from pylib.dp import micro_batch, wrap
+from pylib.dp.mixed import SingleDeviceMixed
+from pylib.i18n import editions
+from pylib.model import batches, build_model
+from pylib.model.fp8 import fp8_layers, fp8_mm, quantize_operand, relative_error
+from pylib.plan.config import ModelConfig
+from pylib.plan.options import FP8_RECIPES, Fp8Recipe, MixedPrecision
+from pylib.plan.presets import PRESETS
+
+GEMMS = ("fprop", "dgrad", "wgrad")
+OUTLIERS = (1.0, 100.0, 1e4, 1e5)  # how much larger the outlier channels of the activation are
+N_OUTLIER_CHANNELS = 4
+
+
+@contextlib.contextmanager
+def one_thread():
+    """One torch thread: the same sums in the same order on every machine, and torch._scaled_mm's CPU kernel without
+    its per-call thread start (about 50 ms on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def fp8_test_model() -> ModelConfig:
+    """The reference model at the smallest widths every recipe divides: h = 128 (one blockwise tile), h_ffn = 256,
+    V = 128, one layer of 4 heads, GELU; trained on 4 x 32 = 128 tokens a step (one tile along wgrad's K)."""
+    return ModelConfig(vocab_size=128, d_model=128, n_layers=1, n_heads=4, d_ff=256, dtype="float32")
+
+
+def _operands(h: int, h_ffn: int, tokens: int, columns: int, outlier: float, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, h, generator=g)
+    x[:, :N_OUTLIER_CHANNELS] *= outlier  # a few channels far larger, as LLM activations have (LLM.int8, 2022)
+    # the weight's entries are independent draws: its first `columns` rows (for fprop) and columns (for dgrad) alone
+    w_rows = torch.randn(columns, h, generator=g) * h**-0.5  # rows of unit norm on average
+    w_cols = torch.randn(h_ffn, columns, generator=g) * h**-0.5
+    dy = torch.randn(tokens, h_ffn, generator=g) * 1e-4  # gradients: small
+    return x, w_rows, w_cols, dy
+
+
+def _delayed_scale(recipe: Fp8Recipe, previous: torch.Tensor, role: str) -> torch.Tensor:
+    """The scale delayed scaling would use: from the amax of the same operand one step earlier (a history of one)."""
+    top = torch.finfo(torch.float8_e5m2 if role == "grad_output" and recipe.fmt == "hybrid" else torch.float8_e4m3fn)
+    return previous.abs().amax().float() * 2.0**recipe.margin / top.max
+
+
+def gemm_errors(
+    preset: str = "llama2_7b",
+    tokens: int = 256,
+    columns: int = 256,
+    outliers: tuple[float, ...] = OUTLIERS,
+    recipes: tuple[str, ...] = FP8_RECIPES,
+    seed: int = 0,
+    widths: tuple[int, int] | None = None,
+) -> list[dict]:
+    """One row per (recipe, outlier): the relative error (Frobenius, against the fp32 product of the unquantized
+    operands) of the three GEMMs of the preset's MLP up projection W [h_ffn, h], and of the ordinary channels alone.
+
+    Each GEMM keeps its real contraction length (fprop h, dgrad h_ffn, wgrad `tokens`) and computes `columns` of its
+    outputs: an output's error depends on its own dot product, so a slice of outputs has the full GEMM's statistics
+    at a fraction of the cost. "ordinary": the fprop error of the activation's other channels' contribution
+    (X[:, 4:] W[:, 4:]^T), where per-tensor scaling pays for the outliers. Delayed scaling takes its scale from the
+    same operands one step earlier (another draw with the same outlier channels)."""
+    cfg = PRESETS[preset]()
+    h, h_ffn = (cfg.d_model, cfg.d_ff) if widths is None else widths  # widths: (h, h_ffn) of a smaller check
+    rows = []
+    with one_thread():
+        for outlier in outliers:
+            x, w_rows, w_cols, dy = _operands(h, h_ffn, tokens, columns, outlier, seed)
+            before = _operands(h, h_ffn, tokens, columns, outlier, seed + 1)
+            for name in recipes:
+                recipe = Fp8Recipe(name)
+
+                def q(t, role, prev=None, recipe=recipe):
+                    scale = _delayed_scale(recipe, prev, role) if recipe.recipe == "delayed" else None
+                    return quantize_operand(t, recipe, role, scale=scale)
+
+                qx = q(x, "input", before[0])
+                fprop = fp8_mm(qx, q(w_rows, "weight", before[1]), "emulated")
+                dgrad = fp8_mm(q(dy, "grad_output", before[3]), q(w_cols.t(), "weight", before[2].t()), "emulated")
+                wgrad = fp8_mm(
+                    q(dy[:, :columns].t(), "grad_output", before[3][:, :columns].t()),
+                    q(x[:, :columns].t(), "input", before[0][:, :columns].t()),
+                    "emulated",
+                )
+                k = N_OUTLIER_CHANNELS
+                ordinary = qx.dequantize()[:, k:] @ w_rows[:, k:].t()
+                rows.append(
+                    dict(
+                        recipe=name,
+                        outlier=outlier,
+                        fprop=relative_error(fprop, x @ w_rows.t()),
+                        dgrad=relative_error(dgrad, dy @ w_cols),
+                        wgrad=relative_error(wgrad, dy[:, :columns].t() @ x[:, :columns]),
+                        ordinary=relative_error(ordinary, x[:, k:] @ w_rows[:, k:].t()),
+                        shapes=dict(h=h, h_ffn=h_ffn, tokens=tokens, columns=columns),
+                    )
+                )
+    return rows
+
+
+@editions.shared  # the book's two editions train once (pylib.i18n.editions)
+def loss_parity(
+    steps: int = 20,
+    recipes: tuple[str, ...] = FP8_RECIPES,
+    batch: int = 4,
+    seq: int = 32,
+    lr: float = 3e-3,
+    path: str = "scaled_mm",
+    seed: int = 0,
+) -> dict:
+    """`fp8_test_model` trained `steps` steps from the same weights on the same batches ("pattern" data, which a model
+    can learn) in bf16 mixed precision (fp32 master weights, Adam, fp32 gradient reduction) and under each FP8
+    recipe on top of it. Returns {"bf16": [loss per step], recipe: [...], ..., "fp32": [...]}: fp32 is the
+    same model trained without mixed precision, the gap bf16 itself has (the floor an FP8 gap is read against)."""
+    cfg = fp8_test_model()
+    out = {}
+    with one_thread():
+        runs = [("fp32", None), ("bf16", MixedPrecision(grad_reduce="float32"))]
+        runs += [(r, MixedPrecision(grad_reduce="float32", fp8=Fp8Recipe(r))) for r in recipes]
+        for name, precision in runs:
+            torch.manual_seed(seed)
+            model = build_model(cfg)
+            if precision is None:
+                optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+
+                def step(ids, targets, model=model, optimizer=optimizer):
+                    loss = model.loss(ids, targets)
+                    loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    return float(loss.detach())
+            else:
+                trainer = SingleDeviceMixed(model, precision, parts=1, lr=lr)
+                for layer in fp8_layers(model):
+                    layer.path = path
+                step = trainer.train_step
+            out[name] = [step(*batches(cfg, batch, seq, s, data="pattern", seed=seed)) for s in range(steps)]
+    return out
+
+
+def held_bytes(runs: list[tuple[str | None, str]], batch: int = 4, seq: int = 32, lr: float = 3e-3) -> list[dict]:
+    """Inside a launched rank: for each (recipe or None for bf16, ZeRO stage name), `fp8_test_model` wrapped by
+    `pylib.dp.wrap` in bf16 mixed precision with fp32 gradients plus the recipe, one step on this rank's share of
+    batch 0; returns what the rank then holds: `trainer.memory()`'s params, grads and optim bytes, "fp8" the FP8
+    weight copies, scales and amax histories of its Fp8Linear layers, and what the formulas need (parameter count,
+    padded count, the FP8 weights' shapes)."""
+    cfg = fp8_test_model()
+    rank, d = dist.get_rank(), dist.get_world_size()
+    out = []
+    with one_thread():
+        for recipe, stage in runs:
+            precision = MixedPrecision(grad_reduce="float32", fp8=None if recipe is None else Fp8Recipe(recipe))
+            model = build_model(cfg)
+            n_params = sum(p.numel() for p in model.parameters())
+            trainer = wrap(model, stage, precision=precision, lr=lr)
+            for m in fp8_layers(model):
+                m.cache_weights = stage != "zero3"  # ZeRO-3 frees the FP8 copies with the gathered unit
+            ids, targets = batches(cfg, batch * d, seq, 0, data="pattern")
+            ids, targets = micro_batch(ids, rank, d), micro_batch(targets, rank, d)
+            trainer.scale_loss(model.loss(ids, targets)).backward()
+            trainer.finish_gradient_sync()
+            trainer.step()
+            held = {k: v for k, v in trainer.memory().as_dict().items() if k in ("params", "grads", "optim")}
+            layers = fp8_layers(model)
+            held["fp8"] = sum(t.numel() * t.element_size() for m in layers for t in m.fp8_state_tensors())
+            out.append(
+                dict(
+                    recipe=recipe or "bf16",
+                    stage=stage,
+                    held=held,
+                    n_params=n_params,
+                    padded=sum(lay.padded_numel for lay in trainer.layouts),
+                    shapes=[(m.out_features, m.in_features) for m in layers],
+                    precision=precision,
+                )
+            )
+            trainer.zero_grad()
+    return out
+
+
+def loss_gaps(losses: dict) -> dict[str, float]:
+    """For each run but bf16: the largest |loss - bf16 loss| / bf16 loss over the steps."""
+    base = losses["bf16"]
+    return {k: max(abs(a - b) / b for a, b in zip(v, base)) for k, v in losses.items() if k != "bf16"}
+
+
+__all__ = [
+    "GEMMS",
+    "OUTLIERS",
+    "fp8_test_model",
+    "gemm_errors",
+    "held_bytes",
+    "loss_gaps",
+    "loss_parity",
+    "one_thread",
+]
