@@ -8,7 +8,8 @@
 # and, for CI after `make book`:
 #   make site-test   the built site in a real browser (chromium), plus its link and label checks
 #   make hub-test    a chapter's launch link followed on a local JupyterHub, the chapter and a lab run there
-.PHONY: test book clean vendor site-test hub-setup hub-test
+#   make nbgrader-test  two labs exported to nbgrader, released and autograded by nbgrader (its own venv)
+.PHONY: test book clean vendor site-test hub-setup hub-test nbgrader-setup nbgrader-test
 
 VENV   := .venv
 STAMP  := $(VENV)/.installed
@@ -106,3 +107,17 @@ hub-test: hub-setup
 
 clean:
 	rm -rf _build labs/_runs .pytest_cache .ruff_cache .hypothesis
+
+# --- The labs as an nbgrader course (pylib/labs/nbgrader.py, tests/test_course_nbgrader.py) -------------------------
+# nbgrader lives in its own venv (.venv-nbgrader, from requirements-nbgrader.txt): it brings JupyterLab, a notebook
+# server and a database layer that the labs' install does not need. The kernel that grades is .venv's (torch, pylib).
+NBG_VENV  := .venv-nbgrader
+NBG_STAMP := $(NBG_VENV)/.installed
+$(NBG_VENV)/bin/python:
+	$(PYTHON) -m venv $(NBG_VENV)
+$(NBG_STAMP): requirements-nbgrader.txt | $(NBG_VENV)/bin/python
+	$(NBG_VENV)/bin/python -m pip install --no-compile -r requirements-nbgrader.txt
+	touch $@
+nbgrader-setup: $(NBG_STAMP)
+nbgrader-test: $(STAMP) nbgrader-setup
+	NBGRADER_VENV=$(CURDIR)/$(NBG_VENV) python -m pytest tests/test_course_nbgrader.py -p no:cacheprovider -s --durations=0

@@ -21,7 +21,7 @@ import nbformat
 import pytest
 import torch
 
-from pylib.labs.files import find_labs
+from pylib.labs.files import Lab, find_labs
 from pylib.labs.notebook import EXERCISE_NUMBER, tags
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,7 +196,7 @@ def test_report_json_has_the_documented_shape(runs):
             assert set(c) >= check_keys
             assert c["status"] in ("passed", "failed", "blocked") and c["kind"] in ("check", "step")
             assert isinstance(c["seconds"], float)
-            cells = nbformat.read(lab["path"], as_version=4).cells  # solution mode ran the source lab
+            cells = Lab(Path(lab["path"])).read().cells  # solution mode ran the solved lab (solutions put back)
             assert isinstance(c["cell"], int) and 0 <= c["cell"] < len(cells)
             assert c["first_line"] and c["first_line"] in cells[c["cell"]].source
     html = (runs["solution"]["out_dir"] / "report.html").read_text()

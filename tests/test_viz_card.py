@@ -64,6 +64,13 @@ def public_figure_functions() -> set[str]:
 # ------------------------------------------------------------------------------------------------ inputs
 
 
+def _lab_times():
+    from pylib.labs.course import read_times
+    from pylib.viz.lab_times import plot_times
+
+    return plot_times(read_times())
+
+
 def _cp_rank():
     from pylib.cp import RingStats, ring_attention, shard_sequence
     from pylib.runtime import trace
@@ -312,6 +319,7 @@ CASES = {
     ),
     "compose.plot_rank_report": lambda runs: compose.plot_rank_report(_report_rows(), unit="B"),
     "planner.fig_plan_frontier": lambda runs: _plan_frontier(),
+    "lab_times.plot_times": lambda runs: _lab_times(),  # book/labs/instructor.md, from the committed labs/times.json
     "checkpoint.plot_resharding": lambda runs: ckpt.plot_resharding(
         {r: {"model": 5120 + 256 * r, "exp_avg": 5632, "exp_avg_sq": 5632} for r in range(8)},
         {b: {a: 1024 * (1 + (a + b) % 3) for a in range(8) if (a + b) % 4} for b in range(8)},

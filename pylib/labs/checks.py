@@ -119,10 +119,13 @@ def begin(report: str | Path | None = None) -> None:
     os.environ["PYLIB_LANG"] = language()  # the ranks `launch` spawns speak the notebook's language too
     if _state.report is not None:
         import platform
+        from importlib.metadata import PackageNotFoundError, version
 
-        import torch
-
-        head = dict(kind="begin", python=platform.python_version(), torch=torch.__version__, cuda_gpus=gpu_count())
+        try:
+            torch_version = version("torch")  # without importing it: a notebook that needs no torch starts fast
+        except PackageNotFoundError:
+            torch_version = None
+        head = dict(kind="begin", python=platform.python_version(), torch=torch_version, cuda_gpus=gpu_count())
         _state.report.parent.mkdir(parents=True, exist_ok=True)
         _state.report.write_text(json.dumps(head) + "\n")
 
@@ -152,7 +155,12 @@ def assert_close(got, want, what: str = "value", *, atol: float = 1e-12, rtol: f
 
 
 def gpu_count() -> int:
-    """CUDA devices visible to this process (0 without torch's CUDA build)."""
+    """CUDA devices visible to this process (0 without torch's CUDA build). On a machine with no GPU device node
+    (/dev/nvidia0, ROCm's /dev/kfd) it is 0 without importing torch, which takes seconds."""
+    import glob
+
+    if "torch" not in sys.modules and not glob.glob("/dev/nvidia[0-9]*") and not glob.glob("/dev/kfd"):
+        return 0
     try:
         import torch
 
@@ -193,7 +201,9 @@ def _cell() -> int | None:
 def explain(exc: BaseException) -> tuple[str, str, int | None]:
     """(message, detail, rank) for a failure: a short message for the ✗ line, the full text for the report, and the
     rank that failed first when the failure came from inside `pylib.runtime.launch`."""
-    from pylib.runtime.launch import LaunchTimeout, RankFailedError
+    launch = sys.modules.get("pylib.runtime.launch")  # not imported: no rank ran, and importing it imports torch
+    RankFailedError = getattr(launch, "RankFailedError", ())  # noqa: N806 - the class, or () which matches nothing
+    LaunchTimeout = getattr(launch, "LaunchTimeout", ())  # noqa: N806
 
     if isinstance(exc, RankFailedError):
         first = exc.failures[0] if exc.failures else {}
@@ -311,6 +321,16 @@ def step(name: str, fn, *, needs=None):
 def results() -> list[dict]:
     """Every check recorded since `begin`, in the order first run."""
     return list(_state.records.values())
+
+
+def cell_points(points: float) -> float:
+    """`points` times the share of the running cell's checks that passed, blocked ones left out (a check that needs
+    a GPU the grader lacks earns and costs nothing); 0 when none of them could run. The value of an nbgrader
+    autograder test cell's last line is its partial credit (`python -m pylib.labs nbgrader`)."""
+    here = [r for r in _state.records.values() if r["execution_count"] == _cell() and r["status"] != BLOCKED]
+    if not here:
+        return 0.0
+    return round(points * sum(r["status"] == PASSED for r in here) / len(here), 3)
 
 
 def summary() -> dict:

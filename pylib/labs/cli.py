@@ -1,4 +1,4 @@
-"""The command line: `python -m pylib.labs run|learner|list|lint|new`.
+"""The command line: `python -m pylib.labs run|learner|list|lint|new|split|i18n`.
 
     python -m pylib.labs run --all                       # every lab, solved, on this machine (what `make book` runs)
     python -m pylib.labs run 00 01 --learner             # the learner versions (their checks must fail)
@@ -7,6 +7,11 @@
     python -m pylib.labs list                            # labs, their parameters and exercises
     python -m pylib.labs lint                            # check every lab's format (--strip clears outputs)
     python -m pylib.labs new labs/08_my_topic.ipynb      # a skeleton lab in the format
+    python -m pylib.labs nbgrader course/                # an nbgrader course: source/<lab>/<lab>.ipynb + config
+    python -m pylib.labs grade submitted/ --out gradebook   # every student's notebooks: gradebook.csv and .html
+    python -m pylib.labs times                           # labs/times.json from the last run --all (and --learner)
+    python -m pylib.labs learner /tmp/solved --solved    # the solved labs, to edit in Jupyter; then
+    python -m pylib.labs split /tmp/solved/03_*.ipynb    # store them back: learner notebook + labs/solutions/*.json
     python -m pylib.labs run 00 --lang zh                # the lab in Chinese: instructions and messages
     python -m pylib.labs run 00 --profile traces         # every launch under torch.profiler: traces/<lab>/launch<k>/
     python -m pylib.labs learner /srv/course/zh --lang zh   # the learner versions with Chinese instructions
@@ -30,7 +35,7 @@ from pathlib import Path
 from pylib.i18n import normalise, set_language, tr
 
 from . import interrupts
-from .files import default_labs_dir, find_labs, select_labs
+from .files import check_readable, default_labs_dir, find_labs, select_labs
 from .notebook import (
     EXERCISE_NUMBER,
     lab_problems,
@@ -145,6 +150,26 @@ def _parser() -> argparse.ArgumentParser:
     lint.add_argument("labs", nargs="*", help="labs to check (default: all)")
     lint.add_argument("--strip", action="store_true", help="first clear outputs and execution counts in place")
 
+    grader = sub.add_parser("nbgrader", parents=[common], help="the labs as nbgrader source notebooks")
+    grader.add_argument("out", type=Path, help="course folder: OUT/source/<lab>/<lab>.ipynb, OUT/nbgrader_config.py")
+    grader.add_argument("labs", nargs="*", help="labs to export (default: all)")
+    grader.add_argument("--timeout", type=int, default=300, help="nbgrader's per-cell timeout in seconds (300)")
+
+    grade = sub.add_parser("grade", help="run many students' notebooks; write gradebook.csv and gradebook.html")
+    grade.add_argument("submissions", type=Path, help="SUBMISSIONS/<student>/**/NN_name.ipynb")
+    grade.add_argument("--out", type=Path, default=Path("gradebook"), help="where the gradebook goes (./gradebook)")
+    grade.add_argument(
+        "--timeout", type=positive_seconds, default=300.0, help="seconds per notebook, from its first cell (300)"
+    )
+
+    times = sub.add_parser("times", parents=[common], help="record each lab's measured seconds in labs/times.json")
+    times.add_argument("--runs", type=Path, default=None, help="where run --all wrote (default: labs/_runs)")
+
+    split = sub.add_parser(
+        "split", parents=[common], help="store solved labs in the labs folder: learner notebook + solutions file"
+    )
+    split.add_argument("solved", nargs="+", type=Path, help="solved NN_name.ipynb files (e.g. from `learner --solved`)")
+
     new = sub.add_parser("new", help="write a skeleton lab")
     new.add_argument("path", type=Path, help="labs/NN_name.ipynb")
     return p
@@ -155,25 +180,6 @@ def _labs(args, names):
     for lab in labs:
         check_readable(lab.path)
     return labs
-
-
-def check_readable(path: Path) -> None:
-    """Raise ValueError naming `path` unless it is a JSON file that nbformat reads and validates as a notebook."""
-    import json
-
-    import nbformat
-
-    try:
-        nb = nbformat.read(path, as_version=4)
-        nbformat.validate(nb)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not a notebook: not JSON ({exc.msg} at line {exc.lineno})") from None
-    except Exception as exc:  # noqa: BLE001 - nbformat raises jsonschema's, its own and KeyError/TypeError
-        text = str(exc).strip()
-        reason = getattr(exc, "message", None) or (text.splitlines()[0] if text else type(exc).__name__)
-        raise ValueError(f"{path}: not a valid notebook: {reason}") from None
 
 
 def check_writable(folder: Path) -> None:
@@ -286,13 +292,51 @@ def _lint(args) -> int:
     bad = 0
     for lab in _labs(args, args.labs):
         if args.strip:
-            nbformat.write(strip_outputs(lab.read()), lab.path)
+            nbformat.write(strip_outputs(lab.read_stored()), lab.path)
         problems = lab_problems(lab.path)
         bad += bool(problems)
         print(f"{'✗' if problems else '✓'} {lab.name}")
         for problem in problems:
             print(f"    {problem}")
     return 1 if bad else 0
+
+
+def _times(args) -> int:
+    """labs/times.json from the last `run --all` and `run --all --learner` (their report.json files)."""
+    import json
+
+    from .course import record_times, times_path
+
+    runs = Path(args.runs or Path(args.labs_dir or default_labs_dir()) / "_runs")
+    try:
+        reports = [json.loads((runs / mode / "report.json").read_text()) for mode in ("solution", "learner")]
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{runs}: run --all and run --all --learner first ({exc})") from None
+    path = times_path(args.labs_dir)
+    path.write_text(json.dumps(record_times(*reports), indent=1) + "\n")
+    print(path)
+    return 0
+
+
+def _split(args) -> int:
+    """Each solved notebook becomes labs/NN_name.ipynb (the learner version) and labs/solutions/NN_name.json."""
+    import nbformat
+
+    from . import solutions
+    from .files import LAB_NAME
+
+    labs_dir = Path(args.labs_dir or default_labs_dir())
+    for path in args.solved:
+        check_readable(path)
+        if not LAB_NAME.match(path.name):
+            raise ValueError(f"{path.name}: a lab is named NN_name.ipynb (two digits, lower-case words)")
+        learner, sol = solutions.split(strip_outputs(nbformat.read(path, as_version=4)), path.stem)
+        if not sol["cells"]:
+            raise ValueError(f"{path}: no cell tagged 'solution' (split takes the solved lab)")
+        nbformat.write(learner, labs_dir / path.name)
+        print(labs_dir / path.name)
+        print(solutions.write(solutions.path_for(labs_dir / path.name), sol))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -317,6 +361,33 @@ def main(argv: list[str] | None = None) -> int:
             return i18n_main(args)
         if args.command == "lint":
             return _lint(args)
+        if args.command == "nbgrader":
+            from .nbgrader import export
+
+            for path in export(_labs(args, args.labs), args.out, timeout=args.timeout):
+                print(path)
+            return 0
+        if args.command == "grade":
+            from .gradebook import grade
+
+            check_writable(args.out)
+            rows = grade(args.submissions, args.out, timeout=args.timeout)
+            passed = sum(r["status"] == "passed" for r in rows)
+            csv_path, html_path = args.out / "gradebook.csv", args.out / "gradebook.html"
+            print(
+                tr(
+                    "{passed} of {n} notebook(s) passed; gradebook: {csv} and {html}",
+                    passed=passed,
+                    n=len(rows),
+                    csv=csv_path,
+                    html=html_path,
+                )
+            )
+            return 0
+        if args.command == "times":
+            return _times(args)
+        if args.command == "split":
+            return _split(args)
         print(new_lab(args.path))
         return 0
     except (ValueError, FileExistsError) as exc:

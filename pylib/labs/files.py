@@ -3,7 +3,9 @@
     find_labs(labs_dir=None)            # every lab in the folder (the repository's labs/ by default), in name order
     select_labs(["00", "collectives"])  # by path, full name, number or name without number
 
-The format of what is inside a lab (tags, parameters, exercises) is `pylib.labs.notebook`'s; its translation
+A lab in the repository is stored as its learner version plus its solutions (`pylib.labs.solutions`); `Lab.read()`
+gives the solved lab, `Lab.read_stored()` the file. The format of what is inside a lab (tags, parameters,
+exercises) is `pylib.labs.notebook`'s; its translation
 `pylib.labs.i18n`'s. Both find labs here.
 """
 
@@ -32,6 +34,18 @@ class Lab:
         return self.path.stem
 
     def read(self) -> nbformat.NotebookNode:
+        """The solved lab: the stored notebook with its solutions (labs/solutions/<name>.json) put back when that file
+        exists (see pylib.labs.solutions), else the stored notebook as it is (a learner's copy, a solved notebook)."""
+        from . import solutions
+
+        stored = self.read_stored()
+        sol_path = solutions.path_for(self.path)
+        if not sol_path.exists():
+            return stored
+        return solutions.solved(stored, solutions.read(sol_path), str(self.path))
+
+    def read_stored(self) -> nbformat.NotebookNode:
+        """The notebook as stored on disk (in labs/: the learner version, without solutions)."""
         return nbformat.read(self.path, as_version=4)
 
 
@@ -69,3 +83,20 @@ def select_labs(names: list[str], labs_dir: Path | None = None) -> list[Lab]:
         if hits[0] not in chosen:
             chosen.append(hits[0])
     return chosen
+
+
+def check_readable(path: Path) -> None:
+    """Raise ValueError naming `path` unless it is a JSON file that nbformat reads and validates as a notebook."""
+    import json
+
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not a notebook: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except Exception as exc:  # noqa: BLE001 - nbformat raises jsonschema's, its own and KeyError/TypeError
+        text = str(exc).strip()
+        reason = getattr(exc, "message", None) or (text.splitlines()[0] if text else type(exc).__name__)
+        raise ValueError(f"{path}: not a valid notebook: {reason}") from None

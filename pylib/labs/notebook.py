@@ -27,6 +27,8 @@ from pylib.i18n import normalise
 
 from .files import LAB_NAME, Lab
 from .i18n import translated
+from .solutions import LEARNER_LINE, path_for, split, sync_problems
+from .solutions import write as write_solutions
 
 REQUIRED_PARAMETERS = ("world_size", "backend", "device", "solution", "checks_report")
 EXERCISE_NUMBER = re.compile(r"ExerciseNotDone\(\s*(\d+)")
@@ -169,9 +171,10 @@ def lab_problems(path: Path) -> list[str]:
     if not LAB_NAME.match(path.name):
         problems.append(f"{path.name}: a lab is named NN_name.ipynb (two digits, lower-case words)")
     try:
-        nb = nbformat.read(path, as_version=4)
+        nb = Lab(path).read()  # the solved lab: with its solutions file put back, when it has one
     except Exception as exc:  # noqa: BLE001 - report any unreadable notebook as a problem
         return problems + [f"cannot read the notebook: {exc}"]
+    problems += sync_problems(path)
     try:
         nbformat.validate(nb)
     except nbformat.ValidationError as exc:
@@ -201,12 +204,7 @@ def learner_version(nb) -> nbformat.NotebookNode:
     nb.cells = [c for c in nb.cells if "solution" not in tags(c)]
     i = parameters_cell(nb)
     if i is not None:
-        nb.cells[i].source = re.sub(
-            r"^solution\s*=.*$",
-            "solution = False  # the learner version: complete the exercise cells",
-            nb.cells[i].source,
-            flags=re.M,
-        )
+        nb.cells[i].source = re.sub(r"^solution\s*=.*$", LEARNER_LINE, nb.cells[i].source, flags=re.M)
     nb.metadata["pylib_lab"] = {"version": "learner"}
     return nb
 
@@ -282,7 +280,8 @@ _TEMPLATE = [
 
 
 def new_lab(path: Path) -> Path:
-    """Write a skeleton lab (parameters, setup, one exercise with its solution, a check, the summary) to `path`."""
+    """Write a skeleton lab (parameters, setup, one exercise with its solution, a check, the summary) to `path`, stored
+    as the labs are: the learner notebook at `path`, its solution in solutions/<name>.json beside it."""
     path = Path(path)
     m = LAB_NAME.match(path.name)
     if m is None:
@@ -300,5 +299,9 @@ def new_lab(path: Path) -> Path:
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
     path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, path)
+    learner, sol = split(nb, path.stem)
+    if path_for(path).exists():
+        raise FileExistsError(f"{path_for(path)} exists; pick another name")
+    nbformat.write(learner, path)
+    write_solutions(path_for(path), sol)
     return path

@@ -245,13 +245,27 @@ def kernel_arguments(lab: Lab, profile_dir: Path | None = None) -> list[str]:
 
 
 def _execute(
-    lab: Lab, prep: _Prepared, timeout: float, progress: bool, kernel_args: list[str]
+    lab: Lab,
+    prep: _Prepared,
+    timeout: float,
+    progress: bool,
+    cells_only: bool = False,
+    kernel_args: list[str] | None = None,
 ) -> tuple[str, dict | None]:
-    """Run the notebook with papermill under one deadline; (status, error) with error None when every cell ran."""
+    """Run the notebook with papermill under one deadline; (status, error) with error None when every cell ran.
+    `cells_only`: the deadline starts with the first cell (the kernel's start has its own 60 s), so a limit of a few
+    seconds bounds what the notebook's code does, whatever the machine's load does to a kernel's start.
+    kernel_args: the kernel's command-line arguments (`kernel_arguments`)."""
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
-    deadline = time.monotonic() + timeout
+    clock = {"deadline": time.monotonic() + (60.0 if cells_only else timeout), "started": not cells_only}
+
+    def seconds_left(cell) -> int:
+        if not clock["started"]:
+            clock["deadline"], clock["started"] = time.monotonic() + timeout, True
+        return max(1, int(clock["deadline"] - time.monotonic() + 0.999))
+
     bar = {"desc": lab.name, "position": 1, "leave": False, "unit": "cell"} if progress else False
     with _kernel_environment():
         try:
@@ -262,11 +276,11 @@ def _execute(
                 kernel_name="python3",
                 progress_bar=bar,
                 cwd=str(lab.path.parent),
-                start_timeout=max(1, int(min(60.0, timeout) + 0.999)),
+                start_timeout=60 if cells_only else max(1, int(min(60.0, timeout) + 0.999)),
                 kernel_manager_class=CurrentPythonKernelManager,
-                timeout_func=lambda cell: max(1, int(deadline - time.monotonic() + 0.999)),
+                timeout_func=seconds_left,
                 shutdown_kernel="immediate",
-                extra_arguments=kernel_args,
+                extra_arguments=kernel_args if kernel_args is not None else kernel_arguments(lab),
             )
         except PapermillExecutionError as exc:
             return "failed", dict(
@@ -276,7 +290,7 @@ def _execute(
                 traceback=strip_ansi("\n".join(exc.traceback)),
             )
         except Exception as exc:  # noqa: BLE001 - a timeout, a dead kernel, a kernel that never started
-            timed_out = isinstance(exc, TimeoutError) or time.monotonic() >= deadline
+            timed_out = isinstance(exc, TimeoutError) or time.monotonic() >= clock["deadline"]
             what = f"the lab ran past its timeout of {timeout:g} s" if timed_out else f"{type(exc).__name__}: {exc}"
             error = dict(
                 ename="Timeout" if timed_out else type(exc).__name__, evalue=what, traceback=strip_ansi(str(exc))
@@ -339,15 +353,17 @@ def run_lab(
     out_dir: Path,
     timeout: float = 300.0,
     progress: bool = False,
+    cells_only: bool = False,
     profile_dir: Path | None = None,
 ) -> dict:
-    """Execute one lab; return its report entry (see pylib.labs.report for the shape). profile_dir: run every
-    launch of the lab under torch.profiler, launch k's traces in profile_dir/<lab>/launch{k}
-    (`pylib.runtime.profile_launches`, set in the lab's kernel before its first cell)."""
+    """Execute one lab; return its report entry (see pylib.labs.report for the shape). `cells_only`: the timeout
+    counts from the first cell (see _execute). profile_dir: run every launch of the lab under torch.profiler, launch
+    k's traces in profile_dir/<lab>/launch{k} (`pylib.runtime.profile_launches`, set in the lab's kernel before its
+    first cell)."""
     prep = _prepare(lab, mode, overrides, out_dir)
     start = time.monotonic()
     try:
-        status, error = _execute(lab, prep, timeout, progress, kernel_arguments(lab, profile_dir))
+        status, error = _execute(lab, prep, timeout, progress, cells_only, kernel_arguments(lab, profile_dir))
     except (KeyboardInterrupt, Interrupted) as exc:
         stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
         _stop_kernels()

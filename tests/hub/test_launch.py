@@ -1,7 +1,8 @@
 """A reader's launch, end to end, on a real local JupyterHub (`make hub-test`): follow a chapter's launch link as the
 site builds it (tools/site/launch_links.py, from _config.yml, with only the hub and the repository replaced by the
 local ones), log in, land in JupyterLab with the chapter open as a notebook and its kernel started by itself, run it
-top to bottom with no error output; then open a lab from the clone, run it and read its checks passing.
+top to bottom with no error output; then open a lab from the clone (the learner version: no solutions), run it and
+read its checks fail with "not done yet".
 
 The tests share one browser page and run in file order: each step starts where the previous one left the reader."""
 
@@ -116,8 +117,9 @@ def _only_imports(source: str) -> bool:
     return bool(body) and all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in body)
 
 
-def _run_all(page, path: str) -> dict:
-    """Run > Run All Cells from the menu, then wait until every code cell ran (or one failed)."""
+def _run_all(page, path: str, last_cell_raises: str | None = None) -> dict:
+    """Run > Run All Cells from the menu, then wait until every code cell ran (or one failed). `last_cell_raises`:
+    the error the last code cell is expected to raise (a learner's lab: summary() raises ChecksFailed)."""
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
     deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -125,9 +127,12 @@ def _run_all(page, path: str) -> dict:
     while time.monotonic() < deadline:
         seen = _current(page)
         code = [c for c in seen["cells"] if c["type"] == "code"]
-        if _errors(seen["cells"]):
+        ran = code and all(c["count"] is not None and not c["running"] for c in code) and seen["status"] == "idle"
+        expected = [f"code cell {len(code) - 1}: {last_cell_raises}: "] if last_cell_raises else []
+        errors = _errors(seen["cells"])
+        if errors and [e[: len(expected[0])] for e in errors] != expected:
             break
-        if code and all(c["count"] is not None and not c["running"] for c in code) and seen["status"] == "idle":
+        if ran and len(errors) == len(expected):
             return seen
         time.sleep(0.5)
     errors = _errors(seen["cells"]) if seen else []
@@ -190,12 +195,19 @@ def test_chapter_runs_top_to_bottom_in_the_hubs_kernel(page, screenshots):
     assert not page.errors, f"JupyterLab raised in the page: {page.errors}"
 
 
-def test_lab_from_the_clone_runs_and_its_checks_pass(page, hub, served_repository, screenshots):
+def test_lab_from_the_clone_is_the_learner_version_and_reports_each_exercise_not_done(
+    page, hub, served_repository, screenshots
+):
+    """What a student launches holds no solution (labs/solutions/ keeps them apart): every cell runs, the checks fail
+    saying "not done yet", and summary() raises ChecksFailed, as the harness's learner run."""
     path = f"{launch_links.clone_folder(served_repository)}/{LAB}"
     t0 = time.monotonic()
     page.goto(f"{hub.url}/user/{USER}/lab/tree/{path}", timeout=OPEN_TIMEOUT_MS)
     _wait_for_document(page, path)
-    seen = _run_all(page, LAB)
+    opened = _current(page)
+    sources = [c["source"] for c in opened["cells"] if c["type"] == "code"]
+    assert not [s for s in sources if s.lstrip().startswith("if solution:")], f"{LAB} opened with its solutions"
+    seen = _run_all(page, LAB, last_cell_raises="ChecksFailed")
     page.screenshot(path=str(screenshots / "3-lab-ran.png"), full_page=True)
     print(f"{LAB} opened and ran in {time.monotonic() - t0:.1f} s")
     text = "\n".join(
@@ -208,5 +220,5 @@ def test_lab_from_the_clone_runs_and_its_checks_pass(page, hub, served_repositor
     tally = CHECKS_LINE.findall(text)
     assert tally, f"{LAB} printed no checks summary:\n{text[-2000:]}"
     total, passed, failed, _ = map(int, tally[-1])
-    assert failed == 0 and passed > 0 and "✗" not in text, f"{LAB}: {tally[-1]}\n{text[-2000:]}"
+    assert failed > 0 and "not done yet" in text, f"{LAB}: {tally[-1]}\n{text[-2000:]}"
     print(f"{LAB}: {total} checks, {passed} passed, {failed} failed")
