@@ -35,12 +35,27 @@ from pylib.pp.simulate import simulate  # noqa: E402
 from pylib.pp.timeline import bubble  # noqa: E402
 from pylib.runtime import ParallelConfig, launch  # noqa: E402
 from pylib.runtime.mesh import AxisGroup  # noqa: E402
+from pylib.runtime.profile import lanes  # noqa: E402
 from pylib.seedcheck.axis_cuts import DIMS, MODES  # noqa: E402
 from pylib.seedcheck.layer_flow import layer_flow  # noqa: E402
 from pylib.viz import checkpoint as ckpt  # noqa: E402
-from pylib.viz import collectives, compose, cp, dp, ep, ep_dispatch, matrix_dims, pp, style, three_axes, tp  # noqa: E402
+from pylib.viz import (  # noqa: E402
+    collectives,
+    compose,
+    cp,
+    dp,
+    ep,
+    ep_dispatch,
+    matrix_dims,
+    pp,
+    profile,
+    style,
+    three_axes,
+    tp,
+)
 from pylib.viz import fp8 as fp8_viz
 from pylib.viz import layer_flow as flow
+from tests.test_profile import merged_example
 from tests.test_viz_ring_overlap import timelines_of_two_steps
 from tests.test_viz_tp_block import example_without_ranks
 
@@ -292,6 +307,7 @@ CASES = {
     "ep_dispatch.plot_dispatcher_bytes": lambda runs: ep_dispatch.plot_dispatcher_bytes(
         [1, 4, 8, 12], {"x": [1, 4, 8, 12], "y": [6, 7, 8, 9]}, {"x": [1, 4, 8, 12], "y": [6, 7, 8, 9]}, 7.0
     ),
+    "profile.plot_profile": lambda runs: profile.plot_profile(*lanes(merged_example())),
     "pp.plot_timeline": lambda runs: pp.plot_timeline(simulate(build("1f1b", 2, 4), cost_comm=0.2), title="1F1B"),
     "pp.plot_schedule": lambda runs: pp.plot_schedule(build("interleaved", 4, 8, 2)),
     "pp.plot_bubble_sweep": lambda runs: pp.plot_bubble_sweep(_bubble_rows()),

@@ -13,6 +13,7 @@
     python -m pylib.labs learner /tmp/solved --solved    # the solved labs, to edit in Jupyter; then
     python -m pylib.labs split /tmp/solved/03_*.ipynb    # store them back: learner notebook + labs/solutions/*.json
     python -m pylib.labs run 00 --lang zh                # the lab in Chinese: instructions and messages
+    python -m pylib.labs run 00 --profile traces         # every launch under torch.profiler: traces/<lab>/launch<k>/
     python -m pylib.labs learner /srv/course/zh --lang zh   # the learner versions with Chinese instructions
     python -m pylib.labs i18n extract|check|todo|fill    # the labs' translation catalogs (see pylib.labs.i18n)
 
@@ -109,6 +110,13 @@ def _parser() -> argparse.ArgumentParser:
         "--timeout", type=positive_seconds, default=300.0, help="seconds per lab, kernel start included (300)"
     )
     run.add_argument("--out", type=Path, default=None, help="executed notebooks and report (default: labs/_runs/MODE)")
+    run.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="run every launch under torch.profiler; traces in DIR/<lab>/launch<k>/ (trace.json: every rank merged)",
+    )
     bars = run.add_mutually_exclusive_group()
     bars.add_argument(
         "--progress",
@@ -219,7 +227,13 @@ def _run(args) -> int:
     try:
         with interrupt_on_sigterm():
             report = run_labs(
-                labs, mode=args.mode, overrides=overrides, out_dir=out, timeout=args.timeout, progress=args.progress
+                labs,
+                mode=args.mode,
+                overrides=overrides,
+                out_dir=out,
+                timeout=args.timeout,
+                progress=args.progress,
+                profile_dir=args.profile,
             )
     except Interrupted as stop:
         report = getattr(stop, "report", None)

@@ -232,12 +232,30 @@ def _prepare(lab: Lab, mode: str, overrides: dict | None, out_dir: Path) -> _Pre
     return _Prepared(ran_nb, checks_file, out_dir / f"{lab.name}.ipynb", params, effective)
 
 
+def kernel_arguments(lab: Lab, profile_dir: Path | None = None) -> list[str]:
+    """The lab kernel's command-line arguments: quiet logs, and with a profile_dir a startup line that profiles every
+    launch of the lab into profile_dir/<lab name> (IPython's exec_lines run before the first cell; the notebook
+    itself, and so the report's cell numbers, stay as they are)."""
+    args = ["--IPKernelApp.log_level=ERROR"]
+    if profile_dir is not None:
+        where = str(Path(profile_dir).resolve() / lab.name)
+        line = f"import pylib.runtime as _r, pylib.runtime.profile as _p; _r.profile_launches(_p.Profile({where!r}))"
+        args.append(f"--IPKernelApp.exec_lines={line}")
+    return args
+
+
 def _execute(
-    lab: Lab, prep: _Prepared, timeout: float, progress: bool, cells_only: bool = False
+    lab: Lab,
+    prep: _Prepared,
+    timeout: float,
+    progress: bool,
+    cells_only: bool = False,
+    kernel_args: list[str] | None = None,
 ) -> tuple[str, dict | None]:
     """Run the notebook with papermill under one deadline; (status, error) with error None when every cell ran.
     `cells_only`: the deadline starts with the first cell (the kernel's start has its own 60 s), so a limit of a few
-    seconds bounds what the notebook's code does, whatever the machine's load does to a kernel's start."""
+    seconds bounds what the notebook's code does, whatever the machine's load does to a kernel's start.
+    kernel_args: the kernel's command-line arguments (`kernel_arguments`)."""
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
 
@@ -262,7 +280,7 @@ def _execute(
                 kernel_manager_class=CurrentPythonKernelManager,
                 timeout_func=seconds_left,
                 shutdown_kernel="immediate",
-                extra_arguments=["--IPKernelApp.log_level=ERROR"],
+                extra_arguments=kernel_args if kernel_args is not None else kernel_arguments(lab),
             )
         except PapermillExecutionError as exc:
             return "failed", dict(
@@ -336,13 +354,16 @@ def run_lab(
     timeout: float = 300.0,
     progress: bool = False,
     cells_only: bool = False,
+    profile_dir: Path | None = None,
 ) -> dict:
     """Execute one lab; return its report entry (see pylib.labs.report for the shape). `cells_only`: the timeout
-    counts from the first cell (see _execute)."""
+    counts from the first cell (see _execute). profile_dir: run every launch of the lab under torch.profiler, launch
+    k's traces in profile_dir/<lab>/launch{k} (`pylib.runtime.profile_launches`, set in the lab's kernel before its
+    first cell)."""
     prep = _prepare(lab, mode, overrides, out_dir)
     start = time.monotonic()
     try:
-        status, error = _execute(lab, prep, timeout, progress, cells_only)
+        status, error = _execute(lab, prep, timeout, progress, cells_only, kernel_arguments(lab, profile_dir))
     except (KeyboardInterrupt, Interrupted) as exc:
         stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
         _stop_kernels()
@@ -539,6 +560,7 @@ def run_labs(
     timeout: float = 300.0,
     progress: bool | None = None,
     echo=print,
+    profile_dir: Path | None = None,
 ) -> dict:
     """Run every lab in order (a progress bar over labs and, inside each, over cells); return the whole report.
 
@@ -546,10 +568,11 @@ def run_labs(
     whatever happens next. On SIGINT or SIGTERM (`Interrupted`; see `interrupt_on_sigterm`) the running lab is
     recorded as *interrupted*, the labs not started are listed, the report is written, and the exception goes on
     to the caller with `.report` set. A lab whose parameters ask for GPUs this machine lacks is *blocked*.
-    progress: None shows bars only when stderr is a terminal. `echo` prints one line per finished lab."""
+    progress: None shows bars only when stderr is a terminal. `echo` prints one line per finished lab. profile_dir:
+    every lab's launches run under torch.profiler, their traces in profile_dir/<lab>/launch{k} (`run_lab`)."""
     run = _Progress(mode, dict(overrides or {}), Path(out_dir), [lab.name for lab in labs])
     try:
-        return _run_each(labs, run, mode, dict(overrides or {}), out_dir, timeout, progress, echo)
+        return _run_each(labs, run, mode, dict(overrides or {}), out_dir, timeout, progress, echo, profile_dir)
     except (KeyboardInterrupt, Interrupted) as exc:  # at any moment: the report says what ran and what did not
         stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
         if stop.result is not None and stop.result not in run.results:
@@ -558,7 +581,7 @@ def run_labs(
         raise stop from None
 
 
-def _run_each(labs, run: _Progress, mode, overrides, out_dir, timeout, progress, echo) -> dict:
+def _run_each(labs, run: _Progress, mode, overrides, out_dir, timeout, progress, echo, profile_dir=None) -> dict:
     from tqdm.auto import tqdm
 
     from .report import lab_line
@@ -576,7 +599,13 @@ def _run_each(labs, run: _Progress, mode, overrides, out_dir, timeout, progress,
                 result = _blocked_result(lab, mode, values, why, out_dir)
             else:
                 result = run_lab(
-                    lab, mode=mode, overrides=per_lab[lab.name], out_dir=out_dir, timeout=timeout, progress=progress
+                    lab,
+                    mode=mode,
+                    overrides=per_lab[lab.name],
+                    out_dir=out_dir,
+                    timeout=timeout,
+                    progress=progress,
+                    profile_dir=profile_dir,
                 )
             run.add(result)
             run.write()

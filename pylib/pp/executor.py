@@ -57,7 +57,7 @@ import torch.nn as nn
 from pylib.plan.schedules import Action, Schedule
 
 from ..runtime import collectives as C
-from ..runtime import tracer
+from ..runtime import profile, tracer
 from ..runtime.agreement import agree_pipeline
 from ..runtime.launch import current_device
 from .backward import backward_input
@@ -184,7 +184,7 @@ def run_pipeline(
     )
     rec.start(g.rank, g, device)
     for a in schedule[g.rank]:
-        with rec.action(a):
+        with profile.action_span(a), rec.action(a):  # a named range only while a profile is recorded
             step.do(a)
     losses = step.finish()  # empty off the last stage
     return PipelineRun(

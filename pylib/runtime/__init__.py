@@ -9,7 +9,7 @@ agreement_check(False)            # inside a rank: stop checking that the ranks 
 
 from . import collectives
 from .agreement import agreement_check
-from .launch import LaunchTimeout, RankFailedError, current_device, launch
+from .launch import LaunchTimeout, RankFailedError, current_device, launch, profile_launches
 from .mesh import AXES, DENSE_GROUPS, EXPERT_GROUPS, AxisGroup, Mesh, ParallelConfig, coordinates, rank_groups
 from .sharding import ShardSpec, require_divisible, shard
 from .tracer import CommEvent, Tracer, phase, tag, trace
@@ -32,6 +32,7 @@ __all__ = [
     "current_device",
     "launch",
     "phase",
+    "profile_launches",
     "rank_groups",
     "require_divisible",
     "shard",

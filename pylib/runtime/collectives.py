@@ -45,8 +45,11 @@ the ops allocate take the device of the tensor they were given.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import threading
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -105,6 +108,43 @@ def _record(op, g: AxisGroup, payload, sent, recv, tensors, t0, peer=None, phase
     )
     tracer.record(ev)
     return ev
+
+
+def _ranged(what: str):
+    """Under a profile (`pylib.runtime.profile`), run the op inside a profiler range named as the tracer names it
+    (`tracer.span_name`: "all_reduce@tp | layers.0.mlp | forward"); with no profile open, call it as it is (the
+    cost: one attribute read). The range covers the op's agreement check and its communication; an async op's
+    ("all_reduce_async", "isend") covers the launch, and its wait gets a range of its own ("wait all_reduce")."""
+
+    def wrap(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def ranged(*args, **kwargs):
+            span = tracer.active_span()
+            if span is None:
+                return fn(*args, **kwargs)
+            given = sig.bind(*args, **kwargs).arguments
+            g = resolve_group(given.get("group"))
+            if g.size == 1:
+                return fn(*args, **kwargs)
+            with span(_span_name(what, g, given.get("phase"), given.get("tag"))):
+                return fn(*args, **kwargs)
+
+        return ranged
+
+    return wrap
+
+
+def _span_name(what: str, g: AxisGroup, phase, tag) -> str:
+    tag = tag if tag is not None else tracer.current_tag()
+    return tracer.span_name(f"{what}@{g.name}", tag, phase or tracer.current_phase())
+
+
+def _wait_span(name):
+    """The profiler range a wait runs in: the name given at launch (None when no profile was open then)."""
+    span = tracer.active_span()
+    return nullcontext() if span is None or name is None else span(name)
 
 
 def _on_rank_device(op: str, *tensors: torch.Tensor) -> None:
@@ -169,6 +209,7 @@ def _check_reduce_op(who: str, op, t: torch.Tensor) -> None:
         )
 
 
+@_ranged("all_reduce")
 def all_reduce_(t: torch.Tensor, group=None, *, op: str = "sum", phase=None, tag=None) -> torch.Tensor:
     """In-place all-reduce (sum, avg, max or min) of `t` over `group`. Payload S = bytes of t; moves 2(n-1)/n*S."""
     g = resolve_group(group)
@@ -189,6 +230,7 @@ def all_reduce_(t: torch.Tensor, group=None, *, op: str = "sum", phase=None, tag
     return t
 
 
+@_ranged("all_gather")
 def all_gather_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=None, tag=None) -> torch.Tensor:
     """Concatenate every rank's `t` along `dim`, in group order. Payload S = output bytes; moves (n-1)/n*S."""
     g = resolve_group(group)
@@ -207,6 +249,7 @@ def all_gather_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=None, 
     return out
 
 
+@_ranged("reduce_scatter")
 def reduce_scatter_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=None, tag=None) -> torch.Tensor:
     """Sum `t` over the group and keep this rank's chunk of `dim`. Payload S = input bytes; moves (n-1)/n*S."""
     g = resolve_group(group)
@@ -225,6 +268,7 @@ def reduce_scatter_tensor(t: torch.Tensor, dim: int = 0, group=None, *, phase=No
     return out
 
 
+@_ranged("all_to_all")
 def all_to_all_tensor(t, scatter_dim: int, gather_dim: int, group=None, *, phase=None, tag=None) -> torch.Tensor:
     """Split `t` into n chunks along scatter_dim, send chunk j to rank j, concatenate what arrives along
     gather_dim (in group order). Moves (n-1)/n of the input out and (n-1)/n of the output in."""
@@ -248,6 +292,7 @@ def all_to_all_tensor(t, scatter_dim: int, gather_dim: int, group=None, *, phase
     return out
 
 
+@_ranged("all_to_all")
 def all_to_all_rows(t, output_splits, input_splits, group=None, *, phase=None, tag=None) -> torch.Tensor:
     """Uneven all-to-all along dim 0: rows [sum(input_splits[:j]), ...+input_splits[j]) go to group member j;
     `output_splits[j]` rows arrive from member j. Bytes counted exactly (rows to/from other ranks)."""
@@ -302,6 +347,7 @@ def _padded_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, pad]).contiguous()
 
 
+@_ranged("all_gather")
 def all_gather_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=None) -> torch.Tensor:
     """Uneven all-gather along dim 0: member j holds sizes[j] rows; every member gets all of them, in group order.
 
@@ -330,6 +376,7 @@ def all_gather_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=None)
     return out
 
 
+@_ranged("reduce_scatter")
 def reduce_scatter_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=None) -> torch.Tensor:
     """Uneven reduce-scatter along dim 0: `t` has sum(sizes) rows on every member; member j gets rows
     [sum(sizes[:j]), ... + sizes[j]) summed over the group.
@@ -358,6 +405,7 @@ def reduce_scatter_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=N
     return out
 
 
+@_ranged("send")
 def send(t: torch.Tensor, dst: int, group=None, *, phase=None, tag=None) -> None:
     """Blocking send of `t` to group member `dst` (an index into the group)."""
     g = resolve_group(group)
@@ -367,6 +415,7 @@ def send(t: torch.Tensor, dst: int, group=None, *, phase=None, tag=None) -> None
     _record("send", g, _nbytes(t), _nbytes(t), 0, [t], t0, peer=g.global_of(dst), phase=phase, tag=tag)
 
 
+@_ranged("recv")
 def recv(t: torch.Tensor, src: int, group=None, *, phase=None, tag=None) -> torch.Tensor:
     """Blocking receive into `t` from group member `src`; returns `t`."""
     g = resolve_group(group)
@@ -380,12 +429,13 @@ def recv(t: torch.Tensor, src: int, group=None, *, phase=None, tag=None) -> torc
 class P2PWork:
     """A posted isend/irecv. `wait()` blocks until done and completes its trace record (t_end = wait time)."""
 
-    def __init__(self, work, event, tensor):
-        self._work, self.event, self.tensor = work, event, tensor
+    def __init__(self, work, event, tensor, span=None):
+        self._work, self.event, self.tensor, self._span = work, event, tensor, span
 
     def wait(self) -> torch.Tensor:
         if self._work is not None:
-            self._work.wait()
+            with _wait_span(self._span):
+                self._work.wait()
             self._work = None
             if self.event is not None:
                 self.event.t_end = tracer.now()
@@ -405,21 +455,24 @@ def _post(kind: str, t: torch.Tensor, peer: int, g: AxisGroup, phase, tag, work)
         phase=phase,
         tag=tag,
     )
-    return P2PWork(work, ev, t)
+    return P2PWork(work, ev, t, _span_name(f"wait {kind}", g, phase, tag) if tracer.active_span() else None)
 
 
+@_ranged("isend")
 def isend(t: torch.Tensor, dst: int, group=None, *, phase=None, tag=None) -> P2PWork:
     g = resolve_group(group)
     _on_p2p_device("isend", t)
     return _post("send", t, dst, g, phase, tag, dist.isend(t.contiguous(), dst=g.global_of(dst)))
 
 
+@_ranged("irecv")
 def irecv(t: torch.Tensor, src: int, group=None, *, phase=None, tag=None) -> P2PWork:
     g = resolve_group(group)
     _on_p2p_device("irecv", t)
     return _post("recv", t, src, g, phase, tag, dist.irecv(t, src=g.global_of(src)))
 
 
+@_ranged("batch_isend_irecv")
 def batch_isend_irecv(ops, group=None, *, phase=None, tag=None) -> list[P2PWork]:
     """Post several sends and receives together. `ops` is a list of ("send"|"recv", tensor, peer index).
 
@@ -451,6 +504,7 @@ class CollectiveWork:
 
     def __init__(self, work, event, result, epilogue=None, t_launch=None):
         self._work, self.event, self._result, self._epilogue = work, event, result, epilogue
+        self.span = None  # the profiler range name of its wait (set at launch while a profile is open)
         self.t_launch = tracer.now() if t_launch is None else t_launch
         self.t_done = None if work is not None else self.t_launch
         self._lock = threading.Lock()
@@ -475,7 +529,8 @@ class CollectiveWork:
 
     def wait(self) -> torch.Tensor:
         if self._work is not None:
-            self._work.wait()
+            with _wait_span(self.span):
+                self._work.wait()
             self._work = None
             self._mark_done()
             if self._epilogue is not None:
@@ -484,6 +539,7 @@ class CollectiveWork:
         return self._result
 
 
+@_ranged("all_reduce_async")
 def all_reduce_async(t: torch.Tensor, group=None, *, op: str = "sum", phase=None, tag=None) -> CollectiveWork:
     """`all_reduce_` without blocking: returns a `CollectiveWork`; `wait()` returns `t` reduced in place.
     Do not touch `t` until then. Payload S = bytes of t; moves 2(n-1)/n*S (recorded at launch)."""
@@ -501,9 +557,10 @@ def all_reduce_async(t: torch.Tensor, group=None, *, op: str = "sum", phase=None
     moved = 2 * (g.size - 1) * s // g.size
     ev = _record("all_reduce", g, s, moved, moved, [t], t0, phase=phase, tag=tag, reduce_op=op, is_async=True)
     epilogue = (lambda: t.div_(g.size)) if op == "avg" else None
-    return CollectiveWork(work, ev, t, epilogue, t0)
+    return _named(CollectiveWork(work, ev, t, epilogue, t0), "all_reduce", g, phase, tag)
 
 
+@_ranged("reduce_scatter_async")
 def reduce_scatter_async(t: torch.Tensor, dim: int = 0, group=None, *, phase=None, tag=None) -> CollectiveWork:
     """`reduce_scatter_tensor` without blocking: `wait()` returns this rank's chunk of `dim` of the group's sum.
     Do not touch `t` until then. Payload S = input bytes; moves (n-1)/n*S (recorded at launch)."""
@@ -520,7 +577,14 @@ def reduce_scatter_async(t: torch.Tensor, dim: int = 0, group=None, *, phase=Non
     s = _nbytes(t)
     moved = (g.size - 1) * s // g.size
     ev = _record("reduce_scatter", g, s, moved, moved, [t], t0, phase=phase, tag=tag, dim=dim, is_async=True)
-    return CollectiveWork(work, ev, out, None, t0)
+    return _named(CollectiveWork(work, ev, out, None, t0), "reduce_scatter", g, phase, tag)
+
+
+def _named(work: CollectiveWork, op: str, g: AxisGroup, phase, tag) -> CollectiveWork:
+    """Give an async collective's wait its profiler range name, when a profile is open."""
+    if tracer.active_span() is not None:
+        work.span = _span_name(f"wait {op}", g, phase, tag)
+    return work
 
 
 # --------------------------------------------------------------------------------------------------- autograd ops

@@ -33,6 +33,7 @@ For multi-node runs the same worker functions run under torchrun; see `pylib.run
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import datetime
@@ -142,6 +143,7 @@ class _World:
     deadline_wall: float
     parent_pid: int
     job: object
+    profile: object = None  # a pylib.runtime.profile.Profile, or None
 
 
 def _rank_main(rank, w: _World, result_conn, control_conn, out_path, others):
@@ -180,7 +182,8 @@ def _rank_main(rank, w: _World, result_conn, control_conn, out_path, others):
             init["device_id"] = torch.device("cuda", rank)
         dist.init_process_group(**init)
         asked = language_asked()
-        result = _to_cpu(fn(*args, **kwargs))
+        with w.profile.session(rank, current_device()) if w.profile is not None else contextlib.nullcontext():
+            result = _to_cpu(fn(*args, **kwargs))
         try:
             payload = cloudpickle.dumps(("ok", rank, time.time(), (result, language_asked() != asked)))
         except Exception as exc:
@@ -340,7 +343,7 @@ class _Run:
         self.procs: list = []
         self.deadline = time.monotonic() + timeout
 
-    def start(self, backend: str, job) -> None:
+    def start(self, backend: str, job, profile=None) -> None:
         """Start every rank; the parent keeps only the read ends of results and the write ends of control."""
         forked = self.ctx.get_start_method() == "fork"
         deadline = time.time() + self.timeout
@@ -351,7 +354,7 @@ class _Run:
                 target=_rank_main,
                 args=(
                     r,
-                    _World(self.world, backend, self.store_path, self.timeout, deadline, os.getpid(), job),
+                    _World(self.world, backend, self.store_path, self.timeout, deadline, os.getpid(), job, profile),
                     self.result_pipes[r][1],
                     self.control_pipes[r][0],
                     self.out_paths[r],
@@ -512,17 +515,39 @@ class _TerminateAsInterrupt:
         return False
 
 
-def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 60.0, **kwargs) -> list:
+_EVERY_LAUNCH: list = [None, 0]  # the profile every launch of this process takes (`profile_launches`), launches made
+
+
+def profile_launches(profile) -> None:
+    """Profile every later `launch` of this process that passes no `profile=` of its own, launch k into its own
+    folder (`profile.numbered(k)`: out_dir/launch{k}); None stops. The lab harness's switch (`run_lab(profile_dir=)`
+    calls it in the lab's kernel before the first cell): a lab's cells call launch themselves."""
+    if profile is not None and not callable(getattr(profile, "numbered", None)):
+        raise TypeError(f"profile_launches takes a pylib.runtime.profile.Profile or None, not {type(profile).__name__}")
+    _EVERY_LAUNCH[:] = [profile, 0]
+
+
+def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 60.0, profile=None, **kwargs) -> list:
     """Run `fn(*args, **kwargs)` on `world_size` ranks with torch.distributed initialised; return results by rank.
 
     backend: "auto" (NCCL with one GPU per rank when enough GPUs are visible, else gloo), "gloo" or "nccl".
     timeout: seconds (> 0) for the whole run, and the process group's own timeout; None or math.inf: no limit.
     Tensors in the results are detached and moved to the CPU; under NCCL, tensors among the arguments are sent as
     CPU tensors too (move them to `current_device()` inside `fn`).
+    profile: a `pylib.runtime.profile.Profile`: every rank runs `fn` under torch.profiler and writes its trace, and
+    the traces are merged into `profile.merged_path` once every rank has returned. None (the default): no profiler,
+    unless `profile_launches` set one for every launch of this process.
     """
     timeout = _check_arguments(fn, world_size, timeout)
+    if profile is None and _EVERY_LAUNCH[0] is not None:
+        profile = _EVERY_LAUNCH[0].numbered(_EVERY_LAUNCH[1])
+        _EVERY_LAUNCH[1] += 1
+    if profile is not None and not (callable(getattr(profile, "session", None)) and callable(profile.merge)):
+        raise TypeError(f"profile must be a pylib.runtime.profile.Profile or None, not {type(profile).__name__}")
     backend, ctx = _prepare_backend(backend, world_size)
-    with replay.slot(fn, args, kwargs, world_size, backend) as stored:  # None unless the book's editions share runs
+    # a profiled launch is never replayed by the other edition's build: what it makes is the trace files its ranks write
+    shared = replay.slot(fn, args, kwargs, world_size, backend) if profile is None else contextlib.nullcontext()
+    with shared as stored:  # None unless the book's editions share runs
         earlier = stored.get() if stored is not None else None
         if earlier is not None:
             results, outputs = earlier
@@ -531,10 +556,12 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = 6
         job = _job(fn, args, kwargs, backend)
         start = time.monotonic()
         with _TerminateAsInterrupt():
-            results, outputs, asked_language = _launch(ctx, backend, job, world_size, timeout)
+            results, outputs, asked_language = _launch(ctx, backend, job, world_size, timeout, profile)
         if stored is not None:
             stored.put((results, outputs), time.monotonic() - start, asked_language)
-        return results
+    if profile is not None:
+        profile.merge(world_size)
+    return results
 
 
 def _job(fn, args: tuple, kwargs: dict, backend: str):
@@ -547,11 +574,11 @@ def _job(fn, args: tuple, kwargs: dict, backend: str):
     return cloudpickle.dumps((fn, _to_cpu(args), _to_cpu(kwargs)))
 
 
-def _launch(ctx, backend: str, job, world_size: int, timeout: float) -> tuple[list, list[str], bool]:
+def _launch(ctx, backend: str, job, world_size: int, timeout: float, profile=None) -> tuple[list, list[str], bool]:
     """(results by rank, the ranks' printed outputs, whether any rank asked for the language)."""
     run = _Run(ctx, world_size, timeout)
     try:
-        run.start(backend, job)
+        run.start(backend, job, profile)
         results, failures, silent = run.collect()
         if failures or silent:
             _kill(run.procs)

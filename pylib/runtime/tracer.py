@@ -129,6 +129,9 @@ class _State:
         self.tracers: list[Tracer] = []
         self.tags: list[str] = []
         self.phases: list[str] = []
+        # set by `pylib.runtime.profile` while a profile is recorded: name -> a context manager (a named
+        # record_function range); None otherwise, and then the collectives open no range at all
+        self.span = None
 
 
 _state = _State()
@@ -191,3 +194,14 @@ def record(event: CommEvent) -> None:
 
 def now() -> float:
     return time.perf_counter()
+
+
+def active_span():
+    """The range opener of the profile being recorded in this process (name -> context manager), or None."""
+    return _state.span
+
+
+def span_name(what: str, tag: str, phase: str) -> str:
+    """The name of a profiler range: what ran ("all_reduce@tp", a pipeline action "F0"), the tracer's tag and
+    phase, e.g. "all_reduce@tp | layers.0.mlp | forward" (`pylib.runtime.profile` reads the three back)."""
+    return f"{what} | {tag} | {phase}"
