@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from pylib.i18n import editions
 from pylib.model.moe import MoE, Routing, grouped_keep_mask, tokens_per_expert
 from pylib.model.transformer import Transformer, build_model
 from pylib.plan.config import ModelConfig, MoEConfig
@@ -74,6 +75,7 @@ class BalanceRun:
 BALANCE_MODEL = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64)
 
 
+@editions.shared  # the book's two editions train once (pylib.i18n.editions)
 def train_balance(
     moe: MoEConfig,
     steps: int,
