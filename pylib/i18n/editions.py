@@ -38,7 +38,6 @@ The same store serves costly pure functions of the chapter's own process (a plan
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import os
@@ -252,6 +251,8 @@ def slot(fn, args: tuple, kwargs: dict, world_size: int, backend: str):
     root.mkdir(parents=True, exist_ok=True)
     key = _chain.hex()[:32]
     waited_since = time.monotonic()
+    import fcntl  # here, not at the top: the live explorers' browser bundle imports this module and never gets here
+
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other edition, if it is running this launch, finishes first
         _inside = True

@@ -70,12 +70,8 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pylib.labs", description="Run and manage the book's labs.")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--labs-dir", type=Path, default=None, help="where the labs are (default: the repo's labs/)")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _add_run(sub, common) -> None:
+    """The `run` command: execute labs with papermill and write a report."""
     run = sub.add_parser("run", parents=[common], help="execute labs with papermill and write a report")
     run.add_argument("labs", nargs="*", help="lab paths, names (00_collectives), numbers (00) or short names")
     run.add_argument("--all", action="store_true", help="every lab in the labs folder")
@@ -126,6 +122,15 @@ def _parser() -> argparse.ArgumentParser:
         help="progress bars even when stderr is not a terminal",
     )
     bars.add_argument("--no-progress", dest="progress", action="store_const", const=False, help="no progress bars")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pylib.labs", description="Run and manage the book's labs.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--labs-dir", type=Path, default=None, help="where the labs are (default: the repo's labs/)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    _add_run(sub, common)
 
     learner = sub.add_parser("learner", parents=[common], help="write the learner versions of labs to a folder")
     learner.add_argument("out", type=Path, help="folder to write NN_name.ipynb files to")

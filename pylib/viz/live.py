@@ -42,6 +42,7 @@ BUNDLED = (
     "pylib/__init__.py",
     "pylib/i18n/__init__.py",
     "pylib/i18n/columns.py",
+    "pylib/i18n/editions.py",
     "pylib/tables.py",
     "pylib/plan",
     "pylib/analysis",
