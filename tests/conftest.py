@@ -4,6 +4,7 @@ Import them as `from tests.conftest import FLOAT64_ATOL, assert_float64_close` (
 path, so `tests` is a namespace package).
 """
 
+import pytest
 import torch
 
 from pylib.model.moe import MoE
@@ -95,3 +96,23 @@ def pytest_collection_modifyitems(items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: each module's tests, and the other modules, keep their order
+
+
+def pipeline_suite(worker, sizes=(2, 4), timeout=150):
+    """A module fixture for a pipeline test file: for each p in `sizes` (each a slow case, id "pp{p}"),
+    (p, results of `worker(p)` launched on p ranks), so the file's runs start once per p."""
+
+    @pytest.fixture(
+        scope="module", params=[pytest.param(p, marks=pytest.mark.slow) for p in sizes], ids=[f"pp{p}" for p in sizes]
+    )
+    def suite(request):
+        from pylib.runtime import launch
+
+        return request.param, launch(worker, request.param, request.param, timeout=timeout)
+
+    return suite
+
+
+def pipeline_grads(pipe) -> dict:
+    """Every parameter's gradient of a PipelineParallel after its step, by name."""
+    return {k: p.grad for k, p in pipe.named_parameters()}

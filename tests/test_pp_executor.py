@@ -18,7 +18,7 @@ from pylib.pp.executor import Boundary, microbatches, run_pipeline
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.timeline import bubble, peak_in_flight, replay
 from pylib.runtime import AxisGroup, Mesh, ParallelConfig, launch, trace
-from tests.conftest import assert_float64_close, merge_stage_dicts, one_device_step
+from tests.conftest import assert_float64_close, merge_stage_dicts, one_device_step, pipeline_grads, pipeline_suite
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -53,7 +53,7 @@ def _suite(pp):
         pipe = PipelineParallel(model, v=v)
         with trace() as tr:
             run = pipe.step(ids, targets, schedule=name, n_microbatches=m, group_size=n)
-        out["one_step"].append((run.loss, {k: p.grad for k, p in pipe.named_parameters()}))
+        out["one_step"].append((run.loss, pipeline_grads(pipe)))
         events = [(e.op, e.phase, e.payload_bytes, e.bytes_sent, e.bytes_recv, e.peer) for e in tr.events]
         out["runs"].append(dict(run=run, events=events))
     for name, m, v in TRAIN[pp]:
@@ -70,17 +70,14 @@ def _suite(pp):
     for name, m, v in BLOCKING[pp]:
         pipe = PipelineParallel(model, v=v)
         run = pipe.step(ids, targets, schedule=name, n_microbatches=m, blocking_sends=True)
-        out["blocking"].append((run.loss, {k: p.grad for k, p in pipe.named_parameters()}))
+        out["blocking"].append((run.loss, pipeline_grads(pipe)))
     pipe = PipelineParallel(model)
     pipe.step(ids, targets, schedule="1f1b", n_microbatches=PITFALL_M, scale_loss=False)
-    out["unscaled"] = {k: p.grad for k, p in pipe.named_parameters()}
+    out["unscaled"] = pipeline_grads(pipe)
     return out
 
 
-@pytest.fixture(scope="module", params=[pytest.param(p, marks=pytest.mark.slow) for p in (2, 4)], ids=["pp2", "pp4"])
-def suite(request):
-    pp = request.param
-    return pp, launch(_suite, pp, pp, timeout=150)
+suite = pipeline_suite(_suite)
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +272,7 @@ def _two_pipelines():
     pipe = PipelineParallel(build_model(CFG), group=mesh.pp, v=2)
     run = pipe.step(ids, targets, schedule="interleaved", n_microbatches=2)
     peers = {e.peer for e in run.timeline if e.peer is not None}
-    grads = {k: p.grad for k, p in pipe.named_parameters()}
+    grads = pipeline_grads(pipe)
     return mesh.dp.rank, mesh.pp.ranks, run.loss, grads, peers, mesh.pp.rank
 
 

@@ -17,8 +17,7 @@ from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.simulate import simulate
 from pylib.pp.split import rank_chunks
 from pylib.pp.timeline import bubble, peak_in_flight, replay
-from pylib.runtime import launch
-from tests.conftest import assert_float64_close, merge_stage_dicts, one_device_step
+from tests.conftest import assert_float64_close, merge_stage_dicts, one_device_step, pipeline_grads, pipeline_suite
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -143,14 +142,11 @@ def _suite(pp):
         v = 1 if name == "1f1b" else 2
         pipe = PipelineParallel(model, v=v, placement="v" if v == 2 else "loop")
         run = pipe.step(ids, targets, schedule=name, n_microbatches=m)
-        out.append((run, {k: p.grad for k, p in pipe.named_parameters()}))
+        out.append((run, pipeline_grads(pipe)))
     return out
 
 
-@pytest.fixture(scope="module", params=[pytest.param(p, marks=pytest.mark.slow) for p in (2, 4)], ids=["pp2", "pp4"])
-def suite(request):
-    pp = request.param
-    return pp, launch(_suite, pp, pp, timeout=150)
+suite = pipeline_suite(_suite)
 
 
 @pytest.fixture(scope="module")

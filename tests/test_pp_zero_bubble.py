@@ -10,8 +10,7 @@ from pylib.plan.presets import tiny_gqa
 from pylib.plan.schedules import build
 from pylib.pp.pipeline import PipelineParallel
 from pylib.pp.timeline import bubble, peak_in_flight, replay
-from pylib.runtime import launch
-from tests.conftest import assert_float64_close, merge_stage_dicts, one_device_step
+from tests.conftest import assert_float64_close, merge_stage_dicts, one_device_step, pipeline_grads, pipeline_suite
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,14 +29,11 @@ def _suite(pp):
     for name, m in RUNS[pp]:
         pipe = PipelineParallel(model)
         run = pipe.step(ids, targets, schedule=name, n_microbatches=m)
-        out.append((run, {k: p.grad for k, p in pipe.named_parameters()}))
+        out.append((run, pipeline_grads(pipe)))
     return out
 
 
-@pytest.fixture(scope="module", params=[pytest.param(p, marks=pytest.mark.slow) for p in (2, 4)], ids=["pp2", "pp4"])
-def suite(request):
-    pp = request.param
-    return pp, launch(_suite, pp, pp, timeout=150)
+suite = pipeline_suite(_suite)
 
 
 @pytest.fixture(scope="module")
