@@ -86,7 +86,7 @@ BAD_FIELDS = {
     "SearchSpace": {
         "cp_kinds": (("ring", "striped"), ()),
         "zero_stages": ((0, 4), ("zero5",)),
-        "recompute": (("partial",), (("selective", ("moe",)),), (("selective", ("attention",)),)),
+        "recompute": (("partial",), (("selective", ("mhc",)),), (("selective", ("attention",)),)),
         "micro_batch_sizes": ((0,),),
         "virtual_stages": ((1.5,),),
         "sequence_parallel": (("yes",),),

@@ -172,7 +172,9 @@ def _module_work(cfg, b: int, seq: int, par, plan, layers) -> tuple[int, int]:
     flops = hbm = 0
     for i in layers:
         moe = cfg.is_moe_layer(i)
-        flops += module_extra_flops(cfg, b, s, par.tp, modules, moe_layer=moe)
+        flops += module_extra_flops(
+            cfg, b, s, par.tp, modules, moe_layer=moe, expert_rows=rows, etp=par.etp, sequence_parallel=sp
+        )
         hbm += module_extra_hbm_bytes(
             cfg,
             b,

@@ -291,6 +291,7 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
     out = plan_problems(_slots(cfg, plan), plan.par, world_size, batch=batch, seq=seq, options=plan.run_options)
     out += modules_problems(plan.recompute_modules, plan.options.recompute.granularity)
     out += hsdp_problems(plan)
+    out += moe_plan_problems(cfg, plan)
     if plan.group_size is None:
         return out
     p, m, v = plan.par.pp, plan.options.n_microbatches, plan.options.v
@@ -300,6 +301,17 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
         except ScheduleError as e:
             out = [x for x in out if x != str(e)] if n is None else out + [str(e)]
     return out
+
+
+def moe_plan_problems(cfg, plan: Plan) -> list[str]:
+    """What the planner cannot price for a MoE model: recompute="full" (a MoE layer recomputed whole dispatches
+    again in an order the traffic model does not follow; Megatron's selective "moe" module is priced instead)."""
+    if cfg.moe is None or plan.options.recompute.granularity != "full":
+        return []
+    return [
+        "recompute='full' with MoE layers is not priced (a layer recomputed whole would dispatch again); "
+        'recompute=\'selective\' with Megatron\'s modules ("moe", "moe_act", ...) is'
+    ]
 
 
 def hsdp_problems(plan: Plan) -> list[str]:
@@ -811,7 +823,22 @@ def rank_traffic_rows(
     layouts = flat_layouts(cfg, plan, pp_rank) if layouts is None else layouts
     coords = dict(coords or {}) | {"pp": pp_rank}
     rows = _traffic_rows(cfg, plan, batch, seq, coords, layouts, moe_routing)
+    rows += moe_recompute_rows(plan, rows)
     return _hsdp_rows(plan, rows) + module_traffic_rows(cfg, plan, batch, seq, pp_rank)
+
+
+def moe_recompute_rows(plan: Plan, rows: list) -> list:
+    """What Megatron's "moe" module sends again in backward (phase "recompute"): its checkpoint reruns the MoE
+    layer's forward, so every forward row of the expert axes (the counts, the dispatch and combine all-to-alls, the
+    ETP gathers and reduce-scatters) once more, at the same routing (megatron/core/transformer/moe/moe_layer.py at
+    d98e8a6: `tensor_parallel.checkpoint(custom_forward, ...)` around router, dispatch, experts and combine)."""
+    if "moe" not in plan.modules:
+        return []
+    return [
+        replace(r, phase="recompute", where=f"{r.where}.recompute")
+        for r in rows
+        if r.axis in ("ep", "etp") and r.phase == "forward"
+    ]
 
 
 def _hsdp_rows(plan: Plan, rows: list) -> list:
@@ -837,26 +864,34 @@ def _hsdp_rows(plan: Plan, rows: list) -> list:
 
 def module_traffic_rows(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> list:
     """The TP collectives Megatron's recomputed modules issue again in backward (phase "recompute"), one row per
-    op: under "mlp" every held dense layer's MLP forward ones, per microbatch (`recompute.module_extra_collectives`);
-    nothing for the other modules, and nothing without them."""
+    op: under "mlp" every held dense layer's MLP forward ones, under "shared_experts" or "moe" every held MoE
+    layer's shared-expert MLP's, per microbatch (`recompute.module_extra_collectives`); nothing for the other
+    modules, and nothing without them."""
     par = plan.par
-    if "mlp" not in plan.modules or par.tp == 1:
+    if par.tp == 1 or not plan.modules & {"mlp", "shared_experts", "moe"}:
         return []
-    ops = recompute_analysis.module_extra_collectives(
-        cfg,
-        plan.micro_batch(batch),
-        seq // par.cp,
-        par.tp,
-        plan.modules,
-        sequence_parallel=plan.options.sequence_parallel,
-    )
     held = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends) for i in c]
-    n = plan.options.n_microbatches * sum(not cfg.is_moe_layer(i) for i in held)
-    return [
-        compose_analysis.Traffic("tp", "recompute", c.op, f"{c.where}.recompute", n, n * c.bytes_sent, c.payload_bytes)
-        for c in ops
-        if n
-    ]
+    out = []
+    for moe_layer in (False, True):
+        ops = recompute_analysis.module_extra_collectives(
+            cfg,
+            plan.micro_batch(batch),
+            seq // par.cp,
+            par.tp,
+            plan.modules,
+            sequence_parallel=plan.options.sequence_parallel,
+            moe_layer=moe_layer,
+        )
+        n = plan.options.n_microbatches * sum(cfg.is_moe_layer(i) == moe_layer for i in held)
+        where = "shared_experts" if moe_layer else None
+        out += [
+            compose_analysis.Traffic(
+                "tp", "recompute", c.op, f"{where or c.where}.recompute", n, n * c.bytes_sent, c.payload_bytes
+            )
+            for c in ops
+            if n
+        ]
+    return out
 
 
 def _traffic_rows(cfg, plan, batch, seq, coords, layouts, moe_routing):
