@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from pylib.analysis import activations as A
+from pylib.analysis import efficiency as E
 from pylib.analysis import planner as P
 from pylib.analysis import recompute as R
 from pylib.plan import RunOptions
@@ -107,3 +108,92 @@ def test_selective_recomputation_of_a_moe_model_sends_what_the_planner_predicts_
     checks = [c for c in compare(cfg, plan, records, batch=8, seq=16) if "sent on" in c.quantity]
     assert checks and all(c.predicted == c.measured for c in checks), [c for c in checks if c.predicted != c.measured]
     assert any(c.quantity == "sent on cp" and c.measured for c in checks)
+
+
+# ------------------------------------------------------------------------------------------------ routing imbalance
+
+
+def _ep_plan(**kw):
+    return P.Plan(pc(ep=8, dp=64), RunOptions(n_microbatches=4, zero_stage=1), **kw)
+
+
+def test_an_imbalance_factor_scales_the_busiest_ranks_expert_gemms_dispatch_and_rows_and_nothing_else():
+    cfg, f = GPT_MOE, 1.5
+    uniform, skewed = _ep_plan(), _ep_plan(routing_imbalance=f)
+    work, cluster = P.Workload(512, 4096), P.Cluster(64)
+    a, c = P.predict(cfg, uniform, work, cluster), P.predict(cfg, skewed, work, cluster)
+    ep_a, ep_c = a.traffic_by_axis()["ep"], c.traffic_by_axis()["ep"]
+    counts = [r.bytes_sent for r in P.rank_traffic_rows(cfg, uniform, 512, 4096, 0) if r.where == "counts"]
+    assert ep_c - sum(counts) == pytest.approx(f * (ep_a - sum(counts)))  # the rows scale, the count exchange not
+    assert c.traffic_by_axis()["dp-cp"] == a.traffic_by_axis()["dp-cp"]
+    assert c.ranks[0].times.forward > a.ranks[0].times.forward
+    t = 4096 * 512 // 64 // 4  # tokens per microbatch on a rank
+    gemms, skew = (E.layer_gemms(cfg, t, 1, True, 8, imbalance=x) for x in (1.0, f))
+    assert [g[0] for g in skew[2:-1]] == [f * g[0] for g in gemms[2:-1]] and skew[:2] == gemms[:2]
+    assert c.peak_memory > a.peak_memory
+    assert "imbalance=1.50" in skewed.describe()
+    with pytest.raises(ValueError, match="routing_imbalance"):
+        _ep_plan(routing_imbalance=0.9)
+    assert P.problems(megatron_gpt(2048, 16, 8), P.Plan(pc(dp=8), routing_imbalance=1.2), 8, 8, 64)
+
+
+@pytest.mark.slow
+def test_the_factor_from_a_measured_training_run_is_its_worst_layers_max_over_mean():
+    from pylib.ep.balance import train_balance
+
+    run = train_balance(MoEConfig(n_experts=8, top_k=2), steps=3, batch=4, seq=8)
+    f = run.routing_imbalance(last=2)
+    assert f == pytest.approx(sum(run.worst()[-2:]) / 2) and 1 <= f <= 8 / 2
+    plan = _ep_plan(routing_imbalance=f)
+    assert P.predict(GPT_MOE, plan, WORK, P.Cluster(64)).step_time > 0
+    with pytest.raises(ValueError, match="between 1 and the run's 3 steps"):
+        run.routing_imbalance(last=4)
+
+
+# ---------------------------------------------------------------------------------------- shared experts, dispatchers
+
+
+def test_shared_experts_add_their_weights_flops_and_tp_collectives():
+    plain = SWIGLU_MOE.with_(moe=replace(SWIGLU_MOE.moe, n_shared_experts=0))
+    cfg = SWIGLU_MOE
+    plan = _plan(par=pc(tp=2, ep=8, dp=32), recompute="none")
+    assert not P.problems(cfg, plan, 64, 256, 4096)  # the composed model refuses them; the planner prices them
+    a, c = P.predict(plain, plan, WORK, CLUSTER), P.predict(cfg, plan, WORK, CLUSTER)
+    h, f_s = cfg.d_model, R.shared_ff(cfg)
+    layers = cfg.n_layers
+    assert c.ranks[0].memory["params"] - a.ranks[0].memory["params"] == 2 * layers * 3 * h * (f_s // 2)
+    assert c.model_flops - a.model_flops == 3 * 2 * 256 * 4096 * layers * 3 * h * f_s
+    rows = P.shared_expert_rows(cfg, plan, 256, 4096, 0)
+    assert {(r.phase, r.op) for r in rows} == {
+        ("forward", "all_gather"),
+        ("forward", "reduce_scatter"),
+        ("backward", "all_gather"),
+        ("backward", "reduce_scatter"),
+    }
+    assert c.traffic_by_axis()["tp"] == a.traffic_by_axis()["tp"] + sum(r.bytes_sent for r in rows)
+    odd = cfg.with_(moe=replace(cfg.moe, d_ff=1023))
+    assert any("shared experts' h_ffn=1023" in p for p in P.problems(odd, plan, 64, 256, 4096))
+
+
+def test_the_dispatcher_is_a_plan_choice_priced_by_the_ep_formulas_and_the_crossover_holds():
+    cfg = GPT_MOE  # k = 2
+    h, e, ep = cfg.d_model, 2, 8
+    T = 4096 * 512 // 64 // 4
+    for k in (2, 8):
+        c = cfg.with_(moe=replace(cfg.moe, top_k=k))
+        sent = {}
+        for d in ("alltoall", "allgather"):
+            plan = _ep_plan(dispatcher=d)
+            rows = [r for r in P.rank_traffic_rows(c, plan, 512, 4096, 0) if r.axis == "ep" and r.where != "counts"]
+            sent[d] = sum(r.bytes_sent for r in rows)
+        n = 4 * c.n_layers  # microbatches x MoE layers
+        assert sent["allgather"] == 2 * n * P.ep_analysis.dispatcher_bytes("allgather", T, k, h, e, ep)["total"]
+        cheaper = "allgather" if k > P.ep_analysis.dispatcher_crossover_top_k(h, e, ep) else "alltoall"
+        assert min(sent, key=sent.get) == cheaper
+    space = P.SearchSpace(meshes=(pc(ep=8, dp=64),), zero_stages=(1,), dispatchers=("alltoall", "allgather"))
+    plans = P.enumerate_plans(GPT_MOE, 64, 64, 4096, space)
+    assert {p.dispatcher for p in plans} == {"alltoall", "allgather"}
+    assert any("allgather-dispatch" in p.describe() for p in plans)
+    bad = _ep_plan(dispatcher="allgather")
+    etp = replace(bad, par=pc(ep=4, etp=2, dp=64))
+    assert any("etp=2 must be 1" in p for p in P.problems(GPT_MOE, etp, 64, 512, 4096))

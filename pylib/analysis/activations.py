@@ -190,6 +190,9 @@ def layer_saved_rows(
         for item in MLP_ROWS:
             rows.pop(item, None)
         tokens = b * (s_cp // tp if sp else s_cp)
+        imbalance = getattr(plan, "routing_imbalance", 1.0)  # the busiest rank's rows (`Plan.routing_imbalance`)
+        if expert_rows is None and imbalance != 1.0:
+            expert_rows = round(imbalance * expected_expert_rows(tokens, cfg.moe.top_k, etp))
         moe_rows = moe_saved_rows(
             cfg, tokens, etp=etp, expert_rows=expert_rows, tp=tp, sequence_parallel=sp, sp_regather=sp_regather
         )

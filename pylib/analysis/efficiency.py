@@ -38,7 +38,7 @@ from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.recompute import recompute_modules
 
 from .activations import expected_expert_rows, split_layers
-from .recompute import extra_forward_flops, module_extra_flops, module_extra_hbm_bytes
+from .recompute import extra_forward_flops, module_extra_flops, module_extra_hbm_bytes, shared_ff
 from .tp import dtype_bytes
 
 
@@ -95,8 +95,12 @@ def gemm_seconds(m: float, n: float, k: float, e: int, peak: float, hbm: float, 
     return max(2 * m * n * k / (eta * peak), e * (m * k + k * n + m * n) / hbm)
 
 
-def layer_gemms(cfg, tokens: float, tp: int, moe: bool, ep: int = 1, etp: int = 1) -> list[tuple]:
-    """(M, N, K) of every GEMM of one layer's forward on one rank (module docstring)."""
+def layer_gemms(
+    cfg, tokens: float, tp: int, moe: bool, ep: int = 1, etp: int = 1, imbalance: float = 1.0
+) -> list[tuple]:
+    """(M, N, K) of every GEMM of one layer's forward on one rank (module docstring); `imbalance` (the planner's
+    `Plan.routing_imbalance`) multiplies the rows each local expert receives: the busiest rank's GEMMs. A MoE
+    layer's shared experts (`MoEConfig.n_shared_experts`) are one MLP of h_ffn f_s / t on all T tokens."""
     h, d = cfg.d_model, cfg.d_head
     heads, (kv, _) = cfg.n_heads // tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)
     m_in = 2 if cfg.mlp == "swiglu" else 1
@@ -104,9 +108,12 @@ def layer_gemms(cfg, tokens: float, tp: int, moe: bool, ep: int = 1, etp: int = 
     if moe:
         f = (cfg.moe.d_ff or cfg.d_ff) // etp
         local = cfg.moe.n_experts // ep
-        rows = tokens * cfg.moe.top_k * ep / cfg.moe.n_experts  # tokens one local expert receives
+        rows = imbalance * tokens * cfg.moe.top_k * ep / cfg.moe.n_experts  # tokens one local expert receives
         out += [(rows, m_in * f, h), (rows, h, f)] * local
         out.append((tokens, cfg.moe.n_experts, h))  # the router
+        f_s = shared_ff(cfg) // tp
+        if f_s:
+            out += [(tokens, m_in * f_s, h), (tokens, h, f_s)]
     else:
         f = cfg.d_ff // tp
         out += [(tokens, m_in * f, h), (tokens, h, f)]
@@ -129,6 +136,7 @@ def microbatch_seconds(
     core = core_flops / (eta * peak_flops)
     elem = e * tokens * cfg.d_model * (model.c_rep / t_s + (model.c_elem - model.c_rep) / tp) / hbm_bandwidth
     fwd = bwd = core_total = dgrad = 0.0
+    imbalance = getattr(plan, "routing_imbalance", 1.0)
     n_stages = par.pp * plan.options.v
     of_kind = {}  # every layer of a kind (dense, MoE) runs the same GEMMs: their seconds, computed once
     for c, layers in enumerate(split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends)):
@@ -138,7 +146,7 @@ def microbatch_seconds(
             if moe not in of_kind:
                 gs = [
                     gemm_seconds(m, n, k, e, peak_flops, hbm_bandwidth, eta)
-                    for m, n, k in layer_gemms(cfg, tokens, tp, moe, par.ep, par.etp)
+                    for m, n, k in layer_gemms(cfg, tokens, tp, moe, par.ep, par.etp, imbalance)
                 ]
                 of_kind[moe] = gs, sum(gs)
             gs, g = of_kind[moe]
@@ -169,6 +177,7 @@ def _module_work(cfg, b: int, seq: int, par, plan, layers) -> tuple[int, int]:
     modules = recompute_modules(plan.options.recompute.granularity, getattr(plan, "recompute_modules", None))
     sp = plan.options.sequence_parallel and par.tp > 1
     rows = expected_expert_rows(b * (s // par.tp if sp else s), cfg.moe.top_k, par.etp) if cfg.moe else 0
+    rows = round(rows * getattr(plan, "routing_imbalance", 1.0))  # the busiest rank's (`Plan.routing_imbalance`)
     flops = hbm = 0
     for i in layers:
         moe = cfg.is_moe_layer(i)

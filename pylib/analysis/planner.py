@@ -68,6 +68,8 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from pylib.i18n import editions
+from pylib.plan.config import DISPATCHERS
+from pylib.plan.fields import choice, number
 from pylib.plan.fields import divisors as _divisors  # by factorisation: 2**40 ranks or a prime answer at once
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.layout import FlatEntry, FlatLayout
@@ -187,7 +189,19 @@ class Plan:
     sharded over s consecutive members of each dp-cp group, their reduced shards all-reduced over the dp-cp/s
     replicas ("dp-shard" and "dp-replicate" traffic, each priced by whether its groups leave a node,
     `hsdp_crosses_nodes`); expert parameters stay ZeRO-3 over edp. `pylib.dp` runs it
-    (`FullyShardedDataParallel(..., replicate=)`); `pylib.compose` does not compose it."""
+    (`FullyShardedDataParallel(..., replicate=)`); `pylib.compose` does not compose it.
+    routing_imbalance: f = the most loaded expert's assignments over the mean (`pylib.ep.balance.load_imbalance`,
+    measured on a training run; 1.0, uniform routing, the default). The planner prices the busiest EP rank: its
+    experts' GEMMs on f times the expected rows (`efficiency.layer_gemms`), the rows they keep
+    (`activations.layer_saved_rows`), and its dispatch and combine at f times the expected bytes
+    (`expected_routing`: an all-to-all ends when its busiest rank has received, and sent back, its rows). The
+    all-gather dispatcher's bytes do not depend on the routing; its expert GEMMs do.
+    dispatcher: the MoE token dispatcher, "alltoall" or "allgather" (Megatron's MoEAllGatherTokenDispatcher:
+    every rank gathers the EP group's tokens, `ep.dispatcher_bytes`); None: the model's
+    (`MoEConfig.dispatcher`). pylib.ep runs both; pylib.compose runs the all-to-all, so "allgather" is the
+    analysis only, as the shared experts are (`MoEConfig.n_shared_experts`: their weights cut over tp and
+    reduced over dp-cp as a dense MLP's, their GEMMs, rows and TP collectives priced by the planner,
+    `shared_expert_rows`)."""
 
     par: ParallelConfig
     options: RunOptions = RunOptions()
@@ -196,8 +210,13 @@ class Plan:
     group_size: int | None = None
     recompute_modules: tuple[str, ...] | None = None
     hsdp_shard: int | None = None
+    routing_imbalance: float = 1.0
+    dispatcher: str | None = None
 
     def __post_init__(self):
+        number("Plan", "routing_imbalance", self.routing_imbalance, low=1)
+        if self.dispatcher is not None:
+            choice("Plan", "dispatcher", self.dispatcher, DISPATCHERS)
         schedule = "interleaved" if self.options.v > 1 else "1f1b"  # the schedules the planner models
         if self.options.schedule != schedule:
             object.__setattr__(self, "options", replace(self.options, schedule=schedule))
@@ -241,6 +260,10 @@ class Plan:
             parts.append("regather")
         if self.par.cp > 1:
             parts.append(o.cp_kind)
+        if self.dispatcher == "allgather":
+            parts.append("allgather-dispatch")
+        if self.routing_imbalance != 1.0:
+            parts.append(f"imbalance={self.routing_imbalance:.2f}")
         if o.zero_stage and self.hsdp_shard is not None:
             parts.append(f"HSDP {self.dp_cp // self.hsdp_shard}x{self.hsdp_shard}")
         elif o.zero_stage:
@@ -288,7 +311,9 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
     """Every constraint `plan` breaks (`pylib.plan.problems`, what `pylib.compose` checks before it runs); empty
     when the composed model runs it; with `plan.group_size` also Megatron's rule for N (`schedules.check_schedule`:
     interleaved only, p <= N <= m, m % N == 0 or m % N >= p)."""
-    out = plan_problems(_slots(cfg, plan), plan.par, world_size, batch=batch, seq=seq, options=plan.run_options)
+    out = plan_problems(
+        _slots(_composed(cfg), plan), plan.par, world_size, batch=batch, seq=seq, options=plan.run_options
+    )
     out += modules_problems(plan.recompute_modules, plan.options.recompute.granularity)
     out += hsdp_problems(plan)
     out += moe_plan_problems(cfg, plan)
@@ -303,15 +328,47 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
     return out
 
 
+def _composed(cfg):
+    """`cfg` as `pylib.plan.problems` judges it for the composed model: the MoE parts the planner prices itself
+    (shared experts, the all-gather dispatcher; `Plan`) left out of that judgement, checked in `moe_plan_problems`."""
+    moe = cfg.moe
+    if moe is None or (not moe.n_shared_experts and moe.dispatcher == "alltoall"):
+        return cfg
+    return replace(cfg, moe=replace(moe, n_shared_experts=0, dispatcher="alltoall"))
+
+
+def dispatcher_of(cfg, plan: Plan) -> str:
+    """The MoE dispatcher the plan prices: `plan.dispatcher`, or the model's."""
+    return plan.dispatcher or (cfg.moe.dispatcher if cfg.moe is not None else "alltoall")
+
+
 def moe_plan_problems(cfg, plan: Plan) -> list[str]:
     """What the planner cannot price for a MoE model: recompute="full" (a MoE layer recomputed whole dispatches
-    again in an order the traffic model does not follow; Megatron's selective "moe" module is priced instead)."""
-    if cfg.moe is None or plan.options.recompute.granularity != "full":
-        return []
-    return [
-        "recompute='full' with MoE layers is not priced (a layer recomputed whole would dispatch again); "
-        'recompute=\'selective\' with Megatron\'s modules ("moe", "moe_act", ...) is'
-    ]
+    again in an order the traffic model does not follow; Megatron's selective "moe" module is priced instead);
+    the shared experts' h_ffn not divisible by tp; the all-gather dispatcher with etp > 1 or with padding to
+    capacity; either MoE knob on a dense model."""
+    out = []
+    if cfg.moe is None:
+        if plan.dispatcher is not None or plan.routing_imbalance != 1.0:
+            out.append("dispatcher and routing_imbalance describe MoE layers; cfg.moe is None")
+        return out
+    if plan.options.recompute.granularity == "full":
+        out.append(FULL_MOE)
+    f_s = recompute_analysis.shared_ff(cfg)
+    if f_s % plan.par.tp:
+        out.append(f"tp={plan.par.tp} does not divide the shared experts' h_ffn={f_s}")
+    if dispatcher_of(cfg, plan) == "allgather":
+        if plan.par.etp > 1:
+            out.append(f"the all-gather dispatcher is priced over the EP group alone: etp={plan.par.etp} must be 1")
+        if cfg.moe.pad_to_capacity:
+            out.append("pad_to_capacity pads the all-to-all's rows: the all-gather dispatcher has none")
+    return out
+
+
+FULL_MOE = (
+    "recompute='full' with MoE layers is not priced (a layer recomputed whole would dispatch again); "
+    "recompute='selective' with Megatron's modules (moe, moe_act, ...) is"
+)
 
 
 def hsdp_problems(plan: Plan) -> list[str]:
@@ -378,7 +435,9 @@ class SearchSpace:
     wherever L + 2 slots cut into equal stages, the equal split elsewhere. group_sizes: the interleaved group
     sizes N tried (`group_sizes_for`: "default" N = p, "megatron" every N Megatron accepts, or a tuple of
     values). hsdp_shards: beside each ZeRO-3 plan, HSDP with these shard group sizes (`Plan.hsdp_shard`); None
-    (the default): no HSDP plan. Elsewhere None: no restriction."""
+    (the default): no HSDP plan. routing_imbalance: every MoE plan's `Plan.routing_imbalance` (1.0: uniform).
+    dispatchers: the MoE dispatchers tried (`Plan.dispatcher`; None: the model's own). Elsewhere None: no
+    restriction."""
 
     order: str = "tp-cp-ep-dp-pp"
     micro_batch_sizes: tuple[int, ...] | None = None
@@ -395,9 +454,14 @@ class SearchSpace:
     balance_ends: bool = False
     group_sizes: str | tuple[int, ...] = "default"
     hsdp_shards: tuple[int, ...] | None = None
+    routing_imbalance: float = 1.0
+    dispatchers: tuple[str, ...] | None = None
 
     def __post_init__(self):
         check_search_space(self)
+        number("SearchSpace", "routing_imbalance", self.routing_imbalance, low=1)
+        for d in self.dispatchers or ():
+            choice("SearchSpace", "dispatchers", d, DISPATCHERS)
 
 
 def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpace = SearchSpace()) -> list[Plan]:
@@ -448,14 +512,31 @@ def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpa
                                         rc, mods = _recompute_choice(cfg, rc, sp and tp > 1)
                                         o = RunOptions(sp, kind, n_microbatches=m, v=v, zero_stage=zero, recompute=rc)
                                         plan = Plan(par, o, sp_regather and sp, ends, recompute_modules=mods)
+                                        plan = _moe_knobs(plan, moe, sp_)
                                         for n in dict.fromkeys((None,) + group_sizes_for(pp, m, v, group_sizes)):
                                             with_n = plan if n is None else replace(plan, group_size=n)
-                                            for one in _with_hsdp(with_n, sp_.hsdp_shards):
-                                                if one in seen or problems(cfg, one, world_size, batch, seq):
-                                                    continue
-                                                seen.add(one)
-                                                out.append(one)
+                                            for hs in _with_hsdp(with_n, sp_.hsdp_shards):
+                                                for one in _with_dispatchers(hs, moe, sp_.dispatchers):
+                                                    if one in seen or problems(cfg, one, world_size, batch, seq):
+                                                        continue
+                                                    seen.add(one)
+                                                    out.append(one)
     return out
+
+
+def _moe_knobs(plan: Plan, moe: bool, space: SearchSpace) -> Plan:
+    """The plan with the search's routing imbalance, for a MoE model (a dense model's plans keep 1.0)."""
+    if not moe or space.routing_imbalance == 1.0:
+        return plan
+    return replace(plan, routing_imbalance=space.routing_imbalance)
+
+
+def _with_dispatchers(plan: Plan, moe: bool, dispatchers) -> list[Plan]:
+    """The plan once per dispatcher of the search (`SearchSpace.dispatchers`), a MoE model's with EP only (a
+    dispatcher over one rank moves nothing: ep = 1 keeps the model's)."""
+    if not moe or dispatchers is None or plan.par.ep == 1:
+        return [plan]
+    return [replace(plan, dispatcher=d) for d in dispatchers]
 
 
 def _recompute_choice(cfg, rc, sequence_parallel: bool) -> tuple[Recompute, tuple | None]:
@@ -486,6 +567,7 @@ class _Sizes:
     router: int
     experts: int  # the E/ep local experts of one MoE layer, every matrix
     h: int
+    shared: int = 0  # the shared experts' MLP of one MoE layer, its h_ffn cut over tp (dense: reduced over dp-cp)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -507,6 +589,7 @@ def _sizes(cfg, tp: int, ep: int, etp: int) -> _Sizes:
         router=one("router"),
         experts=(one("expert W_gate") + one("expert W_up") + one("expert W_down")) * n_local,
         h=cfg.d_model,
+        shared=(3 if cfg.mlp == "swiglu" else 2) * cfg.d_model * (recompute_analysis.shared_ff(cfg) // tp),
     )
 
 
@@ -519,7 +602,8 @@ def _layer_entries(cfg, sz: _Sizes, i: int) -> tuple[list[tuple[str, int]], list
     dense += [(p + f"attn.{w}_proj.weight", sz.q if w in "qo" else sz.kv) for w in "qkvo"]
     dense += [(p + "ln2.weight", h), (p + "ln2.bias", h)]
     if cfg.is_moe_layer(i):
-        return dense + [(p + "mlp.router.gate.weight", sz.router)], [(p + "mlp.experts", sz.experts)]
+        shared = [(p + "mlp.shared", sz.shared)] if sz.shared else []
+        return dense + [(p + "mlp.router.gate.weight", sz.router)] + shared, [(p + "mlp.experts", sz.experts)]
     return dense + [(p + "mlp", sz.dense_mlp)], []
 
 
@@ -668,6 +752,7 @@ def step_flops(cfg, batch: int, seq: int) -> float:
     moe_mlp = 0
     if cfg.moe is not None:
         moe_mlp = cfg.moe.n_experts * h + cfg.moe.top_k * mats * h * (cfg.moe.d_ff or cfg.d_ff)
+        moe_mlp += mats * h * recompute_analysis.shared_ff(cfg)  # the shared experts
     per_token = sum(attn + (moe_mlp if cfg.is_moe_layer(i) else dense_mlp) for i in range(L)) + h * cfg.vocab_size
     entries = seq * (seq + 1) // 2 if cfg.causal else seq * seq
     forward = 2 * per_token * batch * seq + L * batch * cp_analysis.attention_flops(entries * cfg.n_heads, dh)
@@ -789,15 +874,17 @@ def evaluated_ranks(pp: int) -> list[int]:
 def expected_routing(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> list[tuple]:
     """The MoE forwards of this rank in one step, (layer, send_counts, recv_counts, etp_rows) as `compose.
     step_traffic` reads them from a run, filled with their expectation under uniform routing: T k / E rows from each
-    of this rank's T tokens' k choices to each expert, T k rows received per EP rank."""
+    of this rank's T tokens' k choices to each expert, T k rows received per EP rank; with
+    `plan.routing_imbalance` = f the busiest rank's, f times those both ways."""
     if cfg.moe is None:
         return []
     par = plan.par
     b = plan.micro_batch(batch)
     s_out = seq // par.cp // (par.tp if plan.options.sequence_parallel and par.tp > 1 else 1)
     T, k, E = b * s_out, cfg.moe.top_k, cfg.moe.n_experts
-    counts = [[Fraction(T * k, E)] * (E // par.ep) for _ in range(par.ep)]  # [ep, E_local], exact
-    rows = [expected_expert_rows(T, k)] * par.etp
+    f = Fraction(plan.routing_imbalance)  # the busiest rank's rows, f times the mean (`Plan`)
+    counts = [[Fraction(T * k, E) * f] * (E // par.ep) for _ in range(par.ep)]  # [ep, E_local], exact
+    rows = [expected_expert_rows(T, k) * f] * par.etp
     layers = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends) for i in c]
     layers = [i for i in layers if cfg.is_moe_layer(i)]
     return [(i, counts, counts, rows) for _ in range(plan.options.n_microbatches) for i in layers]
@@ -823,8 +910,66 @@ def rank_traffic_rows(
     layouts = flat_layouts(cfg, plan, pp_rank) if layouts is None else layouts
     coords = dict(coords or {}) | {"pp": pp_rank}
     rows = _traffic_rows(cfg, plan, batch, seq, coords, layouts, moe_routing)
+    if cfg.moe is not None and dispatcher_of(cfg, plan) == "allgather":
+        rows = allgather_dispatch_rows(cfg, plan, batch, seq, pp_rank, rows)
+    rows += shared_expert_rows(cfg, plan, batch, seq, pp_rank)
     rows += moe_recompute_rows(plan, rows)
     return _hsdp_rows(plan, rows) + module_traffic_rows(cfg, plan, batch, seq, pp_rank)
+
+
+def _held_moe_layers(cfg, plan: Plan, pp_rank: int) -> int:
+    par = plan.par
+    held = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends) for i in c]
+    return sum(cfg.is_moe_layer(i) for i in held)
+
+
+def allgather_dispatch_rows(cfg, plan: Plan, batch: int, seq: int, pp_rank: int, rows: list) -> list:
+    """`rows` with the all-to-all dispatcher's EP rows replaced by the all-gather dispatcher's
+    (`ep.dispatcher_bytes("allgather")`, n = ep): per MoE forward the gathers of the rows and of the routing
+    (ids, weights) and the reduce-scatter of the outputs, backward their conjugates, the same bytes again."""
+    par = plan.par
+    if par.ep == 1:
+        return rows
+    e = dtype_bytes(cfg.dtype)
+    s_out = seq // par.cp // (par.tp if plan.options.sequence_parallel and par.tp > 1 else 1)
+    T, k, h = plan.micro_batch(batch) * s_out, cfg.moe.top_k, cfg.d_model
+    parts = ep_analysis.dispatcher_bytes("allgather", T, k, h, e, par.ep)
+    n = plan.options.n_microbatches * _held_moe_layers(cfg, plan, pp_rank)
+    kept = [r for r in rows if r.axis != "ep" or r.phase not in ("forward", "backward")]
+    op = {"gather_rows": "all_gather", "gather_routing": "all_gather", "reduce_scatter": "reduce_scatter"}
+    payload = {"gather_rows": par.ep * T * h * e, "gather_routing": par.ep * T * k * (8 + e)}
+    payload["reduce_scatter"] = payload["gather_rows"]
+    out = [
+        compose_analysis.Traffic("ep", phase, op[part], f"allgather.{part}", n, n * parts[part], payload[part])
+        for phase in ("forward", "backward")
+        for part in op
+        if n
+    ]
+    return kept + out
+
+
+def shared_expert_rows(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> list:
+    """The shared experts' TP collectives (`MoEConfig.n_shared_experts`, tp > 1): in every held MoE layer those of a
+    dense MLP (`tp.layer_collectives`, "mlp": under SP the all-gather entering and the reduce-scatter leaving,
+    backward their conjugates; without SP the all-reduces), per microbatch; Megatron's SharedExpertMLP is an MLP
+    over the TP group (megatron/core/transformer/moe/shared_experts.py at d98e8a6), as `pylib.ep.shared` cuts it."""
+    par = plan.par
+    if par.tp == 1 or not recompute_analysis.shared_ff(cfg):
+        return []
+    n = plan.options.n_microbatches * _held_moe_layers(cfg, plan, pp_rank)
+    collectives = tp_analysis.layer_collectives(
+        plan.micro_batch(batch),
+        seq // par.cp,
+        cfg.d_model,
+        par.tp,
+        dtype_bytes(cfg.dtype),
+        sequence_parallel=plan.options.sequence_parallel,
+    )
+    return [
+        compose_analysis.Traffic("tp", c.phase, c.op, "shared_experts", n, n * c.bytes_sent, c.payload_bytes)
+        for c in collectives
+        if c.where == "mlp" and n
+    ]
 
 
 def moe_recompute_rows(plan: Plan, rows: list) -> list:
@@ -1166,7 +1311,12 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
     if cfg.moe is not None and par.ep > 1:
         s_out = s_cp // (par.tp if plan.options.sequence_parallel and par.tp > 1 else 1)
         moe_layers = sum(cfg.is_moe_layer(i) for i in held)
-        per_layer = 4 * ep_analysis.expected_alltoall_bytes(b * s_out, cfg.moe.top_k, cfg.d_model, par.ep, e)
+        if dispatcher_of(cfg, plan) == "allgather":
+            per_layer = (
+                2 * ep_analysis.dispatcher_bytes("allgather", b * s_out, cfg.moe.top_k, cfg.d_model, e, par.ep)["total"]
+            )
+        else:
+            per_layer = 4 * ep_analysis.expected_alltoall_bytes(b * s_out, cfg.moe.top_k, cfg.d_model, par.ep, e)
         seconds += m * moe_layers * per_layer / bw("ep")
     return 0.99 * seconds
 
