@@ -197,3 +197,50 @@ def test_the_dispatcher_is_a_plan_choice_priced_by_the_ep_formulas_and_the_cross
     bad = _ep_plan(dispatcher="allgather")
     etp = replace(bad, par=pc(ep=4, etp=2, dp=64))
     assert any("etp=2 must be 1" in p for p in P.problems(GPT_MOE, etp, 64, 512, 4096))
+
+
+# ------------------------------------------------------------------------------------------------ published MoE runs
+
+
+def test_the_published_mixtral_row_is_predicted_within_20_percent_with_the_dense_constants():
+    from pylib.analysis import calibration as C
+
+    (run,) = C.MOE_RUNS
+    ev = C.evaluate(run)
+    assert abs(ev.error) < 0.2, ev.error
+    assert ev.plan.fits and ev.plan.plan.par == pc(ep=8, dp=16, pp=4)
+    assert ev.plan.plan.options.v == 8 and ev.plan.plan.micro_batch(run.batch) == 1  # the README's VP and MBS
+
+
+def test_deepseek_v3s_layout_is_accepted_broken_down_and_compared_with_its_gpu_hours():
+    from pylib.analysis import calibration as C
+    from pylib.plan.presets import deepseek_v3
+
+    check = C.moe_layout_check()
+    lay = check.layout
+    assert check.report.plan.par == lay.par and check.report.plan.ep_overlap
+    assert check.report.plan.modules == {"layernorm", "mla_up_proj"}
+    fit = check.fitting
+    assert fit is not None and fit.fits and fit.peak_memory <= 0.9 * C.H800["gpu_memory"]
+    for x in (check.report, fit):
+        for r in x.ranks:
+            m = r.memory
+            assert m["total"] == m["params"] + m["grads"] + m["optim"] + m["activations"] + m["gathered"]
+    hours = check.gpu_hours_per_trillion(fit)
+    assert hours == pytest.approx(lay.gpus * fit.step_time / 3600 / (lay.batch * lay.seq) * 1e12)
+    assert check.gap(fit) == pytest.approx(hours / 180e3 - 1)
+    # MLA beside its stand-in, by hand: 7168 x 1536 + 1536 x 128 x 192 + 7168 x 576 + 512 x 128 x 256 + 128 x 128 x 7168
+    f = C.mla_flops_per_token(deepseek_v3(), 4096)
+    assert f["mla"]["projections"] == 187_105_280 and f["stand_in"]["projections"] == 4 * 7168 * 7168
+    assert f["mla"]["core"] / f["stand_in"]["core"] == pytest.approx(320 / 112)
+
+
+def test_ep_overlap_hides_the_all_to_alls_behind_compute_and_charges_their_contention():
+    plan = P.Plan(pc(ep=8, dp=64), RunOptions(n_microbatches=4, zero_stage=1))
+    cluster = P.Cluster(64, intra_node_bandwidth=5e8)  # slow links: EP longer than the compute
+    a, c = (P.predict(GPT_MOE, replace(plan, ep_overlap=x), P.Workload(512, 4096), cluster) for x in (False, True))
+    ea, ec = a.ranks[0].exposed, c.ranks[0].exposed
+    compute = 4 * a.ranks[0].times.total
+    assert ea["ep"] > compute and ec["ep"] == pytest.approx(ea["ep"] - compute)
+    assert ec["contention"] > ea["contention"] and c.step_time < a.step_time
+    assert "EP-overlap" in replace(plan, ep_overlap=True).describe()

@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 from pylib.plan.config import ModelConfig
 from pylib.plan.mesh import ParallelConfig
 from pylib.plan.options import RunOptions
-from pylib.plan.presets import llama3_405b, megatron_gpt
+from pylib.plan.presets import deepseek_v3, llama3_405b, megatron_gpt, mixtral_8x7b
 
 from . import planner as P
 from .efficiency import CostModel
@@ -81,10 +81,12 @@ class Run:
     # own H100 performance scripts pass --grad-reduce-in-bf16 (examples/llama/train_llama3_8b_h100_fp8.sh), and
     # these are tuned benchmark runs: bf16 (the ZeRO paper's 2 bytes per gradient).
     grad_reduce: str = "bfloat16"
+    # Expert parallelism, folded onto the dense mesh (MoE rows only).
+    ep: int = 1
 
     @property
     def par(self) -> ParallelConfig:
-        return ParallelConfig(tp=self.tp, cp=self.cp, dp=self.dp, pp=self.pp)
+        return ParallelConfig(tp=self.tp, cp=self.cp, dp=self.dp, pp=self.pp, ep=self.ep)
 
     @property
     def mfu(self) -> float:
@@ -159,15 +161,17 @@ def megatron_flops(
     megatron/training/training.py, e.g. at f2e5db4): 12 B s L h^2 [(1 + g/a + s/h) q/h + (h_ffn/h) k (3/2 if
     SwiGLU) + V / (2 L h)], q = a d the query width, g the K/V heads, k the experts a token is routed to.
     causal_half: the count since 8873b55 (March 2025, and at d98e8a6), s/(2h) for s/h: half the causal core
-    attention."""
+    attention. A MoE model's shared experts count as k more experts would (f_s / h, as the function does with
+    moe_shared_expert_intermediate_size); every layer is counted as the model's kind (`cfg.moe`: all MoE)."""
     L = cfg.n_layers if n_layers is None else n_layers
     h, a, g = cfg.d_model, cfg.n_heads, cfg.kv_heads
     q = a * cfg.d_head
     k = 1 if cfg.moe is None else cfg.moe.top_k
     gated = 1.5 if cfg.mlp == "swiglu" else 1.0
     f = cfg.d_ff if cfg.moe is None else (cfg.moe.d_ff or cfg.d_ff)
+    f_shared = 0 if cfg.moe is None else cfg.moe.n_shared_experts * f  # Megatron's shared_expert_ffn_hidden_size
     core = seq / h / (2 if causal_half else 1)
-    per = (1 + g / a + core) * q / h + f / h * k * gated + cfg.vocab_size / (2 * L * h)
+    per = (1 + g / a + core) * q / h + (f * k + f_shared) / h * gated + cfg.vocab_size / (2 * L * h)
     return 12.0 * batch * seq * L * h * h * per
 
 
@@ -379,9 +383,163 @@ def fit(rows, grid: dict | None = None) -> tuple[CostModel, float]:
     return best
 
 
+# ------------------------------------------------------------------------------------------------ MoE runs
+
+# Megatron-LM, megatron/core/transformer/moe/README.md from c230e0d (the MoE documentation update) to 0888a06
+# (e.g. at 4015ff1): the opening paragraph, "Mixtral 8X7B bf16 training ... 468 TFLOPS as of MCore v0.9", and the
+# table "Reference Best Parallel Mapping" (MCore v0.8): Mixtral 8x7B (dropless), V = 32K, the all-to-all dispatcher,
+# BF16, 64 GPUs, s = 4096, TP 1, EP 8, PP 4, VP 8, MBS 1, GBS 256, on 8 x H100 80 GB HBM3 per server, NVLink 4,
+# InfiniBand 8 x 400 Gbit/s. The README prints the throughput and the mapping in two places; that the 468 TFLOP/s
+# were measured on this mapping is this row's reading of it. TFLOP/s in the full s x s count of `megatron_flops`
+# (MCore v0.9, October 2024, is before 8873b55). Not fitted: the constants are the dense fit's (`CostModel()`).
+_MOE_README = "Megatron-LM MoE README (468 TFLOPS, Mixtral 8x7B bf16, MCore v0.9; its best parallel mapping)"
+MOE_RUNS = (
+    Run("Mixtral 8x7B", _MOE_README, mixtral_8x7b(), 64, 4096, 256, 1, 4, 16, ep=8, tflops=468, tp_comm_overlap=False),
+)
+
+
+# H800 SXM 80 GB (DeepSeek-V3's cluster, technical report section 3.1): the H100's 989 TFLOP/s dense bf16 and
+# 3.35 TB/s HBM3; NVLink at 160 GB/s and InfiniBand at 50 GB/s per GPU, the report's own figures (section 3.2.2).
+H800 = dict(
+    gpu_memory=80e9, peak_flops=989e12, hbm_bandwidth=3.35e12, intra_node_bandwidth=160e9, inter_node_bandwidth=50e9
+)
+
+
+@dataclass(frozen=True)
+class PublishedMoELayout:
+    """DeepSeek-V3's pre-training as its technical report (DeepSeek-AI 2024, arXiv 2412.19437) prints it: 2048
+    H800 GPUs (section 3.1), PP 16, EP 64 over 8 nodes, ZeRO-1 DP, no TP (3.2), DualPipe with each device's EP
+    all-to-alls under another microbatch's compute (3.2.1), selective recomputation of RMSNorm and the MLA
+    up-projections (3.2.3), sequences of 4096 tokens and a batch of 15360 after its ramp (4.2), 14.8T tokens in
+    2664K H800 GPU hours of pre-training, 180K per trillion tokens (Table 1 and section 1). The model:
+    `pylib.plan.presets.deepseek_v3` (its stated approximations). `modules` the recomputation the report names,
+    in Megatron's spelling; `fp8` whether its GEMMs ran in FP8 (3.3: they did; the planner prices bf16)."""
+
+    name: str
+    source: str
+    gpus: int
+    seq: int
+    batch: int
+    pp: int
+    ep: int
+    dp: int
+    gpu_hours_per_trillion: float
+    modules: tuple[str, ...]
+    fp8: bool = True
+
+    @property
+    def par(self) -> ParallelConfig:
+        return ParallelConfig(tp=1, ep=self.ep, dp=self.dp, pp=self.pp)
+
+
+DEEPSEEK_V3 = PublishedMoELayout(
+    "DeepSeek-V3",
+    "DeepSeek-V3 Technical Report, sections 3.1-3.3, 4.2 and Table 1",
+    gpus=2048,
+    seq=4096,
+    batch=15360,
+    pp=16,
+    ep=64,
+    dp=128,
+    gpu_hours_per_trillion=180e3,
+    modules=("layernorm", "mla_up_proj"),
+)
+
+# MLA's published shapes (DeepSeek-V3 technical report, section 4.2): 128 heads, q compressed to 1536, K/V to 512,
+# per head 128 dimensions without RoPE and 64 with it for q and k, 128 for v.
+MLA_V3 = dict(heads=128, q_rank=1536, kv_rank=512, qk_nope=128, qk_rope=64, v_head=128)
+
+
+def mla_flops_per_token(cfg: ModelConfig, seq: int, mla: dict | None = None) -> dict:
+    """Forward multiply-adds per token of one attention layer, MLA's (DeepSeek-V3's shapes, `MLA_V3`) beside the
+    multi-head attention that stands in for it in `cfg`: "projections" (MLA: q down and up, K/V down with the RoPE
+    key, K/V up, the output; the stand-in: Q, K, V and O) and "core" (q.k and p.v over the causal half of s x s
+    scores, per token: MLA's q.k over 192 dimensions and p.v over 128, the stand-in's over d_head each)."""
+    m = MLA_V3 if mla is None else mla
+    h, n = cfg.d_model, m["heads"]
+    qk = m["qk_nope"] + m["qk_rope"]
+    proj = (
+        h * m["q_rank"]
+        + m["q_rank"] * n * qk
+        + h * (m["kv_rank"] + m["qk_rope"])
+        + m["kv_rank"] * n * (m["qk_nope"] + m["v_head"])
+        + n * m["v_head"] * h
+    )
+    half = (seq + 1) / 2  # scores per query, causal
+    stand_proj = h * (2 * cfg.n_heads + 2 * cfg.kv_heads) * cfg.d_head
+    return dict(
+        mla=dict(projections=proj, core=half * n * (qk + m["v_head"])),
+        stand_in=dict(projections=stand_proj, core=half * cfg.n_heads * 2 * cfg.d_head),
+    )
+
+
+@dataclass(frozen=True)
+class MoELayoutCheck:
+    """The planner on a `PublishedMoELayout`: `report`, the published mesh with the recomputation the report names
+    (and DualPipe's EP overlap, `Plan.ep_overlap`); `fitting`, the published mesh's fastest plan that fits
+    (the planner may recompute more); both on `H800`."""
+
+    layout: PublishedMoELayout
+    report: P.Prediction
+    fitting: P.Prediction | None
+
+    def gpu_hours_per_trillion(self, x: P.Prediction) -> float:
+        """H800 hours per 10^12 tokens at the predicted step time: N t_step / 3600 / (B s) x 10^12."""
+        lay = self.layout
+        return lay.gpus * x.step_time / 3600 / (lay.batch * lay.seq) * 1e12
+
+    def gap(self, x: P.Prediction) -> float:
+        """Predicted hours per trillion tokens over the report's, minus 1."""
+        return self.gpu_hours_per_trillion(x) / self.layout.gpu_hours_per_trillion - 1
+
+
+# What the planner may add to the report's recomputation to fit: the experts' activation (the report caches the
+# SwiGLU's inputs and recomputes its output, section 3.3.2) or the whole MoE layer.
+MOE_LAYOUT_EXTRA = ((), ("moe_act",), ("moe",))
+
+
+def _layout_plans(lay: PublishedMoELayout, cfg: ModelConfig) -> list[P.Plan]:
+    """The published mesh, micro-batches of one sequence, 1F1B with Llama 3's split of L + 2 slots (62 layers +
+    embedding + head: 4 slots a stage), ZeRO-1, EP overlapped, each recomputation of MOE_LAYOUT_EXTRA."""
+    space = P.SearchSpace(
+        meshes=(lay.par,),
+        micro_batch_sizes=(1,),
+        virtual_stages=(1,),
+        zero_stages=(1,),
+        sequence_parallel=(False,),
+        balance_ends=True,
+        recompute=tuple(("selective", lay.modules + extra) for extra in MOE_LAYOUT_EXTRA),
+    )
+    plans = P.enumerate_plans(cfg, lay.gpus, lay.batch, lay.seq, space)
+    if not plans:
+        raise ValueError(f"{lay.name}: the planner accepts no plan with the published mesh {lay.par.describe()}")
+    return [replace(p, ep_overlap=True) for p in plans]
+
+
+def moe_layout_check(lay: PublishedMoELayout = DEEPSEEK_V3, model: CostModel | None = None) -> MoELayoutCheck:
+    """The planner on DeepSeek-V3's published layout (`MoELayoutCheck`), fp32 gradients (the report keeps
+    them in FP32, section 3.3)."""
+    cfg = deepseek_v3()
+    c = P.Cluster(lay.gpus, model=model or CostModel(), **H800)
+    work = P.Workload(lay.batch, lay.seq, grad_reduce="float32")
+    predicted = [P.predict(cfg, p, work, c) for p in _layout_plans(lay, cfg)]
+    report = next(x for x in predicted if x.plan.modules == frozenset(lay.modules))
+    fits = sorted((x for x in predicted if x.fits), key=lambda x: x.step_time)
+    return MoELayoutCheck(lay, report, fits[0] if fits else None)
+
+
 __all__ = [
     "A100",
+    "DEEPSEEK_V3",
     "FIT_ROWS",
+    "H800",
+    "MLA_V3",
+    "MOE_LAYOUT_EXTRA",
+    "MOE_RUNS",
+    "MoELayoutCheck",
+    "PublishedMoELayout",
+    "mla_flops_per_token",
+    "moe_layout_check",
     "KORTHIKANTI_SP",
     "GRID",
     "HOLDOUT_ROWS",

@@ -201,7 +201,11 @@ class Plan:
     (`MoEConfig.dispatcher`). pylib.ep runs both; pylib.compose runs the all-to-all, so "allgather" is the
     analysis only, as the shared experts are (`MoEConfig.n_shared_experts`: their weights cut over tp and
     reduced over dp-cp as a dense MLP's, their GEMMs, rows and TP collectives priced by the planner,
-    `shared_expert_rows`)."""
+    `shared_expert_rows`).
+    ep_overlap: the EP all-to-alls run under another microbatch's compute (DualPipe's paired forward and backward,
+    DeepSeek-V3 technical report section 3.2.1; Megatron's --overlap-moe-expert-parallel-comm): `exposed_seconds`
+    leaves of them only what exceeds the step's compute, and charges the hidden part its contention. The analysis
+    only: pylib.compose exposes them."""
 
     par: ParallelConfig
     options: RunOptions = RunOptions()
@@ -212,6 +216,7 @@ class Plan:
     hsdp_shard: int | None = None
     routing_imbalance: float = 1.0
     dispatcher: str | None = None
+    ep_overlap: bool = False
 
     def __post_init__(self):
         number("Plan", "routing_imbalance", self.routing_imbalance, low=1)
@@ -264,6 +269,8 @@ class Plan:
             parts.append("allgather-dispatch")
         if self.routing_imbalance != 1.0:
             parts.append(f"imbalance={self.routing_imbalance:.2f}")
+        if self.ep_overlap:
+            parts.append("EP-overlap")
         if o.zero_stage and self.hsdp_shard is not None:
             parts.append(f"HSDP {self.dp_cp // self.hsdp_shard}x{self.hsdp_shard}")
         elif o.zero_stage:
@@ -413,11 +420,12 @@ def group_sizes_for(p: int, n_microbatches: int, v: int, choice="default") -> tu
 
 
 def _slots(cfg, plan: Plan):
-    """The model the pipeline split sees: `cfg`, or with `plan.balance_ends` its L + 2 slots (a dense model)."""
+    """The model the pipeline split sees: `cfg`, or with `plan.balance_ends` its L + 2 slots (a dense model, or a
+    MoE model whose every layer is a MoE layer, so the slots' layer kinds are the layers')."""
     if not plan.balance_ends:
         return cfg
-    if cfg.moe is not None:
-        raise ValueError("balance_ends: Llama 3's split is modelled for dense models only")
+    if cfg.moe is not None and cfg.moe.every != 1:
+        raise ValueError("balance_ends: Llama 3's split is modelled for dense models and all-MoE models only")
     return replace(cfg, n_layers=cfg.n_layers + 2)
 
 
@@ -1187,6 +1195,8 @@ def exposed_seconds(plan: Plan, counted, t: MicrobatchTime, cluster: Cluster, in
         out[axis] = out.get(axis, 0.0) + x
     if "cp" in out and plan.options.cp_kind == "ring":  # the K/V passes run while the core computes
         out["cp"] = max(0.0, out["cp"] - m * t.core)
+    if "ep" in out and getattr(plan, "ep_overlap", False):  # under the other microbatch's compute (`Plan`)
+        out["ep"] = max(0.0, out["ep"] - m * t.total)
     if not cluster.overlap_dp:
         out["dp"] = sum(dp.values())
     elif plan.options.zero_stage <= 1:
