@@ -477,11 +477,18 @@ def mla_flops_per_token(cfg: ModelConfig, seq: int, mla: dict | None = None) -> 
 class MoELayoutCheck:
     """The planner on a `PublishedMoELayout`: `report`, the published mesh with the recomputation the report names
     (and DualPipe's EP overlap, `Plan.ep_overlap`); `fitting`, the published mesh's fastest plan that fits
-    (the planner may recompute more); both on `H800`."""
+    (the planner may recompute more); both on `cluster` (`H800`) for `workload`; `predict` prices another plan of
+    the same job."""
 
     layout: PublishedMoELayout
     report: P.Prediction
     fitting: P.Prediction | None
+    cfg: ModelConfig
+    workload: P.Workload
+    cluster: P.Cluster
+
+    def predict(self, plan: P.Plan) -> P.Prediction:
+        return P.predict(self.cfg, plan, self.workload, self.cluster)
 
     def gpu_hours_per_trillion(self, x: P.Prediction) -> float:
         """H800 hours per 10^12 tokens at the predicted step time: N t_step / 3600 / (B s) x 10^12."""
@@ -525,7 +532,7 @@ def moe_layout_check(lay: PublishedMoELayout = DEEPSEEK_V3, model: CostModel | N
     predicted = [P.predict(cfg, p, work, c) for p in _layout_plans(lay, cfg)]
     report = next(x for x in predicted if x.plan.modules == frozenset(lay.modules))
     fits = sorted((x for x in predicted if x.fits), key=lambda x: x.step_time)
-    return MoELayoutCheck(lay, report, fits[0] if fits else None)
+    return MoELayoutCheck(lay, report, fits[0] if fits else None, cfg, work, c)
 
 
 __all__ = [

@@ -890,9 +890,10 @@ def expected_routing(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> lis
     b = plan.micro_batch(batch)
     s_out = seq // par.cp // (par.tp if plan.options.sequence_parallel and par.tp > 1 else 1)
     T, k, E = b * s_out, cfg.moe.top_k, cfg.moe.n_experts
-    f = Fraction(plan.routing_imbalance)  # the busiest rank's rows, f times the mean (`Plan`)
-    counts = [[Fraction(T * k, E) * f] * (E // par.ep) for _ in range(par.ep)]  # [ep, E_local], exact
-    rows = [expected_expert_rows(T, k) * f] * par.etp
+    f = plan.routing_imbalance  # the busiest rank's rows, f times the mean (`Plan`)
+    scale = Fraction(f) if f != 1.0 else 1
+    counts = [[Fraction(T * k, E) * scale] * (E // par.ep) for _ in range(par.ep)]  # [ep, E_local], exact
+    rows = [expected_expert_rows(T, k) * scale] * par.etp
     layers = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends) for i in c]
     layers = [i for i in layers if cfg.is_moe_layer(i)]
     return [(i, counts, counts, rows) for _ in range(plan.options.n_microbatches) for i in layers]
