@@ -49,6 +49,12 @@ The cost model (book/part4/planner.md states each term with its formula):
                model axis; `contention` seconds of compute per second of hidden communication
   bandwidth  an axis's is the intra-node link's when every group of that axis sits inside one node (the order
                string decides: `crosses_nodes`), the inter-node link's otherwise.
+MoE layers (`Plan`'s MoE knobs): Megatron's selective modules for them ("moe", "moe_act", "shared_experts",
+"layernorm", "mla_up_proj") priced from the same activation rows the rank runs measure; a routing-imbalance factor
+f from a measured run (`Plan.routing_imbalance`) on the busiest EP rank's expert GEMMs, kept rows and all-to-all
+bytes; shared experts (their weights, GEMMs, rows, TP collectives); the all-gather or the all-to-all dispatcher
+(`Plan.dispatcher`); EP hidden under another microbatch's compute (`Plan.ep_overlap`, DualPipe's pairing). Checked
+against published runs in `calibration` (`MOE_RUNS`, `moe_layout_check`: DeepSeek-V3's layout).
 A plan must fit: peak memory <= usable GPU memory. Plans that fit are ranked by step time, ties by memory; plans
 that do not, after them, by memory. The constants are fitted on published runs (`calibration`).
 
