@@ -247,6 +247,16 @@ def _plan_frontier():
     )
 
 
+def _moe_memory():
+    """The planner chapter's DeepSeek-V3 figure: its published layout, the report's recomputation and the fit."""
+    from pylib.analysis import calibration as C
+    from pylib.viz import planner
+
+    check = C.moe_layout_check()
+    pairs = [("report's recomputation", check.report), ("+ the MoE layer recomputed", check.fitting)]
+    return planner.fig_moe_memory(pairs, check.cluster.gpu_memory)
+
+
 def _schedules_on_chapter_axes():
     """pp.md's use: the chapter makes the axes with style.subplots and hands each to a pp figure function."""
     fig, axes = style.subplots(2, 1, figsize=(9, 5))
@@ -339,6 +349,7 @@ CASES = {
     ),
     "compose.plot_rank_report": lambda runs: compose.plot_rank_report(_report_rows(), unit="B"),
     "planner.fig_plan_frontier": lambda runs: _plan_frontier(),
+    "planner.fig_moe_memory": lambda runs: _moe_memory(),
     "lab_times.plot_times": lambda runs: _lab_times(),  # book/labs/instructor.md, from the committed labs/times.json
     "checkpoint.plot_resharding": lambda runs: ckpt.plot_resharding(
         {r: {"model": 5120 + 256 * r, "exp_avg": 5632, "exp_avg_sq": 5632} for r in range(8)},
