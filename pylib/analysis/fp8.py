@@ -106,7 +106,38 @@ def playbook_total(row: dict) -> int:
     return sum(v for k, v in row.items() if k != "total")
 
 
+# ------------------------------------------------------------------------------------ FP8 across the modes
+# Per-rank bytes sent, as the tracer counts them (`pylib.runtime.tracer`): an all-gather of S output bytes over n
+# ranks sends (n-1)/n S, an all-reduce of S bytes 2(n-1)/n S (integer division, as the tracer rounds).
+
+
+def amax_allreduce_bytes(n: int, values: int = 1) -> int:
+    """One all-reduce (max) of `values` fp32 amaxes over n ranks: what agreeing on per-tensor scales costs."""
+    return 2 * (n - 1) * FP32 * values // n if n > 1 else 0
+
+
+def sp_input_gather_bytes(b: int, s: int, h: int, t: int, compute_bytes: int, recipe=None) -> dict[str, int]:
+    """The sequence-parallel all-gather of one column-parallel input [b, s/t, h] -> [b, s, h] over t ranks, per rank:
+    "gather" the activation bytes sent ((t-1) b s/t h elements: `compute_bytes` each, 1 when `recipe.input_gather`
+    quantizes the slice first), "amax" the all-reduce that agrees the input's scale (FP8 gather only)."""
+    fp8 = recipe is not None and recipe.input_gather
+    elements = (t - 1) * b * (s // t) * h
+    return dict(gather=elements * (1 if fp8 else compute_bytes), amax=amax_allreduce_bytes(t) if fp8 else 0)
+
+
+def tp_amax_allreduces(recipe, sequence_parallel: bool = False) -> int:
+    """How many one-scale all-reduces a column-then-row pair of FP8 linears makes per step under TP
+    (`pylib.tp.fp8`): the column's W and dY and the row's X and W for a per-tensor recipe, plus the column's X when
+    the SP gather is in FP8; 0 for block recipes (their tiles never straddle two ranks)."""
+    if recipe is None or not recipe.per_tensor:
+        return 0
+    return 4 + (1 if sequence_parallel and recipe.input_gather else 0)
+
+
 __all__ = [
+    "amax_allreduce_bytes",
+    "sp_input_gather_bytes",
+    "tp_amax_allreduces",
     "PLAYBOOK",
     "bytes_per_parameter",
     "fp8_held_bytes",

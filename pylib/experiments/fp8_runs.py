@@ -215,3 +215,77 @@ __all__ = [
     "loss_parity",
     "one_thread",
 ]
+
+
+# --------------------------------------------------------------------------------------------- FP8 across the modes
+
+
+def mlp_linears(h: int, h_ffn: int, seed: int = 0) -> tuple[torch.nn.Linear, torch.nn.Linear]:
+    """The MLP's two linears in fp32, W_up [h_ffn, h] with a bias and W_down [h, h_ffn] without (the row-parallel
+    bias is added once after the TP sum, the same in FP8 and bf16), from `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    up, down = torch.nn.Linear(h, h_ffn), torch.nn.Linear(h_ffn, h, bias=False)
+    with torch.no_grad():
+        up.weight.copy_(torch.randn(h_ffn, h, generator=g) * h**-0.5)
+        up.bias.copy_(torch.randn(h_ffn, generator=g) * 0.1)
+        down.weight.copy_(torch.randn(h, h_ffn, generator=g) * h_ffn**-0.5)
+    return up, down
+
+
+def mlp_inputs(b: int, s: int, h: int, steps: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`steps` (x [b, s, h], dy [b, s, h]) pairs: the input and the output gradient of each step (the second step
+    of "delayed" reads the amax history the first wrote)."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(b, s, h, generator=g), torch.randn(b, s, h, generator=g) * 1e-2) for _ in range(steps)]
+
+
+def fp8_mlp_reference(recipe: Fp8Recipe, h: int, h_ffn: int, inputs, path: str = "scaled_mm") -> dict:
+    """One device: y = down(gelu(up(x))) with both linears as `Fp8Linear`, run on each (x, dy) of `inputs`; the last
+    step's y, dx and the weight (and up-bias) gradients."""
+    from pylib.model.fp8 import Fp8Linear
+
+    up_lin, down_lin = mlp_linears(h, h_ffn)
+    up, down = Fp8Linear(up_lin, recipe, path), Fp8Linear(down_lin, recipe, path)
+    with one_thread():
+        for x, dy in inputs:
+            for p in (up.weight, up.bias, down.weight):
+                p.grad = None
+            x = x.clone().requires_grad_(True)
+            y = down(torch.nn.functional.gelu(up(x)))
+            (y * dy).sum().backward()
+    return dict(y=y.detach(), dx=x.grad, up_w=up.weight.grad, up_b=up.bias.grad, down_w=down.weight.grad)
+
+
+def tp_fp8_mlp(cases: list[tuple[Fp8Recipe, bool]], h: int, h_ffn: int, inputs, path: str = "scaled_mm") -> list:
+    """Inside a launched rank, TP over every rank: for each (recipe, sequence_parallel) the MLP of `mlp_linears`
+    cut column then row (`pylib.tp.fp8`), run on `inputs` as `fp8_mlp_reference` runs it; per case this rank's
+    last-step y, dx (its sequence slice under SP), weight gradients (its shard) and the traced communication of
+    the last step: [(op, tag, dtype, bytes_sent)]."""
+    import torch.nn.functional as F
+
+    from pylib.runtime import collectives as C
+    from pylib.runtime.tracer import trace
+    from pylib.tp import ColumnParallelLinear, RowParallelLinear
+    from pylib.tp.fp8 import to_fp8_tp
+    from pylib.tp.regions import SEQ_DIM
+
+    g = C.resolve_group(None)
+    out = []
+    with one_thread():
+        for recipe, sp in cases:
+            up_lin, down_lin = mlp_linears(h, h_ffn)
+            col = to_fp8_tp(ColumnParallelLinear.from_full(up_lin, group=g, sequence_parallel=sp), recipe, path)
+            row = to_fp8_tp(RowParallelLinear.from_full(down_lin, group=g, sequence_parallel=sp), recipe, path)
+            for x, dy in inputs:
+                for p in (col.weight, col.bias, row.weight):
+                    p.grad = None
+                if sp:
+                    x, dy = (t.chunk(g.size, SEQ_DIM)[g.rank].contiguous() for t in (x, dy))
+                x = x.clone().requires_grad_(True)
+                with trace() as tr:
+                    y = row(F.gelu(col(x)))
+                    (y * dy).sum().backward()
+            events = [(e.op, e.tag, e.dtype, e.bytes_sent) for e in tr.events]
+            grads = dict(up_w=col.weight.grad, up_b=col.bias.grad, down_w=row.weight.grad)
+            out.append(dict(recipe=recipe, sp=sp, y=y.detach(), dx=x.grad, events=events, **grads))
+    return out
