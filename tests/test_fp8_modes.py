@@ -9,9 +9,14 @@ from collections import Counter
 import pytest
 import torch
 
-from pylib.analysis.fp8 import amax_allreduce_bytes, sp_input_gather_bytes, tp_amax_allreduces
+from pylib.analysis.fp8 import (
+    amax_allreduce_bytes,
+    fp8_param_gather_bytes,
+    sp_input_gather_bytes,
+    tp_amax_allreduces,
+)
 from pylib.experiments import fp8_runs as R
-from pylib.plan.options import FP8_RECIPES, Fp8Recipe
+from pylib.plan.options import FP8_RECIPES, Fp8Recipe, MixedPrecision
 from pylib.runtime import launch
 from pylib.tp.fp8 import AMAX_TAG, tp_fp8_problems
 
@@ -129,3 +134,102 @@ def test_the_fp8_sp_gather_moves_half_the_bf16_bytes():
     bf16 = sp_input_gather_bytes(2, 4096, 8192, 8, 2)
     fp8 = sp_input_gather_bytes(2, 4096, 8192, 8, 2, Fp8Recipe("tensorwise", input_gather=True))
     assert 2 * fp8["gather"] == bf16["gather"] == 7 * 2 * 512 * 8192 * 2 and fp8["amax"] == 7
+
+
+# ------------------------------------------------------------------------------------------------ ZeRO-3 FP8 gather
+D = 4
+Z3_CASES = [(Fp8Recipe(r, param_gather=g), 1) for r in ("delayed", "tensorwise", "blockwise") for g in (False, True)]
+Z3_CASES.append((Fp8Recipe("tensorwise", param_gather=True, first_last_layers_bf16=True), 3))
+# Against one device running the d micro-batches in turn (SingleDeviceMixed, the d ranks' rounding points), the
+# only change is the order of the fp32 gradient sum: reduce-scatter over d ranks against d sequential adds, at most
+# d - 1 roundings of 2^-24 each relative to the largest gradient; 2^-20 leaves 5x room.
+GRAD_SUM_RTOL = 2.0**-20
+
+
+@pytest.fixture(scope="module")
+def z3_runs():
+    return launch(R.zero3_fp8_run, D, Z3_CASES, backend="gloo", timeout=300)
+
+
+def _z3(ranks, i):
+    per = [r[i] for r in ranks]
+    grads = {}
+    for key, entries in per[0]["layouts"].items():
+        flat = torch.cat([p["grads"][key] for p in per])
+        grads.update({name: flat[off : off + n].view(shape) for name, off, n, shape in entries})
+    losses = [sum(p["losses"][s] for p in per) / D for s in range(len(per[0]["losses"]))]
+    return dict(losses=losses, grads=grads, events=per[0]["events"], padded=per[0]["padded"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("i", [1, 3, 5], ids=["delayed", "tensorwise", "blockwise"])
+def test_the_fp8_parameter_gather_is_the_bf16_gather_run_bit_for_bit(z3_runs, i):
+    fp8, bf16 = _z3(z3_runs, i), _z3(z3_runs, i - 1)
+    assert fp8["losses"] == bf16["losses"]
+    assert all(torch.equal(fp8["grads"][n], g) for n, g in bf16["grads"].items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("i", [3, 5, 6], ids=["tensorwise", "blockwise", "first-last-bf16"])
+def test_zero3_with_the_fp8_gather_equals_the_single_device_fp8_run(z3_runs, i):
+    recipe, n_layers = Z3_CASES[i]
+    got = _z3(z3_runs, i)
+    losses, grads = R.fp8_single_device(recipe, n_layers, D)
+    assert got["losses"] == losses  # the same FP8 bits each micro-batch; Adam's step from sums within fp32 order
+    for name, want in grads.items():
+        err = float((got["grads"][name] - want).abs().max() / want.abs().max())
+        assert err <= GRAD_SUM_RTOL, (name, err)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("i", range(len(Z3_CASES)))
+def test_zero3_fp8_gather_bytes_equal_the_formula_and_half_the_bf16_gather(z3_runs, i):
+    recipe, n_layers = Z3_CASES[i]
+    run = _z3(z3_runs, i)
+    precision = MixedPrecision(grad_reduce="float32", fp8=recipe)
+    kept = {f"layers.{j}" for j in ((0, n_layers - 1) if recipe.first_last_layers_bf16 else ())}
+    for j in range(n_layers):
+        unit = f"layers.{j}"
+        fp8_key = f"{unit}.fp8"
+        gathers = [e for e in run["events"] if e[0] == "all_gather" and e[1] == f"zero3.{fp8_key}"]
+        amax = [e for e in run["events"] if e[1] == f"fp8.amax.param.zero3.{fp8_key}"]
+        if unit in kept or not recipe.param_gather:
+            assert not gathers and fp8_key not in run["padded"]  # the unit's linears gather in bf16
+            continue
+        shapes = [(128, 128)] * 4 + [(256, 128), (128, 256)]  # q, k, v, o; up, down
+        want = fp8_param_gather_bytes(shapes, run["padded"][fp8_key], D, precision)
+        assert [(e[2], e[3], e[4]) for e in gathers] == [
+            ("uint8", "forward", want["gather"]),
+            ("uint8", "backward", want["gather"]),
+        ]
+        assert [e[4] for e in amax] == [want["amax"]] and 2 * want["gather"] == want["bf16"]
+
+
+# ------------------------------------------------------------------------------------------ what stays high precision
+def test_first_last_layers_bf16_keeps_the_first_and_last_layer_and_the_lm_head_out_of_fp8():
+    from pylib.model import build_model
+    from pylib.model.fp8 import fp8_layers, to_fp8
+
+    def fp8_names(recipe):
+        model = to_fp8(build_model(R.fp8_layers_model(3)), recipe)
+        return {n.rpartition(".")[0].rpartition(".")[0] for n, m in model.named_modules() if m in fp8_layers(model)}
+
+    assert fp8_names(Fp8Recipe("tensorwise")) == {"layers.0", "layers.1", "layers.2"}  # the LM head: never
+    assert fp8_names(Fp8Recipe("tensorwise", first_last_layers_bf16=True)) == {"layers.1"}
+
+
+def test_the_fp8_parameter_gather_outside_zero3_is_refused_before_the_model_is_touched():
+    from pylib.dp import wrap
+    from pylib.model import build_model
+
+    model = build_model(R.fp8_test_model())
+    precision = MixedPrecision(fp8=Fp8Recipe("tensorwise", param_gather=True))
+    with pytest.raises(ValueError, match="needs zero_stage 3, got zero1"):
+        wrap(model, "zero1", precision=precision)
+    assert model.lm_head.weight.dtype == torch.float32  # not cast
+
+
+def test_the_fp8_parameter_gather_formula_is_half_the_bf16_gather_plus_the_scales():
+    precision = MixedPrecision(fp8=Fp8Recipe("blockwise", param_gather=True))
+    got = fp8_param_gather_bytes([(256, 128), (128, 256)], 65536, 4, precision)
+    assert got == dict(gather=49152, amax=amax_allreduce_bytes(4, 4), bf16=98304) and got["amax"] == 24

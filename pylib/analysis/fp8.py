@@ -134,7 +134,25 @@ def tp_amax_allreduces(recipe, sequence_parallel: bool = False) -> int:
     return 4 + (1 if sequence_parallel and recipe.input_gather else 0)
 
 
+def fp8_param_gather_bytes(weights: list[tuple[int, int]], padded: int, d: int, precision: MixedPrecision) -> dict:
+    """ZeRO-3's gather of one unit's FP8 flat (the weights [out, in] of its FP8 linears, `padded` elements with the
+    padding to a multiple of d) over d ranks, per rank and gather: "gather" the bytes sent ((d-1)/d of the flat, 1
+    byte an element with `fp8.param_gather`, else the compute dtype's), "amax" the forward's all-reduce that agrees
+    the scales (one fp32 per weight, or per 128 x 128 block for blockwise; none in the backward, which reuses
+    them), "bf16" what the same weights cost gathered in the compute dtype (`pylib.dp.fp8_gather`)."""
+    recipe = precision.fp8
+    bf16 = (d - 1) * padded // d * precision.compute_bytes
+    if recipe is None or not recipe.param_gather:
+        return dict(gather=bf16, amax=0, bf16=bf16)
+    if recipe.per_tensor:
+        scales = len(weights)
+    else:
+        scales = sum((n // recipe.block) * (k // recipe.block) for n, k in weights)
+    return dict(gather=(d - 1) * padded // d, amax=amax_allreduce_bytes(d, scales), bf16=bf16)
+
+
 __all__ = [
+    "fp8_param_gather_bytes",
     "amax_allreduce_bytes",
     "sp_input_gather_bytes",
     "tp_amax_allreduces",

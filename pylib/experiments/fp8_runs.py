@@ -11,6 +11,7 @@ Both are deterministic (fixed seeds, one thread) and take a few seconds on this 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 import torch.distributed as dist
@@ -289,3 +290,68 @@ def tp_fp8_mlp(cases: list[tuple[Fp8Recipe, bool]], h: int, h_ffn: int, inputs, 
             grads = dict(up_w=col.weight.grad, up_b=col.bias.grad, down_w=row.weight.grad)
             out.append(dict(recipe=recipe, sp=sp, y=y.detach(), dx=x.grad, events=events, **grads))
     return out
+
+
+def fp8_layers_model(n_layers: int) -> ModelConfig:
+    """`fp8_test_model` with `n_layers` layers (three show `first_last_layers_bf16` keeping the first and last)."""
+    return dataclasses.replace(fp8_test_model(), n_layers=n_layers)
+
+
+def zero3_fp8_run(cases: list[tuple[Fp8Recipe, int]], batch: int = 4, seq: int = 32, steps: int = 2, lr=3e-3):
+    """Inside a launched rank: for each (recipe, n_layers), `fp8_layers_model(n_layers)` under ZeRO-3 over every rank
+    in bf16 mixed precision (fp32 master weights and Adam, fp32 gradient reduction) with the recipe, `steps` steps
+    on this rank's `batch` rows of each step's batch. Per case: this rank's loss of each step; the first step's
+    reduced gradient shards by flat key with the flats' layouts; that step's traced communication
+    [(op, tag, dtype, phase, bytes_sent)]."""
+    from pylib.runtime.tracer import trace
+
+    rank, d = dist.get_rank(), dist.get_world_size()
+    out = []
+    with one_thread():
+        for recipe, n_layers in cases:
+            cfg = fp8_layers_model(n_layers)
+            torch.manual_seed(0)
+            model = build_model(cfg)
+            trainer = wrap(model, "zero3", precision=MixedPrecision(grad_reduce="float32", fp8=recipe), lr=lr)
+            losses, grads, events = [], None, []
+            for step in range(steps):
+                ids, targets = batches(cfg, batch * d, seq, step, data="pattern")
+                with trace() as tr:
+                    loss = model.loss(micro_batch(ids, rank, d), micro_batch(targets, rank, d))
+                    trainer.scale_loss(loss).backward()
+                    trainer.finish_gradient_sync()
+                losses.append(float(loss.detach()))
+                if step == 0:
+                    grads = {k: g.detach().clone() for k, g in trainer.gradient_shards().items()}
+                    events = [(e.op, e.tag, e.dtype, e.phase, e.bytes_sent) for e in tr.events]
+                trainer.step()
+                trainer.zero_grad()
+            layouts = {
+                lay.key: [(e.name, e.offset, e.numel, tuple(e.shape)) for e in lay.entries] for lay in trainer.layouts
+            }
+            padded = {lay.key: lay.padded_numel for lay in trainer.layouts}
+            out.append(dict(losses=losses, grads=grads, layouts=layouts, padded=padded, events=events))
+    return out
+
+
+def fp8_single_device(recipe: Fp8Recipe, n_layers: int, d: int, batch: int = 4, seq: int = 32, steps=2, lr=3e-3):
+    """The same training on one device with the d ranks' rounding points (`SingleDeviceMixed`, d micro-batches of
+    `batch` rows): the mean loss of each step, and the first step's fp32 gradient by parameter name."""
+    cfg = fp8_layers_model(n_layers)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    trainer = SingleDeviceMixed(model, MixedPrecision(grad_reduce="float32", fp8=recipe), parts=d, lr=lr)
+    names = {id(p): n for n, p in model.named_parameters()}
+    grads, losses = {}, []
+    step_of = trainer.weights.step
+
+    def keep_first(totals):
+        if not grads:
+            grads.update({names[id(p)]: t.clone() for p, t in zip(trainer.params, totals)})
+        step_of(totals)
+
+    trainer.weights.step = keep_first
+    with one_thread():
+        for step in range(steps):
+            losses.append(trainer.train_step(*batches(cfg, batch * d, seq, step, data="pattern")))
+    return losses, grads

@@ -140,6 +140,11 @@ def _decode_scale(amax: torch.Tensor, top: float, power_of_two: bool) -> torch.T
     return torch.where(amax > 0, s, torch.ones_like(s))
 
 
+def scale_from_amax(amax: torch.Tensor, dtype: torch.dtype, power_of_two: bool = False) -> torch.Tensor:
+    """The decode scale(s) `quantize` takes for amax(es) `amax` in FP8 `dtype`: amax / max (1 where amax is 0)."""
+    return _decode_scale(amax, fp8_max(dtype), power_of_two)
+
+
 def quantize(
     x: torch.Tensor,
     dtype: torch.dtype,
@@ -302,6 +307,11 @@ class Fp8Linear(nn.Module):
         reduce = self.amax_reduce.get(role)
         if reduce is not None:
             amax = reduce(amax)
+        return self.scale_for(amax, role)
+
+    def scale_for(self, amax: torch.Tensor, role: str) -> torch.Tensor:
+        """The per-tensor decode scale for an operand of `role` whose whole amax is `amax` (delayed: the history's
+        scale, then `amax` recorded)."""
         if self.recipe.recipe == "delayed":
             history = self.amax[role]
             scale = history.scale
@@ -465,5 +475,6 @@ __all__ = [
     "quantize",
     "quantize_operand",
     "relative_error",
+    "scale_from_amax",
     "to_fp8",
 ]
