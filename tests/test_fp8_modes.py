@@ -20,12 +20,12 @@ from pylib.plan.options import FP8_RECIPES, Fp8Recipe, MixedPrecision
 from pylib.runtime import launch
 from pylib.tp.fp8 import AMAX_TAG, tp_fp8_problems
 
-# TP over 4 ranks on the smallest MLP every recipe divides: h_ffn / 4 = 128, one blockwise tile a rank; 2 x 64 = 128
-# tokens (wgrad's K), s / 4 = 16 tokens a rank under SP. fp32 activations, so "same math" means the same bits.
-T, B, S, H, H_FFN = 4, 2, 64, 128, 512
+# TP over 2 ranks on the smallest MLP every recipe divides: h_ffn / 2 = 128, one blockwise tile a rank; 2 x 64 = 128
+# tokens (wgrad's K), s / 2 = 32 tokens a rank under SP. fp32 activations, so "same math" means the same bits.
+T, B, S, H, H_FFN = 2, 2, 64, 128, 256
 # Where TP adds t partial products that one device adds inside one GEMM, the fp32 sums are associated differently:
 # each output picks up at most t - 1 more roundings of 2^-24 relative to partial sums no larger than the output's
-# scale. 2^-18 relative to the largest output leaves 16x room over t - 1 = 3 such roundings.
+# scale. 2^-18 relative to the largest output leaves 16x room over 4 such roundings (t up to 5).
 SUM_ORDER_RTOL = 2.0**-18
 
 
@@ -100,7 +100,7 @@ def test_fp8_tp_traced_bytes_equal_the_formulas(tp_runs, i):
         fp8 = sp_input_gather_bytes(B, S, H, T, 4, recipe)
         if recipe.input_gather:
             assert gathers == {"uint8": fp8["gather"], "float32": bf16["gather"]}
-            assert 4 * fp8["gather"] == bf16["gather"] and fp8["amax"] == amax_allreduce_bytes(T)
+            assert 4 * fp8["gather"] == bf16["gather"] and fp8["amax"] == amax_allreduce_bytes(T)  # 1 byte vs fp32
         else:
             assert gathers == {"float32": 2 * bf16["gather"]}
     else:
@@ -137,12 +137,14 @@ def test_the_fp8_sp_gather_moves_half_the_bf16_bytes():
 
 
 # ------------------------------------------------------------------------------------------------ ZeRO-3 FP8 gather
-D = 4
-Z3_CASES = [(Fp8Recipe(r, param_gather=g), 1) for r in ("delayed", "tensorwise", "blockwise") for g in (False, True)]
+D = 3  # the FP8 flat (131,072 elements, padded to 131,073) is cut inside v_proj and inside up_proj: those
+# weights' amaxes, and blockwise's blocks there, are agreed between two ranks
+# delayed twice (bf16 gather, FP8 gather): one device cannot replay its amax histories (below); the others once
+Z3_CASES = [(Fp8Recipe("delayed"), 1)] + [(Fp8Recipe(r, param_gather=True), 1) for r in FP8_RECIPES[:3]]
 Z3_CASES.append((Fp8Recipe("tensorwise", param_gather=True, first_last_layers_bf16=True), 3))
 # Against one device running the d micro-batches in turn (SingleDeviceMixed, the d ranks' rounding points), the
 # only change is the order of the fp32 gradient sum: reduce-scatter over d ranks against d sequential adds, at most
-# d - 1 roundings of 2^-24 each relative to the largest gradient; 2^-20 leaves 5x room.
+# d - 1 roundings of 2^-24 each relative to the largest gradient; 2^-20 leaves 8x room.
 GRAD_SUM_RTOL = 2.0**-20
 
 
@@ -162,15 +164,17 @@ def _z3(ranks, i):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("i", [1, 3, 5], ids=["delayed", "tensorwise", "blockwise"])
-def test_the_fp8_parameter_gather_is_the_bf16_gather_run_bit_for_bit(z3_runs, i):
-    fp8, bf16 = _z3(z3_runs, i), _z3(z3_runs, i - 1)
+def test_the_fp8_parameter_gather_is_the_bf16_gather_run_bit_for_bit_under_delayed_scaling(z3_runs):
+    """One device runs the d micro-batches in turn, so its delayed amax histories record d amaxes a step where each
+    rank records one: delayed scaling is checked against its own bf16-gather ZeRO-3 run instead (the forward's
+    weight scales, recorded once and reused by the backward's gather, must be the bf16 run's)."""
+    fp8, bf16 = _z3(z3_runs, 1), _z3(z3_runs, 0)
     assert fp8["losses"] == bf16["losses"]
     assert all(torch.equal(fp8["grads"][n], g) for n, g in bf16["grads"].items())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("i", [3, 5, 6], ids=["tensorwise", "blockwise", "first-last-bf16"])
+@pytest.mark.parametrize("i", [2, 3, 4], ids=["tensorwise", "blockwise", "first-last-bf16"])
 def test_zero3_with_the_fp8_gather_equals_the_single_device_fp8_run(z3_runs, i):
     recipe, n_layers = Z3_CASES[i]
     got = _z3(z3_runs, i)
