@@ -206,8 +206,46 @@ def loss_gaps(losses: dict) -> dict[str, float]:
     return {k: max(abs(a - b) / b for a, b in zip(v, base)) for k, v in losses.items() if k != "bf16"}
 
 
+def _modes_worker(tp_cases, z3_cases, inputs, h, h_ffn):
+    return dict(tp=tp_fp8_mlp(tp_cases, h, h_ffn, inputs, dtype=torch.bfloat16), zero3=zero3_fp8_run(z3_cases))
+
+
+@editions.shared  # the book's two editions launch once (pylib.i18n.editions)
+def modes_run(world: int = 2, b: int = 2, s: int = 64, h: int = 128, h_ffn: int = 256) -> dict:
+    """FP8 across the modes on `world` ranks, tensorwise: TP + SP on the bf16 MLP of `mlp_linears` with the input
+    gathered in bf16 and in FP8 (`input_gather`), and ZeRO-3 on `fp8_layers_model` with the parameters gathered in
+    bf16 and in FP8 (`param_gather`), and three layers with `first_last_layers_bf16`. Returns {"tp": per rank,
+    "zero3": per rank} (`tp_fp8_mlp`, `zero3_fp8_run`), "reference" the one-device bf16 MLP, and the cases."""
+    from pylib.runtime import launch
+
+    t = Fp8Recipe("tensorwise")
+    tp_cases = [(t, True), (dataclasses.replace(t, input_gather=True), True)]
+    z3_cases = [(t, 1), (dataclasses.replace(t, param_gather=True), 1)]
+    z3_cases.append((dataclasses.replace(t, param_gather=True, first_last_layers_bf16=True), 3))
+    inputs = mlp_inputs(b, s, h, steps=2)
+    ranks = launch(_modes_worker, world, tp_cases, z3_cases, inputs, h, h_ffn, backend="gloo")
+    reference = fp8_mlp_reference(t, h, h_ffn, inputs, dtype=torch.bfloat16)
+    shape = dict(world=world, b=b, s=s, h=h, h_ffn=h_ffn)
+    return dict(
+        tp=[r["tp"] for r in ranks],
+        zero3=[r["zero3"] for r in ranks],
+        reference=reference,
+        shape=shape,
+        tp_cases=tp_cases,
+        z3_cases=z3_cases,
+    )
+
+
 __all__ = [
     "GEMMS",
+    "modes_run",
+    "fp8_layers_model",
+    "fp8_mlp_reference",
+    "fp8_single_device",
+    "mlp_inputs",
+    "mlp_linears",
+    "tp_fp8_mlp",
+    "zero3_fp8_run",
     "OUTLIERS",
     "fp8_test_model",
     "gemm_errors",
@@ -240,12 +278,13 @@ def mlp_inputs(b: int, s: int, h: int, steps: int, seed: int = 1) -> list[tuple[
     return [(torch.randn(b, s, h, generator=g), torch.randn(b, s, h, generator=g) * 1e-2) for _ in range(steps)]
 
 
-def fp8_mlp_reference(recipe: Fp8Recipe, h: int, h_ffn: int, inputs, path: str = "scaled_mm") -> dict:
+def fp8_mlp_reference(recipe: Fp8Recipe, h: int, h_ffn: int, inputs, path: str = "scaled_mm", dtype=None) -> dict:
     """One device: y = down(gelu(up(x))) with both linears as `Fp8Linear`, run on each (x, dy) of `inputs`; the last
-    step's y, dx and the weight (and up-bias) gradients."""
+    step's y, dx and the weight (and up-bias) gradients. dtype: the activations' and parameters' (fp32 if None)."""
     from pylib.model.fp8 import Fp8Linear
 
-    up_lin, down_lin = mlp_linears(h, h_ffn)
+    up_lin, down_lin = (m.to(dtype or torch.float32) for m in mlp_linears(h, h_ffn))
+    inputs = [(x.to(up_lin.weight.dtype), dy.to(up_lin.weight.dtype)) for x, dy in inputs]
     up, down = Fp8Linear(up_lin, recipe, path), Fp8Linear(down_lin, recipe, path)
     with one_thread():
         for x, dy in inputs:
@@ -257,11 +296,11 @@ def fp8_mlp_reference(recipe: Fp8Recipe, h: int, h_ffn: int, inputs, path: str =
     return dict(y=y.detach(), dx=x.grad, up_w=up.weight.grad, up_b=up.bias.grad, down_w=down.weight.grad)
 
 
-def tp_fp8_mlp(cases: list[tuple[Fp8Recipe, bool]], h: int, h_ffn: int, inputs, path: str = "scaled_mm") -> list:
+def tp_fp8_mlp(cases: list[tuple[Fp8Recipe, bool]], h: int, h_ffn: int, inputs, path="scaled_mm", dtype=None) -> list:
     """Inside a launched rank, TP over every rank: for each (recipe, sequence_parallel) the MLP of `mlp_linears`
-    cut column then row (`pylib.tp.fp8`), run on `inputs` as `fp8_mlp_reference` runs it; per case this rank's
-    last-step y, dx (its sequence slice under SP), weight gradients (its shard) and the traced communication of
-    the last step: [(op, tag, dtype, bytes_sent)]."""
+    cut column then row (`pylib.tp.fp8`), run on `inputs` as `fp8_mlp_reference` runs it (in `dtype`); per case
+    this rank's last-step y, dx (its sequence slice under SP), weight gradients (its shard) and the traced
+    communication of the last step: [(op, tag, dtype, bytes_sent)]."""
     import torch.nn.functional as F
 
     from pylib.runtime import collectives as C
@@ -274,10 +313,11 @@ def tp_fp8_mlp(cases: list[tuple[Fp8Recipe, bool]], h: int, h_ffn: int, inputs, 
     out = []
     with one_thread():
         for recipe, sp in cases:
-            up_lin, down_lin = mlp_linears(h, h_ffn)
+            up_lin, down_lin = (m.to(dtype or torch.float32) for m in mlp_linears(h, h_ffn))
             col = to_fp8_tp(ColumnParallelLinear.from_full(up_lin, group=g, sequence_parallel=sp), recipe, path)
             row = to_fp8_tp(RowParallelLinear.from_full(down_lin, group=g, sequence_parallel=sp), recipe, path)
             for x, dy in inputs:
+                x, dy = x.to(up_lin.weight.dtype), dy.to(up_lin.weight.dtype)
                 for p in (col.weight, col.bias, row.weight):
                     p.grad = None
                 if sp:
