@@ -181,7 +181,8 @@ class ExpertParallelStack(nn.Module):
             inner, value = block_steps(block, x, self.shared_overlap), None
             while True:
                 try:
-                    name, pending = inner.send(value)
+                    with tag(f"layers.{i}"):  # entered and left within one segment: no tag leaks across a yield
+                        name, pending = inner.send(value)
                 except StopIteration as done:
                     x = done.value
                     break
