@@ -179,3 +179,31 @@ def _four_rank_identity(ep):
 @pytest.mark.slow
 def test_interleaved_micro_batches_equal_the_blocking_run_on_four_ranks():
     assert all(launch(_four_rank_identity, 4, 4, backend="gloo", timeout=240))
+
+
+def test_in_flight_is_the_intersection_with_the_other_micro_batch_compute():
+    from pylib.experiments.ep_overlap import in_flight
+
+    compute = [dict(mb=0, start=0.0, end=1.0), dict(mb=1, start=1.0, end=2.0), dict(mb=0, start=2.0, end=3.0)]
+    transfers = [
+        dict(mb=0, start=0.9, end=2.1),  # spans B's compute
+        dict(mb=1, start=2.0, end=2.5),  # under A's compute
+        dict(mb=0, start=2.2, end=2.8),  # only under its own micro-batch's compute
+        dict(mb=1, start=0.2, end=0.9),  # under A's compute, before its own
+    ]
+    assert in_flight(dict(compute=compute, transfers=transfers)) == [True, True, False, True]
+
+
+@pytest.mark.slow  # matplotlib's first import
+def test_the_timeline_figure_names_each_micro_batch_piece_and_is_legible():
+    from pylib.viz import style
+    from pylib.viz.ep_overlap import ep_overlap_figure
+
+    rank = dict(
+        compute=[dict(mb=0, name="attn.0", start=0.0, end=0.01), dict(mb=1, name="attn.0", start=0.01, end=0.02)],
+        transfers=[dict(mb=0, name="dispatch.0", start=0.009, end=0.021)],
+    )
+    fig = ep_overlap_figure({"overlap": [rank, rank], "blocking": [rank, rank]})
+    texts = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert {"Aa0", "Ba0", "Ad0"} <= texts
+    assert style.smallest_text_px(fig) >= style.LEGIBLE_PX
