@@ -57,7 +57,7 @@ def _async_op(ep_group):
     return out
 
 
-def _stack_runs(mesh, cfg_moe, shared_overlap):
+def _stack_runs(mesh, cfg_moe, shared_overlap, etp_group=None):
     """The three ways of running the stack on two micro-batches; each: loss, outputs, grads, recorder, events."""
     cfg = tiny().with_(n_layers=2, moe=cfg_moe)
     model = build_model(cfg)
@@ -65,7 +65,7 @@ def _stack_runs(mesh, cfg_moe, shared_overlap):
     xs = [torch.randn(2, 8, cfg.d_model, generator=g, dtype=torch.float64) for _ in range(2)]
     runs = {}
     for how in ("layers", "blocking", "overlap"):
-        stack = ExpertParallelStack(model.layers, ep_group=mesh.ep, shared_overlap=shared_overlap)
+        stack = ExpertParallelStack(model.layers, ep_group=mesh.ep, etp_group=etp_group, shared_overlap=shared_overlap)
         inputs = [x.clone().requires_grad_() for x in xs]
         rec = OverlapRecorder()
         with trace() as tr:
@@ -170,15 +170,42 @@ def test_backward_interleaves_the_micro_batches_conjugate_all_to_alls(two_ranks)
         assert all(later[2] < earlier[3] for earlier, later in zip(back, back[1:]))
 
 
-def _four_rank_identity(ep):
-    mesh = Mesh(ParallelConfig(dp=ep, ep=ep))
-    runs = _stack_runs(mesh, CONFIGS["drop-aux-shared"], True)
-    return _identical(runs["overlap"], runs["blocking"]) and _identical(runs["blocking"], runs["layers"])
+FOUR_RANKS = {  # name: (ep, etp, MoE config, shared_overlap)
+    "ep4-drop-aux-shared": (4, 1, CONFIGS["drop-aux-shared"], True),
+    "ep2-etp2": (2, 2, CONFIGS["top2"], False),
+    "ep4-pad-to-capacity": (
+        4,
+        1,
+        MoEConfig(n_experts=4, top_k=2, every=1, capacity_factor=1.5, pad_to_capacity=True),
+        False,
+    ),
+}
+
+
+def _four_rank_identity():
+    out = {}
+    for name, (ep, etp, cfg_moe, shared_overlap) in FOUR_RANKS.items():
+        mesh = Mesh(ParallelConfig(dp=4, ep=ep, etp=etp))
+        runs = _stack_runs(mesh, cfg_moe, shared_overlap, etp_group=mesh.etp)
+        out[name] = _identical(runs["overlap"], runs["blocking"]) and _identical(runs["blocking"], runs["layers"])
+    return out
 
 
 @pytest.mark.slow
-def test_interleaved_micro_batches_equal_the_blocking_run_on_four_ranks():
-    assert all(launch(_four_rank_identity, 4, 4, backend="gloo", timeout=240))
+def test_interleaved_micro_batches_equal_the_blocking_run_on_four_ranks_with_etp_and_padding():
+    for rank in launch(_four_rank_identity, 4, backend="gloo", timeout=240):
+        assert rank == {name: True for name in FOUR_RANKS}
+
+
+def test_overlap_refuses_the_all_gather_dispatcher():
+    from pylib.ep import ExpertParallelMoE
+    from pylib.ep.overlap import moe_steps
+    from tests.conftest import seeded_moe
+
+    one = collectives.AxisGroup("ep", (0,), 0, None)
+    layer = ExpertParallelMoE(seeded_moe(MoEConfig(n_experts=4, top_k=2, dispatcher="allgather")), one, one, None)
+    with pytest.raises(ValueError, match="all-to-all dispatcher.*AllGatherDispatcher"):
+        next(moe_steps(layer, torch.zeros(1, 2, 8, dtype=torch.float64)))
 
 
 def test_in_flight_is_the_intersection_with_the_other_micro_batch_compute():
