@@ -14,6 +14,7 @@ plain linear algebra with one named crossing at each end:
     reduce_scatter          reduce-scatter dim      all-gather dim         SP: leaving the TP region
     all_to_all              scatter a, gather b     scatter b, gather a    Ulysses
     all_to_all_uneven       rows by split sizes     the reverse splits     EP dispatch / combine
+    all_to_all_uneven_async the same, waited later  the same, async too    EP under another micro-batch's compute
     all_gather_uneven       all-gather rows, sizes  reduce-scatter rows    ETP: expert rows into the ETP group
     reduce_scatter_uneven   reduce-scatter rows     all-gather rows        ETP: partial expert outputs back out
 
