@@ -221,16 +221,21 @@ def test_in_flight_is_the_intersection_with_the_other_micro_batch_compute():
     assert in_flight(dict(compute=compute, transfers=transfers)) == [True, True, False, True]
 
 
+def two_micro_batch_timelines() -> dict:
+    """A small `ep_overlap_timings(...)["timelines"]`: A's dispatch in flight across B's attention, two ranks."""
+    rank = dict(
+        compute=[dict(mb=0, name="attn.0", start=0.0, end=0.01), dict(mb=1, name="attn.0", start=0.01, end=0.02)],
+        transfers=[dict(mb=0, name="dispatch.0", start=0.009, end=0.021)],
+    )
+    return {"overlap": [rank, rank], "blocking": [rank, rank]}
+
+
 @pytest.mark.slow  # matplotlib's first import
 def test_the_timeline_figure_names_each_micro_batch_piece_and_is_legible():
     from pylib.viz import style
     from pylib.viz.ep_overlap import ep_overlap_figure
 
-    rank = dict(
-        compute=[dict(mb=0, name="attn.0", start=0.0, end=0.01), dict(mb=1, name="attn.0", start=0.01, end=0.02)],
-        transfers=[dict(mb=0, name="dispatch.0", start=0.009, end=0.021)],
-    )
-    fig = ep_overlap_figure({"overlap": [rank, rank], "blocking": [rank, rank]})
+    fig = ep_overlap_figure(two_micro_batch_timelines())
     texts = {t.get_text() for ax in fig.axes for t in ax.texts}
     assert {"Aa0", "Ba0", "Ad0"} <= texts
     assert style.smallest_text_px(fig) >= style.LEGIBLE_PX

@@ -600,9 +600,11 @@ class AllToAllWork(CollectiveWork):
     time the exchange was allowed to run under other work. The trace record gets it as `extra["t_wait"]`."""
 
     t_wait = None
+    keep = None  # the send buffer, held until the exchange is done
 
     def wait(self) -> torch.Tensor:
         out = super().wait()
+        self.keep = None
         if self.t_wait is None:
             self.t_wait = tracer.now()
             if self.event is not None:
@@ -651,7 +653,7 @@ def all_to_all_rows_async(t, output_splits, input_splits, group=None, *, phase=N
         is_async=True,
     )
     work = AllToAllWork(work, ev, out, None, t0)
-    work.keep = t_c  # the send buffer stays alive until the exchange is done
+    work.keep = t_c
     return _named(work, "all_to_all", g, phase, tag)
 
 
