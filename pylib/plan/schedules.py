@@ -81,8 +81,8 @@ from pylib.i18n import tr
 
 from .split import virtual_stage
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")  # the ones RunOptions, compose and the planner know
-ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-v", "dualpipev")  # B and W split: built and run here, not yet known to the planner
+SCHEDULES = ("gpipe", "1f1b", "interleaved")  # the fused-backward ones (what the planner modelled first)
+ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-v", "dualpipev")  # B and W split (RunOptions and compose run ALL_SCHEDULES)
 ALL_SCHEDULES = SCHEDULES + ZERO_BUBBLE
 V_SHAPED = ("zb-v", "dualpipev")  # two chunks per rank in the V placement (`PLACEMENTS`)
 OVERLAP = "&"  # Action.what of a forward that shares its slot with the next B (DualPipe's F&B)
