@@ -81,6 +81,7 @@ def test_a_forwards_bytes_are_held_until_its_w_when_the_backward_is_split():
             "tie_embeddings=False",
         ),
         (CFG, ParallelConfig(pp=2), RunOptions(schedule="dualpipev", v=2, n_microbatches=3), "m >= 2p"),
+        (CFG, ParallelConfig(pp=2), RunOptions(schedule="dualpipe", v=2, n_microbatches=4), "placement='dual'"),
     ],
 )
 def test_what_a_zero_bubble_schedule_cannot_compose_with_is_refused_by_name(cfg, par, options, message):

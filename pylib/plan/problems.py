@@ -31,7 +31,7 @@ from pylib.i18n import N_, tr
 from .config import routing_problems
 from .heads import head_layout
 from .options import CP_LAYOUTS, RunOptions
-from .schedules import ZERO_BUBBLE, ScheduleError, check_schedule, placement_of
+from .schedules import DUAL, ZERO_BUBBLE, ScheduleError, check_schedule, placement_of
 from .split import check_split
 
 LAYOUTS = CP_LAYOUTS
@@ -295,6 +295,14 @@ def _schedule_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
             tr(
                 "the zero-bubble schedule {name} splits each backward into B and W, which ZeRO-3 cannot follow: it "
                 "gathers a unit's parameters for one backward and frees them after it (use zero_stage 0, 1 or 2)",
+                name=opt.schedule,
+            )
+        )
+    if opt.schedule in DUAL:
+        out.append(
+            tr(
+                "{name} keeps two copies of every stage and sums their gradients over rank pairs, which the composed "
+                "model does not build: run it with pylib.pp.PipelineParallel(model, v=2, placement='dual')",
                 name=opt.schedule,
             )
         )
