@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pylib.plan.fields import number
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.recompute import recompute_modules
+from pylib.plan.schedules import rank_stage
 
 from .activations import expected_expert_rows, split_layers
 from .recompute import extra_forward_flops, module_extra_flops, module_extra_hbm_bytes
@@ -76,12 +77,16 @@ class CostModel:
 class MicrobatchTime:
     """Seconds one rank spends on one microbatch: forward, backward (recomputation included) and, of those, the
     attention core's (what a ring CP exchange can hide behind) and the input-gradient GEMMs of the column-parallel
-    linears (QKV, the dense MLP's first, the LM head: what Megatron's SP re-gather of their input runs under)."""
+    linears (QKV, the dense MLP's first, the LM head: what Megatron's SP re-gather of their input runs under) and
+    `wgrad`, the weight-gradient GEMMs: each as long as its forward GEMM (dW = X^T dY has the forward's FLOPs and
+    operands), the W a zero-bubble schedule defers (`pp.simulated_split_bubble`); B is `backward - wgrad` (the
+    input-gradient GEMMs, the attention core's backward, the elementwise work and any recomputation)."""
 
     forward: float
     backward: float
     core: float
     column_dgrad: float = 0.0
+    wgrad: float = 0.0  # of `backward`: the weight-gradient GEMMs (a zero-bubble schedule's W; the rest is its B)
 
     @property
     def total(self) -> float:
@@ -128,11 +133,10 @@ def microbatch_seconds(
     core_flops = 4 * tokens * seq * heads * cfg.d_head * causal
     core = core_flops / (eta * peak_flops)
     elem = e * tokens * cfg.d_model * (model.c_rep / t_s + (model.c_elem - model.c_rep) / tp) / hbm_bandwidth
-    fwd = bwd = core_total = dgrad = 0.0
+    fwd = bwd = core_total = dgrad = wgrad = 0.0
     n_stages = par.pp * plan.options.v
     of_kind = {}  # every layer of a kind (dense, MoE) runs the same GEMMs: their seconds, computed once
-    for c, layers in enumerate(split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends)):
-        stage = c * par.pp + pp_rank
+    for stage, layers in rank_chunks(cfg, plan, pp_rank):
         for i in layers:
             moe = cfg.moe is not None and cfg.is_moe_layer(i)
             if moe not in of_kind:
@@ -145,6 +149,7 @@ def microbatch_seconds(
             dgrad += gs[0] + (0.0 if moe else gs[2])  # dX of QKV and of the MLP's first GEMM: as long as forward
             fwd += g + core + elem
             bwd += 2 * (g + core) + elem
+            wgrad += g
             core_total += 3 * core
         if plan.options.recompute.granularity == "selective" and layers:
             flops, hbm = _module_work(cfg, b, seq, par, plan, layers)
@@ -157,9 +162,29 @@ def microbatch_seconds(
             fwd += head
             bwd += 2 * head
             dgrad += head
+            wgrad += head
         if stage == 0:
             fwd += 2 * e * tokens * cfg.d_model / t_s / hbm_bandwidth  # the embedding's gather and write
-    return MicrobatchTime(fwd, bwd, core_total, dgrad)
+    return MicrobatchTime(fwd, bwd, core_total, dgrad, wgrad)
+
+
+def rank_chunks(cfg, plan, pp_rank: int) -> list[tuple[int, range]]:
+    """(virtual stage, its layers) of each chunk pipeline rank `pp_rank` of `plan` holds (`stage_chunks`)."""
+    par, o = plan.par, plan.options
+    return stage_chunks(cfg.n_layers, par.pp, o.v, pp_rank, plan.balance_ends, getattr(plan, "placement", "loop"))
+
+
+def stage_chunks(
+    n_layers: int, p: int, v: int, pp_rank: int, balance_ends: bool = False, placement: str = "loop"
+) -> list[tuple[int, range]]:
+    """(virtual stage, its layers) of each chunk of pipeline rank `pp_rank`: chunk c is stage c p + r in the loop
+    placement, and in the V of ZB-V and DualPipeV (placement "v") stage r and stage 2p - 1 - r
+    (`schedules.rank_stage`), so rank 0 holds the embedding and the LM head, rank p - 1 neither. The layers of
+    stage k are the same in both: the loop split's chunk k // p of rank k % p (`activations.split_layers`)."""
+    if placement == "loop":
+        return [(c * p + pp_rank, ls) for c, ls in enumerate(split_layers(n_layers, p, v, pp_rank, balance_ends))]
+    stages = [rank_stage(pp_rank, c, p, placement) for c in range(v)]
+    return [(k, split_layers(n_layers, p, v, k % p, balance_ends)[k // p]) for k in stages]
 
 
 def _module_work(cfg, b: int, seq: int, par, plan, layers) -> tuple[int, int]:
@@ -202,4 +227,12 @@ def _recompute_flops(cfg, b: int, seq: int, par, plan, n_layers: int) -> float:
     return total + (extra_forward_flops(cfg, b, s, par.tp, "full", rest) if rest else 0)
 
 
-__all__ = ["CostModel", "MicrobatchTime", "gemm_seconds", "layer_gemms", "microbatch_seconds"]
+__all__ = [
+    "CostModel",
+    "MicrobatchTime",
+    "gemm_seconds",
+    "layer_gemms",
+    "microbatch_seconds",
+    "rank_chunks",
+    "stage_chunks",
+]

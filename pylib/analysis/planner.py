@@ -69,6 +69,7 @@ from fractions import Fraction
 
 from pylib.i18n import editions
 from pylib.plan.fields import divisors as _divisors  # by factorisation: 2**40 ranks or a prime answer at once
+from pylib.plan.fields import names
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.layout import FlatEntry, FlatLayout
 from pylib.plan.mesh import AXES, EXPERT_GROUPS, HSDP_REPLICATE, HSDP_SHARD, ParallelConfig, hsdp_groups, rank_groups
@@ -76,7 +77,7 @@ from pylib.plan.options import CP_KINDS, DTYPE_BYTES, ZERO_STAGES, MixedPrecisio
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
 from pylib.plan.recompute import DEFAULT_MODULES, Recompute, as_recompute, modules_problems, recompute_modules
-from pylib.plan.schedules import ScheduleError, check_schedule
+from pylib.plan.schedules import V_SHAPED, ZERO_BUBBLE, ScheduleError, check_schedule, placement_of
 
 from . import compose as compose_analysis
 from . import cp as cp_analysis
@@ -85,8 +86,8 @@ from . import ep as ep_analysis
 from . import pp as pp_analysis
 from . import recompute as recompute_analysis
 from . import tp as tp_analysis
-from .activations import chunk_saved_bytes, expected_expert_rows, peak_saved_bytes, split_layers
-from .efficiency import CostModel, MicrobatchTime, microbatch_seconds
+from .activations import chunk_saved_bytes, expected_expert_rows, peak_saved_bytes
+from .efficiency import CostModel, MicrobatchTime, layer_gemms, microbatch_seconds, rank_chunks, stage_chunks
 from .inputs import PRECISIONS, check_cluster, check_search_space, check_sizes, check_workload
 from .tp import dtype_bytes
 from .weights import weight_shapes
@@ -187,7 +188,13 @@ class Plan:
     sharded over s consecutive members of each dp-cp group, their reduced shards all-reduced over the dp-cp/s
     replicas ("dp-shard" and "dp-replicate" traffic, each priced by whether its groups leave a node,
     `hsdp_crosses_nodes`); expert parameters stay ZeRO-3 over edp. `pylib.dp` runs it
-    (`FullyShardedDataParallel(..., replicate=)`); `pylib.compose` does not compose it."""
+    (`FullyShardedDataParallel(..., replicate=)`); `pylib.compose` does not compose it.
+    zb_schedule: a zero-bubble schedule (`pylib.plan.schedules.ZERO_BUBBLE`: "zb-h1", "zb-h2" with v = 1; "zb-v",
+    "dualpipev" with v = 2, in the V placement) priced in place of 1F1B / interleaved: the bubble simulated with
+    this plan's B and W times (`bubble_fraction`), the activations and W's kept gradients replayed on its order
+    (`rank_memory`), the V's stages and P2P messages (`placement`). `pylib.pp` runs these schedules
+    (`run_pipeline`); `pylib.compose` does not compose them yet, so `options.schedule` stays what compose would
+    run on the same mesh and `run_options` is not this plan's run."""
 
     par: ParallelConfig
     options: RunOptions = RunOptions()
@@ -196,11 +203,24 @@ class Plan:
     group_size: int | None = None
     recompute_modules: tuple[str, ...] | None = None
     hsdp_shard: int | None = None
+    zb_schedule: str | None = None
 
     def __post_init__(self):
-        schedule = "interleaved" if self.options.v > 1 else "1f1b"  # the schedules the planner models
+        schedule = "interleaved" if self.options.v > 1 else "1f1b"  # the schedules pylib.compose runs
         if self.options.schedule != schedule:
             object.__setattr__(self, "options", replace(self.options, schedule=schedule))
+        if self.zb_schedule is not None and self.zb_schedule not in ZERO_BUBBLE:
+            raise ValueError(f"Plan.zb_schedule={self.zb_schedule!r} must be None or one of {ZERO_BUBBLE}")
+
+    @property
+    def schedule(self) -> str:
+        """The schedule the planner prices: `zb_schedule`, else `options.schedule`."""
+        return self.zb_schedule or self.options.schedule
+
+    @property
+    def placement(self) -> str:
+        """Where the stages live (`schedules.placement_of`): "v" for ZB-V and DualPipeV, "loop" otherwise."""
+        return placement_of(self.schedule)
 
     def with_options(self, **changes) -> Plan:
         """The same plan with some `RunOptions` fields changed (`dataclasses.replace` of `options`)."""
@@ -250,6 +270,8 @@ class Plan:
             parts.append(f"v={o.v}")
         if self.group_size is not None:
             parts.append(f"N={self.group_size}")
+        if self.zb_schedule is not None:
+            parts.append(self.zb_schedule)
         rc = o.recompute
         if rc.granularity == "selective" and self.recompute_modules not in (None, DEFAULT_MODULES):
             parts.append("recompute=selective/" + "+".join(self.recompute_modules))
@@ -291,6 +313,8 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
     out = plan_problems(_slots(cfg, plan), plan.par, world_size, batch=batch, seq=seq, options=plan.run_options)
     out += modules_problems(plan.recompute_modules, plan.options.recompute.granularity)
     out += hsdp_problems(plan)
+    if plan.zb_schedule is not None:
+        return _zb_problems(plan, out)
     if plan.group_size is None:
         return out
     p, m, v = plan.par.pp, plan.options.n_microbatches, plan.options.v
@@ -299,6 +323,25 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
             check_schedule(plan.options.schedule, p, m, v, group_size=n)
         except ScheduleError as e:
             out = [x for x in out if x != str(e)] if n is None else out + [str(e)]
+    return out
+
+
+def _zb_problems(plan: Plan, out: list[str]) -> list[str]:
+    """A zero-bubble plan's problems: compose's complaint about its stand-in schedule (1F1B / interleaved on the same
+    v) gives way to the zero-bubble schedule's own rule (`schedules.check_schedule`, what `build` refuses on
+    ranks: ZB-H1 m >= p, ZB-H2 m >= 2p - 1, the V two chunks per rank with m >= p (ZB-V) or 2p (DualPipeV)), and
+    it needs a pipeline (p > 1) and no group size N."""
+    p, m, v = plan.par.pp, plan.options.n_microbatches, plan.options.v
+    try:
+        check_schedule(plan.options.schedule, p, m, v)
+    except ScheduleError as e:
+        out = [x for x in out if x != str(e)]
+    try:
+        check_schedule(plan.zb_schedule, p, m, v, group_size=plan.group_size)
+    except ScheduleError as e:
+        out.append(str(e))
+    if p == 1:
+        out.append(f"{plan.zb_schedule} is a pipeline schedule: it needs pp > 1, got pp=1")
     return out
 
 
@@ -366,7 +409,9 @@ class SearchSpace:
     wherever L + 2 slots cut into equal stages, the equal split elsewhere. group_sizes: the interleaved group
     sizes N tried (`group_sizes_for`: "default" N = p, "megatron" every N Megatron accepts, or a tuple of
     values). hsdp_shards: beside each ZeRO-3 plan, HSDP with these shard group sizes (`Plan.hsdp_shard`); None
-    (the default): no HSDP plan. Elsewhere None: no restriction."""
+    (the default): no HSDP plan. zero_bubble: the zero-bubble schedules tried beside 1F1B and interleaved on
+    every pipeline (`Plan.zb_schedule`; "zb-v" and "dualpipev" where 2p stages cut the layers; each only where
+    `schedules.check_schedule` accepts its p and m); () (the default): none. Elsewhere None: no restriction."""
 
     order: str = "tp-cp-ep-dp-pp"
     micro_batch_sizes: tuple[int, ...] | None = None
@@ -383,9 +428,12 @@ class SearchSpace:
     balance_ends: bool = False
     group_sizes: str | tuple[int, ...] = "default"
     hsdp_shards: tuple[int, ...] | None = None
+    zero_bubble: tuple[str, ...] = ()
 
     def __post_init__(self):
         check_search_space(self)
+        if self.zero_bubble != ():  # () tries none; otherwise a tuple of known names, none twice
+            names("SearchSpace", "zero_bubble", self.zero_bubble, ZERO_BUBBLE)
 
 
 def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpace = SearchSpace()) -> list[Plan]:
@@ -422,6 +470,10 @@ def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpa
                 ms = _divisors(batch // dp)
                 if micro_batch_sizes is not None:
                     ms = [m for m in ms if batch // (dp * m) in micro_batch_sizes]
+                runs = [(v, None) for v in vs]  # (v, zero-bubble schedule): 1F1B / interleaved, then the ZB ones
+                for zb in sp_.zero_bubble if pp > 1 else ():
+                    if zb not in V_SHAPED or slots % (2 * pp) == 0:
+                        runs.append((2 if zb in V_SHAPED else 1, zb))
                 for ep, etp in folds:
                     par = ParallelConfig(tp=tp, cp=cp, ep=ep, dp=dp, pp=pp, etp=etp, order=order)
                     if meshes is not None and par not in meshes:
@@ -431,12 +483,14 @@ def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpa
                     for sp in sp_.sequence_parallel if tp > 1 else (False,):
                         for kind in sp_.cp_kinds if cp > 1 else (default.cp_kind,):
                             for zero in sp_.zero_stages if has_dp else (default.zero_stage,):
-                                for v in vs:
+                                for v, zb in runs:
                                     for m, rc in ((m, rc) for m in ms for rc in sp_.recompute):
                                         rc, mods = _recompute_choice(cfg, rc, sp and tp > 1)
                                         o = RunOptions(sp, kind, n_microbatches=m, v=v, zero_stage=zero, recompute=rc)
                                         plan = Plan(par, o, sp_regather and sp, ends, recompute_modules=mods)
-                                        for n in dict.fromkeys((None,) + group_sizes_for(pp, m, v, group_sizes)):
+                                        plan = replace(plan, zb_schedule=zb) if zb else plan
+                                        sizes = group_sizes_for(pp, m, v, group_sizes) if zb is None else ()
+                                        for n in dict.fromkeys((None,) + sizes):
                                             with_n = plan if n is None else replace(plan, group_size=n)
                                             for one in _with_hsdp(with_n, sp_.hsdp_shards):
                                                 if one in seen or problems(cfg, one, world_size, batch, seq):
@@ -540,7 +594,7 @@ def flat_layouts(cfg, plan: Plan, pp_rank: int, world_size: int | None = None) -
 class _LayoutKey:
     """What a rank's flat buffers depend on (the cache key of `_flat_layouts` and `_state`): the mesh's tp, ep, etp,
     pp, the plan's v and ZeRO stage, the rank's pipeline index, the dense and expert data-parallel sizes and
-    Llama 3's uneven split."""
+    Llama 3's uneven split, and where the stages live (`Plan.placement`)."""
 
     tp: int
     ep: int
@@ -552,6 +606,7 @@ class _LayoutKey:
     d_dense: int
     d_expert: int
     balance_ends: bool
+    placement: str = "loop"
 
     @classmethod
     def of(cls, plan: Plan, pp_rank: int, world_size: int | None = None) -> _LayoutKey:
@@ -559,7 +614,8 @@ class _LayoutKey:
         world = par.world_size if world_size is None else world_size
         d_expert = par.expert_dp(world)
         d_dense = plan.dp_cp if plan.hsdp_shard is None else plan.hsdp_shard  # HSDP: shards over s only
-        return cls(par.tp, par.ep, par.etp, par.pp, o.v, pp_rank, o.zero_stage, d_dense, d_expert, plan.balance_ends)
+        key = (par.tp, par.ep, par.etp, par.pp, o.v, pp_rank, o.zero_stage, d_dense, d_expert, plan.balance_ends)
+        return cls(*key, plan.placement)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -577,8 +633,7 @@ def _flat_layouts(cfg, key: _LayoutKey) -> tuple[FlatLayout, ...]:
             parts = d if zero else 1
             out.append(_Layout(key, axis, tuple(range(d)), cfg.dtype, e, entries, parts))
 
-    for c, layers in enumerate(split_layers(cfg.n_layers, pp, v, pp_rank, ends)):
-        stage = c * pp + pp_rank
+    for c, (stage, layers) in enumerate(stage_chunks(cfg.n_layers, pp, v, pp_rank, ends, key.placement)):
         units: list[tuple[str, list, list]] = []  # (unit, dense, expert) in registration order
         if stage == 0:
             units.append(("embed", [("embed.weight", sz.embed)], []))
@@ -743,7 +798,12 @@ class Prediction:
 
     @property
     def bubble_fraction(self) -> float:
-        return bubble_fraction(self.plan)
+        return bubble_fraction(self.plan, self.slowest_times())
+
+    def slowest_times(self) -> MicrobatchTime | None:
+        """The microbatch times of the slowest evaluated rank (the one the step's compute is priced on)."""
+        timed = [r.times for r in self.ranks if r.times is not None]
+        return max(timed, key=lambda t: t.total) if timed else None
 
     def traffic_by_axis(self) -> dict[str, float]:
         """Bytes sent per step on each axis by the busiest evaluated rank."""
@@ -757,10 +817,21 @@ class Prediction:
         return max(self.ranks, key=lambda r: r.memory["total"])
 
 
-def bubble_fraction(plan: Plan) -> float:
+def bubble_fraction(plan: Plan, times: MicrobatchTime | None = None) -> float:
     """Idle time relative to compute: (pp - 1) / (v m) (`pp.bubble_fraction`), or, for a group size N other than
-    Megatron's default, measured on the schedule (`pp.simulated_bubble_fraction`)."""
+    Megatron's default, measured on the schedule (`pp.simulated_bubble_fraction`). A zero-bubble plan's depends on
+    its costs: `times` (the slowest rank's microbatch) split into F = forward, W = the weight-gradient GEMMs
+    (`MicrobatchTime.wgrad`) and B = the rest of the backward, and the schedule simulated with them
+    (`pp.simulated_split_bubble`: the step's makespan beyond m (F + B + W))."""
     par = plan.par
+    if plan.zb_schedule is not None:
+        if times is None:
+            raise ValueError(f"{plan.describe()}: a zero-bubble plan's bubble needs its microbatch times")
+        t_b = times.backward - times.wgrad
+        idle = pp_analysis.simulated_split_bubble(
+            plan.zb_schedule, par.pp, plan.options.n_microbatches, times.forward, t_b, times.wgrad
+        )
+        return idle / (plan.options.n_microbatches * times.total)
     if plan.group_size is None:
         return pp_analysis.bubble_fraction(par.pp, plan.options.n_microbatches, plan.options.v)
     return pp_analysis.simulated_bubble_fraction(
@@ -786,7 +857,7 @@ def expected_routing(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> lis
     T, k, E = b * s_out, cfg.moe.top_k, cfg.moe.n_experts
     counts = [[Fraction(T * k, E)] * (E // par.ep) for _ in range(par.ep)]  # [ep, E_local], exact
     rows = [expected_expert_rows(T, k)] * par.etp
-    layers = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends) for i in c]
+    layers = [i for _, c in rank_chunks(cfg, plan, pp_rank) for i in c]
     layers = [i for i in layers if cfg.is_moe_layer(i)]
     return [(i, counts, counts, rows) for _ in range(plan.options.n_microbatches) for i in layers]
 
@@ -810,8 +881,24 @@ def rank_traffic_rows(
     with."""
     layouts = flat_layouts(cfg, plan, pp_rank) if layouts is None else layouts
     coords = dict(coords or {}) | {"pp": pp_rank}
-    rows = _traffic_rows(cfg, plan, batch, seq, coords, layouts, moe_routing)
+    rows = _v_rows(plan, _traffic_rows(cfg, plan, batch, seq, coords, layouts, moe_routing), pp_rank)
     return _hsdp_rows(plan, rows) + module_traffic_rows(cfg, plan, batch, seq, pp_rank)
+
+
+def _v_rows(plan: Plan, rows: list, pp_rank: int) -> list:
+    """In the V placement (`Plan.placement`) the stage-boundary sends of this rank as the V has them
+    (`pp.p2p_bytes_per_rank(..., placement="v")`: rank p - 1 hands its turn over in memory, every other rank sends
+    across both of its chunks' boundaries); `compose.step_traffic` counts the loop placement's."""
+    if plan.placement == "loop":
+        return rows
+    p, m, v = plan.par.pp, plan.options.n_microbatches, plan.options.v
+    out = []
+    for r in rows:
+        if r.axis == "pp" and r.where == "stage boundary":
+            msgs = pp_analysis.p2p_bytes_per_rank(1, 1, 1, 1, p, m, pp_rank, v, plan.placement)  # 1-byte messages
+            r = replace(r, count=msgs, bytes_sent=msgs * r.payload if r.op == "send" else 0)
+        out.append(r)
+    return out
 
 
 def _hsdp_rows(plan: Plan, rows: list) -> list:
@@ -850,7 +937,7 @@ def module_traffic_rows(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> 
         plan.modules,
         sequence_parallel=plan.options.sequence_parallel,
     )
-    held = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends) for i in c]
+    held = [i for _, c in rank_chunks(cfg, plan, pp_rank) for i in c]
     n = plan.options.n_microbatches * sum(not cfg.is_moe_layer(i) for i in held)
     return [
         compose_analysis.Traffic("tp", "recompute", c.op, f"{c.where}.recompute", n, n * c.bytes_sent, c.payload_bytes)
@@ -914,8 +1001,46 @@ def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank:
     """The activation bytes at the schedule's peak, remembered: like the model state (`_state`), they do not depend
     on the cluster's speeds or the cost model, which a fit and the explorers vary over the same plans."""
     o = plan.options
+    if plan.zb_schedule is not None:
+        return _split_activations(cfg, plan, batch, seq, attention, pp_rank)
     chunks = _chunk_bytes(cfg, plan.micro_batch(batch), seq, _activation_key(plan), pp_rank, attention)
     return peak_saved_bytes(list(chunks), o.schedule, plan.par.pp, o.n_microbatches, o.v, pp_rank, plan.group_size)
+
+
+def _split_activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank: int) -> int:
+    """A zero-bubble plan's activation peak on one rank: its order replayed (`pp.split_live_counts`), each
+    microbatch of a chunk holding the chunk's saved bytes until its W (or its fused backward) and, from its B to
+    its W, the output gradients W needs (`wgrad_kept_bytes`) and, under recomputation, what B regenerated (the
+    chunk's saved bytes without recomputation less those with it: W reads the linears' recomputed inputs). A
+    chunk's saved bytes are those of the same virtual stage in the loop placement (`chunk_saved_bytes` of rank
+    k % p, chunk k // p)."""
+    p, b = plan.par.pp, plan.micro_batch(batch)
+    key = _activation_key(replace(plan, zb_schedule=None))
+    whole = _activation_key(replace(plan, zb_schedule=None).with_options(recompute="none"))
+    saved, kept = [], []
+    for stage, layers in rank_chunks(cfg, plan, pp_rank):
+        held = _chunk_bytes(cfg, b, seq, key, stage % p, attention)[stage // p]
+        regenerated = _chunk_bytes(cfg, b, seq, whole, stage % p, attention)[stage // p] - held
+        saved.append(held)
+        last = stage == p * plan.options.v - 1
+        kept.append(regenerated + wgrad_kept_bytes(cfg, plan, b * seq // plan.par.cp, layers, last))
+    states = pp_analysis.split_live_counts(plan.zb_schedule, p, plan.options.n_microbatches, pp_rank)
+    return max(sum(n * x for n, x in zip(a + g, saved + kept, strict=True)) for a, g in states)
+
+
+def wgrad_kept_bytes(cfg, plan: Plan, tokens: int, layers, last_stage: bool) -> int:
+    """Bytes a deferred W keeps for one microbatch of one chunk between its B and its W, beyond the saved
+    activations (which its graph keeps alive anyway): the gradient of every weight GEMM's output, [M, N] of each
+    (`efficiency.layer_gemms` on this rank's T = b s / cp tokens), and the LM head's [T, V / tp] on the last
+    stage, in the model's dtype. What `pylib.pp.backward.backward_input` keeps at each frontier node."""
+    par, e = plan.par, dtype_bytes(cfg.dtype)
+    out = 0
+    for i in layers:
+        moe = cfg.moe is not None and cfg.is_moe_layer(i)
+        out += sum(m * n for m, n, _ in layer_gemms(cfg, tokens, par.tp, moe, par.ep, par.etp))
+    if last_stage:
+        out += tokens * cfg.vocab_size // par.tp
+    return int(out * e)
 
 
 def _activation_key(plan: Plan) -> Plan:
@@ -1003,7 +1128,7 @@ def exposed_seconds(plan: Plan, counted, t: MicrobatchTime, cluster: Cluster, in
         elif axis in ("tp", "tp-cp", "etp"):
             x *= tp_keep
         elif axis == "pp":
-            x *= min(1.0, bubble_fraction(plan))
+            x *= min(1.0, bubble_fraction(plan, t))
         out[axis] = out.get(axis, 0.0) + x
     if "cp" in out and plan.options.cp_kind == "ring":  # the K/V passes run while the core computes
         out["cp"] = max(0.0, out["cp"] - m * t.core)
@@ -1037,15 +1162,15 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
         by_axis = {a: dict(bytes_sent=x["bytes_sent"], ops=dict(x["ops"])) for a, x in by_axis.items()}  # the caller's
         ranks.append(RankPrediction(r, mem, by_axis, sum(exposed.values()), t, exposed))
     peak = max(r.memory["total"] for r in ranks)
-    t_mb = max(r.times.total for r in ranks)
-    compute = plan.options.n_microbatches * t_mb
+    slowest = max((r.times for r in ranks), key=lambda t: t.total)
+    compute = plan.options.n_microbatches * slowest.total
     return Prediction(
         plan=plan,
         ranks=ranks,
         peak_memory=peak,
         fits=peak <= cluster.usable_memory,
         compute_time=compute,
-        bubble_time=compute * bubble_fraction(plan),
+        bubble_time=compute * bubble_fraction(plan, slowest),
         comm_time=max(r.comm_time for r in ranks),
         intra_node=intra,
         model_flops=step_flops(cfg, workload.batch, workload.seq),
@@ -1107,7 +1232,7 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
     par = plan.par
     e = dtype_bytes(cfg.dtype)
     m, b, s_cp = plan.options.n_microbatches, plan.micro_batch(workload.batch), workload.seq // par.cp
-    held = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, 0, plan.balance_ends) for i in c]
+    held = [i for _, c in rank_chunks(cfg, plan, 0) for i in c]
     intra = _bandwidths(plan, cluster)
 
     def bw(axis):
@@ -1172,7 +1297,7 @@ def rank_plans(
             screened.append((mem, 0.0, p))
             continue
         compute = compute_time(cfg, p, workload, cluster)
-        bound = compute * (1 + bubble_fraction(p))
+        bound = compute * (1 + (0.0 if p.zb_schedule else bubble_fraction(p)))  # a ZB bubble: >= 0, priced later
         screened.append((mem, bound + comm_lower_bound(cfg, p, workload, cluster), p))
     fitting = sorted((s for s in screened if s[0] <= usable), key=lambda s: (s[1], s[0]))
     best: list[Prediction] = []
