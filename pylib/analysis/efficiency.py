@@ -22,6 +22,10 @@ The terms, per layer and microbatch on one rank (T = b s / cp tokens, t = tp, e 
                     (`Plan.recompute_modules`) their `recompute.module_extra_flops` at eta peak and their
                     `recompute.module_extra_hbm_bytes` (the norms, the experts' activation) at hbm
     LM head         [T, h] x [h, V / t] on the last stage, the embedding lookup on the first (elementwise)
+    FP8             with `Fp8Compute`, the linears' GEMMs at eta_fp8 times the FP8 peak with 1-byte operands, plus
+                    the casts of their inputs (forward) and output gradients (backward) at hbm; the core, the
+                    router and the LM head stay 16-bit
+    W               of the backward, the weight-gradient GEMMs (`MicrobatchTime.wgrad`): a zero-bubble W
 
 Small shards pay twice: a GEMM whose M = T is small falls under the roofline's memory slope, and the elementwise
 bytes per FLOP grow as 1/h, so a narrow model runs further below peak than a wide one (the weak-scaling tables of
@@ -42,6 +46,8 @@ from .activations import expected_expert_rows, split_layers
 from .recompute import extra_forward_flops, module_extra_flops, module_extra_hbm_bytes
 from .tp import dtype_bytes
 
+ETA_FP8 = 0.65  # `calibration.fit_fp8`'s answer on `calibration.FP8_FIT_ROWS` (tests/test_analysis_calibration_fp8.py)
+
 
 @dataclass(frozen=True)
 class CostModel:
@@ -54,8 +60,10 @@ class CostModel:
     communication hidden behind GEMMs when the run overlaps it (`Cluster.tp_comm_overlap`); latency: seconds each
     message of a model axis waits before its bytes move (not fitted: NCCL's small-message latency inside a node is
     of the order of 10-30 us); contention: compute seconds lost per second of communication hidden behind it (not
-    fitted: NCCL's collectives run on some 10-20% of the SMs); the other defaults are the
-    fit of `calibration.fit` on its fit rows (`calibration.FIT_ROWS`, the grid `calibration.GRID`)."""
+    fitted: NCCL's collectives run on some 10-20% of the SMs); eta_fp8: the fraction of the FP8 peak an FP8 GEMM
+    achieves (`Fp8Compute`), fitted alone on published FP8 runs with the other constants held
+    (`calibration.fit_fp8` on `calibration.FP8_FIT_ROWS`); the other defaults are the fit of `calibration.fit` on
+    its fit rows (`calibration.FIT_ROWS`, the grid `calibration.GRID`)."""
 
     eta: float = 0.60
     c_elem: float = 140.0
@@ -63,14 +71,42 @@ class CostModel:
     tp_overlap: float = 0.8
     latency: float = 20e-6
     contention: float = 0.2
+    eta_fp8: float = ETA_FP8
 
     def __post_init__(self):
         number("CostModel", "eta", self.eta, above=0, high=1)
+        number("CostModel", "eta_fp8", self.eta_fp8, above=0, high=1)
         number("CostModel", "c_elem", self.c_elem, low=0)
         number("CostModel", "c_rep", self.c_rep, low=0, high=self.c_elem)
         number("CostModel", "tp_overlap", self.tp_overlap, low=0, high=1)
         number("CostModel", "latency", self.latency, low=0)
         number("CostModel", "contention", self.contention, low=0)
+
+
+@dataclass(frozen=True)
+class Fp8Compute:
+    """FP8 GEMMs on the roofline: `recipe` (an `Fp8Recipe`) runs the linear layers' three GEMMs (forward, dgrad,
+    wgrad) at `peak_flops`, the GPU's dense FP8 peak, times `CostModel.eta_fp8`, reading 1-byte operands. The
+    attention core, the router and the LM head stay in the model's dtype, as Transformer Engine runs them, and so
+    do the first and the last layer with `first_last_bf16` (Megatron's --first-last-layers-bf16). Each FP8 GEMM
+    first quantizes the operand it did not have in FP8 (`quantize_bytes`)."""
+
+    recipe: object
+    peak_flops: float
+    first_last_bf16: bool = False
+
+    def runs(self, cfg, layer: int) -> bool:
+        """Whether layer `layer`'s linears run in FP8."""
+        return not (self.first_last_bf16 and layer in (0, cfg.n_layers - 1))
+
+    def quantize_bytes(self, elements: float, e: int) -> float:
+        """HBM bytes to quantize one activation or gradient of `elements` in the model's dtype (e bytes each) for
+        one FP8 GEMM and its transposed use: read it once (twice where the scale comes from the tensor itself, every
+        recipe but "delayed", whose scale comes from the amax history and whose amax is taken in the same pass) and
+        write two FP8 copies, row-wise and column-wise (`analysis.fp8`: the GEMM reads K-major operands). The
+        weights' casts, once per step, and the per-block scales are left out (a few bytes per 32 to 16,384)."""
+        reads = 1 if self.recipe.recipe == "delayed" else 2
+        return elements * (reads * e + 2)
 
 
 @dataclass(frozen=True)
@@ -119,9 +155,19 @@ def layer_gemms(cfg, tokens: float, tp: int, moe: bool, ep: int = 1, etp: int = 
 
 
 def microbatch_seconds(
-    cfg, plan, seq: int, pp_rank: int, *, batch: int, peak_flops: float, hbm_bandwidth: float, model: CostModel
+    cfg,
+    plan,
+    seq: int,
+    pp_rank: int,
+    *,
+    batch: int,
+    peak_flops: float,
+    hbm_bandwidth: float,
+    model: CostModel,
+    fp8: Fp8Compute | None = None,
 ) -> MicrobatchTime:
-    """Seconds of one microbatch on pipeline rank `pp_rank` of `plan` (a `planner.Plan`), every chunk it holds."""
+    """Seconds of one microbatch on pipeline rank `pp_rank` of `plan` (a `planner.Plan`), every chunk it holds;
+    with `fp8` the linear layers' GEMMs in FP8 (`Fp8Compute`)."""
     par = plan.par
     e = dtype_bytes(cfg.dtype)
     b = plan.micro_batch(batch)
@@ -139,16 +185,23 @@ def microbatch_seconds(
     for stage, layers in rank_chunks(cfg, plan, pp_rank):
         for i in layers:
             moe = cfg.moe is not None and cfg.is_moe_layer(i)
-            if moe not in of_kind:
-                gs = [
-                    gemm_seconds(m, n, k, e, peak_flops, hbm_bandwidth, eta)
-                    for m, n, k in layer_gemms(cfg, tokens, tp, moe, par.ep, par.etp)
-                ]
-                of_kind[moe] = gs, sum(gs)
-            gs, g = of_kind[moe]
+            in_fp8 = fp8 is not None and fp8.runs(cfg, i)
+            if (moe, in_fp8) not in of_kind:
+                shapes = layer_gemms(cfg, tokens, tp, moe, par.ep, par.etp)
+                cast_f = cast_b = 0.0  # seconds quantizing the linears' inputs (forward) and output gradients
+                if in_fp8:  # the linears in FP8; an MoE's router (last) stays
+                    linears = shapes[: len(shapes) - moe]
+                    gs = [gemm_seconds(m, n, k, 1, fp8.peak_flops, hbm_bandwidth, model.eta_fp8) for m, n, k in linears]
+                    gs += [gemm_seconds(m, n, k, e, peak_flops, hbm_bandwidth, eta) for m, n, k in shapes[len(gs) :]]
+                    cast_f = sum(fp8.quantize_bytes(m * k, e) for m, _, k in linears) / hbm_bandwidth
+                    cast_b = sum(fp8.quantize_bytes(m * n, e) for m, n, _ in linears) / hbm_bandwidth
+                else:
+                    gs = [gemm_seconds(m, n, k, e, peak_flops, hbm_bandwidth, eta) for m, n, k in shapes]
+                of_kind[moe, in_fp8] = gs, sum(gs), cast_f, cast_b
+            gs, g, cast_f, cast_b = of_kind[moe, in_fp8]
             dgrad += gs[0] + (0.0 if moe else gs[2])  # dX of QKV and of the MLP's first GEMM: as long as forward
-            fwd += g + core + elem
-            bwd += 2 * (g + core) + elem
+            fwd += g + core + elem + cast_f
+            bwd += 2 * (g + core) + elem + cast_b
             wgrad += g
             core_total += 3 * core
         if plan.options.recompute.granularity == "selective" and layers:
@@ -229,6 +282,8 @@ def _recompute_flops(cfg, b: int, seq: int, par, plan, n_layers: int) -> float:
 
 __all__ = [
     "CostModel",
+    "ETA_FP8",
+    "Fp8Compute",
     "MicrobatchTime",
     "gemm_seconds",
     "layer_gemms",

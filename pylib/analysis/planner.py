@@ -38,9 +38,17 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
             Megatron's selective modules, `Plan.recompute_modules`: `recompute.module_extra_flops` and the norms'
             and activations' bytes, with the "mlp" module's TP collectives sent again, `module_traffic_rows`).
 
+The zero-bubble schedules (`SearchSpace.zero_bubble`, `Plan.zb_schedule`: ZB-H1, ZB-H2, ZB-V, DualPipeV) are
+priced from the same orders `pylib.pp` runs: the backward split into B and W (W = the weight-gradient GEMMs,
+`MicrobatchTime.wgrad`), the bubble simulated with those costs (`pp.simulated_split_bubble`), the activations and
+the output gradients each deferred W keeps replayed on the order (`pp.split_live_counts`, `wgrad_kept_bytes`), the
+V's stages and P2P messages (`Plan.placement`). FP8 (`Workload.fp8`): the linear layers' GEMMs at the FP8 peak
+(`efficiency.Fp8Compute`), the FP8 weight copies in memory (`analysis.fp8`), the FP8 parameter all-gather.
+
 The cost model (book/part4/planner.md states each term with its formula):
   step time  = m t_mu + (pp - 1) / v t_mu + the most exposed communication of the evaluated ranks, t_mu the
-               slowest rank's forward + backward of one microbatch (1F1B and interleaved 1F1B)
+               slowest rank's forward + backward of one microbatch (1F1B and interleaved 1F1B; a zero-bubble
+               schedule's simulated makespan beyond m t_mu in place of the second term)
   exposed    `exposed_seconds`: TP/SP in full, or (1 - tp_overlap) with `Cluster.tp_comm_overlap` (SP's
                regather only past the input-gradient GEMMs it runs under); ring CP less
                the attention core it hides behind; Ulysses, all-gather CP and EP in full; PP's fill and drain,
@@ -69,11 +77,11 @@ from fractions import Fraction
 
 from pylib.i18n import editions
 from pylib.plan.fields import divisors as _divisors  # by factorisation: 2**40 ranks or a prime answer at once
-from pylib.plan.fields import names
+from pylib.plan.fields import flag, instance, names, number
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.layout import FlatEntry, FlatLayout
 from pylib.plan.mesh import AXES, EXPERT_GROUPS, HSDP_REPLICATE, HSDP_SHARD, ParallelConfig, hsdp_groups, rank_groups
-from pylib.plan.options import CP_KINDS, DTYPE_BYTES, ZERO_STAGES, MixedPrecision, RunOptions, ZeroStage
+from pylib.plan.options import CP_KINDS, DTYPE_BYTES, ZERO_STAGES, Fp8Recipe, MixedPrecision, RunOptions, ZeroStage
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
 from pylib.plan.recompute import DEFAULT_MODULES, Recompute, as_recompute, modules_problems, recompute_modules
@@ -83,11 +91,20 @@ from . import compose as compose_analysis
 from . import cp as cp_analysis
 from . import dp as dp_analysis
 from . import ep as ep_analysis
+from . import fp8 as fp8_analysis
 from . import pp as pp_analysis
 from . import recompute as recompute_analysis
 from . import tp as tp_analysis
 from .activations import chunk_saved_bytes, expected_expert_rows, peak_saved_bytes
-from .efficiency import CostModel, MicrobatchTime, layer_gemms, microbatch_seconds, rank_chunks, stage_chunks
+from .efficiency import (
+    CostModel,
+    Fp8Compute,
+    MicrobatchTime,
+    layer_gemms,
+    microbatch_seconds,
+    rank_chunks,
+    stage_chunks,
+)
 from .inputs import PRECISIONS, check_cluster, check_search_space, check_sizes, check_workload
 from .tp import dtype_bytes
 from .weights import weight_shapes
@@ -107,7 +124,10 @@ class Cluster:
     its memory's (the roofline of `efficiency`). Defaults: H100 SXM 80 GB, 8 per node, NVLink 4 (900 GB/s both
     directions), one 400 Gb/s NIC per GPU, 989 TFLOP/s, 3.35 TB/s. overlap_dp: data-parallel traffic overlaps
     compute (module docstring); tp_comm_overlap: the run overlaps TP/SP's collectives with the GEMMs
-    (Megatron's --tp-comm-overlap, TransformerEngine's userbuffers); `model` the cost model's constants."""
+    (Megatron's --tp-comm-overlap, TransformerEngine's userbuffers); `model` the cost model's constants.
+    fp8_peak_flops: the dense FP8 peak FP8 GEMMs run against (`Workload.fp8`): 1,978.9 TFLOP/s for the H100 SXM
+    (NVIDIA H100 Tensor Core GPU datasheet: FP8 3,958 TFLOP/s "with sparsity", half of it dense; BF16 1,979 with
+    sparsity, 989.4 dense)."""
 
     world_size: int
     gpus_per_node: int = 8
@@ -120,9 +140,11 @@ class Cluster:
     overlap_dp: bool = True
     tp_comm_overlap: bool = False
     model: CostModel = CostModel()
+    fp8_peak_flops: float = 1978.9e12
 
     def __post_init__(self):
         check_cluster(self)
+        number("Cluster", "fp8_peak_flops", self.fp8_peak_flops, above=0)
 
     @property
     def usable_memory(self) -> float:
@@ -142,7 +164,14 @@ class Workload:
     gradients are accumulated, kept and reduced in -- "bfloat16" (the ZeRO paper's 2 bytes) or "float32" (4 bytes:
     Megatron-LM's default for bf16 training, `--main-grads-dtype fp32`, which sets
     `accumulate_allreduce_grads_in_fp32`; pylib's `MixedPrecision(grad_reduce="float32")`). The DP reductions
-    then move 4-byte gradients; the parameter all-gathers stay 16-bit."""
+    then move 4-byte gradients; the parameter all-gathers stay 16-bit.
+    fp8 (with "mixed"): an `Fp8Recipe` runs the linear layers' GEMMs in FP8 (`efficiency.Fp8Compute`: the FP8 peak
+    `Cluster.fp8_peak_flops` at `CostModel.eta_fp8`, each operand quantized first), and each rank holds the FP8
+    copies and scales of its linear weights (`fp8.fp8_weight_bytes`; under ZeRO-3 only delayed scaling's amax
+    histories between units, `fp8.fp8_history_bytes`): the memory's "fp8". first_last_bf16: the first and the last
+    layer stay in 16 bits (Megatron's --first-last-layers-bf16). fp8_param_gather: the data-parallel all-gathers
+    of the FP8 linears' parameters move 1 byte per element instead of 2 (Megatron's --fp8-param-gather,
+    torchtitan's float8 all-gather under FSDP2): ZeRO-3's gathers every microbatch, ZeRO-1/2's after the step."""
 
     batch: int
     seq: int
@@ -150,11 +179,29 @@ class Workload:
     attention: str = "flash"
     optimizer_states: int = 2
     grad_reduce: str = "bfloat16"
+    fp8: Fp8Recipe | None = None
+    first_last_bf16: bool = False
+    fp8_param_gather: bool = False
 
     def __post_init__(self):
         check_workload(self)
         if self.grad_reduce != "bfloat16" and self.precision != "mixed":
             raise ValueError(f"grad_reduce={self.grad_reduce!r} needs precision='mixed'")
+        instance("Workload", "fp8", self.fp8, Fp8Recipe, none=True)
+        flag("Workload", "first_last_bf16", self.first_last_bf16)
+        flag("Workload", "fp8_param_gather", self.fp8_param_gather)
+        if self.fp8 is not None and self.precision != "mixed":
+            raise ValueError(
+                f"Workload.fp8 runs the GEMMs of a mixed-precision model: needs precision='mixed', "
+                f"got {self.precision!r}"
+            )
+        if self.fp8 is None and (self.first_last_bf16 or self.fp8_param_gather):
+            raise ValueError("Workload.first_last_bf16 and fp8_param_gather need an FP8 recipe (Workload.fp8)")
+
+    @property
+    def fp8_mixed(self) -> MixedPrecision:
+        """The `MixedPrecision` whose FP8 bytes `analysis.fp8` counts: bf16 compute, this FP8 recipe."""
+        return MixedPrecision("bfloat16", grad_reduce=self.grad_reduce, fp8=self.fp8)
 
     @property
     def grad_bytes(self) -> int:
@@ -979,14 +1026,43 @@ def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: i
         cfg, key, workload.precision, workload.optimizer_states, workload.grad_bytes
     )
     acts = _activations(cfg, plan, workload.batch, workload.seq, workload.attention, pp_rank)
-    return dict(
-        params=params,
-        grads=grads,
-        optim=optim,
-        activations=acts,
-        gathered=gathered,
-        total=params + grads + optim + acts + gathered,
-    )
+    out = dict(params=params, grads=grads, optim=optim, activations=acts, gathered=gathered)
+    if workload.fp8 is not None:
+        out["fp8"] = fp8_weight_copies(cfg, plan, workload, pp_rank)
+    return out | dict(total=sum(out.values()))
+
+
+def fp8_weight_shapes(cfg, plan: Plan, pp_rank: int, first_last_bf16: bool = False) -> list[tuple[int, int]]:
+    """[out, in] of every linear weight this rank runs in FP8, as TP, EP and ETP cut them (the N x K of each of
+    `efficiency.layer_gemms` but the router; the LM head and, with `first_last_bf16`, the first and last layers
+    stay in 16 bits)."""
+    return list(_fp8_shapes(cfg, _LayoutKey.of(plan, pp_rank), first_last_bf16))
+
+
+@functools.lru_cache(maxsize=16384)
+def _fp8_shapes(cfg, key: _LayoutKey, first_last_bf16: bool) -> tuple[tuple[int, int], ...]:
+    out = []
+    for _, layers in stage_chunks(cfg.n_layers, key.pp, key.v, key.pp_rank, key.balance_ends, key.placement):
+        for i in layers:
+            if first_last_bf16 and i in (0, cfg.n_layers - 1):
+                continue
+            moe = cfg.moe is not None and cfg.is_moe_layer(i)
+            shapes = layer_gemms(cfg, 1, key.tp, moe, key.ep, key.etp)
+            out += [(n, k) for _, n, k in shapes[: len(shapes) - moe]]
+    return tuple(out)
+
+
+def fp8_weight_copies(cfg, plan: Plan, workload: Workload, pp_rank: int) -> int:
+    """Bytes of FP8 weight copies and scales one rank holds between steps (`fp8.fp8_held_bytes`' "fp8": every FP8
+    linear's copies and scales for DDP and ZeRO-1/2, delayed scaling's amax histories alone under ZeRO-3, whose
+    copies live with the gathered unit)."""
+    return _fp8_copies(cfg, _LayoutKey.of(plan, pp_rank), workload.first_last_bf16, workload.fp8_mixed)
+
+
+@functools.lru_cache(maxsize=16384)
+def _fp8_copies(cfg, key: _LayoutKey, first_last_bf16: bool, precision: MixedPrecision) -> int:
+    shapes = list(_fp8_shapes(cfg, key, first_last_bf16))
+    return fp8_analysis.fp8_held_bytes(0, shapes, 1, key.zero_stage, precision)["fp8"]
 
 
 @functools.lru_cache(maxsize=65536)
@@ -1076,7 +1152,15 @@ def rank_times(cfg, plan: Plan, workload: Workload, cluster: Cluster, pp_rank: i
         peak_flops=cluster.peak_flops,
         hbm_bandwidth=cluster.hbm_bandwidth,
         model=cluster.model,
+        fp8=fp8_compute(workload, cluster),
     )
+
+
+def fp8_compute(workload: Workload, cluster: Cluster) -> Fp8Compute | None:
+    """The FP8 GEMMs of `workload` on `cluster` (`efficiency.Fp8Compute`), None without FP8."""
+    if workload.fp8 is None:
+        return None
+    return Fp8Compute(workload.fp8, cluster.fp8_peak_flops, workload.first_last_bf16)
 
 
 def exposed_seconds(plan: Plan, counted, t: MicrobatchTime, cluster: Cluster, intra: dict) -> dict[str, float]:
@@ -1187,6 +1271,7 @@ def _predicted_rows(cfg, plan: Plan, workload: Workload, pp_rank: int, world_siz
     rows = rank_traffic_rows(cfg, plan, workload.batch, workload.seq, pp_rank, layouts)
     counted = compose_analysis.counted_rows(rows)
     scaled = gradient_dtype_rows([r for r, _ in counted], workload)  # once per distinct row
+    scaled = fp8_gather_rows(scaled, layouts, workload, cfg.n_layers)
     counted = tuple((r, times) for r, (_, times) in zip(scaled, counted, strict=True))
     return counted, compose_analysis.counted_per_axis(counted)
 
@@ -1209,6 +1294,39 @@ def gradient_dtype_rows(rows: list, workload: Workload) -> list:
         else r
         for r in rows
     ]
+
+
+def fp8_gather_rows(rows: list, layouts, workload: Workload, n_layers: int) -> list:
+    """With `Workload.fp8_param_gather` the data-parallel parameter all-gathers (ZeRO-3's every microbatch, ZeRO-1/2's
+    after the step) of each flat buffer move its FP8 linears' elements in 1 byte and the rest in 2: the row's bytes
+    times 1 - f / 2, f the buffer's share of elements in FP8 linears (`fp8_entry`)."""
+    if not workload.fp8_param_gather:
+        return rows
+    share = {}
+    for lay in layouts:
+        fp8 = sum(e.numel for e in lay.entries if fp8_entry(e.name, n_layers, workload.first_last_bf16))
+        share[lay.key] = Fraction(fp8, lay.numel)
+    return [
+        replace(
+            r,
+            bytes_sent=int(r.bytes_sent * (1 - share[r.where] / 2)),
+            payload=int(r.payload * (1 - share[r.where] / 2)),
+        )
+        if r.axis in DP_AXES and r.op == "all_gather" and r.where in share
+        else r
+        for r in rows
+    ]
+
+
+def fp8_entry(name: str, n_layers: int, first_last_bf16: bool = False) -> bool:
+    """Whether the flat-buffer entry `name` (`flat_layouts`) holds an FP8 linear's weight: a layer's attention
+    projections, its dense MLP or its experts (not the norms, the router, the embedding or the LM head; not the
+    first and last layer with `first_last_bf16`)."""
+    parts = name.split(".")
+    if parts[0] != "layers" or (first_last_bf16 and int(parts[1]) in (0, n_layers - 1)):
+        return False
+    rest = ".".join(parts[2:])
+    return rest in ("mlp", "mlp.experts") or (rest.startswith("attn.") and rest.endswith("_proj.weight"))
 
 
 def compute_time(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
