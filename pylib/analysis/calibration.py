@@ -224,7 +224,7 @@ def workload(run: Run) -> P.Workload:
     return P.Workload(run.batch, run.seq, grad_reduce=run.grad_reduce, fp8=run.fp8)
 
 
-def _published_plans(run: Run, **knobs) -> list[P.Plan]:
+def published_plans(run: Run, **knobs) -> list[P.Plan]:
     """Every plan of the published mesh with LAYOUT_SEARCH's knobs (`knobs` replacing some of them; the published
     micro-batch size, `run.micro_batch`, in place of LAYOUT_SEARCH's; FP8 rows with Megatron's default group size
     N = p, which NeMo's recipes keep, where the BF16 rows try every N: `PUBLISHED_GROUP_SIZES`)."""
@@ -237,7 +237,7 @@ def _published_plans(run: Run, **knobs) -> list[P.Plan]:
 
 @functools.lru_cache(maxsize=256)
 def _published_plan_tuple(run: Run, knobs: tuple) -> tuple[P.Plan, ...]:
-    """`_published_plans`, remembered (a fit asks for the same run's plans once per set of constants)."""
+    """`published_plans`, remembered (a fit asks for the same run's plans once per set of constants)."""
     fields = dict(meshes=(run.par,), group_sizes=PUBLISHED_GROUP_SIZES, balance_ends=run.balance_ends)
     space = replace(LAYOUT_SEARCH, **(fields | dict(knobs)))
     plans = P.enumerate_plans(run.cfg, run.gpus, run.batch, run.seq, space)
@@ -255,7 +255,7 @@ def evaluate(run: Run, model: CostModel | None = None, *, search: bool = False, 
     """The planner on one run: the best plan with the published mesh (LAYOUT_SEARCH for the rest); with `search`
     also the best `top` plans of every mesh (same knobs) and the published mesh's place among them."""
     work, c = workload(run), cluster(run, model)
-    mine = P.rank_plans(run.cfg, work, c, top=1, plans=_published_plans(run))[0]
+    mine = P.rank_plans(run.cfg, work, c, top=1, plans=published_plans(run))[0]
     tflops = _tflops(run, mine.step_time)
     if not search:
         return Evaluated(run, mine, tflops)
@@ -290,7 +290,7 @@ def without_recomputation(run: Run, model: CostModel | None = None) -> WithoutRe
     """The published mesh with LAYOUT_SEARCH's knobs but recompute="none", ranked by step time alone (the memory
     limit ignored): what the planner says of a run whose source states it recomputed nothing."""
     work, c = workload(run), cluster(run, model)
-    predicted = (P.predict(run.cfg, p, work, c) for p in _published_plans(run, recompute=("none",)))
+    predicted = (P.predict(run.cfg, p, work, c) for p in published_plans(run, recompute=("none",)))
     fastest = min(predicted, key=lambda x: (x.step_time, x.peak_memory))
     return WithoutRecomputation(run, fastest, _tflops(run, fastest.step_time), c.gpu_memory)
 
@@ -464,6 +464,7 @@ __all__ = [
     "LAYOUT_SEARCH",
     "MESH_SEARCH",
     "PUBLISHED_GROUP_SIZES",
+    "published_plans",
     "RUNS",
     "Evaluated",
     "LayerTimes",
