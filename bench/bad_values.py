@@ -85,8 +85,6 @@ BAD_FIELDS = {
         "optimizer_states": (-1, 2.0),
         "grad_reduce": ("float16", "fp32"),
         "fp8": ("delayed",),
-        "first_last_bf16": (1,),
-        "fp8_param_gather": ("yes",),
     },
     "SearchSpace": {
         "cp_kinds": (("ring", "striped"), ()),

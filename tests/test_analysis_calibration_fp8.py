@@ -39,7 +39,7 @@ def test_fp8_makes_only_the_linear_gemms_faster_at_the_fp8_peak():
 
 
 def test_first_and_last_layers_in_bf16_cost_two_layers_of_fp8_savings():
-    fp8, ends = times(FP8), times(replace(FP8, first_last_bf16=True))
+    fp8, ends = times(FP8), times(replace(FP8, fp8=Fp8Recipe("delayed", first_last_layers_bf16=True)))
     bf16 = times(WORK)
     per_layer = (bf16.total - fp8.total) / CFG.n_layers
     assert ends.total - fp8.total == pytest.approx(2 * per_layer, rel=1e-9)
@@ -69,16 +69,15 @@ def test_fp8_weight_copies_are_analysis_fp8s_bytes_of_every_linear_but_the_head(
 def test_fp8_param_gather_halves_the_fp8_linears_share_of_zero3s_gathers():
     z3 = PLAN.with_options(zero_stage=3)
     plain = P.predict(CFG, z3, FP8, CLUSTER).traffic_by_axis()["dp-cp"]
-    gathered = P.predict(CFG, z3, replace(FP8, fp8_param_gather=True), CLUSTER).traffic_by_axis()["dp-cp"]
+    in_fp8 = replace(FP8, fp8=Fp8Recipe("delayed", param_gather=True))
+    gathered = P.predict(CFG, z3, in_fp8, CLUSTER).traffic_by_axis()["dp-cp"]
     assert 0.5 * plain < gathered < plain
     assert P.fp8_entry("layers.3.attn.q_proj.weight", 32) and P.fp8_entry("layers.3.mlp", 32)
     assert not P.fp8_entry("layers.3.ln1.weight", 32) and not P.fp8_entry("lm_head.weight", 32)
-    assert not P.fp8_entry("layers.31.mlp", 32, first_last_bf16=True)
+    assert not P.fp8_entry("layers.31.mlp", 32, first_last_layers_bf16=True)
 
 
-def test_workload_refuses_fp8_knobs_without_a_recipe():
-    with pytest.raises(ValueError, match="FP8 recipe"):
-        P.Workload(8, 128, fp8_param_gather=True)
+def test_workload_refuses_fp8_without_mixed_precision():
     with pytest.raises(ValueError, match="precision='mixed'"):
         P.Workload(8, 128, precision="uniform", fp8=Fp8Recipe())
 

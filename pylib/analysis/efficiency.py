@@ -88,16 +88,16 @@ class Fp8Compute:
     """FP8 GEMMs on the roofline: `recipe` (an `Fp8Recipe`) runs the linear layers' three GEMMs (forward, dgrad,
     wgrad) at `peak_flops`, the GPU's dense FP8 peak, times `CostModel.eta_fp8`, reading 1-byte operands. The
     attention core, the router and the LM head stay in the model's dtype, as Transformer Engine runs them, and so
-    do the first and the last layer with `first_last_bf16` (Megatron's --first-last-layers-bf16). Each FP8 GEMM
+    do the first and the last layer with the recipe's `first_last_layers_bf16` (Megatron's
+    --first-last-layers-bf16). Each FP8 GEMM
     first quantizes the operand it did not have in FP8 (`quantize_bytes`)."""
 
     recipe: object
     peak_flops: float
-    first_last_bf16: bool = False
 
     def runs(self, cfg, layer: int) -> bool:
         """Whether layer `layer`'s linears run in FP8."""
-        return not (self.first_last_bf16 and layer in (0, cfg.n_layers - 1))
+        return not (self.recipe.first_last_layers_bf16 and layer in (0, cfg.n_layers - 1))
 
     def quantize_bytes(self, elements: float, e: int) -> float:
         """HBM bytes to quantize one activation or gradient of `elements` in the model's dtype (e bytes each) for

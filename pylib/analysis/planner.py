@@ -77,7 +77,7 @@ from fractions import Fraction
 
 from pylib.i18n import editions
 from pylib.plan.fields import divisors as _divisors  # by factorisation: 2**40 ranks or a prime answer at once
-from pylib.plan.fields import flag, instance, names, number
+from pylib.plan.fields import instance, names, number
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.layout import FlatEntry, FlatLayout
 from pylib.plan.mesh import AXES, EXPERT_GROUPS, HSDP_REPLICATE, HSDP_SHARD, ParallelConfig, hsdp_groups, rank_groups
@@ -168,8 +168,9 @@ class Workload:
     fp8 (with "mixed"): an `Fp8Recipe` runs the linear layers' GEMMs in FP8 (`efficiency.Fp8Compute`: the FP8 peak
     `Cluster.fp8_peak_flops` at `CostModel.eta_fp8`, each operand quantized first), and each rank holds the FP8
     copies and scales of its linear weights (`fp8.fp8_weight_bytes`; under ZeRO-3 only delayed scaling's amax
-    histories between units, `fp8.fp8_history_bytes`): the memory's "fp8". first_last_bf16: the first and the last
-    layer stay in 16 bits (Megatron's --first-last-layers-bf16). fp8_param_gather: the data-parallel all-gathers
+    histories between units, `fp8.fp8_history_bytes`): the memory's "fp8". The recipe's first_last_layers_bf16: the
+    first and the last layer stay in 16 bits (Megatron's --first-last-layers-bf16); its param_gather: the
+    data-parallel all-gathers
     of the FP8 linears' parameters move 1 byte per element instead of 2 (Megatron's --fp8-param-gather,
     torchtitan's float8 all-gather under FSDP2): ZeRO-3's gathers every microbatch, ZeRO-1/2's after the step."""
 
@@ -180,23 +181,17 @@ class Workload:
     optimizer_states: int = 2
     grad_reduce: str = "bfloat16"
     fp8: Fp8Recipe | None = None
-    first_last_bf16: bool = False
-    fp8_param_gather: bool = False
 
     def __post_init__(self):
         check_workload(self)
         if self.grad_reduce != "bfloat16" and self.precision != "mixed":
             raise ValueError(f"grad_reduce={self.grad_reduce!r} needs precision='mixed'")
         instance("Workload", "fp8", self.fp8, Fp8Recipe, none=True)
-        flag("Workload", "first_last_bf16", self.first_last_bf16)
-        flag("Workload", "fp8_param_gather", self.fp8_param_gather)
         if self.fp8 is not None and self.precision != "mixed":
             raise ValueError(
                 f"Workload.fp8 runs the GEMMs of a mixed-precision model: needs precision='mixed', "
                 f"got {self.precision!r}"
             )
-        if self.fp8 is None and (self.first_last_bf16 or self.fp8_param_gather):
-            raise ValueError("Workload.first_last_bf16 and fp8_param_gather need an FP8 recipe (Workload.fp8)")
 
     @property
     def fp8_mixed(self) -> MixedPrecision:
@@ -1032,19 +1027,19 @@ def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: i
     return out | dict(total=sum(out.values()))
 
 
-def fp8_weight_shapes(cfg, plan: Plan, pp_rank: int, first_last_bf16: bool = False) -> list[tuple[int, int]]:
+def fp8_weight_shapes(cfg, plan: Plan, pp_rank: int, first_last_layers_bf16: bool = False) -> list[tuple[int, int]]:
     """[out, in] of every linear weight this rank runs in FP8, as TP, EP and ETP cut them (the N x K of each of
-    `efficiency.layer_gemms` but the router; the LM head and, with `first_last_bf16`, the first and last layers
+    `efficiency.layer_gemms` but the router; the LM head and, with `first_last_layers_bf16`, the first and last layers
     stay in 16 bits)."""
-    return list(_fp8_shapes(cfg, _LayoutKey.of(plan, pp_rank), first_last_bf16))
+    return list(_fp8_shapes(cfg, _LayoutKey.of(plan, pp_rank), first_last_layers_bf16))
 
 
 @functools.lru_cache(maxsize=16384)
-def _fp8_shapes(cfg, key: _LayoutKey, first_last_bf16: bool) -> tuple[tuple[int, int], ...]:
+def _fp8_shapes(cfg, key: _LayoutKey, first_last_layers_bf16: bool) -> tuple[tuple[int, int], ...]:
     out = []
     for _, layers in stage_chunks(cfg.n_layers, key.pp, key.v, key.pp_rank, key.balance_ends, key.placement):
         for i in layers:
-            if first_last_bf16 and i in (0, cfg.n_layers - 1):
+            if first_last_layers_bf16 and i in (0, cfg.n_layers - 1):
                 continue
             moe = cfg.moe is not None and cfg.is_moe_layer(i)
             shapes = layer_gemms(cfg, 1, key.tp, moe, key.ep, key.etp)
@@ -1056,12 +1051,13 @@ def fp8_weight_copies(cfg, plan: Plan, workload: Workload, pp_rank: int) -> int:
     """Bytes of FP8 weight copies and scales one rank holds between steps (`fp8.fp8_held_bytes`' "fp8": every FP8
     linear's copies and scales for DDP and ZeRO-1/2, delayed scaling's amax histories alone under ZeRO-3, whose
     copies live with the gathered unit)."""
-    return _fp8_copies(cfg, _LayoutKey.of(plan, pp_rank), workload.first_last_bf16, workload.fp8_mixed)
+    first_last = workload.fp8.first_last_layers_bf16
+    return _fp8_copies(cfg, _LayoutKey.of(plan, pp_rank), first_last, workload.fp8_mixed)
 
 
 @functools.lru_cache(maxsize=16384)
-def _fp8_copies(cfg, key: _LayoutKey, first_last_bf16: bool, precision: MixedPrecision) -> int:
-    shapes = list(_fp8_shapes(cfg, key, first_last_bf16))
+def _fp8_copies(cfg, key: _LayoutKey, first_last_layers_bf16: bool, precision: MixedPrecision) -> int:
+    shapes = list(_fp8_shapes(cfg, key, first_last_layers_bf16))
     return fp8_analysis.fp8_held_bytes(0, shapes, 1, key.zero_stage, precision)["fp8"]
 
 
@@ -1160,7 +1156,7 @@ def fp8_compute(workload: Workload, cluster: Cluster) -> Fp8Compute | None:
     """The FP8 GEMMs of `workload` on `cluster` (`efficiency.Fp8Compute`), None without FP8."""
     if workload.fp8 is None:
         return None
-    return Fp8Compute(workload.fp8, cluster.fp8_peak_flops, workload.first_last_bf16)
+    return Fp8Compute(workload.fp8, cluster.fp8_peak_flops)
 
 
 def exposed_seconds(plan: Plan, counted, t: MicrobatchTime, cluster: Cluster, intra: dict) -> dict[str, float]:
@@ -1297,14 +1293,17 @@ def gradient_dtype_rows(rows: list, workload: Workload) -> list:
 
 
 def fp8_gather_rows(rows: list, layouts, workload: Workload, n_layers: int) -> list:
-    """With `Workload.fp8_param_gather` the data-parallel parameter all-gathers (ZeRO-3's every microbatch, ZeRO-1/2's
-    after the step) of each flat buffer move its FP8 linears' elements in 1 byte and the rest in 2: the row's bytes
-    times 1 - f / 2, f the buffer's share of elements in FP8 linears (`fp8_entry`)."""
-    if not workload.fp8_param_gather:
+    """With the recipe's `param_gather` (`Workload.fp8`) the data-parallel parameter all-gathers (ZeRO-3's every
+    microbatch, ZeRO-1/2's after the step) of each flat buffer move its FP8 linears' elements in 1 byte and the rest
+    in 2: the row's bytes times 1 - f / 2, f the buffer's share of elements in FP8 linears (`fp8_entry`). Not
+    counted: `pylib.dp.fp8_gather`'s own flat for the FP8 weights (its padding) and the all-reduce that agrees their
+    scales (`fp8.fp8_param_gather_bytes`: 4 bytes per weight or block)."""
+    if workload.fp8 is None or not workload.fp8.param_gather:
         return rows
+    first_last = workload.fp8.first_last_layers_bf16
     share = {}
     for lay in layouts:
-        fp8 = sum(e.numel for e in lay.entries if fp8_entry(e.name, n_layers, workload.first_last_bf16))
+        fp8 = sum(e.numel for e in lay.entries if fp8_entry(e.name, n_layers, first_last))
         share[lay.key] = Fraction(fp8, lay.numel)
     return [
         replace(
@@ -1318,12 +1317,12 @@ def fp8_gather_rows(rows: list, layouts, workload: Workload, n_layers: int) -> l
     ]
 
 
-def fp8_entry(name: str, n_layers: int, first_last_bf16: bool = False) -> bool:
+def fp8_entry(name: str, n_layers: int, first_last_layers_bf16: bool = False) -> bool:
     """Whether the flat-buffer entry `name` (`flat_layouts`) holds an FP8 linear's weight: a layer's attention
     projections, its dense MLP or its experts (not the norms, the router, the embedding or the LM head; not the
-    first and last layer with `first_last_bf16`)."""
+    first and last layer with `first_last_layers_bf16`)."""
     parts = name.split(".")
-    if parts[0] != "layers" or (first_last_bf16 and int(parts[1]) in (0, n_layers - 1)):
+    if parts[0] != "layers" or (first_last_layers_bf16 and int(parts[1]) in (0, n_layers - 1)):
         return False
     rest = ".".join(parts[2:])
     return rest in ("mlp", "mlp.experts") or (rest.startswith("attn.") and rest.endswith("_proj.weight"))
