@@ -46,6 +46,7 @@ from pylib.viz import (  # noqa: E402
     dp,
     ep,
     ep_dispatch,
+    ep_overlap,
     matrix_dims,
     pp,
     profile,
@@ -55,6 +56,7 @@ from pylib.viz import (  # noqa: E402
 )
 from pylib.viz import fp8 as fp8_viz
 from pylib.viz import layer_flow as flow
+from tests.test_ep_overlap import two_micro_batch_timelines
 from tests.test_profile import merged_example
 from tests.test_viz_ring_overlap import timelines_of_two_steps
 from tests.test_viz_tp_block import example_without_ranks
@@ -284,6 +286,7 @@ CASES = {
         16,
     ),
     "cp.ring_overlap_figure": lambda runs: cp.ring_overlap_figure(timelines_of_two_steps()),
+    "ep_overlap.ep_overlap_figure": lambda runs: ep_overlap.ep_overlap_figure(two_micro_batch_timelines()),
     "cp.merge_drift_figure": lambda runs: cp.merge_drift_figure(
         [dict(cp=c, bf16_merge=1e-3 * c, fp32_merge=2e-4) for c in (1, 2, 4, 8)]
     ),
