@@ -39,6 +39,15 @@ Sources:
             Megatron-Bridge's split for the 405B model (account_for_embedding_in_pipeline_split and
             account_for_loss_in_pipeline_split: Meta's one layer fewer on the first and the last stage). The README
             prints no H100 throughput, so the row is in `LAYOUTS`: checked for acceptance, fit and rank, not speed.
+  NEMO-FP8  NVIDIA NeMo Framework User Guide 24.12, "Performance" (docs.nvidia.com/nemo-framework/user-guide/24.12/
+            nemotoolkit/performance/performance_summary.html), table "Pretraining", headed "pre-training performance
+            ... at FP8 precision": per row GPUs, GBS, MBS, sequence length, TP, PP, CP, VP and tokens/s per GPU
+            (and NeMo's own model TFLOP/s, whose FLOP count is not stated: the rows are compared in tokens/s, turned
+            into `megatron_flops` TFLOP/s with `tokens_to_tflops`). The GPUs are DGX H100s (the table's FP8 TFLOP/s,
+            711 to 780 per GPU, are 72-79% of the H100's dense BF16 peak, more than any BF16 run reaches). The page
+            does not name the FP8 recipe; NeMo 24.12's default was Transformer Engine's delayed scaling, which the
+            rows assume (`FP8_RECIPE`). The Llama 3 models' shapes: Llama 3 8B (h 4096, 32 layers, 32 heads with 8
+            K/V, h_ffn 14336) and 70B (Llama 2 70B's shape), both with V = 128256 (the Llama 3 paper, Table 3).
 """
 
 from __future__ import annotations
@@ -48,8 +57,8 @@ from dataclasses import dataclass, replace
 
 from pylib.plan.config import ModelConfig
 from pylib.plan.mesh import ParallelConfig
-from pylib.plan.options import RunOptions
-from pylib.plan.presets import deepseek_v3, llama3_405b, megatron_gpt, mixtral_8x7b
+from pylib.plan.options import Fp8Recipe, RunOptions
+from pylib.plan.presets import deepseek_v3, llama2_7b, llama2_70b, llama3_405b, megatron_gpt, mixtral_8x7b
 
 from . import planner as P
 from .efficiency import CostModel
@@ -83,6 +92,10 @@ class Run:
     grad_reduce: str = "bfloat16"
     # Expert parallelism, folded onto the dense mesh (MoE rows only).
     ep: int = 1
+    # The FP8 recipe of the linear layers' GEMMs (`planner.Workload.fp8`); None: a 16-bit run.
+    fp8: Fp8Recipe | None = None
+    # The published micro-batch size, where the source prints it (None: LAYOUT_SEARCH's 1 or 2 sequences).
+    micro_batch: int | None = None
 
     @property
     def par(self) -> ParallelConfig:
@@ -211,25 +224,26 @@ def cluster(run: Run, model: CostModel | None = None) -> P.Cluster:
 
 
 def workload(run: Run) -> P.Workload:
-    """The run's step: mixed precision with gradients reduced in `run.grad_reduce`."""
-    return P.Workload(run.batch, run.seq, grad_reduce=run.grad_reduce)
+    """The run's step: mixed precision with gradients reduced in `run.grad_reduce`, its GEMMs in `run.fp8`."""
+    return P.Workload(run.batch, run.seq, grad_reduce=run.grad_reduce, fp8=run.fp8)
 
 
-def _published_plans(run: Run, **knobs) -> list[P.Plan]:
-    """Every plan of the published mesh with LAYOUT_SEARCH's knobs (`knobs` replacing some of them)."""
+def published_plans(run: Run, **knobs) -> list[P.Plan]:
+    """Every plan of the published mesh with LAYOUT_SEARCH's knobs (`knobs` replacing some of them; the published
+    micro-batch size, `run.micro_batch`, in place of LAYOUT_SEARCH's; FP8 rows with Megatron's default group size
+    N = p, which NeMo's recipes keep, where the BF16 rows try every N: `PUBLISHED_GROUP_SIZES`)."""
+    if run.micro_batch is not None:
+        knobs = dict(micro_batch_sizes=(run.micro_batch,)) | knobs
+    if run.fp8 is not None:
+        knobs = dict(group_sizes="default") | knobs
     return list(_published_plan_tuple(run, tuple(sorted(knobs.items()))))
 
 
 @functools.lru_cache(maxsize=256)
 def _published_plan_tuple(run: Run, knobs: tuple) -> tuple[P.Plan, ...]:
-    """`_published_plans`, remembered (a fit asks for the same run's plans once per set of constants)."""
-    space = replace(
-        LAYOUT_SEARCH,
-        meshes=(run.par,),
-        group_sizes=PUBLISHED_GROUP_SIZES,
-        balance_ends=run.balance_ends,
-        **dict(knobs),
-    )
+    """`published_plans`, remembered (a fit asks for the same run's plans once per set of constants)."""
+    fields = dict(meshes=(run.par,), group_sizes=PUBLISHED_GROUP_SIZES, balance_ends=run.balance_ends)
+    space = replace(LAYOUT_SEARCH, **(fields | dict(knobs)))
     plans = P.enumerate_plans(run.cfg, run.gpus, run.batch, run.seq, space)
     if not plans:
         raise ValueError(f"{run.name}: the planner accepts no plan with the published mesh {run.par.describe()}")
@@ -245,7 +259,7 @@ def evaluate(run: Run, model: CostModel | None = None, *, search: bool = False, 
     """The planner on one run: the best plan with the published mesh (LAYOUT_SEARCH for the rest); with `search`
     also the best `top` plans of every mesh (same knobs) and the published mesh's place among them."""
     work, c = workload(run), cluster(run, model)
-    mine = P.rank_plans(run.cfg, work, c, top=1, plans=_published_plans(run))[0]
+    mine = P.rank_plans(run.cfg, work, c, top=1, plans=published_plans(run))[0]
     tflops = _tflops(run, mine.step_time)
     if not search:
         return Evaluated(run, mine, tflops)
@@ -280,7 +294,7 @@ def without_recomputation(run: Run, model: CostModel | None = None) -> WithoutRe
     """The published mesh with LAYOUT_SEARCH's knobs but recompute="none", ranked by step time alone (the memory
     limit ignored): what the planner says of a run whose source states it recomputed nothing."""
     work, c = workload(run), cluster(run, model)
-    predicted = (P.predict(run.cfg, p, work, c) for p in _published_plans(run, recompute=("none",)))
+    predicted = (P.predict(run.cfg, p, work, c) for p in published_plans(run, recompute=("none",)))
     fastest = min(predicted, key=lambda x: (x.step_time, x.peak_memory))
     return WithoutRecomputation(run, fastest, _tflops(run, fastest.step_time), c.gpu_memory)
 
@@ -363,6 +377,62 @@ def sp_check(times: LayerTimes = KORTHIKANTI_SP, model: CostModel | None = None)
 def errors(model: CostModel, rows) -> list[float]:
     """Relative errors predicted / published - 1 of `rows` (indices into RUNS) under `model`."""
     return [evaluate(RUNS[i], model).error for i in rows]
+
+
+# ------------------------------------------------------------------------------------------------ FP8 runs
+
+
+def tokens_to_tflops(cfg: ModelConfig, seq: int, tokens_per_gpu: float) -> float:
+    """TFLOP/s per GPU, in `megatron_flops`' count, of a run that processes `tokens_per_gpu` tokens per second per
+    GPU on sequences of `seq` tokens."""
+    return tokens_per_gpu * megatron_flops(cfg, 1, seq) / seq / 1e12
+
+
+_NEMO = "NeMo 24.12 performance summary, table Pretraining (FP8, H100)"
+FP8_RECIPE = Fp8Recipe("delayed")
+_LLAMA2_13B = llama2_7b().with_(d_model=5120, n_layers=40, n_heads=40, d_ff=13824)
+_LLAMA3_8B = llama2_7b().with_(vocab_size=128256, n_kv_heads=8, d_ff=14336)
+_LLAMA3_70B = llama2_70b().with_(vocab_size=128256)
+
+
+def _fp8_run(name, cfg, gpus, batch, seq, mesh, tokens, fit=False):
+    tp, pp, cp = mesh
+    dp = gpus // (tp * pp * cp)
+    tflops = tokens_to_tflops(cfg, seq, tokens)
+    return Run(name, _NEMO, cfg, gpus, seq, batch, tp, pp, dp, cp, tflops, fit=fit, fp8=FP8_RECIPE, micro_batch=1)
+
+
+# The published GPUs, GBS, sequence length, (TP, PP, CP) and tokens/s per GPU (the table's columns; MBS is 1 in
+# every row). The table's VP (1, 10, 20, 1, 5) is left to the search (1 to 8 chunks), as on the BF16 rows.
+FP8_RUNS = (
+    _fp8_run("Llama 2 7B", llama2_7b(), 8, 128, 4096, (1, 1, 1), 16934, fit=True),
+    _fp8_run("Llama 2 13B", _LLAMA2_13B, 16, 128, 4096, (1, 4, 1), 8715),
+    _fp8_run("Llama 2 70B", llama2_70b(), 64, 128, 4096, (4, 4, 1), 1728, fit=True),
+    _fp8_run("Llama 3 8B", _LLAMA3_8B, 8, 128, 8192, (1, 1, 2), 12273),
+    _fp8_run("Llama 3 70B", _LLAMA3_70B, 64, 128, 8192, (4, 4, 2), 1524),
+)
+FP8_FIT_ROWS = tuple(i for i, r in enumerate(FP8_RUNS) if r.fit)
+FP8_HOLDOUT_ROWS = tuple(i for i, r in enumerate(FP8_RUNS) if not r.fit)
+# The one new constant's grid: the fraction of the FP8 peak an FP8 GEMM reaches (the BF16 constants stay as fitted).
+FP8_GRID = tuple(x / 100 for x in range(40, 91, 5))
+
+
+def fp8_errors(model: CostModel, rows) -> list[float]:
+    """Relative errors predicted / published - 1 of FP8 `rows` (indices into FP8_RUNS) under `model`."""
+    return [evaluate(FP8_RUNS[i], model).error for i in rows]
+
+
+def fit_fp8(rows=FP8_FIT_ROWS, grid: tuple = FP8_GRID, base: CostModel | None = None) -> tuple[CostModel, float]:
+    """`CostModel.eta_fp8` minimising the largest |error| over FP8 `rows`, every other constant as `base`
+    (default: `CostModel()`, the BF16 fit)."""
+    base = base or CostModel()
+    best = None
+    for eta in grid:
+        model = replace(base, eta_fp8=eta)
+        worst = max(abs(x) for x in fp8_errors(model, rows))
+        if best is None or worst < best[1]:
+            best = (model, worst)
+    return best
 
 
 # The grid `fit` searches; its answer on FIT_ROWS is `efficiency.CostModel()`'s defaults.
@@ -547,6 +617,11 @@ __all__ = [
     "PublishedMoELayout",
     "mla_flops_per_token",
     "moe_layout_check",
+    "FP8_FIT_ROWS",
+    "FP8_GRID",
+    "FP8_HOLDOUT_ROWS",
+    "FP8_RECIPE",
+    "FP8_RUNS",
     "KORTHIKANTI_SP",
     "GRID",
     "HOLDOUT_ROWS",
@@ -554,6 +629,7 @@ __all__ = [
     "LAYOUT_SEARCH",
     "MESH_SEARCH",
     "PUBLISHED_GROUP_SIZES",
+    "published_plans",
     "RUNS",
     "Evaluated",
     "LayerTimes",
@@ -562,6 +638,9 @@ __all__ = [
     "WithoutRecomputation",
     "evaluate",
     "fit",
+    "fit_fp8",
+    "fp8_errors",
+    "tokens_to_tflops",
     "flop_convention_gap",
     "workload",
     "megatron_flops",

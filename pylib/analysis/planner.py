@@ -38,9 +38,17 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
             Megatron's selective modules, `Plan.recompute_modules`: `recompute.module_extra_flops` and the norms'
             and activations' bytes, with the "mlp" module's TP collectives sent again, `module_traffic_rows`).
 
+The zero-bubble schedules (`SearchSpace.zero_bubble`, `Plan.zb_schedule`: ZB-H1, ZB-H2, ZB-V, DualPipeV) are
+priced from the same orders `pylib.pp` runs: the backward split into B and W (W = the weight-gradient GEMMs,
+`MicrobatchTime.wgrad`), the bubble simulated with those costs (`pp.simulated_split_bubble`), the activations and
+the output gradients each deferred W keeps replayed on the order (`pp.split_live_counts`, `wgrad_kept_bytes`), the
+V's stages and P2P messages (`Plan.placement`). FP8 (`Workload.fp8`): the linear layers' GEMMs at the FP8 peak
+(`efficiency.Fp8Compute`), the FP8 weight copies in memory (`analysis.fp8`), the FP8 parameter all-gather.
+
 The cost model (book/part4/planner.md states each term with its formula):
   step time  = m t_mu + (pp - 1) / v t_mu + the most exposed communication of the evaluated ranks, t_mu the
-               slowest rank's forward + backward of one microbatch (1F1B and interleaved 1F1B)
+               slowest rank's forward + backward of one microbatch (1F1B and interleaved 1F1B; a zero-bubble
+               schedule's simulated makespan beyond m t_mu in place of the second term)
   exposed    `exposed_seconds`: TP/SP in full, or (1 - tp_overlap) with `Cluster.tp_comm_overlap` (SP's
                regather only past the input-gradient GEMMs it runs under); ring CP less
                the attention core it hides behind; Ulysses, all-gather CP and EP in full; PP's fill and drain,
@@ -75,26 +83,35 @@ from fractions import Fraction
 
 from pylib.i18n import editions
 from pylib.plan.config import DISPATCHERS
-from pylib.plan.fields import choice, number
+from pylib.plan.fields import choice, instance, names, number
 from pylib.plan.fields import divisors as _divisors  # by factorisation: 2**40 ranks or a prime answer at once
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.layout import FlatEntry, FlatLayout
 from pylib.plan.mesh import AXES, EXPERT_GROUPS, HSDP_REPLICATE, HSDP_SHARD, ParallelConfig, hsdp_groups, rank_groups
-from pylib.plan.options import CP_KINDS, DTYPE_BYTES, ZERO_STAGES, MixedPrecision, RunOptions, ZeroStage
+from pylib.plan.options import CP_KINDS, DTYPE_BYTES, ZERO_STAGES, Fp8Recipe, MixedPrecision, RunOptions, ZeroStage
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
 from pylib.plan.recompute import DEFAULT_MODULES, Recompute, as_recompute, modules_problems, recompute_modules
-from pylib.plan.schedules import ScheduleError, check_schedule
+from pylib.plan.schedules import V_SHAPED, ZERO_BUBBLE, ScheduleError, check_schedule, placement_of
 
 from . import compose as compose_analysis
 from . import cp as cp_analysis
 from . import dp as dp_analysis
 from . import ep as ep_analysis
+from . import fp8 as fp8_analysis
 from . import pp as pp_analysis
 from . import recompute as recompute_analysis
 from . import tp as tp_analysis
-from .activations import chunk_saved_bytes, expected_expert_rows, peak_saved_bytes, split_layers
-from .efficiency import CostModel, MicrobatchTime, microbatch_seconds
+from .activations import chunk_saved_bytes, expected_expert_rows, peak_saved_bytes
+from .efficiency import (
+    CostModel,
+    Fp8Compute,
+    MicrobatchTime,
+    layer_gemms,
+    microbatch_seconds,
+    rank_chunks,
+    stage_chunks,
+)
 from .inputs import PRECISIONS, check_cluster, check_search_space, check_sizes, check_workload
 from .tp import dtype_bytes
 from .weights import weight_shapes
@@ -114,7 +131,10 @@ class Cluster:
     its memory's (the roofline of `efficiency`). Defaults: H100 SXM 80 GB, 8 per node, NVLink 4 (900 GB/s both
     directions), one 400 Gb/s NIC per GPU, 989 TFLOP/s, 3.35 TB/s. overlap_dp: data-parallel traffic overlaps
     compute (module docstring); tp_comm_overlap: the run overlaps TP/SP's collectives with the GEMMs
-    (Megatron's --tp-comm-overlap, TransformerEngine's userbuffers); `model` the cost model's constants."""
+    (Megatron's --tp-comm-overlap, TransformerEngine's userbuffers); `model` the cost model's constants.
+    fp8_peak_flops: the dense FP8 peak FP8 GEMMs run against (`Workload.fp8`): 1,978.9 TFLOP/s for the H100 SXM
+    (NVIDIA H100 Tensor Core GPU datasheet: FP8 3,958 TFLOP/s "with sparsity", half of it dense; BF16 1,979 with
+    sparsity, 989.4 dense)."""
 
     world_size: int
     gpus_per_node: int = 8
@@ -127,9 +147,11 @@ class Cluster:
     overlap_dp: bool = True
     tp_comm_overlap: bool = False
     model: CostModel = CostModel()
+    fp8_peak_flops: float = 1978.9e12
 
     def __post_init__(self):
         check_cluster(self)
+        number("Cluster", "fp8_peak_flops", self.fp8_peak_flops, above=0)
 
     @property
     def usable_memory(self) -> float:
@@ -149,7 +171,15 @@ class Workload:
     gradients are accumulated, kept and reduced in -- "bfloat16" (the ZeRO paper's 2 bytes) or "float32" (4 bytes:
     Megatron-LM's default for bf16 training, `--main-grads-dtype fp32`, which sets
     `accumulate_allreduce_grads_in_fp32`; pylib's `MixedPrecision(grad_reduce="float32")`). The DP reductions
-    then move 4-byte gradients; the parameter all-gathers stay 16-bit."""
+    then move 4-byte gradients; the parameter all-gathers stay 16-bit.
+    fp8 (with "mixed"): an `Fp8Recipe` runs the linear layers' GEMMs in FP8 (`efficiency.Fp8Compute`: the FP8 peak
+    `Cluster.fp8_peak_flops` at `CostModel.eta_fp8`, each operand quantized first), and each rank holds the FP8
+    copies and scales of its linear weights (`fp8.fp8_weight_bytes`; under ZeRO-3 only delayed scaling's amax
+    histories between units, `fp8.fp8_history_bytes`): the memory's "fp8". The recipe's first_last_layers_bf16: the
+    first and the last layer stay in 16 bits (Megatron's --first-last-layers-bf16); its param_gather: the
+    data-parallel all-gathers
+    of the FP8 linears' parameters move 1 byte per element instead of 2 (Megatron's --fp8-param-gather,
+    torchtitan's float8 all-gather under FSDP2): ZeRO-3's gathers every microbatch, ZeRO-1/2's after the step."""
 
     batch: int
     seq: int
@@ -157,11 +187,23 @@ class Workload:
     attention: str = "flash"
     optimizer_states: int = 2
     grad_reduce: str = "bfloat16"
+    fp8: Fp8Recipe | None = None
 
     def __post_init__(self):
         check_workload(self)
         if self.grad_reduce != "bfloat16" and self.precision != "mixed":
             raise ValueError(f"grad_reduce={self.grad_reduce!r} needs precision='mixed'")
+        instance("Workload", "fp8", self.fp8, Fp8Recipe, none=True)
+        if self.fp8 is not None and self.precision != "mixed":
+            raise ValueError(
+                f"Workload.fp8 runs the GEMMs of a mixed-precision model: needs precision='mixed', "
+                f"got {self.precision!r}"
+            )
+
+    @property
+    def fp8_mixed(self) -> MixedPrecision:
+        """The `MixedPrecision` whose FP8 bytes `analysis.fp8` counts: bf16 compute, this FP8 recipe."""
+        return MixedPrecision("bfloat16", grad_reduce=self.grad_reduce, fp8=self.fp8)
 
     @property
     def grad_bytes(self) -> int:
@@ -211,7 +253,13 @@ class Plan:
     ep_overlap: the EP all-to-alls run under another microbatch's compute (DualPipe's paired forward and backward,
     DeepSeek-V3 technical report section 3.2.1; Megatron's --overlap-moe-expert-parallel-comm): `exposed_seconds`
     leaves of them only what exceeds the step's compute, and charges the hidden part its contention. The analysis
-    only: pylib.compose exposes them."""
+    only: pylib.compose exposes them.
+    zb_schedule: a zero-bubble schedule (`pylib.plan.schedules.ZERO_BUBBLE`: "zb-h1", "zb-h2" with v = 1; "zb-v",
+    "dualpipev" with v = 2, in the V placement) priced in place of 1F1B / interleaved: the bubble simulated with
+    this plan's B and W times (`bubble_fraction`), the activations and W's kept gradients replayed on its order
+    (`rank_memory`), the V's stages and P2P messages (`placement`). `pylib.pp` runs these schedules
+    (`run_pipeline`); `pylib.compose` does not compose them yet, so `options.schedule` stays what compose would
+    run on the same mesh and `run_options` is not this plan's run."""
 
     par: ParallelConfig
     options: RunOptions = RunOptions()
@@ -223,14 +271,27 @@ class Plan:
     routing_imbalance: float = 1.0
     dispatcher: str | None = None
     ep_overlap: bool = False
+    zb_schedule: str | None = None
 
     def __post_init__(self):
         number("Plan", "routing_imbalance", self.routing_imbalance, low=1)
         if self.dispatcher is not None:
             choice("Plan", "dispatcher", self.dispatcher, DISPATCHERS)
-        schedule = "interleaved" if self.options.v > 1 else "1f1b"  # the schedules the planner models
+        schedule = "interleaved" if self.options.v > 1 else "1f1b"  # what compose runs beside a zb_schedule
         if self.options.schedule != schedule:
             object.__setattr__(self, "options", replace(self.options, schedule=schedule))
+        if self.zb_schedule is not None and self.zb_schedule not in ZERO_BUBBLE:
+            raise ValueError(f"Plan.zb_schedule={self.zb_schedule!r} must be None or one of {ZERO_BUBBLE}")
+
+    @property
+    def schedule(self) -> str:
+        """The schedule the planner prices: `zb_schedule`, else `options.schedule`."""
+        return self.zb_schedule or self.options.schedule
+
+    @property
+    def placement(self) -> str:
+        """Where the stages live (`schedules.placement_of`): "v" for ZB-V and DualPipeV, "loop" otherwise."""
+        return placement_of(self.schedule)
 
     def with_options(self, **changes) -> Plan:
         """The same plan with some `RunOptions` fields changed (`dataclasses.replace` of `options`)."""
@@ -286,6 +347,8 @@ class Plan:
             parts.append(f"v={o.v}")
         if self.group_size is not None:
             parts.append(f"N={self.group_size}")
+        if self.zb_schedule is not None:
+            parts.append(self.zb_schedule)
         rc = o.recompute
         if rc.granularity == "selective" and self.recompute_modules not in (None, DEFAULT_MODULES):
             parts.append("recompute=selective/" + "+".join(self.recompute_modules))
@@ -330,6 +393,8 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
     out += modules_problems(plan.recompute_modules, plan.options.recompute.granularity)
     out += hsdp_problems(plan)
     out += moe_plan_problems(cfg, plan)
+    if plan.zb_schedule is not None:
+        return _zb_problems(plan, out)
     if plan.group_size is None:
         return out
     p, m, v = plan.par.pp, plan.options.n_microbatches, plan.options.v
@@ -382,6 +447,25 @@ FULL_MOE = (
     "recompute='full' with MoE layers is not priced (a layer recomputed whole would dispatch again); "
     "recompute='selective' with Megatron's modules (moe, moe_act, ...) is"
 )
+
+
+def _zb_problems(plan: Plan, out: list[str]) -> list[str]:
+    """A zero-bubble plan's problems: compose's complaint about its stand-in schedule (1F1B / interleaved on the same
+    v) gives way to the zero-bubble schedule's own rule (`schedules.check_schedule`, what `build` refuses on
+    ranks: ZB-H1 m >= p, ZB-H2 m >= 2p - 1, the V two chunks per rank with m >= p (ZB-V) or 2p (DualPipeV)), and
+    it needs a pipeline (p > 1) and no group size N."""
+    p, m, v = plan.par.pp, plan.options.n_microbatches, plan.options.v
+    try:
+        check_schedule(plan.options.schedule, p, m, v)
+    except ScheduleError as e:
+        out = [x for x in out if x != str(e)]
+    try:
+        check_schedule(plan.zb_schedule, p, m, v, group_size=plan.group_size)
+    except ScheduleError as e:
+        out.append(str(e))
+    if p == 1:
+        out.append(f"{plan.zb_schedule} is a pipeline schedule: it needs pp > 1, got pp=1")
+    return out
 
 
 def hsdp_problems(plan: Plan) -> list[str]:
@@ -450,8 +534,10 @@ class SearchSpace:
     sizes N tried (`group_sizes_for`: "default" N = p, "megatron" every N Megatron accepts, or a tuple of
     values). hsdp_shards: beside each ZeRO-3 plan, HSDP with these shard group sizes (`Plan.hsdp_shard`); None
     (the default): no HSDP plan. routing_imbalance: every MoE plan's `Plan.routing_imbalance` (1.0: uniform).
-    dispatchers: the MoE dispatchers tried (`Plan.dispatcher`; None: the model's own). Elsewhere None: no
-    restriction."""
+    dispatchers: the MoE dispatchers tried (`Plan.dispatcher`; None: the model's own). zero_bubble: the zero-bubble
+    schedules tried beside 1F1B and interleaved on every pipeline (`Plan.zb_schedule`; "zb-v" and "dualpipev" where
+    2p stages cut the layers; each only where `schedules.check_schedule` accepts its p and m); () (the default):
+    none. Elsewhere None: no restriction."""
 
     order: str = "tp-cp-ep-dp-pp"
     micro_batch_sizes: tuple[int, ...] | None = None
@@ -470,12 +556,15 @@ class SearchSpace:
     hsdp_shards: tuple[int, ...] | None = None
     routing_imbalance: float = 1.0
     dispatchers: tuple[str, ...] | None = None
+    zero_bubble: tuple[str, ...] = ()
 
     def __post_init__(self):
         check_search_space(self)
         number("SearchSpace", "routing_imbalance", self.routing_imbalance, low=1)
         for d in self.dispatchers or ():
             choice("SearchSpace", "dispatchers", d, DISPATCHERS)
+        if self.zero_bubble != ():  # () tries none; otherwise a tuple of known names, none twice
+            names("SearchSpace", "zero_bubble", self.zero_bubble, ZERO_BUBBLE)
 
 
 def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpace = SearchSpace()) -> list[Plan]:
@@ -512,6 +601,10 @@ def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpa
                 ms = _divisors(batch // dp)
                 if micro_batch_sizes is not None:
                     ms = [m for m in ms if batch // (dp * m) in micro_batch_sizes]
+                runs = [(v, None) for v in vs]  # (v, zero-bubble schedule): 1F1B / interleaved, then the ZB ones
+                for zb in sp_.zero_bubble if pp > 1 else ():
+                    if zb not in V_SHAPED or slots % (2 * pp) == 0:
+                        runs.append((2 if zb in V_SHAPED else 1, zb))
                 for ep, etp in folds:
                     par = ParallelConfig(tp=tp, cp=cp, ep=ep, dp=dp, pp=pp, etp=etp, order=order)
                     if meshes is not None and par not in meshes:
@@ -521,13 +614,15 @@ def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpa
                     for sp in sp_.sequence_parallel if tp > 1 else (False,):
                         for kind in sp_.cp_kinds if cp > 1 else (default.cp_kind,):
                             for zero in sp_.zero_stages if has_dp else (default.zero_stage,):
-                                for v in vs:
+                                for v, zb in runs:
                                     for m, rc in ((m, rc) for m in ms for rc in sp_.recompute):
                                         rc, mods = _recompute_choice(cfg, rc, sp and tp > 1)
                                         o = RunOptions(sp, kind, n_microbatches=m, v=v, zero_stage=zero, recompute=rc)
                                         plan = Plan(par, o, sp_regather and sp, ends, recompute_modules=mods)
                                         plan = _moe_knobs(plan, moe, sp_)
-                                        for n in dict.fromkeys((None,) + group_sizes_for(pp, m, v, group_sizes)):
+                                        plan = replace(plan, zb_schedule=zb) if zb else plan
+                                        sizes = group_sizes_for(pp, m, v, group_sizes) if zb is None else ()
+                                        for n in dict.fromkeys((None,) + sizes):
                                             with_n = plan if n is None else replace(plan, group_size=n)
                                             for hs in _with_hsdp(with_n, sp_.hsdp_shards):
                                                 for one in _with_dispatchers(hs, moe, sp_.dispatchers):
@@ -650,7 +745,7 @@ def flat_layouts(cfg, plan: Plan, pp_rank: int, world_size: int | None = None) -
 class _LayoutKey:
     """What a rank's flat buffers depend on (the cache key of `_flat_layouts` and `_state`): the mesh's tp, ep, etp,
     pp, the plan's v and ZeRO stage, the rank's pipeline index, the dense and expert data-parallel sizes and
-    Llama 3's uneven split."""
+    Llama 3's uneven split, and where the stages live (`Plan.placement`)."""
 
     tp: int
     ep: int
@@ -662,6 +757,7 @@ class _LayoutKey:
     d_dense: int
     d_expert: int
     balance_ends: bool
+    placement: str = "loop"
 
     @classmethod
     def of(cls, plan: Plan, pp_rank: int, world_size: int | None = None) -> _LayoutKey:
@@ -669,7 +765,8 @@ class _LayoutKey:
         world = par.world_size if world_size is None else world_size
         d_expert = par.expert_dp(world)
         d_dense = plan.dp_cp if plan.hsdp_shard is None else plan.hsdp_shard  # HSDP: shards over s only
-        return cls(par.tp, par.ep, par.etp, par.pp, o.v, pp_rank, o.zero_stage, d_dense, d_expert, plan.balance_ends)
+        key = (par.tp, par.ep, par.etp, par.pp, o.v, pp_rank, o.zero_stage, d_dense, d_expert, plan.balance_ends)
+        return cls(*key, plan.placement)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -687,8 +784,7 @@ def _flat_layouts(cfg, key: _LayoutKey) -> tuple[FlatLayout, ...]:
             parts = d if zero else 1
             out.append(_Layout(key, axis, tuple(range(d)), cfg.dtype, e, entries, parts))
 
-    for c, layers in enumerate(split_layers(cfg.n_layers, pp, v, pp_rank, ends)):
-        stage = c * pp + pp_rank
+    for c, (stage, layers) in enumerate(stage_chunks(cfg.n_layers, pp, v, pp_rank, ends, key.placement)):
         units: list[tuple[str, list, list]] = []  # (unit, dense, expert) in registration order
         if stage == 0:
             units.append(("embed", [("embed.weight", sz.embed)], []))
@@ -854,7 +950,12 @@ class Prediction:
 
     @property
     def bubble_fraction(self) -> float:
-        return bubble_fraction(self.plan)
+        return bubble_fraction(self.plan, self.slowest_times())
+
+    def slowest_times(self) -> MicrobatchTime | None:
+        """The microbatch times of the slowest evaluated rank (the one the step's compute is priced on)."""
+        timed = [r.times for r in self.ranks if r.times is not None]
+        return max(timed, key=lambda t: t.total) if timed else None
 
     def traffic_by_axis(self) -> dict[str, float]:
         """Bytes sent per step on each axis by the busiest evaluated rank."""
@@ -868,10 +969,21 @@ class Prediction:
         return max(self.ranks, key=lambda r: r.memory["total"])
 
 
-def bubble_fraction(plan: Plan) -> float:
+def bubble_fraction(plan: Plan, times: MicrobatchTime | None = None) -> float:
     """Idle time relative to compute: (pp - 1) / (v m) (`pp.bubble_fraction`), or, for a group size N other than
-    Megatron's default, measured on the schedule (`pp.simulated_bubble_fraction`)."""
+    Megatron's default, measured on the schedule (`pp.simulated_bubble_fraction`). A zero-bubble plan's depends on
+    its costs: `times` (the slowest rank's microbatch) split into F = forward, W = the weight-gradient GEMMs
+    (`MicrobatchTime.wgrad`) and B = the rest of the backward, and the schedule simulated with them
+    (`pp.simulated_split_bubble`: the step's makespan beyond m (F + B + W))."""
     par = plan.par
+    if plan.zb_schedule is not None:
+        if times is None:
+            raise ValueError(f"{plan.describe()}: a zero-bubble plan's bubble needs its microbatch times")
+        t_b = times.backward - times.wgrad
+        idle = pp_analysis.simulated_split_bubble(
+            plan.zb_schedule, par.pp, plan.options.n_microbatches, times.forward, t_b, times.wgrad
+        )
+        return idle / (plan.options.n_microbatches * times.total)
     if plan.group_size is None:
         return pp_analysis.bubble_fraction(par.pp, plan.options.n_microbatches, plan.options.v)
     return pp_analysis.simulated_bubble_fraction(
@@ -900,7 +1012,7 @@ def expected_routing(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> lis
     scale = Fraction(f) if f != 1.0 else 1
     counts = [[Fraction(T * k, E) * scale] * (E // par.ep) for _ in range(par.ep)]  # [ep, E_local], exact
     rows = [expected_expert_rows(T, k) * scale] * par.etp
-    layers = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends) for i in c]
+    layers = [i for _, c in rank_chunks(cfg, plan, pp_rank) for i in c]
     layers = [i for i in layers if cfg.is_moe_layer(i)]
     return [(i, counts, counts, rows) for _ in range(plan.options.n_microbatches) for i in layers]
 
@@ -929,12 +1041,12 @@ def rank_traffic_rows(
         rows = allgather_dispatch_rows(cfg, plan, batch, seq, pp_rank, rows)
     rows += shared_expert_rows(cfg, plan, batch, seq, pp_rank)
     rows += moe_recompute_rows(plan, rows)
+    rows = _v_rows(plan, rows, pp_rank)
     return _hsdp_rows(plan, rows) + module_traffic_rows(cfg, plan, batch, seq, pp_rank)
 
 
 def _held_moe_layers(cfg, plan: Plan, pp_rank: int) -> int:
-    par = plan.par
-    held = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends) for i in c]
+    held = [i for _, c in rank_chunks(cfg, plan, pp_rank) for i in c]
     return sum(cfg.is_moe_layer(i) for i in held)
 
 
@@ -1001,6 +1113,22 @@ def moe_recompute_rows(plan: Plan, rows: list) -> list:
     ]
 
 
+def _v_rows(plan: Plan, rows: list, pp_rank: int) -> list:
+    """In the V placement (`Plan.placement`) the stage-boundary sends of this rank as the V has them
+    (`pp.p2p_bytes_per_rank(..., placement="v")`: rank p - 1 hands its turn over in memory, every other rank sends
+    across both of its chunks' boundaries); `compose.step_traffic` counts the loop placement's."""
+    if plan.placement == "loop":
+        return rows
+    p, m, v = plan.par.pp, plan.options.n_microbatches, plan.options.v
+    out = []
+    for r in rows:
+        if r.axis == "pp" and r.where == "stage boundary":
+            msgs = pp_analysis.p2p_bytes_per_rank(1, 1, 1, 1, p, m, pp_rank, v, plan.placement)  # 1-byte messages
+            r = replace(r, count=msgs, bytes_sent=msgs * r.payload if r.op == "send" else 0)
+        out.append(r)
+    return out
+
+
 def _hsdp_rows(plan: Plan, rows: list) -> list:
     """Under HSDP (`Plan.hsdp_shard` = s) the dense ZeRO-3 rows, already over s (the layouts are cut in s), move
     to the shard group, and each reduce-scatter is followed by the all-reduce of its shard, S/s, over the r =
@@ -1030,7 +1158,7 @@ def module_traffic_rows(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> 
     par = plan.par
     if par.tp == 1 or not plan.modules & {"mlp", "shared_experts", "moe"}:
         return []
-    held = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends) for i in c]
+    held = [i for _, c in rank_chunks(cfg, plan, pp_rank) for i in c]
     out = []
     for moe_layer in (False, True):
         ops = recompute_analysis.module_extra_collectives(
@@ -1087,14 +1215,44 @@ def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: i
         cfg, key, workload.precision, workload.optimizer_states, workload.grad_bytes
     )
     acts = _activations(cfg, plan, workload.batch, workload.seq, workload.attention, pp_rank)
-    return dict(
-        params=params,
-        grads=grads,
-        optim=optim,
-        activations=acts,
-        gathered=gathered,
-        total=params + grads + optim + acts + gathered,
-    )
+    out = dict(params=params, grads=grads, optim=optim, activations=acts, gathered=gathered)
+    if workload.fp8 is not None:
+        out["fp8"] = fp8_weight_copies(cfg, plan, workload, pp_rank)
+    return out | dict(total=sum(out.values()))
+
+
+def fp8_weight_shapes(cfg, plan: Plan, pp_rank: int, first_last_layers_bf16: bool = False) -> list[tuple[int, int]]:
+    """[out, in] of every linear weight this rank runs in FP8, as TP, EP and ETP cut them (the N x K of each of
+    `efficiency.layer_gemms` but the router; the LM head and, with `first_last_layers_bf16`, the first and last layers
+    stay in 16 bits)."""
+    return list(_fp8_shapes(cfg, _LayoutKey.of(plan, pp_rank), first_last_layers_bf16))
+
+
+@functools.lru_cache(maxsize=16384)
+def _fp8_shapes(cfg, key: _LayoutKey, first_last_layers_bf16: bool) -> tuple[tuple[int, int], ...]:
+    out = []
+    for _, layers in stage_chunks(cfg.n_layers, key.pp, key.v, key.pp_rank, key.balance_ends, key.placement):
+        for i in layers:
+            if first_last_layers_bf16 and i in (0, cfg.n_layers - 1):
+                continue
+            moe = cfg.moe is not None and cfg.is_moe_layer(i)
+            shapes = layer_gemms(cfg, 1, key.tp, moe, key.ep, key.etp)
+            out += [(n, k) for _, n, k in shapes[: len(shapes) - moe]]
+    return tuple(out)
+
+
+def fp8_weight_copies(cfg, plan: Plan, workload: Workload, pp_rank: int) -> int:
+    """Bytes of FP8 weight copies and scales one rank holds between steps (`fp8.fp8_held_bytes`' "fp8": every FP8
+    linear's copies and scales for DDP and ZeRO-1/2, delayed scaling's amax histories alone under ZeRO-3, whose
+    copies live with the gathered unit)."""
+    first_last = workload.fp8.first_last_layers_bf16
+    return _fp8_copies(cfg, _LayoutKey.of(plan, pp_rank), first_last, workload.fp8_mixed)
+
+
+@functools.lru_cache(maxsize=16384)
+def _fp8_copies(cfg, key: _LayoutKey, first_last_layers_bf16: bool, precision: MixedPrecision) -> int:
+    shapes = list(_fp8_shapes(cfg, key, first_last_layers_bf16))
+    return fp8_analysis.fp8_held_bytes(0, shapes, 1, key.zero_stage, precision)["fp8"]
 
 
 @functools.lru_cache(maxsize=65536)
@@ -1109,8 +1267,46 @@ def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank:
     """The activation bytes at the schedule's peak, remembered: like the model state (`_state`), they do not depend
     on the cluster's speeds or the cost model, which a fit and the explorers vary over the same plans."""
     o = plan.options
+    if plan.zb_schedule is not None:
+        return _split_activations(cfg, plan, batch, seq, attention, pp_rank)
     chunks = _chunk_bytes(cfg, plan.micro_batch(batch), seq, _activation_key(plan), pp_rank, attention)
     return peak_saved_bytes(list(chunks), o.schedule, plan.par.pp, o.n_microbatches, o.v, pp_rank, plan.group_size)
+
+
+def _split_activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank: int) -> int:
+    """A zero-bubble plan's activation peak on one rank: its order replayed (`pp.split_live_counts`), each
+    microbatch of a chunk holding the chunk's saved bytes until its W (or its fused backward) and, from its B to
+    its W, the output gradients W needs (`wgrad_kept_bytes`) and, under recomputation, what B regenerated (the
+    chunk's saved bytes without recomputation less those with it: W reads the linears' recomputed inputs). A
+    chunk's saved bytes are those of the same virtual stage in the loop placement (`chunk_saved_bytes` of rank
+    k % p, chunk k // p)."""
+    p, b = plan.par.pp, plan.micro_batch(batch)
+    key = _activation_key(replace(plan, zb_schedule=None))
+    whole = _activation_key(replace(plan, zb_schedule=None).with_options(recompute="none"))
+    saved, kept = [], []
+    for stage, layers in rank_chunks(cfg, plan, pp_rank):
+        held = _chunk_bytes(cfg, b, seq, key, stage % p, attention)[stage // p]
+        regenerated = _chunk_bytes(cfg, b, seq, whole, stage % p, attention)[stage // p] - held
+        saved.append(held)
+        last = stage == p * plan.options.v - 1
+        kept.append(regenerated + wgrad_kept_bytes(cfg, plan, b * seq // plan.par.cp, layers, last))
+    states = pp_analysis.split_live_counts(plan.zb_schedule, p, plan.options.n_microbatches, pp_rank)
+    return max(sum(n * x for n, x in zip(a + g, saved + kept, strict=True)) for a, g in states)
+
+
+def wgrad_kept_bytes(cfg, plan: Plan, tokens: int, layers, last_stage: bool) -> int:
+    """Bytes a deferred W keeps for one microbatch of one chunk between its B and its W, beyond the saved
+    activations (which its graph keeps alive anyway): the gradient of every weight GEMM's output, [M, N] of each
+    (`efficiency.layer_gemms` on this rank's T = b s / cp tokens), and the LM head's [T, V / tp] on the last
+    stage, in the model's dtype. What `pylib.pp.backward.backward_input` keeps at each frontier node."""
+    par, e = plan.par, dtype_bytes(cfg.dtype)
+    out = 0
+    for i in layers:
+        moe = cfg.moe is not None and cfg.is_moe_layer(i)
+        out += sum(m * n for m, n, _ in layer_gemms(cfg, tokens, par.tp, moe, par.ep, par.etp))
+    if last_stage:
+        out += tokens * cfg.vocab_size // par.tp
+    return int(out * e)
 
 
 def _activation_key(plan: Plan) -> Plan:
@@ -1146,7 +1342,15 @@ def rank_times(cfg, plan: Plan, workload: Workload, cluster: Cluster, pp_rank: i
         peak_flops=cluster.peak_flops,
         hbm_bandwidth=cluster.hbm_bandwidth,
         model=cluster.model,
+        fp8=fp8_compute(workload, cluster),
     )
+
+
+def fp8_compute(workload: Workload, cluster: Cluster) -> Fp8Compute | None:
+    """The FP8 GEMMs of `workload` on `cluster` (`efficiency.Fp8Compute`), None without FP8."""
+    if workload.fp8 is None:
+        return None
+    return Fp8Compute(workload.fp8, cluster.fp8_peak_flops)
 
 
 def exposed_seconds(plan: Plan, counted, t: MicrobatchTime, cluster: Cluster, intra: dict) -> dict[str, float]:
@@ -1198,7 +1402,7 @@ def exposed_seconds(plan: Plan, counted, t: MicrobatchTime, cluster: Cluster, in
         elif axis in ("tp", "tp-cp", "etp"):
             x *= tp_keep
         elif axis == "pp":
-            x *= min(1.0, bubble_fraction(plan))
+            x *= min(1.0, bubble_fraction(plan, t))
         out[axis] = out.get(axis, 0.0) + x
     if "cp" in out and plan.options.cp_kind == "ring":  # the K/V passes run while the core computes
         out["cp"] = max(0.0, out["cp"] - m * t.core)
@@ -1234,15 +1438,15 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
         by_axis = {a: dict(bytes_sent=x["bytes_sent"], ops=dict(x["ops"])) for a, x in by_axis.items()}  # the caller's
         ranks.append(RankPrediction(r, mem, by_axis, sum(exposed.values()), t, exposed))
     peak = max(r.memory["total"] for r in ranks)
-    t_mb = max(r.times.total for r in ranks)
-    compute = plan.options.n_microbatches * t_mb
+    slowest = max((r.times for r in ranks), key=lambda t: t.total)
+    compute = plan.options.n_microbatches * slowest.total
     return Prediction(
         plan=plan,
         ranks=ranks,
         peak_memory=peak,
         fits=peak <= cluster.usable_memory,
         compute_time=compute,
-        bubble_time=compute * bubble_fraction(plan),
+        bubble_time=compute * bubble_fraction(plan, slowest),
         comm_time=max(r.comm_time for r in ranks),
         intra_node=intra,
         model_flops=step_flops(cfg, workload.batch, workload.seq),
@@ -1259,6 +1463,7 @@ def _predicted_rows(cfg, plan: Plan, workload: Workload, pp_rank: int, world_siz
     rows = rank_traffic_rows(cfg, plan, workload.batch, workload.seq, pp_rank, layouts)
     counted = compose_analysis.counted_rows(rows)
     scaled = gradient_dtype_rows([r for r, _ in counted], workload)  # once per distinct row
+    scaled = fp8_gather_rows(scaled, layouts, workload, cfg.n_layers)
     counted = tuple((r, times) for r, (_, times) in zip(scaled, counted, strict=True))
     return counted, compose_analysis.counted_per_axis(counted)
 
@@ -1283,6 +1488,42 @@ def gradient_dtype_rows(rows: list, workload: Workload) -> list:
     ]
 
 
+def fp8_gather_rows(rows: list, layouts, workload: Workload, n_layers: int) -> list:
+    """With the recipe's `param_gather` (`Workload.fp8`) the data-parallel parameter all-gathers (ZeRO-3's every
+    microbatch, ZeRO-1/2's after the step) of each flat buffer move its FP8 linears' elements in 1 byte and the rest
+    in 2: the row's bytes times 1 - f / 2, f the buffer's share of elements in FP8 linears (`fp8_entry`). Not
+    counted: `pylib.dp.fp8_gather`'s own flat for the FP8 weights (its padding) and the all-reduce that agrees their
+    scales (`fp8.fp8_param_gather_bytes`: 4 bytes per weight or block)."""
+    if workload.fp8 is None or not workload.fp8.param_gather:
+        return rows
+    first_last = workload.fp8.first_last_layers_bf16
+    share = {}
+    for lay in layouts:
+        fp8 = sum(e.numel for e in lay.entries if fp8_entry(e.name, n_layers, first_last))
+        share[lay.key] = Fraction(fp8, lay.numel)
+    return [
+        replace(
+            r,
+            bytes_sent=int(r.bytes_sent * (1 - share[r.where] / 2)),
+            payload=int(r.payload * (1 - share[r.where] / 2)),
+        )
+        if r.axis in DP_AXES and r.op == "all_gather" and r.where in share
+        else r
+        for r in rows
+    ]
+
+
+def fp8_entry(name: str, n_layers: int, first_last_layers_bf16: bool = False) -> bool:
+    """Whether the flat-buffer entry `name` (`flat_layouts`) holds an FP8 linear's weight: a layer's attention
+    projections, its dense MLP or its experts (not the norms, the router, the embedding or the LM head; not the
+    first and last layer with `first_last_layers_bf16`)."""
+    parts = name.split(".")
+    if parts[0] != "layers" or (first_last_layers_bf16 and int(parts[1]) in (0, n_layers - 1)):
+        return False
+    rest = ".".join(parts[2:])
+    return rest in ("mlp", "mlp.experts") or (rest.startswith("attn.") and rest.endswith("_proj.weight"))
+
+
 def compute_time(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
     """Seconds the slowest evaluated pipeline rank computes per step: m microbatches of `rank_times`."""
     ranks = evaluated_ranks(plan.par.pp)
@@ -1304,7 +1545,7 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
     par = plan.par
     e = dtype_bytes(cfg.dtype)
     m, b, s_cp = plan.options.n_microbatches, plan.micro_batch(workload.batch), workload.seq // par.cp
-    held = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, 0, plan.balance_ends) for i in c]
+    held = [i for _, c in rank_chunks(cfg, plan, 0) for i in c]
     intra = _bandwidths(plan, cluster)
 
     def bw(axis):
@@ -1374,7 +1615,7 @@ def rank_plans(
             screened.append((mem, 0.0, p))
             continue
         compute = compute_time(cfg, p, workload, cluster)
-        bound = compute * (1 + bubble_fraction(p))
+        bound = compute * (1 + (0.0 if p.zb_schedule else bubble_fraction(p)))  # a ZB bubble: >= 0, priced later
         screened.append((mem, bound + comm_lower_bound(cfg, p, workload, cluster), p))
     fitting = sorted((s for s in screened if s[0] <= usable), key=lambda s: (s[1], s[0]))
     best: list[Prediction] = []
