@@ -61,7 +61,8 @@ def test_fp8_weight_copies_are_analysis_fp8s_bytes_of_every_linear_but_the_head(
     assert len(shapes) == 4 * CFG.n_layers  # fused QKV, W_O, fused gate+up, down: the GEMMs Megatron runs
     recipe = MixedPrecision("bfloat16", grad_reduce="bfloat16", fp8=FP8.fp8)
     assert mem["fp8"] == sum(fp8_weight_bytes(n, k, recipe) for n, k in shapes)
-    assert mem["total"] == P.rank_memory(CFG, PLAN, WORK, 0, 8)["total"] + mem["fp8"]
+    bf16 = P.rank_memory(CFG, PLAN, WORK, 0, 8)  # the activations differ: FP8 inputs (test_analysis_planner_fp8act)
+    assert mem["total"] - mem["activations"] == bf16["total"] - bf16["activations"] + mem["fp8"]
     z3 = PLAN.with_options(zero_stage=3)
     assert P.rank_memory(CFG, z3, FP8, 0, 8)["fp8"] == 3 * (4 * 16 + 4) * len(shapes)  # amax histories only
 

@@ -25,6 +25,16 @@ which the TP tests measure byte for byte. Three things change them inside the co
   Megatron's SP    sp_regather=True: the QKV and MLP inputs (and the LM head's) are kept as the s/(cp tp) shard and
                    all-gathered again in backward (`tp.compare_with_korthikanti(regather=True)`); pylib.tp keeps
                    them gathered (the default, which the tests measure)
+  FP8 linears      with an `Fp8Recipe` (`planner.Workload.fp8`) a linear keeps no 16-bit input: `pylib.model.fp8`'s
+                   `Fp8Linear` keeps X^T in E4M3 (1 byte an element) with its decode scales along the tokens
+                   (`fp8_saved_input_bytes`), and nothing else (its FP8 weight copy is the memory's "fp8"). So the
+                   rows that are a linear's input alone (QKV, W_O and MLP inputs, the down projection's input inside
+                   "MLP hidden", the experts' input rows and hidden) turn FP8 (`fp8_rows`); a tensor another op also
+                   saves (the router's input, SwiGLU's factors) stays 16-bit. pylib's reference layer runs q, k, v
+                   and gate, up as separate linears, each keeping its own FP8 copy of the shared input
+                   (fused=False, what the tests measure); Transformer Engine's fused linear_qkv and fc1 keep one
+                   (fused=True: the GEMMs `efficiency.layer_gemms` lists, what the planner prices). The LM head and,
+                   with first_last_layers_bf16, the first and last layers stay 16-bit.
   the stage ends   the first virtual stage keeps the token ids and the vocab-parallel embedding's mask; the last keeps
                    the final LayerNorm's input and statistics, the LM head's input, one [b, s/cp, V/tp] logits tensor
                    and the targets with their mask (`stage_end_rows`).
@@ -54,6 +64,8 @@ from . import cp as cp_analysis
 from . import recompute as recompute_analysis
 from . import tp as tp_analysis
 from .tp import dtype_bytes
+
+FP32 = 4
 
 ATTENTION_KERNELS = ("flash", "math")
 CORE_ROWS = ("Q and K", "V", "softmax output", "causal mask")
@@ -138,8 +150,90 @@ def moe_saved_rows(
     }
 
 
+def fp8_saved_input_bytes(tokens: int, features: int, recipe) -> int:
+    """Bytes one `Fp8Linear` keeps for its weight gradient from an input [tokens, features] (`_Fp8LinearFunction`'s
+    ctx.qxt): X^T [features, tokens] in E4M3, 1 byte an element, and its decode scales along the tokens, one fp32
+    for a per-tensor recipe, one fp32 per 1 x block tile for "blockwise", one E8M0 byte per 1 x block tile for
+    "mxfp8" (a partial last tile counted whole, as a kernel that pads would; pylib refuses it)."""
+    n = tokens * features
+    if recipe.per_tensor:
+        return n + FP32
+    tiles = features * -(-tokens // recipe.block)
+    return n + tiles * (FP32 if recipe.recipe == "blockwise" else 1)
+
+
+def fp8_rows(
+    rows: dict[str, int],
+    cfg,
+    recipe,
+    *,
+    tokens: int,
+    tokens_in: int,
+    tp: int = 1,
+    etp: int = 1,
+    expert_rows: int = 0,
+    shared_tokens: int = 0,
+    modules=frozenset(),
+    fused: bool = True,
+    flash_shares_output: bool = False,
+) -> dict[str, int]:
+    """One layer's `rows` (16-bit, after recomputation dropped what it drops) with each FP8 linear's input kept as
+    `Fp8Linear` keeps it (module docstring): the rows read by the linears alone become their FP8 copies, one per
+    linear reading them (fused: one for QKV and one for fc1). tokens: this rank's tokens inside the TP region
+    (b s/cp); tokens_in: those of the QKV and MLP inputs as kept (the SP shard under regather); expert_rows: R;
+    shared_tokens: the shared experts' (T tp under SP, `moe_saved_rows`). flash_shares_output: the W_O input
+    row was dropped because the flash kernel's saved output is the same storage (a 16-bit one that stays, so the
+    FP8 linear adds its own copy)."""
+    e = dtype_bytes(cfg.dtype)
+    h, swiglu = cfg.d_model, cfg.mlp == "swiglu"
+    heads = cfg.n_heads // tp
+    qkv_copies, fc1_copies = (1, 1) if fused else (3, 2 if swiglu else 1)
+    out = dict(rows)
+
+    def convert(item, m, k, copies=1):
+        if item in out:
+            out[item] -= m * k * e
+            out[item + " [FP8]"] = copies * fp8_saved_input_bytes(m, k, recipe)
+            if not out[item]:
+                del out[item]
+
+    convert("QKV input (LN1 output)", tokens_in, h, qkv_copies)
+    convert("MLP input (LN2 output)", tokens_in, h, fc1_copies)
+    if flash_shares_output:
+        out["W_O input (attention output) [FP8]"] = fp8_saved_input_bytes(tokens, heads * cfg.d_head, recipe)
+    else:
+        convert("W_O input (attention output)", tokens, heads * cfg.d_head)
+    if "mlp" not in modules:  # its hidden row: the down projection's input is one of its tensors
+        convert("MLP hidden", tokens, cfg.d_ff // tp)
+    if cfg.moe is not None:
+        convert("expert input rows [R, h]", expert_rows, h, fc1_copies)
+        if "moe_act" not in modules:  # moe_act recomputes the down projections' inputs
+            for item in [r for r in out if r.startswith("expert hidden")]:
+                convert(item, expert_rows, (cfg.moe.d_ff or cfg.d_ff) // etp)
+        f_s = recompute_analysis.shared_ff(cfg) // tp
+        shared = [r for r in out if r.startswith("shared experts")]
+        for item in shared:
+            if item.startswith("shared experts hidden"):
+                convert(item, shared_tokens, f_s)
+            else:
+                convert(item, shared_tokens, h, fc1_copies)
+        if shared and not any(r.startswith("shared experts input") for r in shared):
+            # their input is the router's, which the router keeps in 16 bits: fc1 adds its FP8 copy
+            out["shared experts input [FP8]"] = fc1_copies * fp8_saved_input_bytes(shared_tokens, h, recipe)
+    return out
+
+
 def layer_saved_rows(
-    cfg, layer: int, b: int, s: int, plan, *, attention: str = "math", expert_rows: int | None = None
+    cfg,
+    layer: int,
+    b: int,
+    s: int,
+    plan,
+    *,
+    attention: str = "math",
+    expert_rows: int | None = None,
+    fp8=None,
+    fp8_fused: bool = True,
 ) -> dict[str, int]:
     """Bytes one layer keeps for backward on one rank, by tensor, under `plan` (a `pylib.analysis.planner.Plan`: its
     mesh's tp, cp, etp, its options' SP, CP kind and layout and recompute granularity, its sp_regather and
@@ -153,7 +247,10 @@ def layer_saved_rows(
     tensors, not pylib's 4: gate x, silu(gate x), up x and their product), and the flash kernel's saved output
     is the very tensor the row-parallel W_O saves as its input (one storage, counted once, without CP).
     recompute_modules (with recompute="selective"; None: Megatron's default, the core alone): the modules each
-    layer recomputes, their rows removed (`recompute.module_dropped_rows`)."""
+    layer recomputes, their rows removed (`recompute.module_dropped_rows`).
+    fp8 (an `Fp8Recipe`): the FP8 linears' inputs as `Fp8Linear` keeps them (`fp8_rows`; fp8_fused: one copy for
+    the fused QKV and fc1, False: pylib's separate q, k, v and gate, up linears, one each); the recipe's
+    first_last_layers_bf16 leaves the first and last layer in 16 bits."""
     par, o, sp_regather = plan.par, plan.options, plan.sp_regather
     tp, cp, etp, cp_kind = par.tp, par.cp, par.etp, o.cp_kind
     recompute = check_recompute(o.recompute).granularity
@@ -186,10 +283,10 @@ def layer_saved_rows(
         rows[core] = attention_core_bytes(
             cfg, b, s, tp=tp, cp=cp, cp_kind=cp_kind, attention=attention, layout=o.cp_layout
         )
+    tokens = b * (s_cp // tp if sp else s_cp)  # a MoE layer's, outside the TP region
     if cfg.is_moe_layer(layer):
         for item in MLP_ROWS:
             rows.pop(item, None)
-        tokens = b * (s_cp // tp if sp else s_cp)
         imbalance = getattr(plan, "routing_imbalance", 1.0)  # the busiest rank's rows (`Plan.routing_imbalance`)
         if expert_rows is None and imbalance != 1.0:
             expert_rows = round(imbalance * expected_expert_rows(tokens, cfg.moe.top_k, etp))
@@ -211,7 +308,25 @@ def layer_saved_rows(
         rows[item] -= n
         if not rows[item]:
             del rows[item]
-    return rows
+    if fp8 is None or (fp8.first_last_layers_bf16 and layer in (0, cfg.n_layers - 1)):
+        return rows
+    moe = cfg.is_moe_layer(layer)
+    if moe and expert_rows is None:
+        expert_rows = expected_expert_rows(tokens, cfg.moe.top_k, etp)
+    return fp8_rows(
+        rows,
+        cfg,
+        fp8,
+        tokens=b * s_cp,
+        tokens_in=b * (s_cp // tp if sp and sp_regather else s_cp),
+        tp=tp,
+        etp=etp,
+        expert_rows=expert_rows if moe else 0,
+        shared_tokens=tokens * tp if sp else tokens,
+        modules=modules,
+        fused=fp8_fused,
+        flash_shares_output=sp and sp_regather and cp == 1 and attention == "flash" and "core_attn" not in modules,
+    )
 
 
 def stage_end_rows(
@@ -247,13 +362,21 @@ def stage_end_rows(
 
 
 def chunk_saved_bytes(
-    cfg, b: int, s: int, plan, pp_rank: int = 0, *, attention: str = "math", expert_rows: dict[int, int] | None = None
+    cfg,
+    b: int,
+    s: int,
+    plan,
+    pp_rank: int = 0,
+    *,
+    attention: str = "math",
+    expert_rows: dict[int, int] | None = None,
+    fp8=None,
 ) -> list[int]:
     """Bytes one microbatch's forward keeps in each chunk of pipeline rank `pp_rank` (a list of v numbers) under
     `plan` (a `pylib.analysis.planner.Plan`: its mesh, its options -- the recompute groups counted within each
     chunk, as pylib.compose runs them -- and its sp_regather, balance_ends (Llama 3's uneven split,
     `split_layers`) and recompute_modules, as `layer_saved_rows`). expert_rows: {layer: R} measured; missing layers
-    take the expectation."""
+    take the expectation. fp8: an `Fp8Recipe`, the linears' inputs kept in FP8 (`layer_saved_rows`)."""
     par, o = plan.par, plan.options
     pp, v, tp, cp = par.pp, o.v, par.tp, par.cp
     rc = check_recompute(o.recompute)
@@ -266,15 +389,17 @@ def chunk_saved_bytes(
     out = []
     sp = o.sequence_parallel and tp > 1
     ends = dict(tp=tp, cp=cp, sequence_parallel=o.sequence_parallel, sp_regather=plan.sp_regather)
-    same: dict[bool, int] = {}  # dense and MoE layers at the expected routing: one sum each
+    same: dict[tuple, int] = {}  # dense and MoE layers at the expected routing (the 16-bit ends apart): one sum each
+    ends_bf16 = fp8 is not None and fp8.first_last_layers_bf16
 
     def layer(i):
         rows_i = (expert_rows or {}).get(i)
-        if rows_i is None and cfg.is_moe_layer(i) in same:
-            return same[cfg.is_moe_layer(i)]
-        rows = layer_saved_rows(cfg, i, b, s, layer_plan, attention=attention, expert_rows=rows_i)
+        kind = (cfg.is_moe_layer(i), ends_bf16 and i in (0, cfg.n_layers - 1))
+        if rows_i is None and kind in same:
+            return same[kind]
+        rows = layer_saved_rows(cfg, i, b, s, layer_plan, attention=attention, expert_rows=rows_i, fp8=fp8)
         if rows_i is None:
-            same[cfg.is_moe_layer(i)] = sum(rows.values())
+            same[kind] = sum(rows.values())
         return sum(rows.values())
 
     for c, layers in enumerate(split_layers(cfg.n_layers, pp, v, pp_rank, plan.balance_ends)):

@@ -483,7 +483,7 @@ class PublishedMoELayout:
     up-projections (3.2.3), sequences of 4096 tokens and a batch of 15360 after its ramp (4.2), 14.8T tokens in
     2664K H800 GPU hours of pre-training, 180K per trillion tokens (Table 1 and section 1). The model:
     `pylib.plan.presets.deepseek_v3` (its stated approximations). `modules` the recomputation the report names,
-    in Megatron's spelling; `fp8` whether its GEMMs ran in FP8 (3.3: they did; the planner prices bf16)."""
+    in Megatron's spelling; `fp8` whether its GEMMs ran in FP8 (3.3: they did, `DEEPSEEK_V3_FP8`)."""
 
     name: str
     source: str
@@ -514,6 +514,12 @@ DEEPSEEK_V3 = PublishedMoELayout(
     gpu_hours_per_trillion=180e3,
     modules=("layernorm", "mla_up_proj"),
 )
+
+# DeepSeek-V3's FP8 recipe (technical report, section 3.3): 1 x 128 tiles for activations and gradients, 128 x 128
+# blocks for weights, E4M3 everywhere, fp32 scales; the router, the norms, the attention core and the head in 16 bits
+# or more (3.3.1), as the planner keeps them. Its own storage of the SwiGLU inputs in FP8 and of W_O's input in E5M6
+# (3.3.3) goes beyond what a linear keeps and is not priced.
+DEEPSEEK_V3_FP8 = Fp8Recipe("blockwise")
 
 # MLA's published shapes (DeepSeek-V3 technical report, section 4.2): 128 heads, q compressed to 1536, K/V to 512,
 # per head 128 dimensions without RoPE and 64 with it for q and k, 128 for v.
@@ -547,8 +553,10 @@ def mla_flops_per_token(cfg: ModelConfig, seq: int, mla: dict | None = None) -> 
 class MoELayoutCheck:
     """The planner on a `PublishedMoELayout`: `report`, the published mesh with the recomputation the report names
     (and DualPipe's EP overlap, `Plan.ep_overlap`); `fitting`, the published mesh's fastest plan that fits
-    (the planner may recompute more); both on `cluster` (`H800`) for `workload`; `predict` prices another plan of
-    the same job."""
+    (the planner may recompute more); both on `cluster` (`H800`) for `workload`, a 16-bit run; `fp8_report`, the
+    report's plan for `fp8_workload`, the same step with the layout's FP8 recipe (`DEEPSEEK_V3_FP8`: its GEMMs at
+    the FP8 peak, its linears' saved inputs and its weight copies in FP8); `predict` prices another plan of the
+    same job."""
 
     layout: PublishedMoELayout
     report: P.Prediction
@@ -556,9 +564,12 @@ class MoELayoutCheck:
     cfg: ModelConfig
     workload: P.Workload
     cluster: P.Cluster
+    fp8_report: P.Prediction | None = None
+    fp8_workload: P.Workload | None = None
 
-    def predict(self, plan: P.Plan) -> P.Prediction:
-        return P.predict(self.cfg, plan, self.workload, self.cluster)
+    def predict(self, plan: P.Plan, fp8: bool = False) -> P.Prediction:
+        """`plan` priced for `workload`, or with fp8 for `fp8_workload`."""
+        return P.predict(self.cfg, plan, self.fp8_workload if fp8 else self.workload, self.cluster)
 
     def gpu_hours_per_trillion(self, x: P.Prediction) -> float:
         """H800 hours per 10^12 tokens at the predicted step time: N t_step / 3600 / (B s) x 10^12."""
@@ -595,19 +606,24 @@ def _layout_plans(lay: PublishedMoELayout, cfg: ModelConfig) -> list[P.Plan]:
 
 def moe_layout_check(lay: PublishedMoELayout = DEEPSEEK_V3, model: CostModel | None = None) -> MoELayoutCheck:
     """The planner on DeepSeek-V3's published layout (`MoELayoutCheck`), fp32 gradients (the report keeps
-    them in FP32, section 3.3)."""
+    them in FP32, section 3.3); with `lay.fp8`, the report's plan again in FP8 (`DEEPSEEK_V3_FP8`)."""
     cfg = deepseek_v3()
     c = P.Cluster(lay.gpus, model=model or CostModel(), **H800)
     work = P.Workload(lay.batch, lay.seq, grad_reduce="float32")
     predicted = [P.predict(cfg, p, work, c) for p in _layout_plans(lay, cfg)]
     report = next(x for x in predicted if x.plan.modules == frozenset(lay.modules))
     fits = sorted((x for x in predicted if x.fits), key=lambda x: x.step_time)
-    return MoELayoutCheck(lay, report, fits[0] if fits else None, cfg, work, c)
+    check = MoELayoutCheck(lay, report, fits[0] if fits else None, cfg, work, c)
+    if not lay.fp8:
+        return check
+    fp8_work = replace(work, fp8=DEEPSEEK_V3_FP8)
+    return replace(check, fp8_workload=fp8_work, fp8_report=P.predict(cfg, report.plan, fp8_work, c))
 
 
 __all__ = [
     "A100",
     "DEEPSEEK_V3",
+    "DEEPSEEK_V3_FP8",
     "FIT_ROWS",
     "H800",
     "MLA_V3",

@@ -24,7 +24,8 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
             (`dp.mixed_held_bytes` of `MixedPrecision(grad_reduce="float32")`, Megatron-LM's default for bf16);
             activations: the bytes each chunk keeps for backward per microbatch (`activations.chunk_saved_bytes`)
             at the peak of the schedule (`activations.peak_saved_bytes`); under ZeRO-3 also the two largest
-            layers' gathered parameters (`dp.zero3_peak_param_bytes`, one running and one prefetched).
+            layers' gathered parameters (`dp.zero3_peak_param_bytes`, one running and one prefetched). With
+            `Workload.fp8` the FP8 linears keep their inputs in FP8 with their scales (`activations.fp8_rows`).
             Plan.sp_regather predicts Megatron's SP instead of pylib's: the column-parallel linears' inputs are
             kept as sequence shards (`activations.chunk_saved_bytes(sp_regather=True)`).
   traffic   bytes each rank sends per step on each axis: `compose.step_traffic`, the sum of every mode's formulas,
@@ -175,7 +176,8 @@ class Workload:
     fp8 (with "mixed"): an `Fp8Recipe` runs the linear layers' GEMMs in FP8 (`efficiency.Fp8Compute`: the FP8 peak
     `Cluster.fp8_peak_flops` at `CostModel.eta_fp8`, each operand quantized first), and each rank holds the FP8
     copies and scales of its linear weights (`fp8.fp8_weight_bytes`; under ZeRO-3 only delayed scaling's amax
-    histories between units, `fp8.fp8_history_bytes`): the memory's "fp8". The recipe's first_last_layers_bf16: the
+    histories between units, `fp8.fp8_history_bytes`): the memory's "fp8"; the FP8 linears keep their saved
+    inputs in FP8 with their scales (`activations.fp8_rows`, Transformer Engine's fused QKV and fc1). The recipe's first_last_layers_bf16: the
     first and the last layer stay in 16 bits (Megatron's --first-last-layers-bf16); its param_gather: the
     data-parallel all-gathers
     of the FP8 linears' parameters move 1 byte per element instead of 2 (Megatron's --fp8-param-gather,
@@ -1214,7 +1216,7 @@ def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: i
     params, grads, optim, gathered = _state(
         cfg, key, workload.precision, workload.optimizer_states, workload.grad_bytes
     )
-    acts = _activations(cfg, plan, workload.batch, workload.seq, workload.attention, pp_rank)
+    acts = _activations(cfg, plan, workload.batch, workload.seq, workload.attention, pp_rank, workload.fp8)
     out = dict(params=params, grads=grads, optim=optim, activations=acts, gathered=gathered)
     if workload.fp8 is not None:
         out["fp8"] = fp8_weight_copies(cfg, plan, workload, pp_rank)
@@ -1263,17 +1265,18 @@ def _state(cfg, key: _LayoutKey, precision: str, optimizer_states: int, grad_byt
 
 
 @functools.lru_cache(maxsize=65536)
-def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank: int) -> int:
+def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank: int, fp8=None) -> int:
     """The activation bytes at the schedule's peak, remembered: like the model state (`_state`), they do not depend
-    on the cluster's speeds or the cost model, which a fit and the explorers vary over the same plans."""
+    on the cluster's speeds or the cost model, which a fit and the explorers vary over the same plans. fp8: the
+    workload's `Fp8Recipe`, its linears' inputs kept in FP8 (`activations.fp8_rows`)."""
     o = plan.options
     if plan.zb_schedule is not None:
-        return _split_activations(cfg, plan, batch, seq, attention, pp_rank)
-    chunks = _chunk_bytes(cfg, plan.micro_batch(batch), seq, _activation_key(plan), pp_rank, attention)
+        return _split_activations(cfg, plan, batch, seq, attention, pp_rank, fp8)
+    chunks = _chunk_bytes(cfg, plan.micro_batch(batch), seq, _activation_key(plan), pp_rank, attention, fp8)
     return peak_saved_bytes(list(chunks), o.schedule, plan.par.pp, o.n_microbatches, o.v, pp_rank, plan.group_size)
 
 
-def _split_activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank: int) -> int:
+def _split_activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank: int, fp8=None) -> int:
     """A zero-bubble plan's activation peak on one rank: its order replayed (`pp.split_live_counts`), each
     microbatch of a chunk holding the chunk's saved bytes until its W (or its fused backward) and, from its B to
     its W, the output gradients W needs (`wgrad_kept_bytes`) and, under recomputation, what B regenerated (the
@@ -1285,8 +1288,8 @@ def _split_activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp
     whole = _activation_key(replace(plan, zb_schedule=None).with_options(recompute="none"))
     saved, kept = [], []
     for stage, layers in rank_chunks(cfg, plan, pp_rank):
-        held = _chunk_bytes(cfg, b, seq, key, stage % p, attention)[stage // p]
-        regenerated = _chunk_bytes(cfg, b, seq, whole, stage % p, attention)[stage // p] - held
+        held = _chunk_bytes(cfg, b, seq, key, stage % p, attention, fp8)[stage // p]
+        regenerated = _chunk_bytes(cfg, b, seq, whole, stage % p, attention, fp8)[stage // p] - held
         saved.append(held)
         last = stage == p * plan.options.v - 1
         kept.append(regenerated + wgrad_kept_bytes(cfg, plan, b * seq // plan.par.cp, layers, last))
@@ -1319,8 +1322,8 @@ def _activation_key(plan: Plan) -> Plan:
 
 
 @functools.lru_cache(maxsize=65536)
-def _chunk_bytes(cfg, b: int, seq: int, plan: Plan, pp_rank: int, attention: str) -> tuple[int, ...]:
-    return tuple(chunk_saved_bytes(cfg, b, seq, plan, pp_rank, attention=attention))
+def _chunk_bytes(cfg, b: int, seq: int, plan: Plan, pp_rank: int, attention: str, fp8=None) -> tuple[int, ...]:
+    return tuple(chunk_saved_bytes(cfg, b, seq, plan, pp_rank, attention=attention, fp8=fp8))
 
 
 def _bandwidths(plan: Plan, cluster: Cluster) -> dict[str, bool]:
