@@ -180,7 +180,8 @@ class Workload:
     inputs in FP8 with their scales (`activations.fp8_rows`, Transformer Engine's fused QKV and fc1). The recipe's
     first_last_layers_bf16: the first and the last layer stay in 16 bits (Megatron's --first-last-layers-bf16); its
     param_gather: the data-parallel all-gathers of the FP8 linears' parameters move 1 byte per element instead of 2
-    (Megatron's --fp8-param-gather, torchtitan's float8 all-gather under FSDP2): ZeRO-3's gathers every microbatch, ZeRO-1/2's after the step."""
+    (Megatron's --fp8-param-gather, torchtitan's float8 all-gather under FSDP2): ZeRO-3's gathers every
+    microbatch, ZeRO-1/2's after the step."""
 
     batch: int
     seq: int
