@@ -109,3 +109,12 @@ def test_deepseek_v3_fp8_run_stores_less_and_computes_faster_than_its_bf16_prici
     acts = [x.worst_rank().memory["activations"] for x in (check.report, fp8)]
     assert acts[1] < acts[0]
     assert fp8.compute_time < check.report.compute_time
+
+
+def test_fp8_weight_shapes_leave_out_the_router_and_keep_the_shared_experts():
+    check = C.moe_layout_check()
+    cfg, plan = check.cfg, check.report.plan
+    shapes = P.fp8_weight_shapes(cfg, plan, 1)
+    h, n_experts, f_s = cfg.d_model, cfg.moe.n_experts, cfg.moe.n_shared_experts * cfg.moe.d_ff
+    assert (n_experts, h) not in shapes  # the router, [E, h], in 16 bits
+    assert shapes.count((h, f_s)) == shapes.count((2 * f_s, h)) > 0  # the shared experts' down and fc1, in FP8

@@ -108,6 +108,7 @@ from .efficiency import (
     CostModel,
     Fp8Compute,
     MicrobatchTime,
+    _router_index,
     layer_gemms,
     microbatch_seconds,
     rank_chunks,
@@ -1238,8 +1239,9 @@ def _fp8_shapes(cfg, key: _LayoutKey, first_last_layers_bf16: bool) -> tuple[tup
             if first_last_layers_bf16 and i in (0, cfg.n_layers - 1):
                 continue
             moe = cfg.moe is not None and cfg.is_moe_layer(i)
-            shapes = layer_gemms(cfg, 1, key.tp, moe, key.ep, key.etp)
-            out += [(n, k) for _, n, k in shapes[: len(shapes) - moe]]
+            router = _router_index(cfg, moe, key.ep)  # the router stays in 16 bits (shared experts follow it)
+            gemms = layer_gemms(cfg, 1, key.tp, moe, key.ep, key.etp)
+            out += [(n, k) for j, (_, n, k) in enumerate(gemms) if j != router]
     return tuple(out)
 
 
