@@ -50,6 +50,7 @@ import inspect
 import math
 import threading
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -292,12 +293,41 @@ def all_to_all_tensor(t, scatter_dim: int, gather_dim: int, group=None, *, phase
     return out
 
 
+@dataclass(frozen=True)
+class ExchangedSplits:
+    """The split sizes of an uneven all-to-all that agree by construction: `output[j]` is what member j counted
+    for this rank and sent it in the all-to-all of counts (`exchange_splits`), `input[j]` what this rank counted
+    for j, so every rank expects from each peer the rows that peer sends. `all_to_all_rows` skips the split check
+    for them (the check would find them equal); `swapped()` is the reverse exchange (the combine, the backward)."""
+
+    output: tuple[int, ...]
+    input: tuple[int, ...]
+    pg: object = field(compare=False, repr=False)
+
+    def swapped(self) -> ExchangedSplits:
+        return ExchangedSplits(self.input, self.output, self.pg)
+
+
+def _splits_of(output_splits, input_splits, g: AxisGroup) -> tuple[list[int], list[int], bool]:
+    """(output, input, exchanged): raw lists as given, or an `ExchangedSplits` of this group's process group."""
+    if not isinstance(output_splits, ExchangedSplits):
+        if input_splits is None:
+            raise ValueError("all-to-all: give output_splits and input_splits, or one ExchangedSplits")
+        return [int(v) for v in output_splits], [int(v) for v in input_splits], False
+    if input_splits is not None:
+        raise ValueError("all-to-all: an ExchangedSplits holds both directions; give no input_splits with it")
+    if output_splits.pg is not g.pg:
+        raise ValueError(f"all-to-all over {g.name}: these ExchangedSplits were exchanged over another group")
+    return list(output_splits.output), list(output_splits.input), True
+
+
 @_ranged("all_to_all")
-def all_to_all_rows(t, output_splits, input_splits, group=None, *, phase=None, tag=None) -> torch.Tensor:
+def all_to_all_rows(t, output_splits, input_splits=None, group=None, *, phase=None, tag=None) -> torch.Tensor:
     """Uneven all-to-all along dim 0: rows [sum(input_splits[:j]), ...+input_splits[j]) go to group member j;
-    `output_splits[j]` rows arrive from member j. Bytes counted exactly (rows to/from other ranks)."""
+    `output_splits[j]` rows arrive from member j. Bytes counted exactly (rows to/from other ranks).
+    `output_splits` may be an `ExchangedSplits` (then no input_splits): both directions, agreed by construction."""
     g = resolve_group(group)
-    input_splits, output_splits = [int(v) for v in input_splits], [int(v) for v in output_splits]
+    output_splits, input_splits, exchanged = _splits_of(output_splits, input_splits, g)
     if len(input_splits) != g.size or len(output_splits) != g.size:
         raise ValueError(
             f"all-to-all needs {g.size} split sizes, got {len(input_splits)} in / {len(output_splits)} out"
@@ -307,7 +337,11 @@ def all_to_all_rows(t, output_splits, input_splits, group=None, *, phase=None, t
     if g.size == 1:
         return t
     _on_rank_device("all_to_all_rows", t)
-    agree("all_to_all_rows", g, [t], rows_only=True, in_splits=input_splits, out_splits=output_splits)
+    if exchanged:
+        agree("all_to_all_rows", g, [t], rows_only=True, params={"exchanged splits": 1})
+    else:
+        raw = {"exchanged splits": 0}  # in the key: a rank with raw splits and one with exchanged ones differ
+        agree("all_to_all_rows", g, [t], rows_only=True, params=raw, in_splits=input_splits, out_splits=output_splits)
     t0 = tracer.now()
     t_c = t.contiguous()
     out = torch.empty((sum(output_splits), *t.shape[1:]), dtype=t.dtype, device=t.device)
@@ -674,13 +708,17 @@ class _AllToAll(torch.autograd.Function):
 class _AllToAllRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, output_splits, input_splits, g, tag):
-        ctx.splits, ctx.g, ctx.tag = (list(output_splits), list(input_splits)), g, tag
+        ctx.splits, ctx.g, ctx.tag = (output_splits, input_splits), g, tag
         return all_to_all_rows(x, output_splits, input_splits, g, tag=tag)
 
     @staticmethod
     def backward(ctx, dy):
         output_splits, input_splits = ctx.splits
-        dx = all_to_all_rows(dy, input_splits, output_splits, ctx.g, phase="backward", tag=ctx.tag)
+        if isinstance(output_splits, ExchangedSplits):  # the reverse exchange, agreed as the forward was
+            reverse = (output_splits.swapped(), None)
+        else:
+            reverse = (input_splits, output_splits)
+        dx = all_to_all_rows(dy, *reverse, ctx.g, phase="backward", tag=ctx.tag)
         return dx, None, None, None, None
 
 
@@ -753,13 +791,16 @@ def all_to_all(x, scatter_dim: int, gather_dim: int, group=None, *, tag=None):
     return x if g.size == 1 else _AllToAll.apply(x, scatter_dim, gather_dim, g, _tag(tag))
 
 
-def all_to_all_uneven(x, output_splits, input_splits, group=None, *, tag=None):
+def all_to_all_uneven(x, output_splits, input_splits=None, group=None, *, tag=None):
     """Forward: rows of `x` go out in blocks of `input_splits`, `output_splits` rows arrive from each member.
-    Backward: the same exchange with the split lists swapped."""
+    Backward: the same exchange with the split lists swapped. `output_splits` may be an `ExchangedSplits` (from
+    `exchange_splits`, no input_splits): agreed by construction, so no split check runs, forward or backward."""
     g = resolve_group(group)
     if g.size == 1:
         return x
-    return _AllToAllRows.apply(x, list(output_splits), list(input_splits), g, _tag(tag))
+    if not isinstance(output_splits, ExchangedSplits):
+        output_splits, input_splits = list(output_splits), list(input_splits)
+    return _AllToAllRows.apply(x, output_splits, input_splits, g, _tag(tag))
 
 
 def all_gather_uneven(x, sizes, group=None, *, tag=None):
@@ -780,10 +821,23 @@ def reduce_scatter_uneven(x, sizes, group=None, *, tag=None):
 
 
 def exchange_counts(counts: torch.Tensor, group=None, *, tag=None) -> torch.Tensor:
-    """Every rank sends counts[j] to member j and receives member j's count for it ([n] int64 -> [n] int64)."""
+    """Every rank sends counts[j] to member j and receives member j's count for it ([n] int64 -> [n] int64;
+    [n * k] -> [n * k]: block j of k goes to member j). One row to and from every member: splits that agree by
+    construction, so the agreement checks only the op, the dtype and k."""
     g = resolve_group(group)
     if g.size == 1:
         return counts.clone()
-    return all_to_all_rows(counts.reshape(g.size, -1).contiguous(), [1] * g.size, [1] * g.size, g, tag=tag).reshape(
-        counts.shape
-    )
+    ones = (1,) * g.size
+    rows = counts.reshape(g.size, -1).contiguous()
+    return all_to_all_rows(rows, ExchangedSplits(ones, ones, g.pg), None, g, tag=tag).reshape(counts.shape)
+
+
+def exchange_splits(counts: torch.Tensor, group=None, *, tag=None) -> tuple[torch.Tensor, ExchangedSplits]:
+    """`exchange_counts` of counts [n * k] (block j: this rank's rows for member j, k per member), and the split
+    sizes of the uneven all-to-all those rows then make, as an `ExchangedSplits`: input[j] = block j's sum,
+    output[j] = the sum of what member j counted for this rank. Pass it to `all_to_all_uneven` (and `.swapped()`
+    for the way back): no split check runs, since every rank expects from j what j counted for it."""
+    g = resolve_group(group)
+    received = exchange_counts(counts, g, tag=tag)
+    sent = counts.reshape(g.size, -1).sum(1).tolist()
+    return received, ExchangedSplits(tuple(received.reshape(g.size, -1).sum(1).tolist()), tuple(sent), g.pg)
