@@ -18,32 +18,43 @@ extra collective would cost real latency on every call. It is not traced (it mov
 Most calls cost nothing: a training loop makes the same collectives in the same order step after step, so each
 group's ranks learn that order once and then only check where it may change (`_Predictor`):
 
-0. **Predicted calls.** Every rank keeps, per process group, the group's last verified call p (its exact key: op,
-   params with dims counted from the front, each tensor's dtype and shape -- after dim 0 for uneven row ops --, a
-   Python tuple, no hashing) and a table of verified transitions: for each verified call, the one call that
-   followed it, or "branch" once two different calls have. All earlier calls agreed on every rank (induction), so
-   every rank holds the same p and the same table, and takes the same branch:
-   - p has one verified successor s and this call is s: **no communication**. Every rank whose call is right
-     predicts the same s; a rank whose call is not s never touches the process group (below), so the others wait
-     inside s for it and no data moves between ranks that disagree.
-   - p is unknown or a branch point: every rank knows it, and all run steps 1 (and 2) below, named before data
-     moves as ever; then record p -> call (a second, different successor makes p a branch point).
-   - p has one verified successor s and this call is not s: this rank alone may be the odd one, so it must not
-     touch the group's process group. It writes a key under the default store (the rendezvous the ranks met
-     through; no partner needs to be there) and waits up to `prediction_timeout` seconds for every rank of the
-     group to write the same round's key. If all do (they all changed together: a new sequence length, eval after
-     training), every rank is in this branch at the same round, so all run steps 1-2 on the group as usual (named
-     errors as ever) and record p -> call, p now a branch point. If not, the others made the verified call and sit
-     in it: this rank raises a ValueError naming its call, the verified one and p, marks the group broken (any
-     later call on it raises the same at once), and the launcher ends the others.
+0. **Predicted calls.** Every rank keeps, per process group, the group's verified history: the keys of its
+   checked calls in order (a key is the exact local call: op, params with dims counted from the front, each
+   tensor's dtype and shape -- after dim 0 for uneven row ops --, a Python tuple, compared, never hashed). All
+   earlier calls agreed on every rank (induction), so every rank holds the same history, and everything below is
+   a function of it: every rank predicts the same next call, or none.
+   - Which call is predicted. After a checked call c at position x of the history whose key first stood at e < x,
+     the hypothesis is a lap of d = x - e calls: the next call is the one d back. Once d calls in a row have
+     followed it (the last 2d calls are two copies of one lap) the lap is locked: the history stops growing and
+     the lap repeats. The first occurrence is taken, not the last, so a step made of identical layers locks on the
+     whole step, not on one layer (a layer's lap is tried first and fails where the layers end; so does a lap
+     that a one-off call before the loop misaligns): a repeating step is learned in its first two or three steps
+     and from then on costs no communication at all -- no branch points, whatever the number of layers
+     (`tests/test_agreement_predicted.py`; 4-layer TP+SP: 12 checked calls and 7 rendezvous in all, then none).
+     The order-1 table first tried here (one successor per key) checked 20 of the 39 calls of every 4-layer
+     TP+SP step and 8 of 9 of a plain 1-layer TP step: the same all-reduce key ends the embedding, the attention
+     and the MLP, so its successor differs between occurrences.
+   - The call is the predicted one: **no communication**. Every rank whose call is right predicts the same; a
+     rank whose call is not never touches the process group (below), so the others wait inside the predicted call
+     for it and no data moves between ranks that disagree.
+   - Nothing is predicted (the first calls, after a change): every rank knows it, and all run steps 1 (and 2)
+     below, named before data moves as ever, and extend the history.
+   - The call is not the predicted one: this rank alone may be the odd one, so it must not touch the group's
+     process group. It writes a key under the default store (the rendezvous the ranks met through; no partner
+     needs to be there) and polls for every rank of the group to write the same round's key, for up to
+     `prediction_timeout` seconds. If all do (they all changed together: a new sequence length, eval after
+     training, a wrong hypothesis while learning), every rank is in this branch at the same round, so all run
+     steps 1-2 on the group as usual (named errors as ever) and extend the history. If not, the others made the
+     predicted call and sit in it: this rank raises a ValueError naming its call, the verified one and the one
+     before, marks the group broken (any later call on it raises the same at once), and the launcher ends the
+     others. A rendezvous costs a few ms here (2-13 ms at 3 ranks, about one checked call), and happens only
+     while learning or when all ranks change together.
    The timeout must cover the time the slowest rank may take between two calls of the group when all change
    together (compute, a checkpoint written between steps); it bounds only how long an odd rank waits before
    naming itself, never the cost of a good run. Default 30 s: under `launch`'s default 60 s limit for the whole
    run and the process group, so the named error comes before gloo's own timeout; `prediction_timeout(seconds)`
-   changes it (the tests use a fraction of a second).
-   A repeating loop therefore pays nothing after its first step but at branch points: a call whose successor
-   differs between its occurrences (the same reduce-scatter ends every layer but the last). `bench/peers.py`
-   counts them.
+   changes it (the tests use 0.2 s). The history holds at most `_MAX_TAPE` calls; past that every call is
+   checked.
    Row counts are not part of the key (they change every step in an MoE layer). An uneven all-to-all whose splits
    came out of `collectives.exchange_splits` (an all-to-all of the counts, so rank i expects from j exactly what
    j counted for i) agrees by construction and adds nothing; raw splits add step 1's split residual (below)
@@ -565,9 +576,10 @@ def call_key(op: str, tensors, param_names, params, dims_of_first: int = 0, rows
     stays as given, so it equals no in-range one), each tensor's dtype and shape (after dim 0 with `rows_only`).
     Row counts (`sizes`, splits) are not in it: they may change on every call."""
     if dims_of_first and tensors:
-        ndim = tensors[0].dim()
-        if all(ndim and -ndim <= d < ndim for d in params[:dims_of_first]):
-            params = _normalised(params, ndim, dims_of_first)
+        ndim, params = tensors[0].dim(), list(params)
+        for k in range(dims_of_first):
+            if ndim and -ndim <= params[k] < 0:
+                params[k] += ndim
     shapes = tuple((t.dtype, t.shape[1:] if rows_only else t.shape) for t in tensors)
     return (op, tuple(zip(param_names, params)), shapes, rows_only)
 
