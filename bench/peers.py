@@ -24,7 +24,8 @@ Torch has no cross-rank agreement check, so ours runs under each `--settings` (l
     off    `agreement_check(False)`: no check at all, as torch
     full   the check before issue 30: every collective first all-gathers every rank's whole descriptor
 The `check` column is ours-on / ours-off - 1: what the check costs of that row's step (`every`: the same for
-ours-every).
+ours-every); `checked/step` how many calls of an ours-on step still communicated to check (the slowest rank, the
+median cycle): 0 once the step's order is learned.
 
 Timing on a shared CPU with gloo is noisy: rerun and read the medians, not one row.
 """
@@ -99,14 +100,27 @@ def _timed(ours, theirs, settings, steps) -> dict[str, list[float]]:
         with _setting(s):
             fn()
     out = {k: [] for k in variants}
+    if "on" in settings:
+        out[CHECKED] = []
     for _ in range(steps):
         for key, (fn, s) in variants.items():
             with _setting(s):
                 dist.barrier()
+                before = _checked()
                 t0 = time.perf_counter()
                 fn()
                 out[key].append(time.perf_counter() - t0)
+                if s == "on":
+                    out[CHECKED].append(_checked() - before)
     return out
+
+
+CHECKED = "checked calls"  # of ours on, per step: the calls that communicated to check (steps 1-2, rendezvous)
+
+
+def _checked() -> int:
+    """Calls this rank's groups have checked with communication so far (`agreement._Predictor`)."""
+    return sum(p.checked + p.rounds for p in agreement._PREDICTORS.values())
 
 
 # ------------------------------------------------------------------------------------------------ the rows
@@ -343,12 +357,13 @@ def machine() -> str:
 def format_table(rows: list[dict], settings) -> str:
     ours = [f"ours {s}" for s in settings]
     head = ["mode", "size", "ranks", "torch's", *[f"{k} ms" for k in ours], "torch ms"]
-    head += [f"{k}/torch" for k in ours] + ["check", "every"]
+    head += [f"{k}/torch" for k in ours] + ["check", "every", "checked/step"]
     lines = []
     for r in rows:
         ms = [f"{1e3 * r['seconds'][k]:.2f}" if k in r["seconds"] else "-" for k in [*ours, "torch"]]
         ratios = [f"{r[f'{k}/torch']:.2f}" if f"{k}/torch" in r else "-" for k in ours]
         checks = [f"{100 * r[k]:+.0f}%" if k in r else "-" for k in ("check", "every")]
+        checks.append(f"{r['seconds'][CHECKED]:g}" if CHECKED in r["seconds"] else "-")
         lines.append([r["mode"], r["size"], str(r["ranks"]), r["peer"], *ms, *ratios, *checks])
     widths = [max(len(h), *(len(line[c]) for line in lines)) for c, h in enumerate(head)]
     text = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
