@@ -37,6 +37,9 @@ records nothing. pylib never calls torch.distributed collectives anywhere else, 
 Agreement: before it communicates, every collective checks that the ranks of its group make the same call (op,
 dtype, shape, dim or reduce op, row counts) and raises the same ValueError on each rank, naming every rank's value,
 when they do not: on by default under gloo, switched with `agreement_check(False)` (see `pylib.runtime.agreement`).
+Once a group's calls repeat in a learned order, a call that order predicts costs no communication; the split sizes
+`exchange_splits` derives from an all-to-all of counts (`ExchangedSplits`) agree by construction and are not checked
+again, raw split lists are.
 
 Devices: every tensor an op sends or receives must be on `pylib.runtime.current_device()` -- the rank's GPU under
 NCCL, the CPU under gloo -- and each op checks it before communicating, naming the op and both devices. Buffers
