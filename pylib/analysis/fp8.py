@@ -106,7 +106,56 @@ def playbook_total(row: dict) -> int:
     return sum(v for k, v in row.items() if k != "total")
 
 
+# ------------------------------------------------------------------------------------ FP8 across the modes
+# Per-rank bytes sent, as the tracer counts them (`pylib.runtime.tracer`): an all-gather of S output bytes over n
+# ranks sends (n-1)/n S, an all-reduce of S bytes 2(n-1)/n S (integer division, as the tracer rounds).
+
+
+def amax_allreduce_bytes(n: int, values: int = 1) -> int:
+    """One all-reduce (max) of `values` fp32 amaxes over n ranks: what agreeing on per-tensor scales costs."""
+    return 2 * (n - 1) * FP32 * values // n if n > 1 else 0
+
+
+def sp_input_gather_bytes(b: int, s: int, h: int, t: int, compute_bytes: int, recipe=None) -> dict[str, int]:
+    """The sequence-parallel all-gather of one column-parallel input [b, s/t, h] -> [b, s, h] over t ranks, per rank:
+    "gather" the activation bytes sent ((t-1) b s/t h elements: `compute_bytes` each, 1 when `recipe.input_gather`
+    quantizes the slice first), "amax" the all-reduce that agrees the input's scale (FP8 gather only)."""
+    fp8 = recipe is not None and recipe.input_gather
+    elements = (t - 1) * b * (s // t) * h
+    return dict(gather=elements * (1 if fp8 else compute_bytes), amax=amax_allreduce_bytes(t) if fp8 else 0)
+
+
+def tp_amax_allreduces(recipe, sequence_parallel: bool = False) -> int:
+    """How many one-scale all-reduces a column-then-row pair of FP8 linears makes per step under TP
+    (`pylib.tp.fp8`): the column's W and dY and the row's X and W for a per-tensor recipe, plus the column's X when
+    the SP gather is in FP8; 0 for block recipes (their tiles never straddle two ranks)."""
+    if recipe is None or not recipe.per_tensor:
+        return 0
+    return 4 + (1 if sequence_parallel and recipe.input_gather else 0)
+
+
+def fp8_param_gather_bytes(weights: list[tuple[int, int]], padded: int, d: int, precision: MixedPrecision) -> dict:
+    """ZeRO-3's gather of one unit's FP8 flat (the weights [out, in] of its FP8 linears, `padded` elements with the
+    padding to a multiple of d) over d ranks, per rank and gather: "gather" the bytes sent ((d-1)/d of the flat, 1
+    byte an element with `fp8.param_gather`, else the compute dtype's), "amax" the forward's all-reduce that agrees
+    the scales (one fp32 per weight, or per 128 x 128 block for blockwise; none in the backward, which reuses
+    them), "bf16" what the same weights cost gathered in the compute dtype (`pylib.dp.fp8_gather`)."""
+    recipe = precision.fp8
+    bf16 = (d - 1) * padded // d * precision.compute_bytes
+    if recipe is None or not recipe.param_gather:
+        return dict(gather=bf16, amax=0, bf16=bf16)
+    if recipe.per_tensor:
+        scales = len(weights)
+    else:
+        scales = sum((n // recipe.block) * (k // recipe.block) for n, k in weights)
+    return dict(gather=(d - 1) * padded // d, amax=amax_allreduce_bytes(d, scales), bf16=bf16)
+
+
 __all__ = [
+    "fp8_param_gather_bytes",
+    "amax_allreduce_bytes",
+    "sp_input_gather_bytes",
+    "tp_amax_allreduces",
     "PLAYBOOK",
     "bytes_per_parameter",
     "fp8_held_bytes",

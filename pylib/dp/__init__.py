@@ -7,6 +7,7 @@
     wrap(module, zero_stage, group, ...)   # any of them behind one training API; zero_stage: a ZeroStage, 0..3
                                            # or "ddp" | "zero1" | "zero2" | "zero3"
     wrap(..., precision=MixedPrecision("bfloat16", grad_reduce="float32"))  # 16-bit compute, fp32 master + state
+    wrap(..., "zero3", precision=MixedPrecision(fp8=Fp8Recipe("tensorwise", param_gather=True)))  # FP8 gather
 
 `group` is the gradient-averaging group (Megatron's "dp-cp" when CP is on); `group_for(name, param)` overrides it
 per parameter (expert parameters over "edp", with `gradient_divide_factor=` the dp x cp size, since an expert's

@@ -53,6 +53,7 @@ from pylib.plan.options import MixedPrecision
 from ..runtime import collectives as C
 from ..runtime import tracer
 from ..runtime.sharding import ShardSpec
+from .fp8_gather import Fp8ParamGather, fp8_weights
 from .groups import GroupFor, check_divide_factor, dtype_name, split_by_group
 from .layout import FlatLayout, flatten, single_flat
 from .memory import HeldBytes, optimizer_state_tensors, storage_bytes
@@ -120,6 +121,16 @@ class _GatherReduce(torch.autograd.Function):
         return None, None, None, None
 
 
+class _Fp8GatherReduce(_GatherReduce):
+    """`_GatherReduce` with the forward's all-gather in FP8 (`Fp8ParamGather.gather`): the full buffer it returns
+    holds the dequantized weights; the backward reduce-scatters the gradient in its dtype, as without FP8."""
+
+    @staticmethod
+    def forward(ctx, shard, flat, divide_by, tag):
+        ctx.flat, ctx.divide_by, ctx.tag = flat, divide_by, tag
+        return flat.fp8.gather(shard.detach(), tag)
+
+
 class _Flat:
     """One unit's parameters of one reduction group: layout, group, the shard this rank keeps, and where each
     parameter is referenced in the module tree (a tied parameter has several homes). main_grad: with a
@@ -129,6 +140,7 @@ class _Flat:
         self.layout, self.group, self.shard, self.homes = layout, group, shard, homes
         self.main_grad: torch.Tensor | None = None
         self.replicate = None  # HSDP: the group whose members hold the same shard (its gradient all-reduced there)
+        self.fp8: Fp8ParamGather | None = None  # FP8 parameter gather: a flat of Fp8Linear weights only
 
     @property
     def grad(self) -> torch.Tensor | None:
@@ -234,6 +246,8 @@ class FullyShardedDataParallel(nn.Module):
     persistent fp32 slice per flat (`_GatherReduce`, Megatron's main_grad).
     replicate: HSDP's replica group (`hybrid_groups`): `group` is then the shard group, each shard's reduced
     gradient is all-reduced over `replicate` too, and the default divisor is d = r x s (`_GatherReduce`).
+    A recipe whose `fp8.param_gather` is set gathers the Fp8Linear weights of each unit in FP8, from a flat of their
+    own (`pylib.dp.fp8_gather`).
     """
 
     tag_prefix = "zero3"
@@ -271,6 +285,8 @@ class FullyShardedDataParallel(nn.Module):
         unit_names = default_units(module) if units is None else list(units)
         modules = dict(module.named_modules())
         by_unit, homes = _params_by_unit(module, modules, unit_names)
+        fp8_gather = precision is not None and precision.fp8 is not None and precision.fp8.param_gather
+        owners = fp8_weights(module) if fp8_gather else {}
         self.units: list[_Unit] = []
         self.shards = nn.ParameterList()
         for uname, named in by_unit.items():
@@ -278,9 +294,12 @@ class FullyShardedDataParallel(nn.Module):
                 continue
             sets = split_by_group(named, group, group_for)
             flats = []
-            for g, dtype, members in sets:
+            for g, dtype, members, fp8 in _split_fp8(sets, owners):
                 key = uname or "root"
-                flat = _shard_flat(f"{key}.{g.name}" if len(sets) > 1 else key, g, dtype, members, homes)
+                key = f"{key}.{g.name}" if len(sets) > 1 else key
+                flat = _shard_flat(f"{key}.fp8" if fp8 else key, g, dtype, members, homes)
+                if fp8:
+                    flat.fp8 = Fp8ParamGather(flat, [owners[id(p)] for _, p in members])
                 if self.reduce_dtype is not None:
                     flat.main_grad = torch.zeros(flat.shard.numel(), dtype=self.reduce_dtype, device=flat.shard.device)
                 flat.replicate = self.replicate
@@ -316,7 +335,9 @@ class FullyShardedDataParallel(nn.Module):
             tag = f"{self.tag_prefix}.{flat.layout.key}"
             divide_by = self._group_size(flat) if self.divide_by is None else self.divide_by
             # HSDP (all-reduced over the replicas too), or mixed precision reduced in another dtype (into main_grad)
-            if flat.replicate is not None or flat.main_grad is not None:
+            if flat.fp8 is not None:
+                full = _Fp8GatherReduce.apply(flat.shard, flat, divide_by, tag)
+            elif flat.replicate is not None or flat.main_grad is not None:
                 full = _GatherReduce.apply(flat.shard, flat, divide_by, tag)
             else:
                 full = C.all_gather(flat.shard, 0, flat.group, tag=tag)
@@ -342,6 +363,8 @@ class FullyShardedDataParallel(nn.Module):
             self._free(storage)
         for flat in unit.flats:
             flat.set_views(None)
+            if flat.fp8 is not None:
+                flat.fp8.release()
         self._note_params(f"free {unit.name or 'root'}")
 
     def _before_backward(self, call: _Gathered, grad):
@@ -353,9 +376,11 @@ class FullyShardedDataParallel(nn.Module):
             torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
         for flat, storage in call.storages:
             storage.resize_(flat.layout.padded_numel * flat.shard.element_size())
-            again = C.all_gather_tensor(
-                flat.shard.detach(), 0, flat.group, phase="backward", tag=f"{self.tag_prefix}.{flat.layout.key}"
-            )
+            tag = f"{self.tag_prefix}.{flat.layout.key}"
+            if flat.fp8 is not None:
+                again = flat.fp8.gather(flat.shard.detach(), tag, phase="backward")
+            else:
+                again = C.all_gather_tensor(flat.shard.detach(), 0, flat.group, phase="backward", tag=tag)
             storage.copy_(again.untyped_storage())
             self._live[id(storage)] = storage
         self._note_params(f"gather {call.unit.name or 'root'} (backward)")
@@ -475,6 +500,18 @@ class FullyShardedDataParallel(nn.Module):
                         )
                     )
         return out
+
+
+def _split_fp8(sets, owners: dict):
+    """Each (group, dtype, members) set as (group, dtype, members, False) and, where some members are Fp8Linear
+    weights (`owners`), those apart as (group, dtype, weights, True): the flats gathered in FP8."""
+    for g, dtype, members in sets:
+        fp8 = [(n, p) for n, p in members if id(p) in owners]
+        rest = [(n, p) for n, p in members if id(p) not in owners]
+        if rest:
+            yield g, dtype, rest, False
+        if fp8:
+            yield g, dtype, fp8, True
 
 
 def _tensors(obj):

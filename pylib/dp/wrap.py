@@ -126,6 +126,11 @@ def wrap(
     integer("wrap", "bucket_bytes", bucket_bytes)
     if replicate is not None and stage != ZeroStage.ZERO3:
         raise ValueError(f"replicate= (HSDP) shards the parameters over `group`: needs zero_stage 3, got {stage.key}")
+    if precision is not None and precision.fp8 is not None and precision.fp8.param_gather and stage != ZeroStage.ZERO3:
+        raise ValueError(
+            f"Fp8Recipe(param_gather=True) all-gathers ZeRO-3's parameter shards in FP8: needs zero_stage 3, got "
+            f"{stage.key} (whose ranks hold every parameter and gather none before a forward)"
+        )
     if precision is not None:
         cast_module(module, precision)
     if stage == ZeroStage.DDP:

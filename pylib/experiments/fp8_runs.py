@@ -11,6 +11,7 @@ Both are deterministic (fixed seeds, one thread) and take a few seconds on this 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 import torch.distributed as dist
@@ -205,8 +206,46 @@ def loss_gaps(losses: dict) -> dict[str, float]:
     return {k: max(abs(a - b) / b for a, b in zip(v, base)) for k, v in losses.items() if k != "bf16"}
 
 
+def _modes_worker(tp_cases, z3_cases, inputs, h, h_ffn):
+    return dict(tp=tp_fp8_mlp(tp_cases, h, h_ffn, inputs, dtype=torch.bfloat16), zero3=zero3_fp8_run(z3_cases))
+
+
+@editions.shared  # the book's two editions launch once (pylib.i18n.editions)
+def modes_run(world: int = 2, b: int = 2, s: int = 64, h: int = 128, h_ffn: int = 256) -> dict:
+    """FP8 across the modes on `world` ranks, tensorwise: TP + SP on the bf16 MLP of `mlp_linears` with the input
+    gathered in bf16 and in FP8 (`input_gather`), and ZeRO-3 on `fp8_layers_model` with the parameters gathered in
+    bf16 and in FP8 (`param_gather`), and three layers with `first_last_layers_bf16`. Returns {"tp": per rank,
+    "zero3": per rank} (`tp_fp8_mlp`, `zero3_fp8_run`), "reference" the one-device bf16 MLP, and the cases."""
+    from pylib.runtime import launch
+
+    t = Fp8Recipe("tensorwise")
+    tp_cases = [(t, True), (dataclasses.replace(t, input_gather=True), True)]
+    z3_cases = [(t, 1), (dataclasses.replace(t, param_gather=True), 1)]
+    z3_cases.append((dataclasses.replace(t, param_gather=True, first_last_layers_bf16=True), 3))
+    inputs = mlp_inputs(b, s, h, steps=2)
+    ranks = launch(_modes_worker, world, tp_cases, z3_cases, inputs, h, h_ffn, backend="gloo")
+    reference = fp8_mlp_reference(t, h, h_ffn, inputs, dtype=torch.bfloat16)
+    shape = dict(world=world, b=b, s=s, h=h, h_ffn=h_ffn)
+    return dict(
+        tp=[r["tp"] for r in ranks],
+        zero3=[r["zero3"] for r in ranks],
+        reference=reference,
+        shape=shape,
+        tp_cases=tp_cases,
+        z3_cases=z3_cases,
+    )
+
+
 __all__ = [
     "GEMMS",
+    "modes_run",
+    "fp8_layers_model",
+    "fp8_mlp_reference",
+    "fp8_single_device",
+    "mlp_inputs",
+    "mlp_linears",
+    "tp_fp8_mlp",
+    "zero3_fp8_run",
     "OUTLIERS",
     "fp8_test_model",
     "gemm_errors",
@@ -215,3 +254,144 @@ __all__ = [
     "loss_parity",
     "one_thread",
 ]
+
+
+# --------------------------------------------------------------------------------------------- FP8 across the modes
+
+
+def mlp_linears(h: int, h_ffn: int, seed: int = 0) -> tuple[torch.nn.Linear, torch.nn.Linear]:
+    """The MLP's two linears in fp32, W_up [h_ffn, h] with a bias and W_down [h, h_ffn] without (the row-parallel
+    bias is added once after the TP sum, the same in FP8 and bf16), from `seed`."""
+    g = torch.Generator().manual_seed(seed)
+    up, down = torch.nn.Linear(h, h_ffn), torch.nn.Linear(h_ffn, h, bias=False)
+    with torch.no_grad():
+        up.weight.copy_(torch.randn(h_ffn, h, generator=g) * h**-0.5)
+        up.bias.copy_(torch.randn(h_ffn, generator=g) * 0.1)
+        down.weight.copy_(torch.randn(h, h_ffn, generator=g) * h_ffn**-0.5)
+    return up, down
+
+
+def mlp_inputs(b: int, s: int, h: int, steps: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`steps` (x [b, s, h], dy [b, s, h]) pairs: the input and the output gradient of each step (the second step
+    of "delayed" reads the amax history the first wrote)."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(b, s, h, generator=g), torch.randn(b, s, h, generator=g) * 1e-2) for _ in range(steps)]
+
+
+def fp8_mlp_reference(recipe: Fp8Recipe, h: int, h_ffn: int, inputs, path: str = "scaled_mm", dtype=None) -> dict:
+    """One device: y = down(gelu(up(x))) with both linears as `Fp8Linear`, run on each (x, dy) of `inputs`; the last
+    step's y, dx and the weight (and up-bias) gradients. dtype: the activations' and parameters' (fp32 if None)."""
+    from pylib.model.fp8 import Fp8Linear
+
+    up_lin, down_lin = (m.to(dtype or torch.float32) for m in mlp_linears(h, h_ffn))
+    inputs = [(x.to(up_lin.weight.dtype), dy.to(up_lin.weight.dtype)) for x, dy in inputs]
+    up, down = Fp8Linear(up_lin, recipe, path), Fp8Linear(down_lin, recipe, path)
+    with one_thread():
+        for x, dy in inputs:
+            for p in (up.weight, up.bias, down.weight):
+                p.grad = None
+            x = x.clone().requires_grad_(True)
+            y = down(torch.nn.functional.gelu(up(x)))
+            (y * dy).sum().backward()
+    return dict(y=y.detach(), dx=x.grad, up_w=up.weight.grad, up_b=up.bias.grad, down_w=down.weight.grad)
+
+
+def tp_fp8_mlp(cases: list[tuple[Fp8Recipe, bool]], h: int, h_ffn: int, inputs, path="scaled_mm", dtype=None) -> list:
+    """Inside a launched rank, TP over every rank: for each (recipe, sequence_parallel) the MLP of `mlp_linears`
+    cut column then row (`pylib.tp.fp8`), run on `inputs` as `fp8_mlp_reference` runs it (in `dtype`); per case
+    this rank's last-step y, dx (its sequence slice under SP), weight gradients (its shard) and the traced
+    communication of the last step: [(op, tag, dtype, bytes_sent)]."""
+    import torch.nn.functional as F
+
+    from pylib.runtime import collectives as C
+    from pylib.runtime.tracer import trace
+    from pylib.tp import ColumnParallelLinear, RowParallelLinear
+    from pylib.tp.fp8 import to_fp8_tp
+    from pylib.tp.regions import SEQ_DIM
+
+    g = C.resolve_group(None)
+    out = []
+    with one_thread():
+        for recipe, sp in cases:
+            up_lin, down_lin = (m.to(dtype or torch.float32) for m in mlp_linears(h, h_ffn))
+            col = to_fp8_tp(ColumnParallelLinear.from_full(up_lin, group=g, sequence_parallel=sp), recipe, path)
+            row = to_fp8_tp(RowParallelLinear.from_full(down_lin, group=g, sequence_parallel=sp), recipe, path)
+            for x, dy in inputs:
+                x, dy = x.to(up_lin.weight.dtype), dy.to(up_lin.weight.dtype)
+                for p in (col.weight, col.bias, row.weight):
+                    p.grad = None
+                if sp:
+                    x, dy = (t.chunk(g.size, SEQ_DIM)[g.rank].contiguous() for t in (x, dy))
+                x = x.clone().requires_grad_(True)
+                with trace() as tr:
+                    y = row(F.gelu(col(x)))
+                    (y * dy).sum().backward()
+            events = [(e.op, e.tag, e.dtype, e.bytes_sent) for e in tr.events]
+            grads = dict(up_w=col.weight.grad, up_b=col.bias.grad, down_w=row.weight.grad)
+            out.append(dict(recipe=recipe, sp=sp, y=y.detach(), dx=x.grad, events=events, **grads))
+    return out
+
+
+def fp8_layers_model(n_layers: int) -> ModelConfig:
+    """`fp8_test_model` with `n_layers` layers (three show `first_last_layers_bf16` keeping the first and last)."""
+    return dataclasses.replace(fp8_test_model(), n_layers=n_layers)
+
+
+def zero3_fp8_run(cases: list[tuple[Fp8Recipe, int]], batch: int = 4, seq: int = 32, steps: int = 2, lr=3e-3):
+    """Inside a launched rank: for each (recipe, n_layers), `fp8_layers_model(n_layers)` under ZeRO-3 over every rank
+    in bf16 mixed precision (fp32 master weights and Adam, fp32 gradient reduction) with the recipe, `steps` steps
+    on this rank's `batch` rows of each step's batch. Per case: this rank's loss of each step; the first step's
+    reduced gradient shards by flat key with the flats' layouts; that step's traced communication
+    [(op, tag, dtype, phase, bytes_sent)]."""
+    from pylib.runtime.tracer import trace
+
+    rank, d = dist.get_rank(), dist.get_world_size()
+    out = []
+    with one_thread():
+        for recipe, n_layers in cases:
+            cfg = fp8_layers_model(n_layers)
+            torch.manual_seed(0)
+            model = build_model(cfg)
+            trainer = wrap(model, "zero3", precision=MixedPrecision(grad_reduce="float32", fp8=recipe), lr=lr)
+            losses, grads, events = [], None, []
+            for step in range(steps):
+                ids, targets = batches(cfg, batch * d, seq, step, data="pattern")
+                with trace() as tr:
+                    loss = model.loss(micro_batch(ids, rank, d), micro_batch(targets, rank, d))
+                    trainer.scale_loss(loss).backward()
+                    trainer.finish_gradient_sync()
+                losses.append(float(loss.detach()))
+                if step == 0:
+                    grads = {k: g.detach().clone() for k, g in trainer.gradient_shards().items()}
+                    events = [(e.op, e.tag, e.dtype, e.phase, e.bytes_sent) for e in tr.events]
+                trainer.step()
+                trainer.zero_grad()
+            layouts = {
+                lay.key: [(e.name, e.offset, e.numel, tuple(e.shape)) for e in lay.entries] for lay in trainer.layouts
+            }
+            padded = {lay.key: lay.padded_numel for lay in trainer.layouts}
+            out.append(dict(losses=losses, grads=grads, layouts=layouts, padded=padded, events=events))
+    return out
+
+
+def fp8_single_device(recipe: Fp8Recipe, n_layers: int, d: int, batch: int = 4, seq: int = 32, steps=2, lr=3e-3):
+    """The same training on one device with the d ranks' rounding points (`SingleDeviceMixed`, d micro-batches of
+    `batch` rows): the mean loss of each step, and the first step's fp32 gradient by parameter name."""
+    cfg = fp8_layers_model(n_layers)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    trainer = SingleDeviceMixed(model, MixedPrecision(grad_reduce="float32", fp8=recipe), parts=d, lr=lr)
+    names = {id(p): n for n, p in model.named_parameters()}
+    grads, losses = {}, []
+    step_of = trainer.weights.step
+
+    def keep_first(totals):
+        if not grads:
+            grads.update({names[id(p)]: t.clone() for p, t in zip(trainer.params, totals)})
+        step_of(totals)
+
+    trainer.weights.step = keep_first
+    with one_thread():
+        for step in range(steps):
+            losses.append(trainer.train_step(*batches(cfg, batch * d, seq, step, data="pattern")))
+    return losses, grads

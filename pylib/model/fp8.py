@@ -140,6 +140,11 @@ def _decode_scale(amax: torch.Tensor, top: float, power_of_two: bool) -> torch.T
     return torch.where(amax > 0, s, torch.ones_like(s))
 
 
+def scale_from_amax(amax: torch.Tensor, dtype: torch.dtype, power_of_two: bool = False) -> torch.Tensor:
+    """The decode scale(s) `quantize` takes for amax(es) `amax` in FP8 `dtype`: amax / max (1 where amax is 0)."""
+    return _decode_scale(amax, fp8_max(dtype), power_of_two)
+
+
 def quantize(
     x: torch.Tensor,
     dtype: torch.dtype,
@@ -270,6 +275,17 @@ class Fp8Linear(nn.Module):
             else {}
         )
         self.weight_fp8: tuple[Fp8Tensor, ...] = ()  # the FP8 copies of the weight the last forward made
+        # Across ranks (set by a parallel mode; the layer itself knows no ranks): amax_reduce[role] turns this rank's
+        # amax of a per-tensor operand into the amax of the whole logical tensor (an all-reduce max over the group
+        # that holds its pieces), so every rank quantizes its piece with the one scale a single device would use.
+        self.amax_reduce: dict[str, object] = {}
+        # FP8 operands a communication already moved in FP8 (SP's FP8 all-gather of the input, ZeRO-3's FP8
+        # parameter gather): the next forward uses them instead of quantizing its own input or weight
+        self.given_input: tuple[Fp8Tensor, Fp8Tensor] | None = None
+        self.given_weight: tuple[Fp8Tensor, Fp8Tensor] | None = None
+        # ZeRO-3's FP8 gather frees the FP8 weight after the forward and gathers it again before the backward: the
+        # backward then reads `weight_fp8` (the copy handed back) instead of keeping the forward's alive
+        self.regathers_weight = False
         # keep them after backward (TE caches a step's FP8 weights across micro-batches); False frees them when the
         # backward is done, as ZeRO-3 frees a unit's gathered weights
         self.cache_weights = True
@@ -279,15 +295,36 @@ class Fp8Linear(nn.Module):
 
     # -- quantization of each operand, by role -------------------------------------------------------------------
     def _quantize(self, x: torch.Tensor, role: str) -> Fp8Tensor:
-        if self.recipe.recipe != "delayed":
+        if not self.recipe.per_tensor:
             return quantize_operand(x, self.recipe, role)
-        history = self.amax[role]
-        q = quantize_operand(x, self.recipe, role, scale=history.scale)
-        history.record(_amax(x))
-        return q
+        return quantize_operand(x, self.recipe, role, scale=self.tensor_scale(x, role))
+
+    def tensor_scale(self, x: torch.Tensor, role: str) -> torch.Tensor:
+        """The one decode scale a per-tensor recipe quantizes `x` (this rank's piece of the operand `role`) with:
+        "tensorwise" from the amax of the whole operand (`amax_reduce[role]` agrees it across the ranks holding
+        pieces); "delayed" the history's scale, after which the whole operand's amax is recorded."""
+        amax = _amax(x)
+        reduce = self.amax_reduce.get(role)
+        if reduce is not None:
+            amax = reduce(amax)
+        return self.scale_for(amax, role)
+
+    def scale_for(self, amax: torch.Tensor, role: str) -> torch.Tensor:
+        """The per-tensor decode scale for an operand of `role` whose whole amax is `amax` (delayed: the history's
+        scale, then `amax` recorded)."""
+        if self.recipe.recipe == "delayed":
+            history = self.amax[role]
+            scale = history.scale
+            history.record(amax)
+            return scale
+        dtype = self.grad_dtype if role == "grad_output" else self.fwd_dtype
+        return _decode_scale(amax, fp8_max(dtype), False)
 
     def quantize_weight(self) -> tuple[Fp8Tensor, Fp8Tensor]:
         """W for fprop (tiled along in_features) and W^T for dgrad (tiled along out_features)."""
+        if self.given_weight is not None:
+            given, self.given_weight = self.given_weight, None
+            return given
         w = self.weight
         if self.recipe.per_tensor or self.recipe.recipe == "blockwise":
             q = self._quantize(w, "weight")
@@ -299,6 +336,9 @@ class Fp8Linear(nn.Module):
 
     def quantize_input(self, x2: torch.Tensor) -> tuple[Fp8Tensor, Fp8Tensor]:
         """X for fprop (along in_features) and X^T for wgrad (along tokens)."""
+        if self.given_input is not None:
+            given, self.given_input = self.given_input, None
+            return given
         if self.recipe.per_tensor:
             q = self._quantize(x2, "input")
             return q, q.t()
@@ -344,7 +384,7 @@ class _Fp8LinearFunction(torch.autograd.Function):
         y = fp8_mm(qx, qw, layer.path)
         if bias is not None:
             y = y + bias.float()
-        ctx.layer, ctx.qxt, ctx.qwt = layer, qxt, qwt
+        ctx.layer, ctx.qxt, ctx.qwt = layer, qxt, None if layer.regathers_weight else qwt
         ctx.x_shape, ctx.x_dtype, ctx.has_bias = x.shape, x.dtype, bias is not None
         return y.to(x.dtype).view(*x.shape[:-1], layer.out_features)
 
@@ -353,7 +393,12 @@ class _Fp8LinearFunction(torch.autograd.Function):
         layer = ctx.layer
         dy2 = dy.reshape(-1, layer.out_features)
         qdy, qdyt = layer.quantize_grad(dy2)
-        dx = fp8_mm(qdy, ctx.qwt, layer.path)  # [M, K]
+        qwt = ctx.qwt
+        if qwt is None:  # ZeRO-3: the copy gathered again for this backward
+            if len(layer.weight_fp8) != 2:
+                raise RuntimeError(f"{layer!r}: its FP8 weight was not gathered again before its backward")
+            qwt = layer.weight_fp8[1]
+        dx = fp8_mm(qdy, qwt, layer.path)  # [M, K]
         dw = fp8_mm(qdyt, ctx.qxt, layer.path)  # [N, K]
         db = dy2.float().sum(0).to(layer.bias.dtype) if ctx.has_bias else None
         ctx.qxt = ctx.qwt = None
@@ -365,14 +410,33 @@ class _Fp8LinearFunction(torch.autograd.Function):
 KEEP = ("lm_head",)  # the linears `to_fp8` leaves in high precision by default (Megatron-Core's output layer)
 
 
+def high_precision_layers(module: nn.Module, recipe: Fp8Recipe) -> tuple[str, ...]:
+    """The Transformer layers whose linears `recipe` keeps in the compute dtype: with `first_last_layers_bf16`
+    the first and the last of `module.layers` ("layers.0", "layers.{L-1}", Megatron's `--first-last-layers-bf16`
+    with one layer at each end), else none."""
+    layers = getattr(module, "layers", None)
+    if not recipe.first_last_layers_bf16 or layers is None or len(layers) == 0:
+        return ()
+    return tuple(dict.fromkeys((f"layers.{0}", f"layers.{len(layers) - 1}")))
+
+
+def keeps_high_precision(name: str, keep: tuple[str, ...], layers: tuple[str, ...] = ()) -> bool:
+    """Whether the linear at qualified `name` stays in high precision: named in `keep` (whole or its last part) or
+    inside one of `layers`."""
+    return name in keep or name.rpartition(".")[2] in keep or any(name.startswith(p + ".") for p in layers)
+
+
 def to_fp8(module: nn.Module, recipe: Fp8Recipe, *, path: str = "scaled_mm", keep: tuple[str, ...] = KEEP):
     """Swap every nn.Linear of `module` whose qualified name is not in `keep` (and whose last part is not either)
-    for an Fp8Linear sharing its parameters (in place; returns the module). Raises Fp8ShapeError naming the layer
-    when a recipe's block does not divide its shape."""
+    for an Fp8Linear sharing its parameters (in place; returns the module); with the recipe's
+    `first_last_layers_bf16` the linears of the first and last Transformer layer stay too
+    (`high_precision_layers`). Raises Fp8ShapeError naming the layer when a recipe's block does not divide its
+    shape."""
+    layers = high_precision_layers(module, recipe)
     for name, child in list(module.named_modules()):
         for attr, sub in list(child.named_children()):
             full = f"{name}.{attr}" if name else attr
-            if type(sub) is nn.Linear and full not in keep and attr not in keep:
+            if type(sub) is nn.Linear and not keeps_high_precision(full, keep, layers):
                 try:
                     setattr(child, attr, Fp8Linear(sub, recipe, path))
                 except Fp8ShapeError as error:
@@ -405,9 +469,12 @@ __all__ = [
     "fp8_layers",
     "fp8_max",
     "fp8_mm",
+    "high_precision_layers",
+    "keeps_high_precision",
     "ROLES",
     "quantize",
     "quantize_operand",
     "relative_error",
+    "scale_from_amax",
     "to_fp8",
 ]

@@ -151,7 +151,13 @@ class Fp8Recipe:
     scale divided by 2**margin): TE's DelayedScaling fields, read by "delayed" only (TE's defaults are 1024, "max", 0;
     ours keeps 16 so that a 30-step run sees its history roll); block: the tile length of "blockwise" (128, DeepSeek-V3)
     and "mxfp8" (32, fixed by the MX specification); None takes the default. Checked when built; `shape_problems` says
-    which GEMM operands a block does not divide."""
+    which GEMM operands a block does not divide.
+
+    What else stays high precision or moves in FP8 (`pylib.tp.fp8`, `pylib.dp.fp8_gather`): first_last_layers_bf16
+    keeps the linears of the first and the last Transformer layer in the compute dtype (Megatron's
+    `--first-last-layers-bf16`; the LM head always is); input_gather all-gathers the sequence-parallel activation in
+    FP8, quantized before the gather (per-tensor recipes only); param_gather all-gathers ZeRO-3's parameters in FP8,
+    quantized per shard (Megatron's `--fp8-param-gather`; not MXFP8)."""
 
     recipe: str = "delayed"
     fmt: str | None = None
@@ -159,6 +165,9 @@ class Fp8Recipe:
     amax_compute_algo: str = "max"
     margin: int = 0
     block: int | None = None
+    first_last_layers_bf16: bool = False
+    input_gather: bool = False
+    param_gather: bool = False
 
     def __post_init__(self):
         choice("Fp8Recipe", "recipe", self.recipe, FP8_RECIPES)
@@ -176,6 +185,15 @@ class Fp8Recipe:
         elif block is not None:
             raise ValueError(refusal("Fp8Recipe", "block", block, PER_TENSOR_BLOCK, recipe=self.recipe))
         object.__setattr__(self, "block", block)
+        flag("Fp8Recipe", "first_last_layers_bf16", self.first_last_layers_bf16)
+        flag("Fp8Recipe", "input_gather", self.input_gather)
+        flag("Fp8Recipe", "param_gather", self.param_gather)
+        if self.input_gather and block is not None:
+            # the wgrad operand X^T is tiled along the tokens: a rank would gather a row-wise and a column-wise copy
+            rule = BLOCK_GATHER
+            raise ValueError(refusal("Fp8Recipe", "input_gather", True, rule, recipe=self.recipe, **_two(block)))
+        if self.param_gather and self.recipe == "mxfp8":
+            raise ValueError(refusal("Fp8Recipe", "param_gather", True, MX_PARAM_GATHER, **_two(block)))
 
     @property
     def per_tensor(self) -> bool:
@@ -203,6 +221,21 @@ class Fp8Recipe:
         ]
 
 
+def _two(block: int) -> dict:
+    """The bytes per element of two FP8 copies with an fp32 (or, for 32, E8M0) scale per `block` elements each."""
+    scale = 1 if block == MX_BLOCK else 4
+    return dict(block=block, copies=f"{2 * (1 + scale / block):g}")
+
+
+BLOCK_GATHER = N_(
+    "needs one scale per tensor: under {recipe!r} the wgrad operand X^T is tiled along the tokens, so a rank would "
+    "gather a row-wise and a column-wise FP8 copy with a scale per {block}, {copies} bytes per element, more than "
+    "bf16's 2"
+)
+MX_PARAM_GATHER = N_(
+    "is not for mxfp8: its row-wise and column-wise copies of W hold different bits, so the gather would move "
+    "{copies} bytes per element, more than bf16's 2"
+)
 MX_BLOCK_RULE = N_("must be {mx}: the MX specification shares one E8M0 scale among {mx} elements")
 PER_TENSOR_BLOCK = N_("must be None: the {recipe!r} recipe keeps one scale per tensor, no blocks")
 BLOCK_DIVIDES = N_("is not a multiple of the {recipe} block {block}: each GEMM operand is cut into blocks along it")

@@ -5,6 +5,7 @@ says in data how it holds its tensors (`shard_specs()` -> `pylib.runtime.ShardSp
 
     regions.py        enter / leave the TP region: copy / all-reduce, or all-gather / reduce-scatter under SP
     linear.py         ColumnParallelLinear, RowParallelLinear
+    fp8.py            Fp8ColumnParallelLinear, Fp8RowParallelLinear: the same shards with their GEMMs in FP8
     embedding.py      VocabParallelEmbedding
     cross_entropy.py  vocab_parallel_cross_entropy (the full logits are never formed)
     attention.py      TPAttention (heads split; GQA K/V heads split or replicated; replaceable core)

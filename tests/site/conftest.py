@@ -51,6 +51,17 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("key_page", [d + ".html" for d in sitemap.key_docnames()])
 
 
+def pytest_collection_modifyitems(items):
+    """Under `pytest -n N --dist loadgroup` (make site-test) every check of one page runs on the same worker, so the
+    page is loaded once (`test_browser.visit` keeps one visit per page and process), not once per worker."""
+    for item in items:
+        page = getattr(item, "callspec", None) and item.callspec.params.get("page")
+        if page:
+            item.add_marker(pytest.mark.xdist_group(page))
+        elif "screenshots" in getattr(item, "fixturenames", ()):  # one worker empties the folder, then fills it
+            item.add_marker(pytest.mark.xdist_group("screenshots"))
+
+
 @pytest.fixture(scope="session")
 def site() -> Path:
     if not (sitemap.SITE / "index.html").is_file():
@@ -122,6 +133,18 @@ def _report_measures(terminalreporter) -> None:
     if any("column_px" in m for m in measured.values()):
         widths = sorted({m["column_px"] for m in measured.values() if m.get("column_px")})
         terminalreporter.write_line(f"width a wide figure gets at 1280 px (pylib.viz.style.COLUMN_PX): {widths}")
+
+
+def pytest_sessionfinish(session):
+    """A worker of `pytest -n N` hands its pages' measures to the controller, which reports them all."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["site_measures"] = json.dumps(session.config.stash.get(MEASURES, {}))
+
+
+def pytest_testnodedown(node, error):
+    """The controller gathers each worker's measures (`pytest_sessionfinish`)."""
+    measured = json.loads(getattr(node, "workeroutput", {}).get("site_measures", "{}"))
+    node.config.stash.setdefault(MEASURES, {}).update(measured)
 
 
 def pytest_terminal_summary(terminalreporter):
