@@ -301,7 +301,8 @@ class ExchangedSplits:
     """The split sizes of an uneven all-to-all that agree by construction: `output[j]` is what member j counted
     for this rank and sent it in the all-to-all of counts (`exchange_splits`), `input[j]` what this rank counted
     for j, so every rank expects from each peer the rows that peer sends. `all_to_all_rows` skips the split check
-    for them (the check would find them equal); `swapped()` is the reverse exchange (the combine, the backward)."""
+    for them (the check would find them equal); `swapped()` is the reverse exchange (the combine, the backward).
+    Only `exchange_splits` makes them: one built by hand would be trusted the same way, unchecked."""
 
     output: tuple[int, ...]
     input: tuple[int, ...]
