@@ -24,8 +24,9 @@ Torch has no cross-rank agreement check, so ours runs under each `--settings` (l
     off    `agreement_check(False)`: no check at all, as torch
     full   the check before issue 30: every collective first all-gathers every rank's whole descriptor
 The `check` column is ours-on / ours-off - 1: what the check costs of that row's step (`every`: the same for
-ours-every); `checked/step` how many calls of an ours-on step still communicated to check (the slowest rank, the
-median cycle): 0 once the step's order is learned.
+ours-every); `checked/step` how many collectives of an ours-on step still communicated to check (the slowest
+rank, the median cycle): 0 once the step's order is learned (the pipeline's once-per-step `agree_pipeline` is not
+counted).
 
 Timing on a shared CPU with gloo is noisy: rerun and read the medians, not one row.
 """
