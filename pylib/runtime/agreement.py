@@ -99,6 +99,7 @@ small collective per step, not one per collective (`checks_each_step`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import time
@@ -352,36 +353,25 @@ def agree(
     state.checked_call(key)
 
 
+@dataclasses.dataclass(slots=True)
 class _Args:
     """One call's arguments as `agree` was given them."""
 
-    __slots__ = (
-        "who",
-        "g",
-        "op",
-        "tensors",
-        "param_names",
-        "params",
-        "dims_of_first",
-        "rows_only",
-        "sizes",
-        "in_splits",
-        "out_splits",
-        "device",
-    )
+    who: str
+    g: object
+    op: str
+    tensors: list
+    param_names: list
+    params: list
+    dims_of_first: int
+    rows_only: bool
+    sizes: object
+    in_splits: object
+    out_splits: object
 
-    def __init__(
-        self, who, g, op, tensors, param_names, params, dims_of_first, rows_only, sizes, in_splits, out_splits
-    ):
-        self.who, self.g, self.op, self.tensors = who, g, op, tensors
-        self.param_names, self.params, self.dims_of_first, self.rows_only = (
-            param_names,
-            params,
-            dims_of_first,
-            rows_only,
-        )
-        self.sizes, self.in_splits, self.out_splits = sizes, in_splits, out_splits
-        self.device = tensors[0].device if tensors else torch.device("cpu")
+    @property
+    def device(self) -> torch.device:
+        return self.tensors[0].device if self.tensors else torch.device("cpu")
 
 
 def _check(c: _Args) -> None:
