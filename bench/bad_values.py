@@ -61,6 +61,7 @@ BAD_FIELDS = {
         "tp_overlap": (2, -0.1),
         "latency": (-1, NAN),
         "contention": (-0.5, INF),
+        "eta_fp8": (0, 1.5, NAN),
     },
     "Cluster": {  # built with world_size=8 and the field
         "world_size": (0, -1, 2.0, True, "8", None, 2**40),
@@ -74,6 +75,7 @@ BAD_FIELDS = {
         "overlap_dp": ("yes",),
         "tp_comm_overlap": (1,),
         "model": ("fit",),
+        "fp8_peak_flops": (0, NAN),
     },
     "Workload": {  # built with batch=8, seq=16 and the field
         "batch": (0, -8, 8.0, True, 10**12, "8"),
@@ -82,11 +84,12 @@ BAD_FIELDS = {
         "attention": ("sdpa",),
         "optimizer_states": (-1, 2.0),
         "grad_reduce": ("float16", "fp32"),
+        "fp8": ("delayed",),
     },
     "SearchSpace": {
         "cp_kinds": (("ring", "striped"), ()),
         "zero_stages": ((0, 4), ("zero5",)),
-        "recompute": (("partial",), (("selective", ("moe",)),), (("selective", ("attention",)),)),
+        "recompute": (("partial",), (("selective", ("mhc",)),), (("selective", ("attention",)),)),
         "micro_batch_sizes": ((0,),),
         "virtual_stages": ((1.5,),),
         "sequence_parallel": (("yes",),),
@@ -95,6 +98,7 @@ BAD_FIELDS = {
         "meshes": (("tp2",),),
         "expert_tp": ((-1,),),
         "tp_sizes": ((0,),),
+        "zero_bubble": (("zb-x",), ("zb-v", "zb-v")),
     },
 }
 

@@ -24,8 +24,9 @@ last, the busiest rank), padded to t_f, t_b/2, t_b/2 seconds for F, B, W (1F1B's
 ZB-H2 at equal costs (nan otherwise: no formula); and the raw step time of each
 against our 1F1B's on the same ranks (what the W bookkeeping costs).
 
-The V (`--v-only`: this table alone): ZB-V and DualPipeV, ours against PyTorch's ScheduleZBVZeroBubble and
-ScheduleDualPipeV on the same ranks, model (two chunks per rank in the V placement) and microbatches, alternating,
+Against PyTorch's zero-bubble schedules (`--v-only`: this table alone): ZB-V, DualPipeV and ZB-H1, ours against
+PyTorch's ScheduleZBVZeroBubble, ScheduleDualPipeV and ScheduleInterleavedZeroBubble (one stage per rank: our ZB-H1)
+on the same ranks, model (two chunks per rank in the V placement; ZB-H1 one per rank) and microbatches, alternating,
 the median step of rank 0 (ours with the agreement check off and no timeline, as torch). On a CPU DualPipeV's F&B
 slots run back to back on both sides: the ratio is the runtimes', not the overlap's.
 """
@@ -132,11 +133,13 @@ def _torch_1f1b(m, steps):
     return times
 
 
-V_TORCH = {"zb-v": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+# ours -> PyTorch's class; ZB-H1 is ScheduleInterleavedZeroBubble with one stage per rank (test_pp_torch_pipelining)
+V_TORCH = {"zb-v": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV", "zb-h1": "ScheduleInterleavedZeroBubble"}
 
 
 def _torch_v(m, steps):
-    """This rank's step seconds {(name, "ours" | "torch"): [each step]} for the V-shaped schedules, alternating."""
+    """This rank's step seconds {(name, "ours" | "torch"): [each step]} for the zero-bubble schedules torch has,
+    alternating."""
     from torch.distributed import pipelining
 
     from pylib.runtime import agreement_check
@@ -144,17 +147,20 @@ def _torch_v(m, steps):
     rank, p = dist.get_rank(), dist.get_world_size()
     model = build_model(CFG)
     ids, targets = random_tokens(CFG, m, SEQ, seed=0)
-    pipe = PipelineParallel(model, v=2, placement="v")
-    chunks = rank_chunks(model, rank, p, 2, placement="v")
-    stages = [pipelining.PipelineStage(c, c.stage, 2 * p, torch.device("cpu")) for c in chunks]
     variants = {}
     for name, cls in V_TORCH.items():
+        v, placement = (1, "loop") if name == "zb-h1" else (2, "v")
+        pipe = PipelineParallel(model, v=v, placement=placement)
+        chunks = rank_chunks(model, rank, p, v, placement=placement)
+        stages = [pipelining.PipelineStage(c, c.stage, v * p, torch.device("cpu")) for c in chunks]
         schedule = getattr(pipelining, cls)(stages, m, loss_fn=lm_loss)
+        first, last = rank == 0, rank == (0 if placement == "v" else p - 1)
 
-        def theirs(schedule=schedule):
-            schedule.step(ids, target=targets) if rank == 0 else schedule.step()
+        def theirs(schedule=schedule, first=first, last=last):
+            args = (ids,) if first else ()
+            schedule.step(*args, target=targets) if last else schedule.step(*args)
 
-        def ours(name=name):
+        def ours(name=name, pipe=pipe):
             recorder = PipelineRecorder(measure_memory=False, record_timeline=False)
             pipe.step(ids, targets, schedule=name, n_microbatches=m, recorder=recorder)
 
@@ -241,7 +247,7 @@ def main():
     ap.add_argument("--t-b", type=float, default=0.08, help="padded backward seconds per stage and microbatch")
     ap.add_argument("--zero-bubble-only", action="store_true", help="only the zero-bubble table")
     ap.add_argument("--torch-only", action="store_true", help="only the 1F1B step against PyTorch's")
-    ap.add_argument("--v-only", action="store_true", help="only ZB-V and DualPipeV against PyTorch's")
+    ap.add_argument("--v-only", action="store_true", help="only ZB-V, DualPipeV and ZB-H1 against PyTorch's")
     args = ap.parse_args()
     if args.v_only:
         _print_torch_v(args)
@@ -312,7 +318,7 @@ def main():
 def _print_torch_v(args):
     p, m = args.p, 2 * args.p  # DualPipeV needs m >= 2p
     times = launch(_torch_v, p, m, args.steps, timeout=600, backend="gloo")[0]
-    print(f"\nV-shaped schedules, p={p} (2p={2 * p} stages), m={m}, rank 0, median of {args.steps} alternating steps")
+    print(f"\nZero-bubble schedules against PyTorch's, p={p}, m={m}, rank 0, median of {args.steps} alternating steps")
     print(f"{'schedule':<10} {'ours ms':>8} {'torch ms':>9} {'ours/torch':>10}  (PyTorch class)")
     for name, cls in V_TORCH.items():
         ours, theirs = (statistics.median(times[(name, who)]) for who in ("ours", "torch"))

@@ -9,8 +9,11 @@ import functools
 import pytest
 
 from pylib.analysis import pp as A
-from pylib.plan.schedules import ScheduleError, build, dualpipe_v
+from pylib.model import build_model
+from pylib.plan.presets import tiny_gqa
+from pylib.plan.schedules import ScheduleError, build, dualpipe, dualpipe_v
 from pylib.pp.simulate import simulate
+from pylib.pp.split import rank_chunks
 from pylib.pp.timeline import bubble, peak_in_flight
 
 pytestmark = pytest.mark.timeout(180)
@@ -81,3 +84,63 @@ def test_dualpipev_never_deadlocks_and_keeps_each_f_and_b_slot_together():
 def test_dualpipev_refuses_sizes_it_cannot_run_naming_the_constraint(kw, message):
     with pytest.raises(ScheduleError, match=message):
         build("dualpipev", **kw)
+
+
+# --------------------------------------------------------------------------------------------- DualPipe proper
+# Two copies of the model fed from both ends on an even p: the "dual" placement (the V's stage -> rank map, its two
+# arms two pipelines: stages 0..p-1 = the first copy on ranks 0..p-1, p..2p-1 = the second on ranks p-1..0).
+# Its real runs against the reference share ZB-V's launch (tests/test_pp_zbv.py).
+
+DUAL_SWEEP = [(p, m) for p in (2, 4, 6, 8) for m in (2 * p, 2 * p + 2, 4 * p)]
+
+
+@functools.cache
+def _dual(p, m):
+    return dualpipe(p, m)
+
+
+def test_dualpipe_bubble_is_deepseeks_formula_with_pp_the_ranks_and_dualpipev_s_on_half_the_ranks():
+    for p, m in DUAL_SWEEP:
+        for t_f, t_b, t_w in ((1.0, 1.0, 1.0), (2.0, 2.0, 1.0), (1.0, 1.0, 0.5)):
+            t_fb = t_f + t_b + t_w
+            own = max(bubble(simulate(_dual(p, m), t_f, t_b, cost_w=t_w, cost_fb=t_fb)).own_idle)
+            assert own == pytest.approx(A.dualpipe_bubble(p, t_fb, t_b + t_w, t_w)), (p, m, t_f, t_b, t_w)
+            assert own == _own_bubble(p // 2, m // 2, t_f, t_b, t_w, t_fb)  # cut in half: the same idle
+
+
+def test_dualpipe_holds_p_plus_1_stage_activations_and_every_parameter_twice():
+    for p, m in DUAL_SWEEP:
+        assert peak_in_flight(simulate(_dual(p, m), 1.0, 1.0, cost_w=1.0)) == [p + 1] * p  # DeepSeek's PP+1
+    model = build_model(tiny_gqa().with_(n_layers=8))
+    total = sum(q.numel() for q in model.parameters())
+    for p in (2, 4):  # rank r holds model stage r (chunk 0) and p-1-r (chunk 1): 2x the parameters of 1F1B
+        chunks = [rank_chunks(model, r, p, 2, placement="dual") for r in range(p)]
+        assert [[c.stage for c in cs] for cs in chunks] == [[r, p - 1 - r] for r in range(p)]
+        assert sum(q.numel() for cs in chunks for c in cs for q in c.parameters()) == 2 * total
+
+
+def test_dualpipe_feeds_half_the_microbatches_from_each_end_and_mirrors_rank_r_on_rank_p_minus_1_minus_r():
+    for p, m in DUAL_SWEEP:
+        sched = _dual(p, m)
+        assert sched.spans == {mb: (0, p - 1) if mb < m // 2 else (p, 2 * p - 1) for mb in range(m)}
+        assert sched.ranks == tuple(range(p)) + tuple(reversed(range(p)))
+        for r in range(p):
+            mine = [(a.op, a.what, a.mb % (m // 2), a.chunk) for a in sched.compute(r)]
+            mirror = [(a.op, a.what, a.mb % (m // 2), 1 - a.chunk) for a in sched.compute(p - 1 - r)]
+            assert mine == mirror, (p, m, r)
+        for sends in ("rendezvous", "eager"):
+            simulate(sched, 1.0, 2.0, sends=sends, cost_w=1.0, cost_fb=2.5)
+
+
+@pytest.mark.parametrize(
+    "p, m, v, message",
+    [
+        (3, 6, 2, r"dualpipe needs an even number of pipeline ranks: p=3"),
+        (4, 9, 2, r"dualpipe needs an even m >= 2p microbatches: m=9, p=4, 2p=8"),
+        (4, 6, 2, r"dualpipe needs an even m >= 2p microbatches: m=6, p=4, 2p=8"),
+        (2, 4, 1, r"dualpipe runs two chunks per rank, one per direction .* got v=1"),
+    ],
+)
+def test_dualpipe_refuses_odd_p_and_m_it_cannot_split_naming_the_constraint(p, m, v, message):
+    with pytest.raises(ScheduleError, match=message):
+        build("dualpipe", p, m, v)

@@ -9,8 +9,9 @@ unscaled: their mean is the full-batch loss.
 PyTorch's interleaved schedules are deliberately not run here: on gloo, ScheduleInterleaved1F1B was seen to hang
 about once in six runs.
 
-The V-shaped schedules (ScheduleZBVZeroBubble, ScheduleDualPipeV, torch 2.13): the same stage modules in the V
-placement (`rank_chunks(..., placement="v")`) give the same loss and the same gradient bits as ours, and torch's
+The V-shaped schedules (ScheduleZBVZeroBubble, ScheduleDualPipeV, torch 2.13) and ScheduleInterleavedZeroBubble
+with one stage per rank (our ZB-H1): the same stage modules in the V placement (`rank_chunks(..., placement="v")`;
+ZB-H1: the loop) give the same loss and the same gradient bits as ours, and torch's
 action order (its `pipeline_order`: F, I = our split B, B = our unsplit B, W, and the overlapped F&B pairs) is ours.
 """
 
@@ -91,7 +92,11 @@ def test_our_gpipe_and_1f1b_match_pytorch_pipelining_loss_and_gradients(p):
 
 
 V_CFG = tiny_gqa().with_(n_layers=8)
-TORCH_V = {"zb-v": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+# ours -> torch's: ScheduleInterleavedZeroBubble (torch's "ZB1P") with one stage per rank is our ZB-H1: 1F1B's
+# warm-up (its _get_warmup_ops with multiply_factor=1: p-1-r forwards), each backward split, and rank r's W of
+# microbatch k right after its B of microbatch k+r (_get_1f1b_rank_ops' num_1f1b_microbatches = rank), the rest at
+# the end. With several stages per rank it interleaves them; we build no interleaved ZB-H1 to compare it with.
+TORCH_V = {"zb-v": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV", "zb-h1": "ScheduleInterleavedZeroBubble"}
 
 
 def _as_torch_order(sched, rank):
@@ -114,13 +119,18 @@ def _compare_v(m):
     ids, targets = random_tokens(V_CFG, B, S, seed=3)
     out = {}
     for name, cls in TORCH_V.items():
-        pipe = PipelineParallel(model, v=2, placement="v")
+        v, placement = (1, "loop") if name == "zb-h1" else (2, "v")
+        pipe = PipelineParallel(model, v=v, placement=placement)
         run = pipe.step(ids, targets, schedule=name, n_microbatches=m)
-        chunks = rank_chunks(model, rank, p, 2, placement="v")
-        stages = [pipelining.PipelineStage(c, c.stage, 2 * p, torch.device("cpu")) for c in chunks]
+        chunks = rank_chunks(model, rank, p, v, placement=placement)
+        stages = [pipelining.PipelineStage(c, c.stage, v * p, torch.device("cpu")) for c in chunks]
         schedule = getattr(pipelining, cls)(stages, m, loss_fn=lm_loss)
         losses = []
-        schedule.step(ids, target=targets, losses=losses) if rank == 0 else schedule.step()
+        last = rank == (0 if placement == "v" else p - 1)  # the rank holding the loss
+        if rank == 0:
+            schedule.step(ids, target=targets, losses=losses) if last else schedule.step(ids)
+        else:
+            schedule.step(target=targets, losses=losses) if last else schedule.step()
         order = [
             "&".join(str(x) for x in a.sub_actions) if a.sub_actions else str(a)
             for a in schedule.pipeline_order[rank]
@@ -132,7 +142,7 @@ def _compare_v(m):
                 sum(x.item() for x in losses) / m if losses else None,
                 {k: q.grad for c in chunks for k, q in c.named_parameters()},
             ),
-            orders=(_as_torch_order(build(name, p, m, 2), rank), order),
+            orders=(_as_torch_order(build(name, p, m, v), rank), order),
         )
     return out
 
@@ -140,10 +150,11 @@ def _compare_v(m):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("p, m", [(4, 8)])
-def test_our_zb_v_and_dualpipev_match_pytorchs_schedules_in_order_loss_and_gradient_bits(p, m):
+def test_our_zb_h1_zb_v_and_dualpipev_match_pytorchs_schedules_in_order_loss_and_gradient_bits(p, m):
     results = launch(_compare_v, p, m, timeout=90)
     for name in TORCH_V:
-        assert results[0][name]["ours"][0] == results[0][name]["torch"][0], name  # the loss, on rank 0 (the V)
+        last = 0 if name != "zb-h1" else p - 1  # the loss: on rank 0 in the V, on rank p-1 in the loop
+        assert results[last][name]["ours"][0] == results[last][name]["torch"][0] is not None, name
         for r in range(p):
             ours, theirs = results[r][name]["orders"]
             assert ours == theirs, (name, r)

@@ -123,15 +123,16 @@ def test_the_v_refuses_a_layer_count_it_cannot_cut_before_any_rank_starts():
 
 
 # --------------------------------------------------------------------------------------------- on real ranks
-# One launch per p runs ZB-V and DualPipeV (tests/test_pp_dualpipe.py holds DualPipeV's pure part) and a 1F1B
+# One launch per p runs ZB-V, DualPipeV and DualPipe (tests/test_pp_dualpipe.py holds their pure part) and a 1F1B
 # baseline with the same microbatches.
 
 CFG = tiny_gqa().with_(n_layers=8)
 B, S = 8, 8
 RUNS = {
-    2: [("1f1b", 4), ("zb-v", 4), ("dualpipev", 4)],
-    4: [("1f1b", 8), ("zb-v", 4), ("zb-v", 8), ("dualpipev", 8)],
+    2: [("1f1b", 4), ("zb-v", 4), ("dualpipev", 4), ("dualpipe", 4)],
+    4: [("1f1b", 8), ("zb-v", 4), ("zb-v", 8), ("dualpipev", 8), ("dualpipe", 8)],
 }
+PLACEMENT = {"1f1b": "loop", "zb-v": "v", "dualpipev": "v", "dualpipe": "dual"}
 
 
 def _suite(pp):
@@ -140,9 +141,12 @@ def _suite(pp):
     out = []
     for name, m in RUNS[pp]:
         v = 1 if name == "1f1b" else 2
-        pipe = PipelineParallel(model, v=v, placement="v" if v == 2 else "loop")
+        pipe = PipelineParallel(model, v=v, placement=PLACEMENT[name])
         run = pipe.step(ids, targets, schedule=name, n_microbatches=m)
-        out.append((run, pipeline_grads(pipe)))
+        grads = pipeline_grads(pipe)
+        if name == "dualpipe":  # two copies of every parameter: keep them apart, by chunk
+            grads = {(c, k): q.grad for c, chunk in enumerate(pipe.chunks) for k, q in chunk.named_parameters()}
+        out.append((run, grads))
     return out
 
 
@@ -160,6 +164,8 @@ def test_v_schedules_on_gloo_ranks_give_the_reference_loss_every_gradient_and_1f
     loss, grads = reference
     base = merge_stage_dicts([r[0][1] for r in results])
     for i, (name, m) in enumerate(RUNS[pp]):
+        if name == "dualpipe":
+            continue  # two copies of each parameter: test_dualpipe_on_gloo_ranks_...
         holder = pp - 1 if name == "1f1b" else 0  # the V's loss is on rank 0
         assert results[holder][i][0].loss == pytest.approx(loss, abs=1e-12), (name, m)
         assert all(res[i][0].loss is None for r, res in enumerate(results) if r != holder)
@@ -175,7 +181,7 @@ def test_executor_runs_the_v_action_lists_with_the_activations_and_bubble_they_p
     # ZB-V: 2p chunks in flight, no bubble once m >= 2p-1; DualPipeV: 2p+1, DeepSeek's bubble at unit costs
     pp, results = suite
     for i, (name, m) in enumerate(RUNS[pp]):
-        if name == "1f1b":
+        if name in ("1f1b", "dualpipe"):
             continue
         sched = build(name, pp, m, 2)
         for r, res in enumerate(results):
@@ -191,3 +197,37 @@ def test_executor_runs_the_v_action_lists_with_the_activations_and_bubble_they_p
         else:
             assert own == A.split_bubble_time(name, pp, 1.0, 1.0, 1.0)
             assert {res[i][0].peak_in_flight for res in results} == {2 * pp + 1}
+
+
+def test_dualpipe_on_gloo_ranks_gives_the_reference_loss_and_every_gradient_in_both_copies(suite, reference):
+    # each end rank holds one copy's half of the losses (mb 0..m/2-1 on rank p-1, m/2..m-1 on rank 0); each
+    # parameter lives twice, on rank r (chunk 0) and rank p-1-r (chunk 1), both with the sum of the two halves
+    pp, results = suite
+    loss, grads = reference
+    i, (_, m) = next((i, x) for i, x in enumerate(RUNS[pp]) if x[0] == "dualpipe")
+    halves = [results[r][i][0] for r in (pp - 1, 0)]
+    assert [len(h.losses) for h in halves] == [m // 2, m // 2]
+    assert (halves[0].loss + halves[1].loss) / 2 == pytest.approx(loss, abs=1e-12)
+    assert all(res[i][0].loss is None for res in results[1:-1])
+    copies: dict[str, list] = {}
+    for res in results:
+        for (_, k), g in res[i][1].items():
+            copies.setdefault(k, []).append(g)
+    assert set(copies) == set(grads) and {len(c) for c in copies.values()} == {2}  # two parameter copies
+    for k, (a, b) in copies.items():
+        assert torch.equal(a, b), k  # a + b = b + a: the copies stay equal bit for bit
+        assert_float64_close(a, grads[k], f"dualpipe p={pp} m={m}: {k}")
+
+
+def test_executor_runs_dualpipes_lists_with_p_plus_1_activations_and_deepseeks_bubble(suite):
+    pp, results = suite
+    i, (name, m) = next((i, x) for i, x in enumerate(RUNS[pp]) if x[0] == "dualpipe")
+    sched = build(name, pp, m, 2)
+    for r, res in enumerate(results):
+        run = res[i][0]
+        assert [(e.kind, e.mb, e.chunk, e.what, e.peer) for e in run.timeline] == [
+            (a.op, a.mb, a.chunk, a.what, a.peer) for a in sched[r]
+        ], r
+        assert run.peak_in_flight == pp + 1  # DeepSeek's PP+1, PP = p stages
+    own = max(bubble(replay([e for res in results for e in res[i][0].timeline], 1.0, 1.0, 1.0)).own_idle)
+    assert own == A.dualpipe_bubble(pp, 3.0, 2.0, 1.0)  # F&B back to back on a CPU: T_F + T_B + T_W

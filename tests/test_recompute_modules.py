@@ -40,15 +40,15 @@ def _saved(cfg, modules, **kw):
 
 def test_the_vocabulary_is_megatrons_and_the_unmodelled_modules_are_refused_by_name():
     assert recompute_modules("selective") == {"core_attn"} and recompute_modules("none", ("mlp",)) == frozenset()
-    assert not modules_problems(("layernorm", "mlp", "core_attn", "moe_act"))
-    assert any("'moe' is not modelled" in p and "all-to-alls" in p for p in modules_problems(("moe",)))
-    assert any("'shared_experts' is not modelled" in p for p in modules_problems(("shared_experts",)))
+    assert not modules_problems(("layernorm", "mlp", "core_attn", "moe_act", "moe", "shared_experts", "mla_up_proj"))
+    assert any("'mhc' is not modelled" in p and "hyper-connections" in p for p in modules_problems(("mhc",)))
+    assert any("'gdn_norm_out' is not modelled" in p for p in modules_problems(("gdn_norm_out",)))
     assert any("must be one of" in p for p in modules_problems(("attention",)))
     assert any("needs recompute='selective'" in p for p in modules_problems(("mlp",), "full"))
     assert any("twice" in p for p in modules_problems(("mlp", "mlp")))
     assert modules_problems(())
     with pytest.raises(ValueError, match="not modelled"):
-        _rows(GPT, ("mla_up_proj",))
+        _rows(GPT, ("mhc",))
     bad = P.Plan(pc(tp=2, dp=2), RunOptions(recompute="full"), recompute_modules=("mlp",))
     assert any("needs recompute='selective'" in p for p in P.problems(GPT, bad, 4, 8, 64))
 

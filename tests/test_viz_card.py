@@ -46,6 +46,7 @@ from pylib.viz import (  # noqa: E402
     dp,
     ep,
     ep_dispatch,
+    ep_overlap,
     matrix_dims,
     pp,
     profile,
@@ -55,6 +56,7 @@ from pylib.viz import (  # noqa: E402
 )
 from pylib.viz import fp8 as fp8_viz
 from pylib.viz import layer_flow as flow
+from tests.test_ep_overlap import two_micro_batch_timelines
 from tests.test_profile import merged_example
 from tests.test_viz_ring_overlap import timelines_of_two_steps
 from tests.test_viz_tp_block import example_without_ranks
@@ -247,6 +249,16 @@ def _plan_frontier():
     )
 
 
+def _moe_memory():
+    """The planner chapter's DeepSeek-V3 figure: its published layout, the report's recomputation and the fit."""
+    from pylib.analysis import calibration as C
+    from pylib.viz import planner
+
+    check = C.moe_layout_check()
+    pairs = [("report's recomputation", check.report), ("+ the MoE layer recomputed", check.fitting)]
+    return planner.fig_moe_memory(pairs, check.cluster.gpu_memory)
+
+
 def _schedules_on_chapter_axes():
     """pp.md's use: the chapter makes the axes with style.subplots and hands each to a pp figure function."""
     fig, axes = style.subplots(2, 1, figsize=(9, 5))
@@ -284,6 +296,7 @@ CASES = {
         16,
     ),
     "cp.ring_overlap_figure": lambda runs: cp.ring_overlap_figure(timelines_of_two_steps()),
+    "ep_overlap.ep_overlap_figure": lambda runs: ep_overlap.ep_overlap_figure(two_micro_batch_timelines()),
     "cp.merge_drift_figure": lambda runs: cp.merge_drift_figure(
         [dict(cp=c, bf16_merge=1e-3 * c, fp32_merge=2e-4) for c in (1, 2, 4, 8)]
     ),
@@ -339,6 +352,7 @@ CASES = {
     ),
     "compose.plot_rank_report": lambda runs: compose.plot_rank_report(_report_rows(), unit="B"),
     "planner.fig_plan_frontier": lambda runs: _plan_frontier(),
+    "planner.fig_moe_memory": lambda runs: _moe_memory(),
     "lab_times.plot_times": lambda runs: _lab_times(),  # book/labs/instructor.md, from the committed labs/times.json
     "checkpoint.plot_resharding": lambda runs: ckpt.plot_resharding(
         {r: {"model": 5120 + 256 * r, "exp_avg": 5632, "exp_avg_sq": 5632} for r in range(8)},

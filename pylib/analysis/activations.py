@@ -96,17 +96,38 @@ def expected_expert_rows(tokens: int, top_k: int, etp: int = 1) -> int:
     return tokens * top_k * etp
 
 
-def moe_saved_rows(cfg, tokens: int, *, etp: int = 1, expert_rows: int | None = None) -> dict[str, int]:
+def moe_saved_rows(
+    cfg,
+    tokens: int,
+    *,
+    etp: int = 1,
+    expert_rows: int | None = None,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    sp_regather: bool = False,
+) -> dict[str, int]:
     """Bytes one `pylib.ep.ExpertParallelMoE` forward keeps, by tensor, for `tokens` tokens on this rank (softmax
     router, no auxiliary loss, no dropping; exact then, an estimate for sigmoid routers and ETP).
-    expert_rows: rows this rank's experts received (R); None: `expected_expert_rows`."""
+    expert_rows: rows this rank's experts received (R); None: `expected_expert_rows`.
+    With shared experts (`MoEConfig.n_shared_experts`), the analysis' estimate of their MLP, cut over tp as
+    `pylib.ep.shared` cuts it: its hidden rows as a dense MLP's (3 f-wide tensors in Megatron's fused layer,
+    `sp_regather`), on the TP group's tokens (tokens x tp under SP), and under pylib's SP the gathered input."""
     e = dtype_bytes(cfg.dtype)
     moe = cfg.moe
     T, k, h, E = tokens, moe.top_k, cfg.d_model, moe.n_experts
     R = expected_expert_rows(T, k, etp) if expert_rows is None else expert_rows
     ffe = (moe.d_ff or cfg.d_ff) // etp
     hidden = 4 if cfg.mlp == "swiglu" else 2  # SwiGLU: gate x, silu(gate x), up x, product; GELU: input, output
-    return {
+    shared = {}
+    f_s = recompute_analysis.shared_ff(cfg)
+    if f_s:
+        sp = sequence_parallel and tp > 1
+        T_tp = T * tp if sp else T
+        n_hidden = 3 if sp and sp_regather and cfg.mlp == "swiglu" else hidden
+        shared[f"shared experts hidden x {n_hidden} [T, f_s/tp]"] = n_hidden * T_tp * (f_s // tp) * e
+        if sp and not sp_regather:  # pylib's column-parallel linear keeps the gathered copy
+            shared["shared experts input, gathered [T tp, h]"] = T_tp * h * e
+    return shared | {
         "router input [T, h]": T * h * e,
         "router scores [T, E]": T * E * e,
         "chosen experts, permutation, un-permutation [T, k] x 3": 3 * T * k * INT64,
@@ -169,9 +190,22 @@ def layer_saved_rows(
         for item in MLP_ROWS:
             rows.pop(item, None)
         tokens = b * (s_cp // tp if sp else s_cp)
-        rows.update(moe_saved_rows(cfg, tokens, etp=etp, expert_rows=expert_rows))
+        imbalance = getattr(plan, "routing_imbalance", 1.0)  # the busiest rank's rows (`Plan.routing_imbalance`)
+        if expert_rows is None and imbalance != 1.0:
+            expert_rows = round(imbalance * expected_expert_rows(tokens, cfg.moe.top_k, etp))
+        moe_rows = moe_saved_rows(
+            cfg, tokens, etp=etp, expert_rows=expert_rows, tp=tp, sequence_parallel=sp, sp_regather=sp_regather
+        )
+        if "moe" in modules:  # the layer checkpointed whole: its input, the router's, is all it keeps
+            moe_rows = {item: n for item, n in moe_rows.items() if item.startswith("router input")}
+        rows.update(moe_rows)
     dropped = recompute_analysis.module_dropped_rows(
-        rows, modules, moe_layer=cfg.is_moe_layer(layer), sequence_parallel=sp, sp_regather=sp_regather
+        rows,
+        modules,
+        moe_layer=cfg.is_moe_layer(layer),
+        sequence_parallel=sp,
+        sp_regather=sp_regather,
+        qkv_bytes=recompute_analysis.core_input_bytes(cfg, b, s, tp, cp),
     )
     for item, n in dropped.items():
         rows[item] -= n

@@ -39,6 +39,15 @@ Sources:
             Megatron-Bridge's split for the 405B model (account_for_embedding_in_pipeline_split and
             account_for_loss_in_pipeline_split: Meta's one layer fewer on the first and the last stage). The README
             prints no H100 throughput, so the row is in `LAYOUTS`: checked for acceptance, fit and rank, not speed.
+  NEMO-FP8  NVIDIA NeMo Framework User Guide 24.12, "Performance" (docs.nvidia.com/nemo-framework/user-guide/24.12/
+            nemotoolkit/performance/performance_summary.html), table "Pretraining", headed "pre-training performance
+            ... at FP8 precision": per row GPUs, GBS, MBS, sequence length, TP, PP, CP, VP and tokens/s per GPU
+            (and NeMo's own model TFLOP/s, whose FLOP count is not stated: the rows are compared in tokens/s, turned
+            into `megatron_flops` TFLOP/s with `tokens_to_tflops`). The GPUs are DGX H100s (the table's FP8 TFLOP/s,
+            711 to 780 per GPU, are 72-79% of the H100's dense BF16 peak, more than any BF16 run reaches). The page
+            does not name the FP8 recipe; NeMo 24.12's default was Transformer Engine's delayed scaling, which the
+            rows assume (`FP8_RECIPE`). The Llama 3 models' shapes: Llama 3 8B (h 4096, 32 layers, 32 heads with 8
+            K/V, h_ffn 14336) and 70B (Llama 2 70B's shape), both with V = 128256 (the Llama 3 paper, Table 3).
 """
 
 from __future__ import annotations
@@ -48,8 +57,8 @@ from dataclasses import dataclass, replace
 
 from pylib.plan.config import ModelConfig
 from pylib.plan.mesh import ParallelConfig
-from pylib.plan.options import RunOptions
-from pylib.plan.presets import llama3_405b, megatron_gpt
+from pylib.plan.options import Fp8Recipe, RunOptions
+from pylib.plan.presets import deepseek_v3, llama2_7b, llama2_70b, llama3_405b, megatron_gpt, mixtral_8x7b
 
 from . import planner as P
 from .efficiency import CostModel
@@ -81,10 +90,16 @@ class Run:
     # own H100 performance scripts pass --grad-reduce-in-bf16 (examples/llama/train_llama3_8b_h100_fp8.sh), and
     # these are tuned benchmark runs: bf16 (the ZeRO paper's 2 bytes per gradient).
     grad_reduce: str = "bfloat16"
+    # Expert parallelism, folded onto the dense mesh (MoE rows only).
+    ep: int = 1
+    # The FP8 recipe of the linear layers' GEMMs (`planner.Workload.fp8`); None: a 16-bit run.
+    fp8: Fp8Recipe | None = None
+    # The published micro-batch size, where the source prints it (None: LAYOUT_SEARCH's 1 or 2 sequences).
+    micro_batch: int | None = None
 
     @property
     def par(self) -> ParallelConfig:
-        return ParallelConfig(tp=self.tp, cp=self.cp, dp=self.dp, pp=self.pp)
+        return ParallelConfig(tp=self.tp, cp=self.cp, dp=self.dp, pp=self.pp, ep=self.ep)
 
     @property
     def mfu(self) -> float:
@@ -159,15 +174,17 @@ def megatron_flops(
     megatron/training/training.py, e.g. at f2e5db4): 12 B s L h^2 [(1 + g/a + s/h) q/h + (h_ffn/h) k (3/2 if
     SwiGLU) + V / (2 L h)], q = a d the query width, g the K/V heads, k the experts a token is routed to.
     causal_half: the count since 8873b55 (March 2025, and at d98e8a6), s/(2h) for s/h: half the causal core
-    attention."""
+    attention. A MoE model's shared experts count as k more experts would (f_s / h, as the function does with
+    moe_shared_expert_intermediate_size); every layer is counted as the model's kind (`cfg.moe`: all MoE)."""
     L = cfg.n_layers if n_layers is None else n_layers
     h, a, g = cfg.d_model, cfg.n_heads, cfg.kv_heads
     q = a * cfg.d_head
     k = 1 if cfg.moe is None else cfg.moe.top_k
     gated = 1.5 if cfg.mlp == "swiglu" else 1.0
     f = cfg.d_ff if cfg.moe is None else (cfg.moe.d_ff or cfg.d_ff)
+    f_shared = 0 if cfg.moe is None else cfg.moe.n_shared_experts * f  # Megatron's shared_expert_ffn_hidden_size
     core = seq / h / (2 if causal_half else 1)
-    per = (1 + g / a + core) * q / h + f / h * k * gated + cfg.vocab_size / (2 * L * h)
+    per = (1 + g / a + core) * q / h + (f * k + f_shared) / h * gated + cfg.vocab_size / (2 * L * h)
     return 12.0 * batch * seq * L * h * h * per
 
 
@@ -207,25 +224,26 @@ def cluster(run: Run, model: CostModel | None = None) -> P.Cluster:
 
 
 def workload(run: Run) -> P.Workload:
-    """The run's step: mixed precision with gradients reduced in `run.grad_reduce`."""
-    return P.Workload(run.batch, run.seq, grad_reduce=run.grad_reduce)
+    """The run's step: mixed precision with gradients reduced in `run.grad_reduce`, its GEMMs in `run.fp8`."""
+    return P.Workload(run.batch, run.seq, grad_reduce=run.grad_reduce, fp8=run.fp8)
 
 
-def _published_plans(run: Run, **knobs) -> list[P.Plan]:
-    """Every plan of the published mesh with LAYOUT_SEARCH's knobs (`knobs` replacing some of them)."""
+def published_plans(run: Run, **knobs) -> list[P.Plan]:
+    """Every plan of the published mesh with LAYOUT_SEARCH's knobs (`knobs` replacing some of them; the published
+    micro-batch size, `run.micro_batch`, in place of LAYOUT_SEARCH's; FP8 rows with Megatron's default group size
+    N = p, which NeMo's recipes keep, where the BF16 rows try every N: `PUBLISHED_GROUP_SIZES`)."""
+    if run.micro_batch is not None:
+        knobs = dict(micro_batch_sizes=(run.micro_batch,)) | knobs
+    if run.fp8 is not None:
+        knobs = dict(group_sizes="default") | knobs
     return list(_published_plan_tuple(run, tuple(sorted(knobs.items()))))
 
 
 @functools.lru_cache(maxsize=256)
 def _published_plan_tuple(run: Run, knobs: tuple) -> tuple[P.Plan, ...]:
-    """`_published_plans`, remembered (a fit asks for the same run's plans once per set of constants)."""
-    space = replace(
-        LAYOUT_SEARCH,
-        meshes=(run.par,),
-        group_sizes=PUBLISHED_GROUP_SIZES,
-        balance_ends=run.balance_ends,
-        **dict(knobs),
-    )
+    """`published_plans`, remembered (a fit asks for the same run's plans once per set of constants)."""
+    fields = dict(meshes=(run.par,), group_sizes=PUBLISHED_GROUP_SIZES, balance_ends=run.balance_ends)
+    space = replace(LAYOUT_SEARCH, **(fields | dict(knobs)))
     plans = P.enumerate_plans(run.cfg, run.gpus, run.batch, run.seq, space)
     if not plans:
         raise ValueError(f"{run.name}: the planner accepts no plan with the published mesh {run.par.describe()}")
@@ -241,7 +259,7 @@ def evaluate(run: Run, model: CostModel | None = None, *, search: bool = False, 
     """The planner on one run: the best plan with the published mesh (LAYOUT_SEARCH for the rest); with `search`
     also the best `top` plans of every mesh (same knobs) and the published mesh's place among them."""
     work, c = workload(run), cluster(run, model)
-    mine = P.rank_plans(run.cfg, work, c, top=1, plans=_published_plans(run))[0]
+    mine = P.rank_plans(run.cfg, work, c, top=1, plans=published_plans(run))[0]
     tflops = _tflops(run, mine.step_time)
     if not search:
         return Evaluated(run, mine, tflops)
@@ -276,7 +294,7 @@ def without_recomputation(run: Run, model: CostModel | None = None) -> WithoutRe
     """The published mesh with LAYOUT_SEARCH's knobs but recompute="none", ranked by step time alone (the memory
     limit ignored): what the planner says of a run whose source states it recomputed nothing."""
     work, c = workload(run), cluster(run, model)
-    predicted = (P.predict(run.cfg, p, work, c) for p in _published_plans(run, recompute=("none",)))
+    predicted = (P.predict(run.cfg, p, work, c) for p in published_plans(run, recompute=("none",)))
     fastest = min(predicted, key=lambda x: (x.step_time, x.peak_memory))
     return WithoutRecomputation(run, fastest, _tflops(run, fastest.step_time), c.gpu_memory)
 
@@ -361,6 +379,62 @@ def errors(model: CostModel, rows) -> list[float]:
     return [evaluate(RUNS[i], model).error for i in rows]
 
 
+# ------------------------------------------------------------------------------------------------ FP8 runs
+
+
+def tokens_to_tflops(cfg: ModelConfig, seq: int, tokens_per_gpu: float) -> float:
+    """TFLOP/s per GPU, in `megatron_flops`' count, of a run that processes `tokens_per_gpu` tokens per second per
+    GPU on sequences of `seq` tokens."""
+    return tokens_per_gpu * megatron_flops(cfg, 1, seq) / seq / 1e12
+
+
+_NEMO = "NeMo 24.12 performance summary, table Pretraining (FP8, H100)"
+FP8_RECIPE = Fp8Recipe("delayed")
+_LLAMA2_13B = llama2_7b().with_(d_model=5120, n_layers=40, n_heads=40, d_ff=13824)
+_LLAMA3_8B = llama2_7b().with_(vocab_size=128256, n_kv_heads=8, d_ff=14336)
+_LLAMA3_70B = llama2_70b().with_(vocab_size=128256)
+
+
+def _fp8_run(name, cfg, gpus, batch, seq, mesh, tokens, fit=False):
+    tp, pp, cp = mesh
+    dp = gpus // (tp * pp * cp)
+    tflops = tokens_to_tflops(cfg, seq, tokens)
+    return Run(name, _NEMO, cfg, gpus, seq, batch, tp, pp, dp, cp, tflops, fit=fit, fp8=FP8_RECIPE, micro_batch=1)
+
+
+# The published GPUs, GBS, sequence length, (TP, PP, CP) and tokens/s per GPU (the table's columns; MBS is 1 in
+# every row). The table's VP (1, 10, 20, 1, 5) is left to the search (1 to 8 chunks), as on the BF16 rows.
+FP8_RUNS = (
+    _fp8_run("Llama 2 7B", llama2_7b(), 8, 128, 4096, (1, 1, 1), 16934, fit=True),
+    _fp8_run("Llama 2 13B", _LLAMA2_13B, 16, 128, 4096, (1, 4, 1), 8715),
+    _fp8_run("Llama 2 70B", llama2_70b(), 64, 128, 4096, (4, 4, 1), 1728, fit=True),
+    _fp8_run("Llama 3 8B", _LLAMA3_8B, 8, 128, 8192, (1, 1, 2), 12273),
+    _fp8_run("Llama 3 70B", _LLAMA3_70B, 64, 128, 8192, (4, 4, 2), 1524),
+)
+FP8_FIT_ROWS = tuple(i for i, r in enumerate(FP8_RUNS) if r.fit)
+FP8_HOLDOUT_ROWS = tuple(i for i, r in enumerate(FP8_RUNS) if not r.fit)
+# The one new constant's grid: the fraction of the FP8 peak an FP8 GEMM reaches (the BF16 constants stay as fitted).
+FP8_GRID = tuple(x / 100 for x in range(40, 91, 5))
+
+
+def fp8_errors(model: CostModel, rows) -> list[float]:
+    """Relative errors predicted / published - 1 of FP8 `rows` (indices into FP8_RUNS) under `model`."""
+    return [evaluate(FP8_RUNS[i], model).error for i in rows]
+
+
+def fit_fp8(rows=FP8_FIT_ROWS, grid: tuple = FP8_GRID, base: CostModel | None = None) -> tuple[CostModel, float]:
+    """`CostModel.eta_fp8` minimising the largest |error| over FP8 `rows`, every other constant as `base`
+    (default: `CostModel()`, the BF16 fit)."""
+    base = base or CostModel()
+    best = None
+    for eta in grid:
+        model = replace(base, eta_fp8=eta)
+        worst = max(abs(x) for x in fp8_errors(model, rows))
+        if best is None or worst < best[1]:
+            best = (model, worst)
+    return best
+
+
 # The grid `fit` searches; its answer on FIT_ROWS is `efficiency.CostModel()`'s defaults.
 GRID = dict(eta=(0.6, 0.65, 0.7, 0.75, 0.8), c_elem=(100, 140, 180, 220, 260), tp_overlap=(0.5, 0.8))
 
@@ -379,9 +453,175 @@ def fit(rows, grid: dict | None = None) -> tuple[CostModel, float]:
     return best
 
 
+# ------------------------------------------------------------------------------------------------ MoE runs
+
+# Megatron-LM, megatron/core/transformer/moe/README.md from c230e0d (the MoE documentation update) to 0888a06
+# (e.g. at 4015ff1): the opening paragraph, "Mixtral 8X7B bf16 training ... 468 TFLOPS as of MCore v0.9", and the
+# table "Reference Best Parallel Mapping" (MCore v0.8): Mixtral 8x7B (dropless), V = 32K, the all-to-all dispatcher,
+# BF16, 64 GPUs, s = 4096, TP 1, EP 8, PP 4, VP 8, MBS 1, GBS 256, on 8 x H100 80 GB HBM3 per server, NVLink 4,
+# InfiniBand 8 x 400 Gbit/s. The README prints the throughput and the mapping in two places; that the 468 TFLOP/s
+# were measured on this mapping is this row's reading of it. TFLOP/s in the full s x s count of `megatron_flops`
+# (MCore v0.9, October 2024, is before 8873b55). Not fitted: the constants are the dense fit's (`CostModel()`).
+_MOE_README = "Megatron-LM MoE README (468 TFLOPS, Mixtral 8x7B bf16, MCore v0.9; its best parallel mapping)"
+MOE_RUNS = (
+    Run("Mixtral 8x7B", _MOE_README, mixtral_8x7b(), 64, 4096, 256, 1, 4, 16, ep=8, tflops=468, tp_comm_overlap=False),
+)
+
+
+# H800 SXM 80 GB (DeepSeek-V3's cluster, technical report section 3.1): the H100's 989 TFLOP/s dense bf16 and
+# 3.35 TB/s HBM3; NVLink at 160 GB/s and InfiniBand at 50 GB/s per GPU, the report's own figures (section 3.2.2).
+H800 = dict(
+    gpu_memory=80e9, peak_flops=989e12, hbm_bandwidth=3.35e12, intra_node_bandwidth=160e9, inter_node_bandwidth=50e9
+)
+
+
+@dataclass(frozen=True)
+class PublishedMoELayout:
+    """DeepSeek-V3's pre-training as its technical report (DeepSeek-AI 2024, arXiv 2412.19437) prints it: 2048
+    H800 GPUs (section 3.1), PP 16, EP 64 over 8 nodes, ZeRO-1 DP, no TP (3.2), DualPipe with each device's EP
+    all-to-alls under another microbatch's compute (3.2.1), selective recomputation of RMSNorm and the MLA
+    up-projections (3.2.3), sequences of 4096 tokens and a batch of 15360 after its ramp (4.2), 14.8T tokens in
+    2664K H800 GPU hours of pre-training, 180K per trillion tokens (Table 1 and section 1). The model:
+    `pylib.plan.presets.deepseek_v3` (its stated approximations). `modules` the recomputation the report names,
+    in Megatron's spelling; `fp8` whether its GEMMs ran in FP8 (3.3: they did; the planner prices bf16)."""
+
+    name: str
+    source: str
+    gpus: int
+    seq: int
+    batch: int
+    pp: int
+    ep: int
+    dp: int
+    gpu_hours_per_trillion: float
+    modules: tuple[str, ...]
+    fp8: bool = True
+
+    @property
+    def par(self) -> ParallelConfig:
+        return ParallelConfig(tp=1, ep=self.ep, dp=self.dp, pp=self.pp)
+
+
+DEEPSEEK_V3 = PublishedMoELayout(
+    "DeepSeek-V3",
+    "DeepSeek-V3 Technical Report, sections 3.1-3.3, 4.2 and Table 1",
+    gpus=2048,
+    seq=4096,
+    batch=15360,
+    pp=16,
+    ep=64,
+    dp=128,
+    gpu_hours_per_trillion=180e3,
+    modules=("layernorm", "mla_up_proj"),
+)
+
+# MLA's published shapes (DeepSeek-V3 technical report, section 4.2): 128 heads, q compressed to 1536, K/V to 512,
+# per head 128 dimensions without RoPE and 64 with it for q and k, 128 for v.
+MLA_V3 = dict(heads=128, q_rank=1536, kv_rank=512, qk_nope=128, qk_rope=64, v_head=128)
+
+
+def mla_flops_per_token(cfg: ModelConfig, seq: int, mla: dict | None = None) -> dict:
+    """Forward multiply-adds per token of one attention layer, MLA's (DeepSeek-V3's shapes, `MLA_V3`) beside the
+    multi-head attention that stands in for it in `cfg`: "projections" (MLA: q down and up, K/V down with the RoPE
+    key, K/V up, the output; the stand-in: Q, K, V and O) and "core" (q.k and p.v over the causal half of s x s
+    scores, per token: MLA's q.k over 192 dimensions and p.v over 128, the stand-in's over d_head each)."""
+    m = MLA_V3 if mla is None else mla
+    h, n = cfg.d_model, m["heads"]
+    qk = m["qk_nope"] + m["qk_rope"]
+    proj = (
+        h * m["q_rank"]
+        + m["q_rank"] * n * qk
+        + h * (m["kv_rank"] + m["qk_rope"])
+        + m["kv_rank"] * n * (m["qk_nope"] + m["v_head"])
+        + n * m["v_head"] * h
+    )
+    half = (seq + 1) / 2  # scores per query, causal
+    stand_proj = h * (2 * cfg.n_heads + 2 * cfg.kv_heads) * cfg.d_head
+    return dict(
+        mla=dict(projections=proj, core=half * n * (qk + m["v_head"])),
+        stand_in=dict(projections=stand_proj, core=half * cfg.n_heads * 2 * cfg.d_head),
+    )
+
+
+@dataclass(frozen=True)
+class MoELayoutCheck:
+    """The planner on a `PublishedMoELayout`: `report`, the published mesh with the recomputation the report names
+    (and DualPipe's EP overlap, `Plan.ep_overlap`); `fitting`, the published mesh's fastest plan that fits
+    (the planner may recompute more); both on `cluster` (`H800`) for `workload`; `predict` prices another plan of
+    the same job."""
+
+    layout: PublishedMoELayout
+    report: P.Prediction
+    fitting: P.Prediction | None
+    cfg: ModelConfig
+    workload: P.Workload
+    cluster: P.Cluster
+
+    def predict(self, plan: P.Plan) -> P.Prediction:
+        return P.predict(self.cfg, plan, self.workload, self.cluster)
+
+    def gpu_hours_per_trillion(self, x: P.Prediction) -> float:
+        """H800 hours per 10^12 tokens at the predicted step time: N t_step / 3600 / (B s) x 10^12."""
+        lay = self.layout
+        return lay.gpus * x.step_time / 3600 / (lay.batch * lay.seq) * 1e12
+
+    def gap(self, x: P.Prediction) -> float:
+        """Predicted hours per trillion tokens over the report's, minus 1."""
+        return self.gpu_hours_per_trillion(x) / self.layout.gpu_hours_per_trillion - 1
+
+
+# What the planner may add to the report's recomputation to fit: the experts' activation (the report caches the
+# SwiGLU's inputs and recomputes its output, section 3.3.2) or the whole MoE layer.
+MOE_LAYOUT_EXTRA = ((), ("moe_act",), ("moe",))
+
+
+def _layout_plans(lay: PublishedMoELayout, cfg: ModelConfig) -> list[P.Plan]:
+    """The published mesh, micro-batches of one sequence, 1F1B with Llama 3's split of L + 2 slots (62 layers +
+    embedding + head: 4 slots a stage), ZeRO-1, EP overlapped, each recomputation of MOE_LAYOUT_EXTRA."""
+    space = P.SearchSpace(
+        meshes=(lay.par,),
+        micro_batch_sizes=(1,),
+        virtual_stages=(1,),
+        zero_stages=(1,),
+        sequence_parallel=(False,),
+        balance_ends=True,
+        recompute=tuple(("selective", lay.modules + extra) for extra in MOE_LAYOUT_EXTRA),
+    )
+    plans = P.enumerate_plans(cfg, lay.gpus, lay.batch, lay.seq, space)
+    if not plans:
+        raise ValueError(f"{lay.name}: the planner accepts no plan with the published mesh {lay.par.describe()}")
+    return [replace(p, ep_overlap=True) for p in plans]
+
+
+def moe_layout_check(lay: PublishedMoELayout = DEEPSEEK_V3, model: CostModel | None = None) -> MoELayoutCheck:
+    """The planner on DeepSeek-V3's published layout (`MoELayoutCheck`), fp32 gradients (the report keeps
+    them in FP32, section 3.3)."""
+    cfg = deepseek_v3()
+    c = P.Cluster(lay.gpus, model=model or CostModel(), **H800)
+    work = P.Workload(lay.batch, lay.seq, grad_reduce="float32")
+    predicted = [P.predict(cfg, p, work, c) for p in _layout_plans(lay, cfg)]
+    report = next(x for x in predicted if x.plan.modules == frozenset(lay.modules))
+    fits = sorted((x for x in predicted if x.fits), key=lambda x: x.step_time)
+    return MoELayoutCheck(lay, report, fits[0] if fits else None, cfg, work, c)
+
+
 __all__ = [
     "A100",
+    "DEEPSEEK_V3",
     "FIT_ROWS",
+    "H800",
+    "MLA_V3",
+    "MOE_LAYOUT_EXTRA",
+    "MOE_RUNS",
+    "MoELayoutCheck",
+    "PublishedMoELayout",
+    "mla_flops_per_token",
+    "moe_layout_check",
+    "FP8_FIT_ROWS",
+    "FP8_GRID",
+    "FP8_HOLDOUT_ROWS",
+    "FP8_RECIPE",
+    "FP8_RUNS",
     "KORTHIKANTI_SP",
     "GRID",
     "HOLDOUT_ROWS",
@@ -389,6 +629,7 @@ __all__ = [
     "LAYOUT_SEARCH",
     "MESH_SEARCH",
     "PUBLISHED_GROUP_SIZES",
+    "published_plans",
     "RUNS",
     "Evaluated",
     "LayerTimes",
@@ -397,6 +638,9 @@ __all__ = [
     "WithoutRecomputation",
     "evaluate",
     "fit",
+    "fit_fp8",
+    "fp8_errors",
+    "tokens_to_tflops",
     "flop_convention_gap",
     "workload",
     "megatron_flops",

@@ -21,7 +21,8 @@ inside the composition --
               recomputed group's TP/SP forward collectives but its last, and under both choices the CP core's
               forward passes of every recomputed layer (ring: all; Ulysses: q, k, v, and out only under "full");
               under ZeRO-3 "full" gathers each recomputed layer's unit once more.
-              Dense models only: a recomputed MoE layer's dispatch is not modelled (refused).
+              "full" for dense models only: a MoE layer recomputed whole would dispatch again, which is not
+              modelled here (refused); "selective" reruns the attention core, the same in a MoE layer.
 
 `step_traffic(...)` returns one `Traffic` row per kind of op; `per_axis(rows)` sums them into the tracer's
 `by_axis` form ({axis: {"bytes_sent": ..., "ops": {op: count}}}), which the tests compare with real runs.
@@ -195,10 +196,10 @@ def _recompute_rows(st: _Step, layouts) -> None:
     rc = opt.recompute
     if rc.granularity == "none":
         return
-    if cfg.moe is not None:
+    if cfg.moe is not None and rc.granularity == "full":
         raise ValueError(
-            f"recompute={rc.granularity!r} with MoE layers: the traffic a recomputed MoE layer issues again is not "
-            "modelled here (the saved bytes are: pylib.analysis.activations)"
+            f"recompute={rc.granularity!r} with MoE layers: the traffic a MoE layer recomputed whole issues again is "
+            "not modelled here (the saved bytes are: pylib.analysis.activations)"
         )
     s_cp = st.seq // cp
     q_heads, kv_heads = cfg.n_heads // tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)[0]

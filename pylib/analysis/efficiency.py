@@ -22,6 +22,10 @@ The terms, per layer and microbatch on one rank (T = b s / cp tokens, t = tp, e 
                     (`Plan.recompute_modules`) their `recompute.module_extra_flops` at eta peak and their
                     `recompute.module_extra_hbm_bytes` (the norms, the experts' activation) at hbm
     LM head         [T, h] x [h, V / t] on the last stage, the embedding lookup on the first (elementwise)
+    FP8             with `Fp8Compute`, the linears' GEMMs at eta_fp8 times the FP8 peak with 1-byte operands, plus
+                    the casts of their inputs (forward) and output gradients (backward) at hbm; the core, the
+                    router and the LM head stay 16-bit
+    W               of the backward, the weight-gradient GEMMs (`MicrobatchTime.wgrad`): a zero-bubble W
 
 Small shards pay twice: a GEMM whose M = T is small falls under the roofline's memory slope, and the elementwise
 bytes per FLOP grow as 1/h, so a narrow model runs further below peak than a wide one (the weak-scaling tables of
@@ -36,10 +40,13 @@ from dataclasses import dataclass
 from pylib.plan.fields import number
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.recompute import recompute_modules
+from pylib.plan.schedules import rank_stage
 
 from .activations import expected_expert_rows, split_layers
-from .recompute import extra_forward_flops, module_extra_flops, module_extra_hbm_bytes
+from .recompute import extra_forward_flops, module_extra_flops, module_extra_hbm_bytes, shared_ff
 from .tp import dtype_bytes
+
+ETA_FP8 = 0.65  # `calibration.fit_fp8`'s answer on `calibration.FP8_FIT_ROWS` (tests/test_analysis_calibration_fp8.py)
 
 
 @dataclass(frozen=True)
@@ -53,8 +60,10 @@ class CostModel:
     communication hidden behind GEMMs when the run overlaps it (`Cluster.tp_comm_overlap`); latency: seconds each
     message of a model axis waits before its bytes move (not fitted: NCCL's small-message latency inside a node is
     of the order of 10-30 us); contention: compute seconds lost per second of communication hidden behind it (not
-    fitted: NCCL's collectives run on some 10-20% of the SMs); the other defaults are the
-    fit of `calibration.fit` on its fit rows (`calibration.FIT_ROWS`, the grid `calibration.GRID`)."""
+    fitted: NCCL's collectives run on some 10-20% of the SMs); eta_fp8: the fraction of the FP8 peak an FP8 GEMM
+    achieves (`Fp8Compute`), fitted alone on published FP8 runs with the other constants held
+    (`calibration.fit_fp8` on `calibration.FP8_FIT_ROWS`); the other defaults are the fit of `calibration.fit` on
+    its fit rows (`calibration.FIT_ROWS`, the grid `calibration.GRID`)."""
 
     eta: float = 0.60
     c_elem: float = 140.0
@@ -62,9 +71,11 @@ class CostModel:
     tp_overlap: float = 0.8
     latency: float = 20e-6
     contention: float = 0.2
+    eta_fp8: float = ETA_FP8
 
     def __post_init__(self):
         number("CostModel", "eta", self.eta, above=0, high=1)
+        number("CostModel", "eta_fp8", self.eta_fp8, above=0, high=1)
         number("CostModel", "c_elem", self.c_elem, low=0)
         number("CostModel", "c_rep", self.c_rep, low=0, high=self.c_elem)
         number("CostModel", "tp_overlap", self.tp_overlap, low=0, high=1)
@@ -73,15 +84,45 @@ class CostModel:
 
 
 @dataclass(frozen=True)
+class Fp8Compute:
+    """FP8 GEMMs on the roofline: `recipe` (an `Fp8Recipe`) runs the linear layers' three GEMMs (forward, dgrad,
+    wgrad) at `peak_flops`, the GPU's dense FP8 peak, times `CostModel.eta_fp8`, reading 1-byte operands. The
+    attention core, the router and the LM head stay in the model's dtype, as Transformer Engine runs them, and so
+    do the first and the last layer with the recipe's `first_last_layers_bf16` (Megatron's
+    --first-last-layers-bf16). Each FP8 GEMM
+    first quantizes the operand it did not have in FP8 (`quantize_bytes`)."""
+
+    recipe: object
+    peak_flops: float
+
+    def runs(self, cfg, layer: int) -> bool:
+        """Whether layer `layer`'s linears run in FP8."""
+        return not (self.recipe.first_last_layers_bf16 and layer in (0, cfg.n_layers - 1))
+
+    def quantize_bytes(self, elements: float, e: int) -> float:
+        """HBM bytes to quantize one activation or gradient of `elements` in the model's dtype (e bytes each) for
+        one FP8 GEMM and its transposed use: read it once (twice where the scale comes from the tensor itself, every
+        recipe but "delayed", whose scale comes from the amax history and whose amax is taken in the same pass) and
+        write two FP8 copies, row-wise and column-wise (`analysis.fp8`: the GEMM reads K-major operands). The
+        weights' casts, once per step, and the per-block scales are left out (a few bytes per 32 to 16,384)."""
+        reads = 1 if self.recipe.recipe == "delayed" else 2
+        return elements * (reads * e + 2)
+
+
+@dataclass(frozen=True)
 class MicrobatchTime:
     """Seconds one rank spends on one microbatch: forward, backward (recomputation included) and, of those, the
     attention core's (what a ring CP exchange can hide behind) and the input-gradient GEMMs of the column-parallel
-    linears (QKV, the dense MLP's first, the LM head: what Megatron's SP re-gather of their input runs under)."""
+    linears (QKV, the dense MLP's first, the LM head: what Megatron's SP re-gather of their input runs under) and
+    `wgrad`, the weight-gradient GEMMs: each as long as its forward GEMM (dW = X^T dY has the forward's FLOPs and
+    operands), the W a zero-bubble schedule defers (`pp.simulated_split_bubble`); B is `backward - wgrad` (the
+    input-gradient GEMMs, the attention core's backward, the elementwise work and any recomputation)."""
 
     forward: float
     backward: float
     core: float
     column_dgrad: float = 0.0
+    wgrad: float = 0.0  # of `backward`: the weight-gradient GEMMs (a zero-bubble schedule's W; the rest is its B)
 
     @property
     def total(self) -> float:
@@ -95,8 +136,12 @@ def gemm_seconds(m: float, n: float, k: float, e: int, peak: float, hbm: float, 
     return max(2 * m * n * k / (eta * peak), e * (m * k + k * n + m * n) / hbm)
 
 
-def layer_gemms(cfg, tokens: float, tp: int, moe: bool, ep: int = 1, etp: int = 1) -> list[tuple]:
-    """(M, N, K) of every GEMM of one layer's forward on one rank (module docstring)."""
+def layer_gemms(
+    cfg, tokens: float, tp: int, moe: bool, ep: int = 1, etp: int = 1, imbalance: float = 1.0
+) -> list[tuple]:
+    """(M, N, K) of every GEMM of one layer's forward on one rank (module docstring); `imbalance` (the planner's
+    `Plan.routing_imbalance`) multiplies the rows each local expert receives: the busiest rank's GEMMs. A MoE
+    layer's shared experts (`MoEConfig.n_shared_experts`) are one MLP of h_ffn f_s / t on all T tokens."""
     h, d = cfg.d_model, cfg.d_head
     heads, (kv, _) = cfg.n_heads // tp, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, tp)
     m_in = 2 if cfg.mlp == "swiglu" else 1
@@ -104,19 +149,37 @@ def layer_gemms(cfg, tokens: float, tp: int, moe: bool, ep: int = 1, etp: int = 
     if moe:
         f = (cfg.moe.d_ff or cfg.d_ff) // etp
         local = cfg.moe.n_experts // ep
-        rows = tokens * cfg.moe.top_k * ep / cfg.moe.n_experts  # tokens one local expert receives
+        rows = imbalance * tokens * cfg.moe.top_k * ep / cfg.moe.n_experts  # tokens one local expert receives
         out += [(rows, m_in * f, h), (rows, h, f)] * local
         out.append((tokens, cfg.moe.n_experts, h))  # the router
+        f_s = shared_ff(cfg) // tp
+        if f_s:
+            out += [(tokens, m_in * f_s, h), (tokens, h, f_s)]
     else:
         f = cfg.d_ff // tp
         out += [(tokens, m_in * f, h), (tokens, h, f)]
     return out
 
 
+def _router_index(cfg, moe: bool, ep: int) -> int | None:
+    """Where `layer_gemms` lists an MoE layer's router: after attention's two GEMMs and two per local expert."""
+    return 2 + 2 * (cfg.moe.n_experts // ep) if moe else None
+
+
 def microbatch_seconds(
-    cfg, plan, seq: int, pp_rank: int, *, batch: int, peak_flops: float, hbm_bandwidth: float, model: CostModel
+    cfg,
+    plan,
+    seq: int,
+    pp_rank: int,
+    *,
+    batch: int,
+    peak_flops: float,
+    hbm_bandwidth: float,
+    model: CostModel,
+    fp8: Fp8Compute | None = None,
 ) -> MicrobatchTime:
-    """Seconds of one microbatch on pipeline rank `pp_rank` of `plan` (a `planner.Plan`), every chunk it holds."""
+    """Seconds of one microbatch on pipeline rank `pp_rank` of `plan` (a `planner.Plan`), every chunk it holds;
+    with `fp8` the linear layers' GEMMs in FP8 (`Fp8Compute`)."""
     par = plan.par
     e = dtype_bytes(cfg.dtype)
     b = plan.micro_batch(batch)
@@ -128,23 +191,36 @@ def microbatch_seconds(
     core_flops = 4 * tokens * seq * heads * cfg.d_head * causal
     core = core_flops / (eta * peak_flops)
     elem = e * tokens * cfg.d_model * (model.c_rep / t_s + (model.c_elem - model.c_rep) / tp) / hbm_bandwidth
-    fwd = bwd = core_total = dgrad = 0.0
+    fwd = bwd = core_total = dgrad = wgrad = 0.0
+    imbalance = getattr(plan, "routing_imbalance", 1.0)
     n_stages = par.pp * plan.options.v
     of_kind = {}  # every layer of a kind (dense, MoE) runs the same GEMMs: their seconds, computed once
-    for c, layers in enumerate(split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends)):
-        stage = c * par.pp + pp_rank
+    for stage, layers in rank_chunks(cfg, plan, pp_rank):
         for i in layers:
             moe = cfg.moe is not None and cfg.is_moe_layer(i)
-            if moe not in of_kind:
-                gs = [
-                    gemm_seconds(m, n, k, e, peak_flops, hbm_bandwidth, eta)
-                    for m, n, k in layer_gemms(cfg, tokens, tp, moe, par.ep, par.etp)
-                ]
-                of_kind[moe] = gs, sum(gs)
-            gs, g = of_kind[moe]
+            in_fp8 = fp8 is not None and fp8.runs(cfg, i)
+            if (moe, in_fp8) not in of_kind:
+                shapes = layer_gemms(cfg, tokens, tp, moe, par.ep, par.etp, imbalance)
+                cast_f = cast_b = 0.0  # seconds quantizing the linears' inputs (forward) and output gradients
+                if in_fp8:  # the linears in FP8; an MoE's router stays
+                    router = _router_index(cfg, moe, par.ep)
+                    linears = [x for j, x in enumerate(shapes) if j != router]
+                    gs = [
+                        gemm_seconds(m, n, k, 1, fp8.peak_flops, hbm_bandwidth, model.eta_fp8)
+                        if j != router
+                        else gemm_seconds(m, n, k, e, peak_flops, hbm_bandwidth, eta)
+                        for j, (m, n, k) in enumerate(shapes)
+                    ]
+                    cast_f = sum(fp8.quantize_bytes(m * k, e) for m, _, k in linears) / hbm_bandwidth
+                    cast_b = sum(fp8.quantize_bytes(m * n, e) for m, n, _ in linears) / hbm_bandwidth
+                else:
+                    gs = [gemm_seconds(m, n, k, e, peak_flops, hbm_bandwidth, eta) for m, n, k in shapes]
+                of_kind[moe, in_fp8] = gs, sum(gs), cast_f, cast_b
+            gs, g, cast_f, cast_b = of_kind[moe, in_fp8]
             dgrad += gs[0] + (0.0 if moe else gs[2])  # dX of QKV and of the MLP's first GEMM: as long as forward
-            fwd += g + core + elem
-            bwd += 2 * (g + core) + elem
+            fwd += g + core + elem + cast_f
+            bwd += 2 * (g + core) + elem + cast_b
+            wgrad += g
             core_total += 3 * core
         if plan.options.recompute.granularity == "selective" and layers:
             flops, hbm = _module_work(cfg, b, seq, par, plan, layers)
@@ -157,9 +233,29 @@ def microbatch_seconds(
             fwd += head
             bwd += 2 * head
             dgrad += head
+            wgrad += head
         if stage == 0:
             fwd += 2 * e * tokens * cfg.d_model / t_s / hbm_bandwidth  # the embedding's gather and write
-    return MicrobatchTime(fwd, bwd, core_total, dgrad)
+    return MicrobatchTime(fwd, bwd, core_total, dgrad, wgrad)
+
+
+def rank_chunks(cfg, plan, pp_rank: int) -> list[tuple[int, range]]:
+    """(virtual stage, its layers) of each chunk pipeline rank `pp_rank` of `plan` holds (`stage_chunks`)."""
+    par, o = plan.par, plan.options
+    return stage_chunks(cfg.n_layers, par.pp, o.v, pp_rank, plan.balance_ends, getattr(plan, "placement", "loop"))
+
+
+def stage_chunks(
+    n_layers: int, p: int, v: int, pp_rank: int, balance_ends: bool = False, placement: str = "loop"
+) -> list[tuple[int, range]]:
+    """(virtual stage, its layers) of each chunk of pipeline rank `pp_rank`: chunk c is stage c p + r in the loop
+    placement, and in the V of ZB-V and DualPipeV (placement "v") stage r and stage 2p - 1 - r
+    (`schedules.rank_stage`), so rank 0 holds the embedding and the LM head, rank p - 1 neither. The layers of
+    stage k are the same in both: the loop split's chunk k // p of rank k % p (`activations.split_layers`)."""
+    if placement == "loop":
+        return [(c * p + pp_rank, ls) for c, ls in enumerate(split_layers(n_layers, p, v, pp_rank, balance_ends))]
+    stages = [rank_stage(pp_rank, c, p, placement) for c in range(v)]
+    return [(k, split_layers(n_layers, p, v, k % p, balance_ends)[k // p]) for k in stages]
 
 
 def _module_work(cfg, b: int, seq: int, par, plan, layers) -> tuple[int, int]:
@@ -169,10 +265,13 @@ def _module_work(cfg, b: int, seq: int, par, plan, layers) -> tuple[int, int]:
     modules = recompute_modules(plan.options.recompute.granularity, getattr(plan, "recompute_modules", None))
     sp = plan.options.sequence_parallel and par.tp > 1
     rows = expected_expert_rows(b * (s // par.tp if sp else s), cfg.moe.top_k, par.etp) if cfg.moe else 0
+    rows = round(rows * getattr(plan, "routing_imbalance", 1.0))  # the busiest rank's (`Plan.routing_imbalance`)
     flops = hbm = 0
     for i in layers:
         moe = cfg.is_moe_layer(i)
-        flops += module_extra_flops(cfg, b, s, par.tp, modules, moe_layer=moe)
+        flops += module_extra_flops(
+            cfg, b, s, par.tp, modules, moe_layer=moe, expert_rows=rows, etp=par.etp, sequence_parallel=sp
+        )
         hbm += module_extra_hbm_bytes(
             cfg,
             b,
@@ -202,4 +301,14 @@ def _recompute_flops(cfg, b: int, seq: int, par, plan, n_layers: int) -> float:
     return total + (extra_forward_flops(cfg, b, s, par.tp, "full", rest) if rest else 0)
 
 
-__all__ = ["CostModel", "MicrobatchTime", "gemm_seconds", "layer_gemms", "microbatch_seconds"]
+__all__ = [
+    "CostModel",
+    "ETA_FP8",
+    "Fp8Compute",
+    "MicrobatchTime",
+    "gemm_seconds",
+    "layer_gemms",
+    "microbatch_seconds",
+    "rank_chunks",
+    "stage_chunks",
+]

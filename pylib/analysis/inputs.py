@@ -61,7 +61,7 @@ def _sizes(owner, name, values) -> None:
 def _recompute_choice(owner, rc) -> None:
     """A name, a `Recompute`, its (granularity, method, num_layers) triple, or ("selective", modules)."""
     if isinstance(rc, tuple) and len(rc) == 2 and rc[0] == "selective":
-        names(owner, "recompute_modules", rc[1], RECOMPUTE_MODULES)  # "moe", "mla_up_proj"...: not modelled
+        names(owner, "recompute_modules", rc[1], RECOMPUTE_MODULES)  # gdn_*, mhc: not modelled
     else:
         as_recompute(rc)  # raises naming the granularity, method or num_layers
 

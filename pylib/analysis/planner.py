@@ -38,9 +38,17 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
             Megatron's selective modules, `Plan.recompute_modules`: `recompute.module_extra_flops` and the norms'
             and activations' bytes, with the "mlp" module's TP collectives sent again, `module_traffic_rows`).
 
+The zero-bubble schedules (`SearchSpace.zero_bubble`, `Plan.zb_schedule`: ZB-H1, ZB-H2, ZB-V, DualPipeV) are
+priced from the same orders `pylib.pp` runs: the backward split into B and W (W = the weight-gradient GEMMs,
+`MicrobatchTime.wgrad`), the bubble simulated with those costs (`pp.simulated_split_bubble`), the activations and
+the output gradients each deferred W keeps replayed on the order (`pp.split_live_counts`, `wgrad_kept_bytes`), the
+V's stages and P2P messages (`Plan.placement`). FP8 (`Workload.fp8`): the linear layers' GEMMs at the FP8 peak
+(`efficiency.Fp8Compute`), the FP8 weight copies in memory (`analysis.fp8`), the FP8 parameter all-gather.
+
 The cost model (book/part4/planner.md states each term with its formula):
   step time  = m t_mu + (pp - 1) / v t_mu + the most exposed communication of the evaluated ranks, t_mu the
-               slowest rank's forward + backward of one microbatch (1F1B and interleaved 1F1B)
+               slowest rank's forward + backward of one microbatch (1F1B and interleaved 1F1B; a zero-bubble
+               schedule's simulated makespan beyond m t_mu in place of the second term)
   exposed    `exposed_seconds`: TP/SP in full, or (1 - tp_overlap) with `Cluster.tp_comm_overlap` (SP's
                regather only past the input-gradient GEMMs it runs under); ring CP less
                the attention core it hides behind; Ulysses, all-gather CP and EP in full; PP's fill and drain,
@@ -49,6 +57,12 @@ The cost model (book/part4/planner.md states each term with its formula):
                model axis; `contention` seconds of compute per second of hidden communication
   bandwidth  an axis's is the intra-node link's when every group of that axis sits inside one node (the order
                string decides: `crosses_nodes`), the inter-node link's otherwise.
+MoE layers (`Plan`'s MoE knobs): Megatron's selective modules for them ("moe", "moe_act", "shared_experts",
+"layernorm", "mla_up_proj") priced from the same activation rows the rank runs measure; a routing-imbalance factor
+f from a measured run (`Plan.routing_imbalance`) on the busiest EP rank's expert GEMMs, kept rows and all-to-all
+bytes; shared experts (their weights, GEMMs, rows, TP collectives); the all-gather or the all-to-all dispatcher
+(`Plan.dispatcher`); EP hidden under another microbatch's compute (`Plan.ep_overlap`, DualPipe's pairing). Checked
+against published runs in `calibration` (`MOE_RUNS`, `moe_layout_check`: DeepSeek-V3's layout).
 A plan must fit: peak memory <= usable GPU memory. Plans that fit are ranked by step time, ties by memory; plans
 that do not, after them, by memory. The constants are fitted on published runs (`calibration`).
 
@@ -68,25 +82,36 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from pylib.i18n import editions
+from pylib.plan.config import DISPATCHERS
+from pylib.plan.fields import choice, instance, names, number
 from pylib.plan.fields import divisors as _divisors  # by factorisation: 2**40 ranks or a prime answer at once
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.layout import FlatEntry, FlatLayout
 from pylib.plan.mesh import AXES, EXPERT_GROUPS, HSDP_REPLICATE, HSDP_SHARD, ParallelConfig, hsdp_groups, rank_groups
-from pylib.plan.options import CP_KINDS, DTYPE_BYTES, ZERO_STAGES, MixedPrecision, RunOptions, ZeroStage
+from pylib.plan.options import CP_KINDS, DTYPE_BYTES, ZERO_STAGES, Fp8Recipe, MixedPrecision, RunOptions, ZeroStage
 from pylib.plan.options import zero_stage as as_zero_stage
 from pylib.plan.problems import problems as plan_problems
 from pylib.plan.recompute import DEFAULT_MODULES, Recompute, as_recompute, modules_problems, recompute_modules
-from pylib.plan.schedules import ScheduleError, check_schedule
+from pylib.plan.schedules import V_SHAPED, ZERO_BUBBLE, ScheduleError, check_schedule, placement_of
 
 from . import compose as compose_analysis
 from . import cp as cp_analysis
 from . import dp as dp_analysis
 from . import ep as ep_analysis
+from . import fp8 as fp8_analysis
 from . import pp as pp_analysis
 from . import recompute as recompute_analysis
 from . import tp as tp_analysis
-from .activations import chunk_saved_bytes, expected_expert_rows, peak_saved_bytes, split_layers
-from .efficiency import CostModel, MicrobatchTime, microbatch_seconds
+from .activations import chunk_saved_bytes, expected_expert_rows, peak_saved_bytes
+from .efficiency import (
+    CostModel,
+    Fp8Compute,
+    MicrobatchTime,
+    layer_gemms,
+    microbatch_seconds,
+    rank_chunks,
+    stage_chunks,
+)
 from .inputs import PRECISIONS, check_cluster, check_search_space, check_sizes, check_workload
 from .tp import dtype_bytes
 from .weights import weight_shapes
@@ -106,7 +131,10 @@ class Cluster:
     its memory's (the roofline of `efficiency`). Defaults: H100 SXM 80 GB, 8 per node, NVLink 4 (900 GB/s both
     directions), one 400 Gb/s NIC per GPU, 989 TFLOP/s, 3.35 TB/s. overlap_dp: data-parallel traffic overlaps
     compute (module docstring); tp_comm_overlap: the run overlaps TP/SP's collectives with the GEMMs
-    (Megatron's --tp-comm-overlap, TransformerEngine's userbuffers); `model` the cost model's constants."""
+    (Megatron's --tp-comm-overlap, TransformerEngine's userbuffers); `model` the cost model's constants.
+    fp8_peak_flops: the dense FP8 peak FP8 GEMMs run against (`Workload.fp8`): 1,978.9 TFLOP/s for the H100 SXM
+    (NVIDIA H100 Tensor Core GPU datasheet: FP8 3,958 TFLOP/s "with sparsity", half of it dense; BF16 1,979 with
+    sparsity, 989.4 dense)."""
 
     world_size: int
     gpus_per_node: int = 8
@@ -119,9 +147,11 @@ class Cluster:
     overlap_dp: bool = True
     tp_comm_overlap: bool = False
     model: CostModel = CostModel()
+    fp8_peak_flops: float = 1978.9e12
 
     def __post_init__(self):
         check_cluster(self)
+        number("Cluster", "fp8_peak_flops", self.fp8_peak_flops, above=0)
 
     @property
     def usable_memory(self) -> float:
@@ -141,7 +171,15 @@ class Workload:
     gradients are accumulated, kept and reduced in -- "bfloat16" (the ZeRO paper's 2 bytes) or "float32" (4 bytes:
     Megatron-LM's default for bf16 training, `--main-grads-dtype fp32`, which sets
     `accumulate_allreduce_grads_in_fp32`; pylib's `MixedPrecision(grad_reduce="float32")`). The DP reductions
-    then move 4-byte gradients; the parameter all-gathers stay 16-bit."""
+    then move 4-byte gradients; the parameter all-gathers stay 16-bit.
+    fp8 (with "mixed"): an `Fp8Recipe` runs the linear layers' GEMMs in FP8 (`efficiency.Fp8Compute`: the FP8 peak
+    `Cluster.fp8_peak_flops` at `CostModel.eta_fp8`, each operand quantized first), and each rank holds the FP8
+    copies and scales of its linear weights (`fp8.fp8_weight_bytes`; under ZeRO-3 only delayed scaling's amax
+    histories between units, `fp8.fp8_history_bytes`): the memory's "fp8". The recipe's first_last_layers_bf16: the
+    first and the last layer stay in 16 bits (Megatron's --first-last-layers-bf16); its param_gather: the
+    data-parallel all-gathers
+    of the FP8 linears' parameters move 1 byte per element instead of 2 (Megatron's --fp8-param-gather,
+    torchtitan's float8 all-gather under FSDP2): ZeRO-3's gathers every microbatch, ZeRO-1/2's after the step."""
 
     batch: int
     seq: int
@@ -149,11 +187,23 @@ class Workload:
     attention: str = "flash"
     optimizer_states: int = 2
     grad_reduce: str = "bfloat16"
+    fp8: Fp8Recipe | None = None
 
     def __post_init__(self):
         check_workload(self)
         if self.grad_reduce != "bfloat16" and self.precision != "mixed":
             raise ValueError(f"grad_reduce={self.grad_reduce!r} needs precision='mixed'")
+        instance("Workload", "fp8", self.fp8, Fp8Recipe, none=True)
+        if self.fp8 is not None and self.precision != "mixed":
+            raise ValueError(
+                f"Workload.fp8 runs the GEMMs of a mixed-precision model: needs precision='mixed', "
+                f"got {self.precision!r}"
+            )
+
+    @property
+    def fp8_mixed(self) -> MixedPrecision:
+        """The `MixedPrecision` whose FP8 bytes `analysis.fp8` counts: bf16 compute, this FP8 recipe."""
+        return MixedPrecision("bfloat16", grad_reduce=self.grad_reduce, fp8=self.fp8)
 
     @property
     def grad_bytes(self) -> int:
@@ -187,7 +237,29 @@ class Plan:
     sharded over s consecutive members of each dp-cp group, their reduced shards all-reduced over the dp-cp/s
     replicas ("dp-shard" and "dp-replicate" traffic, each priced by whether its groups leave a node,
     `hsdp_crosses_nodes`); expert parameters stay ZeRO-3 over edp. `pylib.dp` runs it
-    (`FullyShardedDataParallel(..., replicate=)`); `pylib.compose` does not compose it."""
+    (`FullyShardedDataParallel(..., replicate=)`); `pylib.compose` does not compose it.
+    routing_imbalance: f = the most loaded expert's assignments over the mean (`pylib.ep.balance.load_imbalance`,
+    measured on a training run; 1.0, uniform routing, the default). The planner prices the busiest EP rank: its
+    experts' GEMMs on f times the expected rows (`efficiency.layer_gemms`), the rows they keep
+    (`activations.layer_saved_rows`), and its dispatch and combine at f times the expected bytes
+    (`expected_routing`: an all-to-all ends when its busiest rank has received, and sent back, its rows). The
+    all-gather dispatcher's bytes do not depend on the routing; its expert GEMMs do.
+    dispatcher: the MoE token dispatcher, "alltoall" or "allgather" (Megatron's MoEAllGatherTokenDispatcher:
+    every rank gathers the EP group's tokens, `ep.dispatcher_bytes`); None: the model's
+    (`MoEConfig.dispatcher`). pylib.ep runs both; pylib.compose runs the all-to-all, so "allgather" is the
+    analysis only, as the shared experts are (`MoEConfig.n_shared_experts`: their weights cut over tp and
+    reduced over dp-cp as a dense MLP's, their GEMMs, rows and TP collectives priced by the planner,
+    `shared_expert_rows`).
+    ep_overlap: the EP all-to-alls run under another microbatch's compute (DualPipe's paired forward and backward,
+    DeepSeek-V3 technical report section 3.2.1; Megatron's --overlap-moe-expert-parallel-comm): `exposed_seconds`
+    leaves of them only what exceeds the step's compute, and charges the hidden part its contention. The analysis
+    only: pylib.compose exposes them.
+    zb_schedule: a zero-bubble schedule (`pylib.plan.schedules.ZERO_BUBBLE`: "zb-h1", "zb-h2" with v = 1; "zb-v",
+    "dualpipev" with v = 2, in the V placement) priced in place of 1F1B / interleaved: the bubble simulated with
+    this plan's B and W times (`bubble_fraction`), the activations and W's kept gradients replayed on its order
+    (`rank_memory`), the V's stages and P2P messages (`placement`). `pylib.pp` runs these schedules
+    (`run_pipeline`); `pylib.compose` does not compose them yet, so `options.schedule` stays what compose would
+    run on the same mesh and `run_options` is not this plan's run."""
 
     par: ParallelConfig
     options: RunOptions = RunOptions()
@@ -196,11 +268,30 @@ class Plan:
     group_size: int | None = None
     recompute_modules: tuple[str, ...] | None = None
     hsdp_shard: int | None = None
+    routing_imbalance: float = 1.0
+    dispatcher: str | None = None
+    ep_overlap: bool = False
+    zb_schedule: str | None = None
 
     def __post_init__(self):
-        schedule = "interleaved" if self.options.v > 1 else "1f1b"  # the schedules the planner models
+        number("Plan", "routing_imbalance", self.routing_imbalance, low=1)
+        if self.dispatcher is not None:
+            choice("Plan", "dispatcher", self.dispatcher, DISPATCHERS)
+        schedule = "interleaved" if self.options.v > 1 else "1f1b"  # what compose runs beside a zb_schedule
         if self.options.schedule != schedule:
             object.__setattr__(self, "options", replace(self.options, schedule=schedule))
+        if self.zb_schedule is not None and self.zb_schedule not in ZERO_BUBBLE:
+            raise ValueError(f"Plan.zb_schedule={self.zb_schedule!r} must be None or one of {ZERO_BUBBLE}")
+
+    @property
+    def schedule(self) -> str:
+        """The schedule the planner prices: `zb_schedule`, else `options.schedule`."""
+        return self.zb_schedule or self.options.schedule
+
+    @property
+    def placement(self) -> str:
+        """Where the stages live (`schedules.placement_of`): "v" for ZB-V and DualPipeV, "loop" otherwise."""
+        return placement_of(self.schedule)
 
     def with_options(self, **changes) -> Plan:
         """The same plan with some `RunOptions` fields changed (`dataclasses.replace` of `options`)."""
@@ -241,6 +332,12 @@ class Plan:
             parts.append("regather")
         if self.par.cp > 1:
             parts.append(o.cp_kind)
+        if self.dispatcher == "allgather":
+            parts.append("allgather-dispatch")
+        if self.routing_imbalance != 1.0:
+            parts.append(f"imbalance={self.routing_imbalance:.2f}")
+        if self.ep_overlap:
+            parts.append("EP-overlap")
         if o.zero_stage and self.hsdp_shard is not None:
             parts.append(f"HSDP {self.dp_cp // self.hsdp_shard}x{self.hsdp_shard}")
         elif o.zero_stage:
@@ -250,6 +347,8 @@ class Plan:
             parts.append(f"v={o.v}")
         if self.group_size is not None:
             parts.append(f"N={self.group_size}")
+        if self.zb_schedule is not None:
+            parts.append(self.zb_schedule)
         rc = o.recompute
         if rc.granularity == "selective" and self.recompute_modules not in (None, DEFAULT_MODULES):
             parts.append("recompute=selective/" + "+".join(self.recompute_modules))
@@ -288,9 +387,14 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
     """Every constraint `plan` breaks (`pylib.plan.problems`, what `pylib.compose` checks before it runs); empty
     when the composed model runs it; with `plan.group_size` also Megatron's rule for N (`schedules.check_schedule`:
     interleaved only, p <= N <= m, m % N == 0 or m % N >= p)."""
-    out = plan_problems(_slots(cfg, plan), plan.par, world_size, batch=batch, seq=seq, options=plan.run_options)
+    out = plan_problems(
+        _slots(_composed(cfg), plan), plan.par, world_size, batch=batch, seq=seq, options=plan.run_options
+    )
     out += modules_problems(plan.recompute_modules, plan.options.recompute.granularity)
     out += hsdp_problems(plan)
+    out += moe_plan_problems(cfg, plan)
+    if plan.zb_schedule is not None:
+        return _zb_problems(plan, out)
     if plan.group_size is None:
         return out
     p, m, v = plan.par.pp, plan.options.n_microbatches, plan.options.v
@@ -299,6 +403,68 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
             check_schedule(plan.options.schedule, p, m, v, group_size=n)
         except ScheduleError as e:
             out = [x for x in out if x != str(e)] if n is None else out + [str(e)]
+    return out
+
+
+def _composed(cfg):
+    """`cfg` as `pylib.plan.problems` judges it for the composed model: the MoE parts the planner prices itself
+    (shared experts, the all-gather dispatcher; `Plan`) left out of that judgement, checked in `moe_plan_problems`."""
+    moe = cfg.moe
+    if moe is None or (not moe.n_shared_experts and moe.dispatcher == "alltoall"):
+        return cfg
+    return replace(cfg, moe=replace(moe, n_shared_experts=0, dispatcher="alltoall"))
+
+
+def dispatcher_of(cfg, plan: Plan) -> str:
+    """The MoE dispatcher the plan prices: `plan.dispatcher`, or the model's."""
+    return plan.dispatcher or (cfg.moe.dispatcher if cfg.moe is not None else "alltoall")
+
+
+def moe_plan_problems(cfg, plan: Plan) -> list[str]:
+    """What the planner cannot price for a MoE model: recompute="full" (a MoE layer recomputed whole dispatches
+    again in an order the traffic model does not follow; Megatron's selective "moe" module is priced instead);
+    the shared experts' h_ffn not divisible by tp; the all-gather dispatcher with etp > 1 or with padding to
+    capacity; either MoE knob on a dense model."""
+    out = []
+    if cfg.moe is None:
+        if plan.dispatcher is not None or plan.routing_imbalance != 1.0:
+            out.append("dispatcher and routing_imbalance describe MoE layers; cfg.moe is None")
+        return out
+    if plan.options.recompute.granularity == "full":
+        out.append(FULL_MOE)
+    f_s = recompute_analysis.shared_ff(cfg)
+    if f_s % plan.par.tp:
+        out.append(f"tp={plan.par.tp} does not divide the shared experts' h_ffn={f_s}")
+    if dispatcher_of(cfg, plan) == "allgather":
+        if plan.par.etp > 1:
+            out.append(f"the all-gather dispatcher is priced over the EP group alone: etp={plan.par.etp} must be 1")
+        if cfg.moe.pad_to_capacity:
+            out.append("pad_to_capacity pads the all-to-all's rows: the all-gather dispatcher has none")
+    return out
+
+
+FULL_MOE = (
+    "recompute='full' with MoE layers is not priced (a layer recomputed whole would dispatch again); "
+    "recompute='selective' with Megatron's modules (moe, moe_act, ...) is"
+)
+
+
+def _zb_problems(plan: Plan, out: list[str]) -> list[str]:
+    """A zero-bubble plan's problems: compose's complaint about its stand-in schedule (1F1B / interleaved on the same
+    v) gives way to the zero-bubble schedule's own rule (`schedules.check_schedule`, what `build` refuses on
+    ranks: ZB-H1 m >= p, ZB-H2 m >= 2p - 1, the V two chunks per rank with m >= p (ZB-V) or 2p (DualPipeV)), and
+    it needs a pipeline (p > 1) and no group size N."""
+    p, m, v = plan.par.pp, plan.options.n_microbatches, plan.options.v
+    try:
+        check_schedule(plan.options.schedule, p, m, v)
+    except ScheduleError as e:
+        out = [x for x in out if x != str(e)]
+    try:
+        check_schedule(plan.zb_schedule, p, m, v, group_size=plan.group_size)
+    except ScheduleError as e:
+        out.append(str(e))
+    if p == 1:
+        out.append(f"{plan.zb_schedule} is a pipeline schedule: it needs pp > 1, got pp=1")
     return out
 
 
@@ -344,11 +510,12 @@ def group_sizes_for(p: int, n_microbatches: int, v: int, choice="default") -> tu
 
 
 def _slots(cfg, plan: Plan):
-    """The model the pipeline split sees: `cfg`, or with `plan.balance_ends` its L + 2 slots (a dense model)."""
+    """The model the pipeline split sees: `cfg`, or with `plan.balance_ends` its L + 2 slots (a dense model, or a
+    MoE model whose every layer is a MoE layer, so the slots' layer kinds are the layers')."""
     if not plan.balance_ends:
         return cfg
-    if cfg.moe is not None:
-        raise ValueError("balance_ends: Llama 3's split is modelled for dense models only")
+    if cfg.moe is not None and cfg.moe.every != 1:
+        raise ValueError("balance_ends: Llama 3's split is modelled for dense models and all-MoE models only")
     return replace(cfg, n_layers=cfg.n_layers + 2)
 
 
@@ -366,7 +533,11 @@ class SearchSpace:
     wherever L + 2 slots cut into equal stages, the equal split elsewhere. group_sizes: the interleaved group
     sizes N tried (`group_sizes_for`: "default" N = p, "megatron" every N Megatron accepts, or a tuple of
     values). hsdp_shards: beside each ZeRO-3 plan, HSDP with these shard group sizes (`Plan.hsdp_shard`); None
-    (the default): no HSDP plan. Elsewhere None: no restriction."""
+    (the default): no HSDP plan. routing_imbalance: every MoE plan's `Plan.routing_imbalance` (1.0: uniform).
+    dispatchers: the MoE dispatchers tried (`Plan.dispatcher`; None: the model's own). zero_bubble: the zero-bubble
+    schedules tried beside 1F1B and interleaved on every pipeline (`Plan.zb_schedule`; "zb-v" and "dualpipev" where
+    2p stages cut the layers; each only where `schedules.check_schedule` accepts its p and m); () (the default):
+    none. Elsewhere None: no restriction."""
 
     order: str = "tp-cp-ep-dp-pp"
     micro_batch_sizes: tuple[int, ...] | None = None
@@ -383,9 +554,17 @@ class SearchSpace:
     balance_ends: bool = False
     group_sizes: str | tuple[int, ...] = "default"
     hsdp_shards: tuple[int, ...] | None = None
+    routing_imbalance: float = 1.0
+    dispatchers: tuple[str, ...] | None = None
+    zero_bubble: tuple[str, ...] = ()
 
     def __post_init__(self):
         check_search_space(self)
+        number("SearchSpace", "routing_imbalance", self.routing_imbalance, low=1)
+        for d in self.dispatchers or ():
+            choice("SearchSpace", "dispatchers", d, DISPATCHERS)
+        if self.zero_bubble != ():  # () tries none; otherwise a tuple of known names, none twice
+            names("SearchSpace", "zero_bubble", self.zero_bubble, ZERO_BUBBLE)
 
 
 def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpace = SearchSpace()) -> list[Plan]:
@@ -422,6 +601,10 @@ def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpa
                 ms = _divisors(batch // dp)
                 if micro_batch_sizes is not None:
                     ms = [m for m in ms if batch // (dp * m) in micro_batch_sizes]
+                runs = [(v, None) for v in vs]  # (v, zero-bubble schedule): 1F1B / interleaved, then the ZB ones
+                for zb in sp_.zero_bubble if pp > 1 else ():
+                    if zb not in V_SHAPED or slots % (2 * pp) == 0:
+                        runs.append((2 if zb in V_SHAPED else 1, zb))
                 for ep, etp in folds:
                     par = ParallelConfig(tp=tp, cp=cp, ep=ep, dp=dp, pp=pp, etp=etp, order=order)
                     if meshes is not None and par not in meshes:
@@ -431,19 +614,38 @@ def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpa
                     for sp in sp_.sequence_parallel if tp > 1 else (False,):
                         for kind in sp_.cp_kinds if cp > 1 else (default.cp_kind,):
                             for zero in sp_.zero_stages if has_dp else (default.zero_stage,):
-                                for v in vs:
+                                for v, zb in runs:
                                     for m, rc in ((m, rc) for m in ms for rc in sp_.recompute):
                                         rc, mods = _recompute_choice(cfg, rc, sp and tp > 1)
                                         o = RunOptions(sp, kind, n_microbatches=m, v=v, zero_stage=zero, recompute=rc)
                                         plan = Plan(par, o, sp_regather and sp, ends, recompute_modules=mods)
-                                        for n in dict.fromkeys((None,) + group_sizes_for(pp, m, v, group_sizes)):
+                                        plan = _moe_knobs(plan, moe, sp_)
+                                        plan = replace(plan, zb_schedule=zb) if zb else plan
+                                        sizes = group_sizes_for(pp, m, v, group_sizes) if zb is None else ()
+                                        for n in dict.fromkeys((None,) + sizes):
                                             with_n = plan if n is None else replace(plan, group_size=n)
-                                            for one in _with_hsdp(with_n, sp_.hsdp_shards):
-                                                if one in seen or problems(cfg, one, world_size, batch, seq):
-                                                    continue
-                                                seen.add(one)
-                                                out.append(one)
+                                            for hs in _with_hsdp(with_n, sp_.hsdp_shards):
+                                                for one in _with_dispatchers(hs, moe, sp_.dispatchers):
+                                                    if one in seen or problems(cfg, one, world_size, batch, seq):
+                                                        continue
+                                                    seen.add(one)
+                                                    out.append(one)
     return out
+
+
+def _moe_knobs(plan: Plan, moe: bool, space: SearchSpace) -> Plan:
+    """The plan with the search's routing imbalance, for a MoE model (a dense model's plans keep 1.0)."""
+    if not moe or space.routing_imbalance == 1.0:
+        return plan
+    return replace(plan, routing_imbalance=space.routing_imbalance)
+
+
+def _with_dispatchers(plan: Plan, moe: bool, dispatchers) -> list[Plan]:
+    """The plan once per dispatcher of the search (`SearchSpace.dispatchers`), a MoE model's with EP only (a
+    dispatcher over one rank moves nothing: ep = 1 keeps the model's)."""
+    if not moe or dispatchers is None or plan.par.ep == 1:
+        return [plan]
+    return [replace(plan, dispatcher=d) for d in dispatchers]
 
 
 def _recompute_choice(cfg, rc, sequence_parallel: bool) -> tuple[Recompute, tuple | None]:
@@ -474,6 +676,7 @@ class _Sizes:
     router: int
     experts: int  # the E/ep local experts of one MoE layer, every matrix
     h: int
+    shared: int = 0  # the shared experts' MLP of one MoE layer, its h_ffn cut over tp (dense: reduced over dp-cp)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -495,6 +698,7 @@ def _sizes(cfg, tp: int, ep: int, etp: int) -> _Sizes:
         router=one("router"),
         experts=(one("expert W_gate") + one("expert W_up") + one("expert W_down")) * n_local,
         h=cfg.d_model,
+        shared=(3 if cfg.mlp == "swiglu" else 2) * cfg.d_model * (recompute_analysis.shared_ff(cfg) // tp),
     )
 
 
@@ -507,7 +711,8 @@ def _layer_entries(cfg, sz: _Sizes, i: int) -> tuple[list[tuple[str, int]], list
     dense += [(p + f"attn.{w}_proj.weight", sz.q if w in "qo" else sz.kv) for w in "qkvo"]
     dense += [(p + "ln2.weight", h), (p + "ln2.bias", h)]
     if cfg.is_moe_layer(i):
-        return dense + [(p + "mlp.router.gate.weight", sz.router)], [(p + "mlp.experts", sz.experts)]
+        shared = [(p + "mlp.shared", sz.shared)] if sz.shared else []
+        return dense + [(p + "mlp.router.gate.weight", sz.router)] + shared, [(p + "mlp.experts", sz.experts)]
     return dense + [(p + "mlp", sz.dense_mlp)], []
 
 
@@ -540,7 +745,7 @@ def flat_layouts(cfg, plan: Plan, pp_rank: int, world_size: int | None = None) -
 class _LayoutKey:
     """What a rank's flat buffers depend on (the cache key of `_flat_layouts` and `_state`): the mesh's tp, ep, etp,
     pp, the plan's v and ZeRO stage, the rank's pipeline index, the dense and expert data-parallel sizes and
-    Llama 3's uneven split."""
+    Llama 3's uneven split, and where the stages live (`Plan.placement`)."""
 
     tp: int
     ep: int
@@ -552,6 +757,7 @@ class _LayoutKey:
     d_dense: int
     d_expert: int
     balance_ends: bool
+    placement: str = "loop"
 
     @classmethod
     def of(cls, plan: Plan, pp_rank: int, world_size: int | None = None) -> _LayoutKey:
@@ -559,7 +765,8 @@ class _LayoutKey:
         world = par.world_size if world_size is None else world_size
         d_expert = par.expert_dp(world)
         d_dense = plan.dp_cp if plan.hsdp_shard is None else plan.hsdp_shard  # HSDP: shards over s only
-        return cls(par.tp, par.ep, par.etp, par.pp, o.v, pp_rank, o.zero_stage, d_dense, d_expert, plan.balance_ends)
+        key = (par.tp, par.ep, par.etp, par.pp, o.v, pp_rank, o.zero_stage, d_dense, d_expert, plan.balance_ends)
+        return cls(*key, plan.placement)
 
 
 @functools.lru_cache(maxsize=16384)
@@ -577,8 +784,7 @@ def _flat_layouts(cfg, key: _LayoutKey) -> tuple[FlatLayout, ...]:
             parts = d if zero else 1
             out.append(_Layout(key, axis, tuple(range(d)), cfg.dtype, e, entries, parts))
 
-    for c, layers in enumerate(split_layers(cfg.n_layers, pp, v, pp_rank, ends)):
-        stage = c * pp + pp_rank
+    for c, (stage, layers) in enumerate(stage_chunks(cfg.n_layers, pp, v, pp_rank, ends, key.placement)):
         units: list[tuple[str, list, list]] = []  # (unit, dense, expert) in registration order
         if stage == 0:
             units.append(("embed", [("embed.weight", sz.embed)], []))
@@ -656,6 +862,7 @@ def step_flops(cfg, batch: int, seq: int) -> float:
     moe_mlp = 0
     if cfg.moe is not None:
         moe_mlp = cfg.moe.n_experts * h + cfg.moe.top_k * mats * h * (cfg.moe.d_ff or cfg.d_ff)
+        moe_mlp += mats * h * recompute_analysis.shared_ff(cfg)  # the shared experts
     per_token = sum(attn + (moe_mlp if cfg.is_moe_layer(i) else dense_mlp) for i in range(L)) + h * cfg.vocab_size
     entries = seq * (seq + 1) // 2 if cfg.causal else seq * seq
     forward = 2 * per_token * batch * seq + L * batch * cp_analysis.attention_flops(entries * cfg.n_heads, dh)
@@ -743,7 +950,12 @@ class Prediction:
 
     @property
     def bubble_fraction(self) -> float:
-        return bubble_fraction(self.plan)
+        return bubble_fraction(self.plan, self.slowest_times())
+
+    def slowest_times(self) -> MicrobatchTime | None:
+        """The microbatch times of the slowest evaluated rank (the one the step's compute is priced on)."""
+        timed = [r.times for r in self.ranks if r.times is not None]
+        return max(timed, key=lambda t: t.total) if timed else None
 
     def traffic_by_axis(self) -> dict[str, float]:
         """Bytes sent per step on each axis by the busiest evaluated rank."""
@@ -757,10 +969,21 @@ class Prediction:
         return max(self.ranks, key=lambda r: r.memory["total"])
 
 
-def bubble_fraction(plan: Plan) -> float:
+def bubble_fraction(plan: Plan, times: MicrobatchTime | None = None) -> float:
     """Idle time relative to compute: (pp - 1) / (v m) (`pp.bubble_fraction`), or, for a group size N other than
-    Megatron's default, measured on the schedule (`pp.simulated_bubble_fraction`)."""
+    Megatron's default, measured on the schedule (`pp.simulated_bubble_fraction`). A zero-bubble plan's depends on
+    its costs: `times` (the slowest rank's microbatch) split into F = forward, W = the weight-gradient GEMMs
+    (`MicrobatchTime.wgrad`) and B = the rest of the backward, and the schedule simulated with them
+    (`pp.simulated_split_bubble`: the step's makespan beyond m (F + B + W))."""
     par = plan.par
+    if plan.zb_schedule is not None:
+        if times is None:
+            raise ValueError(f"{plan.describe()}: a zero-bubble plan's bubble needs its microbatch times")
+        t_b = times.backward - times.wgrad
+        idle = pp_analysis.simulated_split_bubble(
+            plan.zb_schedule, par.pp, plan.options.n_microbatches, times.forward, t_b, times.wgrad
+        )
+        return idle / (plan.options.n_microbatches * times.total)
     if plan.group_size is None:
         return pp_analysis.bubble_fraction(par.pp, plan.options.n_microbatches, plan.options.v)
     return pp_analysis.simulated_bubble_fraction(
@@ -777,16 +1000,19 @@ def evaluated_ranks(pp: int) -> list[int]:
 def expected_routing(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> list[tuple]:
     """The MoE forwards of this rank in one step, (layer, send_counts, recv_counts, etp_rows) as `compose.
     step_traffic` reads them from a run, filled with their expectation under uniform routing: T k / E rows from each
-    of this rank's T tokens' k choices to each expert, T k rows received per EP rank."""
+    of this rank's T tokens' k choices to each expert, T k rows received per EP rank; with
+    `plan.routing_imbalance` = f the busiest rank's, f times those both ways."""
     if cfg.moe is None:
         return []
     par = plan.par
     b = plan.micro_batch(batch)
     s_out = seq // par.cp // (par.tp if plan.options.sequence_parallel and par.tp > 1 else 1)
     T, k, E = b * s_out, cfg.moe.top_k, cfg.moe.n_experts
-    counts = [[Fraction(T * k, E)] * (E // par.ep) for _ in range(par.ep)]  # [ep, E_local], exact
-    rows = [expected_expert_rows(T, k)] * par.etp
-    layers = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends) for i in c]
+    f = plan.routing_imbalance  # the busiest rank's rows, f times the mean (`Plan`)
+    scale = Fraction(f) if f != 1.0 else 1
+    counts = [[Fraction(T * k, E) * scale] * (E // par.ep) for _ in range(par.ep)]  # [ep, E_local], exact
+    rows = [expected_expert_rows(T, k) * scale] * par.etp
+    layers = [i for _, c in rank_chunks(cfg, plan, pp_rank) for i in c]
     layers = [i for i in layers if cfg.is_moe_layer(i)]
     return [(i, counts, counts, rows) for _ in range(plan.options.n_microbatches) for i in layers]
 
@@ -811,7 +1037,96 @@ def rank_traffic_rows(
     layouts = flat_layouts(cfg, plan, pp_rank) if layouts is None else layouts
     coords = dict(coords or {}) | {"pp": pp_rank}
     rows = _traffic_rows(cfg, plan, batch, seq, coords, layouts, moe_routing)
+    if cfg.moe is not None and dispatcher_of(cfg, plan) == "allgather":
+        rows = allgather_dispatch_rows(cfg, plan, batch, seq, pp_rank, rows)
+    rows += shared_expert_rows(cfg, plan, batch, seq, pp_rank)
+    rows += moe_recompute_rows(plan, rows)
+    rows = _v_rows(plan, rows, pp_rank)
     return _hsdp_rows(plan, rows) + module_traffic_rows(cfg, plan, batch, seq, pp_rank)
+
+
+def _held_moe_layers(cfg, plan: Plan, pp_rank: int) -> int:
+    held = [i for _, c in rank_chunks(cfg, plan, pp_rank) for i in c]
+    return sum(cfg.is_moe_layer(i) for i in held)
+
+
+def allgather_dispatch_rows(cfg, plan: Plan, batch: int, seq: int, pp_rank: int, rows: list) -> list:
+    """`rows` with the all-to-all dispatcher's EP rows replaced by the all-gather dispatcher's
+    (`ep.dispatcher_bytes("allgather")`, n = ep): per MoE forward the gathers of the rows and of the routing
+    (ids, weights) and the reduce-scatter of the outputs, backward their conjugates, the same bytes again."""
+    par = plan.par
+    if par.ep == 1:
+        return rows
+    e = dtype_bytes(cfg.dtype)
+    s_out = seq // par.cp // (par.tp if plan.options.sequence_parallel and par.tp > 1 else 1)
+    T, k, h = plan.micro_batch(batch) * s_out, cfg.moe.top_k, cfg.d_model
+    parts = ep_analysis.dispatcher_bytes("allgather", T, k, h, e, par.ep)
+    n = plan.options.n_microbatches * _held_moe_layers(cfg, plan, pp_rank)
+    kept = [r for r in rows if r.axis != "ep" or r.phase not in ("forward", "backward")]
+    op = {"gather_rows": "all_gather", "gather_routing": "all_gather", "reduce_scatter": "reduce_scatter"}
+    payload = {"gather_rows": par.ep * T * h * e, "gather_routing": par.ep * T * k * (8 + e)}
+    payload["reduce_scatter"] = payload["gather_rows"]
+    out = [
+        compose_analysis.Traffic("ep", phase, op[part], f"allgather.{part}", n, n * parts[part], payload[part])
+        for phase in ("forward", "backward")
+        for part in op
+        if n
+    ]
+    return kept + out
+
+
+def shared_expert_rows(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> list:
+    """The shared experts' TP collectives (`MoEConfig.n_shared_experts`, tp > 1): in every held MoE layer those of a
+    dense MLP (`tp.layer_collectives`, "mlp": under SP the all-gather entering and the reduce-scatter leaving,
+    backward their conjugates; without SP the all-reduces), per microbatch; Megatron's SharedExpertMLP is an MLP
+    over the TP group (megatron/core/transformer/moe/shared_experts.py at d98e8a6), as `pylib.ep.shared` cuts it."""
+    par = plan.par
+    if par.tp == 1 or not recompute_analysis.shared_ff(cfg):
+        return []
+    n = plan.options.n_microbatches * _held_moe_layers(cfg, plan, pp_rank)
+    collectives = tp_analysis.layer_collectives(
+        plan.micro_batch(batch),
+        seq // par.cp,
+        cfg.d_model,
+        par.tp,
+        dtype_bytes(cfg.dtype),
+        sequence_parallel=plan.options.sequence_parallel,
+    )
+    return [
+        compose_analysis.Traffic("tp", c.phase, c.op, "shared_experts", n, n * c.bytes_sent, c.payload_bytes)
+        for c in collectives
+        if c.where == "mlp" and n
+    ]
+
+
+def moe_recompute_rows(plan: Plan, rows: list) -> list:
+    """What Megatron's "moe" module sends again in backward (phase "recompute"): its checkpoint reruns the MoE
+    layer's forward, so every forward row of the expert axes (the counts, the dispatch and combine all-to-alls, the
+    ETP gathers and reduce-scatters) once more, at the same routing (megatron/core/transformer/moe/moe_layer.py at
+    d98e8a6: `tensor_parallel.checkpoint(custom_forward, ...)` around router, dispatch, experts and combine)."""
+    if "moe" not in plan.modules:
+        return []
+    return [
+        replace(r, phase="recompute", where=f"{r.where}.recompute")
+        for r in rows
+        if r.axis in ("ep", "etp") and r.phase == "forward"
+    ]
+
+
+def _v_rows(plan: Plan, rows: list, pp_rank: int) -> list:
+    """In the V placement (`Plan.placement`) the stage-boundary sends of this rank as the V has them
+    (`pp.p2p_bytes_per_rank(..., placement="v")`: rank p - 1 hands its turn over in memory, every other rank sends
+    across both of its chunks' boundaries); `compose.step_traffic` counts the loop placement's."""
+    if plan.placement == "loop":
+        return rows
+    p, m, v = plan.par.pp, plan.options.n_microbatches, plan.options.v
+    out = []
+    for r in rows:
+        if r.axis == "pp" and r.where == "stage boundary":
+            msgs = pp_analysis.p2p_bytes_per_rank(1, 1, 1, 1, p, m, pp_rank, v, plan.placement)  # 1-byte messages
+            r = replace(r, count=msgs, bytes_sent=msgs * r.payload if r.op == "send" else 0)
+        out.append(r)
+    return out
 
 
 def _hsdp_rows(plan: Plan, rows: list) -> list:
@@ -837,26 +1152,34 @@ def _hsdp_rows(plan: Plan, rows: list) -> list:
 
 def module_traffic_rows(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> list:
     """The TP collectives Megatron's recomputed modules issue again in backward (phase "recompute"), one row per
-    op: under "mlp" every held dense layer's MLP forward ones, per microbatch (`recompute.module_extra_collectives`);
-    nothing for the other modules, and nothing without them."""
+    op: under "mlp" every held dense layer's MLP forward ones, under "shared_experts" or "moe" every held MoE
+    layer's shared-expert MLP's, per microbatch (`recompute.module_extra_collectives`); nothing for the other
+    modules, and nothing without them."""
     par = plan.par
-    if "mlp" not in plan.modules or par.tp == 1:
+    if par.tp == 1 or not plan.modules & {"mlp", "shared_experts", "moe"}:
         return []
-    ops = recompute_analysis.module_extra_collectives(
-        cfg,
-        plan.micro_batch(batch),
-        seq // par.cp,
-        par.tp,
-        plan.modules,
-        sequence_parallel=plan.options.sequence_parallel,
-    )
-    held = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, pp_rank, plan.balance_ends) for i in c]
-    n = plan.options.n_microbatches * sum(not cfg.is_moe_layer(i) for i in held)
-    return [
-        compose_analysis.Traffic("tp", "recompute", c.op, f"{c.where}.recompute", n, n * c.bytes_sent, c.payload_bytes)
-        for c in ops
-        if n
-    ]
+    held = [i for _, c in rank_chunks(cfg, plan, pp_rank) for i in c]
+    out = []
+    for moe_layer in (False, True):
+        ops = recompute_analysis.module_extra_collectives(
+            cfg,
+            plan.micro_batch(batch),
+            seq // par.cp,
+            par.tp,
+            plan.modules,
+            sequence_parallel=plan.options.sequence_parallel,
+            moe_layer=moe_layer,
+        )
+        n = plan.options.n_microbatches * sum(cfg.is_moe_layer(i) == moe_layer for i in held)
+        where = "shared_experts" if moe_layer else None
+        out += [
+            compose_analysis.Traffic(
+                "tp", "recompute", c.op, f"{where or c.where}.recompute", n, n * c.bytes_sent, c.payload_bytes
+            )
+            for c in ops
+            if n
+        ]
+    return out
 
 
 def _traffic_rows(cfg, plan, batch, seq, coords, layouts, moe_routing):
@@ -892,14 +1215,44 @@ def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: i
         cfg, key, workload.precision, workload.optimizer_states, workload.grad_bytes
     )
     acts = _activations(cfg, plan, workload.batch, workload.seq, workload.attention, pp_rank)
-    return dict(
-        params=params,
-        grads=grads,
-        optim=optim,
-        activations=acts,
-        gathered=gathered,
-        total=params + grads + optim + acts + gathered,
-    )
+    out = dict(params=params, grads=grads, optim=optim, activations=acts, gathered=gathered)
+    if workload.fp8 is not None:
+        out["fp8"] = fp8_weight_copies(cfg, plan, workload, pp_rank)
+    return out | dict(total=sum(out.values()))
+
+
+def fp8_weight_shapes(cfg, plan: Plan, pp_rank: int, first_last_layers_bf16: bool = False) -> list[tuple[int, int]]:
+    """[out, in] of every linear weight this rank runs in FP8, as TP, EP and ETP cut them (the N x K of each of
+    `efficiency.layer_gemms` but the router; the LM head and, with `first_last_layers_bf16`, the first and last layers
+    stay in 16 bits)."""
+    return list(_fp8_shapes(cfg, _LayoutKey.of(plan, pp_rank), first_last_layers_bf16))
+
+
+@functools.lru_cache(maxsize=16384)
+def _fp8_shapes(cfg, key: _LayoutKey, first_last_layers_bf16: bool) -> tuple[tuple[int, int], ...]:
+    out = []
+    for _, layers in stage_chunks(cfg.n_layers, key.pp, key.v, key.pp_rank, key.balance_ends, key.placement):
+        for i in layers:
+            if first_last_layers_bf16 and i in (0, cfg.n_layers - 1):
+                continue
+            moe = cfg.moe is not None and cfg.is_moe_layer(i)
+            shapes = layer_gemms(cfg, 1, key.tp, moe, key.ep, key.etp)
+            out += [(n, k) for _, n, k in shapes[: len(shapes) - moe]]
+    return tuple(out)
+
+
+def fp8_weight_copies(cfg, plan: Plan, workload: Workload, pp_rank: int) -> int:
+    """Bytes of FP8 weight copies and scales one rank holds between steps (`fp8.fp8_held_bytes`' "fp8": every FP8
+    linear's copies and scales for DDP and ZeRO-1/2, delayed scaling's amax histories alone under ZeRO-3, whose
+    copies live with the gathered unit)."""
+    first_last = workload.fp8.first_last_layers_bf16
+    return _fp8_copies(cfg, _LayoutKey.of(plan, pp_rank), first_last, workload.fp8_mixed)
+
+
+@functools.lru_cache(maxsize=16384)
+def _fp8_copies(cfg, key: _LayoutKey, first_last_layers_bf16: bool, precision: MixedPrecision) -> int:
+    shapes = list(_fp8_shapes(cfg, key, first_last_layers_bf16))
+    return fp8_analysis.fp8_held_bytes(0, shapes, 1, key.zero_stage, precision)["fp8"]
 
 
 @functools.lru_cache(maxsize=65536)
@@ -914,8 +1267,46 @@ def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank:
     """The activation bytes at the schedule's peak, remembered: like the model state (`_state`), they do not depend
     on the cluster's speeds or the cost model, which a fit and the explorers vary over the same plans."""
     o = plan.options
+    if plan.zb_schedule is not None:
+        return _split_activations(cfg, plan, batch, seq, attention, pp_rank)
     chunks = _chunk_bytes(cfg, plan.micro_batch(batch), seq, _activation_key(plan), pp_rank, attention)
     return peak_saved_bytes(list(chunks), o.schedule, plan.par.pp, o.n_microbatches, o.v, pp_rank, plan.group_size)
+
+
+def _split_activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank: int) -> int:
+    """A zero-bubble plan's activation peak on one rank: its order replayed (`pp.split_live_counts`), each
+    microbatch of a chunk holding the chunk's saved bytes until its W (or its fused backward) and, from its B to
+    its W, the output gradients W needs (`wgrad_kept_bytes`) and, under recomputation, what B regenerated (the
+    chunk's saved bytes without recomputation less those with it: W reads the linears' recomputed inputs). A
+    chunk's saved bytes are those of the same virtual stage in the loop placement (`chunk_saved_bytes` of rank
+    k % p, chunk k // p)."""
+    p, b = plan.par.pp, plan.micro_batch(batch)
+    key = _activation_key(replace(plan, zb_schedule=None))
+    whole = _activation_key(replace(plan, zb_schedule=None).with_options(recompute="none"))
+    saved, kept = [], []
+    for stage, layers in rank_chunks(cfg, plan, pp_rank):
+        held = _chunk_bytes(cfg, b, seq, key, stage % p, attention)[stage // p]
+        regenerated = _chunk_bytes(cfg, b, seq, whole, stage % p, attention)[stage // p] - held
+        saved.append(held)
+        last = stage == p * plan.options.v - 1
+        kept.append(regenerated + wgrad_kept_bytes(cfg, plan, b * seq // plan.par.cp, layers, last))
+    states = pp_analysis.split_live_counts(plan.zb_schedule, p, plan.options.n_microbatches, pp_rank)
+    return max(sum(n * x for n, x in zip(a + g, saved + kept, strict=True)) for a, g in states)
+
+
+def wgrad_kept_bytes(cfg, plan: Plan, tokens: int, layers, last_stage: bool) -> int:
+    """Bytes a deferred W keeps for one microbatch of one chunk between its B and its W, beyond the saved
+    activations (which its graph keeps alive anyway): the gradient of every weight GEMM's output, [M, N] of each
+    (`efficiency.layer_gemms` on this rank's T = b s / cp tokens), and the LM head's [T, V / tp] on the last
+    stage, in the model's dtype. What `pylib.pp.backward.backward_input` keeps at each frontier node."""
+    par, e = plan.par, dtype_bytes(cfg.dtype)
+    out = 0
+    for i in layers:
+        moe = cfg.moe is not None and cfg.is_moe_layer(i)
+        out += sum(m * n for m, n, _ in layer_gemms(cfg, tokens, par.tp, moe, par.ep, par.etp))
+    if last_stage:
+        out += tokens * cfg.vocab_size // par.tp
+    return int(out * e)
 
 
 def _activation_key(plan: Plan) -> Plan:
@@ -951,7 +1342,15 @@ def rank_times(cfg, plan: Plan, workload: Workload, cluster: Cluster, pp_rank: i
         peak_flops=cluster.peak_flops,
         hbm_bandwidth=cluster.hbm_bandwidth,
         model=cluster.model,
+        fp8=fp8_compute(workload, cluster),
     )
+
+
+def fp8_compute(workload: Workload, cluster: Cluster) -> Fp8Compute | None:
+    """The FP8 GEMMs of `workload` on `cluster` (`efficiency.Fp8Compute`), None without FP8."""
+    if workload.fp8 is None:
+        return None
+    return Fp8Compute(workload.fp8, cluster.fp8_peak_flops)
 
 
 def exposed_seconds(plan: Plan, counted, t: MicrobatchTime, cluster: Cluster, intra: dict) -> dict[str, float]:
@@ -1003,10 +1402,12 @@ def exposed_seconds(plan: Plan, counted, t: MicrobatchTime, cluster: Cluster, in
         elif axis in ("tp", "tp-cp", "etp"):
             x *= tp_keep
         elif axis == "pp":
-            x *= min(1.0, bubble_fraction(plan))
+            x *= min(1.0, bubble_fraction(plan, t))
         out[axis] = out.get(axis, 0.0) + x
     if "cp" in out and plan.options.cp_kind == "ring":  # the K/V passes run while the core computes
         out["cp"] = max(0.0, out["cp"] - m * t.core)
+    if "ep" in out and getattr(plan, "ep_overlap", False):  # under the other microbatch's compute (`Plan`)
+        out["ep"] = max(0.0, out["ep"] - m * t.total)
     if not cluster.overlap_dp:
         out["dp"] = sum(dp.values())
     elif plan.options.zero_stage <= 1:
@@ -1037,15 +1438,15 @@ def predict(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> Prediction
         by_axis = {a: dict(bytes_sent=x["bytes_sent"], ops=dict(x["ops"])) for a, x in by_axis.items()}  # the caller's
         ranks.append(RankPrediction(r, mem, by_axis, sum(exposed.values()), t, exposed))
     peak = max(r.memory["total"] for r in ranks)
-    t_mb = max(r.times.total for r in ranks)
-    compute = plan.options.n_microbatches * t_mb
+    slowest = max((r.times for r in ranks), key=lambda t: t.total)
+    compute = plan.options.n_microbatches * slowest.total
     return Prediction(
         plan=plan,
         ranks=ranks,
         peak_memory=peak,
         fits=peak <= cluster.usable_memory,
         compute_time=compute,
-        bubble_time=compute * bubble_fraction(plan),
+        bubble_time=compute * bubble_fraction(plan, slowest),
         comm_time=max(r.comm_time for r in ranks),
         intra_node=intra,
         model_flops=step_flops(cfg, workload.batch, workload.seq),
@@ -1062,6 +1463,7 @@ def _predicted_rows(cfg, plan: Plan, workload: Workload, pp_rank: int, world_siz
     rows = rank_traffic_rows(cfg, plan, workload.batch, workload.seq, pp_rank, layouts)
     counted = compose_analysis.counted_rows(rows)
     scaled = gradient_dtype_rows([r for r, _ in counted], workload)  # once per distinct row
+    scaled = fp8_gather_rows(scaled, layouts, workload, cfg.n_layers)
     counted = tuple((r, times) for r, (_, times) in zip(scaled, counted, strict=True))
     return counted, compose_analysis.counted_per_axis(counted)
 
@@ -1086,6 +1488,42 @@ def gradient_dtype_rows(rows: list, workload: Workload) -> list:
     ]
 
 
+def fp8_gather_rows(rows: list, layouts, workload: Workload, n_layers: int) -> list:
+    """With the recipe's `param_gather` (`Workload.fp8`) the data-parallel parameter all-gathers (ZeRO-3's every
+    microbatch, ZeRO-1/2's after the step) of each flat buffer move its FP8 linears' elements in 1 byte and the rest
+    in 2: the row's bytes times 1 - f / 2, f the buffer's share of elements in FP8 linears (`fp8_entry`). Not
+    counted: `pylib.dp.fp8_gather`'s own flat for the FP8 weights (its padding) and the all-reduce that agrees their
+    scales (`fp8.fp8_param_gather_bytes`: 4 bytes per weight or block)."""
+    if workload.fp8 is None or not workload.fp8.param_gather:
+        return rows
+    first_last = workload.fp8.first_last_layers_bf16
+    share = {}
+    for lay in layouts:
+        fp8 = sum(e.numel for e in lay.entries if fp8_entry(e.name, n_layers, first_last))
+        share[lay.key] = Fraction(fp8, lay.numel)
+    return [
+        replace(
+            r,
+            bytes_sent=int(r.bytes_sent * (1 - share[r.where] / 2)),
+            payload=int(r.payload * (1 - share[r.where] / 2)),
+        )
+        if r.axis in DP_AXES and r.op == "all_gather" and r.where in share
+        else r
+        for r in rows
+    ]
+
+
+def fp8_entry(name: str, n_layers: int, first_last_layers_bf16: bool = False) -> bool:
+    """Whether the flat-buffer entry `name` (`flat_layouts`) holds an FP8 linear's weight: a layer's attention
+    projections, its dense MLP or its experts (not the norms, the router, the embedding or the LM head; not the
+    first and last layer with `first_last_layers_bf16`)."""
+    parts = name.split(".")
+    if parts[0] != "layers" or (first_last_layers_bf16 and int(parts[1]) in (0, n_layers - 1)):
+        return False
+    rest = ".".join(parts[2:])
+    return rest in ("mlp", "mlp.experts") or (rest.startswith("attn.") and rest.endswith("_proj.weight"))
+
+
 def compute_time(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> float:
     """Seconds the slowest evaluated pipeline rank computes per step: m microbatches of `rank_times`."""
     ranks = evaluated_ranks(plan.par.pp)
@@ -1107,7 +1545,7 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
     par = plan.par
     e = dtype_bytes(cfg.dtype)
     m, b, s_cp = plan.options.n_microbatches, plan.micro_batch(workload.batch), workload.seq // par.cp
-    held = [i for c in split_layers(cfg.n_layers, par.pp, plan.options.v, 0, plan.balance_ends) for i in c]
+    held = [i for _, c in rank_chunks(cfg, plan, 0) for i in c]
     intra = _bandwidths(plan, cluster)
 
     def bw(axis):
@@ -1131,7 +1569,12 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
     if cfg.moe is not None and par.ep > 1:
         s_out = s_cp // (par.tp if plan.options.sequence_parallel and par.tp > 1 else 1)
         moe_layers = sum(cfg.is_moe_layer(i) for i in held)
-        per_layer = 4 * ep_analysis.expected_alltoall_bytes(b * s_out, cfg.moe.top_k, cfg.d_model, par.ep, e)
+        if dispatcher_of(cfg, plan) == "allgather":
+            per_layer = (
+                2 * ep_analysis.dispatcher_bytes("allgather", b * s_out, cfg.moe.top_k, cfg.d_model, e, par.ep)["total"]
+            )
+        else:
+            per_layer = 4 * ep_analysis.expected_alltoall_bytes(b * s_out, cfg.moe.top_k, cfg.d_model, par.ep, e)
         seconds += m * moe_layers * per_layer / bw("ep")
     return 0.99 * seconds
 
@@ -1172,7 +1615,7 @@ def rank_plans(
             screened.append((mem, 0.0, p))
             continue
         compute = compute_time(cfg, p, workload, cluster)
-        bound = compute * (1 + bubble_fraction(p))
+        bound = compute * (1 + (0.0 if p.zb_schedule else bubble_fraction(p)))  # a ZB bubble: >= 0, priced later
         screened.append((mem, bound + comm_lower_bound(cfg, p, workload, cluster), p))
     fitting = sorted((s for s in screened if s[0] <= usable), key=lambda s: (s[1], s[0]))
     best: list[Prediction] = []

@@ -48,10 +48,12 @@ from __future__ import annotations
 import functools
 
 from pylib.plan.schedules import (
+    V_SHAPED,
     ZERO_BUBBLE,
     ScheduleError,
     check_schedule,
     compute_order,
+    deferred_weights,
     logical_times,
     stage_ranks,
     warmup_forwards,
@@ -187,16 +189,82 @@ def p2p_bytes_per_step(
 
 
 def p2p_bytes_per_rank(
-    b: int, s: int, h: int, dtype_bytes: int, p: int, n_microbatches: int, rank: int, v: int = 1
+    b: int,
+    s: int,
+    h: int,
+    dtype_bytes: int,
+    p: int,
+    n_microbatches: int,
+    rank: int,
+    v: int = 1,
+    placement: str = "loop",
 ) -> int:
     """Bytes rank `rank` sends in one step (it receives the same amount): for each of its chunks, m activations
-    forward unless it holds the last stage, and m gradients backward unless it holds the first."""
+    forward unless it holds the last stage, and m gradients backward unless it holds the first; in the V placement
+    (`schedules.stage_ranks`) none across the turn, where the next stage is on the same rank."""
+    ranks = stage_ranks(p, v, placement)
     n_stages = p * v
     messages = 0
-    for c in range(v):
-        k = c * p + rank
-        messages += (k < n_stages - 1) + (k > 0)
+    for k in (k for k in range(n_stages) if ranks[k] == rank):
+        messages += (k < n_stages - 1 and ranks[k + 1] != rank) + (k > 0 and ranks[k - 1] != rank)
     return messages * n_microbatches * p2p_message_bytes(b, s, h, dtype_bytes)
+
+
+# ------------------------------------------------------------------------------------------------ the planner's ZB
+
+
+@functools.lru_cache(maxsize=64)
+def split_orders(schedule: str, p: int, n_microbatches: int) -> tuple[tuple, ...]:
+    """Every rank's compute order of a zero-bubble schedule (`schedules.compute_order`, v = 2 for the V-shaped
+    ones), remembered: ZB-H2's list scheduling builds all ranks at once and takes a second at p = 16, m = 128."""
+    v = 2 if schedule in V_SHAPED else 1
+    check_schedule(schedule, p, n_microbatches, v)
+    return tuple(tuple(compute_order(schedule, p, n_microbatches, r, v)) for r in range(p))
+
+
+@functools.lru_cache(maxsize=4096)
+def simulated_split_bubble(schedule: str, p: int, n_microbatches: int, t_f: float, t_b: float, t_w: float) -> float:
+    """The seconds a step of `schedule` lasts beyond its compute, m (t_f + t_b + t_w), when every rank's whole stage
+    costs t_f forward, t_b for the input gradient B and t_w for the weight gradient W per microbatch (a chunk of the
+    V's two: half of each): its compute orders run against their data dependencies (`schedules.logical_times`,
+    what `pylib.pp.simulate` runs, communication free; DualPipeV's F&B slot its two halves back to back) and the
+    last action's end taken. This is the makespan, not one rank's own idle time (`split_bubble_time`): a schedule
+    with no idle time inside any rank's span still starts its last rank (p - 1) chunk forwards after its first,
+    (p - 1) t_f for ZB-H2, (p - 1) t_f / 2 for ZB-V at equal costs, and the optimizer step waits for every rank.
+    For 1F1B and ZB-H1 the two agree (tests/test_analysis_planner_zb.py)."""
+    v = 2 if schedule in V_SHAPED else 1
+    if schedule in ("gpipe", "1f1b"):
+        return bubble_time(p, t_f, t_b + t_w)
+    orders = [list(o) for o in split_orders(schedule, p, n_microbatches)]
+    times = logical_times(orders, p * v, t_f / v, t_b / v, t_w / v)
+    return max(end for _, end in times.values()) - n_microbatches * (t_f + t_b + t_w)
+
+
+@functools.lru_cache(maxsize=4096)
+def split_live_counts(schedule: str, p: int, n_microbatches: int, rank: int) -> tuple[tuple[tuple, tuple], ...]:
+    """What rank `rank` of a zero-bubble schedule holds for its backward after each of its actions, as (saved, kept)
+    vectors over its chunks: `saved[c]` microbatches whose forward ran and whose W (or fused backward) has not,
+    `kept[c]` of those whose B ran before a deferred W, each keeping the output gradients W needs
+    (`pylib.pp.backward`); only the pairs no other pair dominates. Replayed on the compute order alone."""
+    order = split_orders(schedule, p, n_microbatches)[rank]
+    deferred = deferred_weights(order)
+    v = 2 if schedule in V_SHAPED else 1
+    saved, kept = [0] * v, [0] * v
+    seen = set()
+    for a in order:
+        if a.op == "F":
+            saved[a.chunk] += 1
+        elif a.op == "B" and (a.mb, a.chunk) in deferred:
+            kept[a.chunk] += 1
+        else:  # a W, or a backward that runs whole: the microbatch's tensors go
+            saved[a.chunk] -= 1
+            kept[a.chunk] -= a.op == "W"
+        seen.add((tuple(saved), tuple(kept)))
+    return tuple(x for x in seen if not any(y != x and _dominates(y, x) for y in seen))
+
+
+def _dominates(y: tuple, x: tuple) -> bool:
+    return all(a >= b for a, b in zip(y[0] + y[1], x[0] + x[1], strict=True))
 
 
 def params_per_rank(

@@ -49,6 +49,19 @@ MLP's first GEMM (TELayerNormColumnParallelLinear: the layer has no norm module 
                pylib's 4 tensors; GELU: the output of 2), its input, fc1's output [R, m_in f/etp], kept; the
                activation runs again at memory speed, reading fc1's output and writing fc2's input,
                e R f/etp (m_in + 1) bytes
+    moe        the whole MoE layer checkpointed (Megatron's `tensor_parallel.checkpoint` of MoELayer's forward): it
+               keeps its input, the router's [T_o, h], and nothing else of the layer (`activations.layer_saved_rows`
+               drops the rest); it runs again the router 2 T_o E h, the experts 2 R h (f/etp) (m_in + 1), the shared
+               experts, and sends again the forward's EP and ETP collectives (`planner.moe_recompute_rows`);
+               moe_act inside it adds nothing
+    shared_experts  the shared experts' MLP checkpointed: its hidden rows and its gathered input dropped, its GEMMs
+               again, 2 T h (f_s/t) (m_in + 1) with f_s = n_shared h_ffn(expert), and under TP its forward
+               collectives once more
+    mla_up_proj  MLA's up-projections and RoPE discard their outputs q, k, v (Megatron's CheckpointWithoutOutput)
+               and rebuild them in backward from the latents the layer keeps anyway. pylib has no MLA: on the
+               multi-head attention that stands in for it (`pylib.plan.presets.deepseek_v3`) the core's saved q, k,
+               v are dropped (`core_input_bytes`) and the QKV GEMM runs again, 2 T h (a_t + 2 kv_t) d -- the stand-in's
+               projection, not MLA's up-projections (the preset's docstring states how far apart they are)
 """
 
 from __future__ import annotations
@@ -191,13 +204,19 @@ def modules_with_effect(cfg, modules, sequence_parallel: bool) -> tuple[str, ...
         "layernorm": any(norm_is_own_module(k, sequence_parallel, n) for k in kinds for n in ("ln1", "ln2")),
         "mlp": False in kinds,
         "moe_act": True in kinds,
+        "moe": True in kinds,
+        "shared_experts": True in kinds and bool(cfg.moe.n_shared_experts),
+        "mla_up_proj": True,
     }
     return tuple(m for m in modules if has.get(m, True))
 
 
-def module_dropped_rows(rows: dict, modules, *, moe_layer: bool, sequence_parallel: bool, sp_regather: bool) -> dict:
+def module_dropped_rows(
+    rows: dict, modules, *, moe_layer: bool, sequence_parallel: bool, sp_regather: bool, qkv_bytes: int = 0
+) -> dict:
     """{row: bytes} of `rows` (one layer's `activations.layer_saved_rows` before Megatron's modules other than the
-    attention core, which `layer_saved_rows` applies itself) that `modules` stop saving (the module docstring)."""
+    attention core and "moe", which `layer_saved_rows` applies itself) that `modules` stop saving (the module
+    docstring). qkv_bytes: the core's q, k, v on this rank (`core_input_bytes`), what "mla_up_proj" discards."""
     out = {}
     fused = sequence_parallel and sp_regather  # Megatron's layer: LN1 inside QKV, a dense LN2 inside W_in
 
@@ -215,20 +234,56 @@ def module_dropped_rows(rows: dict, modules, *, moe_layer: bool, sequence_parall
         if fused:
             drop("MLP input (LN2 output)")
             drop("LayerNorm mean and 1/std", 2)  # LN2's of the two norms' statistics
-    if "moe_act" in modules and moe_layer:
+    if "moe_act" in modules and moe_layer and "moe" not in modules:  # "moe" keeps none of them
         for item in rows:
             if item.startswith("expert hidden"):
                 drop(item, 2)
+    if "shared_experts" in modules and moe_layer and "moe" not in modules:
+        for item in rows:
+            if item.startswith("shared experts"):
+                drop(item)
+    if "mla_up_proj" in modules:  # the core's saved q, k, v (its inputs, when the core is recomputed)
+        for item in rows:
+            if item.startswith("attention core"):
+                out[item] = min(rows[item], qkv_bytes)
     return out
 
 
-def module_extra_flops(cfg, b: int, s: int, t: int = 1, modules=(), *, moe_layer: bool = False) -> int:
+def shared_ff(cfg) -> int:
+    """f_s, the hidden width of a MoE layer's shared experts, one MLP: n_shared x the experts' h_ffn (0: none)."""
+    return cfg.moe.n_shared_experts * (cfg.moe.d_ff or cfg.d_ff) if cfg.moe is not None else 0
+
+
+def module_extra_flops(
+    cfg,
+    b: int,
+    s: int,
+    t: int = 1,
+    modules=(),
+    *,
+    moe_layer: bool = False,
+    expert_rows: int = 0,
+    etp: int = 1,
+    sequence_parallel: bool = False,
+) -> int:
     """Matmul FLOPs one layer's modules run again in backward on one rank (s: this rank's s/cp tokens; the
-    module docstring): core_attn Q K^T, mlp the dense MLP's GEMMs."""
+    module docstring): core_attn Q K^T, mlp the dense MLP's GEMMs, mla_up_proj the QKV GEMM; in a MoE layer
+    shared_experts the shared MLP's GEMMs, moe the router's, the experts' (on `expert_rows` rows, h_ffn/etp) and the
+    shared MLP's (sequence_parallel: the router sees the s/t shard)."""
+    m_in = 2 if cfg.mlp == "swiglu" else 1
+    h = cfg.d_model
     out = core_flops(cfg, b, s, t) // 2 if "core_attn" in modules else 0
     if "mlp" in modules and not moe_layer:
-        m_in = 2 if cfg.mlp == "swiglu" else 1
-        out += 2 * b * s * cfg.d_model * (cfg.d_ff // t) * (m_in + 1)
+        out += 2 * b * s * h * (cfg.d_ff // t) * (m_in + 1)
+    if "mla_up_proj" in modules:
+        heads, (kv, _) = cfg.n_heads // t, kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, t)
+        out += 2 * b * s * h * (heads + 2 * kv) * cfg.d_head
+    if moe_layer and ("moe" in modules or "shared_experts" in modules):
+        out += 2 * b * s * h * (shared_ff(cfg) // t) * (m_in + 1)
+    if moe_layer and "moe" in modules:
+        s_o = s // t if sequence_parallel and t > 1 else s
+        out += 2 * b * s_o * cfg.moe.n_experts * h
+        out += 2 * expert_rows * h * ((cfg.moe.d_ff or cfg.d_ff) // etp) * (m_in + 1)
     return out
 
 
@@ -256,16 +311,21 @@ def module_extra_hbm_bytes(
         out += norm * sum(norm_is_own_module(moe_layer, sp, n) for n in ("ln1", "ln2"))
     if "mlp" in modules and not moe_layer and sp and sp_regather:
         out += norm
-    if "moe_act" in modules and moe_layer:
+    if "moe_act" in modules and moe_layer and "moe" not in modules:  # under "moe" the experts rerun whole
         m_in = 2 if cfg.mlp == "swiglu" else 1
         out += e * expert_rows * ((cfg.moe.d_ff or cfg.d_ff) // etp) * (m_in + 1)
     return out
 
 
-def module_extra_collectives(cfg, b: int, s: int, t: int = 1, modules=(), *, sequence_parallel=False) -> list:
-    """The TP collectives one dense layer's modules issue again in backward: under "mlp" the MLP's forward ones
-    (SP: the all-gather entering and the reduce-scatter leaving; TP alone: the all-reduce leaving)."""
-    if "mlp" not in modules:
+def module_extra_collectives(
+    cfg, b: int, s: int, t: int = 1, modules=(), *, sequence_parallel=False, moe_layer: bool = False
+) -> list:
+    """The TP collectives one layer's modules issue again in backward: in a dense layer under "mlp" the MLP's forward
+    ones (SP: the all-gather entering and the reduce-scatter leaving; TP alone: the all-reduce leaving); in a MoE
+    layer with shared experts the same ones of the shared MLP under "shared_experts" or "moe" (Megatron's
+    SharedExpertMLP is an MLP over the TP group)."""
+    again = ("moe" in modules or "shared_experts" in modules) and shared_ff(cfg) if moe_layer else "mlp" in modules
+    if not again:
         return []
     e = dtype_bytes(cfg.dtype)
     fwd = tp_analysis.layer_collectives(b, s, cfg.d_model, t, e, sequence_parallel=sequence_parallel)
@@ -293,4 +353,5 @@ __all__ = [
     "modules_with_effect",
     "norm_is_own_module",
     "recompute_modules",
+    "shared_ff",
 ]

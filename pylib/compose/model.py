@@ -40,10 +40,10 @@ from pylib.model import torch_dtype
 from pylib.model.moe import tokens_per_expert
 from pylib.plan.fields import instance
 from pylib.plan.options import CP_LAYOUT, MixedPrecision, RunOptions, ZeroStage
-from pylib.plan.schedules import build
+from pylib.plan.schedules import build, deferred_weights, placement_of, rank_stage
 from pylib.pp.executor import Boundary, microbatches, run_pipeline
 from pylib.pp.recorder import PipelineRecorder
-from pylib.pp.split import embedding_group, virtual_stage
+from pylib.pp.split import embedding_group
 from pylib.runtime import collectives as C
 from pylib.runtime.agreement import agree_on_batch
 from pylib.runtime.recompute import is_recomputing
@@ -170,6 +170,19 @@ def _check_precision(precision, cfg) -> None:
         )
 
 
+def last_weight_gradients(actions) -> dict[int, int]:
+    """For each chunk of one rank's action list, the microbatch whose weight gradient is accumulated last: the
+    backward that lets the data-parallel wrapper reduce (Megatron's no_sync for all the others). A fused B
+    accumulates its weight gradient; a split B does not (only the input gradient), its W does. So under a
+    zero-bubble schedule the reduction waits for the chunk's last W, wherever the schedule put it (ZB-H1 puts rank
+    r's last W's after its last B; without this the wrapper would reduce after a B whose W has not run yet)."""
+    deferred, last = deferred_weights(actions), {}
+    for a in actions:
+        if a.op == "W" or (a.op == "B" and (a.mb, a.chunk) not in deferred):
+            last[a.chunk] = a.mb
+    return last
+
+
 class ParallelTransformer:
     """This rank's part of the reference model, the data-parallel wrappers around it and the pipeline schedule."""
 
@@ -191,11 +204,7 @@ class ParallelTransformer:
         self.saved = SavedProbe(self._parameter_storages)
         for c, stage in enumerate(stages):
             stage.chunk = c
-        # the last backward of each chunk on this rank: the one that reduces (Megatron's no_sync for the others)
-        self._last_backward = {}
-        for a in self.schedule[mesh.pp.rank]:
-            if a.op == "B":
-                self._last_backward[a.chunk] = a.mb
+        self._last_backward = last_weight_gradients(self.schedule[mesh.pp.rank])
 
     # -------------------------------------------------------------------------------------------- construction
 
@@ -228,9 +237,9 @@ class ParallelTransformer:
         # built as Megatron-Core builds it: what only a training forward refuses is refused by step()
         check_compose(cfg, mesh.config, mesh.world_size, batch=batch, seq=seq, options=options, training=False)
         pp = mesh.pp
-        n_stages = pp.size * options.v
+        n_stages, placement = pp.size * options.v, placement_of(options.schedule)
         stages = [
-            ParallelStage.from_full(model, mesh, virtual_stage(pp.rank, c, pp.size), n_stages, options)
+            ParallelStage.from_full(model, mesh, rank_stage(pp.rank, c, pp.size, placement), n_stages, options)
             for c in range(options.v)
         ]
         # read the layout before the DP wrappers take the parameters over (ZeRO-3 removes them from the modules)
@@ -286,11 +295,17 @@ class ParallelTransformer:
             raise ComposeConfigError(self._problems[key], tr("a global batch [{batch}, {seq}]", batch=batch, seq=seq))
 
     def _backward_context(self, mb: int, chunk: int):
-        if mb == self._last_backward[chunk]:
-            return nullcontext()
-        if self.zero_stage in (0, 1):
-            return self.wrappers[chunk].no_sync()
-        return nullcontext()  # ZeRO-2 keeps no full gradient to accumulate in; ZeRO-3 reduces in every backward
+        """What a backward (a fused B, or a W) of chunk `chunk` runs in: the chunk's last one reduces, the others
+        only accumulate under DDP and ZeRO-1. A reducing one runs as one pass of the gradient buckets
+        (`GradientBuckets.one_backward`): a W restarts autograd once per layer, and the buckets must not end the
+        pass, and reduce what they hold, after the first of them."""
+        wrapper = self.wrappers[chunk]
+        if self.zero_stage == 3:
+            return nullcontext()  # ZeRO-3 reduces in every backward (zero-bubble schedules are refused with it)
+        if mb != self._last_backward[chunk] and self.zero_stage in (0, 1):
+            return wrapper.no_sync()
+        buckets = wrapper.ddp.buckets if self.zero_stage == 0 else wrapper.buckets
+        return buckets.one_backward()  # ZeRO-2 keeps no full gradient to accumulate in: it reduces every time
 
     def zero_grad(self) -> None:
         for w in self.wrappers:

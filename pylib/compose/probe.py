@@ -77,11 +77,14 @@ class SavedProbe:
         self.bytes[(mb, chunk)] = sum(seen.values())
 
     def peak(self, actions) -> int:
+        """The most forward bytes held at once over one rank's actions: a forward's bytes are freed by its
+        backward, or by its W where the schedule splits that backward (B keeps the graph for W)."""
+        deferred = {(a.mb, a.chunk) for a in actions if a.op == "W"}
         live = best = 0
         for a in actions:
             if a.op == "F":
                 live += self.bytes.get((a.mb, a.chunk), 0)
                 best = max(best, live)
-            elif a.op == "B":
+            elif a.op == "W" or (a.op == "B" and (a.mb, a.chunk) not in deferred):
                 live -= self.bytes.get((a.mb, a.chunk), 0)
         return best

@@ -129,6 +129,7 @@ class GradientBuckets:
         self._in_flight: list[Bucket] = []
         self._in_backward = False
         self._sync = True
+        self._one_pass = False  # inside `one_backward()`: the pass ends with the block, not with an autograd call
         self.backward_start: float | None = None
         self.backward_end: float | None = None
         self.peak_grad_bytes = 0
@@ -191,6 +192,21 @@ class GradientBuckets:
             yield
         finally:
             self._sync = old
+
+    @contextlib.contextmanager
+    def one_backward(self):
+        """The autograd calls inside count as one backward pass. A split weight gradient (`pylib.pp.backward`, the
+        W of a zero-bubble pipeline schedule) restarts autograd once per layer; without this block each call would
+        end a pass, so the buckets would be reduced after the first layer's gradients with the others still to
+        come. Inside, a bucket still launches as soon as all its parameters are in (each parameter is reached
+        once per W), and the rest launch when the block ends, as at the end of one fused backward."""
+        self._one_pass = True
+        try:
+            yield
+        finally:
+            self._one_pass = False
+            if self._in_backward:
+                self._end_backward()
 
     def finish(self) -> None:
         """Wait for every launched bucket and finish it (average, keep the slice, free the buffer)."""
@@ -269,6 +285,8 @@ class GradientBuckets:
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _end_backward(self) -> None:
+        if self._one_pass:  # the end of one autograd call inside `one_backward()`: the pass goes on
+            return
         self._in_backward = False
         self.backward_end = clock.device_now()  # on CUDA: when backward's kernels finished, not were queued
         if self._sync:

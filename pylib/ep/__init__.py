@@ -9,6 +9,8 @@ expert, and the folding of the expert layout ETP x EP x EDP onto the dense ranks
     group_aux_loss(routing, cfg, group)      # this rank's share of the aux losses over the group's tokens
     folding_table(config, world_size)        # each rank's place in the dense and in the expert layout
     routing_table(routing, n_experts, ep, token_names, keep)   # token -> experts, weights, owning EP ranks
+    interleave([stack.steps(x_a), stack.steps(x_b)], overlap=True)   # one micro-batch's all-to-all under the
+                                   # other's compute (pylib.ep.overlap; stack = ExpertParallelStack(blocks, ...))
 """
 
 from .aux_loss import group_aux_loss, group_token_stats
@@ -17,6 +19,7 @@ from .dispatcher import AllToAllDispatcher, DispatchState
 from .experts import LocalExperts
 from .gather_dispatcher import AllGatherDispatcher, AllGatherState
 from .layer import ExpertParallelMoE
+from .overlap import ExpertParallelStack, OverlapRecorder, interleave
 from .permute import PermutePlan, permute, sort_chunks, unpermute
 from .routing_table import format_routing_table, routing_table
 from .shared import SharedExperts
@@ -28,6 +31,9 @@ __all__ = [
     "AllToAllDispatcher",
     "DispatchState",
     "ExpertParallelMoE",
+    "ExpertParallelStack",
+    "OverlapRecorder",
+    "interleave",
     "LocalExperts",
     "PermutePlan",
     "check_expert_parallel",

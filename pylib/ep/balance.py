@@ -70,6 +70,14 @@ class BalanceRun:
         """Per step, the imbalance of the worst MoE layer."""
         return [max(step) for step in self.imbalance]
 
+    def routing_imbalance(self, last: int = 10) -> float:
+        """The planner's factor (`pylib.analysis.planner.Plan.routing_imbalance`): the worst MoE layer's max / mean
+        load, averaged over the run's `last` steps (the load the busiest expert sees once the router has trained)."""
+        if not 1 <= last <= len(self.imbalance):
+            raise ValueError(f"last={last} must be between 1 and the run's {len(self.imbalance)} steps")
+        tail = self.worst()[-last:]
+        return sum(tail) / len(tail)
+
 
 # The small model `train_balance` puts its MoE layers into (the MoE config and the seed are the run's).
 BALANCE_MODEL = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=64)

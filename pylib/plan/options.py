@@ -20,7 +20,7 @@ from pylib.i18n import N_
 
 from .fields import ONE_OF, choice, flag, instance, integer, number, refusal
 from .recompute import RECOMPUTE, RECOMPUTE_METHODS, Recompute, as_recompute
-from .schedules import SCHEDULES
+from .schedules import ALL_SCHEDULES, SCHEDULES
 
 # Sequence parallelism with TP on by default, as pylib.compose runs it: the activations outside the TP region are
 # cut s/(cp tp) (Megatron-Core's `sequence_parallel` flag; it is off by default there, on in every large recipe).
@@ -73,7 +73,8 @@ class RunOptions:
 
     sequence_parallel: cut the activations outside the TP region over tp (needs tp > 1 to change anything);
     cp_kind: "ring", "ulysses" or "allgather" context parallelism; cp_layout: "zigzag" (2 cp chunks, causal load
-    balance) or "contiguous"; schedule: "gpipe", "1f1b" or "interleaved"; n_microbatches: m per step and
+    balance) or "contiguous"; schedule: "gpipe", "1f1b", "interleaved" or a zero-bubble one of `ZERO_BUBBLE` ("zb-v"
+    and "dualpipev" with v=2, the V placement); n_microbatches: m per step and
     data-parallel rank; v: chunks per pipeline rank (interleaved); zero_stage: `ZeroStage` (an int 0..3 is taken
     as one); recompute: a `Recompute` (granularity "none", "selective" or "full", method and num_layers for "full":
     Megatron's recompute_granularity, recompute_method, recompute_num_layers); a granularity string is taken as
@@ -104,7 +105,7 @@ class RunOptions:
             and type(self.cp_layout) is str
             and self.cp_layout in CP_LAYOUTS
             and type(self.schedule) is str
-            and self.schedule in SCHEDULES
+            and self.schedule in ALL_SCHEDULES
             and type(m) is int
             and m >= 1
             and type(v) is int
@@ -116,7 +117,7 @@ class RunOptions:
         flag("RunOptions", "sequence_parallel", self.sequence_parallel)
         choice("RunOptions", "cp_kind", self.cp_kind, ALL_CP_KINDS)
         choice("RunOptions", "cp_layout", self.cp_layout, CP_LAYOUTS)
-        choice("RunOptions", "schedule", self.schedule, SCHEDULES)
+        choice("RunOptions", "schedule", self.schedule, ALL_SCHEDULES)
         m = integer("RunOptions", "n_microbatches", self.n_microbatches)
         v = integer("RunOptions", "v", self.v)
         object.__setattr__(self, "n_microbatches", m)

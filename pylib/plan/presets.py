@@ -2,6 +2,7 @@
 tests, labs, benches and chapters run. Plain data: importing this module loads no torch.
 
     llama2_70b() gpt_style_70b() deepseek_v3_like() llama2_7b() mixtral_8x7b()   # real shapes (meta device only)
+    deepseek_v3()                                                               # its published layout's model
     llama3_405b() megatron_gpt(h, n_heads, n_layers)                            # the calibration's published runs
     probe_config() probe_moe_config()                                           # article B's probe model, on ranks
     seed_a_moe_config(n_experts, top_k)                                         # article A with an MoE MLP
@@ -56,6 +57,36 @@ def deepseek_v3_like() -> ModelConfig:
         position="rope",
         dtype="bfloat16",
         moe=MoEConfig(n_experts=256, top_k=8, d_ff=2048, score="sigmoid"),
+    )
+
+
+def deepseek_v3() -> ModelConfig:
+    """DeepSeek-V3 (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", sections 2 and 4.2) as the planner prices it:
+    h = 7168, V = 129280, SwiGLU, 256 routed experts of h_ffn = 2048, top-8, sigmoid scores, one shared expert,
+    node-limited routing (8 groups, at most 4 per token), in bf16. Three stated approximations, each a shape the
+    reference model cannot express:
+
+    - 62 layers: the 61 of the model and the one transformer block of its multi-token prediction module (depth 1);
+      the MTP module's projection [2h -> h] and its second pass through the shared LM head are left out.
+    - every layer a MoE layer: the model's first 3 are dense with h_ffn = 18432 = 9 x 2048, the FLOPs per token of
+      8 routed experts and the shared one; their weights are counted as MoE layers' (more per layer, on pipeline
+      rank 0 only).
+    - multi-head latent attention written as multi-head attention of 128 heads of h/128 = 56: the projections'
+      FLOPs within 10% of MLA's (4 h^2 = 205.5M multiply-adds per token against MLA's 187.1M), the attention core's
+      below them (d_head 56 for q.k and p.v, where MLA's are 192 and 128), the K/V it keeps likewise smaller
+      (`pylib.analysis.calibration.mla_flops_per_token` computes both from MLA's published ranks)."""
+    return ModelConfig(
+        vocab_size=129280,
+        d_model=7168,
+        n_layers=62,
+        n_heads=128,
+        d_ff=18432,
+        mlp="swiglu",
+        position="rope",
+        dtype="bfloat16",
+        moe=MoEConfig(
+            n_experts=256, top_k=8, d_ff=2048, score="sigmoid", n_shared_experts=1, n_groups=8, topk_groups=4
+        ),
     )
 
 

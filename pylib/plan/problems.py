@@ -31,7 +31,7 @@ from pylib.i18n import N_, tr
 from .config import routing_problems
 from .heads import head_layout
 from .options import CP_LAYOUTS, RunOptions
-from .schedules import ScheduleError, check_schedule
+from .schedules import DUAL, ZERO_BUBBLE, ScheduleError, check_schedule, placement_of
 from .split import check_split
 
 LAYOUTS = CP_LAYOUTS
@@ -288,8 +288,32 @@ def training_problems(cfg, par, options: RunOptions | None = None) -> list[str]:
     return []
 
 
-def _schedule_problems(out: list[str], par, opt: RunOptions) -> None:
+def _schedule_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
     _collect(out, check_schedule, opt.schedule, par.pp, opt.n_microbatches, opt.v)  # what build() checks, unbuilt
+    if opt.schedule in ZERO_BUBBLE and par.pp > 1 and int(opt.zero_stage) == 3:
+        out.append(
+            tr(
+                "the zero-bubble schedule {name} splits each backward into B and W, which ZeRO-3 cannot follow: it "
+                "gathers a unit's parameters for one backward and frees them after it (use zero_stage 0, 1 or 2)",
+                name=opt.schedule,
+            )
+        )
+    if opt.schedule in DUAL:
+        out.append(
+            tr(
+                "{name} keeps two copies of every stage and sums their gradients over rank pairs, which the composed "
+                "model does not build: run it with pylib.pp.PipelineParallel(model, v=2, placement='dual')",
+                name=opt.schedule,
+            )
+        )
+    if cfg.tie_embeddings and par.pp > 1 and placement_of(opt.schedule) == "v":
+        out.append(
+            tr(
+                "{name} puts the first and the last stage on pipeline rank 0 (the V), but tied embeddings are "
+                "summed over the first and the last pipeline rank: untie them (tie_embeddings=False)",
+                name=opt.schedule,
+            )
+        )
 
 
 def problems(
@@ -315,7 +339,7 @@ def problems(
     for p in size_problems(cfg, par, batch=batch, seq=seq, options=opt):
         if p not in out:
             out.append(p)
-    _schedule_problems(out, par, opt)
+    _schedule_problems(out, cfg, par, opt)
     return out
 
 

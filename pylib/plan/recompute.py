@@ -26,10 +26,15 @@ For "selective", Megatron-Core (v0.13 on) names the parts of every layer it reco
 and "moe_act" discard their output and rebuild it in backward from the input the layer keeps anyway. Selective
 recomputation applies to every layer (Megatron refuses recompute_num_layers with it). Of Megatron's list these are
 modelled (`pylib.analysis.recompute`): core_attn, layernorm, mlp (dense layers), moe_act (the experts' activation;
-Megatron asks for --moe-grouped-gemm with it);
-"moe" (the whole MoE layer: its EP dispatch would run again), "shared_experts" (pylib's MoE has none) and
-"mla_up_proj" (no MLA here) are refused by name. The modules are the analysis only: pylib.compose recomputes the
-attention core (recompute="selective") and nothing finer.
+Megatron asks for --moe-grouped-gemm with it), moe (the whole MoE layer checkpointed: router, dispatch, experts,
+combine and shared experts run again, the EP all-to-alls included), shared_experts (the shared experts' MLP) and
+mla_up_proj (MLA's up-projections and RoPE, their outputs q, k, v discarded; priced on the multi-head attention that
+stands in for MLA here, `pylib.plan.presets.deepseek_v3`). Megatron-LM d98e8a6 lists them in
+megatron/core/transformer/transformer_config.py (`recompute_modules`) and applies "moe" and "shared_experts" in
+megatron/core/transformer/moe/moe_layer.py (`tensor_parallel.checkpoint` of the layer's forward), "mla_up_proj" in
+megatron/core/transformer/multi_latent_attention.py (`CheckpointWithoutOutput` of `qkv_up_proj_and_rope_apply`).
+Megatron's modules of other layer kinds (gdn_*, mhc) are refused by name. The modules are the analysis only:
+pylib.compose recomputes the attention core (recompute="selective") and nothing finer.
 """
 
 from __future__ import annotations
@@ -40,11 +45,13 @@ from . import fields
 
 RECOMPUTE = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act")  # modelled, in Megatron's spelling
+# modelled, in Megatron's spelling
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe_act", "moe", "shared_experts", "mla_up_proj")
 UNMODELLED_MODULES = {
-    "moe": "the whole MoE layer recomputed runs its EP all-to-alls again, which the traffic model does not count",
-    "shared_experts": "pylib's MoE layer has no shared experts",
-    "mla_up_proj": "pylib has no multi-latent attention",
+    "gdn_norm_out": "pylib has no GatedDeltaNet layer",
+    "gdp_in_proj": "pylib has no GatedDeltaProduct layer",
+    "gdp_qkv": "pylib has no GatedDeltaProduct layer",
+    "mhc": "pylib has no hyper-connections",
 }
 DEFAULT_MODULES = ("core_attn",)  # Megatron's default, and what recompute="selective" recomputes in pylib
 

@@ -44,6 +44,14 @@ done, W not yet (W still needs the forward's saved tensors).
                in flight: 2p+1 chunk activations (DeepSeek's PP+1, PP = 2p stages). Needs m >= 2p. Bubble
                (p-1)(T_FB + T_B - 2 T_W) = DeepSeek's (PP/2-1)(F&B + B - 3W), B there the full backward, exactly
                when T_F = T_B and T_FB = T_F + T_B + T_W (tests/test_pp_dualpipe.py).
+  DualPipe     DeepSeek's original (`_dualpipe`), even p: two copies of the model, one per direction. The
+               "dual" placement is the V's stage -> rank map with its two arms cut apart: stages 0..p-1 (the first
+               copy) on ranks 0..p-1 run microbatches 0..m/2-1 from rank 0, stages p..2p-1 (the second copy) on
+               ranks p-1..0 run m/2..m-1 from rank p-1 (`microbatch_spans`: where each microbatch starts and
+               ends). Rank r and its mirror p-1-r run DualPipeV's order of rank min(r, p-1-r) on p/2 ranks.
+               in flight: p+1 stage activations (PP+1), parameters 2x; the two copies' gradients are summed over
+               the rank pair after the step (`pylib.pp.pipeline.sum_copy_gradients`). Needs m even, m >= 2p.
+               Bubble (p/2-1)(T_FB + T_B - 2 T_W), DeepSeek's (PP/2-1)(F&B + B - 3W) with PP = p.
 Their bubbles, with T_F, T_B, T_W the costs of F, B and W (1F1B's backward costs T_B + T_W), measured on the
 busiest rank from its own first compute to its own last (`pylib.pp.timeline.Bubble.own_idle`): 1F1B
 (p-1)(T_F+T_B+T_W); ZB-H1 (p-1)(T_F+T_B-T_W) when T_W <= T_F and T_W <= T_B; ZB-H2 zero when T_F = T_B = T_W
@@ -81,12 +89,13 @@ from pylib.i18n import tr
 
 from .split import virtual_stage
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")  # the ones RunOptions, compose and the planner know
-ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-v", "dualpipev")  # B and W split: built and run here, not yet known to the planner
-ALL_SCHEDULES = SCHEDULES + ZERO_BUBBLE
+SCHEDULES = ("gpipe", "1f1b", "interleaved")  # the fused-backward ones (what the planner modelled first)
+ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-v", "dualpipev")  # B and W split (RunOptions and compose run ALL_SCHEDULES)
+DUAL = ("dualpipe",)  # two copies of the model, fed from both ends (the "dual" placement; not composed)
+ALL_SCHEDULES = SCHEDULES + ZERO_BUBBLE + DUAL
 V_SHAPED = ("zb-v", "dualpipev")  # two chunks per rank in the V placement (`PLACEMENTS`)
 OVERLAP = "&"  # Action.what of a forward that shares its slot with the next B (DualPipe's F&B)
-PLACEMENTS = ("loop", "v")
+PLACEMENTS = ("loop", "v", "dual")
 V_MIN_MICROBATCHES = {"zb-v": lambda p: p, "dualpipev": lambda p: 2 * p}
 V_MIN_MICROBATCHES_TEXT = {"zb-v": "p", "dualpipev": "2p"}
 V_MIN_MICROBATCHES_WHY = {
@@ -96,8 +105,8 @@ V_MIN_MICROBATCHES_WHY = {
 
 
 def placement_of(name: str) -> str:
-    """Where schedule `name` puts its stages: "v" for the V-shaped ones, else "loop"."""
-    return "v" if name in V_SHAPED else "loop"
+    """Where schedule `name` puts its stages: "v" for the V-shaped ones, "dual" for DualPipe, else "loop"."""
+    return "v" if name in V_SHAPED else "dual" if name in DUAL else "loop"
 
 
 def rank_stage(rank: int, chunk: int, p: int, placement: str = "loop") -> int:
@@ -107,9 +116,9 @@ def rank_stage(rank: int, chunk: int, p: int, placement: str = "loop") -> int:
     last stage are both on rank 0. In both, stage k is chunk k // p of its rank."""
     if placement == "loop":
         return virtual_stage(rank, chunk, p)
-    if placement == "v":
+    if placement in ("v", "dual"):  # "dual": the V's map, its two arms two copies of the model (`_dualpipe`)
         if chunk not in (0, 1):
-            raise ScheduleError(f"the V placement has two chunks per rank, 0 and 1, not chunk {chunk}")
+            raise ScheduleError(f"the {placement} placement has two chunks per rank, 0 and 1, not chunk {chunk}")
         return rank if chunk == 0 else 2 * p - 1 - rank
     raise ScheduleError(f"unknown placement {placement!r}; known: {', '.join(PLACEMENTS)}")
 
@@ -213,6 +222,16 @@ class Schedule:
     def n_stages(self) -> int:
         return self.p * self.v
 
+    @functools.cached_property
+    def spans(self) -> dict[int, tuple[int, int]]:
+        """mb -> (first, last) stage it runs through: (0, p·v-1) for every microbatch but DualPipe's, whose first
+        half runs through stages 0..p-1 and second half through p..2p-1 (the other copy of the model)."""
+        return microbatch_spans(self.actions)
+
+    def model_stage(self, k: int) -> int:
+        """Which stage of the model stage k holds: k itself, or k - p on DualPipe's second copy."""
+        return k - self.p if self.placement == "dual" and k >= self.p else k
+
     @property
     def ranks(self) -> tuple[int, ...]:
         """ranks[k]: the rank holding stage k (`stage_ranks`)."""
@@ -235,6 +254,20 @@ class Schedule:
         return "\n".join(
             tr("rank {r}: {actions}", r=r, actions=" ".join(str(a) for a in self.compute(r))) for r in range(self.p)
         )
+
+
+def microbatch_spans(orders) -> dict[int, tuple[int, int]]:
+    """mb -> (first, last) stage that microbatch's forwards run through, read off the per-rank lists: a forward
+    takes its input from the previous stage only after its span's first, a backward its output gradient from the
+    next only before its span's last."""
+    lo: dict[int, int] = {}
+    hi: dict[int, int] = {}
+    for order in orders:
+        for a in order:
+            if a.op == "F":
+                lo[a.mb] = min(lo.get(a.mb, a.stage), a.stage)
+                hi[a.mb] = max(hi.get(a.mb, a.stage), a.stage)
+    return {mb: (lo[mb], hi[mb]) for mb in lo}
 
 
 def deferred_weights(actions) -> set[tuple[int, int]]:
@@ -404,6 +437,8 @@ def compute_order(
         return _zb_v(p, n_microbatches, rank)
     if name == "dualpipev":
         return _dualpipe_v(p, n_microbatches, rank)
+    if name == "dualpipe":
+        return _dualpipe(p, n_microbatches, rank)
 
     if name == "gpipe":
         return [f(i, 0) for i in range(n_microbatches)] + [b(i, 0) for i in range(n_microbatches)]
@@ -551,6 +586,29 @@ def _dualpipe_v(p: int, n_microbatches: int, rank: int) -> list[Action]:
     return out
 
 
+def _dualpipe(p: int, n_microbatches: int, rank: int) -> list[Action]:
+    """DualPipe (DeepSeek-V3, Section 3.2.1) on rank r of an even p: two copies of the model, one per direction.
+    Microbatches 0..m/2-1 enter at rank 0 and run the first copy, stages 0..p-1 on ranks 0..p-1; m/2..m-1 enter
+    at rank p-1 and run the second copy, stages p..2p-1 (model stages 0..p-1) on ranks p-1..0. So rank r holds
+    model stage r (chunk 0) and model stage p-1-r (chunk 1): the V's map (`rank_stage`), its two arms cut apart
+    into two pipelines ("dual" placement).
+
+    The order: rank r and its mirror p-1-r run the same one, each its own direction first. It is DualPipeV's
+    (`_dualpipe_v`) for rank h = min(r, p-1-r) of p/2 ranks with m/2 microbatches: DualPipeV's chunk 0 is the
+    first-half rank's own direction, its chunk 1 the other one. Unfolded, each direction is one DualPipeV run with
+    its turn stretched over the mirror ranks: the same dependencies, so the same deadlock freedom and the same
+    bubble, (p/2-1)(F&B+B-3W) on p ranks -- DeepSeek's formula with PP = p."""
+    m, half = n_microbatches, p // 2
+    mirror = rank >= half  # the second half: its own direction (local chunk 0) is the second copy
+    h = min(rank, p - 1 - rank)
+    stages = (rank_stage(rank, 0, p, "dual"), rank_stage(rank, 1, p, "dual"))
+    out = []
+    for a in _dualpipe_v(half, m // 2, h):
+        chunk = a.chunk ^ mirror
+        out.append(Action(a.op, a.mb + (m // 2 if chunk else 0), chunk, stages[chunk], a.what))
+    return out
+
+
 def _zb_h2(p: int, n_microbatches: int) -> list[list[Action]]:
     """ZB-H2 for every rank: each rank, whenever it is free (unit costs, communication free), runs the B whose
     output gradient has arrived, else the next forward if fewer than 2p-1 microbatches are in flight, else its
@@ -590,14 +648,15 @@ def _zb_h2(p: int, n_microbatches: int) -> list[list[Action]]:
 # --------------------------------------------------------------------------------------------- placement
 
 
-def _dependencies(a: Action, n_stages: int) -> list[tuple[str, int, int]]:
-    """(op, mb, stage) of the compute actions `a` waits for."""
+def _dependencies(a: Action, spans: dict) -> list[tuple[str, int, int]]:
+    """(op, mb, stage) of the compute actions `a` waits for (spans: `microbatch_spans`)."""
+    first, last = spans[a.mb]
     if a.op == "W":
         return [("B", a.mb, a.stage)]
     if a.op == "F":
-        return [("F", a.mb, a.stage - 1)] if a.stage > 0 else []
+        return [("F", a.mb, a.stage - 1)] if a.stage > first else []
     deps = [("F", a.mb, a.stage)]
-    if a.stage < n_stages - 1:
+    if a.stage < last:
         deps.append(("B", a.mb, a.stage + 1))
     return deps
 
@@ -615,6 +674,9 @@ def logical_times(
     actions given the slot's start and end). Returns {(op, mb, stage): (start, end)}; raises ScheduleError
     if some action's data never arrives (the compute orders themselves deadlock)."""
     done: dict[tuple[str, int, int], tuple[float, float]] = {}
+    spans = microbatch_spans(orders)
+    if any(hi >= n_stages for _, hi in spans.values()):
+        raise ScheduleError(f"a forward names a stage beyond the {n_stages} stages: {spans}")
     deferred = [deferred_weights(order) for order in orders]
     pos = [0] * len(orders)
     clock = [0.0] * len(orders)
@@ -625,7 +687,7 @@ def logical_times(
             while pos[r] < len(order):
                 a = order[pos[r]]
                 slot = [a, overlap_partner(order, pos[r], r)] if a.overlapped else [a]
-                deps = [d for x in slot for d in _dependencies(x, n_stages)]
+                deps = [d for x in slot for d in _dependencies(x, spans)]
                 if any(d not in done for d in deps):
                     break
                 start = max([clock[r]] + [done[d][1] for d in deps])
@@ -650,25 +712,25 @@ def _link(from_stage: int, to_stage: int, ranks: tuple[int, ...]) -> int:
     return ranks[min(from_stage, to_stage)]
 
 
-def _messages_out(a: Action, ranks: tuple[int, ...]) -> list[Action]:
+def _messages_out(a: Action, ranks: tuple[int, ...], spans: dict) -> list[Action]:
     """The send a compute issues: a forward's activation to the next stage, a backward's gradient to the previous
     -- none where that stage is on the same rank (the V's turn, stages p-1 and p on rank p-1: handed over in
-    memory)."""
-    me = ranks[a.stage]
-    if a.op == "F" and a.stage < len(ranks) - 1 and ranks[a.stage + 1] != me:
+    memory), none past the microbatch's span (`microbatch_spans`)."""
+    me, (first, last) = ranks[a.stage], spans[a.mb]
+    if a.op == "F" and a.stage < last and ranks[a.stage + 1] != me:
         return [Action("send", a.mb, a.chunk, a.stage, "act", ranks[a.stage + 1])]
-    if a.op == "B" and a.stage > 0 and ranks[a.stage - 1] != me:
+    if a.op == "B" and a.stage > first and ranks[a.stage - 1] != me:
         return [Action("send", a.mb, a.chunk, a.stage, "grad", ranks[a.stage - 1])]
     return []
 
 
-def _messages_in(a: Action, ranks: tuple[int, ...]) -> list[Action]:
+def _messages_in(a: Action, ranks: tuple[int, ...], spans: dict) -> list[Action]:
     """The receive a compute needs first: its input activation, or its output's gradient (none from its own
-    rank)."""
-    me = ranks[a.stage]
-    if a.op == "F" and a.stage > 0 and ranks[a.stage - 1] != me:
+    rank, none past the microbatch's span)."""
+    me, (first, last) = ranks[a.stage], spans[a.mb]
+    if a.op == "F" and a.stage > first and ranks[a.stage - 1] != me:
         return [Action("recv", a.mb, a.chunk, a.stage, "act", ranks[a.stage - 1])]
-    if a.op == "B" and a.stage < len(ranks) - 1 and ranks[a.stage + 1] != me:
+    if a.op == "B" and a.stage < last and ranks[a.stage + 1] != me:
         return [Action("recv", a.mb, a.chunk, a.stage, "grad", ranks[a.stage + 1])]
     return []
 
@@ -677,13 +739,13 @@ class _ExchangeTimes:
     """When each message can be exchanged: the first moment tau, between its producer's end and its consumer's
     start, when neither end is in the middle of a compute (so a blocking send waits for nobody)."""
 
-    def __init__(self, orders: list[list[Action]], times: dict, ranks: tuple[int, ...]):
+    def __init__(self, orders: list[list[Action]], times: dict, ranks: tuple[int, ...], spans: dict):
         self.spans = [[times[(a.op, a.mb, a.stage)] for a in order] for order in orders]
         self.starts = [[start for start, _ in rank_spans] for rank_spans in self.spans]
         self.consumer_start = {}  # message -> (receiving rank, start of the compute that needs it)
         for r, order in enumerate(orders):
             for a in order:
-                for rv in _messages_in(a, ranks):
+                for rv in _messages_in(a, ranks, spans):
                     self.consumer_start[rv.message()] = (r, times[(a.op, a.mb, a.stage)][0])
 
     def free(self, r: int, t: float) -> bool:
@@ -726,17 +788,18 @@ def place_communication(
     policy "naive": every receive right before the compute that needs it and every send right after the compute
     that produced it -- the obvious placement, which deadlocks under blocking sends (kept for the book to show).
     Returns (actions per rank, logical times per rank)."""
-    n_stages, ranks = p * v, stage_ranks(p, v, placement)
+    n_stages, ranks, spans = p * v, stage_ranks(p, v, placement), microbatch_spans(orders)
     times = logical_times(orders, n_stages, cost_f, cost_b, cost_w, cost_fb)
     per_rank_times = [{a: times[(a.op, a.mb, a.stage)] for a in order} for order in orders]
     if policy == "naive":
         placed = [
-            [x for a in order for x in (*_messages_in(a, ranks), a, *_messages_out(a, ranks))] for order in orders
+            [x for a in order for x in (*_messages_in(a, ranks, spans), a, *_messages_out(a, ranks, spans))]
+            for order in orders
         ]
         return placed, per_rank_times
     if policy != "ordered":
         raise ValueError(f"policy must be 'ordered' or 'naive', not {policy!r}")
-    exchange = _ExchangeTimes(orders, times, ranks)
+    exchange = _ExchangeTimes(orders, times, ranks, spans)
     events: list[list[tuple]] = [[] for _ in range(p)]
     for r, order in enumerate(orders):
         for a in order:
@@ -744,7 +807,7 @@ def place_communication(
             # a compute sorts after the messages exchanged at its start (both halves of an overlapped pair start
             # together: the pair's receives come before its forward, its sends after its B; the sort is stable)
             events[r].append(((start, 1), a))
-            for snd in _messages_out(a, ranks):
+            for snd in _messages_out(a, ranks, spans):
                 msg = snd.message()
                 key = _message_key(exchange(r, end, msg), msg, ranks)
                 receiver = exchange.consumer_start[msg][0]
@@ -772,6 +835,9 @@ def check_schedule(
         return _loose_group_size(p, v, group_size)
     if name in V_SHAPED:
         _check_v(name, p, n_microbatches, v, group_size)
+        return None
+    if name in DUAL:
+        _check_dual(name, p, n_microbatches, v, group_size)
         return None
     if v != 1:
         raise ScheduleError(f"{name} runs one chunk per rank (v=1), got v={v}; use 'interleaved' for v > 1")
@@ -806,6 +872,29 @@ def _check_v(name: str, p: int, n_microbatches: int, v: int, group_size: int | N
         )
 
 
+def _check_dual(name: str, p: int, n_microbatches: int, v: int, group_size: int | None) -> None:
+    """DualPipe's sizes (DeepSeek's `DualPipe.step` asserts the same): two chunks per rank (one per direction), an
+    even p (rank r pairs with rank p-1-r), m even (half from each end) and m >= 2p (each half runs DualPipeV's
+    order on p/2 rank pairs, which needs m/2 >= 2(p/2))."""
+    if v != 2:
+        raise ScheduleError(
+            f"{name} runs two chunks per rank, one per direction (stage r of one copy, p-1-r of the other): v must "
+            f"be 2, got v={v}"
+        )
+    if group_size is not None:
+        raise ScheduleError(f"group_size applies to the interleaved schedule only, not {name}")
+    if p % 2:
+        raise ScheduleError(
+            f"{name} needs an even number of pipeline ranks: p={p} (rank r and rank p-1-r are a pair, each the "
+            "mirror of the other; use dualpipev, its V cut in half, for any p)"
+        )
+    if n_microbatches % 2 or n_microbatches < 2 * p:
+        raise ScheduleError(
+            f"{name} needs an even m >= 2p microbatches: m={n_microbatches}, p={p}, 2p={2 * p} (half enter at each "
+            "end; each half runs DualPipeV's order over p/2 rank pairs, which needs m/2 >= p)"
+        )
+
+
 def build(
     name: str,
     p: int,
@@ -831,7 +920,7 @@ def build(
     group): it still runs and is still correct, but its bubble exceeds (p-1)/(v·m) -- which is why Megatron
     rejects it."""
     group_size = check_schedule(name, p, n_microbatches, v, group_size=group_size, strict=strict)
-    split = name in ZERO_BUBBLE
+    split = name in ZERO_BUBBLE + DUAL
     cost_b = (1.0 if split else 2.0) if cost_b is None else cost_b
     cost_w = (1.0 if split else 0.0) if cost_w is None else cost_w
     orders = [compute_order(name, p, n_microbatches, r, v, group_size, strict=strict) for r in range(p)]
@@ -843,6 +932,11 @@ def build(
 def zb_v(p: int, n_microbatches: int, **kw) -> Schedule:
     """ZB-V: two chunks per rank in the V placement, no bubble when T_F = T_B = T_W, 1F1B's peak memory."""
     return build("zb-v", p, n_microbatches, 2, **kw)
+
+
+def dualpipe(p: int, n_microbatches: int, **kw) -> Schedule:
+    """DualPipe: two copies of the model fed from both ends (even p, even m >= 2p), DualPipeV's order per pair."""
+    return build("dualpipe", p, n_microbatches, 2, **kw)
 
 
 def dualpipe_v(p: int, n_microbatches: int, **kw) -> Schedule:

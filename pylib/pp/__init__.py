@@ -5,6 +5,7 @@ sched = build("1f1b", p, m)              # or gpipe(p, m), one_f_one_b(p, m), in
 sched = build("zb-h1", p, m)             # zero bubble: zb_h1(p, m), zb_h2(p, m): the backward split in B and W
 sched = zb_v(p, m)                       # ZB-V: v=2 chunks in the V (stage r and 2p-1-r on rank r), sched.ranks
 sched = dualpipe_v(p, m)                 # DualPipeV: the V with overlapped F&B slots (an F marked "&", then its B)
+sched = dualpipe(p, m)                   # DualPipe: two model copies fed from both ends (even p; placement "dual")
 sched[r]                                 # rank r's plain list of Actions: F / B / W / send / recv
 simulate(sched)                          # run the lists against each other: deadlocks, timeline
 bubble(timeline), peak_in_flight(timeline)
@@ -34,6 +35,7 @@ from pylib.plan.schedules import (
     check_interleaved,
     compute_order,
     deferred_weights,
+    dualpipe,
     dualpipe_v,
     gpipe,
     interleaved_1f1b,
@@ -50,7 +52,7 @@ from pylib.plan.schedules import (
 
 from .backward import WeightGrad, backward_input
 from .executor import Boundary, PipelineRun, microbatches, pipeline_device, run_pipeline
-from .pipeline import PipelineParallel
+from .pipeline import PipelineParallel, sum_copy_gradients
 from .recorder import PipelineRecorder
 from .simulate import DeadlockError, simulate
 from .split import (
@@ -89,6 +91,7 @@ __all__ = [
     "check_split",
     "compute_order",
     "deferred_weights",
+    "dualpipe",
     "dualpipe_v",
     "gpipe",
     "idle_intervals",
@@ -110,6 +113,7 @@ __all__ = [
     "simulate",
     "split_model",
     "stage_layers",
+    "sum_copy_gradients",
     "virtual_stage",
     "warmup_forwards",
     "zb_h1",

@@ -69,8 +69,9 @@ from .timeline import Event
 class PipelineRun:
     """What one rank saw in one step.
 
-    losses: each microbatch's (unscaled) loss, on the rank holding the last stage; empty elsewhere.
-    loss: their mean = the full-batch mean loss (None off the last stage).
+    losses: each microbatch's (unscaled) loss, on the rank holding the last stage; empty elsewhere. Under DualPipe
+    the two end ranks each hold one copy's half (microbatches 0..m/2-1 on rank p-1, m/2..m-1 on rank 0).
+    loss: their mean = the full-batch mean loss (None off the last stage; DualPipe: the mean of its half).
     timeline: this rank's Events (seconds from the common start).
     peak_in_flight: most (microbatch, chunk) activations held at once.
     activation_bytes: bytes autograd saved in each forward, by (mb, chunk); peak_activation_bytes: most held at once.
@@ -171,8 +172,8 @@ def run_pipeline(
         inputs,
         targets,
         m=schedule.m,
-        n_stages=schedule.p * schedule.v,
         ranks=schedule.ranks,
+        spans=schedule.spans,
         shape_of=boundary.shape_of,
         dtype=dtype,
         device=device,
@@ -190,7 +191,7 @@ def run_pipeline(
     return PipelineRun(
         rank=g.rank,
         losses=losses,
-        loss=sum(losses) / schedule.m if losses else None,
+        loss=sum(losses) / len(losses) if losses else None,
         timeline=rec.timeline,
         peak_in_flight=rec.peak_in_flight,
         activation_bytes=rec.activation_bytes,
@@ -206,9 +207,11 @@ def _check_run(schedule: Schedule, chunks, g, inputs, targets) -> None:
     if len(chunks) != v:
         raise ValueError(f"the schedule runs v={v} chunks per rank but this rank holds {len(chunks)}")
     me = g.rank
-    if me == 0 and (inputs is None or len(inputs) != m):
+    firsts = {schedule.rank_of(lo) for lo, _ in schedule.spans.values()}
+    lasts = {schedule.rank_of(hi) for _, hi in schedule.spans.values()}
+    if me in firsts and (inputs is None or len(inputs) != m):
         raise ValueError(f"rank {me} holds the first stage and needs m={m} microbatch inputs")
-    if me == schedule.rank_of(p * v - 1) and (targets is None or len(targets) != m):
+    if me in lasts and (targets is None or len(targets) != m):
         raise ValueError(f"rank {me} holds the last stage and needs m={m} microbatch targets")
 
 
@@ -222,8 +225,8 @@ class RankStep:
     inputs: Sequence[torch.Tensor] | None
     targets: Sequence | None
     m: int
-    n_stages: int
     ranks: tuple[int, ...]  # ranks[k]: the rank holding stage k (the schedule's placement)
+    spans: dict  # mb -> (first, last) stage it runs through (`Schedule.spans`: DualPipe's two copies)
     shape_of: Callable[[int, int], tuple]
     dtype: torch.dtype
     device: torch.device
@@ -251,11 +254,12 @@ class RankStep:
 
     def forward(self, a: Action) -> None:
         key, chunk = (a.mb, a.chunk), self.chunks[a.chunk]
-        if a.stage > 0 and self.ranks[a.stage - 1] == self.g.rank:  # the V's turn: the previous stage is here
+        first, last = self.spans[a.mb]
+        if a.stage > first and self.ranks[a.stage - 1] == self.g.rank:  # the V's turn: the previous stage is here
             self.stage_in[key] = self.stage_out[(a.mb, (a.stage - 1) // self.g.size)].detach().requires_grad_()
-        x = self.inputs[a.mb] if a.stage == 0 else self.stage_in[key]
+        x = self.inputs[a.mb] if a.stage == first else self.stage_in[key]
         with self.rec.forward(key, self.excluded[a.chunk]):
-            if a.stage == self.n_stages - 1:
+            if a.stage == last:
                 y = self.loss(chunk, x, a.mb)
             else:
                 y = chunk(x)
@@ -272,22 +276,23 @@ class RankStep:
     def backward(self, a: Action) -> None:
         key = (a.mb, a.chunk)
         y = self.stage_out.pop(key)
-        if a.stage == self.n_stages - 1:
+        first, last = self.spans[a.mb]
+        if a.stage == last:
             dy = None
         elif self.ranks[a.stage + 1] == self.g.rank:  # the V's turn: the next stage's B ran here
             dy = self.grad_in.pop((a.mb, (a.stage + 1) // self.g.size))
         else:
             dy = self.grad_out.pop(key)
         if key in self.deferred:  # B: the input gradient only; W comes later
-            x = self.stage_in.pop(key) if a.stage > 0 else None
+            x = self.stage_in.pop(key) if a.stage > first else None
             dx, self.weight_grads[key] = backward_input(y, dy, x, self.excluded[a.chunk])
-            if a.stage > 0:
+            if a.stage > first:
                 self.grad_in[key] = dx
             self.rec.input_grad_done(key, self.weight_grads[key].stash_bytes)
             return
         with self.backward_context(a.mb, a.chunk) if self.backward_context is not None else nullcontext():
             torch.autograd.backward(y, grad_tensors=dy)
-        if a.stage > 0:
+        if a.stage > first:
             self.grad_in[key] = self.stage_in.pop(key).grad
         self.rec.backward_done(key)
 
@@ -331,6 +336,8 @@ class RankStep:
                 f"{sorted(self.stage_in)}, gradients {sorted(self.grad_out)} / {sorted(self.grad_in)}, weight "
                 f"gradients {sorted(self.weight_grads)}): some forward has no backward, W or send"
             )
-        if self.g.rank != self.ranks[-1]:
+        if not self.losses:
             return []
-        return torch.stack([self.losses[i] for i in range(self.m)]).tolist()  # one device-to-host read a step
+        # the microbatches whose loss this rank computed, in order (all m but under DualPipe, where each end rank
+        # holds one copy's half); one device-to-host read a step
+        return torch.stack([self.losses[i] for i in sorted(self.losses)]).tolist()

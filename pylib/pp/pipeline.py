@@ -4,6 +4,7 @@ Inside a launched rank:
 
     pipe = PipelineParallel(build_model(cfg), group=mesh.pp, v=2)      # keeps only this rank's chunks
     pipe = PipelineParallel(model, group=mesh.pp, v=2, placement="v")   # the V (zb-v): stage r and 2p-1-r
+    pipe = PipelineParallel(model, group=mesh.pp, v=2, placement="dual")  # DualPipe: stage r and p-1-r, two copies
     run = pipe.step(ids, targets, schedule="interleaved", n_microbatches=4)
     opt = torch.optim.SGD(pipe.parameters(), lr=0.1); opt.step()
     dict(pipe.named_parameters())          # reference names: "layers.3.mlp.up_proj.weight", ...
@@ -74,7 +75,7 @@ class PipelineParallel:
                 f"{self.placement!r}: build PipelineParallel(model, v={sched.v}, placement={sched.placement!r})"
             )
         b, s = ids.shape
-        return run_pipeline(
+        run = run_pipeline(
             sched,
             self.chunks,
             group=self.group,
@@ -83,3 +84,30 @@ class PipelineParallel:
             boundary=Boundary((b // m, s, self.cfg.d_model), torch_dtype(self.cfg.dtype)),
             **run_kw,
         )
+        if self.placement == "dual":
+            sum_copy_gradients(self.chunks, self.group)
+        return run
+
+
+def sum_copy_gradients(chunks, group) -> None:
+    """DualPipe's last step: rank r's chunk 0 and rank p-1-r's chunk 1 are the two copies of model stage r, each
+    with the gradient of its half of the microbatches; both get the sum. Each rank sends its two chunks' gradients
+    to its mirror and adds the mirror's chunk 1 to its chunk 0 and chunk 0 to chunk 1 (one exchange of the whole
+    rank's gradients per step, phase "grad_sync"; a + b = b + a in floating point, so the copies stay equal bit
+    for bit). DeepSeek's DualPipe leaves this sum to the caller."""
+    g = C.resolve_group(group)
+    mirror = g.size - 1 - g.rank
+    grads = [[q.grad if q.grad is not None else torch.zeros_like(q) for q in chunk.parameters()] for chunk in chunks]
+    mine = torch.cat([t.reshape(-1) for c in grads for t in c])
+    theirs = torch.empty_like(mine)
+    work = C.isend(mine, mirror, g, phase="grad_sync", tag="pp.copies")
+    C.recv(theirs, mirror, g, phase="grad_sync", tag="pp.copies")
+    work.wait()
+    n0 = sum(t.numel() for t in grads[0])
+    # the mirror sent [its chunk 0 | its chunk 1]: its chunk 1 is our chunk 0's copy, its chunk 0 our chunk 1's
+    other = {0: theirs[mine.numel() - n0 :], 1: theirs[: mine.numel() - n0]}
+    for c, chunk in enumerate(chunks):
+        offset = 0
+        for q, t in zip(chunk.parameters(), grads[c]):
+            q.grad = t + other[c][offset : offset + t.numel()].view_as(t)
+            offset += t.numel()

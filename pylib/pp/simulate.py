@@ -34,6 +34,7 @@ from pylib.plan.schedules import (
     ScheduleError,
     compute_cost,
     deferred_weights,
+    microbatch_spans,
     overlap_partner,
     slot_cost,
 )
@@ -100,7 +101,7 @@ class _Simulation:
         self.computed: list[set] = [set() for _ in range(p)]  # (op, mb, chunk) done on rank r
         self.received: list[set] = [set() for _ in range(p)]  # (what, mb, chunk) arrived at rank r
         self.in_link: dict[tuple[int, int], deque] = {}  # eager: (src, dst) -> [(send action, arrival time)]
-        self.last_stage = max((a.stage for lst in lists for a in lst), default=0)
+        self.spans = microbatch_spans(lists)  # mb -> (first, last) stage (DualPipe: one copy of the model each)
         # where each stage lives, read off the computes: (rank, chunk); a neighbour stage on the same rank (the
         # V's turn) hands its tensor over in memory, with no message
         self.home = {a.stage: (r, a.chunk) for r, lst in enumerate(lists) for a in lst if a.is_compute}
@@ -200,7 +201,7 @@ class _Simulation:
         if (a.op, a.mb, a.chunk) in self.computed[r]:
             raise ScheduleError(f"rank {r}: {a} runs twice")
         if a.op == "F":
-            if a.stage > 0 and not self.arrived(r, "act", a.mb, a.chunk, a.stage - 1, "F"):
+            if a.stage > self.spans[a.mb][0] and not self.arrived(r, "act", a.mb, a.chunk, a.stage - 1, "F"):
                 raise ScheduleError(f"rank {r}: {a} runs before its input activation was received")
             return
         if a.op == "W":
@@ -209,7 +210,7 @@ class _Simulation:
             return
         if ("F", a.mb, a.chunk) not in self.computed[r]:
             raise ScheduleError(f"rank {r}: {a} runs before its forward")
-        if a.stage < self.last_stage and not self.arrived(r, "grad", a.mb, a.chunk, a.stage + 1, "B"):
+        if a.stage < self.spans[a.mb][1] and not self.arrived(r, "grad", a.mb, a.chunk, a.stage + 1, "B"):
             raise ScheduleError(f"rank {r}: {a} runs before its output gradient was received")
 
     def arrived(self, r: int, what: str, mb: int, chunk: int, neighbour: int, op: str) -> bool:

@@ -232,6 +232,8 @@ def rank_chunks(
 ) -> list[PipelineChunk]:
     """This rank's chunks only (what a launched rank keeps), in chunk order. recompute: as
     `PipelineChunk.from_full`; placement: "loop" or "v" (`pylib.plan.schedules.rank_stage`)."""
+    if placement == "dual":
+        return _dual_chunks(model, rank, pp, v, recompute)
     check_v_split(model.cfg.n_layers, pp, v, placement)
     if placement == "v" and model.cfg.tie_embeddings:
         raise ValueError(
@@ -242,6 +244,25 @@ def rank_chunks(
     if not 0 <= rank < pp:
         raise ValueError(f"rank={rank} is outside 0..{pp - 1}")
     return [PipelineChunk.from_full(model, rank_stage(rank, c, pp, placement), pp * v, recompute) for c in range(v)]
+
+
+def _dual_chunks(model: Transformer, rank: int, pp: int, v: int, recompute) -> list[PipelineChunk]:
+    """DualPipe's two chunks of rank `rank`: model stage rank (the first copy's, chunk 0) and model stage pp-1-rank
+    (the second copy's, chunk 1), each one of pp stages of the model (their `.stage`)."""
+    if v != 2 or pp % 2:
+        raise ValueError(
+            f"the dual placement (DualPipe) holds two copies of the model on an even number of ranks: v must be 2 "
+            f"and pp even, got v={v}, pp={pp}"
+        )
+    if model.cfg.tie_embeddings:
+        raise ValueError(
+            "tie_embeddings=True with DualPipe: each copy's embedding and LM head are on the two end ranks, in "
+            "opposite order, so the four copies' gradients would need one sum; not supported: untie them"
+        )
+    if not 0 <= rank < pp:
+        raise ValueError(f"rank={rank} is outside 0..{pp - 1}")
+    check_split(model.cfg.n_layers, pp, 1)
+    return [PipelineChunk.from_full(model, k, pp, recompute) for k in (rank, pp - 1 - rank)]
 
 
 def check_v_split(n_layers: int, pp: int, v: int, placement: str) -> None:
@@ -276,7 +297,9 @@ def shard_specs(model: Transformer, rank: int, pp: int, v: int = 1, *, placement
                     "stage",
                     tuple(full[name].shape),
                     tuple(p.shape),
-                    note=f"rank {rank} chunk {c} = virtual stage {chunk.stage} of {pp * v}",
+                    note=f"rank {rank} chunk {c} = "
+                    + (f"stage {chunk.stage} of copy {c}" if placement == "dual" else f"virtual stage {chunk.stage}")
+                    + f" of {chunk.n_stages}",
                 )
             )
     return out

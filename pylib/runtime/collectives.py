@@ -14,6 +14,7 @@ plain linear algebra with one named crossing at each end:
     reduce_scatter          reduce-scatter dim      all-gather dim         SP: leaving the TP region
     all_to_all              scatter a, gather b     scatter b, gather a    Ulysses
     all_to_all_uneven       rows by split sizes     the reverse splits     EP dispatch / combine
+    all_to_all_uneven_async the same, waited later  the same, async too    EP under another micro-batch's compute
     all_gather_uneven       all-gather rows, sizes  reduce-scatter rows    ETP: expert rows into the ETP group
     reduce_scatter_uneven   reduce-scatter rows     all-gather rows        ETP: partial expert outputs back out
 
@@ -29,7 +30,10 @@ gradient is then already identical everywhere), all_gather when each rank's comp
 Raw (non-autograd) ops for gradients and point-to-point: `all_reduce_`, `all_gather_tensor`,
 `reduce_scatter_tensor`, `all_gather_rows`, `reduce_scatter_rows`, `send`, `recv`, `isend`, `irecv`,
 `batch_isend_irecv`; asynchronous `all_reduce_async` and `reduce_scatter_async` return a `CollectiveWork` to wait
-on (DDP's gradient buckets overlap with backward).
+on (DDP's gradient buckets overlap with backward), `all_to_all_rows_async` an `AllToAllWork` that also stamps its
+wait. `all_to_all_uneven_async` is the autograd-aware one: issued now, waited for later (`PendingRows.wait()`), its
+conjugate issued in backward where the forward waited and waited for where the forward issued (EP's dispatch and
+combine under another micro-batch's compute, `pylib.ep.overlap`).
 
 `group` is an `AxisGroup` from `Mesh` or None for the whole world. A group of one rank is the identity and
 records nothing. pylib never calls torch.distributed collectives anywhere else, so the tracer sees everything.
@@ -623,6 +627,141 @@ def _named(work: CollectiveWork, op: str, g: AxisGroup, phase, tag) -> Collectiv
     if tracer.active_span() is not None:
         work.span = _span_name(f"wait {op}", g, phase, tag)
     return work
+
+
+# --------------------------------------------------------------------------------------------------- async all-to-all
+
+
+class AllToAllWork(CollectiveWork):
+    """An uneven all-to-all in flight (`all_to_all_rows_async`). Besides `t_launch` (issued) and `t_done` (the
+    backend's completion callback) it keeps `t_wait`, when `wait()` returned: the issue-to-wait interval is the
+    time the exchange was allowed to run under other work. The trace record gets it as `extra["t_wait"]`."""
+
+    t_wait = None
+    keep = None  # the send buffer, held until the exchange is done
+
+    def wait(self) -> torch.Tensor:
+        out = super().wait()
+        self.keep = None
+        if self.t_wait is None:
+            self.t_wait = tracer.now()
+            if self.event is not None:
+                self.event.extra["t_wait"] = self.t_wait
+        return out
+
+
+@_ranged("all_to_all_async")
+def all_to_all_rows_async(t, output_splits, input_splits, group=None, *, phase=None, tag=None) -> AllToAllWork:
+    """`all_to_all_rows` without blocking: returns an `AllToAllWork`; its `wait()` returns the received rows
+    [sum(output_splits), ...]. Do not touch `t` until then. Bytes counted as `all_to_all_rows` counts them
+    (recorded at launch, `is_async=True`)."""
+    g = resolve_group(group)
+    input_splits, output_splits = [int(v) for v in input_splits], [int(v) for v in output_splits]
+    if len(input_splits) != g.size or len(output_splits) != g.size:
+        raise ValueError(
+            f"all-to-all needs {g.size} split sizes, got {len(input_splits)} in / {len(output_splits)} out"
+        )
+    if sum(input_splits) != t.shape[0]:
+        raise ValueError(f"input split sizes {input_splits} sum to {sum(input_splits)}, tensor has {t.shape[0]} rows")
+    if g.size == 1:
+        return AllToAllWork(None, None, t)
+    _on_rank_device("all_to_all_rows_async", t)
+    agree("all_to_all_rows_async", g, [t], rows_only=True, in_splits=input_splits, out_splits=output_splits)
+    t0 = tracer.now()
+    t_c = t.contiguous()
+    out = torch.empty((sum(output_splits), *t.shape[1:]), dtype=t.dtype, device=t.device)
+    work = dist.all_to_all_single(
+        out, t_c, output_split_sizes=output_splits, input_split_sizes=input_splits, group=g.pg, async_op=True
+    )
+    row = math.prod(t_c.shape[1:]) * t_c.element_size()
+    sent = row * (sum(input_splits) - input_splits[g.rank])
+    recv = row * (sum(output_splits) - output_splits[g.rank])
+    ev = _record(
+        "all_to_all",
+        g,
+        _nbytes(t_c),
+        sent,
+        recv,
+        [t],
+        t0,
+        phase=phase,
+        tag=tag,
+        input_splits=input_splits,
+        output_splits=output_splits,
+        is_async=True,
+    )
+    work = AllToAllWork(work, ev, out, None, t0)
+    work.keep = t_c
+    return _named(work, "all_to_all", g, phase, tag)
+
+
+class PendingRows:
+    """An autograd-aware uneven all-to-all in flight (`all_to_all_uneven_async`). `wait()` returns the received
+    rows, connected to the graph; call it exactly once. `forward_work` and, once backward reached it,
+    `backward_work` are the two exchanges (`AllToAllWork`), for their times."""
+
+    def __init__(self, x, output_splits, input_splits, g: AxisGroup, tag: str):
+        self.splits, self.g, self.tag = (list(output_splits), list(input_splits)), g, tag
+        self.forward_work: AllToAllWork | None = None
+        self.backward_work: AllToAllWork | None = None
+        self._waited = False
+        self._rows = x if g.size == 1 else None  # a group of one: the identity, nothing in flight
+        self._token = None if g.size == 1 else _AllToAllRowsIssue.apply(x, self)
+
+    def wait(self) -> torch.Tensor:
+        if self._waited:
+            raise RuntimeError("this all-to-all was already waited for")
+        self._waited = True
+        if self._token is None:
+            return self._rows
+        out, self._token = _AllToAllRowsWait.apply(self._token, self), None
+        return out
+
+
+class _AllToAllRowsIssue(torch.autograd.Function):
+    """Forward: issue the exchange; return an empty token that links `_AllToAllRowsWait` to x in the graph.
+    Backward: wait for the conjugate exchange that `_AllToAllRowsWait.backward` issued and return it as dx;
+    between the two, autograd runs whatever other work is ready (another micro-batch's backward), while the
+    gradient rows travel."""
+
+    @staticmethod
+    def forward(ctx, x, pending):
+        ctx.pending = pending
+        out_splits, in_splits = pending.splits
+        pending.forward_work = all_to_all_rows_async(x, out_splits, in_splits, pending.g, tag=pending.tag)
+        return x.new_empty(0)
+
+    @staticmethod
+    def backward(ctx, d_token):
+        return ctx.pending.backward_work.wait(), None
+
+
+class _AllToAllRowsWait(torch.autograd.Function):
+    """Forward: wait for the exchange, return the rows. Backward: issue the conjugate exchange (the splits
+    swapped) and return an empty token gradient; `_AllToAllRowsIssue.backward` waits for the exchange."""
+
+    @staticmethod
+    def forward(ctx, token, pending):
+        ctx.pending = pending
+        return pending.forward_work.wait()
+
+    @staticmethod
+    def backward(ctx, dy):
+        p = ctx.pending
+        out_splits, in_splits = p.splits
+        p.backward_work = all_to_all_rows_async(
+            dy.contiguous(), in_splits, out_splits, p.g, phase="backward", tag=p.tag
+        )
+        return dy.new_empty(0), None
+
+
+def all_to_all_uneven_async(x, output_splits, input_splits, group=None, *, tag=None) -> PendingRows:
+    """`all_to_all_uneven` issued now and waited for later: returns a `PendingRows` whose `wait()` gives the rows.
+    Backward is asynchronous too: the conjugate exchange (splits swapped) is issued where the forward waited and
+    waited for where the forward issued, so other ready backward work runs while it travels. Every rank must issue
+    and wait in the same order (as for every collective)."""
+    g = resolve_group(group)
+    return PendingRows(x, output_splits, input_splits, g, _tag(tag))
 
 
 # --------------------------------------------------------------------------------------------------- autograd ops

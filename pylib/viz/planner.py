@@ -636,3 +636,47 @@ def _plan_frontier(style, preds, chosen, usable, title):
         ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def fig_moe_memory(labelled: list[tuple[str, P.Prediction]], gpu_memory: float):
+    """What each evaluated pipeline rank holds under each of `labelled`'s plans ((label, prediction) pairs), as
+    stacked horizontal bars (parameters, gradients, optimizer state, activations; GB), the GPU's memory as a line:
+    `calibration.moe_layout_check`'s published layout with the report's recomputation and the plan that fits."""
+    from pylib.viz import style
+
+    with style.use():
+        return _moe_memory(style, labelled, gpu_memory)
+
+
+def _moe_memory(style, labelled, gpu_memory):
+    gb = 1e9
+    parts = (
+        ("params", tr("parameters"), style.PARAMS),
+        ("grads", tr("gradients"), style.GRADS),
+        ("optim", tr("optimizer state"), style.OPTIM),
+        ("activations", tr("activations"), style.PURPLE),
+    )
+    bars = [(f"{label}\n" + tr("pipeline rank {r}", r=r.pp_rank), r.memory) for label, x in labelled for r in x.ranks]
+    fig, ax = style.subplots(figsize=(7, 0.55 * len(bars) + 1.6))
+    ys = list(range(len(bars)))[::-1]
+    for key, name, colour in parts:
+        left = [sum(m[k] for k, _, _ in parts[: [p[0] for p in parts].index(key)]) / gb for _, m in bars]
+        ax.barh(ys, [m[key] / gb for _, m in bars], left=left, color=colour, label=name, height=0.7)
+    ax.axvline(gpu_memory / gb, color=style.RED, lw=1.2, ls="--")
+    ax.annotate(
+        tr("{gb:.0f} GB per GPU", gb=gpu_memory / gb),
+        (gpu_memory / gb, 1),
+        xycoords=("data", "axes fraction"),
+        xytext=(4, -4),
+        textcoords="offset points",
+        ha="left",
+        va="top",
+        fontsize=9,
+        color=style.RED,
+    )
+    ax.set_yticks(ys, [name for name, _ in bars], fontsize=9)
+    ax.set_xlabel(tr("bytes held by one GPU (GB)"), fontsize=10)
+    ax.tick_params(labelsize=9)
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
+    fig.tight_layout()
+    return fig

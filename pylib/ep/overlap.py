@@ -1,0 +1,257 @@
+"""EP communication hidden behind another micro-batch's compute: two micro-batches, one's all-to-all in flight
+while the other computes.
+
+An MoE layer's forward on one micro-batch is compute, then an exchange, then compute, then an exchange:
+
+    attention, router, permute  |  dispatch all-to-all  |  experts  |  combine all-to-all  |  un-permute, next layer
+
+Written as a generator (`block_steps`), the layer *issues* each all-to-all (`collectives.all_to_all_uneven_async`)
+and yields it; whoever runs the generator waits for it and sends the rows back in. `interleave` runs several
+micro-batches' generators either one after the other, each exchange waited for at once (`overlap=False`: the
+blocking baseline), or round-robin (`overlap=True`): micro-batch A issues its dispatch and yields, B computes its
+attention and router while A's rows travel, B issues its own dispatch, A's experts run while B's rows travel, and
+so on, layer after layer:
+
+    A  attn.0 [dispatch A.0 ~~~~~~~~~~~~~]  experts.0 [combine A.0 ~~~~~~~~~~~~~~~~~]  attn.1  ...
+    B         attn.0        [dispatch B.0 ~~~~~~~~~~~~~~~]  experts.0  [combine B.0 ~~~~~~~~~~~~~] attn.1 ...
+
+Both runs execute the same operations on the same tensors, so they give the same bits; only the order of the
+micro-batches' pieces differs. Backward needs no schedule of its own: autograd runs the ready node created last
+first, and since the forward created A's and B's nodes interleaved, the backward interleaves them in reverse; each
+all-to-all's conjugate is issued where its forward waited and waited for where its forward issued
+(`collectives.PendingRows`), so one micro-batch's gradient rows travel while the other's backward computes.
+
+Shared experts (Megatron's --moe-shared-expert-overlap, `shared_overlap=True`): the shared MLP runs between
+issuing the dispatch and yielding, so it computes while this micro-batch's own routed tokens travel.
+
+Megatron-Core's version of the same idea (NVIDIA/Megatron-LM at d98e8a6, --overlap-moe-expert-parallel-comm):
+`megatron/core/pipeline_parallel/combined_1f1b.py` pairs micro-batch i+1's forward with micro-batch i's backward
+(`combined_forward_backward_step`), and `TransformerLayerSchedulePlan.run` in
+`megatron/core/models/common/model_chunk_schedule_plan.py` cuts each layer into nodes (pre-dispatch compute,
+dispatch, MLP, combine; `megatron/core/models/gpt/fine_grained_callables.py`) run on a computation and a
+communication CUDA stream, so that one micro-batch's dispatch or combine runs under the other's attention or MLP.
+Here the pairing is forward with forward (and, through autograd's order, backward with backward), the two
+"streams" are gloo's threads and this one, and the cut points are the generator's yields.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from pylib.model.moe import AddAuxiliaryLoss, Routing, capacity_keep_mask, tokens_per_expert
+from pylib.plan.config import expert_capacity
+from pylib.runtime import clock, collectives
+from pylib.runtime.tracer import tag
+
+from .aux_loss import group_aux_loss
+from .dispatcher import AllToAllDispatcher, DispatchState
+from .layer import ExpertParallelMoE
+from .permute import permute, sort_chunks, unpermute
+
+# ------------------------------------------------------------------------------------------ one layer, cut in four
+
+
+def dispatch_issue(d: AllToAllDispatcher, x, experts, keep, capacity=None):
+    """`AllToAllDispatcher.dispatch` up to its all-to-all, which is issued and not waited for.
+
+    x [T, h], experts [T, k], keep [T, k] -> (PendingRows of the rows for my experts, DispatchState).
+    The count exchange (E integers) and, with etp > 1, the ETP gather of the counts stay blocking."""
+    rows, plan = permute(x, experts, d.n_experts, keep)
+    pad_index = None
+    if capacity is not None:
+        rows, pad_index = d._pad(rows, plan, capacity)
+        send_counts = torch.full((d.ep, d.n_local), capacity, dtype=torch.int64, device=x.device)
+        recv_counts = send_counts
+        chunk_counts = send_counts.repeat(d.etp, 1)
+    else:
+        send_counts = plan.tokens_per_expert.view(d.ep, d.n_local)
+        with tag("counts"):
+            recv_counts = collectives.exchange_counts(plan.tokens_per_expert, d.ep_group).view(d.ep, d.n_local)
+            if d.etp > 1:
+                gathered = collectives.all_gather_tensor(recv_counts.reshape(1, -1), 0, d.etp_group)
+                chunk_counts = gathered.view(d.etp * d.ep, d.n_local)
+            else:
+                chunk_counts = recv_counts
+    etp_rows = chunk_counts.view(d.etp, -1).sum(1).tolist()
+    state = DispatchState(plan, send_counts, recv_counts, chunk_counts, etp_rows, pad_index)
+    with tag("dispatch"):
+        pending = collectives.all_to_all_uneven_async(rows, state.output_splits, state.input_splits, d.ep_group)
+    return pending, state
+
+
+def dispatch_finish(d: AllToAllDispatcher, rows, state: DispatchState):
+    """The received rows -> rows grouped by local expert (the ETP all-gather first, blocking, when etp > 1)."""
+    if d.etp > 1:
+        with tag("dispatch"):
+            rows = collectives.all_gather_uneven(rows, state.etp_rows, d.etp_group)
+    return sort_chunks(rows, state.chunk_counts)
+
+
+def combine_issue(d: AllToAllDispatcher, y, state: DispatchState):
+    """`AllToAllDispatcher.combine` up to its all-to-all back, issued and not waited for."""
+    y = sort_chunks(y, state.chunk_counts.T)
+    with tag("combine"):
+        if d.etp > 1:
+            y = collectives.reduce_scatter_uneven(y, state.etp_rows, d.etp_group)
+        return collectives.all_to_all_uneven_async(y, state.input_splits, state.output_splits, d.ep_group)
+
+
+def combine_finish(y, state: DispatchState, weights):
+    """The rows back home -> each token's weighted sum of its k expert outputs [T, h]."""
+    if state.pad_index is not None:
+        y = y[state.pad_index]
+    return unpermute(y, state.plan, weights)
+
+
+def moe_steps(layer: ExpertParallelMoE, x: torch.Tensor, shared_overlap: bool = False):
+    """`ExpertParallelMoE.forward` as a generator that yields ("dispatch" | "combine", PendingRows) at each
+    all-to-all and expects the waited rows sent back; returns the output [b, s_local, h]. Same operations, same
+    bits. shared_overlap: compute the shared experts while the dispatch is in flight (else after the combine, as
+    `forward` does)."""
+    if not isinstance(layer.dispatcher, AllToAllDispatcher):
+        raise ValueError(
+            f"overlapping needs the all-to-all dispatcher, this layer has {type(layer.dispatcher).__name__} "
+            f"(cfg.dispatcher = {layer.cfg.dispatcher!r})"
+        )
+    if x.shape[-1] != layer.d_model:
+        raise ValueError(f"x has hidden size h={x.shape[-1]}, the MoE layer expects h={layer.d_model}")
+    cfg, d = layer.cfg, layer.dispatcher
+    shape = x.shape
+    xt = x.reshape(-1, shape[-1])
+    routing = layer.router(xt)
+    capacity = expert_capacity(xt.shape[0], cfg)
+    keep = capacity_keep_mask(routing, cfg, capacity)
+    if torch.is_grad_enabled():
+        layer.routed_counts += tokens_per_expert(routing.experts, cfg.n_experts)
+    pending, state = dispatch_issue(d, xt, routing.experts, keep, capacity if cfg.pad_to_capacity else None)
+    shared = layer.shared(x) if layer.shared is not None and shared_overlap else None
+    rows = dispatch_finish(d, (yield "dispatch", pending), state)
+    y = layer.experts(rows, state.rows_per_local_expert)
+    out = combine_finish((yield "combine", combine_issue(d, y, state)), state, routing.weights)
+    if layer.shared is not None:
+        out = out + (shared if shared is not None else layer.shared(x)).reshape(out.shape)
+    aux = group_aux_loss(routing, cfg, layer.aux_group)
+    if aux is not None:
+        out = AddAuxiliaryLoss.apply(out, aux)
+        layer.last_aux_loss = aux.detach()
+    layer.last_routing = Routing(*(t.detach() for t in routing))
+    layer.last_keep, layer.last_state = keep, state
+    return out.view(shape)
+
+
+def block_steps(block: nn.Module, x: torch.Tensor, shared_overlap: bool = False):
+    """One Pre-LN layer (`pylib.model.transformer.Block` with an `ExpertParallelMoE` as its mlp) as a generator:
+    x + attn(ln1(x)), then + the MoE of ln2 of that, yielding at the MoE's two all-to-alls."""
+    x = x + block.attn(block.ln1(x))
+    return x + (yield from moe_steps(block.mlp, block.ln2(x), shared_overlap))
+
+
+# ------------------------------------------------------------------------------------------ a stack of layers
+
+
+class ExpertParallelStack(nn.Module):
+    """Reference `Block`s whose MoE is replaced by its `ExpertParallelMoE` (attention and norms replicated).
+
+    forward(x [b, s, h]): the layers one after another, each all-to-all blocking (the plain EP layer).
+    steps(x): the same as a generator, yielding ("dispatch.<layer>" | "combine.<layer>", PendingRows)."""
+
+    def __init__(self, blocks, *, ep_group=None, etp_group=None, aux_group=None, shared_overlap: bool = False):
+        super().__init__()
+        self.shared_overlap = bool(shared_overlap)
+        self.blocks = nn.ModuleList()
+        for i, block in enumerate(blocks):
+            moe = getattr(block, "mlp", None)
+            if moe is None or not hasattr(moe, "router"):
+                raise ValueError(f"block {i} has no MoE as its mlp: every layer of an overlapped stack is an MoE layer")
+            local = copy.deepcopy(block)
+            local.mlp = ExpertParallelMoE.from_full(moe, ep_group=ep_group, etp_group=etp_group, aux_group=aux_group)
+            self.blocks.append(local)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+    def steps(self, x: torch.Tensor):
+        for i, block in enumerate(self.blocks):
+            inner, value = block_steps(block, x, self.shared_overlap), None
+            while True:
+                try:
+                    with tag(f"layers.{i}"):  # entered and left within one segment: no tag leaks across a yield
+                        name, pending = inner.send(value)
+                except StopIteration as done:
+                    x = done.value
+                    break
+                value = yield f"{name}.{i}", pending
+        return x
+
+
+# ------------------------------------------------------------------------------------------ the schedule
+
+
+@dataclass
+class OverlapRecorder:
+    """What `interleave` saw, on the host clock the tracer uses (`clock.now()`): every compute segment between two
+    yields (micro-batch, name, start, end), every wait (micro-batch, exchange name, start, end) and every
+    exchange (micro-batch, name, PendingRows: its `forward_work` / `backward_work` hold issue and wait times)."""
+
+    compute: list[tuple[int, str, float, float]] = field(default_factory=list)
+    waits: list[tuple[int, str, float, float]] = field(default_factory=list)
+    exchanges: list[tuple[int, str, object]] = field(default_factory=list)
+
+
+def _segment_name(ended_by: str | None) -> str:
+    """A compute segment is named by what it mostly is: before a dispatch the attention (with the previous layer's
+    un-permute and this layer's router), before a combine the experts, after the last exchange the last un-permute."""
+    if ended_by is None:
+        return "out"
+    kind, layer = ended_by.split(".")
+    return f"{'attn' if kind == 'dispatch' else 'experts'}.{layer}"
+
+
+def interleave(gens, *, overlap: bool = True, recorder: OverlapRecorder | None = None) -> list:
+    """Run micro-batch generators (`ExpertParallelStack.steps`) to the end; return their outputs in order.
+
+    overlap=False: one after another, each exchange waited for as soon as it is issued (the blocking baseline).
+    overlap=True: round-robin; micro-batch i's exchange is waited for only after every other micro-batch has run
+    its next compute segment, so that segment runs while i's rows travel. The tracer tag "mb<i>" names each
+    micro-batch's ops."""
+    n = len(gens)
+    outs: list = [None] * n
+
+    def advance(i, value):
+        t0 = clock.now()
+        with tag(f"mb{i}"):
+            try:
+                item = gens[i].send(value)
+            except StopIteration as done:
+                outs[i], item = done.value, None
+        if recorder is not None:
+            recorder.compute.append((i, _segment_name(None if item is None else item[0]), t0, clock.now()))
+            if item is not None:
+                recorder.exchanges.append((i, item[0], item[1]))
+        return item
+
+    def wait(i, item):
+        t0 = clock.now()
+        rows = item[1].wait()
+        if recorder is not None:
+            recorder.waits.append((i, item[0], t0, clock.now()))
+        return rows
+
+    if not overlap:
+        for i in range(n):
+            item = advance(i, None)
+            while item is not None:
+                item = advance(i, wait(i, item))
+        return outs
+    items = [advance(i, None) for i in range(n)]
+    while any(item is not None for item in items):
+        for i in range(n):
+            if items[i] is not None:
+                items[i] = advance(i, wait(i, items[i]))
+    return outs
