@@ -329,12 +329,9 @@ def _splits_of(output_splits, input_splits, g: AxisGroup) -> tuple[list[int], li
     return list(output_splits.output), list(output_splits.input), True
 
 
-@_ranged("all_to_all")
-def all_to_all_rows(t, output_splits, input_splits=None, group=None, *, phase=None, tag=None) -> torch.Tensor:
-    """Uneven all-to-all along dim 0: rows [sum(input_splits[:j]), ...+input_splits[j]) go to group member j;
-    `output_splits[j]` rows arrive from member j. Bytes counted exactly (rows to/from other ranks).
-    `output_splits` may be an `ExchangedSplits` (then no input_splits): both directions, agreed by construction."""
-    g = resolve_group(group)
+def _checked_splits(who: str, t, output_splits, input_splits, g: AxisGroup) -> tuple[list[int], list[int]]:
+    """An uneven all-to-all's split lists (raw, or an `ExchangedSplits`), checked against the group and `t`, then
+    agreed across the ranks (`agree`: exchanged splits agree by construction, raw ones are compared)."""
     output_splits, input_splits, exchanged = _splits_of(output_splits, input_splits, g)
     if len(input_splits) != g.size or len(output_splits) != g.size:
         raise ValueError(
@@ -343,35 +340,43 @@ def all_to_all_rows(t, output_splits, input_splits=None, group=None, *, phase=No
     if sum(input_splits) != t.shape[0]:
         raise ValueError(f"input split sizes {input_splits} sum to {sum(input_splits)}, tensor has {t.shape[0]} rows")
     if g.size == 1:
-        return t
-    _on_rank_device("all_to_all_rows", t)
+        return output_splits, input_splits
+    _on_rank_device(who, t)
     if exchanged:
-        agree("all_to_all_rows", g, [t], rows_only=True, params={"exchanged splits": 1})
+        agree(who, g, [t], rows_only=True, params={"exchanged splits": 1})
     else:
         raw = {"exchanged splits": 0}  # in the key: a rank with raw splits and one with exchanged ones differ
-        agree("all_to_all_rows", g, [t], rows_only=True, params=raw, in_splits=input_splits, out_splits=output_splits)
+        agree(who, g, [t], rows_only=True, params=raw, in_splits=input_splits, out_splits=output_splits)
+    return output_splits, input_splits
+
+
+def _start_all_to_all(t, output_splits, input_splits, g: AxisGroup, phase, tag, async_op: bool):
+    """Issue the exchange and record it (bytes to and from other ranks, exactly): (out, work, event, t_c, t0)."""
     t0 = tracer.now()
     t_c = t.contiguous()
     out = torch.empty((sum(output_splits), *t.shape[1:]), dtype=t.dtype, device=t.device)
-    dist.all_to_all_single(out, t_c, output_split_sizes=output_splits, input_split_sizes=input_splits, group=g.pg)
-    row = math.prod(t_c.shape[1:]) * t_c.element_size()
-    me = g.rank
-    sent = row * (sum(input_splits) - input_splits[me])
-    recv = row * (sum(output_splits) - output_splits[me])
-    _record(
-        "all_to_all",
-        g,
-        _nbytes(t_c),
-        sent,
-        recv,
-        [t],
-        t0,
-        phase=phase,
-        tag=tag,
-        input_splits=input_splits,
-        output_splits=output_splits,
+    work = dist.all_to_all_single(
+        out, t_c, output_split_sizes=output_splits, input_split_sizes=input_splits, group=g.pg, async_op=async_op
     )
-    return out
+    row = math.prod(t_c.shape[1:]) * t_c.element_size()
+    sent = row * (sum(input_splits) - input_splits[g.rank])
+    recv = row * (sum(output_splits) - output_splits[g.rank])
+    extra = {"is_async": True} if async_op else {}
+    splits = {"input_splits": input_splits, "output_splits": output_splits}
+    ev = _record("all_to_all", g, _nbytes(t_c), sent, recv, [t], t0, phase=phase, tag=tag, **splits, **extra)
+    return out, work, ev, t_c, t0
+
+
+@_ranged("all_to_all")
+def all_to_all_rows(t, output_splits, input_splits=None, group=None, *, phase=None, tag=None) -> torch.Tensor:
+    """Uneven all-to-all along dim 0: rows [sum(input_splits[:j]), ...+input_splits[j]) go to group member j;
+    `output_splits[j]` rows arrive from member j. Bytes counted exactly (rows to/from other ranks).
+    `output_splits` may be an `ExchangedSplits` (then no input_splits): both directions, agreed by construction."""
+    g = resolve_group(group)
+    output_splits, input_splits = _checked_splits("all_to_all_rows", t, output_splits, input_splits, g)
+    if g.size == 1:
+        return t
+    return _start_all_to_all(t, output_splits, input_splits, g, phase, tag, async_op=False)[0]
 
 
 def _row_sizes(sizes, g: AxisGroup, what: str) -> list[int]:
@@ -651,45 +656,15 @@ class AllToAllWork(CollectiveWork):
 
 
 @_ranged("all_to_all_async")
-def all_to_all_rows_async(t, output_splits, input_splits, group=None, *, phase=None, tag=None) -> AllToAllWork:
+def all_to_all_rows_async(t, output_splits, input_splits=None, group=None, *, phase=None, tag=None) -> AllToAllWork:
     """`all_to_all_rows` without blocking: returns an `AllToAllWork`; its `wait()` returns the received rows
     [sum(output_splits), ...]. Do not touch `t` until then. Bytes counted as `all_to_all_rows` counts them
-    (recorded at launch, `is_async=True`)."""
+    (recorded at launch, `is_async=True`); splits as it takes them (raw, or an `ExchangedSplits`)."""
     g = resolve_group(group)
-    input_splits, output_splits = [int(v) for v in input_splits], [int(v) for v in output_splits]
-    if len(input_splits) != g.size or len(output_splits) != g.size:
-        raise ValueError(
-            f"all-to-all needs {g.size} split sizes, got {len(input_splits)} in / {len(output_splits)} out"
-        )
-    if sum(input_splits) != t.shape[0]:
-        raise ValueError(f"input split sizes {input_splits} sum to {sum(input_splits)}, tensor has {t.shape[0]} rows")
+    output_splits, input_splits = _checked_splits("all_to_all_rows_async", t, output_splits, input_splits, g)
     if g.size == 1:
         return AllToAllWork(None, None, t)
-    _on_rank_device("all_to_all_rows_async", t)
-    agree("all_to_all_rows_async", g, [t], rows_only=True, in_splits=input_splits, out_splits=output_splits)
-    t0 = tracer.now()
-    t_c = t.contiguous()
-    out = torch.empty((sum(output_splits), *t.shape[1:]), dtype=t.dtype, device=t.device)
-    work = dist.all_to_all_single(
-        out, t_c, output_split_sizes=output_splits, input_split_sizes=input_splits, group=g.pg, async_op=True
-    )
-    row = math.prod(t_c.shape[1:]) * t_c.element_size()
-    sent = row * (sum(input_splits) - input_splits[g.rank])
-    recv = row * (sum(output_splits) - output_splits[g.rank])
-    ev = _record(
-        "all_to_all",
-        g,
-        _nbytes(t_c),
-        sent,
-        recv,
-        [t],
-        t0,
-        phase=phase,
-        tag=tag,
-        input_splits=input_splits,
-        output_splits=output_splits,
-        is_async=True,
-    )
+    out, work, ev, t_c, t0 = _start_all_to_all(t, output_splits, input_splits, g, phase, tag, async_op=True)
     work = AllToAllWork(work, ev, out, None, t0)
     work.keep = t_c
     return _named(work, "all_to_all", g, phase, tag)
