@@ -310,22 +310,31 @@ def layer_saved_rows(
             del rows[item]
     if fp8 is None or (fp8.first_last_layers_bf16 and layer in (0, cfg.n_layers - 1)):
         return rows
+    shares = sp and sp_regather and cp == 1 and attention == "flash" and "core_attn" not in modules
+    return _layer_fp8_rows(rows, cfg, layer, fp8, fp8_fused, b, s_cp, plan, modules, expert_rows, shares)
+
+
+def _layer_fp8_rows(rows, cfg, layer, fp8, fused, b, s_cp, plan, modules, expert_rows, flash_shares_output):
+    """`fp8_rows` of one layer's `rows` under `plan` (`layer_saved_rows`' sizes: b sequences of s_cp tokens)."""
+    tp, etp = plan.par.tp, plan.par.etp
+    sp = plan.options.sequence_parallel and tp > 1
+    tokens = b * (s_cp // tp if sp else s_cp)  # a MoE layer's, outside the TP region
     moe = cfg.is_moe_layer(layer)
     if moe and expert_rows is None:
-        expert_rows = expected_expert_rows(tokens, cfg.moe.top_k, etp)
+        expert_rows = expected_expert_rows(tokens, cfg.moe.top_k, etp)  # layer_saved_rows applied the imbalance
     return fp8_rows(
         rows,
         cfg,
         fp8,
         tokens=b * s_cp,
-        tokens_in=b * (s_cp // tp if sp and sp_regather else s_cp),
+        tokens_in=b * (s_cp // tp if sp and plan.sp_regather else s_cp),
         tp=tp,
         etp=etp,
         expert_rows=expert_rows if moe else 0,
         shared_tokens=tokens * tp if sp else tokens,
         modules=modules,
-        fused=fp8_fused,
-        flash_shares_output=sp and sp_regather and cp == 1 and attention == "flash" and "core_attn" not in modules,
+        fused=fused,
+        flash_shares_output=flash_shares_output,
     )
 
 
