@@ -166,60 +166,64 @@ def fp8_rows(
     rows: dict[str, int],
     cfg,
     recipe,
+    plan,
+    b: int,
+    s_cp: int,
     *,
-    tokens: int,
-    tokens_in: int,
-    tp: int = 1,
-    etp: int = 1,
-    expert_rows: int = 0,
-    shared_tokens: int = 0,
+    expert_rows: int | None = None,
     modules=frozenset(),
     fused: bool = True,
     flash_shares_output: bool = False,
 ) -> dict[str, int]:
     """One layer's `rows` (16-bit, after recomputation dropped what it drops) with each FP8 linear's input kept as
     `Fp8Linear` keeps it (module docstring): the rows read by the linears alone become their FP8 copies, one per
-    linear reading them (fused: one for QKV and one for fc1). tokens: this rank's tokens inside the TP region
-    (b s/cp); tokens_in: those of the QKV and MLP inputs as kept (the SP shard under regather); expert_rows: R;
-    shared_tokens: the shared experts' (T tp under SP, `moe_saved_rows`). flash_shares_output: the W_O input
-    row was dropped because the flash kernel's saved output is the same storage (a 16-bit one that stays, so the
-    FP8 linear adds its own copy)."""
+    linear reading them (fused: one for QKV and one for fc1). b sequences of s_cp tokens on this rank, under
+    `plan` (its tp, etp, SP and sp_regather, as `layer_saved_rows`); expert_rows: R (None: the expectation).
+    flash_shares_output: the W_O input row was dropped because the flash kernel's saved output is the same storage
+    (a 16-bit one that stays, so the FP8 linear adds its own copy)."""
     e = dtype_bytes(cfg.dtype)
     h, swiglu = cfg.d_model, cfg.mlp == "swiglu"
-    heads = cfg.n_heads // tp
+    tp, etp = plan.par.tp, plan.par.etp
+    sp = plan.options.sequence_parallel and tp > 1
+    tokens, moe_tokens = b * s_cp, b * (s_cp // tp if sp else s_cp)  # inside the TP region; a MoE layer's
+    tokens_in = b * s_cp // tp if sp and plan.sp_regather else tokens  # the QKV and MLP inputs as kept
     qkv_copies, fc1_copies = (1, 1) if fused else (3, 2 if swiglu else 1)
     out = dict(rows)
 
-    def convert(item, m, k, copies=1):
+    def convert(item, n_rows, k, copies=1):
         if item in out:
-            out[item] -= m * k * e
-            out[item + " [FP8]"] = copies * fp8_saved_input_bytes(m, k, recipe)
+            out[item] -= n_rows * k * e
+            out[item + " [FP8]"] = copies * fp8_saved_input_bytes(n_rows, k, recipe)
             if not out[item]:
                 del out[item]
 
     convert("QKV input (LN1 output)", tokens_in, h, qkv_copies)
     convert("MLP input (LN2 output)", tokens_in, h, fc1_copies)
     if flash_shares_output:
-        out["W_O input (attention output) [FP8]"] = fp8_saved_input_bytes(tokens, heads * cfg.d_head, recipe)
+        out["W_O input (attention output) [FP8]"] = fp8_saved_input_bytes(
+            tokens, cfg.n_heads // tp * cfg.d_head, recipe
+        )
     else:
-        convert("W_O input (attention output)", tokens, heads * cfg.d_head)
+        convert("W_O input (attention output)", tokens, cfg.n_heads // tp * cfg.d_head)
     if "mlp" not in modules:  # its hidden row: the down projection's input is one of its tensors
         convert("MLP hidden", tokens, cfg.d_ff // tp)
-    if cfg.moe is not None:
-        convert("expert input rows [R, h]", expert_rows, h, fc1_copies)
-        if "moe_act" not in modules:  # moe_act recomputes the down projections' inputs
-            for item in [r for r in out if r.startswith("expert hidden")]:
-                convert(item, expert_rows, (cfg.moe.d_ff or cfg.d_ff) // etp)
-        f_s = recompute_analysis.shared_ff(cfg) // tp
-        shared = [r for r in out if r.startswith("shared experts")]
-        for item in shared:
-            if item.startswith("shared experts hidden"):
-                convert(item, shared_tokens, f_s)
-            else:
-                convert(item, shared_tokens, h, fc1_copies)
-        if shared and not any(r.startswith("shared experts input") for r in shared):
-            # their input is the router's, which the router keeps in 16 bits: fc1 adds its FP8 copy
-            out["shared experts input [FP8]"] = fc1_copies * fp8_saved_input_bytes(shared_tokens, h, recipe)
+    if cfg.moe is None:
+        return out
+    R = expected_expert_rows(moe_tokens, cfg.moe.top_k, etp) if expert_rows is None else expert_rows
+    convert("expert input rows [R, h]", R, h, fc1_copies)
+    if "moe_act" not in modules:  # moe_act recomputes the down projections' inputs
+        for item in [r for r in out if r.startswith("expert hidden")]:
+            convert(item, R, (cfg.moe.d_ff or cfg.d_ff) // etp)
+    f_s, shared_tokens = recompute_analysis.shared_ff(cfg) // tp, moe_tokens * tp if sp else moe_tokens
+    shared = [r for r in out if r.startswith("shared experts")]
+    for item in shared:
+        if item.startswith("shared experts hidden"):
+            convert(item, shared_tokens, f_s)
+        else:  # pylib's SP keeps the gathered input
+            convert(item, shared_tokens, h, fc1_copies)
+    if shared and not any(r.startswith("shared experts input") for r in shared):
+        # their input is the router's, which the router keeps in 16 bits: fc1 adds its FP8 copy
+        out["shared experts input [FP8]"] = fc1_copies * fp8_saved_input_bytes(shared_tokens, h, recipe)
     return out
 
 
@@ -311,31 +315,9 @@ def layer_saved_rows(
     if fp8 is None or (fp8.first_last_layers_bf16 and layer in (0, cfg.n_layers - 1)):
         return rows
     shares = sp and sp_regather and cp == 1 and attention == "flash" and "core_attn" not in modules
-    return _layer_fp8_rows(rows, cfg, layer, fp8, fp8_fused, b, s_cp, plan, modules, expert_rows, shares)
-
-
-def _layer_fp8_rows(rows, cfg, layer, fp8, fused, b, s_cp, plan, modules, expert_rows, flash_shares_output):
-    """`fp8_rows` of one layer's `rows` under `plan` (`layer_saved_rows`' sizes: b sequences of s_cp tokens)."""
-    tp, etp = plan.par.tp, plan.par.etp
-    sp = plan.options.sequence_parallel and tp > 1
-    tokens = b * (s_cp // tp if sp else s_cp)  # a MoE layer's, outside the TP region
-    moe = cfg.is_moe_layer(layer)
-    if moe and expert_rows is None:
-        expert_rows = expected_expert_rows(tokens, cfg.moe.top_k, etp)  # layer_saved_rows applied the imbalance
-    return fp8_rows(
-        rows,
-        cfg,
-        fp8,
-        tokens=b * s_cp,
-        tokens_in=b * (s_cp // tp if sp and plan.sp_regather else s_cp),
-        tp=tp,
-        etp=etp,
-        expert_rows=expert_rows if moe else 0,
-        shared_tokens=tokens * tp if sp else tokens,
-        modules=modules,
-        fused=fused,
-        flash_shares_output=flash_shares_output,
-    )
+    routed = expert_rows if cfg.is_moe_layer(layer) else 0
+    kw = dict(modules=modules, fused=fp8_fused, flash_shares_output=shares)
+    return fp8_rows(rows, cfg, fp8, plan, b, s_cp, expert_rows=routed, **kw)
 
 
 def stage_end_rows(
