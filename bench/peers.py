@@ -18,10 +18,15 @@ the machine falls on both sides of it.
     EP dispatch          pylib.ep.ExpertParallelMoE          (torch has none: the row shows the check's cost only)
 
 Torch has no cross-rank agreement check, so ours runs under each `--settings` (like with like: "off"):
-    on    the check as shipped (`pylib.runtime.agreement`: one all-reduce of two int64 before each collective)
-    off   `agreement_check(False)`: no check at all, as torch
-    full  the check before issue 30: every collective first all-gathers every rank's whole descriptor
-The `check` column is ours-on / ours-off - 1: what the check costs of that row's step.
+    on     the check as shipped (`pylib.runtime.agreement`): a call the group's verified order predicts costs
+           nothing; unknown calls (the first steps) one all-reduce of two int64
+    every  the check before predicted calls: one all-reduce of two int64 before every collective
+    off    `agreement_check(False)`: no check at all, as torch
+    full   the check before issue 30: every collective first all-gathers every rank's whole descriptor
+The `check` column is ours-on / ours-off - 1: what the check costs of that row's step (`every`: the same for
+ours-every); `checked/step` how many collectives of an ours-on step still communicated to check (the slowest
+rank, the median cycle): 0 once the step's order is learned (the pipeline's once-per-step `agree_pipeline` is not
+counted).
 
 Timing on a shared CPU with gloo is noisy: rerun and read the medians, not one row.
 """
@@ -65,7 +70,7 @@ from pylib.runtime.collectives import resolve_group  # noqa: E402
 from pylib.tp import TPBlock, scatter_to_sequence_parallel_region  # noqa: E402
 from pylib.tp.dtensor import dtensor_block  # noqa: E402
 
-SETTINGS = ("on", "off", "full")
+SETTINGS = ("on", "every", "off", "full")
 DP_CFG = ModelConfig(vocab_size=251, d_model=66, n_layers=4, n_heads=3, d_ff=264, dtype="float32")  # dp_zero's
 DP_BATCH, DP_SEQ = 16, 32
 CP_SIZE = (1, 1024, 4, 4, 64)  # (b, s, n_head, n_kv_head, d_head): cp_ring.py's causal overlap row
@@ -74,13 +79,15 @@ EP_SIZE = (128, 64, MoEConfig(n_experts=8, top_k=2))  # (tokens per rank, h, con
 
 @contextlib.contextmanager
 def _setting(name: str):
-    """Ours under one agreement-check setting ("full": the whole descriptor exchanged before every collective)."""
+    """Ours under one agreement-check setting ("every": step 1 before every collective, nothing predicted; "full":
+    the whole descriptor exchanged before every collective)."""
     agreement._setting.full_exchange = name == "full"
+    agreement._setting.predict = name == "on"
     try:
         with agreement_check(name != "off"):
             yield
     finally:
-        agreement._setting.full_exchange = False
+        agreement._setting.full_exchange, agreement._setting.predict = False, True
 
 
 def _timed(ours, theirs, settings, steps) -> dict[str, list[float]]:
@@ -94,14 +101,27 @@ def _timed(ours, theirs, settings, steps) -> dict[str, list[float]]:
         with _setting(s):
             fn()
     out = {k: [] for k in variants}
+    if "on" in settings:
+        out[CHECKED] = []
     for _ in range(steps):
         for key, (fn, s) in variants.items():
             with _setting(s):
                 dist.barrier()
+                before = _checked()
                 t0 = time.perf_counter()
                 fn()
                 out[key].append(time.perf_counter() - t0)
+                if s == "on":
+                    out[CHECKED].append(_checked() - before)
     return out
+
+
+CHECKED = "checked calls"  # of ours on, per step: the calls that communicated to check (steps 1-2, rendezvous)
+
+
+def _checked() -> int:
+    """Calls this rank's groups have checked with communication so far (`agreement._Predictor`)."""
+    return sum(p.checked + p.rounds for p in agreement._PREDICTORS.values())
 
 
 # ------------------------------------------------------------------------------------------------ the rows
@@ -324,6 +344,8 @@ def table_rows(launched: list[tuple[int, list]]) -> list[dict]:
                     row[f"{key}/torch"] = paired(key, "torch")
             if "ours on" in steps and "ours off" in steps:
                 row["check"] = paired("ours on", "ours off") - 1
+            if "ours every" in steps and "ours off" in steps:
+                row["every"] = paired("ours every", "ours off") - 1
             out.append(row)
     return out
 
@@ -336,13 +358,14 @@ def machine() -> str:
 def format_table(rows: list[dict], settings) -> str:
     ours = [f"ours {s}" for s in settings]
     head = ["mode", "size", "ranks", "torch's", *[f"{k} ms" for k in ours], "torch ms"]
-    head += [f"{k}/torch" for k in ours] + ["check"]
+    head += [f"{k}/torch" for k in ours] + ["check", "every", "checked/step"]
     lines = []
     for r in rows:
         ms = [f"{1e3 * r['seconds'][k]:.2f}" if k in r["seconds"] else "-" for k in [*ours, "torch"]]
         ratios = [f"{r[f'{k}/torch']:.2f}" if f"{k}/torch" in r else "-" for k in ours]
-        check = f"{100 * r['check']:+.0f}%" if "check" in r else "-"
-        lines.append([r["mode"], r["size"], str(r["ranks"]), r["peer"], *ms, *ratios, check])
+        checks = [f"{100 * r[k]:+.0f}%" if k in r else "-" for k in ("check", "every")]
+        checks.append(f"{r['seconds'][CHECKED]:g}" if CHECKED in r["seconds"] else "-")
+        lines.append([r["mode"], r["size"], str(r["ranks"]), r["peer"], *ms, *ratios, *checks])
     widths = [max(len(h), *(len(line[c]) for line in lines)) for c, h in enumerate(head)]
     text = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
     text += ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)) for line in lines]
@@ -386,7 +409,7 @@ def main(argv=None):
     rows = measure(args.settings, args.steps, args.tiny, args.rows)
     print(f"machine: {start}")
     print(f"ms: the slowest rank's step, median of {args.steps} cycles; ratios: median over cycles of the ratio")
-    print("within a cycle; check: ours on / ours off - 1; float32\n")
+    print("within a cycle; check: ours on / ours off - 1, every: ours every / ours off - 1; float32\n")
     print(format_table(rows, args.settings))
     if not args.tiny:
         print("\nthe check alone: one all_gather_tensor of 16 float32 per rank, per call (slowest rank, median of 5")

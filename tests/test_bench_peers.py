@@ -17,7 +17,14 @@ def _launched():
                                        "torch": [0.010, 0.020, 0.040]})]  # fmt: skip
     rank1 = [("TP", "b=1", "DTensor", {"ours on": [0.011, 0.014, 0.031], "ours off": [0.008, 0.010, 0.020],
                                        "torch": [0.020, 0.010, 0.040]})]  # fmt: skip
-    ep = [("EP dispatch", "16 tokens", "(none in torch)", {"ours on": [0.003], "ours off": [0.002]})]
+    ep = [
+        (
+            "EP dispatch",
+            "16 tokens",
+            "(none in torch)",
+            {"ours on": [0.003], "ours every": [0.004], "ours off": [0.002]},
+        )
+    ]
     return [(2, [rank0, rank1]), (2, [ep, ep])]
 
 
@@ -29,8 +36,9 @@ def test_the_table_times_the_slowest_rank_and_pairs_the_ratios_within_a_cycle():
     assert tp["ours off/torch"] == pytest.approx(0.5)  # median of 0.4, 0.5, 0.5
     assert tp["check"] == pytest.approx(0.5)  # median of 1.5, 1.4, 1.55, less 1
     assert "ours on/torch" not in ep and ep["check"] == pytest.approx(0.5)  # no peer: the check's cost alone
-    text = peers.format_table([tp, ep], ["on", "off"])
-    assert "ours on/torch" in text.splitlines()[0] and "0.70" in text and "+50%" in text
+    assert ep["every"] == pytest.approx(1.0) and "every" not in tp  # step 1 before every call: ours every / off
+    text = peers.format_table([tp, ep], ["on", "every", "off"])
+    assert "ours on/torch" in text.splitlines()[0] and "0.70" in text and "+50%" in text and "+100%" in text
     assert f"{os.cpu_count()} CPUs, torch {torch.__version__}" in peers.machine()
 
 

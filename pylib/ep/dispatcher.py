@@ -59,6 +59,9 @@ class DispatchState:
     chunk_counts: torch.Tensor
     etp_rows: list[int]
     pad_index: torch.Tensor | None = None
+    # the all-to-all's splits as `exchange_splits` gave them (agreed by construction, so not checked again);
+    # None under a capacity, where every rank sends C rows per expert and the splits are checked as given
+    exchanged: collectives.ExchangedSplits | None = None
 
     # Host-side lists (the all-to-alls and the experts' split need ints): each costs one device sync, so each is
     # computed once per dispatch and reused by the experts, the combine and whoever inspects the state.
@@ -68,11 +71,18 @@ class DispatchState:
 
     @cached_property
     def input_splits(self) -> list[int]:
-        return self.send_counts.sum(1).tolist()
+        return list(self.exchanged.input) if self.exchanged else self.send_counts.sum(1).tolist()
 
     @cached_property
     def output_splits(self) -> list[int]:
-        return self.recv_counts.sum(1).tolist()
+        return list(self.exchanged.output) if self.exchanged else self.recv_counts.sum(1).tolist()
+
+    def splits(self, back: bool = False) -> tuple:
+        """(output_splits, input_splits) of the dispatch's all-to-all (`back`: the combine's), as
+        `all_to_all_uneven` takes them: the `ExchangedSplits` alone when the counts were exchanged."""
+        if self.exchanged is not None:
+            return (self.exchanged.swapped() if back else self.exchanged, None)
+        return (self.input_splits, self.output_splits) if back else (self.output_splits, self.input_splits)
 
 
 class AllToAllDispatcher:
@@ -91,7 +101,7 @@ class AllToAllDispatcher:
     ):
         """capacity: pad every expert's rows to exactly C (None = send only the kept rows)."""
         rows, plan = permute(x, experts, self.n_experts, keep)
-        pad_index = None
+        pad_index, exchanged = None, None
         if capacity is not None:
             rows, pad_index = self._pad(rows, plan, capacity)
             send_counts = torch.full((self.ep, self.n_local), capacity, dtype=torch.int64, device=x.device)
@@ -100,7 +110,7 @@ class AllToAllDispatcher:
         else:
             send_counts = plan.tokens_per_expert.view(self.ep, self.n_local)
             with tag("counts"):
-                recv_counts = collectives.exchange_counts(plan.tokens_per_expert, self.ep_group)
+                recv_counts, exchanged = collectives.exchange_splits(plan.tokens_per_expert, self.ep_group)
                 recv_counts = recv_counts.view(self.ep, self.n_local)
                 if self.etp > 1:
                     gathered = collectives.all_gather_tensor(recv_counts.reshape(1, -1), 0, self.etp_group)
@@ -108,9 +118,9 @@ class AllToAllDispatcher:
                 else:
                     chunk_counts = recv_counts
         etp_rows = chunk_counts.view(self.etp, -1).sum(1).tolist()
-        state = DispatchState(plan, send_counts, recv_counts, chunk_counts, etp_rows, pad_index)
+        state = DispatchState(plan, send_counts, recv_counts, chunk_counts, etp_rows, pad_index, exchanged)
         with tag("dispatch"):
-            rows = collectives.all_to_all_uneven(rows, state.output_splits, state.input_splits, self.ep_group)
+            rows = collectives.all_to_all_uneven(rows, *state.splits(), self.ep_group)
             if self.etp > 1:
                 rows = collectives.all_gather_uneven(rows, etp_rows, self.etp_group)
         return sort_chunks(rows, chunk_counts), state
@@ -120,7 +130,7 @@ class AllToAllDispatcher:
         with tag("combine"):
             if self.etp > 1:
                 y = collectives.reduce_scatter_uneven(y, state.etp_rows, self.etp_group)
-            y = collectives.all_to_all_uneven(y, state.input_splits, state.output_splits, self.ep_group)
+            y = collectives.all_to_all_uneven(y, *state.splits(back=True), self.ep_group)
         if state.pad_index is not None:
             y = y[state.pad_index]
         return unpermute(y, state.plan, weights)

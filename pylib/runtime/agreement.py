@@ -15,7 +15,53 @@ Called in the caller before `launch`, the setting reaches gloo's ranks too (they
 Default (`None`): on under gloo (the CPU ranks of the tests, the labs and the book), off under NCCL, where the
 extra collective would cost real latency on every call. It is not traced (it moves no model data).
 
-Two steps, the second only when the first finds a disagreement (`agree`):
+Most calls cost nothing: a training loop makes the same collectives in the same order step after step, so each
+group's ranks learn that order once and then only check where it may change (`_Predictor`):
+
+0. **Predicted calls.** Every rank keeps, per process group, the group's verified history: the keys of its
+   checked calls in order (a key is the exact local call: op, params with dims counted from the front, each
+   tensor's dtype and shape -- after dim 0 for uneven row ops --, a Python tuple, compared, never hashed). All
+   earlier calls agreed on every rank (induction), so every rank holds the same history, and everything below is
+   a function of it: every rank predicts the same next call, or none.
+   - Which call is predicted. After a checked call c at position x of the history whose key first stood at e < x,
+     the hypothesis is a lap of d = x - e calls: the next call is the one d back. Once d calls in a row have
+     followed it (the last 2d calls are two copies of one lap) the lap is locked: the history stops growing and
+     the lap repeats. The first occurrence is taken, not the last, so a step made of identical layers locks on the
+     whole step, not on one layer (a layer's lap is tried first and fails where the layers end; so does a lap
+     that a one-off call before the loop misaligns): a repeating step is learned in its first two or three steps
+     and from then on costs no communication at all -- no branch points, whatever the number of layers
+     (`tests/test_agreement_predicted.py`; 4-layer TP+SP: 12 checked calls and 7 rendezvous in all, then none).
+     The order-1 table first tried here (one successor per key) checked 20 of the 39 calls of every 4-layer
+     TP+SP step and 8 of 9 of a plain 1-layer TP step: the same all-reduce key ends the embedding, the attention
+     and the MLP, so its successor differs between occurrences.
+   - The call is the predicted one: **no communication**. Every rank whose call is right predicts the same; a
+     rank whose call is not never touches the process group (below), so the others wait inside the predicted call
+     for it and no data moves between ranks that disagree.
+   - Nothing is predicted (the first calls, after a change): every rank knows it, and all run steps 1 (and 2)
+     below, named before data moves as ever, and extend the history.
+   - The call is not the predicted one: this rank alone may be the odd one, so it must not touch the group's
+     process group. It writes a key under the default store (the rendezvous the ranks met through; no partner
+     needs to be there) and polls for every rank of the group to write the same round's key, for up to
+     `prediction_timeout` seconds. If all do (they all changed together: a new sequence length, eval after
+     training, a wrong hypothesis while learning), every rank is in this branch at the same round, so all run
+     steps 1-2 on the group as usual (named errors as ever) and extend the history. If not, the others made the
+     predicted call and sit in it: this rank raises a ValueError naming its call, the verified one and the one
+     before, marks the group broken (any later call on it raises the same at once), and the launcher ends the
+     others. A rendezvous costs a few ms here (2-13 ms at 3 ranks, about one checked call), and happens only
+     while learning or when all ranks change together.
+   The timeout must cover the time the slowest rank may take between two calls of the group when all change
+   together (compute, a checkpoint written between steps); it bounds only how long an odd rank waits before
+   naming itself, never the cost of a good run. Default 30 s: under `launch`'s default 60 s limit for the whole
+   run and the process group, so the named error comes before gloo's own timeout; `prediction_timeout(seconds)`
+   changes it (the tests use 0.2 s). The history holds at most `_MAX_TAPE` calls; past that every call is
+   checked.
+   Row counts are not part of the key (they change every step in an MoE layer). An uneven all-to-all whose splits
+   came out of `collectives.exchange_splits` (an all-to-all of the counts, so rank i expects from j exactly what
+   j counted for i) agrees by construction and adds nothing; raw splits add step 1's split residual (below)
+   every call, raw `sizes` of an uneven all-gather / reduce-scatter step 1's hash.
+   `_setting.predict = False` runs steps 1-2 before every collective, the design before (the bench's "every").
+
+Steps 1 and 2, the second only when the first finds a disagreement (`agree`):
 
 1. **Do all ranks agree?** One all-reduce (max) of two int64, whatever the op, group or tensor: [h, -h], h a
    63-bit hash of the call (op, params, each tensor's dtype and shape, `sizes`); max(h) == -max(-h) exactly when
@@ -53,8 +99,10 @@ small collective per step, not one per collective (`checks_each_step`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
+import time
 import zlib
 
 import torch
@@ -85,9 +133,31 @@ class _Setting:
     # True: skip step 1 and exchange the whole descriptors before every collective, the design before issue 30
     # (kept so that `bench/peers.py` measures what step 1 saves; a test runs both)
     full_exchange: bool = False
+    # False: steps 1-2 before every collective, no predicted calls (the design before; `bench/peers.py`'s "every")
+    predict: bool = True
+    timeout: float = 30.0  # seconds an odd rank waits at the store for the others (`prediction_timeout`)
 
 
 _setting = _Setting()
+
+
+class prediction_timeout(contextlib.ContextDecorator):
+    """How long (seconds > 0) a rank whose call differs from its group's verified order waits at the store for the
+    other ranks to change too before it names itself (module docstring, step 0); as a context manager the previous
+    value returns when the block ends. Default 30 s."""
+
+    def __init__(self, seconds: float):
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise ValueError(f"prediction_timeout takes a number of seconds > 0, not {seconds!r}")
+        self.previous = _setting.timeout
+        _setting.timeout = float(seconds)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        _setting.timeout = self.previous
+        return False
 
 
 class agreement_check(contextlib.ContextDecorator):
@@ -249,23 +319,101 @@ def agree(
     reduce op), the first `dims_of_first` of which are dims of tensors[0], checked in range on
     every rank (also when the cross-rank check is off) and compared counted from the front; each tensor's dtype
     and shape, any number of dims (only the dims after the first with `rows_only`, for uneven row ops); `sizes`
-    equal on every rank; and for an uneven all-to-all, rank i's out_splits[j] == rank j's in_splits[i]."""
+    equal on every rank; and for an uneven all-to-all, rank i's out_splits[j] == rank j's in_splits[i].
+    A call the group's verified order predicts costs no communication (module docstring, step 0)."""
     if g.size == 1:
         return
-    param_names, params = list(params or {}), list((params or {}).values())
-    names = param_names[:dims_of_first]
+    param_names, values = list(params or {}), list((params or {}).values())
     if not is_checking():
         if dims_of_first:
-            _check_dims(who, [g.global_rank], [tensors[0].dim()], [list(params)], names)
+            _check_dims(who, [g.global_rank], [tensors[0].dim()], [values], param_names[:dims_of_first])
         return
-    n = g.size
-    device = tensors[0].device if tensors else torch.device("cpu")
-    fast = not _setting.full_exchange
-    if fast and _all_agree(
-        g, kind or who, tensors, params, dims_of_first, rows_only, sizes, in_splits, out_splits, device
-    ):
+    call = _Args(
+        who, g, kind or who, tensors, param_names, values, dims_of_first, rows_only, sizes, in_splits, out_splits
+    )
+    if _setting.full_exchange:
+        _name_disagreement(call)
         return
-    desc = _encode(kind or who, n, tensors, params, sizes, in_splits, out_splits, rows_only)
+    if not _setting.predict:
+        _check(call)
+        return
+    state = _predictor(g)
+    if state.broken is not None:
+        raise ValueError(state.broken)
+    key = call_key(call.op, tensors, param_names, values, dims_of_first, rows_only)
+    expected = state.expected()
+    if expected is not None:
+        if key == expected:  # every rank whose call is right predicts the same: nothing to ask
+            if sizes is not None or in_splits is not None:
+                _rows_agree(call)
+            state.hit(key)
+            return
+        _rendezvous(call, state, key, expected)  # returns only when every rank of the group changed too
+    _check(call)
+    state.checked_call(key)
+
+
+@dataclasses.dataclass(slots=True)
+class _Args:
+    """One call's arguments as `agree` was given them."""
+
+    who: str
+    g: object
+    op: str
+    tensors: list
+    param_names: list
+    params: list
+    dims_of_first: int
+    rows_only: bool
+    sizes: object
+    in_splits: object
+    out_splits: object
+
+    @property
+    def device(self) -> torch.device:
+        return self.tensors[0].device if self.tensors else torch.device("cpu")
+
+
+def _check(c: _Args) -> None:
+    """Steps 1 and 2: return when every rank makes the same call, else raise on every rank naming what differs."""
+    args = (c.g, c.op, c.tensors, c.params, c.dims_of_first, c.rows_only, c.sizes, c.in_splits, c.out_splits)
+    if not _all_agree(*args, c.device):
+        _name_disagreement(c)
+        raise _unseen(c)
+
+
+def _rows_agree(c: _Args) -> None:
+    """A predicted call with raw row counts: its key left them out, so step 1 checks them alone (the split residual
+    of an uneven all-to-all, the hash of an uneven all-gather's `sizes`); raise on every rank if they differ."""
+    g = c.g
+    if c.in_splits is not None:
+        shares = split_residuals(g.size, g.rank, c.in_splits, c.out_splits)
+        row = torch.tensor(shares, dtype=torch.int64, device=c.device)
+        dist.all_reduce(row, op=dist.ReduceOp.SUM, group=g.pg)
+        same = all(r % prime == 0 for r, prime in zip(row.cpu().tolist(), _PRIMES))
+    else:
+        same = _hashes_agree(g, _hash63(repr(tuple(int(v) for v in c.sizes))), c.device)
+    if not same:
+        _name_disagreement(c)
+        raise _unseen(c)
+
+
+def _unseen(c: _Args) -> ValueError:
+    """Step 1 saw a difference that the descriptors do not show: never let the data move."""
+    return ValueError(
+        f"{c.who} over {list(c.g.ranks)}: the ranks' calls differ (their hashes of op, dtype, shape and arguments "
+        "differ), but the descriptors the ranks exchanged do not show where"
+    )
+
+
+def _name_disagreement(c: _Args) -> None:
+    """Step 2: every rank all-gathers the whole descriptor and raises the error naming each rank's value (returns
+    when the descriptors agree)."""
+    who, g, tensors, n, device = c.who, c.g, c.tensors, c.g.size, c.device
+    param_names, params, dims_of_first, rows_only = c.param_names, c.params, c.dims_of_first, c.rows_only
+    sizes, in_splits, out_splits = c.sizes, c.in_splits, c.out_splits
+    names = param_names[:dims_of_first]
+    desc = _encode(c.op, n, tensors, params, sizes, in_splits, out_splits, rows_only)
     mine = torch.tensor(desc, dtype=torch.int64, device=device)  # on the rank's device: NCCL moves no CPU tensor
     gathered = torch.empty(n * mine.numel(), dtype=torch.int64, device=device)
     compat.all_gather_into(gathered, mine, group=g.pg)
@@ -308,11 +456,165 @@ def agree(
                         f"(its output_splits[{j}]), but rank {ranks[j]} sends it {cj.in_splits[i]} "
                         f"(its input_splits[{i}])"
                     )
-    if fast:  # step 1 saw a difference that the descriptors do not show: never let the data move
-        raise ValueError(
-            f"{who} over {ranks}: the ranks' calls differ (their hashes of op, dtype, shape and arguments differ), "
-            "but the descriptors the ranks exchanged do not show where"
-        )
+
+
+# ------------------------------------------------------------------------------------ step 0: predicted calls
+
+_START = ("the group's first call",)  # what precedes a group's first call (never a call's key)
+_MAX_TAPE = 1 << 16  # verified calls remembered per group; past that, every call is checked
+
+
+class _Predictor:
+    """One process group's verified history, the same on every rank of it (module docstring, step 0).
+
+    `tape`: the verified calls' keys in order (the history, while no lap is locked); `first[key]` where a key first
+    stands on it; `pos`: the tape index of the call predicted next (None: none is, the next call is checked); `lap`
+    the length d of the hypothesis or locked lap, `matched` how many calls have followed it so far, `locked`
+    whether d of them have (the last 2d calls were two copies: from then on the lap repeats, and the tape stops
+    growing), `since` the calls made since the lock. `rounds`: store rendezvous so far (their keys' numbers),
+    `broken`: the error once a rank named itself odd; `predicted` / `checked`: calls that passed with no
+    communication / that ran steps 1-2."""
+
+    __slots__ = (
+        "tape",
+        "first",
+        "pos",
+        "lap",
+        "matched",
+        "locked",
+        "since",
+        "rounds",
+        "broken",
+        "predicted",
+        "checked",
+    )
+
+    def __init__(self):
+        self.tape, self.first, self.pos, self.lap, self.matched, self.locked, self.since = [], {}, None, 0, 0, False, 0
+        self.rounds, self.broken, self.predicted, self.checked = 0, None, 0, 0
+
+    @property
+    def prev(self):
+        """The last verified call's key (for the error message)."""
+        if self.locked:
+            return self.tape[(self.pos - 1) if self.pos > len(self.tape) - self.lap else len(self.tape) - 1]
+        return self.tape[-1] if self.tape else _START
+
+    def expected(self):
+        """The key of the call the verified history predicts next, or None."""
+        return None if self.pos is None else self.tape[self.pos]
+
+    def hit(self, key) -> None:
+        """Every rank's call was the predicted one."""
+        self.predicted += 1
+        if self.locked:
+            self.since += 1
+            self.pos = self.pos + 1 if self.pos + 1 < len(self.tape) else len(self.tape) - self.lap
+            return
+        if len(self.tape) >= _MAX_TAPE:  # the tape is full: nothing more is predicted
+            self.pos = None
+            return
+        self._append(key)
+        self.matched += 1
+        self.pos += 1
+        if self.matched >= self.lap:  # the last 2d calls are two copies of one lap: lock it
+            self.locked, self.since, self.pos = True, 0, len(self.tape) - self.lap
+
+    def checked_call(self, key) -> None:
+        """After steps 1-2 passed (the call was unknown, or every rank changed together): extend the history and
+        take as the next hypothesis the lap from this key's first occurrence to here."""
+        self.checked += 1
+        if self.locked:  # the calls made since the lock, less whole laps (they repeat what the tape holds)
+            d, start = self.lap, len(self.tape) - self.lap
+            kept = self.since if self.since < 2 * d else d + self.since % d
+            for j in range(self.since - kept, self.since):
+                self._append(self.tape[start + j % d])
+        self.locked, self.matched, self.since, self.pos = False, 0, 0, None
+        if len(self.tape) >= _MAX_TAPE:
+            return
+        at = len(self.tape)
+        self._append(key)
+        e = self.first[key]
+        if e < at:
+            self.lap, self.pos = at - e, e + 1
+
+    def _append(self, key) -> None:
+        if len(self.tape) < _MAX_TAPE:
+            self.first.setdefault(key, len(self.tape))
+            self.tape.append(key)
+
+
+_PREDICTORS: dict = {}  # process group -> _Predictor, for the default group `_PREDICTORS_OF`
+_PREDICTORS_OF: list = [None]
+
+
+def _predictor(g) -> _Predictor:
+    """This rank's `_Predictor` of g's process group (groups of the same ranks made apart have their own)."""
+    world = dist.GroupMember.WORLD
+    if _PREDICTORS_OF[0] is not world:  # a new default group (destroy, init again): forget the old order
+        _PREDICTORS.clear()
+        _PREDICTORS_OF[0] = world
+    state = _PREDICTORS.get(g.pg)
+    if state is None:
+        state = _PREDICTORS[g.pg] = _Predictor()
+    return state
+
+
+def call_key(op: str, tensors, param_names, params, dims_of_first: int = 0, rows_only: bool = False) -> tuple:
+    """What this rank's call must share with the others' to be the same call, as a tuple compared exactly: the op,
+    its params by name (in-range dims counted from the front: -1 and ndim - 1 are one call; an out-of-range dim
+    stays as given, so it equals no in-range one), each tensor's dtype and shape (after dim 0 with `rows_only`).
+    Row counts (`sizes`, splits) are not in it: they may change on every call."""
+    if dims_of_first and tensors:
+        ndim, params = tensors[0].dim(), list(params)
+        for k in range(dims_of_first):
+            if ndim and -ndim <= params[k] < 0:
+                params[k] += ndim
+    shapes = tuple((t.dtype, t.shape[1:] if rows_only else t.shape) for t in tensors)
+    return (op, tuple(zip(param_names, params)), shapes, rows_only)
+
+
+def _describe(key) -> str:
+    """A key as the error shows it: `all_gather(dim=0; float32 (4, 8))`, `(*, 8)` the rows of an uneven op."""
+    if key is _START:
+        return key[0]
+    op, params, shapes, rows_only = key
+    args = [name.replace(" ", "_") + "=" + _param_text(name, v) for name, v in params]
+    for dtype, shape in shapes:
+        dims = ", ".join(["*", *map(str, shape)]) if rows_only else ", ".join(map(str, shape))
+        args.append(f"{str(dtype).replace('torch.', '')} ({dims}{',' if len(shape) == 1 and not rows_only else ''})")
+    return f"{op}({', '.join(args)})"
+
+
+def _group_name(g) -> str:
+    return getattr(g.pg, "group_name", None) or ",".join(map(str, g.ranks))
+
+
+def _rendezvous(c: _Args, state: _Predictor, key, verified) -> None:
+    """This rank's call is not the one the group's verified order predicts. Without touching the group's process
+    group (the others may be waiting inside the predicted call), meet the other ranks at the default store: return
+    when every rank of the group arrives at this round within the timeout (they all changed together), else mark
+    the group broken and raise naming this rank's call and the verified one."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    g = c.g
+    store = _get_default_store()
+    prefix = f"pylib.agreement/{_group_name(g)}/{state.rounds}/"
+    state.rounds += 1
+    store.set(prefix + str(g.rank), str(g.global_rank))
+    keys = [prefix + str(j) for j in range(g.size)]
+    deadline, pause = time.monotonic() + _setting.timeout, 0.0005
+    while not store.check(keys):  # polled, not store.wait: a FileStore's wait notices its keys about once a second
+        if time.monotonic() > deadline:
+            state.broken = (
+                f"{c.who} over {list(g.ranks)}: rank {g.global_rank} calls {_describe(key)} where the group's verified "
+                f"order calls {_describe(verified)} after {_describe(state.prev)}; the other ranks did not come to "
+                f"re-check within {_setting.timeout:g} s, so they made that call and wait in it (a rank that may take "
+                "longer to reach a new call: raise the limit with pylib.runtime.agreement.prediction_timeout(seconds))"
+            )
+            raise ValueError(state.broken)
+        time.sleep(pause)
+        pause = min(2 * pause, 0.02)
 
 
 _DISAGREE = (1 << 63) - 1  # a rank whose own dim argument is out of range sends [_DISAGREE, _DISAGREE]

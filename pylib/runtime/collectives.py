@@ -41,6 +41,9 @@ records nothing. pylib never calls torch.distributed collectives anywhere else, 
 Agreement: before it communicates, every collective checks that the ranks of its group make the same call (op,
 dtype, shape, dim or reduce op, row counts) and raises the same ValueError on each rank, naming every rank's value,
 when they do not: on by default under gloo, switched with `agreement_check(False)` (see `pylib.runtime.agreement`).
+Once a group's calls repeat in a learned order, a call that order predicts costs no communication; the split sizes
+`exchange_splits` derives from an all-to-all of counts (`ExchangedSplits`) agree by construction and are not checked
+again, raw split lists are.
 
 Devices: every tensor an op sends or receives must be on `pylib.runtime.current_device()` -- the rank's GPU under
 NCCL, the CPU under gloo -- and each op checks it before communicating, naming the op and both devices. Buffers
@@ -54,6 +57,7 @@ import inspect
 import math
 import threading
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -296,12 +300,39 @@ def all_to_all_tensor(t, scatter_dim: int, gather_dim: int, group=None, *, phase
     return out
 
 
-@_ranged("all_to_all")
-def all_to_all_rows(t, output_splits, input_splits, group=None, *, phase=None, tag=None) -> torch.Tensor:
-    """Uneven all-to-all along dim 0: rows [sum(input_splits[:j]), ...+input_splits[j]) go to group member j;
-    `output_splits[j]` rows arrive from member j. Bytes counted exactly (rows to/from other ranks)."""
-    g = resolve_group(group)
-    input_splits, output_splits = [int(v) for v in input_splits], [int(v) for v in output_splits]
+@dataclass(frozen=True)
+class ExchangedSplits:
+    """The split sizes of an uneven all-to-all that agree by construction: `output[j]` is what member j counted
+    for this rank and sent it in the all-to-all of counts (`exchange_splits`), `input[j]` what this rank counted
+    for j, so every rank expects from each peer the rows that peer sends. `all_to_all_rows` skips the split check
+    for them (the check would find them equal); `swapped()` is the reverse exchange (the combine, the backward).
+    Only `exchange_splits` makes them: one built by hand would be trusted the same way, unchecked."""
+
+    output: tuple[int, ...]
+    input: tuple[int, ...]
+    pg: object = field(compare=False, repr=False)
+
+    def swapped(self) -> ExchangedSplits:
+        return ExchangedSplits(self.input, self.output, self.pg)
+
+
+def _splits_of(output_splits, input_splits, g: AxisGroup) -> tuple[list[int], list[int], bool]:
+    """(output, input, exchanged): raw lists as given, or an `ExchangedSplits` of this group's process group."""
+    if not isinstance(output_splits, ExchangedSplits):
+        if input_splits is None:
+            raise ValueError("all-to-all: give output_splits and input_splits, or one ExchangedSplits")
+        return [int(v) for v in output_splits], [int(v) for v in input_splits], False
+    if input_splits is not None:
+        raise ValueError("all-to-all: an ExchangedSplits holds both directions; give no input_splits with it")
+    if output_splits.pg is not g.pg:
+        raise ValueError(f"all-to-all over {g.name}: these ExchangedSplits were exchanged over another group")
+    return list(output_splits.output), list(output_splits.input), True
+
+
+def _checked_splits(who: str, t, output_splits, input_splits, g: AxisGroup) -> tuple[list[int], list[int]]:
+    """An uneven all-to-all's split lists (raw, or an `ExchangedSplits`), checked against the group and `t`, then
+    agreed across the ranks (`agree`: exchanged splits agree by construction, raw ones are compared)."""
+    output_splits, input_splits, exchanged = _splits_of(output_splits, input_splits, g)
     if len(input_splits) != g.size or len(output_splits) != g.size:
         raise ValueError(
             f"all-to-all needs {g.size} split sizes, got {len(input_splits)} in / {len(output_splits)} out"
@@ -309,31 +340,43 @@ def all_to_all_rows(t, output_splits, input_splits, group=None, *, phase=None, t
     if sum(input_splits) != t.shape[0]:
         raise ValueError(f"input split sizes {input_splits} sum to {sum(input_splits)}, tensor has {t.shape[0]} rows")
     if g.size == 1:
-        return t
-    _on_rank_device("all_to_all_rows", t)
-    agree("all_to_all_rows", g, [t], rows_only=True, in_splits=input_splits, out_splits=output_splits)
+        return output_splits, input_splits
+    _on_rank_device(who, t)
+    if exchanged:
+        agree(who, g, [t], rows_only=True, params={"exchanged splits": 1})
+    else:
+        raw = {"exchanged splits": 0}  # in the key: a rank with raw splits and one with exchanged ones differ
+        agree(who, g, [t], rows_only=True, params=raw, in_splits=input_splits, out_splits=output_splits)
+    return output_splits, input_splits
+
+
+def _start_all_to_all(t, output_splits, input_splits, g: AxisGroup, phase, tag, async_op: bool):
+    """Issue the exchange and record it (bytes to and from other ranks, exactly): (out, work, event, t_c, t0)."""
     t0 = tracer.now()
     t_c = t.contiguous()
     out = torch.empty((sum(output_splits), *t.shape[1:]), dtype=t.dtype, device=t.device)
-    dist.all_to_all_single(out, t_c, output_split_sizes=output_splits, input_split_sizes=input_splits, group=g.pg)
-    row = math.prod(t_c.shape[1:]) * t_c.element_size()
-    me = g.rank
-    sent = row * (sum(input_splits) - input_splits[me])
-    recv = row * (sum(output_splits) - output_splits[me])
-    _record(
-        "all_to_all",
-        g,
-        _nbytes(t_c),
-        sent,
-        recv,
-        [t],
-        t0,
-        phase=phase,
-        tag=tag,
-        input_splits=input_splits,
-        output_splits=output_splits,
+    work = dist.all_to_all_single(
+        out, t_c, output_split_sizes=output_splits, input_split_sizes=input_splits, group=g.pg, async_op=async_op
     )
-    return out
+    row = math.prod(t_c.shape[1:]) * t_c.element_size()
+    sent = row * (sum(input_splits) - input_splits[g.rank])
+    recv = row * (sum(output_splits) - output_splits[g.rank])
+    extra = {"is_async": True} if async_op else {}
+    splits = {"input_splits": input_splits, "output_splits": output_splits}
+    ev = _record("all_to_all", g, _nbytes(t_c), sent, recv, [t], t0, phase=phase, tag=tag, **splits, **extra)
+    return out, work, ev, t_c, t0
+
+
+@_ranged("all_to_all")
+def all_to_all_rows(t, output_splits, input_splits=None, group=None, *, phase=None, tag=None) -> torch.Tensor:
+    """Uneven all-to-all along dim 0: rows [sum(input_splits[:j]), ...+input_splits[j]) go to group member j;
+    `output_splits[j]` rows arrive from member j. Bytes counted exactly (rows to/from other ranks).
+    `output_splits` may be an `ExchangedSplits` (then no input_splits): both directions, agreed by construction."""
+    g = resolve_group(group)
+    output_splits, input_splits = _checked_splits("all_to_all_rows", t, output_splits, input_splits, g)
+    if g.size == 1:
+        return t
+    return _start_all_to_all(t, output_splits, input_splits, g, phase, tag, async_op=False)[0]
 
 
 def _row_sizes(sizes, g: AxisGroup, what: str) -> list[int]:
@@ -613,45 +656,15 @@ class AllToAllWork(CollectiveWork):
 
 
 @_ranged("all_to_all_async")
-def all_to_all_rows_async(t, output_splits, input_splits, group=None, *, phase=None, tag=None) -> AllToAllWork:
+def all_to_all_rows_async(t, output_splits, input_splits=None, group=None, *, phase=None, tag=None) -> AllToAllWork:
     """`all_to_all_rows` without blocking: returns an `AllToAllWork`; its `wait()` returns the received rows
     [sum(output_splits), ...]. Do not touch `t` until then. Bytes counted as `all_to_all_rows` counts them
-    (recorded at launch, `is_async=True`)."""
+    (recorded at launch, `is_async=True`); splits as it takes them (raw, or an `ExchangedSplits`)."""
     g = resolve_group(group)
-    input_splits, output_splits = [int(v) for v in input_splits], [int(v) for v in output_splits]
-    if len(input_splits) != g.size or len(output_splits) != g.size:
-        raise ValueError(
-            f"all-to-all needs {g.size} split sizes, got {len(input_splits)} in / {len(output_splits)} out"
-        )
-    if sum(input_splits) != t.shape[0]:
-        raise ValueError(f"input split sizes {input_splits} sum to {sum(input_splits)}, tensor has {t.shape[0]} rows")
+    output_splits, input_splits = _checked_splits("all_to_all_rows_async", t, output_splits, input_splits, g)
     if g.size == 1:
         return AllToAllWork(None, None, t)
-    _on_rank_device("all_to_all_rows_async", t)
-    agree("all_to_all_rows_async", g, [t], rows_only=True, in_splits=input_splits, out_splits=output_splits)
-    t0 = tracer.now()
-    t_c = t.contiguous()
-    out = torch.empty((sum(output_splits), *t.shape[1:]), dtype=t.dtype, device=t.device)
-    work = dist.all_to_all_single(
-        out, t_c, output_split_sizes=output_splits, input_split_sizes=input_splits, group=g.pg, async_op=True
-    )
-    row = math.prod(t_c.shape[1:]) * t_c.element_size()
-    sent = row * (sum(input_splits) - input_splits[g.rank])
-    recv = row * (sum(output_splits) - output_splits[g.rank])
-    ev = _record(
-        "all_to_all",
-        g,
-        _nbytes(t_c),
-        sent,
-        recv,
-        [t],
-        t0,
-        phase=phase,
-        tag=tag,
-        input_splits=input_splits,
-        output_splits=output_splits,
-        is_async=True,
-    )
+    out, work, ev, t_c, t0 = _start_all_to_all(t, output_splits, input_splits, g, phase, tag, async_op=True)
     work = AllToAllWork(work, ev, out, None, t0)
     work.keep = t_c
     return _named(work, "all_to_all", g, phase, tag)
@@ -813,13 +826,17 @@ class _AllToAll(torch.autograd.Function):
 class _AllToAllRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, output_splits, input_splits, g, tag):
-        ctx.splits, ctx.g, ctx.tag = (list(output_splits), list(input_splits)), g, tag
+        ctx.splits, ctx.g, ctx.tag = (output_splits, input_splits), g, tag
         return all_to_all_rows(x, output_splits, input_splits, g, tag=tag)
 
     @staticmethod
     def backward(ctx, dy):
         output_splits, input_splits = ctx.splits
-        dx = all_to_all_rows(dy, input_splits, output_splits, ctx.g, phase="backward", tag=ctx.tag)
+        if isinstance(output_splits, ExchangedSplits):  # the reverse exchange, agreed as the forward was
+            reverse = (output_splits.swapped(), None)
+        else:
+            reverse = (input_splits, output_splits)
+        dx = all_to_all_rows(dy, *reverse, ctx.g, phase="backward", tag=ctx.tag)
         return dx, None, None, None, None
 
 
@@ -892,13 +909,16 @@ def all_to_all(x, scatter_dim: int, gather_dim: int, group=None, *, tag=None):
     return x if g.size == 1 else _AllToAll.apply(x, scatter_dim, gather_dim, g, _tag(tag))
 
 
-def all_to_all_uneven(x, output_splits, input_splits, group=None, *, tag=None):
+def all_to_all_uneven(x, output_splits, input_splits=None, group=None, *, tag=None):
     """Forward: rows of `x` go out in blocks of `input_splits`, `output_splits` rows arrive from each member.
-    Backward: the same exchange with the split lists swapped."""
+    Backward: the same exchange with the split lists swapped. `output_splits` may be an `ExchangedSplits` (from
+    `exchange_splits`, no input_splits): agreed by construction, so no split check runs, forward or backward."""
     g = resolve_group(group)
     if g.size == 1:
         return x
-    return _AllToAllRows.apply(x, list(output_splits), list(input_splits), g, _tag(tag))
+    if not isinstance(output_splits, ExchangedSplits):
+        output_splits, input_splits = list(output_splits), list(input_splits)
+    return _AllToAllRows.apply(x, output_splits, input_splits, g, _tag(tag))
 
 
 def all_gather_uneven(x, sizes, group=None, *, tag=None):
@@ -919,10 +939,23 @@ def reduce_scatter_uneven(x, sizes, group=None, *, tag=None):
 
 
 def exchange_counts(counts: torch.Tensor, group=None, *, tag=None) -> torch.Tensor:
-    """Every rank sends counts[j] to member j and receives member j's count for it ([n] int64 -> [n] int64)."""
+    """Every rank sends counts[j] to member j and receives member j's count for it ([n] int64 -> [n] int64;
+    [n * k] -> [n * k]: block j of k goes to member j). One row to and from every member: splits that agree by
+    construction, so the agreement checks only the op, the dtype and k."""
     g = resolve_group(group)
     if g.size == 1:
         return counts.clone()
-    return all_to_all_rows(counts.reshape(g.size, -1).contiguous(), [1] * g.size, [1] * g.size, g, tag=tag).reshape(
-        counts.shape
-    )
+    ones = (1,) * g.size
+    rows = counts.reshape(g.size, -1).contiguous()
+    return all_to_all_rows(rows, ExchangedSplits(ones, ones, g.pg), None, g, tag=tag).reshape(counts.shape)
+
+
+def exchange_splits(counts: torch.Tensor, group=None, *, tag=None) -> tuple[torch.Tensor, ExchangedSplits]:
+    """`exchange_counts` of counts [n * k] (block j: this rank's rows for member j, k per member), and the split
+    sizes of the uneven all-to-all those rows then make, as an `ExchangedSplits`: input[j] = block j's sum,
+    output[j] = the sum of what member j counted for this rank. Pass it to `all_to_all_uneven` (and `.swapped()`
+    for the way back): no split check runs, since every rank expects from j what j counted for it."""
+    g = resolve_group(group)
+    received = exchange_counts(counts, g, tag=tag)
+    sent = counts.reshape(g.size, -1).sum(1).tolist()
+    return received, ExchangedSplits(tuple(received.reshape(g.size, -1).sum(1).tolist()), tuple(sent), g.pg)

@@ -292,15 +292,6 @@ def ring_overlap_figure(timelines: dict, *, title: str | None = None):
                 if left - last >= gap:
                     ax.text(left, y + 0.9, t["name"], ha="left", va="center", fontsize=9, color=style.INK)
                     last = left
-        ticks = [2 * r + d for r in range(n) for d in (0, 0.9)]
-        labels = [lab for r in range(n) for lab in (tr("rank {r}", r=r), tr("transfers"))]
-        ax.set_yticks(ticks, labels, fontsize=9)
-        ax.set_ylim(2 * n - 0.5, -0.6)
-        ax.set_xlim(0, end * ms * 1.02)
-        ax.set_title(_variant_title(name), fontsize=10, loc="left")
-        ax.tick_params(axis="x", labelsize=9)
-    np.atleast_1d(axes)[-1].set_xlabel(tr("time since the rank started forward (ms)"), fontsize=10)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+        ranks = [tr("rank {r}", r=r) for r in range(n)]
+        style.rank_lanes(ax, ranks, tr("transfers"), end * ms, _variant_title(name), bottom=0.5)
+    return style.finish_timeline(fig, axes, tr("time since the rank started forward (ms)"), title)

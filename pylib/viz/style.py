@@ -408,3 +408,24 @@ def phone_metadata(fig, svg: str) -> dict:
 
 
 show_as_svg()
+
+
+def rank_lanes(ax, rank_labels: list[str], lane_label: str, end_ms: float, title: str, bottom: float = 0.5) -> None:
+    """A timeline panel's axes: per rank a compute row at 2r and a transfer lane at 2r + 0.9 (ticks labelled
+    `rank_labels[r]` and `lane_label`), time from 0 to `end_ms`, `title` on the left (cp's ring, ep's overlap)."""
+    n = len(rank_labels)
+    ticks = [2 * r + d for r in range(n) for d in (0, 0.9)]
+    ax.set_yticks(ticks, [lab for r in range(n) for lab in (rank_labels[r], lane_label)], fontsize=9)
+    ax.set_ylim(2 * n - bottom, -0.6)
+    ax.set_xlim(0, end_ms * 1.02)
+    ax.set_title(title, fontsize=10, loc="left")
+    ax.tick_params(axis="x", labelsize=9)
+
+
+def finish_timeline(fig, axes, xlabel: str, title: str | None):
+    """The last panel's time label, the figure's title (if any), a tight layout: the figure."""
+    (axes.flat[-1] if hasattr(axes, "flat") else axes).set_xlabel(xlabel, fontsize=10)  # one Axes or an array
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
