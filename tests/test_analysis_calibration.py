@@ -32,6 +32,7 @@ def test_every_published_layout_is_accepted_and_predicted_to_fit(evaluated):
         assert e.plan.plan.par == e.run.par and e.plan.fits, (e.run.name, e.plan.peak_memory)
 
 
+@pytest.mark.slow  # its fixture evaluates every published run (a planner search each): 10-30 s of one worker
 def test_predicted_throughput_is_within_20_percent_on_the_holdout_rows(evaluated):
     errs = {C.RUNS[i].name + f" ({C.RUNS[i].gpus})": evaluated[i].error for i in C.HOLDOUT_ROWS}
     assert max(abs(x) for x in errs.values()) <= 0.20, errs

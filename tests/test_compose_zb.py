@@ -74,6 +74,7 @@ def test_a_forwards_bytes_are_held_until_its_w_when_the_backward_is_split():
     "cfg, par, options, message",
     [
         (CFG, ParallelConfig(dp=2, pp=2), RunOptions(schedule="zb-h1", n_microbatches=2, zero_stage=3), "ZeRO-3"),
+        (CFG, ParallelConfig(dp=2, pp=2), RunOptions(schedule="v-half", v=2, n_microbatches=2, zero_stage=3), "ZeRO-3"),
         (
             CFG.with_(tie_embeddings=True),
             ParallelConfig(pp=2),

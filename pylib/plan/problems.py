@@ -31,7 +31,7 @@ from pylib.i18n import N_, tr
 from .config import routing_problems
 from .heads import head_layout
 from .options import CP_LAYOUTS, RunOptions
-from .schedules import DUAL, ZERO_BUBBLE, ScheduleError, check_schedule, placement_of
+from .schedules import CONTROLLED, DUAL, ZERO_BUBBLE, ScheduleError, check_schedule, placement_of
 from .split import check_split
 
 LAYOUTS = CP_LAYOUTS
@@ -290,10 +290,10 @@ def training_problems(cfg, par, options: RunOptions | None = None) -> list[str]:
 
 def _schedule_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
     _collect(out, check_schedule, opt.schedule, par.pp, opt.n_microbatches, opt.v)  # what build() checks, unbuilt
-    if opt.schedule in ZERO_BUBBLE and par.pp > 1 and int(opt.zero_stage) == 3:
+    if opt.schedule in ZERO_BUBBLE + CONTROLLED and par.pp > 1 and int(opt.zero_stage) == 3:
         out.append(
             tr(
-                "the zero-bubble schedule {name} splits each backward into B and W, which ZeRO-3 cannot follow: it "
+                "the schedule {name} splits each backward into B and W, which ZeRO-3 cannot follow: it "
                 "gathers a unit's parameters for one backward and frees them after it (use zero_stage 0, 1 or 2)",
                 name=opt.schedule,
             )

@@ -52,6 +52,13 @@ done, W not yet (W still needs the forward's saved tensors).
                in flight: p+1 stage activations (PP+1), parameters 2x; the two copies' gradients are summed over
                the rank pair after the step (`pylib.pp.pipeline.sum_copy_gradients`). Needs m even, m >= 2p.
                Bubble (p/2-1)(T_FB + T_B - 2 T_W), DeepSeek's (PP/2-1)(F&B + B - 3W) with PP = p.
+  V-Half,      Qi, Wan, Amar, Lin, "Pipeline Parallelism with Controllable Memory" (NeurIPS 2024), on the same V:
+  V-Min        one microbatch's building block (`controlled_block`) repeated every 6 units, each rank's F's and
+               B's in the block's order and its W's, oldest first, in the units the block leaves free
+               (`_controlled`). in flight: 2·((p+2)//2) and 2·((p+4)//3) chunk activations, the paper's (p+2)//2
+               and (p+4)//3 stages: about a half and a third of 1F1B's p. Any m >= 1. Bubble at T_F = T_B = T_W
+               a fixed number of units whatever m, near the paper's p/(2m) and 2p/(3m) bubble rates
+               (tests/test_pp_vhalf.py).
 Their bubbles, with T_F, T_B, T_W the costs of F, B and W (1F1B's backward costs T_B + T_W), measured on the
 busiest rank from its own first compute to its own last (`pylib.pp.timeline.Bubble.own_idle`): 1F1B
 (p-1)(T_F+T_B+T_W); ZB-H1 (p-1)(T_F+T_B-T_W) when T_W <= T_F and T_W <= T_B; ZB-H2 zero when T_F = T_B = T_W
@@ -92,15 +99,18 @@ from .split import virtual_stage
 SCHEDULES = ("gpipe", "1f1b", "interleaved")  # the fused-backward ones (what the planner modelled first)
 ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-v", "dualpipev")  # B and W split (RunOptions and compose run ALL_SCHEDULES)
 DUAL = ("dualpipe",)  # two copies of the model, fed from both ends (the "dual" placement; not composed)
-ALL_SCHEDULES = SCHEDULES + ZERO_BUBBLE + DUAL
-V_SHAPED = ("zb-v", "dualpipev")  # two chunks per rank in the V placement (`PLACEMENTS`)
+CONTROLLED = ("v-half", "v-min")  # B and W split, the V placement, less memory than ZB-V (Qi et al., NeurIPS 2024)
+ALL_SCHEDULES = SCHEDULES + ZERO_BUBBLE + DUAL + CONTROLLED
+V_SHAPED = ("zb-v", "dualpipev") + CONTROLLED  # two chunks per rank in the V placement (`PLACEMENTS`)
 OVERLAP = "&"  # Action.what of a forward that shares its slot with the next B (DualPipe's F&B)
 PLACEMENTS = ("loop", "v", "dual")
-V_MIN_MICROBATCHES = {"zb-v": lambda p: p, "dualpipev": lambda p: 2 * p}
-V_MIN_MICROBATCHES_TEXT = {"zb-v": "p", "dualpipev": "2p"}
+V_MIN_MICROBATCHES = {"zb-v": lambda p: p, "dualpipev": lambda p: 2 * p, "v-half": lambda p: 1, "v-min": lambda p: 1}
+V_MIN_MICROBATCHES_TEXT = {"zb-v": "p", "dualpipev": "2p", "v-half": "1", "v-min": "1"}
 V_MIN_MICROBATCHES_WHY = {
     "zb-v": "rank 0's warm-up runs 2p-1 forwards of its first chunk",
     "dualpipev": "its main phase runs m - 2p + r + 1 rounds of F&B pairs on rank r, at least one on rank 0",
+    "v-half": "its building block is one microbatch",
+    "v-min": "its building block is one microbatch",
 }
 
 
@@ -413,7 +423,7 @@ def warmup_forwards(
     if name == "interleaved":
         n = p if group_size is None else group_size
         return min(2 * (p - rank - 1) + (v - 1) * n, n_microbatches * v)
-    if name in ZERO_BUBBLE:
+    if name in ZERO_BUBBLE + CONTROLLED:
         order = compute_order(name, p, n_microbatches, rank)
         return next(i for i, a in enumerate(order) if a.op == "B")
     raise ScheduleError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
@@ -439,6 +449,8 @@ def compute_order(
         return _dualpipe_v(p, n_microbatches, rank)
     if name == "dualpipe":
         return _dualpipe(p, n_microbatches, rank)
+    if name in CONTROLLED:
+        return _controlled(name, p, n_microbatches, rank)
 
     if name == "gpipe":
         return [f(i, 0) for i in range(n_microbatches)] + [b(i, 0) for i in range(n_microbatches)]
@@ -607,6 +619,59 @@ def _dualpipe(p: int, n_microbatches: int, rank: int) -> list[Action]:
         chunk = a.chunk ^ mirror
         out.append(Action(a.op, a.mb + (m // 2 if chunk else 0), chunk, stages[chunk], a.what))
     return out
+
+
+def controlled_block(name: str, p: int, rank: int) -> tuple[int, int, int, int]:
+    """When rank `rank` starts microbatch 0's F of chunk 0, F of chunk 1, B of chunk 1 and B of chunk 0 in the
+    V-shape building block of V-Half or V-Min (Qi, Wan, Amar, Lin, "Pipeline Parallelism with Controllable
+    Memory", NeurIPS 2024, arXiv 2405.15362: the building blocks and the full schedules of its Figure 4), in units
+    of one chunk's F = B = W; microbatch k starts 6k later (a rank's work per microbatch: 2 F, 2 B, 2 W).
+
+    The block is one microbatch's path through the V, each pass placed a fixed number of units after the pass it
+    waits for on the neighbour rank. The paper's observation: repeated every 6 units, a block whose chunk-c
+    activation lives l_c units on a rank (from its F to its W) makes that rank hold about (l_0 + l_1) / 6 chunk
+    activations. The two blocks, r the rank:
+      V-Half  F0 at 2r (the forward goes down 2 units a rank), F1 at 3p-2-r, B1 at 3p-1+2r+g, B0 at 6p-2-r+g:
+              l_0 + l_1 about 6p, so p chunk activations, p/2 stages: half of 1F1B's p. Measured: (p+2)//2 stages
+              on the busiest rank, the paper's figure.
+      V-Min   every pass 1 unit a rank: F0 at r, F1 at 2p-1-r, B1 at 2p+r+g, B0 at 4p-1-r+g: l_0 + l_1 about 4p,
+              p/3 stages. Measured: (p+4)//3 stages, the paper's figure.
+    g, the gap, moves both B's later so that no two passes of the repeated block fall on the same unit modulo 6:
+    without it F1 and B0 collide when p is even (V-Half, g = 3) and when p is a multiple of 3 (V-Min, g = 2).
+    The same numbers are `stable_pattern_v_half` / `stable_pattern_v_min` in sail-sg/zero-bubble-pipeline-
+    parallelism, megatron/core/pipeline_parallel/zerobubble/scheduler/zbv_greedy.py (at 064369d)."""
+    if name == "v-half":
+        g = 3 if p % 2 == 0 else 0
+        return (2 * rank, 3 * p - 2 - rank, 3 * p - 1 + 2 * rank + g, 6 * p - 2 - rank + g)
+    if name == "v-min":
+        g = 2 if p % 3 == 0 else 0
+        return (rank, 2 * p - 1 - rank, 2 * p + rank + g, 4 * p - 1 - rank + g)
+    raise ScheduleError(f"no building block for {name!r}; known: {', '.join(CONTROLLED)}")
+
+
+def _controlled(name: str, p: int, n_microbatches: int, rank: int) -> list[Action]:
+    """V-Half or V-Min on rank r (the V placement of ZB-V): the building block (`controlled_block`) repeated
+    every 6 units for the m microbatches gives each F and B a unit of time; the rank runs them in that order and
+    puts a W, oldest B first, into every unit the block leaves free (2 of every 6 in the steady state), the W's
+    left at the end. No reordering: the paper's "squeeze" of the warm-up and cool-down is what the simulator and
+    the executor do anyway (each action as soon as its inputs are there), so the order alone is the schedule."""
+    m = n_microbatches
+    stages = (rank_stage(rank, 0, p, "v"), rank_stage(rank, 1, p, "v"))
+    slot: dict[int, Action] = {}
+    for k in range(m):
+        for t, (op, c) in zip(controlled_block(name, p, rank), (("F", 0), ("F", 1), ("B", 1), ("B", 0))):
+            slot[t + 6 * k] = Action(op, k, c, stages[c])
+    out: list[Action] = []
+    waiting: list[Action] = []  # the W's of the B's done, oldest first
+    for t in range(max(slot) + 1):
+        a = slot.get(t)
+        if a is not None:
+            out.append(a)
+            if a.op == "B":
+                waiting.append(Action("W", a.mb, a.chunk, a.stage))
+        elif waiting:
+            out.append(waiting.pop(0))
+    return out + waiting
 
 
 def _zb_h2(p: int, n_microbatches: int) -> list[list[Action]]:
@@ -920,7 +985,7 @@ def build(
     group): it still runs and is still correct, but its bubble exceeds (p-1)/(v·m) -- which is why Megatron
     rejects it."""
     group_size = check_schedule(name, p, n_microbatches, v, group_size=group_size, strict=strict)
-    split = name in ZERO_BUBBLE + DUAL
+    split = name in ZERO_BUBBLE + DUAL + CONTROLLED
     cost_b = (1.0 if split else 2.0) if cost_b is None else cost_b
     cost_w = (1.0 if split else 0.0) if cost_w is None else cost_w
     orders = [compute_order(name, p, n_microbatches, r, v, group_size, strict=strict) for r in range(p)]
