@@ -38,6 +38,7 @@ The same store serves costly pure functions of the chapter's own process (a plan
 
 from __future__ import annotations
 
+import dis
 import functools
 import hashlib
 import os
@@ -57,6 +58,7 @@ class Unfingerprintable(Exception):
     """A value the key cannot be computed from: the launch runs as usual."""
 
 
+_GLOBAL_OPS = ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL")
 _BY_VALUE = (type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis))
 
 
@@ -66,7 +68,9 @@ def _code(code: types.CodeType, h, seen: set, names: set) -> None:
     h.update(code.co_code)
     h.update(repr((code.co_argcount, code.co_kwonlyargcount, code.co_flags, code.co_varnames)).encode())
     h.update(repr((code.co_names, code.co_freevars, code.co_cellvars)).encode())
-    names.update(code.co_names)
+    # the globals it reads, not every name of co_names (which also holds attribute names: `pipe.chunks` would make
+    # a notebook's unrelated global `chunks` part of the fingerprint, and a language-dependent one split the chain)
+    names.update(i.argval for i in dis.get_instructions(code) if i.opname in _GLOBAL_OPS)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _code(const, h, seen, names)
@@ -250,6 +254,9 @@ def slot(fn, args: tuple, kwargs: dict, world_size: int, backend: str):
     _chain = hashlib.sha256(_chain + os.getcwd().encode() + fp).digest()
     root.mkdir(parents=True, exist_ok=True)
     key = _chain.hex()[:32]
+    with open(root / "runs.log", "a") as log:  # who ran what, for finding where two editions' chains part
+        name = getattr(fn, "__qualname__", type(fn).__name__)
+        log.write(f"{os.environ.get('PYLIB_LANG', 'en')} {os.getpid()} {name} {fp.hex()[:12]} {key}\n")
     waited_since = time.monotonic()
     import fcntl  # here, not at the top: the live explorers' browser bundle imports this module and never gets here
 

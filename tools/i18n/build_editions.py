@@ -131,6 +131,7 @@ def main() -> int:
     finally:
         build_zh.ZH_CONFIG.unlink(missing_ok=True)
         replayed = len(list(shared.glob("*.replayed"))), len(list(shared.glob("*.lock")))
+        unshared = run_twice(shared)
         shutil.rmtree(shared, ignore_errors=True)
     if failed:
         print(f"{failed} failed (status {status}); the other jobs were stopped", file=sys.stderr)
@@ -140,7 +141,24 @@ def main() -> int:
         f"catalogs checked and both editions built side by side in {time.monotonic() - start:.0f} s; "
         f"{replayed[0]} of {replayed[1]} rank runs were run once for both editions"
     )
+    if unshared:
+        print("run by each edition (a language-dependent argument or global splits the chain): " + unshared)
     return 0
+
+
+def run_twice(shared: Path) -> str:
+    """The English runs the other edition did not replay, by function, from the store's runs.log
+    (`pylib.i18n.editions.slot`): where to look for what makes the editions' chains part."""
+    log = shared / "runs.log"
+    if not log.is_file():
+        return ""
+    replayed = {p.stem for p in shared.glob("*.replayed")}
+    counts: dict[str, int] = {}
+    for line in log.read_text().splitlines():
+        lang, _, name, _, key = line.split(" ")
+        if lang == "en" and key not in replayed:
+            counts[name] = counts.get(name, 0) + 1
+    return ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(counts.items(), key=lambda x: -x[1]))
 
 
 if __name__ == "__main__":
