@@ -72,7 +72,7 @@ $(VENV)/.site-installed: requirements-site.txt $(STAMP)
 	touch $@
 site-test: $(VENV)/.site-installed
 	@test -f _build/html/index.html || { echo "no built site in _build/html: run make book first" >&2; exit 1; }
-	python -m pytest tests/site -p no:cacheprovider -n 2 --dist loadgroup
+	python -m pytest tests/site -p no:cacheprovider
 
 # --- The JupyterHub side (hub/, tests/hub) ----------------------------------------------------------------------------
 # hub-test: a JupyterHub on 127.0.0.1 (hub/jupyterhub_config.py) with the book's user environment, driven by
