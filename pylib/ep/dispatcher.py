@@ -96,10 +96,10 @@ class AllToAllDispatcher:
         self.ep, self.etp = ep_group.size, etp_group.size
         self.n_local = n_experts // self.ep
 
-    def dispatch(
-        self, x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor | None = None, capacity: int | None = None
-    ):
-        """capacity: pad every expert's rows to exactly C (None = send only the kept rows)."""
+    def prepare(self, x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor | None, capacity: int | None):
+        """Everything `dispatch` does before its all-to-all: the rows permuted (padded to `capacity`) and the
+        counts exchanged (and, with etp > 1, gathered over ETP): (rows, DispatchState). `pylib.ep.overlap` issues
+        the all-to-all after it without waiting."""
         rows, plan = permute(x, experts, self.n_experts, keep)
         pad_index, exchanged = None, None
         if capacity is not None:
@@ -118,12 +118,18 @@ class AllToAllDispatcher:
                 else:
                     chunk_counts = recv_counts
         etp_rows = chunk_counts.view(self.etp, -1).sum(1).tolist()
-        state = DispatchState(plan, send_counts, recv_counts, chunk_counts, etp_rows, pad_index, exchanged)
+        return rows, DispatchState(plan, send_counts, recv_counts, chunk_counts, etp_rows, pad_index, exchanged)
+
+    def dispatch(
+        self, x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor | None = None, capacity: int | None = None
+    ):
+        """capacity: pad every expert's rows to exactly C (None = send only the kept rows)."""
+        rows, state = self.prepare(x, experts, keep, capacity)
         with tag("dispatch"):
             rows = collectives.all_to_all_uneven(rows, *state.splits(), self.ep_group)
             if self.etp > 1:
-                rows = collectives.all_gather_uneven(rows, etp_rows, self.etp_group)
-        return sort_chunks(rows, chunk_counts), state
+                rows = collectives.all_gather_uneven(rows, state.etp_rows, self.etp_group)
+        return sort_chunks(rows, state.chunk_counts), state
 
     def combine(self, y: torch.Tensor, state: DispatchState, weights: torch.Tensor | None = None) -> torch.Tensor:
         y = sort_chunks(y, state.chunk_counts.T)

@@ -50,7 +50,7 @@ from pylib.runtime.tracer import tag
 from .aux_loss import group_aux_loss
 from .dispatcher import AllToAllDispatcher, DispatchState
 from .layer import ExpertParallelMoE
-from .permute import permute, sort_chunks, unpermute
+from .permute import sort_chunks, unpermute
 
 # ------------------------------------------------------------------------------------------ one layer, cut in four
 
@@ -60,24 +60,7 @@ def dispatch_issue(d: AllToAllDispatcher, x, experts, keep, capacity=None):
 
     x [T, h], experts [T, k], keep [T, k] -> (PendingRows of the rows for my experts, DispatchState).
     The count exchange (E integers) and, with etp > 1, the ETP gather of the counts stay blocking."""
-    rows, plan = permute(x, experts, d.n_experts, keep)
-    pad_index = None
-    if capacity is not None:
-        rows, pad_index = d._pad(rows, plan, capacity)
-        send_counts = torch.full((d.ep, d.n_local), capacity, dtype=torch.int64, device=x.device)
-        recv_counts = send_counts
-        chunk_counts = send_counts.repeat(d.etp, 1)
-    else:
-        send_counts = plan.tokens_per_expert.view(d.ep, d.n_local)
-        with tag("counts"):
-            recv_counts = collectives.exchange_counts(plan.tokens_per_expert, d.ep_group).view(d.ep, d.n_local)
-            if d.etp > 1:
-                gathered = collectives.all_gather_tensor(recv_counts.reshape(1, -1), 0, d.etp_group)
-                chunk_counts = gathered.view(d.etp * d.ep, d.n_local)
-            else:
-                chunk_counts = recv_counts
-    etp_rows = chunk_counts.view(d.etp, -1).sum(1).tolist()
-    state = DispatchState(plan, send_counts, recv_counts, chunk_counts, etp_rows, pad_index)
+    rows, state = d.prepare(x, experts, keep, capacity)
     with tag("dispatch"):
         pending = collectives.all_to_all_uneven_async(rows, state.output_splits, state.input_splits, d.ep_group)
     return pending, state
