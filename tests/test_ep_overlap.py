@@ -7,14 +7,18 @@ One launch of 2 gloo ranks (4 in the slow test) runs, in float64:
     dropping, the aux loss and a shared expert, each also with the shared expert computed under the dispatch:
     loss, outputs, every parameter's and input's gradient equal bit for bit;
   * from the tracer's and the recorder's time stamps: every forward all-to-all of the interleaved run is in flight
-    (issued before, waited for after) across a compute segment of the other micro-batch; in the blocking run none is.
+    (issued before, waited for after) across a compute segment of the other micro-batch; in the blocking run none is;
+  * the forward-under-backward pairing (combined 1F1B): micro-batch A's forward cut into pieces (`Segments`), then
+    A's backward piece by piece interleaved with B's forward, then B's backward -- against the plain layers and the
+    same pieces one after the other: loss, outputs, every gradient bit for bit; each of B's forward all-to-alls in
+    flight across a piece of A's backward, each of A's backward all-to-alls across a piece of B's forward.
 """
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from pylib.ep.overlap import ExpertParallelStack, OverlapRecorder, interleave
+from pylib.ep.overlap import ExpertParallelStack, OverlapRecorder, Segments, interleave
 from pylib.model import build_model
 from pylib.plan.config import MoEConfig
 from pylib.plan.presets import tiny
@@ -86,12 +90,54 @@ def _stack_runs(mesh, cfg_moe, shared_overlap, etp_group=None):
     return runs
 
 
+def _fwd_bwd_runs(mesh, cfg_moe, shared_overlap, etp_group=None):
+    """Micro-batch A forward then backward, B forward then backward, three ways: the plain layers ("layers"); A's
+    forward cut into pieces, A's backward piece after piece, then B's forward ("blocking"); the same with A's
+    backward interleaved with B's forward ("paired"). Each: losses, outputs, grads, and the pairing's recorder and
+    its all-to-alls (A's backward ones, B's forward ones)."""
+    cfg = tiny().with_(n_layers=2, moe=cfg_moe)
+    model = build_model(cfg)
+    g = torch.Generator().manual_seed(20 + dist.get_rank())
+    xs = [torch.randn(2, 8, cfg.d_model, generator=g, dtype=torch.float64) for _ in range(2)]
+    runs = {}
+    for how in ("layers", "blocking", "paired"):
+        stack = ExpertParallelStack(model.layers, ep_group=mesh.ep, etp_group=etp_group, shared_overlap=shared_overlap)
+        xa, xb = [x.clone().requires_grad_() for x in xs]
+        rec = OverlapRecorder()
+        if how == "layers":
+            out_a = stack(xa)
+            loss_a = (out_a * out_a).sum()
+            loss_a.backward()
+            out_b = stack(xb)
+        else:
+            segments = Segments()
+            (out_a,) = interleave([stack.steps(xa, cut=segments)], overlap=False)
+            loss_a = (out_a * out_a).sum()
+            with trace() as tr:
+                _, out_b = interleave(
+                    [segments.backward(loss_a), stack.steps(xb)], overlap=how == "paired", recorder=rec
+                )
+        loss_b = (out_b * out_b).sum()
+        loss_b.backward()
+        grads = [p.grad for p in stack.parameters()] + [xa.grad, xb.grad]
+        runs[how] = dict(loss=(loss_a + loss_b).detach(), outs=[out_a.detach(), out_b.detach()], grads=grads)
+        if how != "layers":
+            runs[how]["compute"] = rec.compute
+            runs[how]["events"] = [
+                (e.tag, e.phase, e.t_start, e.extra["t_wait"])
+                for e in tr.events
+                if e.op == "all_to_all" and e.extra.get("is_async")
+            ]
+    return runs
+
+
 def _worker(ep):
     mesh = Mesh(ParallelConfig(dp=ep, ep=ep))
     result = {"async_op": _async_op(mesh.ep)}
     for name, cfg_moe in CONFIGS.items():
         for shared_overlap in (False, True) if cfg_moe.n_shared_experts else (False,):
             result[(name, shared_overlap)] = _stack_runs(mesh, cfg_moe, shared_overlap)
+            result[("fwd-bwd", name, shared_overlap)] = _fwd_bwd_runs(mesh, cfg_moe, shared_overlap)
     return result
 
 
@@ -106,11 +152,11 @@ def _identical(a, b):
     )
 
 
-def _in_flight_across_other(runs):
-    """For each forward all-to-all: does [issue, wait] intersect a compute segment of the other micro-batch?"""
+def _in_flight_across_other(runs, phases=("forward",)):
+    """For each all-to-all of `phases`: does [issue, wait] intersect a compute segment of the other micro-batch?"""
     found = []
     for tag, phase, issued, waited in runs["events"]:
-        if phase != "forward":
+        if phase not in phases:
             continue
         mb = int(tag.split(".")[0][2:])  # "mb0.dispatch" -> 0
         others = [(a, b) for i, _, a, b in runs["compute"] if i != mb]
@@ -170,6 +216,56 @@ def test_backward_interleaves_the_micro_batches_conjugate_all_to_alls(two_ranks)
         assert all(later[2] < earlier[3] for earlier, later in zip(back, back[1:]))
 
 
+FWD_BWD_CASES = [
+    ("fwd-bwd", "top2", False),
+    ("fwd-bwd", "drop-aux-shared", False),
+    ("fwd-bwd", "drop-aux-shared", True),
+]
+
+
+@pytest.mark.parametrize("case", FWD_BWD_CASES)
+def test_backward_paired_with_forward_equals_the_plain_layers_bit_for_bit(two_ranks, case):
+    for rank in two_ranks:
+        runs = rank[case]
+        assert all(g is not None for g in runs["layers"]["grads"])
+        assert _identical(runs["blocking"], runs["layers"])  # the backward in pieces is the backward
+        assert _identical(runs["paired"], runs["layers"])
+
+
+def test_backward_runs_piece_by_piece_in_turn_with_the_other_micro_batch_forward(two_ranks):
+    for rank in two_ranks:
+        compute = rank[("fwd-bwd", "top2", False)]["paired"]["compute"]
+        order = [(mb, name) for mb, name, *_ in compute]
+        a = ["grad.out", "grad.experts.1", "grad.attn.1", "grad.experts.0", "grad.attn.0"]
+        b = ["attn.0", "experts.0", "attn.1", "experts.1", "out"]
+        assert order == [pair for pieces in zip(a, b) for pair in ((0, pieces[0]), (1, pieces[1]))]
+
+
+def test_each_all_to_all_of_the_pairing_is_in_flight_across_the_other_micro_batch_compute(two_ranks):
+    """B's forward all-to-alls under A's backward pieces, A's backward all-to-alls under B's forward pieces."""
+    for rank in two_ranks:
+        runs = rank[("fwd-bwd", "top2", False)]
+        for how in ("paired", "blocking"):
+            mbs = [(tag.split(".")[0], phase) for tag, phase, *_ in runs[how]["events"]]
+            assert sorted(set(mbs)) == [("mb0", "backward"), ("mb1", "forward")] and len(mbs) == 8
+        assert all(_in_flight_across_other(runs["paired"], ("forward", "backward")))
+        assert not any(_in_flight_across_other(runs["blocking"], ("forward", "backward")))
+
+
+def test_a_cut_all_to_all_hands_the_backward_over_at_the_cut():
+    """A group of one: the cut is on the rows; backward from the wait stops at the leaf, then goes on from the end."""
+    x = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
+    one = collectives.AxisGroup("ep", (0,), 0, None)
+    pending = collectives.all_to_all_uneven_async(2 * x, [3], [3], one)
+    end, leaf = pending.cut()
+    (3 * pending.wait()).sum().backward()
+    assert x.grad is None and torch.equal(leaf.grad, torch.full_like(x, 3.0))
+    torch.autograd.backward(end, leaf.grad)
+    assert torch.equal(x.grad, torch.full_like(x, 6.0))
+    with pytest.raises(RuntimeError, match="before waiting"):
+        pending.cut()
+
+
 FOUR_RANKS = {  # name: (ep, etp, MoE config, shared_overlap)
     "ep4-drop-aux-shared": (4, 1, CONFIGS["drop-aux-shared"], True),
     "ep2-etp2": (2, 2, CONFIGS["top2"], False),
@@ -188,13 +284,15 @@ def _four_rank_identity():
         mesh = Mesh(ParallelConfig(dp=4, ep=ep, etp=etp))
         runs = _stack_runs(mesh, cfg_moe, shared_overlap, etp_group=mesh.etp)
         out[name] = _identical(runs["overlap"], runs["blocking"]) and _identical(runs["blocking"], runs["layers"])
+        fb = _fwd_bwd_runs(mesh, cfg_moe, shared_overlap, etp_group=mesh.etp)
+        out[f"{name} fwd-bwd"] = _identical(fb["paired"], fb["layers"]) and _identical(fb["blocking"], fb["layers"])
     return out
 
 
 @pytest.mark.slow
 def test_interleaved_micro_batches_equal_the_blocking_run_on_four_ranks_with_etp_and_padding():
     for rank in launch(_four_rank_identity, 4, backend="gloo", timeout=240):
-        assert rank == {name: True for name in FOUR_RANKS}
+        assert rank == {key: True for name in FOUR_RANKS for key in (name, f"{name} fwd-bwd")}
 
 
 def test_overlap_refuses_the_all_gather_dispatcher():

@@ -90,11 +90,24 @@ def combine_finish(y, state: DispatchState, weights):
     return unpermute(y, state.plan, weights)
 
 
-def moe_steps(layer: ExpertParallelMoE, x: torch.Tensor, shared_overlap: bool = False):
+class Uncut:
+    """How a forward is kept whole (the default): `keep` and `exchange` hand back what they are given."""
+
+    def keep(self, *tensors):
+        return tensors
+
+    def exchange(self, pending, kind: str):
+        return pending
+
+
+UNCUT = Uncut()
+
+
+def moe_steps(layer: ExpertParallelMoE, x: torch.Tensor, shared_overlap: bool = False, cut: Uncut = UNCUT):
     """`ExpertParallelMoE.forward` as a generator that yields ("dispatch" | "combine", PendingRows) at each
     all-to-all and expects the waited rows sent back; returns the output [b, s_local, h]. Same operations, same
     bits. shared_overlap: compute the shared experts while the dispatch is in flight (else after the combine, as
-    `forward` does)."""
+    `forward` does). cut: `Segments` to cut the graph at the exchanges, for a backward run in pieces."""
     if not isinstance(layer.dispatcher, AllToAllDispatcher):
         raise ValueError(
             f"overlapping needs the all-to-all dispatcher, this layer has {type(layer.dispatcher).__name__} "
@@ -112,12 +125,14 @@ def moe_steps(layer: ExpertParallelMoE, x: torch.Tensor, shared_overlap: bool = 
         layer.routed_counts += tokens_per_expert(routing.experts, cfg.n_experts)
     pending, state = dispatch_issue(d, xt, routing.experts, keep, capacity if cfg.pad_to_capacity else None)
     shared = layer.shared(x) if layer.shared is not None and shared_overlap else None
-    rows = dispatch_finish(d, (yield "dispatch", pending), state)
+    later, (x_later, shared) = Routing(*cut.keep(*routing)), cut.keep(x, shared)  # used after the exchanges
+    rows = dispatch_finish(d, (yield "dispatch", cut.exchange(pending, "dispatch")), state)
     y = layer.experts(rows, state.rows_per_local_expert)
-    out = combine_finish((yield "combine", combine_issue(d, y, state)), state, routing.weights)
+    y = yield "combine", cut.exchange(combine_issue(d, y, state), "combine")
+    out = combine_finish(y, state, later.weights)
     if layer.shared is not None:
-        out = out + (shared if shared is not None else layer.shared(x)).reshape(out.shape)
-    aux = group_aux_loss(routing, cfg, layer.aux_group)
+        out = out + (shared if shared is not None else layer.shared(x_later)).reshape(out.shape)
+    aux = group_aux_loss(later, cfg, layer.aux_group)
     if aux is not None:
         out = AddAuxiliaryLoss.apply(out, aux)
         layer.last_aux_loss = aux.detach()
@@ -126,11 +141,12 @@ def moe_steps(layer: ExpertParallelMoE, x: torch.Tensor, shared_overlap: bool = 
     return out.view(shape)
 
 
-def block_steps(block: nn.Module, x: torch.Tensor, shared_overlap: bool = False):
+def block_steps(block: nn.Module, x: torch.Tensor, shared_overlap: bool = False, cut: Uncut = UNCUT):
     """One Pre-LN layer (`pylib.model.transformer.Block` with an `ExpertParallelMoE` as its mlp) as a generator:
     x + attn(ln1(x)), then + the MoE of ln2 of that, yielding at the MoE's two all-to-alls."""
     x = x + block.attn(block.ln1(x))
-    return x + (yield from moe_steps(block.mlp, block.ln2(x), shared_overlap))
+    (residual,) = cut.keep(x)  # added after the exchanges
+    return residual + (yield from moe_steps(block.mlp, block.ln2(x), shared_overlap, cut))
 
 
 # ------------------------------------------------------------------------------------------ a stack of layers
@@ -140,7 +156,8 @@ class ExpertParallelStack(nn.Module):
     """Reference `Block`s whose MoE is replaced by its `ExpertParallelMoE` (attention and norms replicated).
 
     forward(x [b, s, h]): the layers one after another, each all-to-all blocking (the plain EP layer).
-    steps(x): the same as a generator, yielding ("dispatch.<layer>" | "combine.<layer>", PendingRows)."""
+    steps(x, cut=UNCUT): the same as a generator, yielding ("dispatch.<layer>" | "combine.<layer>", PendingRows);
+    with cut=Segments() the graph is cut at each exchange, so that `Segments.backward` can run it in pieces."""
 
     def __init__(self, blocks, *, ep_group=None, etp_group=None, aux_group=None, shared_overlap: bool = False):
         super().__init__()
@@ -159,9 +176,9 @@ class ExpertParallelStack(nn.Module):
             x = block(x)
         return x
 
-    def steps(self, x: torch.Tensor):
+    def steps(self, x: torch.Tensor, cut: Uncut = UNCUT):
         for i, block in enumerate(self.blocks):
-            inner, value = block_steps(block, x, self.shared_overlap), None
+            inner, value = block_steps(block, x, self.shared_overlap, cut), None
             while True:
                 try:
                     with tag(f"layers.{i}"):  # entered and left within one segment: no tag leaks across a yield
@@ -187,24 +204,31 @@ class OverlapRecorder:
     exchanges: list[tuple[int, str, object]] = field(default_factory=list)
 
 
-def _segment_name(ended_by: str | None) -> str:
+def _segment_name(ended_by: str | None, after: str | None = None) -> str:
     """A compute segment is named by what it mostly is: before a dispatch the attention (with the previous layer's
-    un-permute and this layer's router), before a combine the experts, after the last exchange the last un-permute."""
+    un-permute and this layer's router), before a combine the experts, after the last exchange the last un-permute.
+    A backward (`Segments.backward`) names its pieces itself ("grad.<the forward piece>"); its last one, after
+    `after`, is the backward of the first layer's attention."""
     if ended_by is None:
-        return "out"
+        return "grad.attn.0" if after is not None and after.startswith("grad.") else "out"
+    if ended_by.startswith("grad."):
+        return ended_by
     kind, layer = ended_by.split(".")
     return f"{'attn' if kind == 'dispatch' else 'experts'}.{layer}"
 
 
 def interleave(gens, *, overlap: bool = True, recorder: OverlapRecorder | None = None) -> list:
-    """Run micro-batch generators (`ExpertParallelStack.steps`) to the end; return their outputs in order.
+    """Run micro-batch generators (`ExpertParallelStack.steps`, or a `Segments.backward`) to the end; return their
+    outputs in order.
 
     overlap=False: one after another, each exchange waited for as soon as it is issued (the blocking baseline).
     overlap=True: round-robin; micro-batch i's exchange is waited for only after every other micro-batch has run
     its next compute segment, so that segment runs while i's rows travel. The tracer tag "mb<i>" names each
-    micro-batch's ops."""
+    micro-batch's ops. Two forwards paired: `interleave([steps(x_a), steps(x_b)])`; a backward paired with a
+    forward (Megatron-Core's combined 1F1B): `interleave([segments_a.backward(loss_a), steps(x_b)])`."""
     n = len(gens)
     outs: list = [None] * n
+    last: list = [None] * n  # each generator's last yielded name
 
     def advance(i, value):
         t0 = clock.now()
@@ -214,12 +238,16 @@ def interleave(gens, *, overlap: bool = True, recorder: OverlapRecorder | None =
             except StopIteration as done:
                 outs[i], item = done.value, None
         if recorder is not None:
-            recorder.compute.append((i, _segment_name(None if item is None else item[0]), t0, clock.now()))
+            name = _segment_name(None if item is None else item[0], last[i])
+            recorder.compute.append((i, name, t0, clock.now()))
             if item is not None:
                 recorder.exchanges.append((i, item[0], item[1]))
+        last[i] = None if item is None else item[0]
         return item
 
     def wait(i, item):
+        if item[1] is None:  # a backward's exchange over a group of one: nothing in flight
+            return None
         t0 = clock.now()
         rows = item[1].wait()
         if recorder is not None:
@@ -238,3 +266,58 @@ def interleave(gens, *, overlap: bool = True, recorder: OverlapRecorder | None =
             if items[i] is not None:
                 items[i] = advance(i, wait(i, items[i]))
     return outs
+
+
+# ------------------------------------------------------------------------------------------ a backward in pieces
+
+
+class Segments(Uncut):
+    """A forward cut at its all-to-alls, so that its backward can run one piece at a time and pause between them.
+
+    Run the forward with it (`stack.steps(x, cut=segments)`). Piece k is the compute between exchange k-1 and
+    exchange k (the last piece: after the last exchange). `keep` hands each tensor that a later piece uses over as a
+    detached leaf that requires grad, and remembers (tensor, leaf) in the current piece; `exchange` cuts the graph
+    between the all-to-all's issue and its wait (`PendingRows.cut`) and starts the next piece. Megatron-Core's
+    schedule nodes cut a layer the same way (`ScheduleNode`: inputs detached, outputs kept, backward from them)."""
+
+    def __init__(self):
+        self.kept: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[]]
+        self.cuts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (end of piece k, leaf the wait started from)
+        self.pending: list = []  # exchange k's PendingRows
+        self.names: list[str] = []  # piece k's name in the forward ("attn.0", "experts.0", ..., "out")
+
+    def keep(self, *tensors):
+        out = []
+        for t in tensors:
+            if t is not None and t.grad_fn is not None:  # a leaf has no graph before it to cut
+                leaf = t.detach().requires_grad_()
+                self.kept[-1].append((t, leaf))
+                t = leaf
+            out.append(t)
+        return tuple(out)
+
+    def exchange(self, pending, kind: str):
+        self.names.append(_segment_name(f"{kind}.{len(self.names) // 2}"))  # a dispatch, then a combine, per layer
+        self.cuts.append(pending.cut())
+        self.pending.append(pending)
+        self.kept.append([])
+        return pending
+
+    def backward(self, out: torch.Tensor, grad: torch.Tensor | None = None):
+        """The backward of the cut forward, as a generator for `interleave`: the pieces last first, each one
+        `torch.autograd.backward` from the gradients the pieces after it left on its leaves. A piece's backward
+        ends by issuing the all-to-all of the gradient of the exchange before it (`_AllToAllRowsWait.backward`);
+        the generator yields ("grad.<piece>", that exchange's `AllToAllWork`), and the backward of the piece before
+        waits for it first thing (`_AllToAllRowsIssue.backward`), so what runs in between (another micro-batch's
+        forward) runs while the gradient rows travel. out: the forward's output or a loss of it; grad: its
+        gradient (None for a scalar)."""
+        n, names = len(self.cuts), self.names + ["out"]
+        for k in range(n, -1, -1):
+            pairs = self.kept[k] + ([self.cuts[k]] if k < n else [])
+            roots = [(t, leaf.grad) for t, leaf in pairs if leaf.grad is not None]
+            roots += [(out, grad)] if k == n else []
+            if roots:
+                torch.autograd.backward([t for t, _ in roots], [g for _, g in roots])
+            self.kept[k] = []  # the leaves' gradients are spent
+            if k:
+                yield f"grad.{names[k]}", self.pending[k - 1].backward_work

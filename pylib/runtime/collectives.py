@@ -692,6 +692,21 @@ class PendingRows:
         out, self._token = _AllToAllRowsWait.apply(self._token, self), None
         return out
 
+    def cut(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cut the autograd graph between the issue and the wait, for a backward run one piece at a time
+        (`pylib.ep.overlap.Segments`). Returns (end, leaf): `end` closes the graph before the exchange, and the
+        wait starts from `leaf`, a detached copy that requires grad. Once the backward of what follows the wait has
+        run, it has issued the conjugate exchange (`backward_work`) and left `leaf.grad`;
+        `torch.autograd.backward(end, leaf.grad)` then waits for that exchange and goes on before it. In a group
+        of one (nothing in flight) the cut is on the rows themselves. Call it before `wait()`."""
+        if self._waited:
+            raise RuntimeError("cut an all-to-all before waiting for it")
+        if self._token is None:
+            end, self._rows = self._rows, self._rows.detach().requires_grad_(self._rows.requires_grad)
+            return end, self._rows
+        end, self._token = self._token, self._token.detach().requires_grad_(self._token.requires_grad)
+        return end, self._token
+
 
 class _AllToAllRowsIssue(torch.autograd.Function):
     """Forward: issue the exchange; return an empty token that links `_AllToAllRowsWait` to x in the graph.
