@@ -337,3 +337,17 @@ def test_the_timeline_figure_names_each_micro_batch_piece_and_is_legible():
     texts = {t.get_text() for ax in fig.axes for t in ax.texts}
     assert {"Aa0", "Ba0", "Ad0"} <= texts
     assert style.smallest_text_px(fig) >= style.LEGIBLE_PX
+
+
+def test_a_backward_piece_and_its_all_to_all_are_labelled_with_a_nabla():
+    from pylib.ep.overlap import _segment_name
+    from pylib.viz.ep_overlap import _label
+
+    assert [_label(0, n) for n in ("grad.out", "grad.experts.1", "grad.attn.0", "grad.dispatch.1")] == [
+        "A∇o",
+        "A∇e1",
+        "A∇a0",
+        "A∇d1",
+    ]
+    assert _label(1, "out") == "" and _label(1, "combine.0") == "Bc0"
+    assert _segment_name(None, after="grad.experts.0") == "grad.attn.0" and _segment_name(None, "combine.1") == "out"

@@ -17,16 +17,24 @@ and the tracer's forward all-to-alls (micro-batch, name, issued, waited for), in
 `in_flight`: for every forward all-to-all, whether its [issue, wait] interval intersects a compute segment of
 the other micro-batch (a fact of the code path); `identical`: loss and every gradient equal bit for bit between
 the variants on every rank (in the run's dtype, float32 by default).
+
+`ep_fwd_bwd_timings` measures the other pairing, Megatron-Core's combined 1F1B: micro-batch A's forward cut into
+pieces (`pylib.ep.overlap.Segments`), then A's backward piece by piece with B's forward (`interleave([A's backward,
+B's forward])`, overlap=True: "paired"; overlap=False: "blocking", A's whole backward, then B's forward), then B's
+backward. Its times and timelines are of the pairing alone: `pair` seconds, `wait` (the scheduler's waits for the
+all-to-alls of both), `compute` (both micro-batches' pieces); its transfers are A's backward all-to-alls (named
+"grad.dispatch.<layer>" / "grad.combine.<layer>") and B's forward ones.
 """
 
 from __future__ import annotations
 
 import statistics
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
 
-from pylib.ep.overlap import ExpertParallelStack, OverlapRecorder, interleave
+from pylib.ep.overlap import ExpertParallelStack, OverlapRecorder, Segments, interleave
 from pylib.model import build_model
 from pylib.plan.config import ModelConfig, MoEConfig
 from pylib.runtime import Mesh, ParallelConfig, clock, launch, trace
@@ -36,15 +44,22 @@ from .ring_overlap import machine
 
 VARIANTS = (("overlap", True), ("blocking", False))  # name, interleave's `overlap`
 TIMES = ("wall", "forward", "wait", "compute")  # per variant, seconds (see the module docstring)
+FWD_BWD_VARIANTS = (("paired", True), ("blocking", False))
+FWD_BWD_TIMES = ("pair", "wait", "compute")
 
 
-def _timeline(rec: OverlapRecorder, events, t0: float) -> dict:
+def _timeline(rec: OverlapRecorder, events, t0: float, phases=("forward",)) -> dict:
     compute = [dict(mb=i, name=name, start=a - t0, end=b - t0) for i, name, a, b in rec.compute]
     transfers = [
-        dict(mb=int(tags[0][2:]), name=f"{tags[3]}.{tags[2]}", start=e.t_start - t0, end=e.extra["t_wait"] - t0)
+        dict(
+            mb=int(tags[0][2:]),
+            name=("grad." if e.phase == "backward" else "") + f"{tags[3]}.{tags[2]}",
+            start=e.t_start - t0,
+            end=e.extra["t_wait"] - t0,
+        )
         for e in events
         for tags in [e.tag.split(".")]  # "mb0.layers.1.dispatch" -> mb 0, "dispatch.1"
-        if e.op == "all_to_all" and e.extra.get("is_async") and e.phase == "forward"
+        if e.op == "all_to_all" and e.extra.get("is_async") and e.phase in phases
     ]
     return dict(compute=compute, transfers=transfers)
 
@@ -90,6 +105,78 @@ def _rank(cfg: ModelConfig, b: int, s: int, repeats: int):
             times[overlap].append((wall, t_forward - t0, waited, computed))
             timelines[overlap] = _timeline(rec, tr.events, t0)  # the last repeat's
     return dict(times=times, results=results, timelines=timelines)
+
+
+def _fwd_bwd_step(stack, xs, overlap: bool, tracing: bool):
+    """A's forward in pieces, [A's backward, B's forward] paired (or one after the other), B's backward. Returns
+    (loss, the pairing's seconds, its recorder, its trace events, its start time)."""
+    xa, xb = xs
+    segments = Segments()
+    (out_a,) = interleave([stack.steps(xa, cut=segments)], overlap=False)
+    loss_a = (out_a * out_a).mean()
+    rec = OverlapRecorder()
+    all_reduce_(torch.zeros(1))  # a barrier, through the traced collectives (outside the trace)
+    with trace() if tracing else nullcontext() as tr:
+        t0 = clock.now()
+        _, out_b = interleave([segments.backward(loss_a), stack.steps(xb)], overlap=overlap, recorder=rec)
+        seconds = clock.now() - t0
+    loss_b = (out_b * out_b).mean()
+    loss_b.backward()
+    return (loss_a + loss_b).detach(), seconds, rec, tr.events if tracing else [], t0
+
+
+def _fwd_bwd_rank(cfg: ModelConfig, b: int, s: int, repeats: int):
+    ep = dist.get_world_size()
+    mesh = Mesh(ParallelConfig(dp=ep, ep=ep))
+    model = build_model(cfg)
+    g = torch.Generator().manual_seed(200 + dist.get_rank())
+    xs = [torch.randn(b, s, cfg.d_model, generator=g, dtype=model.embed.weight.dtype) for _ in range(2)]
+    stacks = {overlap: ExpertParallelStack(model.layers, ep_group=mesh.ep) for _, overlap in FWD_BWD_VARIANTS}
+    times = {True: [], False: []}
+    results, timelines = {}, {}
+    for i in range(repeats + 1):
+        for overlap in (True, False) if i % 2 else (False, True):  # alternate, so drift hits both alike
+            stack = stacks[overlap]
+            stack.zero_grad(set_to_none=True)
+            inputs = [x.clone().requires_grad_() for x in xs]
+            loss, seconds, rec, events, t0 = _fwd_bwd_step(stack, inputs, overlap, tracing=i == repeats)
+            if i == 0:  # the first round warms up; keep its bits
+                results[overlap] = [loss] + [p.grad for p in stack.parameters()] + [x.grad for x in inputs]
+                continue
+            waited = sum(end - start for _, _, start, end in rec.waits)
+            computed = sum(end - start for _, _, start, end in rec.compute)
+            times[overlap].append((seconds, waited, computed))
+            if events:
+                timelines[overlap] = _timeline(rec, events, t0, phases=("forward", "backward"))
+    return dict(times=times, results=results, timelines=timelines)
+
+
+def ep_fwd_bwd_timings(ep: int = 2, b: int = 2, s: int = 128, d_model: int = 128, repeats: int = 3) -> dict:
+    """A's backward paired with B's forward, and one after the other, on `ep` gloo ranks (the module docstring).
+
+    Returns dict(machine, sizes, repeats, variants={"paired": {...}, "blocking": {...}} with the slowest rank's
+    median pair / wait / compute seconds, identical, timelines and in_flight per variant and rank, as
+    `ep_overlap_timings` gives them; the last repeat is traced)."""
+    cfg = overlap_config(d_model)
+    ranks = launch(_fwd_bwd_rank, ep, cfg, b, s, repeats, backend="gloo", timeout=300)
+    variants = {}
+    for name, key in FWD_BWD_VARIANTS:
+        med = [[statistics.median(col) for col in zip(*rank["times"][key])] for rank in ranks]
+        variants[name] = dict(zip(FWD_BWD_TIMES, (max(m[j] for m in med) for j in range(len(FWD_BWD_TIMES)))))
+    identical = all(
+        all(torch.equal(a, c) for a, c in zip(rank["results"][True], rank["results"][False], strict=True))
+        for rank in ranks
+    )
+    timelines = {name: [rank["timelines"][key] for rank in ranks] for name, key in FWD_BWD_VARIANTS}
+    return dict(
+        machine=machine(),
+        sizes=dict(ep=ep, b=b, s=s, h=d_model, n_experts=cfg.moe.n_experts, top_k=cfg.moe.top_k, layers=cfg.n_layers),
+        repeats=repeats,
+        variants=variants,
+        identical=identical,
+        timelines=timelines,
+        in_flight={name: [in_flight(tl) for tl in timelines[name]] for name, _ in FWD_BWD_VARIANTS},
+    )
 
 
 def overlap_config(d_model: int = 128, n_experts: int = 4, top_k: int = 2, n_layers: int = 2) -> ModelConfig:

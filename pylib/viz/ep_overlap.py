@@ -3,7 +3,8 @@
 Drawn as `pylib.viz.cp.ring_overlap_figure` draws the ring: one panel per variant on one time axis, for each rank
 a lane of compute bars and under it a lane of transfers, each from when it was issued to when it was waited for.
 Here the colour says which micro-batch (A blue, B orange), compute bars are named attn.<layer> / experts.<layer>,
-and transfers dispatch.<layer> / combine.<layer>."""
+and transfers dispatch.<layer> / combine.<layer>; a backward's pieces and transfers (`ep_fwd_bwd_timings`) carry
+"grad." before the name and a "∇" in the label."""
 
 from __future__ import annotations
 
@@ -17,19 +18,26 @@ SHORT = {"attn": "a", "experts": "e", "dispatch": "d", "combine": "c", "out": ""
 
 
 def variant_title(name: str) -> str:
-    """An `ep_overlap_timings` variant's name as a panel title or a table row."""
-    titles = {"overlap": tr("interleaved (overlap=True)"), "blocking": tr("one after the other (overlap=False)")}
+    """An `ep_overlap_timings` or `ep_fwd_bwd_timings` variant's name as a panel title or a table row."""
+    titles = {
+        "overlap": tr("interleaved (overlap=True)"),
+        "blocking": tr("one after the other (overlap=False)"),
+        "paired": tr("A's backward paired with B's forward (overlap=True)"),
+    }
     return titles.get(name, name)
 
 
 def _label(mb: int, name: str) -> str:
-    """'attn.0' of micro-batch 1 -> 'Ba0' (micro-batch letter, the part's initial, the layer)."""
-    kind, _, layer = name.partition(".")
-    return "AB"[mb] + SHORT.get(kind, kind) + layer if SHORT.get(kind, kind) else ""
+    """'attn.0' of micro-batch 1 -> 'Ba0' (micro-batch letter, the part's initial, the layer); a backward's
+    'grad.experts.1' of micro-batch 0 -> 'A∇e1', its 'grad.out' -> 'A∇o' (the output's un-permute and the loss)."""
+    grad = name.startswith("grad.")
+    kind, _, layer = name.removeprefix("grad.").partition(".")
+    short = "o" if grad and kind == "out" else SHORT.get(kind, kind)
+    return "AB"[mb] + ("∇" if grad else "") + short + layer if short else ""
 
 
 @style.styled
-def ep_overlap_figure(timelines: dict, *, title: str | None = None):
+def ep_overlap_figure(timelines: dict, *, title: str | None = None, xlabel: str | None = None):
     """One panel per variant; per rank a compute lane and a transfer lane (see the module docstring)."""
     names = list(timelines)
     n = len(timelines[names[0]])
@@ -58,4 +66,4 @@ def ep_overlap_figure(timelines: dict, *, title: str | None = None):
                             fontsize=9, color=style.INK)  # fmt: skip
         ranks = [tr("rank {r}", r=r) for r in range(n)]
         style.rank_lanes(ax, ranks, tr("all-to-all"), end * ms, variant_title(name), bottom=0.6)
-    return style.finish_timeline(fig, axes, tr("time since the step began (ms)"), title)
+    return style.finish_timeline(fig, axes, xlabel or tr("time since the step began (ms)"), title)
