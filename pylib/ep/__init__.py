@@ -19,7 +19,7 @@ from .dispatcher import AllToAllDispatcher, DispatchState
 from .experts import LocalExperts
 from .gather_dispatcher import AllGatherDispatcher, AllGatherState
 from .layer import ExpertParallelMoE
-from .overlap import ExpertParallelStack, OverlapRecorder, interleave
+from .overlap import ExpertParallelStack, OverlapRecorder, Segments, interleave
 from .permute import PermutePlan, permute, sort_chunks, unpermute
 from .routing_table import format_routing_table, routing_table
 from .shared import SharedExperts
@@ -33,6 +33,7 @@ __all__ = [
     "ExpertParallelMoE",
     "ExpertParallelStack",
     "OverlapRecorder",
+    "Segments",
     "interleave",
     "LocalExperts",
     "PermutePlan",

@@ -30,8 +30,12 @@ Megatron-Core's version of the same idea (NVIDIA/Megatron-LM at d98e8a6, --overl
 `megatron/core/models/common/model_chunk_schedule_plan.py` cuts each layer into nodes (pre-dispatch compute,
 dispatch, MLP, combine; `megatron/core/models/gpt/fine_grained_callables.py`) run on a computation and a
 communication CUDA stream, so that one micro-batch's dispatch or combine runs under the other's attention or MLP.
-Here the pairing is forward with forward (and, through autograd's order, backward with backward), the two
-"streams" are gloo's threads and this one, and the cut points are the generator's yields.
+Here both pairings exist. Forward with forward (and, through autograd's order, backward with backward):
+`interleave([stack.steps(x_a), stack.steps(x_b)])`. Forward with backward, Megatron's: A's forward run with a
+`Segments` (`stack.steps(x_a, cut=segments)`), which cuts the graph at every exchange, so that A's backward can run
+one piece at a time as one more generator, `interleave([segments.backward(loss_a), stack.steps(x_b)])`: each of B's
+forward exchanges travels while a piece of A's backward computes, and each of A's gradient exchanges while a piece
+of B's forward computes. The two "streams" are gloo's threads and this one, and the cut points are the yields.
 """
 
 from __future__ import annotations
