@@ -266,6 +266,36 @@ def test_a_cut_all_to_all_hands_the_backward_over_at_the_cut():
         pending.cut()
 
 
+def test_a_backward_in_pieces_refuses_a_forward_without_grad_and_a_second_run():
+    """One layer on a group of one (no exchange in flight): the pieces' backward equals the plain one, and misuse
+    is refused when the backward is asked for, before any piece runs."""
+    from pylib.ep import ExpertParallelMoE
+    from pylib.ep.overlap import moe_steps
+    from tests.conftest import seeded_moe
+
+    one = collectives.AxisGroup("ep", (0,), 0, None)
+    layer = ExpertParallelMoE(seeded_moe(MoEConfig(n_experts=4, top_k=2, n_shared_experts=1)), one, one, None)
+    x = torch.randn(1, 3, layer.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    grads = []
+    for cut in (None, Segments()):
+        layer.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        if cut is None:
+            (layer(xi) ** 2).sum().backward()
+        else:
+            (out,) = interleave([moe_steps(layer, xi, cut=cut)], overlap=False)
+            loss = (out**2).sum()
+            interleave([cut.backward(loss)])
+        grads.append([p.grad for p in layer.parameters()] + [xi.grad])
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+    with pytest.raises(RuntimeError, match="already run"):
+        cut.backward(loss)
+    with torch.no_grad():
+        (out,) = interleave([moe_steps(layer, x, cut=Segments())], overlap=False)
+    with pytest.raises(ValueError, match="does not require grad"):
+        Segments().backward(out)
+
+
 FOUR_RANKS = {  # name: (ep, etp, MoE config, shared_overlap)
     "ep4-drop-aux-shared": (4, 1, CONFIGS["drop-aux-shared"], True),
     "ep2-etp2": (2, 2, CONFIGS["top2"], False),

@@ -289,6 +289,7 @@ class Segments(Uncut):
         self.cuts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (end of piece k, leaf the wait started from)
         self.pending: list = []  # exchange k's PendingRows
         self.names: list[str] = []  # piece k's name in the forward ("attn.0", "experts.0", ..., "out")
+        self.spent = False  # its backward has run
 
     def keep(self, *tensors):
         out = []
@@ -314,7 +315,15 @@ class Segments(Uncut):
         the generator yields ("grad.<piece>", that exchange's `AllToAllWork`), and the backward of the piece before
         waits for it first thing (`_AllToAllRowsIssue.backward`), so what runs in between (another micro-batch's
         forward) runs while the gradient rows travel. out: the forward's output or a loss of it; grad: its
-        gradient (None for a scalar)."""
+        gradient (None for a scalar). One backward per forward: a `Segments` cuts one forward."""
+        if not out.requires_grad:
+            raise ValueError("out does not require grad: run the cut forward with autograd enabled")
+        if self.spent:
+            raise RuntimeError("this forward's backward has already run: cut each forward with a new Segments")
+        self.spent = True
+        return self._pieces(out, grad)
+
+    def _pieces(self, out, grad):
         n, names = len(self.cuts), self.names + ["out"]
         for k in range(n, -1, -1):
             pairs = self.kept[k] + ([self.cuts[k]] if k < n else [])
@@ -322,6 +331,9 @@ class Segments(Uncut):
             roots += [(out, grad)] if k == n else []
             if roots:
                 torch.autograd.backward([t for t, _ in roots], [g for _, g in roots])
-            self.kept[k] = []  # the leaves' gradients are spent
+            self.kept[k] = []  # the leaves' gradients are spent, the graph behind them freed
+            if k < n:
+                self.cuts[k] = None
             if k:
-                yield f"grad.{names[k]}", self.pending[k - 1].backward_work
+                work, self.pending[k - 1] = self.pending[k - 1].backward_work, None
+                yield f"grad.{names[k]}", work
