@@ -324,6 +324,7 @@ class Segments(Uncut):
         return self._pieces(out, grad)
 
     def _pieces(self, out, grad):
+        """`backward`'s generator: piece k's backward from the gradients on its leaves, then its exchange's."""
         n, names = len(self.cuts), self.names + ["out"]
         for k in range(n, -1, -1):
             pairs = self.kept[k] + ([self.cuts[k]] if k < n else [])
