@@ -25,7 +25,8 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
             activations: the bytes each chunk keeps for backward per microbatch (`activations.chunk_saved_bytes`)
             at the peak of the schedule (`activations.peak_saved_bytes`); under ZeRO-3 also the two largest
             layers' gathered parameters (`dp.zero3_peak_param_bytes`, one running and one prefetched). With
-            `Workload.fp8` the FP8 linears keep their inputs in FP8 with their scales (`activations.fp8_rows`).
+            `Workload.fp8` the FP8 linears keep their inputs in FP8 with their scales (`activations.fp8_rows`);
+            with `Workload.storage` DeepSeek-V3's own storage choices (`activations.storage_rows`).
             Plan.sp_regather predicts Megatron's SP instead of pylib's: the column-parallel linears' inputs are
             kept as sequence shards (`activations.chunk_saved_bytes(sp_regather=True)`).
   traffic   bytes each rank sends per step on each axis: `compose.step_traffic`, the sum of every mode's formulas,
