@@ -174,3 +174,97 @@ def test_fused_unpermute_keeps_the_expert_outputs_once():
     assert sum(cfg_rows.values()) - sum(fused_rows.values()) == kept[False] - kept[True]
     # the rows and their weights, and the token and slot indices that gather the weights (the plan's own vectors)
     assert kept[True] == assignments * (h + 1) * 2 + 2 * assignments * 8
+
+
+def _ep_fused_worker(fused: bool):
+    import torch.distributed as dist
+
+    from pylib.ep import ExpertParallelMoE
+    from pylib.plan.config import MoEConfig
+    from pylib.runtime import Mesh
+    from tests.conftest import seeded_moe
+
+    mesh = Mesh(ParallelConfig(dp=2, ep=2))
+    layer = ExpertParallelMoE.from_full(seeded_moe(MoEConfig(n_experts=4, top_k=2), 8, 16, "swiglu"), ep_group=mesh.ep)
+    layer.dispatcher.fused_unpermute = fused
+    g = torch.Generator().manual_seed(5 + dist.get_rank())
+    x = torch.randn(1, 6, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    params = list(layer.parameters())
+    with saved_activations(exclude=params) as saved:
+        y = layer(x)
+    grads = torch.autograd.grad(y, [x, *params], torch.randn(y.shape, generator=g, dtype=torch.float64))
+    return saved.bytes, y.detach(), [t.detach() for t in grads]
+
+
+@pytest.mark.slow
+def test_the_all_to_all_combine_fused_keeps_one_copy_less_and_the_same_gradients_on_two_ranks():
+    from pylib.runtime import launch
+
+    plain, fused = (launch(_ep_fused_worker, 2, f) for f in (False, True))
+    for (b0, y0, g0), (b1, y1, g1) in zip(plain, fused, strict=True):
+        # T k assignments of h float64 each: the weighted rows the unfused index_add keeps
+        assert b0 - b1 == 6 * 2 * 8 * 8
+        torch.testing.assert_close(y1, y0, rtol=1e-13, atol=1e-13)
+        for a, b in zip(g1, g0, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("recipe", [None, Fp8Recipe("blockwise")], ids=["bf16", "blockwise"])
+def test_a_layer_with_w_o_in_e5m6_saves_what_layer_saved_rows_counts(recipe):
+    """A whole reference layer (its linears in FP8 or not), W_O swapped for `E5M6Linear`: autograd's saved bytes
+    plus the FP8 linears' kept X^T equal `layer_saved_rows` with storage ("attn_out_e5m6",)."""
+    from pylib.model import ModelConfig, build_model, random_hidden
+    from pylib.model.fp8 import to_fp8
+    from tests.test_analysis_planner_fp8act import _fp8_kept_bytes
+
+    cfg = ModelConfig(d_model=128, n_heads=2, d_ff=256, mlp="swiglu", n_layers=1, dtype="bfloat16", position="rope")
+    block = build_model(cfg).layers[0]
+    if recipe is not None:
+        to_fp8(block, recipe, keep=())
+    block.attn.o_proj = E5M6Linear(block.attn.o_proj)
+    x = random_hidden(1, 128, cfg.d_model, dtype=torch.bfloat16).detach().requires_grad_()
+    with saved_activations(exclude=list(block.parameters())) as saved:
+        y = block(x)
+    measured = saved.bytes + _fp8_kept_bytes(y)
+    rows = A.layer_saved_rows(cfg, 0, 1, 128, P.Plan(ParallelConfig()), attention="math", fp8=recipe,
+                              fp8_fused=False, storage=("attn_out_e5m6",))  # fmt: skip
+    assert rows["W_O input (attention output) [E5M6]"] == A.e5m6_saved_bytes(128, 128)
+    assert measured == sum(rows.values())
+
+
+def _ep_storage_worker(storage: tuple[str, ...]):
+    import torch.distributed as dist
+
+    from pylib.ep import ExpertParallelMoE
+    from pylib.model import ModelConfig
+    from pylib.plan.config import MoEConfig
+    from pylib.runtime import Mesh
+    from tests.conftest import seeded_moe
+
+    mesh = Mesh(ParallelConfig(dp=2, ep=2))
+    moe = MoEConfig(n_experts=2, top_k=2)  # one expert a rank: one FP8 scale per cached tensor, as the planner counts
+    cfg = ModelConfig(d_model=8, d_ff=16, n_heads=2, n_layers=1, mlp="swiglu", dtype="float32", moe=moe)
+    layer = ExpertParallelMoE.from_full(seeded_moe(moe, 8, 16, "swiglu").float(), ep_group=mesh.ep)
+    recipe = Fp8Recipe("tensorwise")
+    layer.experts.swiglu_fp8 = recipe if "swiglu_fp8" in storage else None
+    layer.dispatcher.fused_unpermute = "fused_unpermute" in storage
+    g = torch.Generator().manual_seed(5 + dist.get_rank())
+    x = torch.randn(1, 6, 8, generator=g, requires_grad=True)
+    with saved_activations(exclude=list(layer.parameters())) as saved:
+        layer(x)
+    R = int(sum(layer.last_state.rows_per_local_expert))
+    plan = P.Plan(ParallelConfig())
+    rows = A.moe_saved_rows(cfg, 6, expert_rows=R)
+    if storage:  # the experts' input and hidden rows in FP8 (the cached function keeps x too), then the storage
+        rows = A.fp8_rows(rows, cfg, recipe, plan, 1, 6, expert_rows=R)
+        rows = A.storage_rows(rows, cfg, plan, (6, R, 6), recipe, storage)
+    return saved.bytes, sum(rows.values())
+
+
+@pytest.mark.slow
+def test_an_ep_moe_layer_with_v3_storage_saves_what_the_planner_counts_on_two_ranks():
+    from pylib.runtime import launch
+
+    for storage in ((), ("swiglu_fp8", "fused_unpermute")):
+        for measured, counted in launch(_ep_storage_worker, 2, storage):
+            assert measured == counted, storage

@@ -19,6 +19,9 @@ saved tensors are what the planner counts (`pylib.analysis.activations.storage_r
 
 The third choice the planner prices with them, the combine's un-permute fused so the weighted expert outputs are
 not saved beside the unweighted ones, is an expert-parallel function: `pylib.ep.permute.unpermute(fused=True)`.
+In an `ExpertParallelMoE` the experts take the first (`LocalExperts.swiglu_fp8 = recipe`) and the all-to-all
+dispatcher the third (`AllToAllDispatcher.fused_unpermute = True`); a reference layer takes the second by swapping
+`attn.o_proj` for an `E5M6Linear` (tests/test_v3_storage.py measures all three against the planner's rows).
 
 The GEMMs here run in the input's dtype: the subject is what is stored, not FP8 arithmetic (`pylib.model.fp8`).
 With recipe=None `cached_swiglu_mlp` keeps the three tensors unquantized, so its hand-written backward is checked
