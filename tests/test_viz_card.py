@@ -255,7 +255,11 @@ def _moe_memory():
     from pylib.viz import planner
 
     check = C.moe_layout_check()
-    pairs = [("report's recomputation", check.report), ("+ the MoE layer recomputed", check.fitting)]
+    pairs = [
+        ("report's recomputation", check.report),
+        ("in FP8, with the report's storage", check.v3_report),
+        ("+ the MoE layer recomputed", check.fitting),
+    ]
     return planner.fig_moe_memory(pairs, check.cluster.gpu_memory)
 
 

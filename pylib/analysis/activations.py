@@ -35,6 +35,16 @@ which the TP tests measure byte for byte. Three things change them inside the co
                    (fused=False, what the tests measure); Transformer Engine's fused linear_qkv and fc1 keep one
                    (fused=True: the GEMMs `efficiency.layer_gemms` lists, what the planner prices). The LM head and,
                    with first_last_layers_bf16, the first and last layers stay 16-bit.
+  DeepSeek-V3's    `Workload.storage` (`STORAGE`; the technical report, arXiv 2412.19437, section 3.3.3), applied by
+  storage          `storage_rows` after the FP8 rows: "swiglu_fp8" (with an FP8 recipe) keeps of every expert MLP,
+                   routed and shared, only the SwiGLU's two inputs gate x, up x as FP8 copies of fc1's output, X^T
+                   along the tokens with the recipe's scales (`swiglu_cached_bytes`), and rebuilds the SwiGLU output
+                   in backward (`pylib.model.v3_storage.cached_swiglu_mlp`); "attn_out_e5m6" keeps W_O's input in
+                   E5M6, 1.5 bytes an element and one int8 exponent per 1 x 128 tile (`e5m6_saved_bytes`,
+                   `pylib.model.v3_storage.E5M6Linear`), in place of its 16-bit or FP8 copy (the report shares that
+                   copy with the attention core's backward; the flash core's own saved output is still counted);
+                   "fused_unpermute" keeps the expert outputs once, not beside their weighted copy
+                   (`pylib.ep.permute.unpermute(fused=True)`).
   the stage ends   the first virtual stage keeps the token ids and the vocab-parallel embedding's mask; the last keeps
                    the final LayerNorm's input and statistics, the LM head's input, one [b, s/cp, V/tp] logits tensor
                    and the targets with their mask (`stage_end_rows`).
@@ -71,6 +81,8 @@ ATTENTION_KERNELS = ("flash", "math")
 CORE_ROWS = ("Q and K", "V", "softmax output", "causal mask")
 MLP_ROWS = ("MLP input (LN2 output)", "MLP hidden")
 INT64, BOOL = 8, 1
+STORAGE = ("swiglu_fp8", "attn_out_e5m6", "fused_unpermute")  # DeepSeek-V3's storage choices (`storage_rows`)
+E5M6_TILE = 128  # one int8 power-of-two exponent per 1 x 128 tile (`pylib.model.v3_storage.quantize_e5m6`)
 
 
 def attention_core_bytes(
@@ -162,6 +174,61 @@ def fp8_saved_input_bytes(tokens: int, features: int, recipe) -> int:
     return n + tiles * (FP32 if recipe.recipe == "blockwise" else 1)
 
 
+def e5m6_saved_bytes(tokens: int, features: int) -> int:
+    """Bytes `pylib.model.v3_storage.E5M6Linear` keeps for its weight gradient from an input [tokens, features]:
+    12 bits an element, two packed in three bytes (1.5 bytes each, a last odd element padded), and one int8
+    exponent per 1 x 128 tile along the features (a partial last tile counted whole)."""
+    n = tokens * features
+    return 3 * -(-n // 2) + tokens * -(-features // E5M6_TILE)
+
+
+def check_storage(storage) -> None:
+    """Refuse a storage choice that is not one of `STORAGE`, naming it."""
+    unknown = [x for x in storage if x not in STORAGE]
+    if unknown:
+        raise ValueError(f"storage {unknown} not among {STORAGE}")
+
+
+def swiglu_cached_bytes(tokens: int, features: int, recipe) -> int:
+    """Bytes `pylib.model.v3_storage.cached_swiglu_mlp` keeps of a SwiGLU's two inputs gate x and up x
+    [tokens, features] each: two FP8 copies as `fp8_saved_input_bytes` counts them (its input x is the linear's
+    row, counted apart)."""
+    return 2 * fp8_saved_input_bytes(tokens, features, recipe)
+
+
+def storage_rows(rows: dict[str, int], cfg, plan, tokens: tuple[int, int, int], recipe, storage) -> dict[str, int]:
+    """One layer's `rows` (after recomputation and `fp8_rows`) with DeepSeek-V3's `storage` choices applied (module
+    docstring): tokens (inside the TP region, a MoE layer's, its shared experts'), R the rows this rank's experts
+    receive; recipe None (a 16-bit layer) leaves "swiglu_fp8" out. A row a recomputation already dropped stays
+    dropped."""
+    out = dict(rows)
+    t_in, r_rows, t_shared = tokens
+    tp, etp = plan.par.tp, plan.par.etp
+    if "attn_out_e5m6" in storage:
+        old = [r for r in out if r.startswith("W_O input (attention output)")]
+        for item in old:
+            del out[item]
+        if old:
+            out["W_O input (attention output) [E5M6]"] = e5m6_saved_bytes(t_in, cfg.n_heads // tp * cfg.d_head)
+    if cfg.moe is None or not any(r.startswith("expert ") for r in out):
+        return out
+    if "fused_unpermute" in storage:
+        item = "expert outputs, weighted [T k, h] x 2"
+        if item in out:
+            out["expert outputs [T k, h], fused un-permute"] = out.pop(item) // 2
+    if "swiglu_fp8" in storage and recipe is not None and cfg.mlp == "swiglu":
+        for prefix, n, f in (
+            ("expert hidden", r_rows, (cfg.moe.d_ff or cfg.d_ff) // etp),
+            ("shared experts hidden", t_shared, recompute_analysis.shared_ff(cfg) // tp),
+        ):
+            old = [r for r in out if r.startswith(prefix)]
+            for item in old:
+                del out[item]
+            if old:
+                out[f"{prefix}: SwiGLU inputs cached [FP8]"] = swiglu_cached_bytes(n, f, recipe)
+    return out
+
+
 def fp8_rows(
     rows: dict[str, int],
     cfg,
@@ -238,6 +305,7 @@ def layer_saved_rows(
     expert_rows: int | None = None,
     fp8=None,
     fp8_fused: bool = True,
+    storage: tuple[str, ...] = (),
 ) -> dict[str, int]:
     """Bytes one layer keeps for backward on one rank, by tensor, under `plan` (a `pylib.analysis.planner.Plan`: its
     mesh's tp, cp, etp, its options' SP, CP kind and layout and recompute granularity, its sp_regather and
@@ -254,7 +322,9 @@ def layer_saved_rows(
     layer recomputes, their rows removed (`recompute.module_dropped_rows`).
     fp8 (an `Fp8Recipe`): the FP8 linears' inputs as `Fp8Linear` keeps them (`fp8_rows`; fp8_fused: one copy for
     the fused QKV and fc1, False: pylib's separate q, k, v and gate, up linears, one each); the recipe's
-    first_last_layers_bf16 leaves the first and last layer in 16 bits."""
+    first_last_layers_bf16 leaves the first and last layer in 16 bits.
+    storage: DeepSeek-V3's choices of `STORAGE` (`storage_rows`; "swiglu_fp8" only in a layer that runs FP8)."""
+    check_storage(storage)
     par, o, sp_regather = plan.par, plan.options, plan.sp_regather
     tp, cp, etp, cp_kind = par.tp, par.cp, par.etp, o.cp_kind
     recompute = check_recompute(o.recompute).granularity
@@ -312,12 +382,18 @@ def layer_saved_rows(
         rows[item] -= n
         if not rows[item]:
             del rows[item]
-    if fp8 is None or (fp8.first_last_layers_bf16 and layer in (0, cfg.n_layers - 1)):
+    bf16 = fp8 is None or (fp8.first_last_layers_bf16 and layer in (0, cfg.n_layers - 1))
+    if not bf16:
+        shares = sp and sp_regather and cp == 1 and attention == "flash" and "core_attn" not in modules
+        routed = expert_rows if cfg.is_moe_layer(layer) else 0
+        kw = dict(modules=modules, fused=fp8_fused, flash_shares_output=shares)
+        rows = fp8_rows(rows, cfg, fp8, plan, b, s_cp, expert_rows=routed, **kw)
+    if not storage:
         return rows
-    shares = sp and sp_regather and cp == 1 and attention == "flash" and "core_attn" not in modules
-    routed = expert_rows if cfg.is_moe_layer(layer) else 0
-    kw = dict(modules=modules, fused=fp8_fused, flash_shares_output=shares)
-    return fp8_rows(rows, cfg, fp8, plan, b, s_cp, expert_rows=routed, **kw)
+    moe = cfg.is_moe_layer(layer)
+    R = (expected_expert_rows(tokens, cfg.moe.top_k, etp) if expert_rows is None else expert_rows) if moe else 0
+    counts = (b * s_cp, R, tokens * tp if sp else tokens)
+    return storage_rows(rows, cfg, plan, counts, None if bf16 else fp8, storage)
 
 
 def stage_end_rows(
@@ -362,12 +438,14 @@ def chunk_saved_bytes(
     attention: str = "math",
     expert_rows: dict[int, int] | None = None,
     fp8=None,
+    storage: tuple[str, ...] = (),
 ) -> list[int]:
     """Bytes one microbatch's forward keeps in each chunk of pipeline rank `pp_rank` (a list of v numbers) under
     `plan` (a `pylib.analysis.planner.Plan`: its mesh, its options -- the recompute groups counted within each
     chunk, as pylib.compose runs them -- and its sp_regather, balance_ends (Llama 3's uneven split,
     `split_layers`) and recompute_modules, as `layer_saved_rows`). expert_rows: {layer: R} measured; missing layers
-    take the expectation. fp8: an `Fp8Recipe`, the linears' inputs kept in FP8 (`layer_saved_rows`)."""
+    take the expectation. fp8: an `Fp8Recipe`, the linears' inputs kept in FP8 (`layer_saved_rows`); storage:
+    DeepSeek-V3's storage choices (`storage_rows`)."""
     par, o = plan.par, plan.options
     pp, v, tp, cp = par.pp, o.v, par.tp, par.cp
     rc = check_recompute(o.recompute)
@@ -388,7 +466,8 @@ def chunk_saved_bytes(
         kind = (cfg.is_moe_layer(i), ends_bf16 and i in (0, cfg.n_layers - 1))
         if rows_i is None and kind in same:
             return same[kind]
-        rows = layer_saved_rows(cfg, i, b, s, layer_plan, attention=attention, expert_rows=rows_i, fp8=fp8)
+        kw = dict(attention=attention, expert_rows=rows_i, fp8=fp8, storage=storage)
+        rows = layer_saved_rows(cfg, i, b, s, layer_plan, **kw)
         if rows_i is None:
             same[kind] = sum(rows.values())
         return sum(rows.values())

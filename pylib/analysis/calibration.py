@@ -61,7 +61,9 @@ from pylib.plan.options import Fp8Recipe, RunOptions
 from pylib.plan.presets import deepseek_v3, llama2_7b, llama2_70b, llama3_405b, megatron_gpt, mixtral_8x7b
 
 from . import planner as P
+from .activations import STORAGE, chunk_saved_bytes, split_layers
 from .efficiency import CostModel
+from .pp import split_live_counts
 
 
 @dataclass(frozen=True)
@@ -517,9 +519,11 @@ DEEPSEEK_V3 = PublishedMoELayout(
 
 # DeepSeek-V3's FP8 recipe (technical report, section 3.3): 1 x 128 tiles for activations and gradients, 128 x 128
 # blocks for weights, E4M3 everywhere, fp32 scales; the router, the norms, the attention core and the head in 16 bits
-# or more (3.3.1), as the planner keeps them. Its own storage of the SwiGLU inputs in FP8 and of W_O's input in E5M6
-# (3.3.3) goes beyond what a linear keeps and is not priced.
+# or more (3.3.1), as the planner keeps them.
 DEEPSEEK_V3_FP8 = Fp8Recipe("blockwise")
+# Its own storage beyond what a linear keeps (3.3.3): the SwiGLU's inputs cached in FP8 and its output recomputed,
+# W_O's input in E5M6; and the combine's un-permute fused, the expert outputs kept once (`Workload.storage`).
+DEEPSEEK_V3_STORAGE = STORAGE
 
 # MLA's published shapes (DeepSeek-V3 technical report, section 4.2): 128 heads, q compressed to 1536, K/V to 512,
 # per head 128 dimensions without RoPE and 64 with it for q and k, 128 for v.
@@ -555,8 +559,9 @@ class MoELayoutCheck:
     (and DualPipe's EP overlap, `Plan.ep_overlap`); `fitting`, the published mesh's fastest plan that fits
     (the planner may recompute more); both on `cluster` (`H800`) for `workload`, a 16-bit run; `fp8_report`, the
     report's plan for `fp8_workload`, the same step with the layout's FP8 recipe (`DEEPSEEK_V3_FP8`: its GEMMs at
-    the FP8 peak, its linears' saved inputs and its weight copies in FP8); `predict` prices another plan of the
-    same job."""
+    the FP8 peak, its linears' saved inputs and its weight copies in FP8); `v3_report`, the report's plan for
+    `v3_workload`, FP8 with DeepSeek-V3's own activation storage (`DEEPSEEK_V3_STORAGE`); `predict` prices another
+    plan of the same job, `dualpipe_memory` a priced plan's rank as DualPipe would hold it."""
 
     layout: PublishedMoELayout
     report: P.Prediction
@@ -566,6 +571,8 @@ class MoELayoutCheck:
     cluster: P.Cluster
     fp8_report: P.Prediction | None = None
     fp8_workload: P.Workload | None = None
+    v3_report: P.Prediction | None = None
+    v3_workload: P.Workload | None = None
 
     def predict(self, plan: P.Plan, fp8: bool = False) -> P.Prediction:
         """`plan` priced for `workload`, or with fp8 for `fp8_workload`."""
@@ -579,6 +586,36 @@ class MoELayoutCheck:
     def gap(self, x: P.Prediction) -> float:
         """Predicted hours per trillion tokens over the report's, minus 1."""
         return self.gpu_hours_per_trillion(x) / self.layout.gpu_hours_per_trillion - 1
+
+    def dualpipe_memory(self, x: P.Prediction, workload: P.Workload, pp_rank: int) -> dict[str, int]:
+        """What rank `pp_rank` of x (priced for `workload` on the planner's 1F1B) would hold under DualPipe
+        (technical report 3.2.1; `pylib.plan.schedules._dualpipe`): "activations" its order replayed
+        (`dualpipe_activations`), and "total" with DualPipe's two copies of the parameters (their gradients and
+        FP8 copies too, summed over the rank pair after the step) and one optimizer state."""
+        mem = next(r.memory for r in x.ranks if r.pp_rank == pp_rank)
+        acts = dualpipe_activations(self.cfg, x.plan, workload, pp_rank)
+        copies = 2 * (mem["params"] + mem["grads"] + mem.get("fp8", 0))
+        return dict(activations=acts, total=acts + copies + mem["optim"] + mem["gathered"])
+
+
+def dualpipe_activations(cfg: ModelConfig, plan: P.Plan, workload: P.Workload, pp_rank: int) -> int:
+    """The activation bytes rank `pp_rank` of `plan` (v = 1) holds at its peak under DualPipe: its model stages r and
+    p - 1 - r (the plan's split: `activations.split_layers`), each microbatch holding its stage's saved bytes
+    (`activations.chunk_saved_bytes`) from its F to its W and, from its B to a deferred W, the output gradients W
+    needs and what B regenerated, as the planner prices the zero-bubble schedules (`planner._split_activations`),
+    on DualPipe's order (`pp.split_live_counts("dualpipe", ...)`: p + 1 stage microbatches on every rank)."""
+    p, b, seq = plan.par.pp, plan.micro_batch(workload.batch), workload.seq
+    kw = dict(attention=workload.attention, fp8=workload.fp8, storage=workload.storage)
+    whole = plan.with_options(recompute="none")
+    saved, kept = [], []
+    for stage in (pp_rank, p - 1 - pp_rank):
+        held = chunk_saved_bytes(cfg, b, seq, plan, stage, **kw)[0]
+        regenerated = chunk_saved_bytes(cfg, b, seq, whole, stage, **kw)[0] - held
+        layers = split_layers(cfg.n_layers, p, 1, stage, plan.balance_ends)[0]
+        saved.append(held)
+        kept.append(regenerated + P.wgrad_kept_bytes(cfg, plan, b * seq // plan.par.cp, layers, stage == p - 1))
+    states = split_live_counts("dualpipe", p, plan.options.n_microbatches, pp_rank)
+    return max(sum(n * x for n, x in zip(a + g, saved + kept, strict=True)) for a, g in states)
 
 
 # What the planner may add to the report's recomputation to fit: the experts' activation (the report caches the
@@ -617,13 +654,22 @@ def moe_layout_check(lay: PublishedMoELayout = DEEPSEEK_V3, model: CostModel | N
     if not lay.fp8:
         return check
     fp8_work = replace(work, fp8=DEEPSEEK_V3_FP8)
-    return replace(check, fp8_workload=fp8_work, fp8_report=P.predict(cfg, report.plan, fp8_work, c))
+    v3_work = replace(fp8_work, storage=DEEPSEEK_V3_STORAGE)
+    return replace(
+        check,
+        fp8_workload=fp8_work,
+        fp8_report=P.predict(cfg, report.plan, fp8_work, c),
+        v3_workload=v3_work,
+        v3_report=P.predict(cfg, report.plan, v3_work, c),
+    )
 
 
 __all__ = [
     "A100",
     "DEEPSEEK_V3",
     "DEEPSEEK_V3_FP8",
+    "DEEPSEEK_V3_STORAGE",
+    "dualpipe_activations",
     "FIT_ROWS",
     "H800",
     "MLA_V3",

@@ -166,6 +166,22 @@ def _router_index(cfg, moe: bool, ep: int) -> int | None:
     return 2 + 2 * (cfg.moe.n_experts // ep) if moe else None
 
 
+def storage_hbm_bytes(cfg, plan, tokens: int, e: int) -> tuple[int, int]:
+    """(forward, backward) HBM bytes "swiglu_fp8" (`planner.Workload.storage`) adds to one MoE layer on one rank,
+    `tokens` = b s / cp: the forward writes FP8 copies of the SwiGLU's two inputs, reading each 16-bit input once
+    more and writing 1 byte an element (2 n (e + 1), n = R f/etp for the routed experts plus T f_s/tp for the shared
+    ones); the backward rebuilds the SwiGLU output, reading the two FP8 copies and writing the e-byte output
+    (n (2 + e)). The SwiGLU's arithmetic (a sigmoid, three multiplies an element) runs at memory speed beside it,
+    as `recompute.module_extra_hbm_bytes` prices "moe_act". With "moe_act" also chosen the rerun is priced twice:
+    moe_act's 16-bit reading and this one (an upper bound)."""
+    par = plan.par
+    sp = plan.options.sequence_parallel and par.tp > 1
+    t_o = tokens // par.tp if sp else tokens
+    rows = round(expected_expert_rows(t_o, cfg.moe.top_k, par.etp) * getattr(plan, "routing_imbalance", 1.0))
+    n = rows * ((cfg.moe.d_ff or cfg.d_ff) // par.etp) + (t_o * par.tp if sp else t_o) * (shared_ff(cfg) // par.tp)
+    return 2 * n * (e + 1), n * (2 + e)
+
+
 def microbatch_seconds(
     cfg,
     plan,
@@ -177,9 +193,11 @@ def microbatch_seconds(
     hbm_bandwidth: float,
     model: CostModel,
     fp8: Fp8Compute | None = None,
+    storage: tuple[str, ...] = (),
 ) -> MicrobatchTime:
     """Seconds of one microbatch on pipeline rank `pp_rank` of `plan` (a `planner.Plan`), every chunk it holds;
-    with `fp8` the linear layers' GEMMs in FP8 (`Fp8Compute`)."""
+    with `fp8` the linear layers' GEMMs in FP8 (`Fp8Compute`); storage: DeepSeek-V3's storage choices
+    (`planner.Workload.storage`), "swiglu_fp8" priced by `storage_hbm_bytes`."""
     par = plan.par
     e = dtype_bytes(cfg.dtype)
     b = plan.micro_batch(batch)
@@ -217,6 +235,9 @@ def microbatch_seconds(
                     gs = [gemm_seconds(m, n, k, e, peak_flops, hbm_bandwidth, eta) for m, n, k in shapes]
                 of_kind[moe, in_fp8] = gs, sum(gs), cast_f, cast_b
             gs, g, cast_f, cast_b = of_kind[moe, in_fp8]
+            if moe and in_fp8 and "swiglu_fp8" in storage:
+                extra_f, extra_b = storage_hbm_bytes(cfg, plan, b * seq // par.cp, e)
+                cast_f, cast_b = cast_f + extra_f / hbm_bandwidth, cast_b + extra_b / hbm_bandwidth
             dgrad += gs[0] + (0.0 if moe else gs[2])  # dX of QKV and of the MLP's first GEMM: as long as forward
             fwd += g + core + elem + cast_f
             bwd += 2 * (g + core) + elem + cast_b
@@ -311,4 +332,5 @@ __all__ = [
     "microbatch_seconds",
     "rank_chunks",
     "stage_chunks",
+    "storage_hbm_bytes",
 ]

@@ -25,7 +25,8 @@ What is predicted, for pipeline ranks 0, 1 and pp - 1 (the others repeat rank 1,
             activations: the bytes each chunk keeps for backward per microbatch (`activations.chunk_saved_bytes`)
             at the peak of the schedule (`activations.peak_saved_bytes`); under ZeRO-3 also the two largest
             layers' gathered parameters (`dp.zero3_peak_param_bytes`, one running and one prefetched). With
-            `Workload.fp8` the FP8 linears keep their inputs in FP8 with their scales (`activations.fp8_rows`).
+            `Workload.fp8` the FP8 linears keep their inputs in FP8 with their scales (`activations.fp8_rows`);
+            with `Workload.storage` DeepSeek-V3's own storage choices (`activations.storage_rows`).
             Plan.sp_regather predicts Megatron's SP instead of pylib's: the column-parallel linears' inputs are
             kept as sequence shards (`activations.chunk_saved_bytes(sp_regather=True)`).
   traffic   bytes each rank sends per step on each axis: `compose.step_traffic`, the sum of every mode's formulas,
@@ -103,7 +104,7 @@ from . import fp8 as fp8_analysis
 from . import pp as pp_analysis
 from . import recompute as recompute_analysis
 from . import tp as tp_analysis
-from .activations import chunk_saved_bytes, expected_expert_rows, peak_saved_bytes
+from .activations import STORAGE, chunk_saved_bytes, expected_expert_rows, peak_saved_bytes
 from .efficiency import (
     CostModel,
     Fp8Compute,
@@ -182,7 +183,12 @@ class Workload:
     first_last_layers_bf16: the first and the last layer stay in 16 bits (Megatron's --first-last-layers-bf16); its
     param_gather: the data-parallel all-gathers of the FP8 linears' parameters move 1 byte per element instead of 2
     (Megatron's --fp8-param-gather, torchtitan's float8 all-gather under FSDP2): ZeRO-3's gathers every
-    microbatch, ZeRO-1/2's after the step."""
+    microbatch, ZeRO-1/2's after the step.
+    storage: DeepSeek-V3's own activation storage (technical report, arXiv 2412.19437, section 3.3.3), names of
+    `activations.STORAGE`: "swiglu_fp8" (needs fp8) the experts' SwiGLU inputs cached in FP8 and its output
+    recomputed in backward (priced at HBM speed, `efficiency.storage_hbm_bytes`), "attn_out_e5m6" W_O's input in
+    E5M6, "fused_unpermute" the combine's weighting and sum fused, the expert outputs kept once
+    (`activations.storage_rows`; each built in pylib: `pylib.model.v3_storage`, `pylib.ep.permute.unpermute`)."""
 
     batch: int
     seq: int
@@ -191,6 +197,7 @@ class Workload:
     optimizer_states: int = 2
     grad_reduce: str = "bfloat16"
     fp8: Fp8Recipe | None = None
+    storage: tuple[str, ...] = ()
 
     def __post_init__(self):
         check_workload(self)
@@ -202,6 +209,10 @@ class Workload:
                 f"Workload.fp8 runs the GEMMs of a mixed-precision model: needs precision='mixed', "
                 f"got {self.precision!r}"
             )
+        if self.storage:
+            object.__setattr__(self, "storage", names("Workload", "storage", self.storage, STORAGE))
+        if "swiglu_fp8" in self.storage and self.fp8 is None:
+            raise ValueError("Workload.storage 'swiglu_fp8' caches the SwiGLU inputs in FP8: needs Workload.fp8")
 
     @property
     def fp8_mixed(self) -> MixedPrecision:
@@ -1217,7 +1228,7 @@ def rank_memory(cfg, plan: Plan, workload: Workload, pp_rank: int, world_size: i
     params, grads, optim, gathered = _state(
         cfg, key, workload.precision, workload.optimizer_states, workload.grad_bytes
     )
-    acts = _activations(cfg, plan, workload.batch, workload.seq, workload.attention, pp_rank, workload.fp8)
+    acts = _activations(cfg, plan, workload, pp_rank)
     out = dict(params=params, grads=grads, optim=optim, activations=acts, gathered=gathered)
     if workload.fp8 is not None:
         out["fp8"] = fp8_weight_copies(cfg, plan, workload, pp_rank)
@@ -1267,31 +1278,34 @@ def _state(cfg, key: _LayoutKey, precision: str, optimizer_states: int, grad_byt
 
 
 @functools.lru_cache(maxsize=65536)
-def _activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank: int, fp8=None) -> int:
+def _activations(cfg, plan: Plan, workload: Workload, pp_rank: int) -> int:
     """The activation bytes at the schedule's peak, remembered: like the model state (`_state`), they do not depend
-    on the cluster's speeds or the cost model, which a fit and the explorers vary over the same plans. fp8: the
-    workload's `Fp8Recipe`, its linears' inputs kept in FP8 (`activations.fp8_rows`)."""
+    on the cluster's speeds or the cost model, which a fit and the explorers vary over the same plans. The
+    workload's fp8 (its linears' inputs kept in FP8, `activations.fp8_rows`) and storage (`activations.storage_rows`)
+    set what each layer keeps."""
     o = plan.options
     if plan.zb_schedule is not None:
-        return _split_activations(cfg, plan, batch, seq, attention, pp_rank, fp8)
-    chunks = _chunk_bytes(cfg, plan.micro_batch(batch), seq, _activation_key(plan), pp_rank, attention, fp8)
+        return _split_activations(cfg, plan, workload, pp_rank)
+    key = (workload.attention, workload.fp8, workload.storage)
+    chunks = _chunk_bytes(cfg, plan.micro_batch(workload.batch), workload.seq, _activation_key(plan), pp_rank, key)
     return peak_saved_bytes(list(chunks), o.schedule, plan.par.pp, o.n_microbatches, o.v, pp_rank, plan.group_size)
 
 
-def _split_activations(cfg, plan: Plan, batch: int, seq: int, attention: str, pp_rank: int, fp8=None) -> int:
+def _split_activations(cfg, plan: Plan, workload: Workload, pp_rank: int) -> int:
     """A zero-bubble plan's activation peak on one rank: its order replayed (`pp.split_live_counts`), each
     microbatch of a chunk holding the chunk's saved bytes until its W (or its fused backward) and, from its B to
     its W, the output gradients W needs (`wgrad_kept_bytes`) and, under recomputation, what B regenerated (the
     chunk's saved bytes without recomputation less those with it: W reads the linears' recomputed inputs). A
     chunk's saved bytes are those of the same virtual stage in the loop placement (`chunk_saved_bytes` of rank
     k % p, chunk k // p)."""
-    p, b = plan.par.pp, plan.micro_batch(batch)
+    p, b, seq = plan.par.pp, plan.micro_batch(workload.batch), workload.seq
     key = _activation_key(replace(plan, zb_schedule=None))
     whole = _activation_key(replace(plan, zb_schedule=None).with_options(recompute="none"))
+    kept_as = (workload.attention, workload.fp8, workload.storage)
     saved, kept = [], []
     for stage, layers in rank_chunks(cfg, plan, pp_rank):
-        held = _chunk_bytes(cfg, b, seq, key, stage % p, attention, fp8)[stage // p]
-        regenerated = _chunk_bytes(cfg, b, seq, whole, stage % p, attention, fp8)[stage // p] - held
+        held = _chunk_bytes(cfg, b, seq, key, stage % p, kept_as)[stage // p]
+        regenerated = _chunk_bytes(cfg, b, seq, whole, stage % p, kept_as)[stage // p] - held
         saved.append(held)
         last = stage == p * plan.options.v - 1
         kept.append(regenerated + wgrad_kept_bytes(cfg, plan, b * seq // plan.par.cp, layers, last))
@@ -1324,8 +1338,10 @@ def _activation_key(plan: Plan) -> Plan:
 
 
 @functools.lru_cache(maxsize=65536)
-def _chunk_bytes(cfg, b: int, seq: int, plan: Plan, pp_rank: int, attention: str, fp8=None) -> tuple[int, ...]:
-    return tuple(chunk_saved_bytes(cfg, b, seq, plan, pp_rank, attention=attention, fp8=fp8))
+def _chunk_bytes(cfg, b: int, seq: int, plan: Plan, pp_rank: int, kept_as: tuple) -> tuple[int, ...]:
+    """`chunk_saved_bytes`, remembered; kept_as: the workload's (attention, fp8, storage)."""
+    attention, fp8, storage = kept_as
+    return tuple(chunk_saved_bytes(cfg, b, seq, plan, pp_rank, attention=attention, fp8=fp8, storage=storage))
 
 
 def _bandwidths(plan: Plan, cluster: Cluster) -> dict[str, bool]:
@@ -1348,6 +1364,7 @@ def rank_times(cfg, plan: Plan, workload: Workload, cluster: Cluster, pp_rank: i
         hbm_bandwidth=cluster.hbm_bandwidth,
         model=cluster.model,
         fp8=fp8_compute(workload, cluster),
+        storage=workload.storage,
     )
 
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 import functools
 
 from pylib.plan.schedules import (
+    DUAL,
     V_SHAPED,
     ZERO_BUBBLE,
     ScheduleError,
@@ -215,9 +216,10 @@ def p2p_bytes_per_rank(
 
 @functools.lru_cache(maxsize=64)
 def split_orders(schedule: str, p: int, n_microbatches: int) -> tuple[tuple, ...]:
-    """Every rank's compute order of a zero-bubble schedule (`schedules.compute_order`, v = 2 for the V-shaped
-    ones), remembered: ZB-H2's list scheduling builds all ranks at once and takes a second at p = 16, m = 128."""
-    v = 2 if schedule in V_SHAPED else 1
+    """Every rank's compute order of a zero-bubble schedule or DualPipe (`schedules.compute_order`, v = 2 for the
+    V-shaped ones and DualPipe's two copies), remembered: ZB-H2's list scheduling builds all ranks at once and takes
+    a second at p = 16, m = 128."""
+    v = 2 if schedule in V_SHAPED + DUAL else 1
     check_schedule(schedule, p, n_microbatches, v)
     return tuple(tuple(compute_order(schedule, p, n_microbatches, r, v)) for r in range(p))
 
@@ -245,10 +247,11 @@ def split_live_counts(schedule: str, p: int, n_microbatches: int, rank: int) -> 
     """What rank `rank` of a zero-bubble schedule holds for its backward after each of its actions, as (saved, kept)
     vectors over its chunks: `saved[c]` microbatches whose forward ran and whose W (or fused backward) has not,
     `kept[c]` of those whose B ran before a deferred W, each keeping the output gradients W needs
-    (`pylib.pp.backward`); only the pairs no other pair dominates. Replayed on the compute order alone."""
+    (`pylib.pp.backward`); only the pairs no other pair dominates. Replayed on the compute order alone. DualPipe
+    ("dualpipe") too: its chunk 0 the rank's model stage r, chunk 1 stage p - 1 - r (`schedules._dualpipe`)."""
     order = split_orders(schedule, p, n_microbatches)[rank]
     deferred = deferred_weights(order)
-    v = 2 if schedule in V_SHAPED else 1
+    v = 2 if schedule in V_SHAPED + DUAL else 1
     saved, kept = [0] * v, [0] * v
     seen = set()
     for a in order:

@@ -89,12 +89,15 @@ class AllToAllDispatcher:
     """Moves token rows between the ranks of `ep_group` (and gathers them inside `etp_group`).
 
     dispatch(x [T, h], experts [T, k], keep [T, k]) -> rows [R, h] grouped by local expert, and the state;
-    combine(y [R, h], state, weights [T, k]) -> out [T, h]."""
+    combine(y [R, h], state, weights [T, k]) -> out [T, h].
+    fused_unpermute: the combine's weighting and sum as one function keeping the expert outputs once
+    (`unpermute(fused=True)`, DeepSeek-V3's storage that `planner.Workload.storage` prices); off by default."""
 
     def __init__(self, n_experts: int, ep_group: AxisGroup, etp_group: AxisGroup):
         self.n_experts, self.ep_group, self.etp_group = n_experts, ep_group, etp_group
         self.ep, self.etp = ep_group.size, etp_group.size
         self.n_local = n_experts // self.ep
+        self.fused_unpermute = False
 
     def prepare(self, x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor | None, capacity: int | None):
         """Everything `dispatch` does before its all-to-all: the rows permuted (padded to `capacity`) and the
@@ -139,7 +142,7 @@ class AllToAllDispatcher:
             y = collectives.all_to_all_uneven(y, *state.splits(back=True), self.ep_group)
         if state.pad_index is not None:
             y = y[state.pad_index]
-        return unpermute(y, state.plan, weights)
+        return unpermute(y, state.plan, weights, fused=self.fused_unpermute)
 
     def _pad(self, rows: torch.Tensor, plan: PermutePlan, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         """rows [A, h] sorted by expert -> [E*C, h] with expert e's n_e <= C rows first in its block of C."""

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from pylib.model.mlp import MLP
+from pylib.model.v3_storage import cached_swiglu_mlp
 from pylib.runtime.sharding import shard
 
 COLUMN = ("gate_proj", "up_proj")  # split along their output rows
@@ -24,7 +25,12 @@ ROW = ("down_proj",)  # split along their input columns
 class LocalExperts(nn.Module):
     """`experts[l]` is global expert `first + l`, holding h_ffn / etp hidden units (slice `etp_rank`).
 
-    forward(rows [R, h], sizes [E_local]) -> [R, h]: rows are grouped by local expert, sizes[l] rows each."""
+    forward(rows [R, h], sizes [E_local]) -> [R, h]: rows are grouped by local expert, sizes[l] rows each.
+    swiglu_fp8 (an `Fp8Recipe`, None by default): each SwiGLU expert keeps its input and the SwiGLU's two inputs in
+    FP8 and recomputes the SwiGLU output in backward (`pylib.model.v3_storage.cached_swiglu_mlp`, DeepSeek-V3's
+    storage that `planner.Workload.storage` prices)."""
+
+    swiglu_fp8 = None
 
     def __init__(self, full_experts, first: int, count: int, etp_rank: int, etp: int):
         super().__init__()
@@ -57,5 +63,8 @@ class LocalExperts(nn.Module):
     def forward(self, rows: torch.Tensor, sizes: list[int]) -> torch.Tensor:
         if sum(sizes) != rows.shape[0]:
             raise ValueError(f"expert block sizes {sizes} sum to {sum(sizes)}, got {rows.shape[0]} rows")
-        outs = [expert(block) for expert, block in zip(self.experts, rows.split(sizes))]
+        if self.swiglu_fp8 is not None:
+            outs = [cached_swiglu_mlp(b, e, self.swiglu_fp8) for e, b in zip(self.experts, rows.split(sizes))]
+        else:
+            outs = [expert(block) for expert, block in zip(self.experts, rows.split(sizes))]
         return torch.cat(outs) if outs else rows

@@ -60,16 +60,41 @@ def permute(
     return x[token], plan
 
 
-def unpermute(rows: torch.Tensor, plan: PermutePlan, weights: torch.Tensor | None = None) -> torch.Tensor:
+def unpermute(
+    rows: torch.Tensor, plan: PermutePlan, weights: torch.Tensor | None = None, *, fused: bool = False
+) -> torch.Tensor:
     """rows [A, h] in permuted order -> out [T, h] with out[t] = sum over t's kept choices j of w[t, j] * row.
 
-    weights [T, k] (None = 1): the router's combine weights; their gradient flows back to the router."""
+    weights [T, k] (None = 1): the router's combine weights; their gradient flows back to the router.
+    fused: the weighting and the sum in one autograd function (`_WeightedUnpermute`), which keeps the rows and
+    their weights but not the weighted rows: autograd's index_add saves its source, so the unfused path keeps
+    [A, h] twice (the rows for the weights' gradient, the weighted rows for index_add's)."""
     if rows.shape[0] != plan.token_index.numel():
         raise ValueError(f"unpermute got {rows.shape[0]} rows, the plan has {plan.token_index.numel()}")
+    if fused and weights is not None:
+        w = weights[plan.token_index, plan.slot_index].to(rows.dtype)
+        return _WeightedUnpermute.apply(rows, w, plan.token_index, plan.n_tokens)
     if weights is not None:
         rows = rows * weights[plan.token_index, plan.slot_index].unsqueeze(-1).to(rows.dtype)
     out = torch.zeros((plan.n_tokens, *rows.shape[1:]), dtype=rows.dtype, device=rows.device)
     return out.index_add(0, plan.token_index, rows)
+
+
+class _WeightedUnpermute(torch.autograd.Function):
+    """out = zeros[T, h].index_add(0, token, rows * w[:, None]), keeping rows, w and token for backward:
+    d rows = w * d out[token], d w = sum over h of rows * d out[token] (DeepSeek-V3's fused combine)."""
+
+    @staticmethod
+    def forward(ctx, rows, w, token, n_tokens):
+        ctx.save_for_backward(rows, w, token)
+        out = rows.new_zeros((n_tokens, *rows.shape[1:]))
+        return out.index_add_(0, token, rows * w.unsqueeze(-1))
+
+    @staticmethod
+    def backward(ctx, dout):
+        rows, w, token = ctx.saved_tensors
+        g = dout[token]
+        return g * w.unsqueeze(-1), (g * rows).sum(-1), None, None
 
 
 def sort_chunks(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

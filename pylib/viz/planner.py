@@ -640,7 +640,8 @@ def _plan_frontier(style, preds, chosen, usable, title):
 
 def fig_moe_memory(labelled: list[tuple[str, P.Prediction]], gpu_memory: float):
     """What each evaluated pipeline rank holds under each of `labelled`'s plans ((label, prediction) pairs), as
-    stacked horizontal bars (parameters, gradients, optimizer state, activations; GB), the GPU's memory as a line:
+    stacked horizontal bars (parameters, gradients, optimizer state, FP8 weight copies where a plan has them,
+    activations; GB), the GPU's memory as a line:
     `calibration.moe_layout_check`'s published layout with the report's recomputation and the plan that fits."""
     from pylib.viz import style
 
@@ -654,9 +655,16 @@ def _moe_memory(style, labelled, gpu_memory):
         ("params", tr("parameters"), style.PARAMS),
         ("grads", tr("gradients"), style.GRADS),
         ("optim", tr("optimizer state"), style.OPTIM),
+        ("fp8", tr("FP8 weight copies"), style.OCHRE),
         ("activations", tr("activations"), style.PURPLE),
     )
-    bars = [(f"{label}\n" + tr("pipeline rank {r}", r=r.pp_rank), r.memory) for label, x in labelled for r in x.ranks]
+    if not any("fp8" in r.memory for _, x in labelled for r in x.ranks):
+        parts = tuple(p for p in parts if p[0] != "fp8")
+    bars = [
+        (f"{label}\n" + tr("pipeline rank {r}", r=r.pp_rank), {k: r.memory.get(k, 0) for k, _, _ in parts})
+        for label, x in labelled
+        for r in x.ranks
+    ]
     fig, ax = style.subplots(figsize=(7, 0.55 * len(bars) + 1.6))
     ys = list(range(len(bars)))[::-1]
     for key, name, colour in parts:
@@ -677,6 +685,6 @@ def _moe_memory(style, labelled, gpu_memory):
     ax.set_yticks(ys, [name for name, _ in bars], fontsize=9)
     ax.set_xlabel(tr("bytes held by one GPU (GB)"), fontsize=10)
     ax.tick_params(labelsize=9)
-    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3 if len(parts) > 4 else 4)
     fig.tight_layout()
     return fig
