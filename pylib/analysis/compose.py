@@ -297,6 +297,8 @@ def _moe_rows(st: _Step, moe_routing, ep_index: int, etp_index: int) -> None:
     padding to capacity no count exchange (every split is C rows per expert, the logged counts); under the
     all-gather dispatcher `_allgather_rows`, whatever the routing."""
     cfg, ep, etp, tp, cp = st.cfg, st.pc.ep, st.pc.etp, st.pc.tp, st.pc.cp
+    if not moe_routing:
+        return
     h, e = cfg.d_model, st.e
     row = h * e
     gather, padded = cfg.moe.dispatcher == "allgather", cfg.moe.pad_to_capacity
