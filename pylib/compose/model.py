@@ -78,9 +78,9 @@ class StepResult:
     parameter buffers; see `step`'s activation_probe); peak_activation_bytes: the most held at once over the schedule.
     reduced: element counts of the TP gradient sums. moe_routing: per MoE forward, (layer, send_counts,
     recv_counts, etp_rows) of the all-to-all dispatch -- what the EP traffic formulas need; under the all-gather
-    dispatcher (layer, None, None, [T]), T the tokens this rank routed (its traffic does not depend on the
-    routing). clip: the global gradient norm and the coefficient applied (`clip.ClipResult`) when the step
-    clipped."""
+    dispatcher (layer, None, None, [R]), R the rows this rank's experts took from the gathered tokens (its
+    traffic does not depend on the routing, its saved activations do). clip: the global gradient norm and the
+    coefficient applied (`clip.ClipResult`) when the step clipped."""
 
     loss: float
     local_loss: float | None
@@ -275,10 +275,8 @@ class ParallelTransformer:
             if is_recomputing():  # the same routing again (recompute="full"): logged once
                 return
             st = module.last_state
-            if isinstance(
-                st, AllGatherState
-            ):  # no counts exchanged: the tokens this rank routed, n of which it gathers
-                self._moe_log.append((layer, None, None, [int(module.last_routing.experts.shape[0])]))
+            if isinstance(st, AllGatherState):  # no counts exchanged: the rows its experts took from the gather
+                self._moe_log.append((layer, None, None, [sum(st.rows_per_local_expert)]))
             else:
                 self._moe_log.append((layer, st.send_counts.clone(), st.recv_counts.clone(), list(st.etp_rows)))
             counts = tokens_per_expert(module.last_routing.experts, module.cfg.n_experts)
