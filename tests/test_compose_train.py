@@ -10,6 +10,10 @@ Five real runs (module-scoped, one launch each) cover the axes, the ZeRO stages,
     super16    16     tp4 cp2 dp2 ep4            MoE every 2nd layer, float64  ZeRO-2  m=1               ring
     dplast8     8     tp2 dp2 pp2 ep2, dp last   MoE every 2nd layer, float64  ZeRO-1  1f1b m=2          -
 
+MOE_PATHS adds nine small runs (2 and 4 ranks, SGD) of a MoE with one shared expert (issue 32): the all-to-all, the
+all-gather (over the etp x ep grid) and the padded all-to-all dispatcher on dp2 x ep2, tp2 (+SP) x ep2 (also with
+etp2) and pp2 x ep2, each equal to the reference and its traffic to the formulas like the runs above.
+
 dplast8 uses Megatron's `--use-tp-pp-dp-mapping` order, tp-cp-ep-pp-dp, which Megatron-Core accepts when etp*ep =
 tp*cp (the dense and the expert layout then agree on every rank's stage).
 
