@@ -867,7 +867,9 @@ def step_flops(cfg, batch: int, seq: int) -> float:
     return 3.0 * forward
 
 
-TRAFFIC_AXES = ("tp", "cp", "pp", "dp-cp", "tp-cp", "ep", "etp", "edp")  # the groups `compose.step_traffic` sends on
+# the groups `compose.step_traffic` sends on in a plan the planner prices (it also sends on "etp-ep", the all-gather
+# dispatcher's grid when etp > 1, which `moe_plan_problems` refuses)
+TRAFFIC_AXES = ("tp", "cp", "pp", "dp-cp", "tp-cp", "ep", "etp", "edp")
 
 
 @functools.lru_cache(maxsize=65536)
