@@ -20,6 +20,8 @@ from pylib.viz.planner import compare
 
 DENSE = tiny().with_(position="rope")
 MOE = DENSE.with_(moe=MoEConfig(n_experts=4, top_k=2))
+SHARED = DENSE.with_(moe=MoEConfig(n_experts=4, top_k=2, n_shared_experts=1))  # a shared expert in each MoE layer
+GATHER = DENSE.with_(moe=MoEConfig(n_experts=4, top_k=2, n_shared_experts=1, dispatcher="allgather"))
 B, S = 8, 16  # global batch [B, S]: 8 sequences of 16 tokens
 
 
@@ -44,16 +46,20 @@ MOE_PLANS = [
     P.Plan(pc(tp=2, dp=2, ep=2, etp=2), RunOptions(sequence_parallel=True, zero_stage=2, n_microbatches=2)),
     P.Plan(pc(dp=2, pp=2, ep=2), RunOptions(n_microbatches=4, v=2)),
 ]
+SHARED_PLANS = [
+    P.Plan(pc(tp=2, dp=2, ep=2), RunOptions(sequence_parallel=True, zero_stage=1, n_microbatches=2)),
+    P.Plan(pc(dp=2, pp=2, ep=2), RunOptions(zero_stage=3, n_microbatches=4, v=2)),
+]
 
 
 @pytest.fixture(scope="module")
 def measured():
     out = {}
-    for cfg, plans in ((DENSE, DENSE_PLANS), (MOE, MOE_PLANS)):
+    for cfg, plans in ((DENSE, DENSE_PLANS), (MOE, MOE_PLANS), (SHARED, SHARED_PLANS), (GATHER, SHARED_PLANS)):
         for plan in plans:
             assert not P.problems(cfg, plan, plan.par.world_size, B, S), plan.describe()
         records = measure_plans(cfg, plans, batch=B, seq=S)
-        out.update({(cfg.moe is not None, plan): (cfg, records[plan]) for plan in plans})
+        out.update({(cfg, plan): (cfg, records[plan]) for plan in plans})
     return out
 
 

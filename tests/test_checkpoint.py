@@ -44,7 +44,8 @@ from pylib.compose.checkpoint import (
 from pylib.experiments.compose_training import train_reference
 from pylib.model import batches, build_model
 from pylib.plan import RunOptions
-from pylib.plan.presets import tiny_gqa
+from pylib.plan.config import MoEConfig
+from pylib.plan.presets import tiny_gqa, tiny_moe
 from pylib.runtime import Mesh, ParallelConfig, RankFailedError, launch
 from tests.conftest import FLOAT64_ATOL
 
@@ -141,7 +142,7 @@ def _run(par, options, start, steps, load_from=None, save_to=None, save_first=No
     if save_first is not None:
         out["save_first"] = save_checkpoint(model, save_first)
     for step in range(start, start + steps):
-        out["losses"].append(model.step(*batches(CFG, BATCH, SEQ, step), measure_memory=False).loss)
+        out["losses"].append(model.step(*batches(cfg, BATCH, SEQ, step), measure_memory=False).loss)
     if save_to is not None:
         out["save"] = save_checkpoint(model, save_to)
     out["params"] = model.parameter_pieces()
@@ -235,6 +236,36 @@ def test_zero1_to_zero3_is_bit_identical_with_one_microbatch(tmp_path):
     _launch(Z1_M1, 0, 4, save_to=tmp_path / "z1-4")
     _launch(Z3_M1, 2, 2, load_from=tmp_path / "z1-2", save_to=tmp_path / "z3-4")
     assert not _exact(read_checkpoint(tmp_path / "z3-4"), read_checkpoint(tmp_path / "z1-4"))
+
+
+@pytest.mark.slow
+def test_shared_experts_are_saved_once_and_load_on_a_mesh_with_pp_and_zero3(tmp_path):
+    """A MoE model with shared experts (the TP-cut dense MLP of each MoE layer, replicated over EP): saved on
+    tp2 x ep2 (ZeRO-1), every full tensor, the shared slices included, stored once and equal to one device's after
+    the same steps; loaded on pp2 x ep2 under ZeRO-3 (each rank reads its own pieces) and trained on, still equal."""
+    cfg = tiny_moe().with_(moe=MoEConfig(n_experts=4, top_k=2, every=2, n_shared_experts=1))
+    saved_on = (ParallelConfig(tp=2, dp=2, ep=2), RunOptions(zero_stage=1, n_microbatches=2))
+    loaded_on = (ParallelConfig(pp=2, dp=2, ep=2), RunOptions(zero_stage=3, schedule="1f1b", n_microbatches=2))
+    first = _launch(saved_on, 0, 2, save_to=tmp_path / "s2", cfg=cfg)
+    saved = read_checkpoint(tmp_path / "s2")
+    shared = {k for k in saved if k.startswith("model.") and ".mlp.shared." in k}
+    assert shared == {f"model.layers.1.mlp.shared.{w}.weight" for w in ("up_proj", "down_proj")}
+    full_bytes = sum(t.numel() * t.element_size() for t in saved.values())
+    assert full_bytes == 3 * sum(p.numel() * 8 for p in build_model(cfg).parameters())
+    assert sum(r["save"].payload_bytes for r in first) == full_bytes
+    ref = train_reference(cfg, steps=3, batch=BATCH, seq=SEQ, lr=LR)
+    two = train_reference(cfg, steps=2, batch=BATCH, seq=SEQ, lr=LR)
+    for k in shared:
+        assert torch.allclose(saved[k], two["params"][k.removeprefix("model.")], rtol=0, atol=FLOAT64_ATOL)
+    then = _launch(loaded_on, 2, 1, load_from=tmp_path / "s2", cfg=cfg)
+    for r in then:
+        assert sum(r["load"].bytes_from().values()) == r["load"].held_bytes > 0
+        for name, index, lo, hi, t in r["loaded_params"]:
+            assert torch.equal(t, saved["model." + name][index].reshape(-1)[lo:hi])
+        assert abs(r["losses"][0] - ref["losses"][2]) <= FLOAT64_ATOL
+        for name, index, lo, hi, t in r["params"]:
+            want = ref["params"][name][index].reshape(-1)[lo:hi]
+            assert torch.allclose(t, want, rtol=0, atol=FLOAT64_ATOL), name
 
 
 # -------------------------------------------------------------------------------------------- crashes

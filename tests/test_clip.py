@@ -13,6 +13,7 @@ against the reference in float64, several meshes inside one launch of 4 ranks to
     pp4                  GQA                                       the stages' sums added
     dp4 DDP, ZeRO-1/2/3  GQA                                       replicas not added; shards added over dp-cp
     tp4, ep4 with p=inf  GQA, MoE                                  the largest |g|: partial maxima reduced by max
+    tp2 ep2 (dp2)        MoE + shared experts, all-gather dispatch   the shared TP slices counted once, as dense
 and the composed meshes on 8 and 16 ranks; then a NaN on one rank, skipped or raised on every rank alike.
 """
 
@@ -34,12 +35,15 @@ from pylib.compose.clip import (
 )
 from pylib.experiments.clipping import clipped_step, compare_clip, reference_clip
 from pylib.plan import RunOptions
+from pylib.plan.config import MoEConfig
 from pylib.plan.presets import tiny_gqa, tiny_moe
 from pylib.runtime import ParallelConfig, launch
 from pylib.runtime.mesh import AxisGroup
 from tests.conftest import FLOAT64_ATOL
 
 DENSE, MOE = tiny_gqa(), tiny_moe()
+# shared experts (dense TP slices, replicated over EP) and the all-gather dispatcher
+SHARED = MOE.with_(moe=MoEConfig(n_experts=4, top_k=2, every=2, n_shared_experts=1, dispatcher="allgather"))
 CLIP = GradClip(0.05)  # below every run's norm (about 0.5): every check clips
 ALONE = AxisGroup("world", (0,), 0, None)  # one rank: the collectives return at once
 
@@ -124,6 +128,7 @@ FOUR = {
     **{f"dp4-zero{z}": (DENSE, ParallelConfig(dp=4), RunOptions(zero_stage=z), CLIP) for z in range(4)},
     "tp4-inf": (DENSE, ParallelConfig(tp=4), RunOptions(), MAX),
     "ep4-inf": (MOE, ParallelConfig(dp=4, ep=4), RunOptions(), MAX),
+    "tp2-ep2-shared": (SHARED, ParallelConfig(tp=2, dp=2, ep=2), RunOptions(), CLIP),
 }
 COMPOSED = {
     "moe8": (MOE, ParallelConfig(tp=2, dp=2, pp=2, ep=4), RunOptions(n_microbatches=2), 8),

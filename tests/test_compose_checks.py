@@ -120,13 +120,15 @@ def test_moe_under_tp_without_sp_is_a_training_rule_only():
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_moe_tp2_without_sp_is_built_refused_in_training_and_evaluates_like_one_device():
+@pytest.mark.parametrize("shared", [0, 1])
+def test_moe_tp2_without_sp_is_built_refused_in_training_and_evaluates_like_one_device(shared):
     """As Megatron-Core's MoELayer.forward (d98e8a6): the model is built, a training step and a training-mode forward
-    raise naming the rule, and the eval-mode forward under no_grad gives one device's loss."""
+    raise naming the rule, and the eval-mode forward under no_grad gives one device's loss. With shared experts
+    their TP slices enter and leave by Megatron's f and g (no SP: both TP ranks hold the same tokens)."""
     from pylib.experiments.compose_pitfalls import build_train_evaluate
     from pylib.experiments.compose_training import train_reference
 
-    cfg = MOE.with_(dtype="float64")
+    cfg = MOE.with_(dtype="float64", moe=MoEConfig(n_experts=4, top_k=2, every=2, n_shared_experts=shared))
     pc = ParallelConfig(tp=2, dp=2, ep=2)
     out = launch(build_train_evaluate, 4, cfg, pc, RunOptions(sequence_parallel=False), batch=4, seq=8)
     ref = train_reference(cfg, steps=1, batch=4, seq=8, data="pattern")["losses"][0]
@@ -169,3 +171,22 @@ def test_from_full_inside_ranks_raises_with_every_problem():
     assert problems[0] == problems[3]
     assert any("tp=4 does not divide n_heads=2" in p for p in problems[0])
     assert any("tp=4 does not divide d_ff=30" in p for p in problems[0])
+
+
+def test_shared_experts_and_both_dispatchers_are_accepted_and_the_shared_h_ffn_must_split_over_tp():
+    """Issue 32: the composed model places shared experts and runs the all-gather dispatcher (the runs:
+    tests/test_compose_train.py, MOE_PATHS). What still cannot run is named before any rank starts: the shared MLP
+    (n_shared_experts x the expert h_ffn) is cut over tp as the dense MLP is."""
+    pc = ParallelConfig(tp=2, dp=2, ep=2)
+    for moe in (
+        MoEConfig(n_experts=4, top_k=2, every=2, n_shared_experts=1),
+        MoEConfig(n_experts=4, top_k=2, every=2, n_shared_experts=2, dispatcher="allgather"),
+        MoEConfig(n_experts=4, top_k=2, every=2, capacity_factor=1.5, pad_to_capacity=True, n_shared_experts=1),
+    ):
+        assert compose_problems(DENSE.with_(moe=moe), pc, 4, batch=8, seq=16) == []
+    odd = DENSE.with_(moe=MoEConfig(n_experts=4, top_k=2, every=2, d_ff=6, n_shared_experts=1))
+    found = compose_problems(odd, ParallelConfig(tp=4, ep=2, dp=1), 4)
+    assert any("tp=4 does not divide the shared experts' h_ffn=6" in p for p in found), found
+    assert not any("shared experts" in p for p in compose_problems(odd, ParallelConfig(tp=2, dp=2, ep=2), 4))
+    with pytest.raises(ComposeConfigError, match="shared experts' h_ffn=6"):
+        check_compose(odd, ParallelConfig(tp=4, ep=2, dp=1), 4)

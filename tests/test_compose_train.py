@@ -10,6 +10,10 @@ Five real runs (module-scoped, one launch each) cover the axes, the ZeRO stages,
     super16    16     tp4 cp2 dp2 ep4            MoE every 2nd layer, float64  ZeRO-2  m=1               ring
     dplast8     8     tp2 dp2 pp2 ep2, dp last   MoE every 2nd layer, float64  ZeRO-1  1f1b m=2          -
 
+MOE_PATHS adds nine small runs (2 and 4 ranks, SGD) of a MoE with one shared expert (issue 32): the all-to-all, the
+all-gather (over the etp x ep grid) and the padded all-to-all dispatcher on dp2 x ep2, tp2 (+SP) x ep2 (also with
+etp2) and pp2 x ep2, each equal to the reference and its traffic to the formulas like the runs above.
+
 dplast8 uses Megatron's `--use-tp-pp-dp-mapping` order, tp-cp-ep-pp-dp, which Megatron-Core accepts when etp*ep =
 tp*cp (the dense and the expert layout then agree on every rank's stage).
 
@@ -39,6 +43,12 @@ MOE_AUX = tiny().with_(
     position="rope",
     moe=MoEConfig(n_experts=4, top_k=2, every=2, aux_loss_coef=0.1, z_loss_coef=0.01, capacity_factor=1.0),
 )
+SHARED = tiny_moe().with_(moe=MoEConfig(n_experts=4, top_k=2, every=2, n_shared_experts=1))
+GATHER = SHARED.with_(moe=MoEConfig(n_experts=4, top_k=2, every=2, n_shared_experts=1, dispatcher="allgather"))
+PADDED = SHARED.with_(
+    moe=MoEConfig(n_experts=4, top_k=2, every=2, n_shared_experts=1, capacity_factor=1.5, pad_to_capacity=True)
+)
+SGD = dict(optimizer=torch.optim.SGD, lr=0.5)  # a gradient's scale shows in the parameters (Adam would hide it)
 MQA = ModelConfig(
     vocab_size=32, d_model=16, n_layers=2, n_heads=4, n_kv_heads=1, d_ff=32, position="rope", dtype="float32"
 )
@@ -81,6 +91,50 @@ RUNS = {
         {},
     ),
 }
+# Shared experts and the other two dispatch paths (issue 32), each on dp2 x ep2 (ep carved from dp), tp2 (+SP) x ep2
+# and pp2 x ep2, one ZeRO stage each
+MOE_PATHS = {
+    "shared-dp2ep2": (SHARED, ParallelConfig(dp=2, ep=2), 2, RunOptions(zero_stage=1, n_microbatches=2), SGD),
+    "shared-tp2ep2": (SHARED, ParallelConfig(tp=2, dp=2, ep=2), 4, RunOptions(zero_stage=3, n_microbatches=2), SGD),
+    "shared-pp2ep2": (
+        SHARED,
+        ParallelConfig(pp=2, dp=2, ep=2),
+        4,
+        RunOptions(zero_stage=2, schedule="1f1b", n_microbatches=2),
+        SGD,
+    ),
+    "gather-dp2ep2": (GATHER, ParallelConfig(dp=2, ep=2), 2, RunOptions(zero_stage=0, n_microbatches=2), SGD),
+    "gather-tp2ep2": (GATHER, ParallelConfig(tp=2, dp=2, ep=2), 4, RunOptions(zero_stage=1, n_microbatches=2), SGD),
+    "gather-tp2ep2etp2": (
+        GATHER,
+        ParallelConfig(tp=2, dp=2, ep=2, etp=2),
+        4,
+        RunOptions(zero_stage=3, n_microbatches=2),
+        SGD,
+    ),
+    "gather-pp2ep2": (
+        GATHER,
+        ParallelConfig(pp=2, dp=2, ep=2),
+        4,
+        RunOptions(zero_stage=1, schedule="1f1b", n_microbatches=2),
+        SGD,
+    ),
+    "padded-pp2ep2": (
+        PADDED,
+        ParallelConfig(pp=2, dp=2, ep=2),
+        4,
+        RunOptions(zero_stage=1, schedule="1f1b", n_microbatches=2),
+        SGD,
+    ),
+    "padded-tp2ep2etp2": (
+        PADDED,
+        ParallelConfig(tp=2, dp=2, ep=2, etp=2),
+        4,
+        RunOptions(zero_stage=2, n_microbatches=2),
+        SGD,
+    ),
+}
+RUNS |= MOE_PATHS
 _cache: dict[str, tuple] = {}
 
 
@@ -155,6 +209,32 @@ def test_float32_mqa_gpipe_zero2_without_sp_trains_like_the_reference():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", list(MOE_PATHS))
+def test_shared_experts_and_each_dispatcher_train_like_the_reference(name):
+    """Shared experts (a dense MLP cut over TP, replicated over EP, reduced over dp-cp as the dense weights) with
+    the all-to-all dispatcher, the all-gather dispatcher (over the etp x ep grid) and the all-to-all padded to
+    capacity: SGD, so every gradient's value, scale included, shows in the parameters."""
+    _assert_trains_like_reference(name, 1e-12)
+    results, _, (cfg, pc, *_rest) = run(name)
+    shared = [row for r in results for row in r["reduction_table"] if ".mlp.shared." in row["name"]]
+    assert shared and all(row["kind"] in ("column", "row") for row in shared)
+    assert all(row["dp_group"] == "dp-cp" and row["pre"] is None and row["scale"] == "1" for row in shared)
+    for r in results:
+        held = {row["name"] for row in r["reduction_table"]}
+        specs = {s.name for s in r["shard_specs"] if s.axis == "pp"}
+        assert {n for n in held if ".mlp.shared." in n} <= specs  # every shared slice has its shard specs
+        traffic, forwards = r["traffic"][0], len(r["moe_routing"])  # MoE forwards of this rank in step 0
+        assert forwards == (2 if pc.pp == 1 or r["coords"]["pp"] == 1 else 0)  # layer 1, m = 2 microbatches
+        grid = traffic.get("ep" if pc.etp == 1 else "etp-ep", {"ops": {}})["ops"]
+        if cfg.moe.dispatcher == "allgather":  # per forward 4 gathers and 3 reduce-scatters, no all-to-all
+            assert "all_to_all" not in {op for t in traffic.values() for op in t["ops"]}
+            assert grid.get("all_gather", 0) == 4 * forwards and grid.get("reduce_scatter", 0) == 3 * forwards
+        else:  # dispatch and combine, forward and backward; the count exchange unless padded to capacity
+            a2a = traffic.get("ep", {"ops": {}})["ops"].get("all_to_all", 0)
+            assert a2a == forwards * (4 if cfg.moe.pad_to_capacity else 5)
+
+
+@pytest.mark.slow
 def test_every_rank_reports_the_global_loss_and_the_replicas_average_to_it():
     for name in ("dense16", "five16", "moe8"):
         results, ref, (cfg, pc, world, options, kw) = run(name)
@@ -178,7 +258,7 @@ def test_traffic_per_axis_equals_the_sum_of_the_per_mode_formulas(name):
         "tp" if pc.tp > 1 else None,
         "cp" if pc.cp > 1 else None,
         "pp" if pc.pp > 1 else None,
-        "ep" if pc.ep > 1 else None,
+        ("etp-ep" if cfg.moe.dispatcher == "allgather" and pc.etp > 1 else "ep") if pc.ep > 1 else None,
         "dp-cp" if pc.dp * pc.cp > 1 else None,
     } - {None}
     assert expected <= axes

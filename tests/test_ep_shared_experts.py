@@ -149,3 +149,34 @@ def test_shared_experts_refuse_a_tp_that_does_not_divide_their_width():
         ExpertParallelMoE(
             moe, AxisGroup("ep", (0,), 0), AxisGroup("etp", (0,), 0), None, AxisGroup("tp", (0, 1, 2, 3), 0)
         )
+
+
+def _shared_without_sp(kind):
+    from pylib.ep.shared import SharedExperts
+
+    mesh = Mesh(ParallelConfig(tp=2))
+    full = seeded_moe(MoEConfig(n_experts=4, top_k=1, n_shared_experts=2), H, F, kind).shared
+    mine = SharedExperts(full, mesh.tp, sequence_parallel=False)
+    x, dy = _data(4)  # the same tokens on both TP ranks, as the TP region holds them without SP
+    x.requires_grad_()
+    y = mine(x)
+    (y * dy).sum().backward()
+    return dict(y=y.detach(), dx=x.grad, grads={ref: (p.grad, idx) for _, p, ref, idx in mine.param_map()})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["gelu", "swiglu"])
+def test_shared_experts_without_sp_enter_and_leave_tp_by_f_and_g(kind):
+    """sequence_parallel=False (the composed model's TP region without SP, evaluation only for a MoE model): the
+    slices see the whole sequence on each TP rank, the input gradient is summed over tp (f's backward) and the
+    output partial sums all-reduced (g): both ranks give the reference's output and input gradient."""
+    full = seeded_moe(MoEConfig(n_experts=4, top_k=1, n_shared_experts=2), H, F, kind).shared
+    x, dy = _data(4)
+    x.requires_grad_()
+    (full(x) * dy).sum().backward()
+    for r in launch(_shared_without_sp, 2, kind):
+        assert_float64_close(r["y"], full(x).detach(), kind)
+        assert_float64_close(r["dx"], x.grad, kind)
+        params = dict(full.named_parameters(prefix="shared"))
+        for ref_name, (g, idx) in r["grads"].items():
+            assert_float64_close(g, params[ref_name].grad[idx], ref_name)

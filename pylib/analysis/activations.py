@@ -129,10 +129,13 @@ def moe_saved_rows(
     tp: int = 1,
     sequence_parallel: bool = False,
     sp_regather: bool = False,
+    dispatcher: str = "alltoall",
 ) -> dict[str, int]:
     """Bytes one `pylib.ep.ExpertParallelMoE` forward keeps, by tensor, for `tokens` tokens on this rank (softmax
     router, no auxiliary loss, no dropping; exact then, an estimate for sigmoid routers and ETP).
     expert_rows: rows this rank's experts received (R); None: `expected_expert_rows`.
+    dispatcher "allgather" (`pylib.ep.gather_dispatcher`): the un-permutation runs on this rank's R rows of the
+    gathered tokens, not on its own T k assignments, so its indices, weights and weighted outputs are R rows.
     With shared experts (`MoEConfig.n_shared_experts`), the analysis' estimate of their MLP, cut over tp as
     `pylib.ep.shared` cuts it: its hidden rows as a dense MLP's (3 f-wide tensors in Megatron's fused layer,
     `sp_regather`), on the TP group's tokens (tokens x tp under SP), and under pylib's SP the gathered input."""
@@ -151,15 +154,32 @@ def moe_saved_rows(
         shared[f"shared experts hidden x {n_hidden} [T, f_s/tp]"] = n_hidden * T_tp * (f_s // tp) * e
         if sp and not sp_regather:  # pylib's column-parallel linear keeps the gathered copy
             shared["shared experts input, gathered [T tp, h]"] = T_tp * h * e
-    return shared | {
+    routed = {
         "router input [T, h]": T * h * e,
         "router scores [T, E]": T * E * e,
-        "chosen experts, permutation, un-permutation [T, k] x 3": 3 * T * k * INT64,
         "expert input rows [R, h]": R * h * e,
         f"expert hidden x {hidden} [R, h_ffn/etp]": hidden * R * ffe * e,
-        "combine weights [T k, 1]": T * k * e,
-        "expert outputs, weighted [T k, h] x 2": 2 * T * k * h * e,
     }
+    if dispatcher == "allgather":
+        return (
+            shared
+            | routed
+            | {
+                "chosen experts [T, k]": T * k * INT64,
+                "permutation, un-permutation [R] x 2": 2 * R * INT64,
+                "combine weights [R, 1]": R * e,
+                "expert outputs, weighted [R, h] x 2": 2 * R * h * e,
+            }
+        )
+    return (
+        shared
+        | routed
+        | {
+            "chosen experts, permutation, un-permutation [T, k] x 3": 3 * T * k * INT64,
+            "combine weights [T k, 1]": T * k * e,
+            "expert outputs, weighted [T k, h] x 2": 2 * T * k * h * e,
+        }
+    )
 
 
 def fp8_saved_input_bytes(tokens: int, features: int, recipe) -> int:
@@ -364,8 +384,16 @@ def layer_saved_rows(
         imbalance = getattr(plan, "routing_imbalance", 1.0)  # the busiest rank's rows (`Plan.routing_imbalance`)
         if expert_rows is None and imbalance != 1.0:
             expert_rows = round(imbalance * expected_expert_rows(tokens, cfg.moe.top_k, etp))
+        dispatcher = getattr(plan, "dispatcher", None) or cfg.moe.dispatcher  # the plan's, else the model's
         moe_rows = moe_saved_rows(
-            cfg, tokens, etp=etp, expert_rows=expert_rows, tp=tp, sequence_parallel=sp, sp_regather=sp_regather
+            cfg,
+            tokens,
+            etp=etp,
+            expert_rows=expert_rows,
+            tp=tp,
+            sequence_parallel=sp,
+            sp_regather=sp_regather,
+            dispatcher=dispatcher,
         )
         if "moe" in modules:  # the layer checkpointed whole: its input, the router's, is all it keeps
             moe_rows = {item: n for item, n in moe_rows.items() if item.startswith("router input")}

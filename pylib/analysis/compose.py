@@ -11,7 +11,11 @@ inside the composition --
     CP        `pylib.analysis.cp`  ring or Ulysses per held layer, with the TP rank's n_head/tp (K/V) heads.
     EP / ETP  `pylib.analysis.ep`  per MoE forward: the count exchange, dispatch and combine all-to-alls (and the
               ETP gather / reduce-scatter), backward the same again; the rows come from the run's routing
-              (data-dependent: the formula takes the dispatch counts, as `alltoall_bytes` does).
+              (data-dependent: the formula takes the dispatch counts, as `alltoall_bytes` does; padded to
+              capacity, C rows per expert and no count exchange). The all-gather dispatcher (cfg.moe.dispatcher)
+              instead gathers the rows, ids and weights of the etp x ep grid and reduce-scatters the outputs, bytes
+              set by the token count alone (`ep.dispatcher_bytes`). Shared experts: a dense MLP's TP rows in every
+              MoE layer (`shared_collectives`).
     PP        `pylib.analysis.pp`  activations and gradients across stage boundaries at [b, s/(cp*tp), h].
     DP        `pylib.analysis.dp`  per flat buffer of the run's layouts: DDP and ZeRO-1 reduce once per step
               (no_sync before a chunk's last microbatch), ZeRO-2 reduce-scatters in every backward (m per step),
@@ -31,7 +35,7 @@ inside the composition --
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pylib.analysis import cp as cp_formulas
 from pylib.analysis import dp as dp_formulas
@@ -146,17 +150,33 @@ def _tp_rows(st: _Step) -> None:
         st.add_collectives("tp", tp_formulas.embedding_collectives(st.b, s_cp, h, tp, e, **kw), m)
     regather = st.sp_regather and st.opt.sequence_parallel
     ops = tp_formulas.layer_collectives(st.b, s_cp, h, tp, e, regather=regather, **kw)
-    # Every layer of a kind issues the same rows: build a dense layer's and a MoE layer's (attention only) once.
+    # Every layer of a kind issues the same rows: build a dense layer's and a MoE layer's once. A MoE layer leaves
+    # TP before routing: its attention's rows, and with shared experts the dense MLP's again (`shared_collectives`).
     of_kind = {}
     for moe, wanted in ((False, ("attn", "mlp")), (True, ("attn",))):
         kind = st.scratch()
         kind.add_collectives("tp", [c for c in ops if c.where.split(".")[0] in wanted], m)
+        if moe:
+            kind.add_collectives("tp", shared_collectives(cfg, st.b, s_cp, tp, st.opt.sequence_parallel), m)
         of_kind[moe] = kind.rows
     for i in st.layers:
         st.rows += of_kind[cfg.is_moe_layer(i)]
     if st.holds_last:
         st.add_collectives("tp", tp_formulas.lm_head_collectives(st.b, s_cp, h, tp, e, regather=regather, **kw), m)
         st.add_collectives("tp", tp_formulas.cross_entropy_collectives(st.b, s_cp, tp, e), m)
+
+
+def shared_collectives(cfg, b: int, s_cp: int, tp: int, sequence_parallel: bool) -> list:
+    """One MoE layer's shared-expert TP collectives per microbatch (none without shared experts, or at tp = 1):
+    those of a dense MLP (`tp.layer_collectives`, "mlp": under SP the all-gather entering and the reduce-scatter
+    leaving, backward their conjugates; without SP the two all-reduces), labelled "shared_experts". Megatron-Core's
+    SharedExpertMLP is an MLP over the TP group (megatron/core/transformer/moe/shared_experts.py at d98e8a6), as
+    `pylib.ep.shared` cuts it."""
+    if tp == 1 or cfg.moe is None or not cfg.moe.n_shared_experts:
+        return []
+    e = tp_formulas.dtype_bytes(cfg.dtype)
+    ops = tp_formulas.layer_collectives(b, s_cp, cfg.d_model, tp, e, sequence_parallel=sequence_parallel)
+    return [replace(c, where="shared_experts") for c in ops if c.where == "mlp"]
 
 
 def _cp_rows(st: _Step) -> None:
@@ -247,24 +267,58 @@ def _recompute_rows(st: _Step, layouts) -> None:
                 )
 
 
+def _allgather_rows(st: _Step) -> None:
+    """One MoE forward under the all-gather dispatcher (`pylib.ep.gather_dispatcher`), over the etp x ep grid (axis
+    "ep" when etp = 1, else "etp-ep"), on the T tokens every rank routes: forward the gathers of the rows, the
+    int64 expert ids and the router weights and the reduce-scatter of the outputs; backward the conjugates of the
+    three differentiable ones (the ids have no gradient)."""
+    cfg, pc, e = st.cfg, st.pc, st.e
+    n = pc.etp * pc.ep
+    if n == 1:
+        return
+    axis = "ep" if pc.etp == 1 else "etp-ep"
+    tokens = st.b * (st.seq // pc.cp) // (pc.tp if st.opt.sequence_parallel else 1)
+    k, row = cfg.moe.top_k, cfg.d_model * e
+    rows, ids, weights = n * tokens * row, n * tokens * k * 8, n * tokens * k * e
+    for phase, op, where, payload in (
+        ("forward", "all_gather", "dispatch", rows),
+        ("forward", "all_gather", "dispatch.ids", ids),
+        ("forward", "all_gather", "combine.weights", weights),
+        ("forward", "reduce_scatter", "combine", rows),
+        ("backward", "reduce_scatter", "dispatch", rows),
+        ("backward", "reduce_scatter", "combine.weights", weights),
+        ("backward", "all_gather", "combine", rows),
+    ):
+        st.add(axis, phase, op, where, 1, _ring(op, payload, n), payload)
+
+
 def _moe_rows(st: _Step, moe_routing, ep_index: int, etp_index: int) -> None:
-    """EP / ETP: per MoE forward, from its routing (layer, send_counts [ep, E_local], recv_counts, etp_rows)."""
+    """EP / ETP: per MoE forward, from its routing (layer, send_counts [ep, E_local], recv_counts, etp_rows); under
+    padding to capacity no count exchange (every split is C rows per expert, the logged counts); under the
+    all-gather dispatcher `_allgather_rows`, whatever the routing."""
     cfg, ep, etp, tp, cp = st.cfg, st.pc.ep, st.pc.etp, st.pc.tp, st.pc.cp
+    if not moe_routing:
+        return
     h, e = cfg.d_model, st.e
     row = h * e
+    gather, padded = cfg.moe.dispatcher == "allgather", cfg.moe.pad_to_capacity
     for _layer, send_counts, recv_counts, etp_rows in moe_routing:
         n_local = cfg.moe.n_experts // ep
-        if ep > 1:
-            st.add("ep", "forward", "all_to_all", "counts", 1, (ep - 1) * n_local * 8, ep * n_local * 8)
+        if gather:
+            _allgather_rows(st)
+        if ep > 1 and not gather:
+            if not padded:
+                st.add("ep", "forward", "all_to_all", "counts", 1, (ep - 1) * n_local * 8, ep * n_local * 8)
             sent_rows, recv_rows = _row_sums(send_counts), _row_sums(recv_counts)
             dispatch = row * (sum(sent_rows) - sent_rows[ep_index])
             combine = row * (sum(recv_rows) - recv_rows[ep_index])
             payload = row * sum(sent_rows)
             st.add("ep", "forward", "all_to_all", "dispatch+combine", 2, dispatch + combine, payload)
             st.add("ep", "backward", "all_to_all", "dispatch+combine", 2, dispatch + combine, payload)
-        if etp > 1:
+        if etp > 1 and not gather:
             counts = etp * ep * n_local * 8
-            st.add("etp", "forward", "all_gather", "counts", 1, _ring("all_gather", counts, etp), counts)
+            if not padded:
+                st.add("etp", "forward", "all_gather", "counts", 1, _ring("all_gather", counts, etp), counts)
             g = ep_formulas.etp_gather_bytes(etp_rows, etp_index, h, e)
             gathered = sum(etp_rows) * row
             st.add("etp", "forward", "all_gather", "dispatch", 1, g["all_gather_sent"], gathered)

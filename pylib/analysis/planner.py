@@ -260,9 +260,9 @@ class Plan:
     all-gather dispatcher's bytes do not depend on the routing; its expert GEMMs do.
     dispatcher: the MoE token dispatcher, "alltoall" or "allgather" (Megatron's MoEAllGatherTokenDispatcher:
     every rank gathers the EP group's tokens, `ep.dispatcher_bytes`); None: the model's
-    (`MoEConfig.dispatcher`). pylib.ep runs both; pylib.compose runs the all-to-all, so "allgather" is the
-    analysis only, as the shared experts are (`MoEConfig.n_shared_experts`: their weights cut over tp and
-    reduced over dp-cp as a dense MLP's, their GEMMs, rows and TP collectives priced by the planner,
+    (`MoEConfig.dispatcher`). pylib.compose runs both (`compose.step_traffic` prices the one in the config the
+    planner hands it, `_dispatched`), and the shared experts (`MoEConfig.n_shared_experts`: their weights cut
+    over tp and reduced over dp-cp as a dense MLP's, their GEMMs, rows and TP collectives,
     `shared_expert_rows`).
     ep_overlap: the EP all-to-alls run under another microbatch's compute (DualPipe's paired forward and backward,
     DeepSeek-V3 technical report section 3.2.1; Megatron's --overlap-moe-expert-parallel-comm): `exposed_seconds`
@@ -401,9 +401,7 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
     """Every constraint `plan` breaks (`pylib.plan.problems`, what `pylib.compose` checks before it runs); empty
     when the composed model runs it; with `plan.group_size` also Megatron's rule for N (`schedules.check_schedule`:
     interleaved only, p <= N <= m, m % N == 0 or m % N >= p)."""
-    out = plan_problems(
-        _slots(_composed(cfg), plan), plan.par, world_size, batch=batch, seq=seq, options=plan.run_options
-    )
+    out = plan_problems(_slots(cfg, plan), plan.par, world_size, batch=batch, seq=seq, options=plan.run_options)
     out += modules_problems(plan.recompute_modules, plan.options.recompute.granularity)
     out += hsdp_problems(plan)
     out += moe_plan_problems(cfg, plan)
@@ -420,13 +418,13 @@ def problems(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> list[str
     return out
 
 
-def _composed(cfg):
-    """`cfg` as `pylib.plan.problems` judges it for the composed model: the MoE parts the planner prices itself
-    (shared experts, the all-gather dispatcher; `Plan`) left out of that judgement, checked in `moe_plan_problems`."""
-    moe = cfg.moe
-    if moe is None or (not moe.n_shared_experts and moe.dispatcher == "alltoall"):
+def _dispatched(cfg, plan: Plan):
+    """`cfg` with the dispatcher the plan prices (`dispatcher_of`), which `compose.step_traffic` reads from the model
+    config; unchanged where the plan keeps the model's, or where `moe_plan_problems` refuses the pair."""
+    moe, d = cfg.moe, dispatcher_of(cfg, plan)
+    if moe is None or moe.dispatcher == d or (d == "allgather" and moe.pad_to_capacity):
         return cfg
-    return replace(cfg, moe=replace(moe, n_shared_experts=0, dispatcher="alltoall"))
+    return replace(cfg, moe=replace(moe, dispatcher=d))
 
 
 def dispatcher_of(cfg, plan: Plan) -> str:
@@ -437,8 +435,8 @@ def dispatcher_of(cfg, plan: Plan) -> str:
 def moe_plan_problems(cfg, plan: Plan) -> list[str]:
     """What the planner cannot price for a MoE model: recompute="full" (a MoE layer recomputed whole dispatches
     again in an order the traffic model does not follow; Megatron's selective "moe" module is priced instead);
-    the shared experts' h_ffn not divisible by tp; the all-gather dispatcher with etp > 1 or with padding to
-    capacity; either MoE knob on a dense model."""
+    the all-gather dispatcher with etp > 1 or with padding to capacity; either MoE knob on a dense model. (The
+    shared experts' h_ffn over tp is `pylib.plan.problems`' rule.)"""
     out = []
     if cfg.moe is None:
         if plan.dispatcher is not None or plan.routing_imbalance != 1.0:
@@ -446,9 +444,6 @@ def moe_plan_problems(cfg, plan: Plan) -> list[str]:
         return out
     if plan.options.recompute.granularity == "full":
         out.append(FULL_MOE)
-    f_s = recompute_analysis.shared_ff(cfg)
-    if f_s % plan.par.tp:
-        out.append(f"tp={plan.par.tp} does not divide the shared experts' h_ffn={f_s}")
     if dispatcher_of(cfg, plan) == "allgather":
         if plan.par.etp > 1:
             out.append(f"the all-gather dispatcher is priced over the EP group alone: etp={plan.par.etp} must be 1")
@@ -883,7 +878,9 @@ def step_flops(cfg, batch: int, seq: int) -> float:
     return 3.0 * forward
 
 
-TRAFFIC_AXES = ("tp", "cp", "pp", "dp-cp", "tp-cp", "ep", "etp", "edp")  # the groups `compose.step_traffic` sends on
+# the groups `compose.step_traffic` sends on in a plan the planner prices (it also sends on "etp-ep", the all-gather
+# dispatcher's grid when etp > 1, which `moe_plan_problems` refuses)
+TRAFFIC_AXES = ("tp", "cp", "pp", "dp-cp", "tp-cp", "ep", "etp", "edp")
 
 
 @functools.lru_cache(maxsize=65536)
@@ -1050,67 +1047,17 @@ def rank_traffic_rows(
     with."""
     layouts = flat_layouts(cfg, plan, pp_rank) if layouts is None else layouts
     coords = dict(coords or {}) | {"pp": pp_rank}
-    rows = _traffic_rows(cfg, plan, batch, seq, coords, layouts, moe_routing)
-    if cfg.moe is not None and dispatcher_of(cfg, plan) == "allgather":
-        rows = allgather_dispatch_rows(cfg, plan, batch, seq, pp_rank, rows)
-    rows += shared_expert_rows(cfg, plan, batch, seq, pp_rank)
+    rows = _traffic_rows(_dispatched(cfg, plan), plan, batch, seq, coords, layouts, moe_routing)
     rows += moe_recompute_rows(plan, rows)
     rows = _v_rows(plan, rows, pp_rank)
     return _hsdp_rows(plan, rows) + module_traffic_rows(cfg, plan, batch, seq, pp_rank)
 
 
-def _held_moe_layers(cfg, plan: Plan, pp_rank: int) -> int:
-    held = [i for _, c in rank_chunks(cfg, plan, pp_rank) for i in c]
-    return sum(cfg.is_moe_layer(i) for i in held)
-
-
-def allgather_dispatch_rows(cfg, plan: Plan, batch: int, seq: int, pp_rank: int, rows: list) -> list:
-    """`rows` with the all-to-all dispatcher's EP rows replaced by the all-gather dispatcher's
-    (`ep.dispatcher_bytes("allgather")`, n = ep): per MoE forward the gathers of the rows and of the routing
-    (ids, weights) and the reduce-scatter of the outputs, backward their conjugates, the same bytes again."""
-    par = plan.par
-    if par.ep == 1:
-        return rows
-    e = dtype_bytes(cfg.dtype)
-    s_out = seq // par.cp // (par.tp if plan.options.sequence_parallel and par.tp > 1 else 1)
-    T, k, h = plan.micro_batch(batch) * s_out, cfg.moe.top_k, cfg.d_model
-    parts = ep_analysis.dispatcher_bytes("allgather", T, k, h, e, par.ep)
-    n = plan.options.n_microbatches * _held_moe_layers(cfg, plan, pp_rank)
-    kept = [r for r in rows if r.axis != "ep" or r.phase not in ("forward", "backward")]
-    op = {"gather_rows": "all_gather", "gather_routing": "all_gather", "reduce_scatter": "reduce_scatter"}
-    payload = {"gather_rows": par.ep * T * h * e, "gather_routing": par.ep * T * k * (8 + e)}
-    payload["reduce_scatter"] = payload["gather_rows"]
-    out = [
-        compose_analysis.Traffic("ep", phase, op[part], f"allgather.{part}", n, n * parts[part], payload[part])
-        for phase in ("forward", "backward")
-        for part in op
-        if n
-    ]
-    return kept + out
-
-
 def shared_expert_rows(cfg, plan: Plan, batch: int, seq: int, pp_rank: int) -> list:
-    """The shared experts' TP collectives (`MoEConfig.n_shared_experts`, tp > 1): in every held MoE layer those of a
-    dense MLP (`tp.layer_collectives`, "mlp": under SP the all-gather entering and the reduce-scatter leaving,
-    backward their conjugates; without SP the all-reduces), per microbatch; Megatron's SharedExpertMLP is an MLP
-    over the TP group (megatron/core/transformer/moe/shared_experts.py at d98e8a6), as `pylib.ep.shared` cuts it."""
-    par = plan.par
-    if par.tp == 1 or not recompute_analysis.shared_ff(cfg):
-        return []
-    n = plan.options.n_microbatches * _held_moe_layers(cfg, plan, pp_rank)
-    collectives = tp_analysis.layer_collectives(
-        plan.micro_batch(batch),
-        seq // par.cp,
-        cfg.d_model,
-        par.tp,
-        dtype_bytes(cfg.dtype),
-        sequence_parallel=plan.options.sequence_parallel,
-    )
-    return [
-        compose_analysis.Traffic("tp", c.phase, c.op, "shared_experts", n, n * c.bytes_sent, c.payload_bytes)
-        for c in collectives
-        if c.where == "mlp" and n
-    ]
+    """The shared experts' TP collectives among this rank's step rows (`MoEConfig.n_shared_experts`, tp > 1):
+    `compose.shared_collectives` in every held MoE layer, per microbatch (where "shared_experts")."""
+    rows = rank_traffic_rows(cfg, plan, batch, seq, pp_rank)
+    return [r for r in rows if r.where == "shared_experts"]
 
 
 def moe_recompute_rows(plan: Plan, rows: list) -> list:

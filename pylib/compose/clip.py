@@ -11,10 +11,11 @@ per family adds the partial sums over the ranks that hold different elements:
 
     family  counted on this rank                                      partial sums added over
     ------  --------------------------------------------------------  -------------------------------------------
-    dense   TP slices (vocab, column, row) everywhere; a copy held    tp-pp under DDP (the dp-cp replicas hold
-            on every TP rank (LayerNorms, the router) on TP rank 0    the same gradient: added once); the world
-            only; a K/V head copied on r TP ranks on the first of     under ZeRO (each dp-cp rank holds its own
-            the r                                                     shard: all added)
+    dense   TP slices (vocab, column, row; the shared experts'        tp-pp under DDP (the dp-cp replicas hold
+            too) everywhere; a copy held on every TP rank             the same gradient: added once; EP ranks of
+            (LayerNorms, the router) on TP rank 0 only; a K/V head    a shared slice are among them); the world
+            copied on r TP ranks on the first of the r                under ZeRO (each dp-cp rank holds its own
+                                                                      shard: all added)
     expert  every held expert slice (ETP x EP split)                  etp-ep-pp under DDP (edp replicas); the
                                                                       world under ZeRO (edp shards)
 

@@ -10,7 +10,8 @@ Who holds what (each rank keeps only its shards):
     PP   this rank's v chunks (virtual stages c*pp + pp_rank), `pylib.pp`'s layer split
     TP   heads, h_ffn and vocabulary rows of its TP index; SP: LayerNorm and residual on s/(cp*tp) tokens
     CP   its zig-zag part of the sequence; attention over CP by ring or Ulysses at the true positions
-    EP   E/ep experts of every MoE layer (h_ffn/etp of each), on the folded expert groups
+    EP   E/ep experts of every MoE layer (h_ffn/etp of each), on the folded expert groups; the shared experts (if
+         any) as TP holds the dense MLP, the same slice on every EP rank
     DP   rows [d*B/dp, (d+1)*B/dp) of the batch; the optimizer (ZeRO-1/2: its state, ZeRO-3: also the parameters
          and gradients) sharded over dp-cp (dense) or edp (experts) by `pylib.dp`
 
@@ -35,6 +36,7 @@ from pylib.dp.batch import micro_batch
 from pylib.dp.buckets import DEFAULT_BUCKET_BYTES
 from pylib.dp.memory import HeldBytes
 from pylib.dp.wrap import wrap
+from pylib.ep.gather_dispatcher import AllGatherState
 from pylib.i18n import tr
 from pylib.model import torch_dtype
 from pylib.model.moe import tokens_per_expert
@@ -75,8 +77,10 @@ class StepResult:
     saved per (microbatch, chunk) forward, parameters excluded (`probe.SavedProbe`; under ZeRO-3 also the gathered
     parameter buffers; see `step`'s activation_probe); peak_activation_bytes: the most held at once over the schedule.
     reduced: element counts of the TP gradient sums. moe_routing: per MoE forward, (layer, send_counts,
-    recv_counts, etp_rows) of the dispatch -- what the EP traffic formulas need. clip: the global gradient norm
-    and the coefficient applied (`clip.ClipResult`) when the step clipped."""
+    recv_counts, etp_rows) of the all-to-all dispatch -- what the EP traffic formulas need; under the all-gather
+    dispatcher (layer, None, None, [R]), R the rows this rank's experts took from the gathered tokens (its
+    traffic does not depend on the routing, its saved activations do). clip: the global gradient norm and the
+    coefficient applied (`clip.ClipResult`) when the step clipped."""
 
     loss: float
     local_loss: float | None
@@ -271,7 +275,10 @@ class ParallelTransformer:
             if is_recomputing():  # the same routing again (recompute="full"): logged once
                 return
             st = module.last_state
-            self._moe_log.append((layer, st.send_counts.clone(), st.recv_counts.clone(), list(st.etp_rows)))
+            if isinstance(st, AllGatherState):  # no counts exchanged: the rows its experts took from the gather
+                self._moe_log.append((layer, None, None, [sum(st.rows_per_local_expert)]))
+            else:
+                self._moe_log.append((layer, st.send_counts.clone(), st.recv_counts.clone(), list(st.etp_rows)))
             counts = tokens_per_expert(module.last_routing.experts, module.cfg.n_experts)
             self._step_counts[layer] = self._step_counts.get(layer, 0) + counts
 

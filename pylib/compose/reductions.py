@@ -9,6 +9,8 @@ parameter is held (the table the book prints, `reduction_table`):
     tied embed (pp > 1)     first stage: embed,     its own use (input or output)    average over dp-cp, then sum
                             last stage: a copy                                       over the embedding group
     q k v o, up gate down   a TP slice              the replica's s/cp tokens        average over dp-cp
+    shared experts          a TP slice, the same    the replica's s/cp tokens        average over dp-cp (its EP
+                            on every EP rank                                         ranks included)
     LayerNorms (SP)         whole on each TP rank   its s/(cp*tp) tokens             sum over tp, average over dp-cp
     k, v (GQA, tp > n_kv)   one K/V head, copied    its own query heads' share       sum over the head's copies
                             on tp/n_kv ranks                                         (tp), average over dp-cp
@@ -155,7 +157,8 @@ def _layer_pieces(pre: str, layer) -> list[ParamInfo]:
 
 
 def _moe_pieces(pre: str, mlp) -> list[ParamInfo]:
-    """The router (replicated) and each expert's weight, whose full shape is the ETP-sharded axis times etp."""
+    """The router (replicated), each expert's weight, whose full shape is the ETP-sharded axis times etp, and the
+    shared experts' TP slices (column: up / gate, row: down; a dense MLP's kinds, so reduced as its weights are)."""
     out = []
     for local, p, ref, index in mlp.param_map():
         kind = "router" if local.startswith("router.") else "expert"
@@ -166,6 +169,15 @@ def _moe_pieces(pre: str, mlp) -> list[ParamInfo]:
             shape[d] = shape[d] * mlp.etp_group.size
             full_shape = tuple(shape)
         out.append(_info(f"{pre}mlp.{local}", p, index, kind, full_shape, ref=f"{pre}mlp.{ref}"))
+    if mlp.shared is not None:
+        tp = mlp.shared.tp_group.size
+        for local, p, ref, index in mlp.shared.param_map():
+            d = len(index) - 1  # (rows,) for up / gate, (all, columns) for down
+            full = list(p.shape)
+            full[d] *= tp
+            out.append(
+                _info(f"{pre}mlp.{local}", p, index, "row" if d else "column", tuple(full), ref=f"{pre}mlp.{ref}")
+            )
     return out
 
 

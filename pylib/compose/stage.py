@@ -9,12 +9,16 @@ part on the same activations:
                        attention core = ring / Ulysses over CP at the zig-zag positions, W_O, reduce-scatter
                        dense MLP:  TPMLP (h_ffn/tp), the same SP crossings
                        MoE:        ExpertParallelMoE on this rank's s/(cp*tp) tokens (router replicated; experts
-                                   over the folded EP x ETP groups: all-to-all dispatch and combine)
+                                   over the folded EP x ETP groups: all-to-all dispatch and combine, or the
+                                   all-gather dispatcher over the etp x ep grid; shared experts, if any, cut over
+                                   TP as the dense MLP, with its SP crossings, and replicated over EP)
       ln_f, lm_head    all-gather -> logits [b, s/cp, V/tp]
       loss             vocab-parallel cross-entropy, mean over this rank's b * s/cp tokens (same on every TP rank)
 
 Parameter names are the reference model's ("layers.3.attn.q_proj.weight"), except the experts a rank holds,
-which are numbered locally ("layers.3.mlp.experts.experts.0.up_proj.weight"; `reference_index` maps them back).
+which are numbered locally ("layers.3.mlp.experts.experts.0.up_proj.weight"; `reductions.parameter_map` maps them back),
+and the shared experts' slices ("layers.3.mlp.shared.mlp.up_proj.weight", the reference's "layers.3.mlp.shared.
+up_proj.weight").
 """
 
 from __future__ import annotations
@@ -64,7 +68,13 @@ def build_layer(block, mesh, options: RunOptions) -> TPBlock:
     if hasattr(block.mlp, "router"):
         aux = cfg.moe.aux_loss_coef or cfg.moe.z_loss_coef
         mlp = ExpertParallelMoE.from_full(
-            block.mlp, ep_group=mesh.ep, etp_group=mesh.etp, aux_group=mesh["tp-cp"] if aux else None
+            block.mlp,
+            ep_group=mesh.ep,
+            etp_group=mesh.etp,
+            aux_group=mesh["tp-cp"] if aux else None,
+            tp_group=tp,  # the shared experts: cut over TP as the dense MLP, replicated over EP
+            grid_group=mesh["etp-ep"] if mesh.etp.size > 1 else None,  # the all-gather dispatcher's (etp = 1: ep)
+            sequence_parallel=sequence_parallel,
         )
         if aux:
             k = Fraction(mesh.cp.size, options.n_microbatches)

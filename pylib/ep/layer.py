@@ -77,6 +77,7 @@ class ExpertParallelMoE(nn.Module):
         aux_group: AxisGroup | None,
         tp_group: AxisGroup | None = None,
         grid_group: AxisGroup | None = None,
+        sequence_parallel: bool = True,
     ):
         super().__init__()
         cfg = moe.cfg
@@ -103,7 +104,7 @@ class ExpertParallelMoE(nn.Module):
         else:
             self.dispatcher = AllToAllDispatcher(cfg.n_experts, ep_group, etp_group)
         self.tp_group = tp_group if tp_group is not None else _single("tp")
-        self.shared = None if moe.shared is None else SharedExperts(moe.shared, self.tp_group)
+        self.shared = None if moe.shared is None else SharedExperts(moe.shared, self.tp_group, sequence_parallel)
         device = moe.router.gate.weight.device
         self.register_buffer(
             "routed_counts", torch.zeros(cfg.n_experts, dtype=torch.int64, device=device), persistent=False
@@ -115,7 +116,15 @@ class ExpertParallelMoE(nn.Module):
 
     @classmethod
     def from_full(
-        cls, moe: MoE, *, ep_group=None, etp_group=None, aux_group=None, tp_group=None, grid_group=None
+        cls,
+        moe: MoE,
+        *,
+        ep_group=None,
+        etp_group=None,
+        aux_group=None,
+        tp_group=None,
+        grid_group=None,
+        sequence_parallel: bool = True,
     ) -> ExpertParallelMoE:
         """Keep this rank's experts (and ETP slices) of the reference `moe`.
 
@@ -124,13 +133,14 @@ class ExpertParallelMoE(nn.Module):
         tp_group: the dense TP group the shared experts are cut over, its ranks holding sequence shards of the
         same sequences (None = each rank computes the whole shared MLP on its own tokens).
         grid_group: the etp x ep ranks the all-gather dispatcher gathers over (None = the EP group; needed when
-        cfg.dispatcher == "allgather" and etp > 1)."""
+        cfg.dispatcher == "allgather" and etp > 1). sequence_parallel: whether the ranks of tp_group hold sequence
+        shards (True) or the same tokens (False: the shared experts enter and leave TP by Megatron's f and g)."""
         ep = collectives.resolve_group(ep_group)
         etp = _single("etp") if etp_group is None else collectives.resolve_group(etp_group)
         aux = None if aux_group is None else collectives.resolve_group(aux_group)
         tp = None if tp_group is None else collectives.resolve_group(tp_group)
         grid = None if grid_group is None else collectives.resolve_group(grid_group)
-        return cls(moe, ep, etp, aux, tp, grid)
+        return cls(moe, ep, etp, aux, tp, grid, sequence_parallel)
 
     @classmethod
     def from_mesh(cls, moe: MoE, mesh, *, aux_group: str | None = "tp-cp") -> ExpertParallelMoE:

@@ -11,8 +11,11 @@ shared MLP never meets the router or the dispatcher; it sees the same tokens the
     partial  --reduce-scatter over tp (dim 1)-->  y [b, s/tp, h]           (backward: all-gather)
 
 The tokens of one TP group are the sequence shards of the same sequences (sequence parallelism), so the gather is
-along the sequence. Ranks of the EP group outside this TP group hold the same slice for other tokens: their
-gradients add up over the data-parallel ranks, as a dense MLP's do (`ExpertParallelMoE.reduce_shared_grad`).
+along the sequence. Without sequence parallelism (sequence_parallel=False: every TP rank holds the same tokens, as
+the composed model's TP region does when SP is off) the crossings are Megatron's f and g instead: the input enters
+unchanged (backward: all-reduce over tp) and the partial sums leave through an all-reduce (backward: identity).
+Ranks of the EP group outside this TP group hold the same slice for other tokens: their gradients add up over the
+data-parallel ranks, as a dense MLP's do (`ExpertParallelMoE.reduce_shared_grad`).
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ from .experts import LocalExperts
 class SharedExperts(nn.Module):
     """Slice `tp_group.rank` of the reference's shared MLP `full` (h_ffn split `tp_group.size` ways).
 
-    forward(x [b, s_local, h]) -> [b, s_local, h]: this rank's tokens, a sequence shard of the TP group's."""
+    forward(x [b, s_local, h]) -> [b, s_local, h]: this rank's tokens, a sequence shard of the TP group's
+    (sequence_parallel=False: the TP group's tokens, the same on each of its ranks)."""
 
-    def __init__(self, full: MLP, tp_group: AxisGroup):
+    def __init__(self, full: MLP, tp_group: AxisGroup, sequence_parallel: bool = True):
         super().__init__()
-        self.tp_group = tp_group
+        self.tp_group, self.sequence_parallel = tp_group, sequence_parallel
         d_ff = full.up_proj.weight.shape[0]
         if d_ff % tp_group.size:
             raise ValueError(f"tp={tp_group.size} does not divide the shared experts' h_ffn={d_ff}")
@@ -54,6 +58,11 @@ class SharedExperts(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.sequence_parallel:
+            with tag("shared"):
+                return collectives.reduce_from_group(
+                    self.mlp(collectives.copy_to_group(x, self.tp_group)), self.tp_group
+                )
         if self.tp_group.size > 1 and x.dim() != 3:
             raise ValueError(
                 f"the shared experts gather the tp={self.tp_group.size} sequence shards along dim 1 of x [b, s, h]; "

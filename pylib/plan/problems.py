@@ -154,6 +154,17 @@ def _tp_problems(out: list[str], cfg, par) -> None:
             out, tp, cfg.d_ff, N_("tp={tp} does not divide d_ff={n} (h_ffn of the dense MLP layers)"), tp=tp, n=cfg.d_ff
         )
     _divides(out, tp, cfg.vocab_size, N_("tp={tp} does not divide vocab_size={n}"), tp=tp, n=cfg.vocab_size)
+    shared = getattr(cfg.moe, "n_shared_experts", 0) if _layer_kinds(cfg)[0] else 0
+    if shared:  # one dense MLP of n_shared * (expert h_ffn) units, cut over TP as the dense MLP is
+        f_s = shared * (cfg.moe.d_ff or cfg.d_ff)
+        _divides(
+            out,
+            tp,
+            f_s,
+            N_("tp={tp} does not divide the shared experts' h_ffn={n} (n_shared_experts x the expert h_ffn)"),
+            tp=tp,
+            n=f_s,
+        )
 
 
 def _ep_sizes(out: list[str], cfg, par) -> None:
@@ -256,18 +267,6 @@ def _choice_problems(out: list[str], cfg, par, opt: RunOptions) -> None:
         # etp > 1 is accepted: as in Megatron-Core (whose expert_tensor_parallel_size defaults to tp), it shapes only
         # the expert rank layout, which the order rules of ParallelConfig check; Megatron's own dp-last tests of a
         # dense model set it to tp*cp
-    moe = cfg.moe if _layer_kinds(cfg)[0] else None
-    if moe is not None and getattr(moe, "n_shared_experts", 0):
-        out.append(
-            f"n_shared_experts={moe.n_shared_experts}: the composed model does not place shared experts yet (its "
-            "parameter table and gradient reductions list the router and the routed experts only; "
-            "pylib.ep.ExpertParallelMoE runs them alone)"
-        )
-    if moe is not None and getattr(moe, "dispatcher", "alltoall") != "alltoall":
-        out.append(
-            f"dispatcher={moe.dispatcher!r}: the composed model logs and predicts the all-to-all dispatcher's traffic "
-            "only (pylib.ep.ExpertParallelMoE runs both dispatchers alone)"
-        )
 
 
 def training_problems(cfg, par, options: RunOptions | None = None) -> list[str]:
