@@ -314,6 +314,29 @@ def fp8_rows(
     return out
 
 
+def _moe_layer_rows(cfg, plan, tokens: int, expert_rows, modules, sp: bool) -> tuple[dict[str, int], int | None]:
+    """(the MoE MLP's saved rows, the busiest rank's expert rows) for `layer_saved_rows`: `moe_saved_rows` with the
+    plan's routing imbalance and dispatcher; the `moe` recompute module keeps the router's input alone."""
+    par = plan.par
+    imbalance = getattr(plan, "routing_imbalance", 1.0)  # the busiest rank's rows (`Plan.routing_imbalance`)
+    if expert_rows is None and imbalance != 1.0:
+        expert_rows = round(imbalance * expected_expert_rows(tokens, cfg.moe.top_k, par.etp))
+    dispatcher = getattr(plan, "dispatcher", None) or cfg.moe.dispatcher  # the plan's, else the model's
+    moe_rows = moe_saved_rows(
+        cfg,
+        tokens,
+        etp=par.etp,
+        expert_rows=expert_rows,
+        tp=par.tp,
+        sequence_parallel=sp,
+        sp_regather=plan.sp_regather,
+        dispatcher=dispatcher,
+    )
+    if "moe" in modules:  # the layer checkpointed whole: its input, the router's, is all it keeps
+        moe_rows = {item: n for item, n in moe_rows.items() if item.startswith("router input")}
+    return moe_rows, expert_rows
+
+
 def layer_saved_rows(
     cfg,
     layer: int,
@@ -381,22 +404,7 @@ def layer_saved_rows(
     if cfg.is_moe_layer(layer):
         for item in MLP_ROWS:
             rows.pop(item, None)
-        imbalance = getattr(plan, "routing_imbalance", 1.0)  # the busiest rank's rows (`Plan.routing_imbalance`)
-        if expert_rows is None and imbalance != 1.0:
-            expert_rows = round(imbalance * expected_expert_rows(tokens, cfg.moe.top_k, etp))
-        dispatcher = getattr(plan, "dispatcher", None) or cfg.moe.dispatcher  # the plan's, else the model's
-        moe_rows = moe_saved_rows(
-            cfg,
-            tokens,
-            etp=etp,
-            expert_rows=expert_rows,
-            tp=tp,
-            sequence_parallel=sp,
-            sp_regather=sp_regather,
-            dispatcher=dispatcher,
-        )
-        if "moe" in modules:  # the layer checkpointed whole: its input, the router's, is all it keeps
-            moe_rows = {item: n for item, n in moe_rows.items() if item.startswith("router input")}
+        moe_rows, expert_rows = _moe_layer_rows(cfg, plan, tokens, expert_rows, modules, sp)
         rows.update(moe_rows)
     dropped = recompute_analysis.module_dropped_rows(
         rows,
