@@ -81,8 +81,9 @@ def test_fields_match(message):
 
 
 def test_every_call_passes_its_fields():
-    """A tr(...) call's keyword arguments are exactly its message's fields (a chapter cell fails late otherwise).
-    A message marked N_(...) gets its fields where tr formats it, which raises `MissingField` naming one left out."""
+    """A tr(...) or later(...) call's keyword arguments are exactly its message's fields (a chapter cell fails late
+    otherwise). A message marked N_(...) gets its fields where tr formats it, which raises `MissingField` naming one
+    left out."""
     bad = []
     for where, node, message in TR_CALLS:
         kws = {k.arg for k in node.keywords}

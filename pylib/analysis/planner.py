@@ -83,7 +83,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
-from pylib.i18n import editions
+from pylib.i18n import editions, unspoken
 from pylib.plan.config import DISPATCHERS
 from pylib.plan.fields import choice, instance, names, number
 from pylib.plan.fields import divisors as _divisors  # by factorisation: 2**40 ranks or a prime answer at once
@@ -635,11 +635,18 @@ def enumerate_plans(cfg, world_size: int, batch: int, seq: int, space: SearchSpa
                                             with_n = plan if n is None else replace(plan, group_size=n)
                                             for hs in _with_hsdp(with_n, sp_.hsdp_shards):
                                                 for one in _with_dispatchers(hs, moe, sp_.dispatchers):
-                                                    if one in seen or problems(cfg, one, world_size, batch, seq):
+                                                    if one in seen or _breaks(cfg, one, world_size, batch, seq):
                                                         continue
                                                     seen.add(one)
                                                     out.append(one)
     return out
+
+
+def _breaks(cfg, plan: Plan, world_size: int, batch: int, seq: int) -> bool:
+    """Whether `plan` breaks a constraint (`problems`), the reasons made unspoken: the search shows none of them, so
+    its result does not depend on the language."""
+    with unspoken():
+        return bool(problems(cfg, plan, world_size, batch, seq))
 
 
 def _moe_knobs(plan: Plan, moe: bool, space: SearchSpace) -> Plan:

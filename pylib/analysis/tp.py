@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pylib.i18n import tr
+from pylib.i18n import Said, later
 from pylib.plan.options import DTYPE_BYTES  # the one dtype -> bytes table
 from pylib.plan.vocab import padded_vocab_size
 
@@ -191,14 +191,20 @@ class MemoryRow:
     relation: "same" (the same tensor; ours = paper * e / 2, the paper counting 2-byte elements),
     "paper only" (the paper keeps it, we do not: dropout), "ours only" (we keep it, the paper neglects it or
     has no such tensor), "different" (the same role, a different size: see `why`). `item` and `relation` are
-    keys (code compares them; `pylib.viz.tp_tables` shows them in the reader's language); `why` is written in the
-    reader's language (pylib.i18n)."""
+    keys (code compares them; `pylib.viz.tp_tables` shows them in the reader's language); `why` says the reason in
+    the reader's language (pylib.i18n), translated when it is read: the planner computes these rows thousands of
+    times per search and reads only their bytes (and a search that never translates is one result for both
+    editions of the book, `pylib.i18n.editions`)."""
 
     item: str
     paper_bytes: float
     ours_bytes: int
     relation: str
-    why: str
+    reason: Said  # `why`, said when it is read
+
+    @property
+    def why(self) -> str:
+        return str(self.reason)
 
 
 @dataclass(frozen=True)
@@ -226,21 +232,21 @@ def _norm_and_input_rows(z: _LayerSizes) -> list[MemoryRow]:
     if z.gathered:
         rel, why = (
             "different",
-            tr(
+            later(
                 "SP without regather keeps the gathered [b, s, h]; Megatron keeps the s/t slice and "
                 "all-gathers it again in backward (regather=True)"
             ),
         )
     else:
-        rel, why = "same", tr("the input of the column-parallel linears")
-    stats_why = tr("2 numbers per token per LayerNorm; the paper neglects them (O(sb), not O(sbh))")
+        rel, why = "same", later("the input of the column-parallel linears")
+    stats_why = later("2 numbers per token per LayerNorm; the paper neglects them (O(sb), not O(sbh))")
     return [
         MemoryRow(
             "LayerNorm inputs (LN1, LN2)",
             4 * z.sbh * z.p_out,
             2 * e * b * so * h,
             "same",
-            tr("outside the TP region: s/t tokens under SP"),
+            later("outside the TP region: s/t tokens under SP"),
         ),
         MemoryRow("LayerNorm mean and 1/std", 0, 2 * 2 * e * b * so, "ours only", stats_why),
         MemoryRow("QKV input (LN1 output)", 2 * z.sbh * z.p_out, e * b * z.s_in * h, rel, why),
@@ -253,15 +259,15 @@ def _attention_rows(z: _LayerSizes) -> list[MemoryRow]:
     cfg, e, b, s, t, sbh = z.cfg, z.e, z.b, z.s, z.t, z.sbh
     a, dh = cfg.n_heads, cfg.d_head
     a_l = a // t
-    gqa = tr("under GQA our core expands K to n_head/t heads before the matmul, so K costs as in MHA")
-    softmax = tr("[b, n_head/t, s, s]: the 5as/h term is this, the dropout mask and the dropout output")
-    mask = tr("our core keeps an [s, s] bool mask (1 byte each); the paper's fused kernel builds it on the fly")
-    rope = tr("GPT-3 has learned positions; RoPE keeps cos and sin [s, d_head] for Q and again for K")
-    no_dropout = tr("no dropout: the softmax output itself feeds the matmul with V")
-    none = tr("no dropout in our model")
+    gqa = later("under GQA our core expands K to n_head/t heads before the matmul, so K costs as in MHA")
+    softmax = later("[b, n_head/t, s, s]: the 5as/h term is this, the dropout mask and the dropout output")
+    mask = later("our core keeps an [s, s] bool mask (1 byte each); the paper's fused kernel builds it on the fly")
+    rope = later("GPT-3 has learned positions; RoPE keeps cos and sin [s, d_head] for Q and again for K")
+    no_dropout = later("no dropout: the softmax output itself feeds the matmul with V")
+    none = later("no dropout in our model")
     return [
         MemoryRow("Q and K", 4 * sbh / t, 2 * e * b * s * a_l * dh, "same", gqa),
-        MemoryRow("V", 2 * sbh / t, e * b * s * a_l * dh, "same", tr("expanded to n_head/t heads under GQA, as K")),
+        MemoryRow("V", 2 * sbh / t, e * b * s * a_l * dh, "same", later("expanded to n_head/t heads under GQA, as K")),
         MemoryRow("softmax output", 2 * a * s * s * b / t, e * b * a_l * s * s, "same", softmax),
         MemoryRow("softmax dropout mask", a * s * s * b / t, 0, "paper only", none),
         MemoryRow("attention probabilities after dropout", 2 * a * s * s * b / t, 0, "paper only", no_dropout),
@@ -272,7 +278,7 @@ def _attention_rows(z: _LayerSizes) -> list[MemoryRow]:
             2 * sbh / t,
             e * b * s * a_l * dh,
             "same",
-            tr("a copy: heads transposed back to [b, s, h/t]"),
+            later("a copy: heads transposed back to [b, s, h/t]"),
         ),
         MemoryRow("attention residual dropout mask", sbh * z.p_out, 0, "paper only", none),
     ]
@@ -285,13 +291,13 @@ def _mlp_rows(z: _LayerSizes) -> list[MemoryRow]:
     swiglu, ratio = cfg.mlp == "swiglu", ff / h
     rel = "same" if not swiglu and ff == 4 * h else "different"
     if swiglu:
-        why = tr(
+        why = later(
             "SwiGLU keeps gate x, silu(gate x), up x and their product, each [b, s, h_ffn/t]; the paper: GELU, "
             "h_ffn = 4h (here h_ffn = {ratio:g}h)",
             ratio=ratio,
         )
     else:
-        why = tr(
+        why = later(
             "GELU keeps its input and output, each [b, s, h_ffn/t]; the paper: GELU, h_ffn = 4h (here h_ffn = "
             "{ratio:g}h)",
             ratio=ratio,
@@ -299,7 +305,7 @@ def _mlp_rows(z: _LayerSizes) -> list[MemoryRow]:
     ours = (4 if swiglu else 2) * z.e * z.b * z.s * (ff // z.t)
     return [
         MemoryRow("MLP hidden", 16 * sbh / z.t, ours, rel, why),
-        MemoryRow("MLP residual dropout mask", sbh * z.p_out, 0, "paper only", tr("no dropout in our model")),
+        MemoryRow("MLP residual dropout mask", sbh * z.p_out, 0, "paper only", later("no dropout in our model")),
     ]
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from pylib.i18n import tr
+from pylib.i18n import Said, later
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.mesh import ParallelConfig
 from pylib.plan.options import RunOptions
@@ -35,7 +35,8 @@ class TensorShape:
     rank holds none of it (a layer of another pipeline stage, the LM head off the last stage);
     splits: (axis, dim, parts) for every axis that cuts a dimension; count / full_count: how many such tensors
     this rank holds / the whole model has (layers on the stage, local experts); linear: an nn.Linear weight
-    (article B writes it transposed); expected: a data-dependent shape, given as its expectation."""
+    (article B writes it transposed); expected: a data-dependent shape, given as its expectation; `note` says how
+    it is split, in the reader's language, when it is read (`said`: a `pylib.i18n.later` message, or plain text)."""
 
     name: str
     param: str
@@ -48,7 +49,11 @@ class TensorShape:
     element_size: int = 4
     linear: bool = False
     expected: bool = False
-    note: str = ""
+    said: Said | str = ""
+
+    @property
+    def note(self) -> str:
+        return str(self.said)
 
     @property
     def seed_b(self) -> tuple[int, ...] | None:
@@ -143,13 +148,13 @@ def _vocab_rows(w: _WeightRows) -> None:
     cfg, t = w.cfg, w.par.tp
     V, h = cfg.vocab_size, cfg.d_model
     first, last = w.pp_rank == 0, w.pp_rank == w.par.pp - 1
-    note = tr("vocab-parallel: rank holds token ids [r V/tp, (r+1) V/tp)")
+    note = later("vocab-parallel: rank holds token ids [r V/tp, (r+1) V/tp)")
     w.row("token embedding", "embed.weight", "[V, h]", (V, h), (V // t, h), w.tp_split(0), int(first), 1, False, note)
     if not cfg.tie_embeddings:
-        note = tr("column-parallel over the vocabulary")
+        note = later("column-parallel over the vocabulary")
         w.row("LM head", "lm_head.weight", "[h, V]", (V, h), (V // t, h), w.tp_split(0), int(last), 1, note=note)
     elif w.par.pp > 1:  # tied over stages: the last stage holds a copy of the embedding (no tensor of the model's)
-        note = tr("tied: a copy of the embedding, gradients summed with the first stage's")
+        note = later("tied: a copy of the embedding, gradients summed with the first stage's")
         held = int(last and not first)
         w.row("LM head", "lm_head.weight", "[h, V]", (V, h), (V // t, h), w.tp_split(0), held, 0, note=note)
 
@@ -160,18 +165,18 @@ def _attention_rows(w: _WeightRows) -> None:
     h, dh, n, L = cfg.d_model, cfg.d_head, len(w.layers), cfg.n_layers
     kv_local, kv_replicas = kv_heads_per_rank(cfg.n_heads, cfg.kv_heads, t)
     q_full, q_local = (cfg.n_heads * dh, h), (cfg.n_heads // t * dh, h)
-    note = tr("column split by query head")
+    note = later("column split by query head")
     w.row("W_Q", "layers.{i}.attn.q_proj.weight", "[h, h]", q_full, q_local, w.tp_split(0), n, L, note=note)
     if kv_replicas == 1:
-        kv_note = tr("column split by K/V head")
+        kv_note = later("column split by K/V head")
     else:
-        kv_note = tr("one K/V head, replicated on {n} TP ranks", n=kv_replicas)
+        kv_note = later("one K/V head, replicated on {n} TP ranks", n=kv_replicas)
     kv_split = w.tp_split(0) if kv_replicas == 1 else w.tp_split(0, cfg.kv_heads)
     for name in ("K", "V"):
         param = f"layers.{{i}}.attn.{name.lower()}_proj.weight"
         full, local = (cfg.kv_heads * dh, h), (kv_local * dh, h)
         w.row(f"W_{name}", param, "[h, h_kv]", full, local, kv_split, n, L, note=kv_note)
-    note = tr("row split: partial sums all-reduced")
+    note = later("row split: partial sums all-reduced")
     o_full, o_local = q_full[::-1], q_local[::-1]
     w.row("W_O", "layers.{i}.attn.o_proj.weight", "[h, h]", o_full, o_local, w.tp_split(1), n, L, note=note)
 
@@ -183,7 +188,7 @@ def _dense_mlp_rows(w: _WeightRows) -> None:
     cfg, t = w.cfg, w.par.tp
     h, ff, n, n_all = cfg.d_model, cfg.d_ff, len(w.dense), w.all_dense
     if cfg.mlp == "swiglu":
-        note = tr("column split, the same slice as W_up")
+        note = later("column split, the same slice as W_up")
         w.row(
             "W_gate",
             "layers.{i}.mlp.gate_proj.weight",
@@ -204,9 +209,9 @@ def _dense_mlp_rows(w: _WeightRows) -> None:
         w.tp_split(0),
         n,
         n_all,
-        note=tr("column split"),
+        note=later("column split"),
     )
-    note = tr("row split: partial sums all-reduced")
+    note = later("row split: partial sums all-reduced")
     w.row(
         "W_down",
         "layers.{i}.mlp.down_proj.weight",
@@ -227,13 +232,13 @@ def _expert_rows(w: _WeightRows) -> None:
     cfg, par, h = w.cfg, w.par, w.cfg.d_model
     E, ffe, etp = cfg.moe.n_experts, cfg.moe.d_ff or cfg.d_ff, par.etp
     n_local, n, n_all = E // par.ep, len(w.moe), w.all_moe
-    note = tr("replicated: every rank routes its own tokens")
+    note = later("replicated: every rank routes its own tokens")
     w.row("router", "layers.{i}.mlp.router.gate.weight", "[h, E]", (E, h), (E, h), [], n, n_all, note=note)
     esplit = [("ep", -1, par.ep)] if par.ep > 1 else []
-    per_rank = tr("E/ep = {n} experts per rank", n=n_local)
+    per_rank = later("E/ep = {n} experts per rank", n=n_local)
     for name in (["gate_proj"] if cfg.mlp == "swiglu" else []) + ["up_proj"]:
         splits = esplit + ([("etp", 0, etp)] if etp > 1 else [])
-        note = tr("{per_rank}, h_ffn/etp = {n}", per_rank=per_rank, n=ffe // etp) if etp > 1 else per_rank
+        note = later("{per_rank}, h_ffn/etp = {n}", per_rank=per_rank, n=ffe // etp) if etp > 1 else per_rank
         param = f"layers.{{i}}.mlp.experts.{{e}}.{name}.weight"
         label = f"expert W_{name.split('_')[0]}"
         w.row(label, param, "[h, h_ffn]", (ffe, h), (ffe // etp, h), splits, n * n_local, n_all * E, note=note)
@@ -247,7 +252,7 @@ def _expert_rows(w: _WeightRows) -> None:
 def _norm_rows(w: _WeightRows) -> None:
     """LayerNorms: whole on every rank."""
     h, last = w.cfg.d_model, w.pp_rank == w.par.pp - 1
-    note = tr("whole on every rank (SP: gradient all-reduced over TP)")
+    note = later("whole on every rank (SP: gradient all-reduced over TP)")
     ln = "layers.{i}.ln{1,2}.{weight,bias}"
     w.row("LayerNorm γ, β", ln, "[h]", (h,), (h,), [], 4 * len(w.layers), 4 * w.cfg.n_layers, False, note)
     w.row("final LayerNorm γ, β", "ln_f.{weight,bias}", "[h]", (h,), (h,), [], 2 * int(last), 2, linear=False)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -80,9 +82,28 @@ def language_asked() -> int:
     return _asked
 
 
+_unspoken = 0  # inside `unspoken()`: messages are made in English, and making them is not asking
+
+
+@contextmanager
+def unspoken():
+    """Inside, a message is made in English and does not count as asking for the language (`language_asked`). For
+    code that makes messages only to see whether there are any, and shows none: a planner search asks every
+    candidate's problems and keeps the candidates with none. Its result is then the same in every language, which
+    is what lets the book's two editions share it (`pylib.i18n.editions`)."""
+    global _unspoken
+    _unspoken += 1
+    try:
+        yield
+    finally:
+        _unspoken -= 1
+
+
 def language() -> str:
-    """The current language: set_language(...), else $PYLIB_LANG, else 'en'."""
+    """The current language: set_language(...), else $PYLIB_LANG, else 'en' (English inside `unspoken()`)."""
     global _asked
+    if _unspoken:
+        return "en"
     _asked += 1
     if _chosen is not None:
         return _chosen
@@ -151,6 +172,26 @@ def _english(message: str, fields: dict) -> str:
         return message.format(**fields)
     except (KeyError, IndexError, ValueError):
         return f"{message!r} with {fields!r}"
+
+
+@dataclass(frozen=True)
+class Said:
+    """A message held as data and said in the reader's language where it is shown: `str(said)` is
+    `tr(said.message, **fields)` at that moment. Made by `later`."""
+
+    message: str
+    fields: tuple = ()  # (name, value) pairs
+
+    def __str__(self) -> str:
+        return tr(self.message, **dict(self.fields))
+
+
+def later(message: str, /, **fields) -> Said:
+    """`tr(message, **fields)`, said when it is shown (`str(...)`) instead of now. For text that code computes by the
+    thousand and rarely shows (a planner search builds every candidate's rows and reads only their bytes): it costs
+    no catalog lookup, and a result that holds it does not depend on the language (`language_asked` does not move,
+    so the book's two editions share it, `pylib.i18n.editions`). The catalogs hold it as a tr(...) literal."""
+    return Said(message, tuple(sorted(fields.items())))
 
 
 def N_(message: str, /) -> str:

@@ -62,7 +62,7 @@ _GLOBAL_OPS = ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL")
 _BY_VALUE = (type(None), bool, int, float, complex, str, bytes, range, slice, type(Ellipsis))
 
 
-def _code(code: types.CodeType, h, seen: set, names: set) -> None:
+def _code(code: types.CodeType, h, seen: dict, names: set) -> None:
     """What a code object does, without where it was written (file, line numbers): its bytecode, constants (nested
     code objects likewise), argument and variable names; the global names it reads are collected into `names`."""
     h.update(code.co_code)
@@ -78,7 +78,7 @@ def _code(code: types.CodeType, h, seen: set, names: set) -> None:
             _value(const, h, seen)
 
 
-def _function(fn: types.FunctionType, h, seen: set) -> None:
+def _function(fn: types.FunctionType, h, seen: dict) -> None:
     module = sys.modules.get(fn.__module__ or "")
     library = module is not None and fn.__module__ != "__main__" and getattr(module, "__file__", None)
     if library and getattr(module, fn.__name__, None) is fn:
@@ -100,14 +100,29 @@ def _function(fn: types.FunctionType, h, seen: set) -> None:
             _value(fn.__globals__[name], h, seen)
 
 
-def _value(obj, h, seen: set) -> None:
+def _value(obj, h, seen: dict) -> None:
+    """Feed `obj`'s digest to `h`. `seen` ({id: (obj, digest or None while it is walked)}) digests an object met again
+    in this walk once: the same bytes wherever it appears, so two walks that meet equal values agree whether or not
+    those values are one object (one edition computes a result that shares objects with later arguments, the other
+    unpickles it from the store as separate copies). Holding the object keeps its id from being reused by a
+    temporary of the walk. An object met inside itself (a cycle) feeds a marker."""
     if isinstance(obj, _BY_VALUE):
         h.update(f"{type(obj).__name__}:{obj!r}".encode())
         return
-    if id(obj) in seen:  # a cycle, or a value met before: its identity in this walk is enough
-        h.update(b"seen")
+    if id(obj) in seen:
+        digest = seen[id(obj)][1]
+        h.update(b"cycle" if digest is None else digest)
         return
-    seen.add(id(obj))
+    seen[id(obj)] = (obj, None)
+    outer, h = h, hashlib.sha256()
+    _walk(obj, h, seen)
+    digest = h.digest()
+    seen[id(obj)] = (obj, digest)
+    outer.update(digest)
+
+
+def _walk(obj, h, seen: dict) -> None:
+    """What `_value` digests of an object that is not a plain value."""
     if isinstance(obj, types.ModuleType):
         h.update(f"module {obj.__name__}".encode())
     elif isinstance(obj, types.FunctionType):
@@ -158,7 +173,7 @@ def _is_tensor(obj) -> bool:
 
 def _digest(obj) -> bytes:
     h = hashlib.sha256()
-    _value(obj, h, set())
+    _value(obj, h, {})
     return h.digest()
 
 
@@ -176,7 +191,7 @@ def fingerprint(fn, args: tuple, kwargs: dict, world_size: int, backend: str) ->
     """The launch's fingerprint (raises Unfingerprintable)."""
     h = hashlib.sha256()
     h.update(f"{world_size} {backend}".encode())
-    seen: set = set()
+    seen: dict = {}
     _value(fn, h, seen)
     _value(args, h, seen)
     _value(kwargs, h, seen)

@@ -57,7 +57,8 @@ def sources(root: Path = ROOT) -> Iterator[tuple[str, str, str]]:
 
 @functools.cache  # one scan per process: the catalog checks and the tests ask again for the same tree
 def tr_calls(root: Path = ROOT) -> tuple[tuple[str, str, ast.Call, str], ...]:
-    """(file, where, call node, message) for every tr(...) or N_(...) call whose first argument is a string literal."""
+    """(file, where, call node, message) for every tr(...), later(...) or N_(...) call whose first argument is a string
+    literal."""
     calls = []
     for name, label, src in sources(root):
         try:
@@ -70,7 +71,7 @@ def tr_calls(root: Path = ROOT) -> tuple[tuple[str, str, ast.Call, str], ...]:
             f = node.func
             called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
             arg = node.args[0]
-            if called in ("tr", "N_") and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            if called in ("tr", "later", "N_") and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                 calls.append((name, f"{label}:{node.lineno}", node, arg.value))
     return tuple(calls)
 
