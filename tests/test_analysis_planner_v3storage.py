@@ -1,7 +1,8 @@
 """The planner's `Workload.storage`: DeepSeek-V3's own activation storage (technical report 3.3.3) priced in memory
 (`activations.storage_rows`, the rows `pylib.model.v3_storage` and `unpermute(fused=True)` measure in
 tests/test_v3_storage.py) and in time (`efficiency.storage_hbm_bytes`), DualPipe's in-flight count beside the
-planner's 1F1B, and what it all says of DeepSeek-V3's published layout."""
+planner's 1F1B, and what it all says of DeepSeek-V3's published layout; and one choice of ours beside the report's,
+"gate_in_expert" (the combine weights applied in the experts, tests/test_v3_gate.py), priced the same ways."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from pylib.analysis import activations as A
 from pylib.analysis import calibration as C
 from pylib.analysis import planner as P
-from pylib.analysis.efficiency import storage_hbm_bytes
+from pylib.analysis.efficiency import gate_hbm_bytes, storage_hbm_bytes
 from pylib.analysis.pp import split_live_counts
 from pylib.plan.options import Fp8Recipe
 from pylib.plan.presets import deepseek_v3
@@ -59,11 +60,11 @@ def test_each_choice_replaces_exactly_its_rows():
     }
     assert sum(base.values()) - sum(swiglu.values()) == sum(hidden.values()) - sum(cached.values())
     # all three: the sum of the three changes
-    both = _rows(A.STORAGE)
+    both = _rows(C.DEEPSEEK_V3_STORAGE)
     changes = [sum(base.values()) - sum(x.values()) for x in (fused, e5m6, swiglu)]
     assert sum(base.values()) - sum(both.values()) == sum(changes)
     # a 16-bit layer (no recipe) takes E5M6 and the fused un-permute, not the FP8 cache
-    bf16 = _rows(A.STORAGE, fp8=None)
+    bf16 = _rows(C.DEEPSEEK_V3_STORAGE, fp8=None)
     assert not any("SwiGLU inputs cached" in r for r in bf16) and "W_O input (attention output) [E5M6]" in bf16
 
 
@@ -107,3 +108,50 @@ def test_deepseek_v3s_own_storage_cuts_the_busiest_rank_but_not_into_80_gb():
     # the new truth: still over, on the planner's 1F1B, which holds fewer microbatches than DualPipe
     assert not v3.fits and v3.peak_memory > C.H800["gpu_memory"]
     assert v3.step_time == pytest.approx(fp8.step_time, rel=0.01)  # the SwiGLU rerun is memory-bound and small
+
+
+def test_the_gate_in_the_experts_drops_the_expert_outputs_and_keeps_one_weight_a_row():
+    cfg = deepseek_v3()
+    T, k, h = 4096, cfg.moe.top_k, cfg.d_model
+    for before in ((), ("fused_unpermute",), C.DEEPSEEK_V3_STORAGE):
+        base, gated = _rows(before), _rows((*before, "gate_in_expert"))
+        outputs = sum(v for r, v in base.items() if r.startswith("expert outputs"))
+        assert outputs == T * k * h * 2 * (1 if "fused_unpermute" in before else 2)
+        assert not any(r.startswith("expert outputs") or r == "combine weights [T k, 1]" for r in gated)
+        assert gated["combine weights at the experts [R]"] == T * k * 2  # R = T k rows, one 16-bit weight each
+        assert sum(base.values()) - sum(gated.values()) == outputs  # T k weights leave home, R arrive
+    # the all-gather dispatcher does not run it: its rows stay
+    check = C.moe_layout_check()
+    gather = replace(check.report.plan, dispatcher="allgather")
+    kw = dict(attention="flash", fp8=BLOCKWISE)
+    assert A.layer_saved_rows(cfg, 5, 1, 4096, gather, storage=("gate_in_expert",), **kw) == A.layer_saved_rows(
+        cfg, 5, 1, 4096, gather, **kw
+    )
+
+
+def test_the_gate_in_the_experts_costs_its_hbm_bytes_per_moe_layer():
+    check = C.moe_layout_check()
+    plan, cluster, cfg = check.report.plan, check.cluster, check.cfg
+    work = check.v3_workload
+    plain = P.rank_times(cfg, plan, work, cluster, 1)
+    gated = P.rank_times(cfg, plan, check.gate_workload, cluster, 1)
+    fwd, bwd = gate_hbm_bytes(cfg, plan, 4096, 2)
+    n = 4096 * 8 * 2048  # R f of the routed experts (the shared one applies no combine weight)
+    assert (fwd, bwd) == (2 * n * 2, 4 * n * 2)
+    layers, hbm = 4, cluster.hbm_bandwidth
+    assert gated.forward - plain.forward == pytest.approx(layers * fwd / hbm)
+    assert gated.backward - plain.backward == pytest.approx(layers * bwd / hbm)
+
+
+def test_deepseek_v3_with_the_gate_in_the_experts_fits_1f1b_and_dualpipe_only_without_the_margin():
+    check = C.moe_layout_check()
+    v3, gate = check.v3_report, check.gate_report
+    assert gate.plan == v3.plan and check.gate_workload == replace(check.v3_workload, storage=C.GATE_IN_EXPERT_STORAGE)
+    busiest = gate.worst_rank()
+    dual = check.dualpipe_memory(gate, check.gate_workload, busiest.pp_rank)
+    gpu, usable = check.cluster.gpu_memory, check.cluster.usable_memory
+    # the new truth: the planner's 1F1B fits inside the usable limit; DualPipe's replayed order, with its two
+    # parameter copies, under 80 GB but over the usable limit the planner keeps for fragmentation and workspace
+    assert gate.fits and gate.peak_memory < usable < v3.peak_memory
+    assert usable < dual["total"] < gpu
+    assert dual["activations"] > busiest.memory["activations"]

@@ -44,7 +44,12 @@ which the TP tests measure byte for byte. Three things change them inside the co
                    `pylib.model.v3_storage.E5M6Linear`), in place of its 16-bit or FP8 copy (the report shares that
                    copy with the attention core's backward; the flash core's own saved output is still counted);
                    "fused_unpermute" keeps the expert outputs once, not beside their weighted copy
-                   (`pylib.ep.permute.unpermute(fused=True)`).
+                   (`pylib.ep.permute.unpermute(fused=True)`). One more, ours, not the report's: "gate_in_expert"
+                   applies each combine weight inside its expert, before the down projection, and reads the
+                   weight's gradient off the down projection's input gradient, <dy W_down, h>
+                   (`pylib.model.v3_storage.gated_expert`): the expert outputs and the combine weights at home
+                   are not kept, the R weights at the experts are (it overrides "fused_unpermute"; the
+                   all-to-all dispatcher's rows; the all-gather dispatcher does not run it).
   the stage ends   the first virtual stage keeps the token ids and the vocab-parallel embedding's mask; the last keeps
                    the final LayerNorm's input and statistics, the LM head's input, one [b, s/cp, V/tp] logits tensor
                    and the targets with their mask (`stage_end_rows`).
@@ -81,7 +86,7 @@ ATTENTION_KERNELS = ("flash", "math")
 CORE_ROWS = ("Q and K", "V", "softmax output", "causal mask")
 MLP_ROWS = ("MLP input (LN2 output)", "MLP hidden")
 INT64, BOOL = 8, 1
-STORAGE = ("swiglu_fp8", "attn_out_e5m6", "fused_unpermute")  # DeepSeek-V3's storage choices (`storage_rows`)
+STORAGE = ("swiglu_fp8", "attn_out_e5m6", "fused_unpermute", "gate_in_expert")  # storage choices (`storage_rows`)
 E5M6_TILE = 128  # one int8 power-of-two exponent per 1 x 128 tile (`pylib.model.v3_storage.quantize_e5m6`)
 
 
@@ -232,7 +237,10 @@ def storage_rows(rows: dict[str, int], cfg, plan, tokens: tuple[int, int, int], 
             out["W_O input (attention output) [E5M6]"] = e5m6_saved_bytes(t_in, cfg.n_heads // tp * cfg.d_head)
     if cfg.moe is None or not any(r.startswith("expert ") for r in out):
         return out
-    if "fused_unpermute" in storage:
+    if "gate_in_expert" in storage and "expert outputs, weighted [T k, h] x 2" in out:
+        del out["expert outputs, weighted [T k, h] x 2"], out["combine weights [T k, 1]"]
+        out["combine weights at the experts [R]"] = r_rows * dtype_bytes(cfg.dtype)
+    elif "fused_unpermute" in storage:
         item = "expert outputs, weighted [T k, h] x 2"
         if item in out:
             out["expert outputs [T k, h], fused un-permute"] = out.pop(item) // 2

@@ -61,7 +61,7 @@ from pylib.plan.options import Fp8Recipe, RunOptions
 from pylib.plan.presets import deepseek_v3, llama2_7b, llama2_70b, llama3_405b, megatron_gpt, mixtral_8x7b
 
 from . import planner as P
-from .activations import STORAGE, chunk_saved_bytes, split_layers
+from .activations import chunk_saved_bytes, split_layers
 from .efficiency import CostModel
 from .pp import split_live_counts
 
@@ -523,7 +523,10 @@ DEEPSEEK_V3 = PublishedMoELayout(
 DEEPSEEK_V3_FP8 = Fp8Recipe("blockwise")
 # Its own storage beyond what a linear keeps (3.3.3): the SwiGLU's inputs cached in FP8 and its output recomputed,
 # W_O's input in E5M6; and the combine's un-permute fused, the expert outputs kept once (`Workload.storage`).
-DEEPSEEK_V3_STORAGE = STORAGE
+DEEPSEEK_V3_STORAGE = ("swiglu_fp8", "attn_out_e5m6", "fused_unpermute")
+# Those, and one of ours the report does not describe: the combine weights applied inside the experts, their gradient
+# read off the down projection's input gradient, so no expert output is kept ("gate_in_expert").
+GATE_IN_EXPERT_STORAGE = (*DEEPSEEK_V3_STORAGE, "gate_in_expert")
 
 # MLA's published shapes (DeepSeek-V3 technical report, section 4.2): 128 heads, q compressed to 1536, K/V to 512,
 # per head 128 dimensions without RoPE and 64 with it for q and k, 128 for v.
@@ -560,7 +563,9 @@ class MoELayoutCheck:
     (the planner may recompute more); both on `cluster` (`H800`) for `workload`, a 16-bit run; `fp8_report`, the
     report's plan for `fp8_workload`, the same step with the layout's FP8 recipe (`DEEPSEEK_V3_FP8`: its GEMMs at
     the FP8 peak, its linears' saved inputs and its weight copies in FP8); `v3_report`, the report's plan for
-    `v3_workload`, FP8 with DeepSeek-V3's own activation storage (`DEEPSEEK_V3_STORAGE`); `predict` prices another
+    `v3_workload`, FP8 with DeepSeek-V3's own activation storage (`DEEPSEEK_V3_STORAGE`); `gate_report`, the same
+    plan for `gate_workload`, that storage and the combine weights applied in the experts (`GATE_IN_EXPERT_STORAGE`);
+    `predict` prices another
     plan of the same job, `dualpipe_memory` a priced plan's rank as DualPipe would hold it."""
 
     layout: PublishedMoELayout
@@ -573,6 +578,8 @@ class MoELayoutCheck:
     fp8_workload: P.Workload | None = None
     v3_report: P.Prediction | None = None
     v3_workload: P.Workload | None = None
+    gate_report: P.Prediction | None = None
+    gate_workload: P.Workload | None = None
 
     def predict(self, plan: P.Plan, fp8: bool = False) -> P.Prediction:
         """`plan` priced for `workload`, or with fp8 for `fp8_workload`."""
@@ -655,12 +662,15 @@ def moe_layout_check(lay: PublishedMoELayout = DEEPSEEK_V3, model: CostModel | N
         return check
     fp8_work = replace(work, fp8=DEEPSEEK_V3_FP8)
     v3_work = replace(fp8_work, storage=DEEPSEEK_V3_STORAGE)
+    gate_work = replace(fp8_work, storage=GATE_IN_EXPERT_STORAGE)
     return replace(
         check,
         fp8_workload=fp8_work,
         fp8_report=P.predict(cfg, report.plan, fp8_work, c),
         v3_workload=v3_work,
         v3_report=P.predict(cfg, report.plan, v3_work, c),
+        gate_workload=gate_work,
+        gate_report=P.predict(cfg, report.plan, gate_work, c),
     )
 
 
@@ -669,6 +679,7 @@ __all__ = [
     "DEEPSEEK_V3",
     "DEEPSEEK_V3_FP8",
     "DEEPSEEK_V3_STORAGE",
+    "GATE_IN_EXPERT_STORAGE",
     "dualpipe_activations",
     "FIT_ROWS",
     "H800",

@@ -182,6 +182,22 @@ def storage_hbm_bytes(cfg, plan, tokens: int, e: int) -> tuple[int, int]:
     return 2 * n * (e + 1), n * (2 + e)
 
 
+def gate_hbm_bytes(cfg, plan, tokens: int, e: int) -> tuple[int, int]:
+    """(forward, backward) HBM bytes "gate_in_expert" (`planner.Workload.storage`) adds to one MoE layer on one rank,
+    `tokens` = b s / cp, n = R f/etp the routed experts' hidden elements: the forward scales the hidden activation by
+    its row's weight before the down projection (reads and writes it: 2 n e); the backward reads the down
+    projection's input gradient and the hidden activation for the row-wise dot, and scales that gradient (reads and
+    writes it): 4 n e. The weighting at home it replaces (the [T k, h] expert outputs read, scaled and their
+    gradient's dot) is not credited back: the planner never priced it (an upper bound on the added time). Nor are
+    the weights' own exchanges (one value a row beside the row's h: 1/h of the dispatch's bytes)."""
+    par = plan.par
+    sp = plan.options.sequence_parallel and par.tp > 1
+    t_o = tokens // par.tp if sp else tokens
+    rows = round(expected_expert_rows(t_o, cfg.moe.top_k, par.etp) * getattr(plan, "routing_imbalance", 1.0))
+    n = rows * ((cfg.moe.d_ff or cfg.d_ff) // par.etp)
+    return 2 * n * e, 4 * n * e
+
+
 def microbatch_seconds(
     cfg,
     plan,
@@ -197,7 +213,7 @@ def microbatch_seconds(
 ) -> MicrobatchTime:
     """Seconds of one microbatch on pipeline rank `pp_rank` of `plan` (a `planner.Plan`), every chunk it holds;
     with `fp8` the linear layers' GEMMs in FP8 (`Fp8Compute`); storage: DeepSeek-V3's storage choices
-    (`planner.Workload.storage`), "swiglu_fp8" priced by `storage_hbm_bytes`."""
+    (`planner.Workload.storage`), "swiglu_fp8" priced by `storage_hbm_bytes`, "gate_in_expert" by `gate_hbm_bytes`."""
     par = plan.par
     e = dtype_bytes(cfg.dtype)
     b = plan.micro_batch(batch)
@@ -237,6 +253,9 @@ def microbatch_seconds(
             gs, g, cast_f, cast_b = of_kind[moe, in_fp8]
             if moe and in_fp8 and "swiglu_fp8" in storage:
                 extra_f, extra_b = storage_hbm_bytes(cfg, plan, b * seq // par.cp, e)
+                cast_f, cast_b = cast_f + extra_f / hbm_bandwidth, cast_b + extra_b / hbm_bandwidth
+            if moe and "gate_in_expert" in storage:
+                extra_f, extra_b = gate_hbm_bytes(cfg, plan, b * seq // par.cp, e)
                 cast_f, cast_b = cast_f + extra_f / hbm_bandwidth, cast_b + extra_b / hbm_bandwidth
             dgrad += gs[0] + (0.0 if moe else gs[2])  # dX of QKV and of the MLP's first GEMM: as long as forward
             fwd += g + core + elem + cast_f
@@ -332,5 +351,6 @@ __all__ = [
     "microbatch_seconds",
     "rank_chunks",
     "stage_chunks",
+    "gate_hbm_bytes",
     "storage_hbm_bytes",
 ]

@@ -188,7 +188,11 @@ class Workload:
     `activations.STORAGE`: "swiglu_fp8" (needs fp8) the experts' SwiGLU inputs cached in FP8 and its output
     recomputed in backward (priced at HBM speed, `efficiency.storage_hbm_bytes`), "attn_out_e5m6" W_O's input in
     E5M6, "fused_unpermute" the combine's weighting and sum fused, the expert outputs kept once
-    (`activations.storage_rows`; each built in pylib: `pylib.model.v3_storage`, `pylib.ep.permute.unpermute`)."""
+    (`activations.storage_rows`; each built in pylib: `pylib.model.v3_storage`, `pylib.ep.permute.unpermute`); and
+    one the report does not describe, "gate_in_expert": the combine weights sent with the rows and applied inside
+    the experts before the down projection, their gradient a row-wise dot of the down projection's input and input
+    gradient, so no expert output is kept (`pylib.model.v3_storage.gated_expert`; its HBM traffic
+    `efficiency.gate_hbm_bytes`)."""
 
     batch: int
     seq: int

@@ -91,13 +91,17 @@ class AllToAllDispatcher:
     dispatch(x [T, h], experts [T, k], keep [T, k]) -> rows [R, h] grouped by local expert, and the state;
     combine(y [R, h], state, weights [T, k]) -> out [T, h].
     fused_unpermute: the combine's weighting and sum as one function keeping the expert outputs once
-    (`unpermute(fused=True)`, DeepSeek-V3's storage that `planner.Workload.storage` prices); off by default."""
+    (`unpermute(fused=True)`, DeepSeek-V3's storage that `planner.Workload.storage` prices); off by default.
+    gate_in_expert: the combine weights travel with the rows (`dispatch_gates`, one value a row, tagged "dispatch")
+    and the experts apply them (`LocalExperts.forward`'s gates), so the combine is a plain sum that keeps no expert
+    output (the storage choice "gate_in_expert"); off by default. `ExpertParallelMoE.forward` reads it."""
 
     def __init__(self, n_experts: int, ep_group: AxisGroup, etp_group: AxisGroup):
         self.n_experts, self.ep_group, self.etp_group = n_experts, ep_group, etp_group
         self.ep, self.etp = ep_group.size, etp_group.size
         self.n_local = n_experts // self.ep
         self.fused_unpermute = False
+        self.gate_in_expert = False
 
     def prepare(self, x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor | None, capacity: int | None):
         """Everything `dispatch` does before its all-to-all: the rows permuted (padded to `capacity`) and the
@@ -134,6 +138,20 @@ class AllToAllDispatcher:
                 rows = collectives.all_gather_uneven(rows, state.etp_rows, self.etp_group)
         return sort_chunks(rows, state.chunk_counts), state
 
+    def dispatch_gates(self, weights: torch.Tensor, state: DispatchState) -> torch.Tensor:
+        """The combine weights [T, k] of a `dispatch`'s kept assignments, sent where their rows went and in the same
+        order: [R], one per row the local experts received (0 for a padding row). Their gradient comes home by the
+        same exchanges backward."""
+        plan = state.plan
+        w = weights[plan.token_index, plan.slot_index].unsqueeze(-1)
+        if state.pad_index is not None:  # [E C, 1] as `_pad` lays the rows out
+            w = w.new_zeros((int(state.send_counts.sum()), 1)).index_copy(0, state.pad_index, w)
+        with tag("dispatch"):
+            w = collectives.all_to_all_uneven(w, *state.splits(), self.ep_group)
+            if self.etp > 1:
+                w = collectives.all_gather_uneven(w, state.etp_rows, self.etp_group)
+        return sort_chunks(w, state.chunk_counts).squeeze(-1)
+
     def combine(self, y: torch.Tensor, state: DispatchState, weights: torch.Tensor | None = None) -> torch.Tensor:
         y = sort_chunks(y, state.chunk_counts.T)
         with tag("combine"):
@@ -142,7 +160,7 @@ class AllToAllDispatcher:
             y = collectives.all_to_all_uneven(y, *state.splits(back=True), self.ep_group)
         if state.pad_index is not None:
             y = y[state.pad_index]
-        return unpermute(y, state.plan, weights, fused=self.fused_unpermute)
+        return unpermute(y, state.plan, weights, fused=self.fused_unpermute or self.gate_in_expert)
 
     def _pad(self, rows: torch.Tensor, plan: PermutePlan, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         """rows [A, h] sorted by expert -> [E*C, h] with expert e's n_e <= C rows first in its block of C."""

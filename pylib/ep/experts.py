@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from pylib.model.mlp import MLP
-from pylib.model.v3_storage import cached_swiglu_mlp
+from pylib.model.v3_storage import cached_swiglu_mlp, gated_expert
 from pylib.runtime.sharding import shard
 
 COLUMN = ("gate_proj", "up_proj")  # split along their output rows
@@ -28,7 +28,8 @@ class LocalExperts(nn.Module):
     forward(rows [R, h], sizes [E_local]) -> [R, h]: rows are grouped by local expert, sizes[l] rows each.
     swiglu_fp8 (an `Fp8Recipe`, None by default): each SwiGLU expert keeps its input and the SwiGLU's two inputs in
     FP8 and recomputes the SwiGLU output in backward (`pylib.model.v3_storage.cached_swiglu_mlp`, DeepSeek-V3's
-    storage that `planner.Workload.storage` prices)."""
+    storage that `planner.Workload.storage` prices). With the combine weights handed in (`forward`'s gates) each expert
+    applies its rows' weights itself (`gated_expert`, the storage choice "gate_in_expert")."""
 
     swiglu_fp8 = None
 
@@ -60,10 +61,15 @@ class LocalExperts(nn.Module):
     def global_id(self, local: int) -> int:
         return self.first + local
 
-    def forward(self, rows: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    def forward(self, rows: torch.Tensor, sizes: list[int], gates: torch.Tensor | None = None) -> torch.Tensor:
+        """gates [R] (None: the combine weights are applied at home): each row's combine weight, applied inside its
+        expert before the down projection (`pylib.model.v3_storage.gated_expert`)."""
         if sum(sizes) != rows.shape[0]:
             raise ValueError(f"expert block sizes {sizes} sum to {sum(sizes)}, got {rows.shape[0]} rows")
-        if self.swiglu_fp8 is not None:
+        if gates is not None:
+            blocks = zip(self.experts, rows.split(sizes), gates.split(sizes))
+            outs = [gated_expert(b, e, g, self.swiglu_fp8) for e, b, g in blocks]
+        elif self.swiglu_fp8 is not None:
             outs = [cached_swiglu_mlp(b, e, self.swiglu_fp8) for e, b in zip(self.experts, rows.split(sizes))]
         else:
             outs = [expert(block) for expert, block in zip(self.experts, rows.split(sizes))]

@@ -174,8 +174,12 @@ class ExpertParallelMoE(nn.Module):
             rows, state = self.dispatcher.dispatch(xt, routing.experts, keep, capacity)
         else:
             rows, state = self.dispatcher.dispatch(xt, routing.experts, keep)
-        y = self.experts(rows, state.rows_per_local_expert)
-        out = self.dispatcher.combine(y, state, routing.weights)
+        if getattr(self.dispatcher, "gate_in_expert", False):  # the combine weights applied by the experts
+            gates = self.dispatcher.dispatch_gates(routing.weights, state)
+            out = self.dispatcher.combine(self.experts(rows, state.rows_per_local_expert, gates), state, None)
+        else:
+            y = self.experts(rows, state.rows_per_local_expert)
+            out = self.dispatcher.combine(y, state, routing.weights)
         if self.shared is not None:
             out = out + self.shared(x).reshape(out.shape)
         aux = group_aux_loss(routing, self.cfg, self.aux_group)

@@ -68,10 +68,13 @@ def unpermute(
     weights [T, k] (None = 1): the router's combine weights; their gradient flows back to the router.
     fused: the weighting and the sum in one autograd function (`_WeightedUnpermute`), which keeps the rows and
     their weights but not the weighted rows: autograd's index_add saves its source, so the unfused path keeps
-    [A, h] twice (the rows for the weights' gradient, the weighted rows for index_add's)."""
+    [A, h] twice (the rows for the weights' gradient, the weighted rows for index_add's). With weights None the
+    fused sum keeps only the token index (`_SumUnpermute`: rows whose weights the experts applied, "gate_in_expert")."""
     if rows.shape[0] != plan.token_index.numel():
         raise ValueError(f"unpermute got {rows.shape[0]} rows, the plan has {plan.token_index.numel()}")
-    if fused and weights is not None:
+    if fused and weights is None:
+        return _SumUnpermute.apply(rows, plan.token_index, plan.n_tokens)
+    if fused:
         w = weights[plan.token_index, plan.slot_index].to(rows.dtype)
         return _WeightedUnpermute.apply(rows, w, plan.token_index, plan.n_tokens)
     if weights is not None:
@@ -95,6 +98,20 @@ class _WeightedUnpermute(torch.autograd.Function):
         rows, w, token = ctx.saved_tensors
         g = dout[token]
         return g * w.unsqueeze(-1), (g * rows).sum(-1), None, None
+
+
+class _SumUnpermute(torch.autograd.Function):
+    """out = zeros[T, h].index_add(0, token, rows), keeping token alone: d rows = d out[token]."""
+
+    @staticmethod
+    def forward(ctx, rows, token, n_tokens):
+        ctx.save_for_backward(token)
+        return rows.new_zeros((n_tokens, *rows.shape[1:])).index_add_(0, token, rows)
+
+    @staticmethod
+    def backward(ctx, dout):
+        (token,) = ctx.saved_tensors
+        return dout[token], None, None
 
 
 def sort_chunks(rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

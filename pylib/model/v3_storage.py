@@ -23,6 +23,18 @@ In an `ExpertParallelMoE` the experts take the first (`LocalExperts.swiglu_fp8 =
 dispatcher the third (`AllToAllDispatcher.fused_unpermute = True`); a reference layer takes the second by swapping
 `attn.o_proj` for an `E5M6Linear` (tests/test_v3_storage.py measures all three against the planner's rows).
 
+One more choice, ours and not the report's (the report does not say how it computes the combine weights' gradient):
+    gate in expert    y = sum_i g_i e_i with e_i = h_i W2_i^T (h_i the expert's hidden activation) needs, for
+                      dL/dg_i = <dy, e_i>, the expert outputs e_i: 0.47 GB per layer per microbatch in DeepSeek-V3.
+                      But <dy, e_i> = <dy W2_i, h_i>, and backward computes dy W2_i (the down projection's input
+                      gradient, before g_i scales it) and has h_i (W2_i's weight gradient reads it, saved or
+                      rebuilt) anyway: `gated_expert` applies g_i inside the expert, before the down projection, and
+                      reads its gradient off that row-wise dot, so e_i is never kept. Exact algebra, not an
+                      approximation. In an `ExpertParallelMoE` the weights travel with their rows
+                      (`AllToAllDispatcher.gate_in_expert`); Megatron-Core's grouped experts apply the router
+                      probabilities the same way (`weighted_bias_swiglu_impl`), and its `--moe-apply-probs-on-input`
+                      is another thing: it scales the expert's input (top-1 only), which changes the function.
+
 The GEMMs here run in the input's dtype: the subject is what is stored, not FP8 arithmetic (`pylib.model.fp8`).
 With recipe=None `cached_swiglu_mlp` keeps the three tensors unquantized, so its hand-written backward is checked
 against autograd to rounding in float64 (tests/test_v3_storage.py).
@@ -69,12 +81,15 @@ class _CachedSwiGLU(torch.autograd.Function):
     silu(G) * U in backward."""
 
     @staticmethod
-    def forward(ctx, x, w_gate, w_up, w_down, recipe):
+    def forward(ctx, x, w_gate, w_up, w_down, recipe, gate=None):
         x2 = x.reshape(-1, x.shape[-1])
         g, u = x2 @ w_gate.t(), x2 @ w_up.t()
-        y = (F.silu(g) * u) @ w_down.t()
+        h = F.silu(g) * u
+        y = (h if gate is None else h * gate.unsqueeze(-1)) @ w_down.t()
         ctx.recipe, ctx.n = recipe, 1 if recipe is None else 2  # tensors `_store` keeps for each
-        ctx.save_for_backward(*_store(x2, recipe), *_store(g, recipe), *_store(u, recipe), w_gate, w_up, w_down)
+        kept = (*_store(x2, recipe), *_store(g, recipe), *_store(u, recipe), w_gate, w_up, w_down)
+        ctx.gated = gate is not None
+        ctx.save_for_backward(*kept, *((gate.detach(),) if ctx.gated else ()))
         ctx.x_shape, ctx.dtype = x.shape, x.dtype
         return y.view(*x.shape[:-1], w_down.shape[0])
 
@@ -82,7 +97,7 @@ class _CachedSwiGLU(torch.autograd.Function):
     def backward(ctx, dy):
         n, recipe = ctx.n, ctx.recipe
         saved = ctx.saved_tensors
-        w_gate, w_up, w_down = saved[3 * n :]
+        w_gate, w_up, w_down = saved[3 * n : 3 * n + 3]
         dy2 = dy.reshape(-1, dy.shape[-1])
         tile = _tile(recipe, dy2.shape[0])
         work = torch.promote_types(ctx.dtype, torch.float32) if recipe is not None else ctx.dtype
@@ -92,6 +107,11 @@ class _CachedSwiGLU(torch.autograd.Function):
         act = g * sg  # silu(G), rebuilt
         h = act * u  # the SwiGLU output, the down projection's input: recomputed, never stored
         dh = dy2 @ w_down.to(work)
+        d_gate = None
+        if ctx.gated:  # y = (w h) W_d^T: dw = <dy W_d, h> row by row, the expert output never needed
+            w = saved[-1].to(work).unsqueeze(-1)
+            d_gate = (dh * h).sum(-1).to(saved[-1].dtype)
+            dh, h = dh * w, h * w
         du = dh * act
         dg = dh * u * (sg * (1 + g * (1 - sg)))  # d silu(g) / dg = sigmoid(g) (1 + g (1 - sigmoid(g)))
         dx = dg @ w_gate.to(work) + du @ w_up.to(work)
@@ -102,16 +122,65 @@ class _CachedSwiGLU(torch.autograd.Function):
             dw_up.to(w_up.dtype),
             dw_down.to(w_down.dtype),
             None,
+            d_gate,
         )
 
 
-def cached_swiglu_mlp(x: torch.Tensor, mlp: nn.Module, recipe: Fp8Recipe | None) -> torch.Tensor:
+def cached_swiglu_mlp(
+    x: torch.Tensor, mlp: nn.Module, recipe: Fp8Recipe | None, gate: torch.Tensor | None = None
+) -> torch.Tensor:
     """`mlp(x)` for a SwiGLU `pylib.model.MLP` (no biases), keeping for backward only its input and the SwiGLU's two
     inputs, in FP8 under `recipe` (tiles along the tokens: their count must be a multiple of the recipe's block), or
-    unquantized with recipe=None; the SwiGLU output is recomputed in backward (module docstring)."""
+    unquantized with recipe=None; the SwiGLU output is recomputed in backward (module docstring).
+    gate [tokens] (None = 1): each row's combine weight, applied inside as `gated_expert` applies it (the output is
+    gate * mlp(x), and the weight's gradient is read off the down projection's input gradient)."""
     if getattr(mlp, "kind", None) != "swiglu":
         raise ValueError(f"cached_swiglu_mlp needs a SwiGLU MLP, got kind={getattr(mlp, 'kind', None)!r}")
-    return _CachedSwiGLU.apply(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, recipe)
+    _check_gate(x, gate)
+    gate = None if gate is None else gate.to(x.dtype)
+    return _CachedSwiGLU.apply(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, recipe, gate)
+
+
+# ------------------------------------------------------------------------- the combine weight inside the expert
+
+
+def _check_gate(x: torch.Tensor, gate: torch.Tensor | None) -> None:
+    rows = x.numel() // x.shape[-1]
+    if gate is not None and (gate.dim() != 1 or gate.shape[0] != rows):
+        raise ValueError(f"gate must hold one combine weight per row: shape ({rows},), got {tuple(gate.shape)}")
+
+
+class _GatedDown(torch.autograd.Function):
+    """y = (w h) W^T for the down projection W [h, f] of an expert, its input h [R, f] and one combine weight per
+    row w [R]. Saves h and w (not w h, not y): dw_r = <dy_r W, h_r>, dh = w (dy W), dW = dy^T (w h)."""
+
+    @staticmethod
+    def forward(ctx, h, w, weight):
+        ctx.save_for_backward(h, w, weight)
+        return (h * w.unsqueeze(-1)) @ weight.t()
+
+    @staticmethod
+    def backward(ctx, dy):
+        h, w, weight = ctx.saved_tensors
+        dh = dy @ weight  # the down projection's input gradient before the weight scales it
+        d_w = (dh * h).sum(-1)  # the combine weight's gradient: a row-wise dot of two tensors backward has anyway
+        return dh * w.unsqueeze(-1), d_w, dy.t() @ (h * w.unsqueeze(-1))
+
+
+def gated_expert(
+    x: torch.Tensor, mlp: nn.Module, gate: torch.Tensor, swiglu_fp8: Fp8Recipe | None = None
+) -> torch.Tensor:
+    """gate[:, None] * mlp(x) for an expert `pylib.model.MLP` (no biases) and its rows x [R, h], the combine weight
+    applied inside the expert, before the down projection: y = (gate h) W_down^T with h the expert's hidden
+    activation. Equal to scaling the output (the down projection is linear), but the weight's gradient
+    dL/dgate_r = <dy_r, e_r> = <dy_r W_down, h_r> (e_r = h_r W_down^T the unweighted output) is a row-wise dot of the
+    down projection's input gradient and its input, both of which the backward has anyway: the expert outputs e are
+    never kept. (Our derivation; Megatron-Core's grouped experts apply the router probabilities the same way,
+    `weighted_bias_swiglu_impl`.) swiglu_fp8: also cache the SwiGLU's inputs in FP8 (`cached_swiglu_mlp`)."""
+    _check_gate(x, gate)
+    if swiglu_fp8 is not None:
+        return cached_swiglu_mlp(x, mlp, swiglu_fp8, gate)
+    return _GatedDown.apply(mlp.hidden(x), gate.to(x.dtype), mlp.down_proj.weight)
 
 
 class CachedSwiGLUMLP(nn.Module):
@@ -234,6 +303,7 @@ __all__ = [
     "E5M6Tensor",
     "cached_swiglu_mlp",
     "dequantize_e5m6",
+    "gated_expert",
     "quantize_e5m6",
     "round_e5m6",
 ]
