@@ -192,7 +192,7 @@ def test_crosses_nodes_agrees_with_the_real_rank_groups():
         pc(tp=2, dp=4, pp=2, order="dp-tp-cp-ep-pp"),
     ):
         groups = rank_groups(par, 16)
-        for name in ("tp", "cp", "dp-cp", "pp", "ep", "etp", "edp"):
+        for name in ("tp", "cp", "dp-cp", "pp", "ep", "etp", "etp-ep", "edp"):
             want = any(len({r // 4 for r in g}) > 1 for g in groups[name])
             assert P.crosses_nodes(par, 16, name, 4) == want, (par, name)
 

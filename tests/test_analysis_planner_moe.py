@@ -196,9 +196,57 @@ def test_the_dispatcher_is_a_plan_choice_priced_by_the_ep_formulas_and_the_cross
     plans = P.enumerate_plans(GPT_MOE, 64, 64, 4096, space)
     assert {p.dispatcher for p in plans} == {"alltoall", "allgather"}
     assert any("allgather-dispatch" in p.describe() for p in plans)
-    bad = _ep_plan(dispatcher="allgather")
-    etp = replace(bad, par=pc(ep=4, etp=2, dp=64))
-    assert any("etp=2 must be 1" in p for p in P.problems(GPT_MOE, etp, 64, 512, 4096))
+
+
+def test_the_all_gather_dispatcher_with_etp_is_priced_on_the_etp_ep_grid_and_searched():
+    """etp = 2: the gathers run over the etp x ep grid (axis "etp-ep", n = 8), priced by `ep.dispatcher_bytes` at
+    the link its groups cross; a search over both dispatchers with etp 2 ranks such plans."""
+    cfg, h, e, k = GPT_MOE, GPT_MOE.d_model, 2, GPT_MOE.moe.top_k
+    plan = P.Plan(
+        pc(tp=2, ep=4, etp=2, dp=32), RunOptions(sequence_parallel=True, n_microbatches=4), dispatcher="allgather"
+    )
+    assert not P.problems(cfg, plan, 64, 512, 4096)
+    rows = P.rank_traffic_rows(cfg, plan, 512, 4096, 0)
+    grid = [r for r in rows if r.axis == "etp-ep"]
+    T = 512 // 32 // 4 * 4096 // 2  # the tokens of one microbatch on one rank: b s / tp under SP
+    forward = P.ep_analysis.dispatcher_bytes("allgather", T, k, h, e, 4, 2)["total"]
+    ids = (8 - 1) * T * k * 8
+    assert sum(r.bytes_sent for r in grid) == 4 * cfg.n_layers * (2 * forward - ids)
+    assert not [r for r in rows if r.axis in ("ep", "etp")]  # the grid's gathers replace both
+    for gpus_per_node, intra in ((8, True), (4, False)):  # tp-ep spans ranks 0..7 (order tp-cp-ep-dp-pp)
+        cluster = P.Cluster(64, gpus_per_node=gpus_per_node)
+        got = P.predict(cfg, plan, WORK, cluster)
+        assert got.intra_node["etp-ep"] is intra
+        assert got.ranks[0].exposed["etp-ep"] > 0
+        assert P.comm_lower_bound(cfg, plan, WORK, cluster) <= got.comm_time
+    # k = 8, past the crossover (about 4 here, whatever etp): a search over both dispatchers ranks the grid's first
+    wide = cfg.with_(moe=replace(cfg.moe, top_k=8))
+    assert P.ep_analysis.dispatcher_crossover_top_k(h, e, 4) < 8
+    space = P.SearchSpace(meshes=(plan.par,), zero_stages=(1,), dispatchers=("alltoall", "allgather"))
+    plans = P.enumerate_plans(wide, 64, 64, 4096, space)
+    assert {p.dispatcher for p in plans} == {"alltoall", "allgather"}
+    ranked = P.rank_plans(wide, P.Workload(64, 4096), CLUSTER, top=len(plans), plans=plans)
+    assert len(ranked) == len(plans) and ranked[0].plan.dispatcher == "allgather" and ranked[0].plan.par.etp == 2
+    assert "allgather-dispatch" in ranked[0].plan.describe()
+    assert min(r.step_time for r in ranked if r.plan.dispatcher == "alltoall") > ranked[0].step_time
+
+
+@pytest.mark.slow
+def test_the_all_gather_dispatcher_with_etp_sends_on_the_grid_what_the_planner_predicts_on_real_ranks():
+    """A real composed run, 4 ranks, tp = etp = 2, ep = 2, the all-gather dispatcher with SP: the tracer's bytes
+    per axis, "etp-ep" included, equal the planner's on every rank."""
+    from pylib.experiments.plan_runs import measure_plans
+    from pylib.viz.planner import compare
+
+    cfg = tiny().with_(position="rope", moe=MoEConfig(n_experts=4, top_k=2, dispatcher="allgather"))
+    plan = P.Plan(pc(tp=2, dp=2, ep=2, etp=2), RunOptions(sequence_parallel=True, zero_stage=1, n_microbatches=2))
+    assert not P.problems(cfg, plan, 4, 8, 16)
+    records = measure_plans(cfg, [plan], batch=8, seq=16)[plan]
+    checks = [c for c in compare(cfg, plan, records, batch=8, seq=16) if "sent on" in c.quantity]
+    assert checks and all(c.predicted == c.measured for c in checks), [c for c in checks if c.predicted != c.measured]
+    grid = [c for c in checks if c.quantity == "sent on etp-ep"]
+    assert len(grid) == 4 and all(c.measured > 0 for c in grid)
+    assert not any(c.quantity in ("sent on ep", "sent on etp") and c.measured for c in checks)
 
 
 # ------------------------------------------------------------------------------------------------ published MoE runs

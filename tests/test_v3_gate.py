@@ -123,7 +123,8 @@ def test_the_gate_inside_the_experts_equals_the_plain_layer_on_two_ranks(par, ca
 @pytest.mark.slow
 def test_an_ep_layer_with_the_gate_inside_saves_what_the_planner_counts_on_two_ranks():
     """Both ranks, float32 (one FP8 scale per cached tensor: one expert a rank), the report's storage with and
-    without "gate_in_expert": autograd's saved bytes equal `moe_saved_rows` through `fp8_rows` and `storage_rows`."""
+    without "gate_in_expert": autograd's saved bytes equal `moe_saved_rows` through `fp8_rows` and `storage_rows`,
+    for the plain layer and for the same forward overlapped (`pylib.ep.overlap.moe_steps`)."""
     from pylib.model import ModelConfig
     from pylib.plan.config import MoEConfig
     from pylib.runtime import launch
@@ -134,10 +135,11 @@ def test_an_ep_layer_with_the_gate_inside_saves_what_the_planner_counts_on_two_r
     plan = P.Plan(ParallelConfig())
     for gate in (False, True):
         storage = ("swiglu_fp8", "fused_unpermute", *(("gate_in_expert",) if gate else ()))
-        for measured, R, *_ in launch(_ep_gate_storage_worker, 2, gate, recipe):
+        for measured, overlapped, R in launch(_ep_gate_storage_worker, 2, gate, recipe):
             rows = A.fp8_rows(A.moe_saved_rows(cfg, 6, expert_rows=R), cfg, recipe, plan, 1, 6, expert_rows=R)
             rows = A.storage_rows(rows, cfg, plan, (6, R, 6), recipe, storage)
             assert measured == sum(rows.values()), (gate, rows)
+            assert overlapped == measured, (gate, overlapped, measured)  # `pylib.ep.overlap.moe_steps` keeps the same
             if gate:
                 assert "combine weights at the experts [R]" in rows
                 assert not any(item.startswith("expert outputs") for item in rows)
@@ -147,6 +149,7 @@ def _ep_gate_storage_worker(gate: bool, recipe):
     import torch.distributed as dist
 
     from pylib.ep import ExpertParallelMoE
+    from pylib.ep.overlap import interleave, moe_steps
     from pylib.plan.config import MoEConfig
     from pylib.runtime import Mesh
     from tests.conftest import seeded_moe
@@ -161,4 +164,76 @@ def _ep_gate_storage_worker(gate: bool, recipe):
     x = torch.randn(1, 6, 8, generator=g, requires_grad=True)
     with saved_activations(exclude=list(layer.parameters())) as saved:
         layer(x)
-    return saved.bytes, int(sum(layer.last_state.rows_per_local_expert))
+    with saved_activations(exclude=list(layer.parameters())) as overlapped:  # the same forward as a generator
+        interleave([moe_steps(layer, x)])
+    return saved.bytes, overlapped.bytes, int(sum(layer.last_state.rows_per_local_expert))
+
+
+# ------------------------------------------------------------------------------------------ the overlapped forward
+
+
+def _overlap_gate_worker(par: dict, capacity: bool):
+    """One EP layer with the gate inside, two micro-batches three ways: the plain layer (blocking exchanges), the
+    two forwards interleaved (`interleave`), and A's backward in pieces paired with B's forward (`Segments`). Each:
+    losses, outputs, gradients, and the traced bytes by (op, phase, tag without the micro-batch)."""
+    import torch.distributed as dist
+
+    from pylib.ep import ExpertParallelMoE
+    from pylib.ep.overlap import Segments, interleave, moe_steps
+    from pylib.plan.config import MoEConfig
+    from pylib.runtime import Mesh, trace
+    from tests.conftest import seeded_moe
+
+    mesh = Mesh(ParallelConfig(dp=2, **par))
+    extra = dict(capacity_factor=1.5, pad_to_capacity=True) if capacity else {}
+    moe = MoEConfig(n_experts=4, top_k=2, **extra)
+    layer = ExpertParallelMoE.from_full(seeded_moe(moe, 8, 16, "swiglu"), ep_group=mesh.ep, etp_group=mesh.etp)
+    layer.dispatcher.gate_in_expert = True
+    g = torch.Generator().manual_seed(5 + dist.get_rank())
+    xs = [torch.randn(1, 6, 8, generator=g, dtype=torch.float64) for _ in range(2)]
+    dys = [torch.randn(1, 6, 8, generator=g, dtype=torch.float64) for _ in range(2)]
+    out = {}
+    for how in ("layers", "overlap", "paired"):
+        layer.zero_grad(set_to_none=True)
+        xa, xb = (x.clone().requires_grad_() for x in xs)
+        with trace() as tr:
+            if how == "layers":
+                ya, yb = layer(xa), layer(xb)
+                ((ya * dys[0]).sum() + (yb * dys[1]).sum()).backward()
+            elif how == "overlap":
+                ya, yb = interleave([moe_steps(layer, xa), moe_steps(layer, xb)], overlap=True)
+                ((ya * dys[0]).sum() + (yb * dys[1]).sum()).backward()
+            else:
+                cut = Segments()
+                (ya,) = interleave([moe_steps(layer, xa, cut=cut)], overlap=False)
+                _, yb = interleave([cut.backward((ya * dys[0]).sum()), moe_steps(layer, xb)], overlap=True)
+                (yb * dys[1]).sum().backward()
+        sent = {}
+        for e in tr.events:
+            key = (e.op, e.phase, e.tag.split(".")[-1])
+            sent[key] = sent.get(key, 0) + e.bytes_sent
+        grads = [p.grad for p in layer.parameters()] + [xa.grad, xb.grad]
+        out[how] = ([ya.detach(), yb.detach()], grads, sent)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "par, capacity",
+    [(dict(ep=2), False), (dict(ep=2), True), (dict(etp=2), False)],
+    ids=["ep2", "ep2-padded", "etp2"],
+)
+def test_the_overlapped_forward_sends_the_gates_with_the_rows_and_equals_the_blocking_layer(par, capacity):
+    """`moe_steps` with gate_in_expert: outputs and every gradient bit for bit the blocking layer's (float64, two
+    real ranks), interleaved and paired forward-under-backward, and the same bytes on the same exchanges (the
+    weights' all-to-all, [R] a rank, included)."""
+    from pylib.runtime import launch
+
+    for rank in launch(_overlap_gate_worker, 2, par, capacity):
+        outs, grads, sent = rank["layers"]
+        assert any(tag == "dispatch" and op in ("all_to_all", "all_gather") for op, _, tag in sent)
+        for how in ("overlap", "paired"):
+            o, gr, s = rank[how]
+            assert all(torch.equal(a, b) for a, b in zip(o, outs, strict=True)), how
+            assert all(a is not None and torch.equal(a, b) for a, b in zip(gr, grads, strict=True)), how
+            assert s == sent, how

@@ -439,8 +439,9 @@ def dispatcher_of(cfg, plan: Plan) -> str:
 def moe_plan_problems(cfg, plan: Plan) -> list[str]:
     """What the planner cannot price for a MoE model: recompute="full" (a MoE layer recomputed whole dispatches
     again in an order the traffic model does not follow; Megatron's selective "moe" module is priced instead);
-    the all-gather dispatcher with etp > 1 or with padding to capacity; either MoE knob on a dense model. (The
-    shared experts' h_ffn over tp is `pylib.plan.problems`' rule.)"""
+    the all-gather dispatcher with padding to capacity; either MoE knob on a dense model. (The shared experts'
+    h_ffn over tp is `pylib.plan.problems`' rule. The all-gather dispatcher with etp > 1 gathers over the etp x ep
+    grid, axis "etp-ep", priced as `compose.step_traffic` sends it.)"""
     out = []
     if cfg.moe is None:
         if plan.dispatcher is not None or plan.routing_imbalance != 1.0:
@@ -448,11 +449,8 @@ def moe_plan_problems(cfg, plan: Plan) -> list[str]:
         return out
     if plan.options.recompute.granularity == "full":
         out.append(FULL_MOE)
-    if dispatcher_of(cfg, plan) == "allgather":
-        if plan.par.etp > 1:
-            out.append(f"the all-gather dispatcher is priced over the EP group alone: etp={plan.par.etp} must be 1")
-        if cfg.moe.pad_to_capacity:
-            out.append("pad_to_capacity pads the all-to-all's rows: the all-gather dispatcher has none")
+    if dispatcher_of(cfg, plan) == "allgather" and cfg.moe.pad_to_capacity:
+        out.append("pad_to_capacity pads the all-to-all's rows: the all-gather dispatcher has none")
     return out
 
 
@@ -889,9 +887,9 @@ def step_flops(cfg, batch: int, seq: int) -> float:
     return 3.0 * forward
 
 
-# the groups `compose.step_traffic` sends on in a plan the planner prices (it also sends on "etp-ep", the all-gather
-# dispatcher's grid when etp > 1, which `moe_plan_problems` refuses)
-TRAFFIC_AXES = ("tp", "cp", "pp", "dp-cp", "tp-cp", "ep", "etp", "edp")
+# the groups `compose.step_traffic` sends on in a plan the planner prices; "etp-ep" is the all-gather dispatcher's
+# grid when etp > 1 (the tp-ep ranks of the folded expert mesh: its link chosen by `crosses_nodes` as every other's)
+TRAFFIC_AXES = ("tp", "cp", "pp", "dp-cp", "tp-cp", "ep", "etp", "etp-ep", "edp")
 
 
 @functools.lru_cache(maxsize=65536)
@@ -1081,7 +1079,7 @@ def moe_recompute_rows(plan: Plan, rows: list) -> list:
     return [
         replace(r, phase="recompute", where=f"{r.where}.recompute")
         for r in rows
-        if r.axis in ("ep", "etp") and r.phase == "forward"
+        if r.axis in ("ep", "etp", "etp-ep") and r.phase == "forward"
     ]
 
 
@@ -1335,12 +1333,13 @@ def fp8_compute(workload: Workload, cluster: Cluster) -> Fp8Compute | None:
 
 def exposed_seconds(plan: Plan, counted, t: MicrobatchTime, cluster: Cluster, intra: dict) -> dict[str, float]:
     """Seconds of this rank's communication left on the critical path, by axis (the module docstring's overlap rules),
-    from its traffic rows as (row, times) pairs (`compose.counted_rows`: a layer's rows repeat, priced once each):
-    TP/SP (and ETP, TP-CP) in full, or (1 - tp_overlap) of it with `tp_comm_overlap`; ring CP less the attention
-    core it hides behind; Ulysses and EP in full; PP's sends of the fill and drain, (pp - 1) / (v m) of them; DP by
-    ZeRO stage: DDP / ZeRO-1 reduce once, behind the last microbatch's backward, ZeRO-1/2 gather the updated
-    parameters behind the next step's first forward, ZeRO-2 reduce-scatters every microbatch behind its backward,
-    ZeRO-3 gathers every microbatch behind its forward and again (with the reduce-scatter) behind its backward.
+    from its traffic rows as (row, times) pairs (`compose.counted_rows`: a layer's rows repeat, priced once each): TP/SP
+    (and ETP, TP-CP) in full, or (1 - tp_overlap) of it with `tp_comm_overlap`; ring CP less the attention core it hides
+    behind; Ulysses and EP (the all-gather dispatcher's etp-ep too) in full; PP's sends of the fill and drain, (pp - 1)
+    / (v m) of them; DP by ZeRO stage: DDP / ZeRO-1 reduce once, behind the last microbatch's backward, ZeRO-1/2 gather
+    the updated parameters behind the next step's first forward, ZeRO-2 reduce-scatters every microbatch behind its
+    backward, ZeRO-3 gathers every microbatch behind its forward and again (with the reduce-scatter) behind its
+    backward.
     Without `overlap_dp` every DP byte counts. Megatron's SP (`Plan.sp_regather`) issues two of its backward
     collectives asynchronously in the column- parallel linears (`megatron/core/tensor_parallel/layers.py`): the
     regather of the saved input, under the input- gradient GEMM, and the input gradient's reduce-scatter, under the
@@ -1520,7 +1519,8 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
     in full (so at most its total): TP's collectives around attention in every held layer (`tp.layer_collectives`,
     times 1 - tp_overlap when the run overlaps them), Ulysses' all-to-alls or all-gather CP's collectives in every
     held layer (`cp.ulysses_traffic`, `cp.allgather_traffic`), EP's dispatch and combine, forward and backward, in
-    every held MoE layer (`ep.expected_alltoall_bytes`). 1% below, for the bytes the formulas round down per
+    every held MoE layer (`ep.expected_alltoall_bytes`; the all-gather dispatcher's `ep.dispatcher_bytes` over
+    the etp x ep grid, on "etp-ep" when etp > 1). 1% below, for the bytes the formulas round down per
     buffer. Used by `rank_plans` to skip plans that cannot win; never reported."""
     par = plan.par
     e = dtype_bytes(cfg.dtype)
@@ -1546,16 +1546,17 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
         else:
             u = cp_analysis.allgather_traffic(b, workload.seq, kv, cfg.d_head, par.cp, e)
         seconds += m * len(held) * (u["forward_bytes_sent"] + u["backward_bytes_sent"]) / bw("cp")
-    if cfg.moe is not None and par.ep > 1:
+    gather = dispatcher_of(cfg, plan) == "allgather" if cfg.moe is not None else False
+    if cfg.moe is not None and (par.ep > 1 or (gather and par.etp > 1)):
         s_out = s_cp // (par.tp if plan.options.sequence_parallel and par.tp > 1 else 1)
         moe_layers = sum(cfg.is_moe_layer(i) for i in held)
-        if dispatcher_of(cfg, plan) == "allgather":
-            per_layer = (
-                2 * ep_analysis.dispatcher_bytes("allgather", b * s_out, cfg.moe.top_k, cfg.d_model, e, par.ep)["total"]
-            )
+        tokens, k = b * s_out, cfg.moe.top_k
+        if gather:  # forward and backward, less the int64 ids (no gradient), over the etp x ep grid
+            sent = ep_analysis.dispatcher_bytes("allgather", tokens, k, cfg.d_model, e, par.ep, par.etp)
+            per_layer = 2 * sent["total"] - (par.ep * par.etp - 1) * tokens * k * 8
         else:
-            per_layer = 4 * ep_analysis.expected_alltoall_bytes(b * s_out, cfg.moe.top_k, cfg.d_model, par.ep, e)
-        seconds += m * moe_layers * per_layer / bw("ep")
+            per_layer = 4 * ep_analysis.expected_alltoall_bytes(tokens, k, cfg.d_model, par.ep, e)
+        seconds += m * moe_layers * per_layer / bw("ep" if par.etp == 1 or not gather else "etp-ep")
     return 0.99 * seconds
 
 

@@ -94,7 +94,8 @@ class AllToAllDispatcher:
     (`unpermute(fused=True)`, DeepSeek-V3's storage that `planner.Workload.storage` prices); off by default.
     gate_in_expert: the combine weights travel with the rows (`dispatch_gates`, one value a row, tagged "dispatch")
     and the experts apply them (`LocalExperts.forward`'s gates), so the combine is a plain sum that keeps no expert
-    output (the storage choice "gate_in_expert"); off by default. `ExpertParallelMoE.forward` reads it."""
+    output (the storage choice "gate_in_expert"); off by default. `ExpertParallelMoE.forward` and the overlapped
+    forward (`pylib.ep.overlap.moe_steps`, the weights in flight with their rows) read both."""
 
     def __init__(self, n_experts: int, ep_group: AxisGroup, etp_group: AxisGroup):
         self.n_experts, self.ep_group, self.etp_group = n_experts, ep_group, etp_group
@@ -138,14 +139,20 @@ class AllToAllDispatcher:
                 rows = collectives.all_gather_uneven(rows, state.etp_rows, self.etp_group)
         return sort_chunks(rows, state.chunk_counts), state
 
-    def dispatch_gates(self, weights: torch.Tensor, state: DispatchState) -> torch.Tensor:
-        """The combine weights [T, k] of a `dispatch`'s kept assignments, sent where their rows went and in the same
-        order: [R], one per row the local experts received (0 for a padding row). Their gradient comes home by the
-        same exchanges backward."""
+    def gate_rows(self, weights: torch.Tensor, state: DispatchState) -> torch.Tensor:
+        """The combine weights [T, k] laid out as `prepare` lays out the rows it sends: [rows sent, 1] (zeros at the
+        padding under a capacity), for `dispatch_gates` and for `pylib.ep.overlap`'s async exchange of them."""
         plan = state.plan
         w = weights[plan.token_index, plan.slot_index].unsqueeze(-1)
         if state.pad_index is not None:  # [E C, 1] as `_pad` lays the rows out
             w = w.new_zeros((int(state.send_counts.sum()), 1)).index_copy(0, state.pad_index, w)
+        return w
+
+    def dispatch_gates(self, weights: torch.Tensor, state: DispatchState) -> torch.Tensor:
+        """The combine weights [T, k] of a `dispatch`'s kept assignments, sent where their rows went and in the same
+        order: [R], one per row the local experts received (0 for a padding row). Their gradient comes home by the
+        same exchanges backward."""
+        w = self.gate_rows(weights, state)
         with tag("dispatch"):
             w = collectives.all_to_all_uneven(w, *state.splits(), self.ep_group)
             if self.etp > 1:

@@ -70,6 +70,59 @@ def dispatch_issue(d: AllToAllDispatcher, x, experts, keep, capacity=None):
     return pending, state
 
 
+def gates_issue(d: AllToAllDispatcher, weights, state: DispatchState):
+    """With `gate_in_expert`: the combine weights [T, k] sent where their rows go, one value a row, issued right after
+    the rows (`AllToAllDispatcher.dispatch_gates` up to its all-to-all), not waited for."""
+    with tag("dispatch"):
+        return collectives.all_to_all_uneven_async(
+            d.gate_rows(weights, state), state.output_splits, state.input_splits, d.ep_group
+        )
+
+
+class RowsAndGates:
+    """The rows' and their combine weights' all-to-alls in flight together (`gate_in_expert`): one exchange to
+    `interleave` and `Segments`. wait() -> (rows, gates), each connected to the graph; cut() -> both cuts;
+    `forward_work` / `backward_work` the two exchanges' works as one (None before backward issued any)."""
+
+    def __init__(self, rows, gates):
+        self.parts = (rows, gates)
+
+    def wait(self):
+        return tuple(p.wait() for p in self.parts)
+
+    def cut(self):
+        return [p.cut() for p in self.parts]
+
+    @property
+    def forward_work(self):
+        return _Works([p.forward_work for p in self.parts])
+
+    @property
+    def backward_work(self):
+        works = [p.backward_work for p in self.parts if p.backward_work is not None]
+        return _Works(works) if works else None
+
+
+class _Works:
+    """Several `AllToAllWork`s as one: wait() waits for each (returns their outputs); issued at the first's launch,
+    waited for at the last's wait."""
+
+    def __init__(self, works):
+        self.works = [w for w in works if w is not None]
+
+    def wait(self):
+        return tuple(w.wait() for w in self.works)
+
+    @property
+    def t_launch(self):
+        return min((w.t_launch for w in self.works), default=None)
+
+    @property
+    def t_wait(self):
+        waits = [w.t_wait for w in self.works]
+        return None if None in waits or not waits else max(waits)
+
+
 def dispatch_finish(d: AllToAllDispatcher, rows, state: DispatchState):
     """The received rows -> rows grouped by local expert (the ETP all-gather first, blocking, when etp > 1)."""
     if d.etp > 1:
@@ -87,11 +140,12 @@ def combine_issue(d: AllToAllDispatcher, y, state: DispatchState):
         return collectives.all_to_all_uneven_async(y, state.input_splits, state.output_splits, d.ep_group)
 
 
-def combine_finish(y, state: DispatchState, weights):
-    """The rows back home -> each token's weighted sum of its k expert outputs [T, h]."""
+def combine_finish(y, state: DispatchState, weights, fused: bool = False):
+    """The rows back home -> each token's weighted sum of its k expert outputs [T, h] (weights None: the experts
+    applied them, a plain sum). fused: `unpermute(fused=True)`, as `AllToAllDispatcher.combine` chooses it."""
     if state.pad_index is not None:
         y = y[state.pad_index]
-    return unpermute(y, state.plan, weights)
+    return unpermute(y, state.plan, weights, fused=fused)
 
 
 class Uncut:
@@ -111,7 +165,10 @@ def moe_steps(layer: ExpertParallelMoE, x: torch.Tensor, shared_overlap: bool = 
     """`ExpertParallelMoE.forward` as a generator that yields ("dispatch" | "combine", PendingRows) at each
     all-to-all and expects the waited rows sent back; returns the output [b, s_local, h]. Same operations, same
     bits. shared_overlap: compute the shared experts while the dispatch is in flight (else after the combine, as
-    `forward` does). cut: `Segments` to cut the graph at the exchanges, for a backward run in pieces."""
+    `forward` does). cut: `Segments` to cut the graph at the exchanges, for a backward run in pieces. The
+    dispatcher's storage choices hold here too: with `gate_in_expert` the combine weights are issued right after
+    the rows and travel with them (one exchange, `RowsAndGates`), the experts apply them and the combine is a plain
+    sum; `fused_unpermute` fuses the combine's weighting and sum."""
     if not isinstance(layer.dispatcher, AllToAllDispatcher):
         raise ValueError(
             f"overlapping needs the all-to-all dispatcher, this layer has {type(layer.dispatcher).__name__} "
@@ -128,12 +185,16 @@ def moe_steps(layer: ExpertParallelMoE, x: torch.Tensor, shared_overlap: bool = 
     if torch.is_grad_enabled():
         layer.routed_counts += tokens_per_expert(routing.experts, cfg.n_experts)
     pending, state = dispatch_issue(d, xt, routing.experts, keep, capacity if cfg.pad_to_capacity else None)
+    if d.gate_in_expert:  # the combine weights travel with their rows, as `dispatch_gates` sends them
+        pending = RowsAndGates(pending, gates_issue(d, routing.weights, state))
     shared = layer.shared(x) if layer.shared is not None and shared_overlap else None
     later, (x_later, shared) = Routing(*cut.keep(*routing)), cut.keep(x, shared)  # used after the exchanges
-    rows = dispatch_finish(d, (yield "dispatch", cut.exchange(pending, "dispatch")), state)
-    y = layer.experts(rows, state.rows_per_local_expert)
+    rows, gates = _received(d, (yield "dispatch", cut.exchange(pending, "dispatch")), state)
+    sizes = state.rows_per_local_expert
+    y = layer.experts(rows, sizes) if gates is None else layer.experts(rows, sizes, gates)
     y = yield "combine", cut.exchange(combine_issue(d, y, state), "combine")
-    out = combine_finish(y, state, later.weights)
+    fused = d.fused_unpermute or d.gate_in_expert
+    out = combine_finish(y, state, None if d.gate_in_expert else later.weights, fused)
     if layer.shared is not None:
         out = out + (shared if shared is not None else layer.shared(x_later)).reshape(out.shape)
     aux = group_aux_loss(later, cfg, layer.aux_group)
@@ -143,6 +204,14 @@ def moe_steps(layer: ExpertParallelMoE, x: torch.Tensor, shared_overlap: bool = 
     layer.last_routing = Routing(*(t.detach() for t in routing))
     layer.last_keep, layer.last_state = keep, state
     return out.view(shape)
+
+
+def _received(d: AllToAllDispatcher, got, state: DispatchState):
+    """What the dispatch's wait handed back -> (rows grouped by local expert, their combine weights [R] or None)."""
+    if not d.gate_in_expert:
+        return dispatch_finish(d, got, state), None
+    rows, gates = got
+    return dispatch_finish(d, rows, state), dispatch_finish(d, gates, state).squeeze(-1)
 
 
 def block_steps(block: nn.Module, x: torch.Tensor, shared_overlap: bool = False, cut: Uncut = UNCUT):
@@ -286,8 +355,9 @@ class Segments(Uncut):
 
     def __init__(self):
         self.kept: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[]]
-        self.cuts: list[tuple[torch.Tensor, torch.Tensor]] = []  # (end of piece k, leaf the wait started from)
-        self.pending: list = []  # exchange k's PendingRows
+        # exchange k's cuts: [(end of piece k, leaf the wait started from)], two with `RowsAndGates`
+        self.cuts: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        self.pending: list = []  # exchange k's PendingRows (or RowsAndGates)
         self.names: list[str] = []  # piece k's name in the forward ("attn.0", "experts.0", ..., "out")
         self.spent = False  # its backward has run
 
@@ -303,7 +373,8 @@ class Segments(Uncut):
 
     def exchange(self, pending, kind: str):
         self.names.append(_segment_name(f"{kind}.{len(self.names) // 2}"))  # a dispatch, then a combine, per layer
-        self.cuts.append(pending.cut())
+        cuts = pending.cut()
+        self.cuts.append(cuts if isinstance(cuts, list) else [cuts])
         self.pending.append(pending)
         self.kept.append([])
         return pending
@@ -327,7 +398,7 @@ class Segments(Uncut):
         """`backward`'s generator: piece k's backward from the gradients on its leaves, then its exchange's."""
         n, names = len(self.cuts), self.names + ["out"]
         for k in range(n, -1, -1):
-            pairs = self.kept[k] + ([self.cuts[k]] if k < n else [])
+            pairs = self.kept[k] + (self.cuts[k] if k < n else [])
             roots = [(t, leaf.grad) for t, leaf in pairs if leaf.grad is not None]
             roots += [(out, grad)] if k == n else []
             if roots:
