@@ -227,3 +227,42 @@ def test_equal_values_fingerprint_alike_whether_or_not_they_are_one_object():
     cycle: list = [1]
     cycle.append(cycle)  # a value inside itself still fingerprints (a marker where it meets itself)
     assert replay.fingerprint(len, (cycle,), {}, 1, "gloo") == replay.fingerprint(len, (cycle,), {}, 1, "gloo")
+
+
+def write_and_read(name, text):
+    """Rank 0 appends `text` to the file `name` of the working directory and removes 'old.txt'; every rank returns
+    what the file then holds."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        with open(name, "a") as f:
+            f.write(text)
+        if os.path.exists("old.txt"):
+            os.remove("old.txt")
+    dist.barrier()
+    with open(name) as f:
+        return os.getpid(), f.read()
+
+
+def test_a_working_folders_files_are_part_of_the_run_and_a_replay_makes_them_again(store, tmp_path, monkeypatch):
+    """The checkpoints chapter's case: each edition works in its own fresh folder, its ranks write files there that
+    later runs read. With the folder named (`working_folder`), the second kernel, in another folder, replays the run:
+    no rank starts, and its own folder ends with the files the first run wrote and without the file it removed."""
+    homes = [tmp_path / "edition-a", tmp_path / "edition-b"]
+    for home in homes:
+        (home / "ckpt").mkdir(parents=True)
+        (home / "old.txt").write_text("stale")
+    monkeypatch.chdir(homes[0])
+    replay.working_folder(homes[0])
+    try:
+        first = launch(write_and_read, 2, "ckpt/log.txt", "step 1;")
+        store.kernel()
+        monkeypatch.chdir(homes[1])
+        replay.working_folder(homes[1])
+        again = launch(write_and_read, 2, "ckpt/log.txt", "step 1;")
+        assert again == first  # replayed: the same rank process ids
+        assert (homes[1] / "ckpt" / "log.txt").read_text() == "step 1;" and not (homes[1] / "old.txt").exists()
+        later = launch(write_and_read, 2, "ckpt/log.txt", "step 2;")  # the next run reads the replayed file
+        assert later[0][1] == "step 1;step 2;"
+    finally:
+        replay.working_folder(None)

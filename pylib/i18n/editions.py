@@ -28,9 +28,11 @@ run again. Two kernels reaching the same launch at once take turns on a lock fil
 
 A replay lasts as long as the run did (it sleeps what is left after waiting for the other edition, so the cores
 are the other edition's meanwhile): a cell that times a run shows about the same in both editions. What a replay
-cannot give is what the ranks did besides returning (files they wrote): a chapter whose ranks write files that
-another cell reads turns sharing off (`share_between_editions(False)`, in a hidden cell; without it the replaying
-edition fails loudly on the missing file).
+cannot give by itself is what the ranks did besides returning (files they wrote). A chapter whose ranks write
+files that later cells or runs read works in a fresh folder of its own and names it (`working_folder(path)`, in a
+hidden cell): each run's changes to the files under it are stored with its result and made again by the replay. Any
+other chapter whose ranks write such files turns sharing off (`share_between_editions(False)`; without it the
+replaying edition fails loudly on the missing file).
 
 The same store serves costly pure functions of the chapter's own process (a planner search, a small training run):
 `@shared` on the library function.
@@ -200,6 +202,7 @@ def fingerprint(fn, args: tuple, kwargs: dict, world_size: int, backend: str) ->
 
 
 _shared = True  # share_between_editions(False) turns it off for this process
+_working: Path | None = None  # `working_folder`: whose file changes are part of a run's outcome
 _chain = b""  # the key of this process's last shared run
 _inside = False  # a shared run is under way in this process
 
@@ -209,6 +212,48 @@ def share_between_editions(on: bool = True) -> None:
     (only ever when $PYLIB_LAUNCH_REPLAY names a folder)."""
     global _shared
     _shared = bool(on)
+
+
+def working_folder(path) -> None:
+    """Make `path`, the working folder a chapter has just moved into (a fresh temporary folder, as the checkpoints
+    chapter's), part of what its shared runs store and replays give back: the files a run writes, changes or removes
+    under it are kept with its result, and a replay makes the same changes in the replaying edition's own folder, so
+    the cells and runs after it read the same files in both editions. The chain then names the folder by this role,
+    not by its path (each edition's mkdtemp has another name). None: back to plain runs."""
+    global _working
+    _working = None if path is None else Path(path).resolve()
+
+
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    """{path relative to `root`: (size, mtime in ns)} of every file under it."""
+    out = {}
+    for base, _, names in os.walk(root):
+        for name in names:
+            st = os.stat(os.path.join(base, name))
+            out[os.path.relpath(os.path.join(base, name), root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _changes(root: Path, before: dict) -> tuple[dict[str, bytes], list[str]]:
+    """({file written or changed since `before`: its bytes}, [files removed since])."""
+    after = _files(root)
+    written = {rel: (root / rel).read_bytes() for rel, stat in after.items() if before.get(rel) != stat}
+    return written, sorted(set(before) - set(after))
+
+
+def _make_changes(root: Path, changes) -> None:
+    written, removed = changes
+    for rel in removed:
+        (root / rel).unlink(missing_ok=True)
+    for rel, data in written.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+
+
+def _place() -> str:
+    """Where this run is, for the chain: the working directory, or the role of a `working_folder` (above)."""
+    cwd = Path.cwd().resolve()
+    return "(the working folder)" if _working is not None and cwd == _working else str(cwd)
 
 
 def folder() -> Path | None:
@@ -222,6 +267,8 @@ class Slot:
 
     def __init__(self, root: Path, key: str, waited_since: float):
         self.root, self.key, self.waited_since = root, key, waited_since
+        self.working = _working  # the working folder's files as they were before the run (`working_folder`)
+        self.before = _files(_working) if _working is not None else None
 
     def _path(self, tag: str) -> Path:
         return self.root / f"{self.key}-{tag}.pkl"
@@ -234,7 +281,9 @@ class Slot:
             path = self._path(tag)
             if path.exists():
                 with open(path, "rb") as f:
-                    value, seconds = pickle.load(f)
+                    value, seconds, changes = pickle.load(f)
+                if changes is not None and self.working is not None:
+                    _make_changes(self.working, changes)
                 (self.root / f"{self.key}.replayed").touch()  # the build counts them
                 time.sleep(max(0.0, seconds - (time.monotonic() - self.waited_since)))
                 return value
@@ -244,7 +293,8 @@ class Slot:
         path = self._path(language() if asked_language else "any")
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         try:
-            data = pickle.dumps((value, seconds), protocol=pickle.HIGHEST_PROTOCOL)
+            changes = _changes(self.working, self.before) if self.working is not None else None
+            data = pickle.dumps((value, seconds, changes), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # noqa: BLE001 - a value pickle refuses (a lambda in a result) is simply not shared
             return
         tmp.write_bytes(data)
@@ -266,7 +316,7 @@ def slot(fn, args: tuple, kwargs: dict, world_size: int, backend: str):
         _chain = hashlib.sha256(_chain + b"unfingerprintable").digest()
         yield None
         return
-    _chain = hashlib.sha256(_chain + os.getcwd().encode() + fp).digest()
+    _chain = hashlib.sha256(_chain + _place().encode() + fp).digest()
     root.mkdir(parents=True, exist_ok=True)
     key = _chain.hex()[:32]
     with open(root / "runs.log", "a") as log:  # who ran what, for finding where two editions' chains part
