@@ -230,8 +230,8 @@ def test_equal_values_fingerprint_alike_whether_or_not_they_are_one_object():
 
 
 def write_and_read(name, text):
-    """Rank 0 appends `text` to the file `name` of the working directory and removes 'old.txt'; every rank returns
-    what the file then holds."""
+    """Rank 0 appends `text` to the file `name` of the working directory, removes 'old.txt' and renames the folder
+    'partial' to 'done'; every rank returns what the file then holds."""
     import torch.distributed as dist
 
     if dist.get_rank() == 0:
@@ -239,6 +239,8 @@ def write_and_read(name, text):
             f.write(text)
         if os.path.exists("old.txt"):
             os.remove("old.txt")
+        if os.path.isdir("partial"):  # a save's temporary folder, renamed when complete
+            os.rename("partial", "done")
     dist.barrier()
     with open(name) as f:
         return os.getpid(), f.read()
@@ -247,11 +249,14 @@ def write_and_read(name, text):
 def test_a_working_folders_files_are_part_of_the_run_and_a_replay_makes_them_again(store, tmp_path, monkeypatch):
     """The checkpoints chapter's case: each edition works in its own fresh folder, its ranks write files there that
     later runs read. With the folder named (`working_folder`), the second kernel, in another folder, replays the run:
-    no rank starts, and its own folder ends with the files the first run wrote and without the file it removed."""
+    no rank starts, and its own folder ends as the first one did: the file written, the file removed, the folder
+    renamed (gone under its old name, as the checkpoints chapter checks of a save's temporary folder)."""
     homes = [tmp_path / "edition-a", tmp_path / "edition-b"]
     for home in homes:
         (home / "ckpt").mkdir(parents=True)
         (home / "old.txt").write_text("stale")
+        (home / "partial" / "inner").mkdir(parents=True)
+        (home / "partial" / "inner" / "piece").write_text("x")
     monkeypatch.chdir(homes[0])
     replay.working_folder(homes[0])
     try:
@@ -262,6 +267,7 @@ def test_a_working_folders_files_are_part_of_the_run_and_a_replay_makes_them_aga
         again = launch(write_and_read, 2, "ckpt/log.txt", "step 1;")
         assert again == first  # replayed: the same rank process ids
         assert (homes[1] / "ckpt" / "log.txt").read_text() == "step 1;" and not (homes[1] / "old.txt").exists()
+        assert not (homes[1] / "partial").exists() and (homes[1] / "done" / "inner" / "piece").read_text() == "x"
         later = launch(write_and_read, 2, "ckpt/log.txt", "step 2;")  # the next run reads the replayed file
         assert later[0][1] == "step 1;step 2;"
     finally:

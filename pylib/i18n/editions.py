@@ -45,6 +45,7 @@ import functools
 import hashlib
 import os
 import pickle
+import shutil
 import sys
 import time
 import types
@@ -224,30 +225,44 @@ def working_folder(path) -> None:
     _working = None if path is None else Path(path).resolve()
 
 
-def _files(root: Path) -> dict[str, tuple[int, int]]:
-    """{path relative to `root`: (size, mtime in ns)} of every file under it."""
-    out = {}
-    for base, _, names in os.walk(root):
+def _files(root: Path) -> dict[str, tuple[int, int] | None]:
+    """{path relative to `root`: (size, mtime in ns) for a file, None for a folder} of everything under it."""
+    out: dict[str, tuple[int, int] | None] = {}
+    for base, dirs, names in os.walk(root):
+        for name in dirs:
+            out[os.path.relpath(os.path.join(base, name), root)] = None
         for name in names:
             st = os.stat(os.path.join(base, name))
             out[os.path.relpath(os.path.join(base, name), root)] = (st.st_size, st.st_mtime_ns)
     return out
 
 
-def _changes(root: Path, before: dict) -> tuple[dict[str, bytes], list[str]]:
-    """({file written or changed since `before`: its bytes}, [files removed since])."""
+def _changes(root: Path, before: dict) -> tuple[dict[str, bytes | None], list[str]]:
+    """({file written or changed since `before`: its bytes, folder made since: None}, [what was removed since]): a
+    save that writes into a temporary folder and renames it leaves a new folder and removes the old one."""
     after = _files(root)
-    written = {rel: (root / rel).read_bytes() for rel, stat in after.items() if before.get(rel) != stat}
-    return written, sorted(set(before) - set(after))
+    made = {
+        rel: None if stat is None else (root / rel).read_bytes()
+        for rel, stat in after.items()
+        if rel not in before or before[rel] != stat
+    }
+    return made, sorted(set(before) - set(after))
 
 
 def _make_changes(root: Path, changes) -> None:
-    written, removed = changes
-    for rel in removed:
-        (root / rel).unlink(missing_ok=True)
-    for rel, data in written.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(data)
+    made, removed = changes
+    for rel in sorted(removed, key=lambda r: -r.count(os.sep)):  # what a folder held before the folder itself
+        path = root / rel
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    for rel, data in sorted(made.items()):  # a folder before what it holds
+        if data is None:
+            (root / rel).mkdir(parents=True, exist_ok=True)
+        else:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(data)
 
 
 def _place() -> str:
