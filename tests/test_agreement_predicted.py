@@ -180,6 +180,7 @@ def _communicated() -> int:
 
 def _etp_steps():
     from pylib.ep import ExpertParallelMoE
+    from pylib.ep.overlap import interleave, moe_steps
     from pylib.plan.config import MoEConfig
     from pylib.runtime import Mesh, ParallelConfig
     from tests.conftest import seeded_moe
@@ -196,6 +197,16 @@ def _etp_steps():
         out["per step"].append(_communicated() - before)
         out["etp rows"].append(tuple(layer.last_state.etp_rows))
     out["etp row checks"] = A._predictor(mesh.etp).row_checks
+    out["overlap row checks"] = []
+    for step in range(3):  # two micro-batches interleaved (`pylib.ep.overlap`): its exchanges take the same values
+        xs = [
+            torch.randn(1, 6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(9 + 4 * step + 2 * r + k))
+            for k in range(2)
+        ]
+        before = sum(p.row_checks for p in A._PREDICTORS.values())
+        ys = interleave([moe_steps(layer, x.requires_grad_()) for x in xs], overlap=True)
+        (ys[0].sum() + ys[1].sum()).backward()
+        out["overlap row checks"].append(sum(p.row_checks for p in A._PREDICTORS.values()) - before)
     etp = mesh.etp
     rows = torch.ones(1 + etp.rank, 8, dtype=torch.float64)
     bad = [1, 2] if etp.rank == 0 else [3, 2]  # member 1 miscounts member 0's rows (its own entry is right)
@@ -203,12 +214,15 @@ def _etp_steps():
     return out
 
 
-@pytest.mark.slow
 def test_etp_row_counts_gathered_with_the_counts_are_never_checked_again_and_a_corrupted_raw_list_is_named():
+    """ep 2 x etp 2: from the third step on no collective of the layer communicates to check (with the raw ETP row
+    counts, 4 checks a step, every step); interleaved micro-batches (`pylib.ep.overlap`) compare no row counts
+    either (10 a step with the raw lists); and a raw list one member miscounts is still named before data moves."""
     outs = launch(_etp_steps, 4, timeout=60)
     for out in outs:
         steps = out["per step"]
         assert steps[0] > 0 and steps[-2:] == [0, 0], steps  # learned, then no check at all (before: 4 a step)
+        assert out["overlap row checks"] == [0, 0, 0]  # its ETP sizes and EP splits are trusted too (before: 10)
         assert out["etp row checks"] == 0  # the ETP all-gather / reduce-scatter never compared their row counts
         assert len(set(out["etp rows"])) > 1  # ... though they changed from step to step
         message = out["corrupted raw"]
