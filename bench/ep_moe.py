@@ -25,18 +25,24 @@ from pylib.ep.balance import dropped_share, moe_input, moe_layers, train_balance
 from pylib.ep.traffic import traffic_matrix
 from pylib.model.moe import MoE
 from pylib.plan.config import MoEConfig
-from pylib.runtime import launch, trace
+from pylib.runtime import Mesh, ParallelConfig, launch, trace
 
 EP = 4
 
 
-def ep_layer_and_input(tokens: int, h: int, cfg: MoEConfig):
-    """This rank's expert-parallel layer of one seeded MoE (h, 4h, `cfg`) and its own input of `tokens` rows."""
+def ep_layer_and_input(tokens: int, h: int, cfg: MoEConfig, etp: int = 1):
+    """This rank's expert-parallel layer of one seeded MoE (h, 4h, `cfg`) and its own input of `tokens` rows; with
+    etp > 1 the world is etp x (world / etp) ranks, each expert's h_ffn split over the ETP group."""
     r = dist.get_rank()
     with torch.random.fork_rng():
         torch.manual_seed(0)
         moe = MoE(h, 4 * h, cfg)
-    layer = ExpertParallelMoE.from_full(moe)
+    if etp == 1:
+        layer = ExpertParallelMoE.from_full(moe)
+    else:
+        world = dist.get_world_size()
+        mesh = Mesh(ParallelConfig(dp=world, ep=world // etp, etp=etp))
+        layer = ExpertParallelMoE.from_full(moe, ep_group=mesh.ep, etp_group=mesh.etp, aux_group=mesh.world)
     x = torch.randn(1, tokens, h, generator=torch.Generator().manual_seed(r), requires_grad=True)
     return layer, x
 

@@ -16,6 +16,8 @@ the machine falls on both sides of it.
     ring (CP)            pylib.cp.ring_attention, zig-zag    all-gather K and V (torch.distributed.nn), then
                                                              torch's scaled_dot_product_attention with the mask
     EP dispatch          pylib.ep.ExpertParallelMoE          (torch has none: the row shows the check's cost only)
+    EP+ETP (etp=2)       the same on 2 x 2 ranks, each        (none in torch)
+                         expert's h_ffn split over ETP
 
 Torch has no cross-rank agreement check, so ours runs under each `--settings` (like with like: "off"):
     on     the check as shipped (`pylib.runtime.agreement`): a call the group's verified order predicts costs
@@ -25,8 +27,8 @@ Torch has no cross-rank agreement check, so ours runs under each `--settings` (l
     full   the check before issue 30: every collective first all-gathers every rank's whole descriptor
 The `check` column is ours-on / ours-off - 1: what the check costs of that row's step (`every`: the same for
 ours-every); `checked/step` how many collectives of an ours-on step still communicated to check (the slowest
-rank, the median cycle): 0 once the step's order is learned (the pipeline's once-per-step `agree_pipeline` is not
-counted).
+rank, the median cycle), predicted calls whose raw row counts still had to be compared included: 0 once the step's
+order is learned (the pipeline's once-per-step `agree_pipeline` is not counted).
 
 Timing on a shared CPU with gloo is noisy: rerun and read the medians, not one row.
 """
@@ -120,8 +122,9 @@ CHECKED = "checked calls"  # of ours on, per step: the calls that communicated t
 
 
 def _checked() -> int:
-    """Calls this rank's groups have checked with communication so far (`agreement._Predictor`)."""
-    return sum(p.checked + p.rounds for p in agreement._PREDICTORS.values())
+    """Calls this rank's groups have checked with communication so far (`agreement._Predictor`): steps 1-2, store
+    rendezvous, and predicted calls whose raw row counts were still checked (split residuals, `sizes` hashes)."""
+    return sum(p.checked + p.rounds + p.row_checks for p in agreement._PREDICTORS.values())
 
 
 # ------------------------------------------------------------------------------------------------ the rows
@@ -265,15 +268,16 @@ def _cp_rank(size, settings, steps):
     ]
 
 
-def _ep_rank(size, settings, steps):
+def _ep_rank(size, settings, steps, etp=1):
     tokens, h, cfg = size
-    layer, x = ep_layer_and_input(tokens, h, cfg)
+    layer, x = ep_layer_and_input(tokens, h, cfg, etp)
 
     def ours():
         layer(x).sum().backward()
 
     label = f"{tokens} tokens/rank h={h} E={cfg.n_experts} top-{cfg.top_k}"
-    return [("EP dispatch", label, "(none in torch)", _timed(ours, None, settings, steps))]
+    name = "EP dispatch" if etp == 1 else f"EP+ETP (etp={etp})"
+    return [(name, label, "(none in torch)", _timed(ours, None, settings, steps))]
 
 
 def _check_rank(settings, calls, rounds):
@@ -390,7 +394,7 @@ def measure(settings=SETTINGS, steps=10, tiny=False, rows=ROWS) -> list[dict]:
         "pp": [(p, (_pp_rank, p, m, pp_schedules, settings, steps))],
         "dp": [(d, (_dp_rank, d, *dp, settings, steps))],
         "cp": [(d, (_cp_rank, d, cp, settings, steps))],
-        "ep": [(d, (_ep_rank, d, ep, settings, steps))],
+        "ep": [(d, (_ep_rank, d, ep, settings, steps)), (4, (_ep_rank, 4, ep, settings, steps, 2))],
     }
     launched = [(n, launch(*args, timeout=900, backend="gloo")) for row in rows for n, args in runs[row]]
     return table_rows(launched)

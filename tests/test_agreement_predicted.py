@@ -170,3 +170,86 @@ def test_splits_from_an_exchange_skip_the_check_and_raw_bad_splits_are_still_nam
             in out["raw bad, predicted"]
         )
         assert "another group" in out["another group"] and "no input_splits" in out["both"]
+
+
+def _communicated() -> int:
+    """Calls this rank's groups checked with communication so far: steps 1-2, store rendezvous, and predicted calls
+    whose raw row counts were still compared (`bench/peers.py`'s `checked/step`)."""
+    return sum(p.checked + p.rounds + p.row_checks for p in A._PREDICTORS.values())
+
+
+def _etp_steps():
+    from pylib.ep import ExpertParallelMoE
+    from pylib.ep.overlap import interleave, moe_steps
+    from pylib.plan.config import MoEConfig
+    from pylib.runtime import Mesh, ParallelConfig
+    from tests.conftest import seeded_moe
+
+    r = dist.get_rank()
+    mesh = Mesh(ParallelConfig(dp=4, ep=2, etp=2))
+    moe = seeded_moe(MoEConfig(n_experts=4, top_k=2))
+    layer = ExpertParallelMoE.from_full(moe, ep_group=mesh.ep, etp_group=mesh.etp, aux_group=mesh.world)
+    out = {"per step": [], "etp rows": []}
+    for step in range(5):  # another routing every step: the ETP row counts change, the calls do not
+        x = torch.randn(1, 6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(10 * step + r))
+        before = _communicated()
+        layer(x.requires_grad_()).sum().backward()
+        out["per step"].append(_communicated() - before)
+        out["etp rows"].append(tuple(layer.last_state.etp_rows))
+    out["etp row checks"] = A._predictor(mesh.etp).row_checks
+    out["overlap row checks"] = []
+    for step in range(3):  # two micro-batches interleaved (`pylib.ep.overlap`): its exchanges take the same values
+        xs = [
+            torch.randn(1, 6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(9 + 4 * step + 2 * r + k))
+            for k in range(2)
+        ]
+        before = sum(p.row_checks for p in A._PREDICTORS.values())
+        ys = interleave([moe_steps(layer, x.requires_grad_()) for x in xs], overlap=True)
+        (ys[0].sum() + ys[1].sum()).backward()
+        out["overlap row checks"].append(sum(p.row_checks for p in A._PREDICTORS.values()) - before)
+    etp = mesh.etp
+    rows = torch.ones(1 + etp.rank, 8, dtype=torch.float64)
+    bad = [1, 2] if etp.rank == 0 else [3, 2]  # member 1 miscounts member 0's rows (its own entry is right)
+    out["corrupted raw"] = _message(lambda: C.all_gather_uneven(rows, bad, etp))
+    return out
+
+
+def test_etp_row_counts_gathered_with_the_counts_are_never_checked_again_and_a_corrupted_raw_list_is_named():
+    """ep 2 x etp 2: from the third step on no collective of the layer communicates to check (with the raw ETP row
+    counts, 4 checks a step, every step); interleaved micro-batches (`pylib.ep.overlap`) compare no row counts
+    either (10 a step with the raw lists); and a raw list one member miscounts is still named before data moves."""
+    outs = launch(_etp_steps, 4, timeout=60)
+    for out in outs:
+        steps = out["per step"]
+        assert steps[0] > 0 and steps[-2:] == [0, 0], steps  # learned, then no check at all (before: 4 a step)
+        assert out["overlap row checks"] == [0, 0, 0]  # its ETP sizes and EP splits are trusted too (before: 10)
+        assert out["etp row checks"] == 0  # the ETP all-gather / reduce-scatter never compared their row counts
+        assert len(set(out["etp rows"])) > 1  # ... though they changed from step to step
+        message = out["corrupted raw"]
+        assert "the ranks disagree on the row counts `sizes`" in message and "[1, 2]" in message and "[3, 2]" in message
+
+
+def _gathered_sizes():
+    r = dist.get_rank()
+    counts = torch.tensor([1 + r, 2 * r])  # member r holds 1 + 3r rows
+    gathered, sizes = C.gather_sizes(counts)
+    out = {"gathered": gathered.tolist(), "sizes": sizes.sizes}
+    residual_free = A._predictor(C.resolve_group(None))
+    x = torch.ones(1 + 3 * r, 2, requires_grad=True)
+    # nothing predicted yet, so every rank checks: one rank's gathered sizes beside another's raw list are named
+    out["mixed"] = _message(lambda: C.all_gather_rows(x.detach(), sizes if r == 0 else list(sizes.sizes)))
+    for _ in range(3):  # gathered sizes, forward and backward (the backward reduce-scatter takes them too)
+        y = C.all_gather_uneven(x, sizes)
+        C.reduce_scatter_uneven(y * 2, sizes).sum().backward()
+    out["row checks"] = residual_free.row_checks
+    out["another group"] = _message(lambda: C.all_gather_rows(x, C.GatheredSizes(sizes.sizes, object())))
+    return out
+
+
+def test_sizes_from_gather_sizes_skip_the_check_and_a_raw_list_beside_them_is_named():
+    outs = launch(_gathered_sizes, 2, timeout=30)
+    for out in outs:
+        assert out["gathered"] == [[1, 0], [2, 2]] and out["sizes"] == (1, 4)
+        assert out["row checks"] == 0
+        assert "gathered over another group" in out["another group"]
+        assert "the ranks disagree on gathered sizes: rank 0 1, rank 1 0" in out["mixed"]

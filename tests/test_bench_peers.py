@@ -46,8 +46,8 @@ def test_the_table_times_the_slowest_rank_and_pairs_the_ratios_within_a_cycle():
 def test_peers_runs_every_row_against_torch_on_tiny_sizes():
     rows = peers.measure(("on", "off"), steps=1, tiny=True)
     modes = [r["mode"] for r in rows]
-    assert modes == ["TP", "TP+SP", "1f1b", "DDP", "ZeRO-3", "ring (CP)", "EP dispatch"]
-    for r in rows[:-1]:
+    assert modes == ["TP", "TP+SP", "1f1b", "DDP", "ZeRO-3", "ring (CP)", "EP dispatch", "EP+ETP (etp=2)"]
+    for r in rows[:-2]:
         assert "cannot run" not in r["peer"], r["peer"]  # FSDP2 included: it runs on gloo CPU
         assert r["ours on/torch"] > 0 and r["ours off/torch"] > 0
     assert all(r["seconds"]["ours on"] > 0 and "check" in r for r in rows)

@@ -51,7 +51,8 @@ class DispatchState:
     recv_counts [ep, E_local]: rows each source rank sent to my local experts. chunk_counts [etp * ep, E_local]:
     rows per (ETP member, source rank, local expert) after the ETP all-gather (= recv_counts when etp = 1).
     etp_rows [etp]: rows each ETP member received in the all-to-all.
-    pad_index [A] (pad to capacity only): where each permuted row sits in the padded [E*C, h] tensor."""
+    pad_index [A] (pad to capacity only): where each permuted row sits in the padded [E*C, h] tensor.
+    gathered: etp_rows as `collectives.gather_sizes` gave them with chunk_counts (etp > 1 without a capacity)."""
 
     plan: PermutePlan
     send_counts: torch.Tensor
@@ -62,6 +63,10 @@ class DispatchState:
     # the all-to-all's splits as `exchange_splits` gave them (agreed by construction, so not checked again);
     # None under a capacity, where every rank sends C rows per expert and the splits are checked as given
     exchanged: collectives.ExchangedSplits | None = None
+    # etp_rows summed from the counts every ETP member all-gathered (`gather_sizes`): every member holds the same
+    # list, so the ETP all-gather and reduce-scatter skip the row-count check; None when etp = 1 or under a
+    # capacity (there each member derives its list from its own capacity, so the list is checked as given)
+    gathered: collectives.GatheredSizes | None = None
 
     # Host-side lists (the all-to-alls and the experts' split need ints): each costs one device sync, so each is
     # computed once per dispatch and reused by the experts, the combine and whoever inspects the state.
@@ -76,6 +81,12 @@ class DispatchState:
     @cached_property
     def output_splits(self) -> list[int]:
         return list(self.exchanged.output) if self.exchanged else self.recv_counts.sum(1).tolist()
+
+    @property
+    def etp_sizes(self):
+        """The ETP all-gather's / reduce-scatter's row counts as `all_gather_uneven` takes them: the
+        `GatheredSizes` when the counts were gathered, else the list (checked on every call)."""
+        return self.gathered if self.gathered is not None else self.etp_rows
 
     def splits(self, back: bool = False) -> tuple:
         """(output_splits, input_splits) of the dispatch's all-to-all (`back`: the combine's), as
@@ -109,7 +120,7 @@ class AllToAllDispatcher:
         counts exchanged (and, with etp > 1, gathered over ETP): (rows, DispatchState). `pylib.ep.overlap` issues
         the all-to-all after it without waiting."""
         rows, plan = permute(x, experts, self.n_experts, keep)
-        pad_index, exchanged = None, None
+        pad_index, exchanged, gathered = None, None, None
         if capacity is not None:
             rows, pad_index = self._pad(rows, plan, capacity)
             send_counts = torch.full((self.ep, self.n_local), capacity, dtype=torch.int64, device=x.device)
@@ -120,13 +131,14 @@ class AllToAllDispatcher:
             with tag("counts"):
                 recv_counts, exchanged = collectives.exchange_splits(plan.tokens_per_expert, self.ep_group)
                 recv_counts = recv_counts.view(self.ep, self.n_local)
-                if self.etp > 1:
-                    gathered = collectives.all_gather_tensor(recv_counts.reshape(1, -1), 0, self.etp_group)
-                    chunk_counts = gathered.view(self.etp * self.ep, self.n_local)
+                if self.etp > 1:  # every ETP member gets the same counts, and sums the same row counts from them
+                    every, gathered = collectives.gather_sizes(recv_counts, self.etp_group)
+                    chunk_counts = every.view(self.etp * self.ep, self.n_local)
                 else:
                     chunk_counts = recv_counts
-        etp_rows = chunk_counts.view(self.etp, -1).sum(1).tolist()
-        return rows, DispatchState(plan, send_counts, recv_counts, chunk_counts, etp_rows, pad_index, exchanged)
+        etp_rows = list(gathered.sizes) if gathered else chunk_counts.view(self.etp, -1).sum(1).tolist()
+        state = DispatchState(plan, send_counts, recv_counts, chunk_counts, etp_rows, pad_index, exchanged, gathered)
+        return rows, state
 
     def dispatch(
         self, x: torch.Tensor, experts: torch.Tensor, keep: torch.Tensor | None = None, capacity: int | None = None
@@ -136,7 +148,7 @@ class AllToAllDispatcher:
         with tag("dispatch"):
             rows = collectives.all_to_all_uneven(rows, *state.splits(), self.ep_group)
             if self.etp > 1:
-                rows = collectives.all_gather_uneven(rows, state.etp_rows, self.etp_group)
+                rows = collectives.all_gather_uneven(rows, state.etp_sizes, self.etp_group)
         return sort_chunks(rows, state.chunk_counts), state
 
     def gate_rows(self, weights: torch.Tensor, state: DispatchState) -> torch.Tensor:
@@ -156,14 +168,14 @@ class AllToAllDispatcher:
         with tag("dispatch"):
             w = collectives.all_to_all_uneven(w, *state.splits(), self.ep_group)
             if self.etp > 1:
-                w = collectives.all_gather_uneven(w, state.etp_rows, self.etp_group)
+                w = collectives.all_gather_uneven(w, state.etp_sizes, self.etp_group)
         return sort_chunks(w, state.chunk_counts).squeeze(-1)
 
     def combine(self, y: torch.Tensor, state: DispatchState, weights: torch.Tensor | None = None) -> torch.Tensor:
         y = sort_chunks(y, state.chunk_counts.T)
         with tag("combine"):
             if self.etp > 1:
-                y = collectives.reduce_scatter_uneven(y, state.etp_rows, self.etp_group)
+                y = collectives.reduce_scatter_uneven(y, state.etp_sizes, self.etp_group)
             y = collectives.all_to_all_uneven(y, *state.splits(back=True), self.ep_group)
         if state.pad_index is not None:
             y = y[state.pad_index]

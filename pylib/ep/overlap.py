@@ -66,7 +66,7 @@ def dispatch_issue(d: AllToAllDispatcher, x, experts, keep, capacity=None):
     The count exchange (E integers) and, with etp > 1, the ETP gather of the counts stay blocking."""
     rows, state = d.prepare(x, experts, keep, capacity)
     with tag("dispatch"):
-        pending = collectives.all_to_all_uneven_async(rows, state.output_splits, state.input_splits, d.ep_group)
+        pending = collectives.all_to_all_uneven_async(rows, *state.splits(), d.ep_group)
     return pending, state
 
 
@@ -127,7 +127,7 @@ def dispatch_finish(d: AllToAllDispatcher, rows, state: DispatchState):
     """The received rows -> rows grouped by local expert (the ETP all-gather first, blocking, when etp > 1)."""
     if d.etp > 1:
         with tag("dispatch"):
-            rows = collectives.all_gather_uneven(rows, state.etp_rows, d.etp_group)
+            rows = collectives.all_gather_uneven(rows, state.etp_sizes, d.etp_group)
     return sort_chunks(rows, state.chunk_counts)
 
 
@@ -136,8 +136,8 @@ def combine_issue(d: AllToAllDispatcher, y, state: DispatchState):
     y = sort_chunks(y, state.chunk_counts.T)
     with tag("combine"):
         if d.etp > 1:
-            y = collectives.reduce_scatter_uneven(y, state.etp_rows, d.etp_group)
-        return collectives.all_to_all_uneven_async(y, state.input_splits, state.output_splits, d.ep_group)
+            y = collectives.reduce_scatter_uneven(y, state.etp_sizes, d.etp_group)
+        return collectives.all_to_all_uneven_async(y, *state.splits(back=True), d.ep_group)
 
 
 def combine_finish(y, state: DispatchState, weights, fused: bool = False):

@@ -57,8 +57,10 @@ group's ranks learn that order once and then only check where it may change (`_P
    checked.
    Row counts are not part of the key (they change every step in an MoE layer). An uneven all-to-all whose splits
    came out of `collectives.exchange_splits` (an all-to-all of the counts, so rank i expects from j exactly what
-   j counted for i) agrees by construction and adds nothing; raw splits add step 1's split residual (below)
-   every call, raw `sizes` of an uneven all-gather / reduce-scatter step 1's hash.
+   j counted for i) agrees by construction and adds nothing; so do the `sizes` of an uneven all-gather /
+   reduce-scatter that came out of `collectives.gather_sizes` (a `GatheredSizes`: sums of an all-gather of counts,
+   the same bytes on every member; ETP's row counts, gathered with the counts they derive from). Raw splits add
+   step 1's split residual (below) every call, raw `sizes` step 1's hash (`_Predictor.row_checks` counts them).
    `_setting.predict = False` runs steps 1-2 before every collective, the design before (the bench's "every").
 
 Steps 1 and 2, the second only when the first finds a disagreement (`agree`):
@@ -345,6 +347,7 @@ def agree(
     if expected is not None:
         if key == expected:  # every rank whose call is right predicts the same: nothing to ask
             if sizes is not None or in_splits is not None:
+                state.row_checks += 1
                 _rows_agree(call)
             state.hit(key)
             return
@@ -472,8 +475,8 @@ class _Predictor:
     the length d of the hypothesis or locked lap, `matched` how many calls have followed it so far, `locked`
     whether d of them have (the last 2d calls were two copies: from then on the lap repeats, and the tape stops
     growing), `since` the calls made since the lock. `rounds`: store rendezvous so far (their keys' numbers),
-    `broken`: the error once a rank named itself odd; `predicted` / `checked`: calls that passed with no
-    communication / that ran steps 1-2."""
+    `broken`: the error once a rank named itself odd; `predicted` / `checked`: calls the order predicted / that
+    ran steps 1-2; `row_checks`: predicted calls whose raw row counts still communicated (`_rows_agree`)."""
 
     __slots__ = (
         "tape",
@@ -487,11 +490,12 @@ class _Predictor:
         "broken",
         "predicted",
         "checked",
+        "row_checks",
     )
 
     def __init__(self):
         self.tape, self.first, self.pos, self.lap, self.matched, self.locked, self.since = [], {}, None, 0, 0, False, 0
-        self.rounds, self.broken, self.predicted, self.checked = 0, None, 0, 0
+        self.rounds, self.broken, self.predicted, self.checked, self.row_checks = 0, None, 0, 0, 0
 
     @property
     def prev(self):

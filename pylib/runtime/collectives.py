@@ -43,7 +43,7 @@ dtype, shape, dim or reduce op, row counts) and raises the same ValueError on ea
 when they do not: on by default under gloo, switched with `agreement_check(False)` (see `pylib.runtime.agreement`).
 Once a group's calls repeat in a learned order, a call that order predicts costs no communication; the split sizes
 `exchange_splits` derives from an all-to-all of counts (`ExchangedSplits`) agree by construction and are not checked
-again, raw split lists are.
+again, nor are the row counts `gather_sizes` sums from an all-gather of counts (`GatheredSizes`); raw lists are.
 
 Devices: every tensor an op sends or receives must be on `pylib.runtime.current_device()` -- the rank's GPU under
 NCCL, the CPU under gloo -- and each op checks it before communicating, naming the op and both devices. Buffers
@@ -316,6 +316,18 @@ class ExchangedSplits:
         return ExchangedSplits(self.input, self.output, self.pg)
 
 
+@dataclass(frozen=True)
+class GatheredSizes:
+    """The row counts of an uneven all-gather / reduce-scatter that agree by construction: `sizes[j]` is the sum of
+    member j's block of an all-gather of counts over the group (`gather_sizes`), so every member computed the same
+    list from the same gathered bytes. `all_gather_rows` and `reduce_scatter_rows` skip the row-count check for
+    them (it would find them equal); each member still checks its own rows against its entry before sending.
+    Only `gather_sizes` makes them: one built by hand would be trusted the same way, unchecked."""
+
+    sizes: tuple[int, ...]
+    pg: object = field(compare=False, repr=False)
+
+
 def _splits_of(output_splits, input_splits, g: AxisGroup) -> tuple[list[int], list[int], bool]:
     """(output, input, exchanged): raw lists as given, or an `ExchangedSplits` of this group's process group."""
     if not isinstance(output_splits, ExchangedSplits):
@@ -379,11 +391,26 @@ def all_to_all_rows(t, output_splits, input_splits=None, group=None, *, phase=No
     return _start_all_to_all(t, output_splits, input_splits, g, phase, tag, async_op=False)[0]
 
 
-def _row_sizes(sizes, g: AxisGroup, what: str) -> list[int]:
-    sizes = [int(v) for v in sizes]
+def _row_sizes(sizes, g: AxisGroup, what: str) -> tuple[list[int], bool]:
+    """(sizes as ints, gathered): a raw list as given, or a `GatheredSizes` of this group's process group."""
+    gathered = isinstance(sizes, GatheredSizes)
+    if gathered and sizes.pg is not g.pg:
+        raise ValueError(f"{what} over {g.name}: these GatheredSizes were gathered over another group")
+    sizes = [int(v) for v in (sizes.sizes if gathered else sizes)]
     if len(sizes) != g.size:
         raise ValueError(f"{what} needs {g.size} row counts (one per group member), got {len(sizes)}")
-    return sizes
+    return sizes, gathered
+
+
+def _agree_rows(who: str, g: AxisGroup, t: torch.Tensor, sizes: list[int], gathered: bool) -> None:
+    """The cross-rank check of an uneven all-gather / reduce-scatter: gathered sizes agree by construction (only the
+    op, dtype and row shape are compared, a call the group's verified order predicts costs nothing), raw ones are
+    compared on every call. Whether they were gathered is part of the call: a rank with raw sizes and one with
+    gathered ones differ."""
+    if gathered:
+        agree(who, g, [t], rows_only=True, params={"gathered sizes": 1})
+    else:
+        agree(who, g, [t], rows_only=True, params={"gathered sizes": 0}, sizes=sizes)
 
 
 def _padded_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
@@ -397,18 +424,19 @@ def _padded_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 @_ranged("all_gather")
 def all_gather_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=None) -> torch.Tensor:
     """Uneven all-gather along dim 0: member j holds sizes[j] rows; every member gets all of them, in group order.
+    `sizes` may be a `GatheredSizes` (from `gather_sizes`): agreed by construction, not checked again.
 
     Payload S = bytes of the gathered output. Bytes counted as the ring algorithm moves them with blocks of
     different sizes: member r receives every block but its own (S - S_r) and forwards every block but its
     successor's (S - S_{r+1}); with equal blocks both are (n-1)/n*S, as for all_gather_tensor."""
     g = resolve_group(group)
-    sizes = _row_sizes(sizes, g, "all_gather_rows")
+    sizes, gathered = _row_sizes(sizes, g, "all_gather_rows")
     if t.shape[0] != sizes[g.rank]:
         raise ValueError(f"all_gather_rows: this member holds {t.shape[0]} rows but sizes[{g.rank}] = {sizes[g.rank]}")
     if g.size == 1:
         return t
     _on_rank_device("all_gather_rows", t)
-    agree("all_gather_rows", g, [t], rows_only=True, sizes=sizes)
+    _agree_rows("all_gather_rows", g, t, sizes, gathered)
     t0 = tracer.now()
     most = max(sizes)
     flat = torch.empty((g.size * most, *t.shape[1:]), dtype=t.dtype, device=t.device)
@@ -426,18 +454,18 @@ def all_gather_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=None)
 @_ranged("reduce_scatter")
 def reduce_scatter_rows(t: torch.Tensor, sizes, group=None, *, phase=None, tag=None) -> torch.Tensor:
     """Uneven reduce-scatter along dim 0: `t` has sum(sizes) rows on every member; member j gets rows
-    [sum(sizes[:j]), ... + sizes[j]) summed over the group.
+    [sum(sizes[:j]), ... + sizes[j]) summed over the group. `sizes` may be a `GatheredSizes` (not checked again).
 
     Payload S = bytes of the input. Ring bytes: member r sends every partial block but its own (S - S_r) and
     receives every block but its predecessor's (S - S_{r-1}); with equal blocks both are (n-1)/n*S."""
     g = resolve_group(group)
-    sizes = _row_sizes(sizes, g, "reduce_scatter_rows")
+    sizes, gathered = _row_sizes(sizes, g, "reduce_scatter_rows")
     if t.shape[0] != sum(sizes):
         raise ValueError(f"reduce_scatter_rows: input has {t.shape[0]} rows but sizes {sizes} sum to {sum(sizes)}")
     if g.size == 1:
         return t
     _on_rank_device("reduce_scatter_rows", t)
-    agree("reduce_scatter_rows", g, [t], rows_only=True, sizes=sizes)
+    _agree_rows("reduce_scatter_rows", g, t, sizes, gathered)
     t0 = tracer.now()
     most = max(sizes)
     stacked = torch.stack([_padded_rows(b, most) for b in t.split(sizes)]).contiguous()  # [n, most, ...]
@@ -676,7 +704,12 @@ class PendingRows:
     `backward_work` are the two exchanges (`AllToAllWork`), for their times."""
 
     def __init__(self, x, output_splits, input_splits, g: AxisGroup, tag: str):
-        self.splits, self.g, self.tag = (list(output_splits), list(input_splits)), g, tag
+        if isinstance(output_splits, ExchangedSplits):  # agreed by construction, and so is the reverse exchange
+            self.splits, self.reverse = (output_splits, None), (output_splits.swapped(), None)
+        else:
+            self.splits = (list(output_splits), list(input_splits))
+            self.reverse = self.splits[::-1]
+        self.g, self.tag = g, tag
         self.forward_work: AllToAllWork | None = None
         self.backward_work: AllToAllWork | None = None
         self._waited = False
@@ -738,10 +771,7 @@ class _AllToAllRowsWait(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         p = ctx.pending
-        out_splits, in_splits = p.splits
-        p.backward_work = all_to_all_rows_async(
-            dy.contiguous(), in_splits, out_splits, p.g, phase="backward", tag=p.tag
-        )
+        p.backward_work = all_to_all_rows_async(dy.contiguous(), *p.reverse, p.g, phase="backward", tag=p.tag)
         return dy.new_empty(0), None
 
 
@@ -749,7 +779,8 @@ def all_to_all_uneven_async(x, output_splits, input_splits, group=None, *, tag=N
     """`all_to_all_uneven` issued now and waited for later: returns a `PendingRows` whose `wait()` gives the rows.
     Backward is asynchronous too: the conjugate exchange (splits swapped) is issued where the forward waited and
     waited for where the forward issued, so other ready backward work runs while it travels. Every rank must issue
-    and wait in the same order (as for every collective)."""
+    and wait in the same order (as for every collective). `output_splits` may be an `ExchangedSplits` (no
+    input_splits): no split check runs, forward or backward."""
     g = resolve_group(group)
     return PendingRows(x, output_splits, input_splits, g, _tag(tag))
 
@@ -858,7 +889,7 @@ class _AllToAllRows(torch.autograd.Function):
 class _AllGatherRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, sizes, g, tag):
-        ctx.sizes, ctx.g, ctx.tag = list(sizes), g, tag
+        ctx.sizes, ctx.g, ctx.tag = sizes, g, tag  # a list or a GatheredSizes, as given: the same call backward
         return all_gather_rows(x, sizes, g, tag=tag)
 
     @staticmethod
@@ -869,7 +900,7 @@ class _AllGatherRows(torch.autograd.Function):
 class _ReduceScatterRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, sizes, g, tag):
-        ctx.sizes, ctx.g, ctx.tag = list(sizes), g, tag
+        ctx.sizes, ctx.g, ctx.tag = sizes, g, tag
         return reduce_scatter_rows(x, sizes, g, tag=tag)
 
     @staticmethod
@@ -936,21 +967,28 @@ def all_to_all_uneven(x, output_splits, input_splits=None, group=None, *, tag=No
     return _AllToAllRows.apply(x, output_splits, input_splits, g, _tag(tag))
 
 
+def _sizes_arg(sizes):
+    """A `GatheredSizes` as given (trusted, forward and backward), a raw list as ints."""
+    return sizes if isinstance(sizes, GatheredSizes) else [int(v) for v in sizes]
+
+
 def all_gather_uneven(x, sizes, group=None, *, tag=None):
     """Forward: all-gather rows, member j contributing sizes[j] rows. Backward: reduce-scatter the gradient rows
-    back to their owners (each member's gathered rows feed a different computation)."""
+    back to their owners (each member's gathered rows feed a different computation). `sizes` may be a
+    `GatheredSizes` (from `gather_sizes`): agreed by construction, so no row-count check runs, forward or backward."""
     g = resolve_group(group)
     if g.size == 1:
         return x
-    return _AllGatherRows.apply(x, [int(v) for v in sizes], g, _tag(tag))
+    return _AllGatherRows.apply(x, _sizes_arg(sizes), g, _tag(tag))
 
 
 def reduce_scatter_uneven(x, sizes, group=None, *, tag=None):
-    """Forward: sum over the group and keep my block of rows (member j: sizes[j] rows). Backward: all-gather."""
+    """Forward: sum over the group and keep my block of rows (member j: sizes[j] rows). Backward: all-gather.
+    `sizes` may be a `GatheredSizes`, as for `all_gather_uneven`."""
     g = resolve_group(group)
     if g.size == 1:
         return x
-    return _ReduceScatterRows.apply(x, [int(v) for v in sizes], g, _tag(tag))
+    return _ReduceScatterRows.apply(x, _sizes_arg(sizes), g, _tag(tag))
 
 
 def exchange_counts(counts: torch.Tensor, group=None, *, tag=None) -> torch.Tensor:
@@ -974,3 +1012,17 @@ def exchange_splits(counts: torch.Tensor, group=None, *, tag=None) -> tuple[torc
     received = exchange_counts(counts, g, tag=tag)
     sent = counts.reshape(g.size, -1).sum(1).tolist()
     return received, ExchangedSplits(tuple(received.reshape(g.size, -1).sum(1).tolist()), tuple(sent), g.pg)
+
+
+def gather_sizes(counts: torch.Tensor, group=None, *, tag=None) -> tuple[torch.Tensor, GatheredSizes]:
+    """All-gather every member's integer `counts` ([n, *counts.shape], member j's in row j) and the row counts of
+    the uneven all-gather / reduce-scatter those counts describe, as a `GatheredSizes`: sizes[j] = the sum of member
+    j's counts. Every member computes them from the same gathered bytes, so they agree by construction: pass them
+    to `all_gather_uneven` / `reduce_scatter_uneven` and no row-count check runs (ETP: the expert rows each member
+    received, `pylib.ep.dispatcher`). The all-gather itself is checked as any (op, dtype, shape)."""
+    g = resolve_group(group)
+    if g.size == 1:
+        gathered = counts.unsqueeze(0)
+    else:
+        gathered = all_gather_tensor(counts.reshape(1, -1), 0, g, tag=tag).view(g.size, *counts.shape)
+    return gathered, GatheredSizes(tuple(gathered.reshape(g.size, -1).sum(1).tolist()), g.pg)
