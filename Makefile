@@ -5,8 +5,8 @@
 #               CI keeps the strict default) builds even while translations are missing or outdated.
 # (Every lab runs end to end through the lab harness, solution and learner versions, in `make test`:
 # tests/test_labs_harness.py, one of the slow tests. `python -m pylib.labs run --all` runs them by hand.)
-# and, for CI after `make book`:
-#   make site-test   the built site in a real browser (chromium), plus its link and label checks
+# and, for CI (.ci/run runs the hub's and nbgrader's tests beside `make book`, the site test after it):
+#   make site-test   the built site in a real browser (chromium), plus its link and label checks (after make book)
 #   make hub-test    a chapter's launch link followed on a local JupyterHub, the chapter and a lab run there
 #   make nbgrader-test  two labs exported to nbgrader, released and autograded by nbgrader (its own venv)
 .PHONY: test book clean vendor site-test hub-setup hub-test nbgrader-setup nbgrader-test
