@@ -167,6 +167,11 @@ class Action:
     what: str = ""
     peer: int | None = None
 
+    def __init__(self, op: str, mb: int, chunk: int, stage: int, what: str = "", peer: int | None = None):
+        # the fields in one step: a frozen dataclass's own __init__ sets each through object.__setattr__, and a
+        # schedule's orders hold hundreds of thousands of actions (the planner simulates one for every group size)
+        self.__dict__.update(op=op, mb=mb, chunk=chunk, stage=stage, what=what, peer=peer)
+
     @property
     def is_compute(self) -> bool:
         return self.op in ("F", "B", "W")
