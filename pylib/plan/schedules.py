@@ -147,7 +147,7 @@ class ScheduleError(ValueError):
     """A schedule that cannot run: bad sizes, or a compute order whose dependencies can never be met."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Action:
     """One step of one rank.
 
@@ -166,11 +166,6 @@ class Action:
     stage: int
     what: str = ""
     peer: int | None = None
-
-    def __init__(self, op: str, mb: int, chunk: int, stage: int, what: str = "", peer: int | None = None):
-        # the fields in one step: a frozen dataclass's own __init__ sets each through object.__setattr__, and a
-        # schedule's orders hold hundreds of thousands of actions (the planner simulates one for every group size)
-        self.__dict__.update(op=op, mb=mb, chunk=chunk, stage=stage, what=what, peer=peer)
 
     @property
     def is_compute(self) -> bool:
@@ -730,26 +725,18 @@ def _dependencies(a: Action, spans: dict) -> tuple[tuple[str, int, int], ...]:
     return (("F", a.mb, a.stage),)
 
 
-def _slots(order: list[Action], rank: int, spans: dict, costs: tuple) -> list[tuple[tuple, tuple, float]]:
-    """Rank `rank`'s order as `logical_times` runs it, one entry a slot: (the (op, mb, stage) of its actions, those
-    of the computes it waits for, its cost). A slot is one action, or an overlapped F with its B (`slot_cost`)."""
-    cost_f, cost_b, cost_w, cost_fb = costs
-    deferred = deferred_weights(order)
-    out = []
-    i = 0
-    while i < len(order):
-        a = order[i]
-        if a.op == "F" and a.what == OVERLAP:
-            b = overlap_partner(order, i, rank)
-            keys = ((a.op, a.mb, a.stage), (b.op, b.mb, b.stage))
-            deps = _dependencies(a, spans) + _dependencies(b, spans)
-            out.append((keys, deps, slot_cost(a, b, deferred, cost_f, cost_b, cost_w, cost_fb)))
-            i += 2
-        else:
-            cost = compute_cost(a, deferred, cost_f, cost_b, cost_w)
-            out.append((((a.op, a.mb, a.stage),), _dependencies(a, spans), cost))
-            i += 1
-    return out
+def _slot(order: list[Action], i: int, rank: int, spans: dict, costs: tuple) -> tuple[tuple, tuple, float]:
+    """The slot that starts at order[i], as `logical_times` runs it: (the (op, mb, stage) of its actions, those of
+    the computes it waits for, its cost). A slot is one action, or an overlapped F with its B (`slot_cost`).
+    costs: (cost_f, cost_b, cost_w, cost_fb, the rank's deferred W's)."""
+    cost_f, cost_b, cost_w, cost_fb, deferred = costs
+    a = order[i]
+    if a.op == "F" and a.what == OVERLAP:
+        b = overlap_partner(order, i, rank)
+        keys = ((a.op, a.mb, a.stage), (b.op, b.mb, b.stage))
+        cost = slot_cost(a, b, deferred, cost_f, cost_b, cost_w, cost_fb)
+        return keys, _dependencies(a, spans) + _dependencies(b, spans), cost
+    return ((a.op, a.mb, a.stage),), _dependencies(a, spans), compute_cost(a, deferred, cost_f, cost_b, cost_w)
 
 
 def logical_times(
@@ -765,23 +752,24 @@ def logical_times(
     actions given the slot's start and end). Returns {(op, mb, stage): (start, end)}; raises ScheduleError
     if some action's data never arrives (the compute orders themselves deadlock).
 
-    The ranks run in sweeps, each in turn as far as it can: a slot (`_slots`, worked out once) starts at the
-    latest of its rank's clock and its inputs' ends, or the rank waits there until a later sweep."""
+    The ranks run in sweeps, each in turn as far as it can: a slot (`_slot`) starts at the latest of its rank's
+    clock and its inputs' ends, or the rank waits there, the slot kept for a later sweep. (Nothing is worked out
+    ahead for every action: objects that live through the run make the garbage collector sweep a large heap.)"""
     spans = microbatch_spans(orders)
     if any(hi >= n_stages for _, hi in spans.values()):
         raise ScheduleError(f"a forward names a stage beyond the {n_stages} stages: {spans}")
-    costs = (cost_f, cost_b, cost_w, cost_fb)
-    slots = [_slots(order, r, spans, costs) for r, order in enumerate(orders)]
+    costs = [(cost_f, cost_b, cost_w, cost_fb, deferred_weights(order)) for order in orders]
     done: dict[tuple[str, int, int], tuple[float, float]] = {}
     end: dict[tuple[str, int, int], float] = {}  # done's ends alone
     pos, clock = [0] * len(orders), [0.0] * len(orders)
+    waiting: list = [None] * len(orders)  # the slot each rank waits at
     progress = True
     while progress:
         progress = False
-        for r, rank_slots in enumerate(slots):
-            i, t = pos[r], clock[r]
-            while i < len(rank_slots):
-                keys, deps, cost = rank_slots[i]
+        for r, order in enumerate(orders):
+            i, t, slot = pos[r], clock[r], waiting[r]
+            while i < len(order):
+                keys, deps, cost = slot or _slot(order, i, r, spans, costs[r])
                 start = t
                 for d in deps:
                     e = end.get(d)
@@ -794,20 +782,17 @@ def logical_times(
                     for key in keys:  # an overlapped pair: both start together and end together
                         end[key] = t
                         done[key] = (start, t)
-                    i += 1
+                    i += len(keys)
+                    slot = None
                     continue
-                break  # an input not there yet
+                slot = (keys, deps, cost)  # an input not there yet
+                break
             progress = progress or i > pos[r]
-            pos[r], clock[r] = i, t
-    stuck = {r: str(order[_position(slots[r], pos[r])]) for r, order in enumerate(orders) if pos[r] < len(slots[r])}
+            pos[r], clock[r], waiting[r] = i, t, slot
+    stuck = {r: str(order[pos[r]]) for r, order in enumerate(orders) if pos[r] < len(order)}
     if stuck:
         raise ScheduleError(f"the compute orders deadlock: ranks wait forever at {stuck}")
     return done
-
-
-def _position(rank_slots: list, k: int) -> int:
-    """Where slot k starts in its rank's order (a slot holds one action or two)."""
-    return sum(len(keys) for keys, _, _ in rank_slots[:k])
 
 
 def _link(from_stage: int, to_stage: int, ranks: tuple[int, ...]) -> int:
