@@ -86,7 +86,6 @@ OTHER_MEANING = {
         ("compose/stage.py", "__init__"): "the pipeline stage's index",
         ("compose/stage.py", "from_full"): "the pipeline stage's index",
         ("plan/split.py", "layers_of_stage"): "the pipeline stage's index",
-        ("plan/schedules.py", "__init__"): "the virtual stage an `Action` runs on",
         ("pp/executor.py", "shape_of"): "the pipeline stage's index",
         ("pp/split.py", "__init__"): "the pipeline stage's index",
         ("pp/split.py", "from_full"): "the pipeline stage's index",
