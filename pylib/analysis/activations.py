@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import replace
+from operator import ge, mul
 
 from pylib.plan.heads import kv_heads_per_rank
 from pylib.plan.options import SEQUENCE_PARALLEL
@@ -570,7 +571,7 @@ def live_counts(
         alive[backwards[k]] -= 1
     keep: list[tuple[int, ...]] = []
     for x in sorted(seen, key=sum, reverse=True):  # a dominating vector has the larger sum: it is already kept
-        if not any(all(p >= q for p, q in zip(y, x)) for y in keep):
+        if not any(all(map(ge, y, x)) for y in keep):
             keep.append(x)
     return tuple(sorted(keep))
 
@@ -589,4 +590,4 @@ def peak_saved_bytes(
     min(pp - pp_rank, m) microbatches (`pp.peak_in_flight`); interleaved, N = `group_size` microbatches per group
     (default p) set the warm-up, 2(p - r - 1) + (v - 1) N forwards."""
     vectors = live_counts(schedule, pp, n_microbatches, v, pp_rank, group_size)
-    return max(sum(n * c for n, c in zip(vec, chunk_bytes)) for vec in vectors)
+    return max(sum(map(mul, vec, chunk_bytes)) for vec in vectors)

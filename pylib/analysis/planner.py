@@ -1244,7 +1244,16 @@ def _activations(cfg, plan: Plan, workload: Workload, pp_rank: int) -> int:
         return _split_activations(cfg, plan, workload, pp_rank)
     key = (workload.attention, workload.fp8, workload.storage)
     chunks = _chunk_bytes(cfg, plan.micro_batch(workload.batch), workload.seq, _activation_key(plan), pp_rank, key)
-    return peak_saved_bytes(list(chunks), o.schedule, plan.par.pp, o.n_microbatches, o.v, pp_rank, plan.group_size)
+    return _peak(chunks, o.schedule, plan.par.pp, o.n_microbatches, o.v, pp_rank, plan.group_size)
+
+
+@functools.lru_cache(maxsize=65536)
+def _peak(
+    chunks: tuple, schedule: str, pp: int, n_microbatches: int, v: int, pp_rank: int, group_size: int | None
+) -> int:
+    """`peak_saved_bytes`, remembered: plans that differ only where neither a chunk's bytes nor the schedule look
+    (the ZeRO stage, the data-parallel size, the cost model) share it."""
+    return peak_saved_bytes(list(chunks), schedule, pp, n_microbatches, v, pp_rank, group_size)
 
 
 def _split_activations(cfg, plan: Plan, workload: Workload, pp_rank: int) -> int:

@@ -147,7 +147,7 @@ class ScheduleError(ValueError):
     """A schedule that cannot run: bad sizes, or a compute order whose dependencies can never be met."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Action:
     """One step of one rank.
 
@@ -713,17 +713,30 @@ def _zb_h2(p: int, n_microbatches: int) -> list[list[Action]]:
 # --------------------------------------------------------------------------------------------- placement
 
 
-def _dependencies(a: Action, spans: dict) -> list[tuple[str, int, int]]:
+def _dependencies(a: Action, spans: dict) -> tuple[tuple[str, int, int], ...]:
     """(op, mb, stage) of the compute actions `a` waits for (spans: `microbatch_spans`)."""
     first, last = spans[a.mb]
     if a.op == "W":
-        return [("B", a.mb, a.stage)]
+        return (("B", a.mb, a.stage),)
     if a.op == "F":
-        return [("F", a.mb, a.stage - 1)] if a.stage > first else []
-    deps = [("F", a.mb, a.stage)]
+        return (("F", a.mb, a.stage - 1),) if a.stage > first else ()
     if a.stage < last:
-        deps.append(("B", a.mb, a.stage + 1))
-    return deps
+        return (("F", a.mb, a.stage), ("B", a.mb, a.stage + 1))
+    return (("F", a.mb, a.stage),)
+
+
+def _slot(order: list[Action], i: int, rank: int, spans: dict, costs: tuple) -> tuple[tuple, tuple, float]:
+    """The slot that starts at order[i], as `logical_times` runs it: (the (op, mb, stage) of its actions, those of
+    the computes it waits for, its cost). A slot is one action, or an overlapped F with its B (`slot_cost`).
+    costs: (cost_f, cost_b, cost_w, cost_fb, the rank's deferred W's)."""
+    cost_f, cost_b, cost_w, cost_fb, deferred = costs
+    a = order[i]
+    if a.op == "F" and a.what == OVERLAP:
+        b = overlap_partner(order, i, rank)
+        keys = ((a.op, a.mb, a.stage), (b.op, b.mb, b.stage))
+        cost = slot_cost(a, b, deferred, cost_f, cost_b, cost_w, cost_fb)
+        return keys, _dependencies(a, spans) + _dependencies(b, spans), cost
+    return ((a.op, a.mb, a.stage),), _dependencies(a, spans), compute_cost(a, deferred, cost_f, cost_b, cost_w)
 
 
 def logical_times(
@@ -737,34 +750,45 @@ def logical_times(
     """Start and end of every compute action when each rank runs its order as soon as the data is there
     (communication free; costs as `compute_cost`; an overlapped F&B pair is one slot of `slot_cost`, both its
     actions given the slot's start and end). Returns {(op, mb, stage): (start, end)}; raises ScheduleError
-    if some action's data never arrives (the compute orders themselves deadlock)."""
-    done: dict[tuple[str, int, int], tuple[float, float]] = {}
+    if some action's data never arrives (the compute orders themselves deadlock).
+
+    The ranks run in sweeps, each in turn as far as it can: a slot (`_slot`) starts at the latest of its rank's
+    clock and its inputs' ends, or the rank waits there, the slot kept for a later sweep. (Nothing is worked out
+    ahead for every action: objects that live through the run make the garbage collector sweep a large heap.)"""
     spans = microbatch_spans(orders)
     if any(hi >= n_stages for _, hi in spans.values()):
         raise ScheduleError(f"a forward names a stage beyond the {n_stages} stages: {spans}")
-    deferred = [deferred_weights(order) for order in orders]
-    pos = [0] * len(orders)
-    clock = [0.0] * len(orders)
+    costs = [(cost_f, cost_b, cost_w, cost_fb, deferred_weights(order)) for order in orders]
+    done: dict[tuple[str, int, int], tuple[float, float]] = {}
+    end: dict[tuple[str, int, int], float] = {}  # done's ends alone
+    pos, clock = [0] * len(orders), [0.0] * len(orders)
+    waiting: list = [None] * len(orders)  # the slot each rank waits at
     progress = True
     while progress:
         progress = False
         for r, order in enumerate(orders):
-            while pos[r] < len(order):
-                a = order[pos[r]]
-                slot = [a, overlap_partner(order, pos[r], r)] if a.overlapped else [a]
-                deps = [d for x in slot for d in _dependencies(x, spans)]
-                if any(d not in done for d in deps):
-                    break
-                start = max([clock[r]] + [done[d][1] for d in deps])
-                if a.overlapped:
-                    cost = slot_cost(a, slot[1], deferred[r], cost_f, cost_b, cost_w, cost_fb)
+            i, t, slot = pos[r], clock[r], waiting[r]
+            while i < len(order):
+                keys, deps, cost = slot or _slot(order, i, r, spans, costs[r])
+                start = t
+                for d in deps:
+                    e = end.get(d)
+                    if e is None:
+                        break
+                    if e > start:  # the first of equal ends, as max() keeps
+                        start = e
                 else:
-                    cost = compute_cost(a, deferred[r], cost_f, cost_b, cost_w)
-                for x in slot:  # an overlapped pair: both start together and end together
-                    done[(x.op, x.mb, x.stage)] = (start, start + cost)
-                clock[r] = start + cost
-                pos[r] += len(slot)
-                progress = True
+                    t = start + cost
+                    for key in keys:  # an overlapped pair: both start together and end together
+                        end[key] = t
+                        done[key] = (start, t)
+                    i += len(keys)
+                    slot = None
+                    continue
+                slot = (keys, deps, cost)  # an input not there yet
+                break
+            progress = progress or i > pos[r]
+            pos[r], clock[r], waiting[r] = i, t, slot
     stuck = {r: str(order[pos[r]]) for r, order in enumerate(orders) if pos[r] < len(order)}
     if stuck:
         raise ScheduleError(f"the compute orders deadlock: ranks wait forever at {stuck}")
