@@ -47,6 +47,20 @@ def seeded_moe(cfg, d_model=8, d_ff=16, kind="gelu", seed=0, dtype="float64"):
         return MoE(d_model, d_ff, cfg, kind).to(getattr(torch, dtype))
 
 
+def seeded_forward_saving(layer, seed: int):
+    """`layer` run forward on a float64 input [1, 6, 8] drawn from `seed`, under `saved_activations` (its parameters
+    left out): (what autograd saved, the generator to draw the output gradient from, the input, the parameters, the
+    output)."""
+    from pylib.model import saved_activations
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, 6, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    params = list(layer.parameters())
+    with saved_activations(exclude=params) as saved:
+        y = layer(x)
+    return saved, g, x, params, y
+
+
 def one_device_step(cfg, batch, seq, seed=1):
     """The single-device reference a pipeline test compares with: the loss of `build_model(cfg)` on
     `random_tokens(cfg, batch, seq, seed)` and every parameter's gradient after its backward."""

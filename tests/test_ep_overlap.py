@@ -61,12 +61,16 @@ def _async_op(ep_group):
     return out
 
 
+def _two_microbatches(cfg_moe, seed: int):
+    """The 2-layer MoE model of `cfg_moe` and two float64 micro-batches [2, 8, h], drawn from `seed` + this rank."""
+    cfg = tiny().with_(n_layers=2, moe=cfg_moe)
+    g = torch.Generator().manual_seed(seed + dist.get_rank())
+    return build_model(cfg), [torch.randn(2, 8, cfg.d_model, generator=g, dtype=torch.float64) for _ in range(2)]
+
+
 def _stack_runs(mesh, cfg_moe, shared_overlap, etp_group=None):
     """The three ways of running the stack on two micro-batches; each: loss, outputs, grads, recorder, events."""
-    cfg = tiny().with_(n_layers=2, moe=cfg_moe)
-    model = build_model(cfg)
-    g = torch.Generator().manual_seed(10 + dist.get_rank())
-    xs = [torch.randn(2, 8, cfg.d_model, generator=g, dtype=torch.float64) for _ in range(2)]
+    model, xs = _two_microbatches(cfg_moe, seed=10)
     runs = {}
     for how in ("layers", "blocking", "overlap"):
         stack = ExpertParallelStack(model.layers, ep_group=mesh.ep, etp_group=etp_group, shared_overlap=shared_overlap)
@@ -95,10 +99,7 @@ def _fwd_bwd_runs(mesh, cfg_moe, shared_overlap, etp_group=None):
     forward cut into pieces, A's backward piece after piece, then B's forward ("blocking"); the same with A's
     backward interleaved with B's forward ("paired"). Each: losses, outputs, grads, and the pairing's recorder and
     its all-to-alls (A's backward ones, B's forward ones)."""
-    cfg = tiny().with_(n_layers=2, moe=cfg_moe)
-    model = build_model(cfg)
-    g = torch.Generator().manual_seed(20 + dist.get_rank())
-    xs = [torch.randn(2, 8, cfg.d_model, generator=g, dtype=torch.float64) for _ in range(2)]
+    model, xs = _two_microbatches(cfg_moe, seed=20)
     runs = {}
     for how in ("layers", "blocking", "paired"):
         stack = ExpertParallelStack(model.layers, ep_group=mesh.ep, etp_group=etp_group, shared_overlap=shared_overlap)

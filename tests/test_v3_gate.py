@@ -16,6 +16,14 @@ from pylib.model import MLP, saved_activations
 from pylib.model.v3_storage import cached_swiglu_mlp, gated_expert
 from pylib.plan.options import Fp8Recipe
 from pylib.runtime import ParallelConfig
+from tests.conftest import seeded_forward_saving
+
+# The two-rank layouts the gate inside the experts runs on: EP 2, EP 2 padded to capacity, ETP 2.
+EP_CASES = pytest.mark.parametrize(
+    "par, capacity",
+    [(dict(ep=2), False), (dict(ep=2), True), (dict(etp=2), False)],
+    ids=["ep2", "ep2-padded", "etp2"],
+)
 
 TOL = dict(rtol=1e-12, atol=1e-12)
 
@@ -92,22 +100,14 @@ def _ep_worker(gate: bool, par: dict, capacity: bool):
     moe = MoEConfig(n_experts=4, top_k=2, **extra)
     layer = ExpertParallelMoE.from_full(seeded_moe(moe, 8, 16, "swiglu"), ep_group=mesh.ep, etp_group=mesh.etp)
     layer.dispatcher.gate_in_expert = gate
-    g = torch.Generator().manual_seed(5 + dist.get_rank())
-    x = torch.randn(1, 6, 8, generator=g, dtype=torch.float64, requires_grad=True)
-    params = list(layer.parameters())
-    with saved_activations(exclude=params) as saved:
-        y = layer(x)
+    saved, g, x, params, y = seeded_forward_saving(layer, seed=5 + dist.get_rank())
     loss = (y * torch.randn(y.shape, generator=g, dtype=y.dtype)).sum()
     grads = torch.autograd.grad(loss, [x, *params], allow_unused=True)
     return saved.bytes, loss.detach(), y.detach(), [None if t is None else t.detach() for t in grads]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "par, capacity",
-    [(dict(ep=2), False), (dict(ep=2), True), (dict(etp=2), False)],
-    ids=["ep2", "ep2-padded", "etp2"],
-)
+@EP_CASES
 def test_the_gate_inside_the_experts_equals_the_plain_layer_on_two_ranks(par, capacity):
     from pylib.runtime import launch
 
@@ -218,11 +218,7 @@ def _overlap_gate_worker(par: dict, capacity: bool):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "par, capacity",
-    [(dict(ep=2), False), (dict(ep=2), True), (dict(etp=2), False)],
-    ids=["ep2", "ep2-padded", "etp2"],
-)
+@EP_CASES
 def test_the_overlapped_forward_sends_the_gates_with_the_rows_and_equals_the_blocking_layer(par, capacity):
     """`moe_steps` with gate_in_expert: outputs and every gradient bit for bit the blocking layer's (float64, two
     real ranks), interleaved and paired forward-under-backward, and the same bytes on the same exchanges (the

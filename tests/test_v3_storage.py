@@ -182,16 +182,12 @@ def _ep_fused_worker(fused: bool):
     from pylib.ep import ExpertParallelMoE
     from pylib.plan.config import MoEConfig
     from pylib.runtime import Mesh
-    from tests.conftest import seeded_moe
+    from tests.conftest import seeded_forward_saving, seeded_moe
 
     mesh = Mesh(ParallelConfig(dp=2, ep=2))
     layer = ExpertParallelMoE.from_full(seeded_moe(MoEConfig(n_experts=4, top_k=2), 8, 16, "swiglu"), ep_group=mesh.ep)
     layer.dispatcher.fused_unpermute = fused
-    g = torch.Generator().manual_seed(5 + dist.get_rank())
-    x = torch.randn(1, 6, 8, generator=g, dtype=torch.float64, requires_grad=True)
-    params = list(layer.parameters())
-    with saved_activations(exclude=params) as saved:
-        y = layer(x)
+    saved, g, x, params, y = seeded_forward_saving(layer, seed=5 + dist.get_rank())
     grads = torch.autograd.grad(y, [x, *params], torch.randn(y.shape, generator=g, dtype=torch.float64))
     return saved.bytes, y.detach(), [t.detach() for t in grads]
 

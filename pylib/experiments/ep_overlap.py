@@ -159,23 +159,30 @@ def ep_fwd_bwd_timings(ep: int = 2, b: int = 2, s: int = 128, d_model: int = 128
     `ep_overlap_timings` gives them; the last repeat is traced)."""
     cfg = overlap_config(d_model)
     ranks = launch(_fwd_bwd_rank, ep, cfg, b, s, repeats, backend="gloo", timeout=300)
-    variants = {}
-    for name, key in FWD_BWD_VARIANTS:
+    return _summary(ranks, cfg, dict(ep=ep, b=b, s=s, h=d_model), repeats, FWD_BWD_VARIANTS, FWD_BWD_TIMES)
+
+
+def _summary(ranks: list, cfg: ModelConfig, sizes: dict, repeats: int, variants: tuple, columns: tuple) -> dict:
+    """What both measurements return from their ranks' dicts: for each (name, key) of `variants`, the slowest rank's
+    median of each of `columns`; whether the two variants' bits are identical on every rank; each rank's timeline
+    and what was in flight on it."""
+    medians = {}
+    for name, key in variants:
         med = [[statistics.median(col) for col in zip(*rank["times"][key])] for rank in ranks]
-        variants[name] = dict(zip(FWD_BWD_TIMES, (max(m[j] for m in med) for j in range(len(FWD_BWD_TIMES)))))
+        medians[name] = dict(zip(columns, (max(m[j] for m in med) for j in range(len(columns)))))
     identical = all(
         all(torch.equal(a, c) for a, c in zip(rank["results"][True], rank["results"][False], strict=True))
         for rank in ranks
     )
-    timelines = {name: [rank["timelines"][key] for rank in ranks] for name, key in FWD_BWD_VARIANTS}
+    timelines = {name: [rank["timelines"][key] for rank in ranks] for name, key in variants}
     return dict(
         machine=machine(),
-        sizes=dict(ep=ep, b=b, s=s, h=d_model, n_experts=cfg.moe.n_experts, top_k=cfg.moe.top_k, layers=cfg.n_layers),
+        sizes=dict(sizes, n_experts=cfg.moe.n_experts, top_k=cfg.moe.top_k, layers=cfg.n_layers),
         repeats=repeats,
-        variants=variants,
+        variants=medians,
         identical=identical,
         timelines=timelines,
-        in_flight={name: [in_flight(tl) for tl in timelines[name]] for name, _ in FWD_BWD_VARIANTS},
+        in_flight={name: [in_flight(tl) for tl in timelines[name]] for name, _ in variants},
     )
 
 
@@ -195,21 +202,4 @@ def ep_overlap_timings(ep: int = 2, b: int = 2, s: int = 128, d_model: int = 128
     in_flight={"overlap": [...], "blocking": [...]} per rank)."""
     cfg = overlap_config(d_model)
     ranks = launch(_rank, ep, cfg, b, s, repeats, backend="gloo", timeout=300)
-    variants = {}
-    for name, key in VARIANTS:
-        med = [[statistics.median(col) for col in zip(*rank["times"][key])] for rank in ranks]
-        variants[name] = dict(zip(TIMES, (max(m[j] for m in med) for j in range(len(TIMES)))))
-    identical = all(
-        all(torch.equal(a, c) for a, c in zip(rank["results"][True], rank["results"][False], strict=True))
-        for rank in ranks
-    )
-    timelines = {name: [rank["timelines"][key] for rank in ranks] for name, key in VARIANTS}
-    return dict(
-        machine=machine(),
-        sizes=dict(ep=ep, b=b, s=s, h=d_model, n_experts=cfg.moe.n_experts, top_k=cfg.moe.top_k, layers=cfg.n_layers),
-        repeats=repeats,
-        variants=variants,
-        identical=identical,
-        timelines=timelines,
-        in_flight={name: [in_flight(tl) for tl in timelines[name]] for name, _ in VARIANTS},
-    )
+    return _summary(ranks, cfg, dict(ep=ep, b=b, s=s, h=d_model), repeats, VARIANTS, TIMES)
