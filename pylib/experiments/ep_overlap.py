@@ -74,36 +74,42 @@ def in_flight(timeline: dict) -> list[bool]:
     return out
 
 
-def _rank(cfg: ModelConfig, b: int, s: int, repeats: int):
+def _rounds(cfg: ModelConfig, b: int, s: int, seed: int, repeats: int):
+    """This rank's rounds of a measurement: (round, overlap, that variant's stack with its gradients zeroed, fresh
+    leaf copies of the two micro-batches [b, s, h] drawn from `seed`). Round 0 warms up; the variants alternate
+    which goes first, so drift hits both alike."""
     ep = dist.get_world_size()
     mesh = Mesh(ParallelConfig(dp=ep, ep=ep))
     model = build_model(cfg)
-    g = torch.Generator().manual_seed(100 + dist.get_rank())
+    g = torch.Generator().manual_seed(seed + dist.get_rank())
     xs = [torch.randn(b, s, cfg.d_model, generator=g, dtype=model.embed.weight.dtype) for _ in range(2)]
-    stacks = {overlap: ExpertParallelStack(model.layers, ep_group=mesh.ep) for _, overlap in VARIANTS}
+    stacks = {overlap: ExpertParallelStack(model.layers, ep_group=mesh.ep) for overlap in (True, False)}
+    for i in range(repeats + 1):
+        for overlap in (True, False) if i % 2 else (False, True):
+            stacks[overlap].zero_grad(set_to_none=True)
+            yield i, overlap, stacks[overlap], [x.clone().requires_grad_() for x in xs]
+
+
+def _rank(cfg: ModelConfig, b: int, s: int, repeats: int):
     times = {True: [], False: []}
     results, timelines = {}, {}
-    for i in range(repeats + 1):
-        for overlap in (True, False) if i % 2 else (False, True):  # alternate, so drift hits both alike
-            stack = stacks[overlap]
-            stack.zero_grad(set_to_none=True)
-            inputs = [x.clone().requires_grad_() for x in xs]
-            rec = OverlapRecorder()
-            all_reduce_(torch.zeros(1))  # a barrier, through the traced collectives (outside the trace)
-            with trace() as tr:
-                t0 = clock.now()
-                outs = interleave([stack.steps(x) for x in inputs], overlap=overlap, recorder=rec)
-                t_forward = clock.now()
-                loss = sum((o * o).mean() for o in outs)
-                loss.backward()
-                wall = clock.now() - t0
-            if i == 0:  # the first round warms up; keep its bits
-                results[overlap] = [loss.detach()] + [p.grad for p in stack.parameters()] + [x.grad for x in inputs]
-                continue
-            waited = sum(end - start for _, _, start, end in rec.waits)
-            computed = sum(end - start for _, _, start, end in rec.compute)
-            times[overlap].append((wall, t_forward - t0, waited, computed))
-            timelines[overlap] = _timeline(rec, tr.events, t0)  # the last repeat's
+    for i, overlap, stack, inputs in _rounds(cfg, b, s, 100, repeats):
+        rec = OverlapRecorder()
+        all_reduce_(torch.zeros(1))  # a barrier, through the traced collectives (outside the trace)
+        with trace() as tr:
+            t0 = clock.now()
+            outs = interleave([stack.steps(x) for x in inputs], overlap=overlap, recorder=rec)
+            t_forward = clock.now()
+            loss = sum((o * o).mean() for o in outs)
+            loss.backward()
+            wall = clock.now() - t0
+        if i == 0:  # the first round warms up; keep its bits
+            results[overlap] = [loss.detach()] + [p.grad for p in stack.parameters()] + [x.grad for x in inputs]
+            continue
+        waited = sum(end - start for _, _, start, end in rec.waits)
+        computed = sum(end - start for _, _, start, end in rec.compute)
+        times[overlap].append((wall, t_forward - t0, waited, computed))
+        timelines[overlap] = _timeline(rec, tr.events, t0)  # the last repeat's
     return dict(times=times, results=results, timelines=timelines)
 
 
@@ -126,28 +132,18 @@ def _fwd_bwd_step(stack, xs, overlap: bool, tracing: bool):
 
 
 def _fwd_bwd_rank(cfg: ModelConfig, b: int, s: int, repeats: int):
-    ep = dist.get_world_size()
-    mesh = Mesh(ParallelConfig(dp=ep, ep=ep))
-    model = build_model(cfg)
-    g = torch.Generator().manual_seed(200 + dist.get_rank())
-    xs = [torch.randn(b, s, cfg.d_model, generator=g, dtype=model.embed.weight.dtype) for _ in range(2)]
-    stacks = {overlap: ExpertParallelStack(model.layers, ep_group=mesh.ep) for _, overlap in FWD_BWD_VARIANTS}
     times = {True: [], False: []}
     results, timelines = {}, {}
-    for i in range(repeats + 1):
-        for overlap in (True, False) if i % 2 else (False, True):  # alternate, so drift hits both alike
-            stack = stacks[overlap]
-            stack.zero_grad(set_to_none=True)
-            inputs = [x.clone().requires_grad_() for x in xs]
-            loss, seconds, rec, events, t0 = _fwd_bwd_step(stack, inputs, overlap, tracing=i == repeats)
-            if i == 0:  # the first round warms up; keep its bits
-                results[overlap] = [loss] + [p.grad for p in stack.parameters()] + [x.grad for x in inputs]
-                continue
-            waited = sum(end - start for _, _, start, end in rec.waits)
-            computed = sum(end - start for _, _, start, end in rec.compute)
-            times[overlap].append((seconds, waited, computed))
-            if events:
-                timelines[overlap] = _timeline(rec, events, t0, phases=("forward", "backward"))
+    for i, overlap, stack, inputs in _rounds(cfg, b, s, 200, repeats):
+        loss, seconds, rec, events, t0 = _fwd_bwd_step(stack, inputs, overlap, tracing=i == repeats)
+        if i == 0:  # the first round warms up; keep its bits
+            results[overlap] = [loss] + [p.grad for p in stack.parameters()] + [x.grad for x in inputs]
+            continue
+        waited = sum(end - start for _, _, start, end in rec.waits)
+        computed = sum(end - start for _, _, start, end in rec.compute)
+        times[overlap].append((seconds, waited, computed))
+        if events:
+            timelines[overlap] = _timeline(rec, events, t0, phases=("forward", "backward"))
     return dict(times=times, results=results, timelines=timelines)
 
 
