@@ -294,3 +294,15 @@ def test_ep_overlap_hides_the_all_to_alls_behind_compute_and_charges_their_conte
     assert ea["ep"] > compute and ec["ep"] == pytest.approx(ea["ep"] - compute)
     assert ec["contention"] > ea["contention"] and c.step_time < a.step_time
     assert "EP-overlap" in replace(plan, ep_overlap=True).describe()
+
+
+def test_the_search_bound_leaves_out_the_all_to_alls_ep_overlap_can_hide():
+    """`comm_lower_bound` must stay at or under what `predict` exposes, or `rank_plans` skips a plan that could win.
+    With ep_overlap and links at 20 GB/s the all-to-alls (0.37 s a step) hide entirely under the other microbatch's
+    compute (0.42 s): the bound counts none of them (it counted them in full: 0.37 s against the plan's whole exposed
+    communication, 0.17 s)."""
+    plan = P.Plan(pc(ep=8, dp=64), RunOptions(n_microbatches=4, zero_stage=1), ep_overlap=True)
+    cluster = P.Cluster(64, intra_node_bandwidth=2e10, inter_node_bandwidth=2e10)
+    got = P.predict(GPT_MOE, plan, P.Workload(512, 4096), cluster)
+    assert got.ranks[0].exposed["ep"] == 0
+    assert P.comm_lower_bound(GPT_MOE, plan, P.Workload(512, 4096), cluster) <= got.comm_time

@@ -1529,8 +1529,9 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
     times 1 - tp_overlap when the run overlaps them), Ulysses' all-to-alls or all-gather CP's collectives in every
     held layer (`cp.ulysses_traffic`, `cp.allgather_traffic`), EP's dispatch and combine, forward and backward, in
     every held MoE layer (`ep.expected_alltoall_bytes`; the all-gather dispatcher's `ep.dispatcher_bytes` over
-    the etp x ep grid, on "etp-ep" when etp > 1). 1% below, for the bytes the formulas round down per
-    buffer. Used by `rank_plans` to skip plans that cannot win; never reported."""
+    the etp x ep grid, on "etp-ep" when etp > 1; none of the all-to-alls under `Plan.ep_overlap`, which may hide them
+    all under the other microbatch's compute). 1% below, for the bytes the formulas round down per buffer. Used by
+    `rank_plans` to skip plans that cannot win; never reported."""
     par = plan.par
     e = dtype_bytes(cfg.dtype)
     m, b, s_cp = plan.options.n_microbatches, plan.micro_batch(workload.batch), workload.seq // par.cp
@@ -1556,7 +1557,8 @@ def comm_lower_bound(cfg, plan: Plan, workload: Workload, cluster: Cluster) -> f
             u = cp_analysis.allgather_traffic(b, workload.seq, kv, cfg.d_head, par.cp, e)
         seconds += m * len(held) * (u["forward_bytes_sent"] + u["backward_bytes_sent"]) / bw("cp")
     gather = dispatcher_of(cfg, plan) == "allgather" if cfg.moe is not None else False
-    if cfg.moe is not None and (par.ep > 1 or (gather and par.etp > 1)):
+    hidden = getattr(plan, "ep_overlap", False) and not gather  # the "ep" all-to-alls may hide entirely
+    if cfg.moe is not None and (par.ep > 1 or (gather and par.etp > 1)) and not hidden:
         s_out = s_cp // (par.tp if plan.options.sequence_parallel and par.tp > 1 else 1)
         moe_layers = sum(cfg.is_moe_layer(i) for i in held)
         tokens, k = b * s_out, cfg.moe.top_k
