@@ -47,6 +47,15 @@ def seeded_moe(cfg, d_model=8, d_ff=16, kind="gelu", seed=0, dtype="float64"):
         return MoE(d_model, d_ff, cfg, kind).to(getattr(torch, dtype))
 
 
+def value_error_message(call) -> str:
+    """What `call()` raises as a ValueError, or "no error" (a rank's answer that every rank can return in step)."""
+    try:
+        call()
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
 def seeded_forward_saving(layer, seed: int):
     """`layer` run forward on a float64 input [1, 6, 8] drawn from `seed`, under `saved_activations` (its parameters
     left out): (what autograd saved, the generator to draw the output gradient from, the input, the parameters, the

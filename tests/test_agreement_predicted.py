@@ -10,6 +10,7 @@ import torch.distributed as dist
 from pylib.runtime import RankFailedError, launch
 from pylib.runtime import agreement as A
 from pylib.runtime import collectives as C
+from tests.conftest import value_error_message as _message
 
 STEP = 0.2  # seconds an odd rank waits at the store here (the default is 30 s)
 
@@ -111,14 +112,6 @@ def _all_change():
     out["changed together"] = (x.tolist() == [3.0] * 6, state.rounds - before[1])
     out["then checked"] = _message(lambda: C.all_gather_tensor(torch.ones(2, 3 + r), dim=0))
     return out
-
-
-def _message(call) -> str:
-    try:
-        call()
-    except ValueError as exc:
-        return str(exc)
-    return "no error"
 
 
 def test_ranks_that_change_together_meet_and_go_on_and_the_new_calls_are_checked_again():

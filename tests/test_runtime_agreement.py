@@ -8,14 +8,7 @@ import torch.distributed as dist
 from pylib.runtime import agreement_check, launch
 from pylib.runtime import collectives as C
 from pylib.runtime.agreement import is_checking
-
-
-def _message(call) -> str:
-    try:
-        call()
-    except ValueError as exc:
-        return str(exc)
-    return "no error"
+from tests.conftest import value_error_message as _message
 
 
 def _misuses():

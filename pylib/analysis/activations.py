@@ -231,11 +231,8 @@ def storage_rows(rows: dict[str, int], cfg, plan, tokens: tuple[int, int, int], 
     t_in, r_rows, t_shared = tokens
     tp, etp = plan.par.tp, plan.par.etp
     if "attn_out_e5m6" in storage:
-        old = [r for r in out if r.startswith("W_O input (attention output)")]
-        for item in old:
-            del out[item]
-        if old:
-            out["W_O input (attention output) [E5M6]"] = e5m6_saved_bytes(t_in, cfg.n_heads // tp * cfg.d_head)
+        e5m6 = e5m6_saved_bytes(t_in, cfg.n_heads // tp * cfg.d_head)
+        _replace_rows(out, "W_O input (attention output)", "W_O input (attention output) [E5M6]", e5m6)
     if cfg.moe is None or not any(r.startswith("expert ") for r in out):
         return out
     if "gate_in_expert" in storage and "expert outputs, weighted [T k, h] x 2" in out:
@@ -250,12 +247,18 @@ def storage_rows(rows: dict[str, int], cfg, plan, tokens: tuple[int, int, int], 
             ("expert hidden", r_rows, (cfg.moe.d_ff or cfg.d_ff) // etp),
             ("shared experts hidden", t_shared, recompute_analysis.shared_ff(cfg) // tp),
         ):
-            old = [r for r in out if r.startswith(prefix)]
-            for item in old:
-                del out[item]
-            if old:
-                out[f"{prefix}: SwiGLU inputs cached [FP8]"] = swiglu_cached_bytes(n, f, recipe)
+            _replace_rows(out, prefix, f"{prefix}: SwiGLU inputs cached [FP8]", swiglu_cached_bytes(n, f, recipe))
     return out
+
+
+def _replace_rows(rows: dict[str, int], prefix: str, item: str, n: int) -> None:
+    """The rows whose names start with `prefix` replaced by one, `item` of n bytes (nothing where none is kept: a
+    recomputation dropped it)."""
+    old = [r for r in rows if r.startswith(prefix)]
+    for r in old:
+        del rows[r]
+    if old:
+        rows[item] = n
 
 
 def fp8_rows(
@@ -427,16 +430,16 @@ def layer_saved_rows(
         rows[item] -= n
         if not rows[item]:
             del rows[item]
+    R = 0  # the rows this rank's experts receive
+    if cfg.is_moe_layer(layer):
+        R = expected_expert_rows(tokens, cfg.moe.top_k, etp) if expert_rows is None else expert_rows
     bf16 = fp8 is None or (fp8.first_last_layers_bf16 and layer in (0, cfg.n_layers - 1))
     if not bf16:
         shares = sp and sp_regather and cp == 1 and attention == "flash" and "core_attn" not in modules
-        routed = expert_rows if cfg.is_moe_layer(layer) else 0
         kw = dict(modules=modules, fused=fp8_fused, flash_shares_output=shares)
-        rows = fp8_rows(rows, cfg, fp8, plan, b, s_cp, expert_rows=routed, **kw)
+        rows = fp8_rows(rows, cfg, fp8, plan, b, s_cp, expert_rows=R, **kw)
     if not storage:
         return rows
-    moe = cfg.is_moe_layer(layer)
-    R = (expected_expert_rows(tokens, cfg.moe.top_k, etp) if expert_rows is None else expert_rows) if moe else 0
     counts = (b * s_cp, R, tokens * tp if sp else tokens)
     return storage_rows(rows, cfg, plan, counts, None if bf16 else fp8, storage)
 

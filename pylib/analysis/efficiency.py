@@ -175,10 +175,8 @@ def storage_hbm_bytes(cfg, plan, tokens: int, e: int) -> tuple[int, int]:
     as `recompute.module_extra_hbm_bytes` prices "moe_act". With "moe_act" also chosen the rerun is priced twice:
     moe_act's 16-bit reading and this one (an upper bound)."""
     par = plan.par
-    sp = plan.options.sequence_parallel and par.tp > 1
-    t_o = tokens // par.tp if sp else tokens
-    rows = round(expected_expert_rows(t_o, cfg.moe.top_k, par.etp) * getattr(plan, "routing_imbalance", 1.0))
-    n = rows * ((cfg.moe.d_ff or cfg.d_ff) // par.etp) + (t_o * par.tp if sp else t_o) * (shared_ff(cfg) // par.tp)
+    n_routed, t_o, sp = _routed_hidden(cfg, plan, tokens)
+    n = n_routed + (t_o * par.tp if sp else t_o) * (shared_ff(cfg) // par.tp)
     return 2 * n * (e + 1), n * (2 + e)
 
 
@@ -190,12 +188,18 @@ def gate_hbm_bytes(cfg, plan, tokens: int, e: int) -> tuple[int, int]:
     writes it): 4 n e. The weighting at home it replaces (the [T k, h] expert outputs read, scaled and their
     gradient's dot) is not credited back: the planner never priced it (an upper bound on the added time). Nor are
     the weights' own exchanges (one value a row beside the row's h: 1/h of the dispatch's bytes)."""
+    n = _routed_hidden(cfg, plan, tokens)[0]
+    return 2 * n * e, 4 * n * e
+
+
+def _routed_hidden(cfg, plan, tokens: int) -> tuple[int, int, bool]:
+    """(the hidden elements R f/etp of this rank's routed experts in one MoE layer, R the expected rows times the
+    plan's routing imbalance; the MoE's tokens outside the TP region; whether SP splits them), `tokens` = b s / cp."""
     par = plan.par
     sp = plan.options.sequence_parallel and par.tp > 1
     t_o = tokens // par.tp if sp else tokens
     rows = round(expected_expert_rows(t_o, cfg.moe.top_k, par.etp) * getattr(plan, "routing_imbalance", 1.0))
-    n = rows * ((cfg.moe.d_ff or cfg.d_ff) // par.etp)
-    return 2 * n * e, 4 * n * e
+    return rows * ((cfg.moe.d_ff or cfg.d_ff) // par.etp), t_o, sp
 
 
 def microbatch_seconds(

@@ -145,11 +145,16 @@ class AllToAllDispatcher:
     ):
         """capacity: pad every expert's rows to exactly C (None = send only the kept rows)."""
         rows, state = self.prepare(x, experts, keep, capacity)
+        return self._send(rows, state), state
+
+    def _send(self, rows: torch.Tensor, state: DispatchState) -> torch.Tensor:
+        """Rows laid out as `prepare` sends them -> where they go, grouped by local expert: the all-to-all (and,
+        with etp > 1, the ETP all-gather), tagged "dispatch"."""
         with tag("dispatch"):
             rows = collectives.all_to_all_uneven(rows, *state.splits(), self.ep_group)
             if self.etp > 1:
                 rows = collectives.all_gather_uneven(rows, state.etp_sizes, self.etp_group)
-        return sort_chunks(rows, state.chunk_counts), state
+        return sort_chunks(rows, state.chunk_counts)
 
     def gate_rows(self, weights: torch.Tensor, state: DispatchState) -> torch.Tensor:
         """The combine weights [T, k] laid out as `prepare` lays out the rows it sends: [rows sent, 1] (zeros at the
@@ -164,12 +169,7 @@ class AllToAllDispatcher:
         """The combine weights [T, k] of a `dispatch`'s kept assignments, sent where their rows went and in the same
         order: [R], one per row the local experts received (0 for a padding row). Their gradient comes home by the
         same exchanges backward."""
-        w = self.gate_rows(weights, state)
-        with tag("dispatch"):
-            w = collectives.all_to_all_uneven(w, *state.splits(), self.ep_group)
-            if self.etp > 1:
-                w = collectives.all_gather_uneven(w, state.etp_sizes, self.etp_group)
-        return sort_chunks(w, state.chunk_counts).squeeze(-1)
+        return self._send(self.gate_rows(weights, state), state).squeeze(-1)
 
     def combine(self, y: torch.Tensor, state: DispatchState, weights: torch.Tensor | None = None) -> torch.Tensor:
         y = sort_chunks(y, state.chunk_counts.T)

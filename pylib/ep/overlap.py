@@ -74,9 +74,7 @@ def gates_issue(d: AllToAllDispatcher, weights, state: DispatchState):
     """With `gate_in_expert`: the combine weights [T, k] sent where their rows go, one value a row, issued right after
     the rows (`AllToAllDispatcher.dispatch_gates` up to its all-to-all), not waited for."""
     with tag("dispatch"):
-        return collectives.all_to_all_uneven_async(
-            d.gate_rows(weights, state), state.output_splits, state.input_splits, d.ep_group
-        )
+        return collectives.all_to_all_uneven_async(d.gate_rows(weights, state), *state.splits(), d.ep_group)
 
 
 class RowsAndGates:
