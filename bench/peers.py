@@ -12,7 +12,11 @@ the machine falls on both sides of it.
     1F1B, interleaved    pylib.pp.PipelineParallel           torch.distributed.pipelining Schedule1F1B /
                          (no timeline recorded)              ScheduleInterleaved1F1B, the same chunks
     DDP                  pylib.dp.wrap(..., "ddp")           torch.nn.parallel.DistributedDataParallel + Adam
-    ZeRO-3               pylib.dp.wrap(..., "zero3")         FSDP2: torch.distributed.fsdp.fully_shard + Adam
+    ZeRO-3               pylib.dp.wrap(..., "zero3", units=  FSDP2: fully_shard on each layer and the root + Adam
+                         the layers), the root unit kept     (torch's default: the root kept from forward to
+                         for backward                        backward)
+    ZeRO-3 every unit    pylib.dp.wrap(..., "zero3")         FSDP2: fully_shard on embed, each layer, ln_f,
+                         (the book's: every unit resharded)  lm_head and the root, reshard_after_forward=True
     ring (CP)            pylib.cp.ring_attention, zig-zag    all-gather K and V (torch.distributed.nn), then
                                                              torch's scaled_dot_product_attention with the mask
     EP dispatch          pylib.ep.ExpertParallelMoE          (torch has none: the row shows the check's cost only)
@@ -174,18 +178,48 @@ def _pp_rank(m, schedules, settings, steps):
     return rows
 
 
-def _dp_rank(cfg, batch, seq, settings, steps):
+def _torch_dp(cfg, g, wrapping):
+    """torch's peer on the reference model: DDP, or FSDP2 over `wrapping` ("layers": fully_shard on each layer and
+    the root, torch's default policy, the root kept from forward to backward; "every": on embed, each layer, ln_f
+    and lm_head too, and the root resharded after forward like every unit)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    reference = build_model(cfg)
+    if wrapping is None:
+        return DDP(reference)
+    mesh = init_device_mesh("cpu", (g.size,))
+    inner = list(reference.layers)
+    if wrapping == "every":
+        inner += [reference.embed, reference.ln_f, reference.lm_head]
+    for module in inner:
+        fully_shard(module, mesh=mesh)
+    return fully_shard(reference, mesh=mesh, reshard_after_forward=True if wrapping == "every" else None)
+
+
+# (label, zero stage, wrapping, torch's peer): ZeRO-3 twice, each wrapped as its FSDP2 peer (the same units, the
+# same collectives: `FullyShardedDataParallel.reshard_after_forward`)
+DP_ROWS = (
+    ("DDP", "ddp", None, "torch DDP"),
+    ("ZeRO-3", "zero3", "layers", "FSDP2 fully_shard"),
+    ("ZeRO-3 every unit", "zero3", "every", "FSDP2 fully_shard"),
+)
+
+
+def _dp_rank(cfg, batch, seq, settings, steps):
     g = resolve_group(None)
     ids, targets = random_tokens(cfg, batch, seq, seed=0)
     ids, targets = micro_batch(ids, g.rank, g.size), micro_batch(targets, g.rank, g.size)
+    layers = [f"layers.{i}" for i in range(cfg.n_layers)]
     rows = []
-    for stage, peer in (("ddp", "torch DDP"), ("zero3", "FSDP2 fully_shard")):
+    for label, stage, wrapping, peer in DP_ROWS:
         model = build_model(cfg)
-        dp = wrap(model, stage, g, lr=1e-2)
+        if wrapping == "layers":  # FSDP2's default: embed, ln_f and lm_head in the root unit, kept for backward
+            dp = wrap(model, stage, g, units=layers, lr=1e-2)
+            dp.set_reshard_after_forward(False, ["root"])
+        else:
+            dp = wrap(model, stage, g, lr=1e-2)
 
         def ours(model=model, dp=dp):
             model.loss(ids, targets).backward()
@@ -193,15 +227,8 @@ def _dp_rank(cfg, batch, seq, settings, steps):
             dp.step()
             dp.zero_grad()
 
-        reference = build_model(cfg)
         try:
-            if stage == "ddp":
-                module = DDP(reference)
-            else:
-                mesh = init_device_mesh("cpu", (g.size,))
-                for layer in reference.layers:
-                    fully_shard(layer, mesh=mesh)
-                module = fully_shard(reference, mesh=mesh)
+            module = _torch_dp(cfg, g, wrapping)
             optimizer = torch.optim.Adam(module.parameters(), lr=1e-2)
 
             def theirs(module=module, optimizer=optimizer):
@@ -212,15 +239,8 @@ def _dp_rank(cfg, batch, seq, settings, steps):
             theirs()  # FSDP2 on gloo: fails here, not inside the timing, if it cannot run
         except Exception as exc:  # noqa: BLE001  (measured, then said in the table)
             theirs, peer = None, f"{peer}: cannot run here ({type(exc).__name__}: {str(exc)[:80]})"
-        label = "DDP" if stage == "ddp" else "ZeRO-3"
-        rows.append(
-            (
-                label,
-                f"{cfg.n_layers} layers h={cfg.d_model} b={batch} s={seq}",
-                peer,
-                _timed(ours, theirs, settings, steps),
-            )
-        )
+        size = f"{cfg.n_layers} layers h={cfg.d_model} b={batch} s={seq}"
+        rows.append((label, size, peer, _timed(ours, theirs, settings, steps)))
     return rows
 
 

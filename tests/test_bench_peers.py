@@ -46,7 +46,17 @@ def test_the_table_times_the_slowest_rank_and_pairs_the_ratios_within_a_cycle():
 def test_peers_runs_every_row_against_torch_on_tiny_sizes():
     rows = peers.measure(("on", "off"), steps=1, tiny=True)
     modes = [r["mode"] for r in rows]
-    assert modes == ["TP", "TP+SP", "1f1b", "DDP", "ZeRO-3", "ring (CP)", "EP dispatch", "EP+ETP (etp=2)"]
+    assert modes == [
+        "TP",
+        "TP+SP",
+        "1f1b",
+        "DDP",
+        "ZeRO-3",
+        "ZeRO-3 every unit",
+        "ring (CP)",
+        "EP dispatch",
+        "EP+ETP (etp=2)",
+    ]
     for r in rows[:-2]:
         assert "cannot run" not in r["peer"], r["peer"]  # FSDP2 included: it runs on gloo CPU
         assert r["ours on/torch"] > 0 and r["ours off/torch"] > 0
@@ -56,3 +66,60 @@ def test_peers_runs_every_row_against_torch_on_tiny_sizes():
     assert {"on adds", "full adds"} <= set(check) and "full adds us" in peers.format_check_rows(
         [check], ["on", "off", "full"]
     )
+
+
+def _collectives_per_step(wrapping):
+    """How many all-gathers and reduce-scatters one step of ours and of FSDP2 issues, each wrapped as `peers`
+    wraps them for the ZeRO-3 rows (counted at torch.distributed, under both)."""
+    import collections
+
+    import torch.distributed as dist
+
+    from pylib.dp import micro_batch, wrap
+    from pylib.model import ModelConfig, build_model, random_tokens
+    from pylib.pp.split import lm_loss
+    from pylib.runtime.collectives import resolve_group
+
+    counts = collections.Counter()
+
+    def counted(fn, kind):
+        def call(*args, **kwargs):
+            counts[kind] += 1
+            return fn(*args, **kwargs)
+
+        return call
+
+    for name in ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor"):
+        if hasattr(dist, name):
+            setattr(dist, name, counted(getattr(dist, name), name.split("_")[0]))
+    cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, d_ff=32, dtype="float32")
+    g = resolve_group(None)
+    ids, targets = (micro_batch(t, g.rank, g.size) for t in random_tokens(cfg, 4, 8, seed=0))
+    model = build_model(cfg)
+    if wrapping == "layers":
+        dp = wrap(model, "zero3", g, units=[f"layers.{i}" for i in range(cfg.n_layers)], lr=1e-2)
+        dp.set_reshard_after_forward(False, ["root"])
+    else:
+        dp = wrap(model, "zero3", g, lr=1e-2)
+    theirs = peers._torch_dp(cfg, g, wrapping)
+    out = {}
+    for side, step in (("ours", lambda: model.loss(ids, targets).backward()),
+                       ("torch", lambda: lm_loss(theirs(ids), targets).backward())):  # fmt: skip
+        step()  # FSDP2's first step sets itself up
+        counts.clear()
+        step()
+        out[side] = dict(counts)
+    return out
+
+
+@pytest.mark.parametrize("wrapping", ["layers", "every"])
+def test_the_zero3_rows_issue_as_many_collectives_as_fsdp2(wrapping):
+    """Like with like: wrapped the same, ours and FSDP2 gather and reduce-scatter the same number of times a step
+    (FSDP2's default wrapping keeps the root unit for backward: 5 + 4 gathers and 5 reduce-scatters a step at 4
+    layers; here at 2 layers, 3 + 2 and 3)."""
+    from pylib.runtime import launch
+
+    for r in launch(_collectives_per_step, 2, wrapping):
+        assert r["ours"] == r["torch"], r
+        units = 3 if wrapping == "layers" else 5  # 2 layers and the root / and embed, ln_f, lm_head apart
+        assert r["ours"] == {"all": 2 * units - (wrapping == "layers"), "reduce": units}

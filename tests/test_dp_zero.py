@@ -140,6 +140,57 @@ def test_tied_embedding_left_to_the_root_unit_trains_like_the_reference():
         assert events[0]["tag"] == "zero3.root" and events[-1]["tag"] == "zero3.root"
 
 
+def _kept(reshard, units):
+    """One step of ZeRO-3 with `reshard_after_forward=reshard` over `units`; then a forward without autograd."""
+    rank, d = dist.get_rank(), dist.get_world_size()
+    model = build_model(CFG)
+    fsdp = FullyShardedDataParallel(model, units=units, reshard_after_forward=reshard)
+    ids, targets = random_tokens(CFG, BATCH, SEQ, seed=0)
+    ids, targets = micro_batch(ids, rank, d), micro_batch(targets, rank, d)
+    with trace() as tr:
+        model.loss(ids, targets).backward()
+        fsdp.finish_gradient_sync()
+    after_backward = fsdp.resident_param_bytes()
+    with torch.no_grad():
+        model.loss(ids, targets)  # no backward will come: nothing may stay gathered
+    sent = {}
+    for e in tr.events:
+        sent[e.op] = sent.get(e.op, 0) + e.bytes_sent
+    whats = [what for _, _, what in fsdp.timeline]
+    shards = fsdp.resident_param_bytes()
+    return dict(
+        grads=fsdp.gradient_shards(),
+        layouts=fsdp.layouts,
+        sent=sent,
+        whats=whats,
+        unit_bytes=fsdp.unit_bytes(),
+        leftover=(after_backward - shards, fsdp.resident_param_bytes() - shards),
+    )
+
+
+@pytest.mark.parametrize("reshard", [None, False])
+def test_kept_units_skip_the_backward_gather_and_still_train_like_the_reference(reshard):
+    """FSDP2's default (None) keeps the root unit from forward to backward, False keeps every unit: each kept unit
+    is all-gathered once per micro-batch instead of twice, and the gradient is the reference's."""
+    d = 2
+    units = [f"layers.{i}" for i in range(CFG.n_layers)]  # embed, ln_f and lm_head fall to the root unit
+    results = launch(_kept, d, reshard, units)
+    ref = build_model(CFG)
+    ids, targets = random_tokens(CFG, BATCH, SEQ, seed=0)
+    ref.loss(ids, targets).backward()
+    grads = assemble(results[0]["layouts"], [r["grads"] for r in results])
+    for n, p in ref.named_parameters():
+        assert_float64_close(grads[n], p.grad, rtol=FLOAT64_RTOL)
+    for r in results:
+        kept = ["root"] if reshard is None else list(r["unit_bytes"])
+        psi = sum(r["unit_bytes"].values())
+        kept_bytes = sum(r["unit_bytes"][u] for u in kept)
+        assert r["sent"] == {"all_gather": (2 * psi - kept_bytes) // d, "reduce_scatter": psi // d}
+        gathered_again = [w.split()[1] for w in r["whats"] if w.startswith("gather") and w.endswith("(backward)")]
+        assert not set(gathered_again) & set(kept)
+        assert r["leftover"] == (0, 0)  # freed by backward; and a forward without autograd frees what it gathers
+
+
 def _refusals(what):
     model = build_model(CFG)
     if what == "stage3":
@@ -149,6 +200,10 @@ def _refusals(what):
             pass
     elif what == "units":
         FullyShardedDataParallel(model, units=["layers.7"])
+    elif what == "reshard":
+        FullyShardedDataParallel(model, reshard_after_forward="root")
+    elif what == "reshard_unit":
+        FullyShardedDataParallel(model).set_reshard_after_forward(False, ["layers.7"])
 
 
 @pytest.mark.parametrize(
@@ -157,6 +212,8 @@ def _refusals(what):
         ("stage3", "ZeroDataParallel does stages 1 and 2, got zero_stage=3"),
         ("no_sync", "ZeRO-2 keeps only its shard"),
         ("units", r"units \['layers.7'\] are not modules of Transformer"),
+        ("reshard", "reshard_after_forward must be True, False or None"),
+        ("reshard_unit", r"\['layers.7'\] are not units of this wrapper"),
     ],
 )
 def test_impossible_requests_are_refused_with_the_reason(what, message):

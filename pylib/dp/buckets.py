@@ -122,6 +122,7 @@ class GradientBuckets:
         self.buckets: list[Bucket] = []
         self._by_group: dict[tuple, list[Bucket]] = {}
         self._where: dict[int, tuple[Bucket, int]] = {}
+        self._views: dict[int, torch.Tensor] = {}  # id(p) -> its view of a kept bucket, where p.grad lives
         for g, dtype, named in param_sets:
             self._add_buckets(g, dtype, named, bucket_bytes, len(param_sets) > 1, divide_by)
         self._allocate_gradients()
@@ -170,7 +171,10 @@ class GradientBuckets:
         for b in self.buckets:
             device = b.params[0].device
             if self.keep_full_grad:
-                b.grad = torch.zeros(b.layout.padded_numel, dtype=b.dtype, device=device)
+                b.grad = torch.zeros(b.layout.padded_numel, dtype=b.dtype, device=device)  # kept for good
+                for i, p in enumerate(b.params):
+                    if self.mode == "all_reduce" and p.dtype == b.dtype:
+                        self._views[id(p)] = b.grad_view(i)  # p.grad's home: made once, not per backward
             else:
                 lo, hi = b.shard_range
                 b.shard_grad = torch.zeros(hi - lo, dtype=b.dtype, device=device)
@@ -256,11 +260,12 @@ class GradientBuckets:
         if not self._in_backward:
             self._begin_backward()
         b, i = self._where[id(p)]
-        if self.mode == "all_reduce" and p.dtype == b.dtype:
+        view = self._views.get(id(p))
+        if view is not None:
             # gradient as a bucket view: afterwards autograd accumulates straight into the bucket
-            view = b.grad_view(i)
-            if p.grad.data_ptr() != view.data_ptr():
-                view.copy_(p.grad)
+            grad = p.grad
+            if grad is not view and grad.data_ptr() != view.data_ptr():
+                view.copy_(grad)
                 p.grad = view
         else:
             if b.grad is None:

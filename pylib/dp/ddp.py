@@ -59,6 +59,7 @@ class DistributedDataParallel(nn.Module):
     ):
         super().__init__()
         self.module = module
+        self._params = list(module.parameters())  # zero_grad's, walked once (parameters() walks the module tree)
         divide_by = check_divide_factor(gradient_divide_factor)
         self.param_sets = split_by_group(list(module.named_parameters()), group, group_for)
         self.buckets = GradientBuckets(
@@ -87,7 +88,7 @@ class DistributedDataParallel(nn.Module):
         """As `nn.Module.zero_grad`. The buckets keep their storage either way (the next backward writes into it)."""
         self.buckets.finish()
         if set_to_none:
-            for p in self.module.parameters():
+            for p in self._params:
                 p.grad = None
         else:
             self.buckets.zero_grad()

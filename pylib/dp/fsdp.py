@@ -14,6 +14,13 @@ the rank keeps, and what its optimizer updates. Around each unit:
 
 `timeline` records the resident parameter bytes after every gather and free, so a run can draw them.
 
+`reshard_after_forward` (FSDP2's name and meaning): True, as above, for every unit; False keeps each unit's full
+buffer from its forward until its backward has used it (no second all-gather: 2(d-1)/d * Psi per micro-batch, the
+full parameters resident from forward to backward, as ZeRO-2's are); None is FSDP2's default, True for every unit
+but the root, whose forward spans the whole forward anyway, so freeing it only to gather it again at once gains
+nothing. `set_reshard_after_forward(reshard, units)` sets it unit by unit. A forward without autograd (no backward
+to come) frees every unit; FP8-gathered flats are gathered again in backward either way.
+
 Per micro-batch and rank that is all-gather + all-gather + reduce-scatter, 3(d-1)/d * Psi bytes: 1.5x DDP's
 traffic for 1/d of the parameter memory (ZeRO paper, section 7.2.2). With m micro-batches per step every one of
 them gathers again in its forward and its backward and reduce-scatters its own gradient (accumulated into the
@@ -160,6 +167,7 @@ class _Flat:
 class _Unit:
     def __init__(self, name: str, module: nn.Module, flats: list[_Flat]):
         self.name, self.module, self.flats = name, module, flats
+        self.reshard_after_forward = True  # False: the full buffers stay from forward until backward used them
 
 
 class _Gathered:
@@ -168,6 +176,7 @@ class _Gathered:
     def __init__(self, unit: _Unit):
         self.unit = unit
         self.storages: list[tuple[_Flat, torch.UntypedStorage]] = []
+        self.kept: set[int] = set()  # id(flat) of the flats whose full buffer stays from forward to backward
         self.regathered = False
 
 
@@ -263,9 +272,11 @@ class FullyShardedDataParallel(nn.Module):
         optimizer=torch.optim.Adam,
         precision=None,
         replicate=None,
+        reshard_after_forward: bool | None = True,
         **optim_kwargs,
     ):
         super().__init__()
+        _check_reshard(reshard_after_forward)
         self.replicate = None if replicate is None else C.resolve_group(replicate)
         if self.replicate is not None:
             if group_for is not None:
@@ -309,6 +320,8 @@ class FullyShardedDataParallel(nn.Module):
             unit.module.register_forward_pre_hook(functools.partial(self._before_forward, unit))
             unit.module.register_forward_hook(functools.partial(self._after_forward, unit))
             self.units.append(unit)
+        for unit in self.units:
+            unit.reshard_after_forward = bool(unit.name) if reshard_after_forward is None else reshard_after_forward
         self.weights: MasterWeights | None = None
         if precision is None:
             self.optimizer = optimizer(list(self.shards), **optim_kwargs)
@@ -355,12 +368,18 @@ class FullyShardedDataParallel(nn.Module):
 
     def _after_forward(self, unit: _Unit, module, args, output):
         call = self._calls.pop(id(unit))
+        hooked = False
         if torch.is_grad_enabled():
             for t in _tensors(output):
                 if t.requires_grad:
                     t.register_hook(functools.partial(self._before_backward, call))
-        for _, storage in call.storages:
-            self._free(storage)
+                    hooked = True
+        for flat, storage in call.storages:
+            # kept for backward only where a backward will come to use it and free it (`_after_backward`)
+            if hooked and not unit.reshard_after_forward and flat.fp8 is None and flat.shard.requires_grad:
+                call.kept.add(id(flat))
+            else:
+                self._free(storage)
         for flat in unit.flats:
             flat.set_views(None)
             if flat.fp8 is not None:
@@ -375,6 +394,8 @@ class FullyShardedDataParallel(nn.Module):
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
         for flat, storage in call.storages:
+            if id(flat) in call.kept:
+                continue  # still resident since its forward: nothing to gather
             storage.resize_(flat.layout.padded_numel * flat.shard.element_size())
             tag = f"{self.tag_prefix}.{flat.layout.key}"
             if flat.fp8 is not None:
@@ -383,7 +404,8 @@ class FullyShardedDataParallel(nn.Module):
                 again = C.all_gather_tensor(flat.shard.detach(), 0, flat.group, phase="backward", tag=tag)
             storage.copy_(again.untyped_storage())
             self._live[id(storage)] = storage
-        self._note_params(f"gather {call.unit.name or 'root'} (backward)")
+        if len(call.kept) < len(call.storages):
+            self._note_params(f"gather {call.unit.name or 'root'} (backward)")
 
     def _after_backward(self, storage: torch.UntypedStorage, name: str, grad):
         # the whole gradient of this unit's full buffer exists now (next: scaled, reduce-scattered into the shard)
@@ -419,6 +441,20 @@ class FullyShardedDataParallel(nn.Module):
         return [f for u in self.units for f in u.flats]
 
     # -------------------------------------------------------------------------------------------- training
+
+    def set_reshard_after_forward(self, reshard: bool, units=None) -> None:
+        """Whether `units` (names as in `unit_bytes`, "root" for the root unit; None: every unit) free their full
+        parameters after forward and gather them again in backward (True), or keep them until their backward has
+        used them (False: one all-gather of the unit fewer per micro-batch; FSDP2's `set_reshard_after_forward`)."""
+        if not isinstance(reshard, bool):
+            raise TypeError(f"set_reshard_after_forward: reshard must be True or False, got {reshard!r}")
+        by_name = {u.name or "root": u for u in self.units}
+        names = list(by_name) if units is None else list(units)
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise ValueError(f"set_reshard_after_forward: {unknown} are not units of this wrapper ({list(by_name)})")
+        for n in names:
+            by_name[n].reshard_after_forward = reshard
 
     def finish_gradient_sync(self) -> None:
         """Nothing is left in flight: each unit's reduce-scatter ran inside backward. Kept for the common API."""
@@ -500,6 +536,14 @@ class FullyShardedDataParallel(nn.Module):
                         )
                     )
         return out
+
+
+def _check_reshard(value) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(
+            f"reshard_after_forward must be True, False or None (FSDP2's default: every unit but the root), got "
+            f"{value!r}"
+        )
 
 
 def _split_fp8(sets, owners: dict):
