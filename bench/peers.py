@@ -32,7 +32,7 @@ Torch has no cross-rank agreement check, so ours runs under each `--settings` (l
 The `check` column is ours-on / ours-off - 1: what the check costs of that row's step (`every`: the same for
 ours-every); `checked/step` how many collectives of an ours-on step still communicated to check (the slowest
 rank, the median cycle), predicted calls whose raw row counts still had to be compared included: 0 once the step's
-order is learned (the pipeline's once-per-step `agree_pipeline` is not counted).
+order is learned (the pipeline's once-per-step `agree_pipeline` included: it too is predicted once verified).
 
 Timing on a shared CPU with gloo is noisy: rerun and read the medians, not one row.
 """
@@ -103,14 +103,17 @@ def _timed(ours, theirs, settings, steps) -> dict[str, list[float]]:
     variants = {f"ours {s}": (ours, s) for s in settings}
     if theirs is not None:
         variants["torch"] = (theirs, "off")
+        variants[AGAIN] = (theirs, "off")  # the control: torch against itself, timed the same way
     for fn, s in variants.values():
         with _setting(s):
             fn()
     out = {k: [] for k in variants}
     if "on" in settings:
         out[CHECKED] = []
-    for _ in range(steps):
-        for key, (fn, s) in variants.items():
+    order = list(variants.items())
+    for cycle in range(steps):
+        k = cycle % len(order)  # each cycle starts one variant later: no variant always runs first, or last
+        for key, (fn, s) in order[k:] + order[:k]:
             with _setting(s):
                 dist.barrier()
                 before = _checked()
@@ -122,13 +125,16 @@ def _timed(ours, theirs, settings, steps) -> dict[str, list[float]]:
     return out
 
 
+AGAIN = "torch again"  # torch's step timed a second time in each cycle: the A/A control
 CHECKED = "checked calls"  # of ours on, per step: the calls that communicated to check (steps 1-2, rendezvous)
 
 
 def _checked() -> int:
     """Calls this rank's groups have checked with communication so far (`agreement._Predictor`): steps 1-2, store
-    rendezvous, and predicted calls whose raw row counts were still checked (split residuals, `sizes` hashes)."""
-    return sum(p.checked + p.rounds + p.row_checks for p in agreement._PREDICTORS.values())
+    rendezvous, and predicted calls whose raw row counts were still checked (split residuals, `sizes` hashes); and
+    the pipeline's step checks and rendezvous (`agreement._PipelineState`)."""
+    calls = sum(p.checked + p.rounds + p.row_checks for p in agreement._PREDICTORS.values())
+    return calls + sum(p.checked + p.rounds for p in agreement._PIPELINES.values())
 
 
 # ------------------------------------------------------------------------------------------------ the rows
@@ -363,9 +369,17 @@ def table_rows(launched: list[tuple[int, list]]) -> list[dict]:
             def paired(a, b, steps=steps):
                 return statistics.median(x / y for x, y in zip(steps[a], steps[b]))
 
+            def quartiles(a, b, steps=steps):
+                ratios = [x / y for x, y in zip(steps[a], steps[b])]
+                return tuple(statistics.quantiles(ratios, n=4)[::2]) if len(ratios) > 1 else (ratios[0],) * 2
+
             for key in steps:
                 if key.startswith("ours ") and "torch" in steps:
                     row[f"{key}/torch"] = paired(key, "torch")
+                    row[f"{key}/torch quartiles"] = quartiles(key, "torch")
+            if AGAIN in steps:
+                row["torch/torch"] = paired(AGAIN, "torch")
+                row["torch/torch quartiles"] = quartiles(AGAIN, "torch")
             if "ours on" in steps and "ours off" in steps:
                 row["check"] = paired("ours on", "ours off") - 1
             if "ours every" in steps and "ours off" in steps:
@@ -379,14 +393,22 @@ def machine() -> str:
     return f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}, gloo{load}"
 
 
+def _ratio(row: dict, key: str) -> str:
+    """A ratio as the table shows it: the median over cycles, then its quartiles over cycles in brackets."""
+    if key not in row:
+        return "-"
+    lo, hi = row[f"{key} quartiles"]
+    return f"{row[key]:.2f} [{lo:.2f}-{hi:.2f}]"
+
+
 def format_table(rows: list[dict], settings) -> str:
     ours = [f"ours {s}" for s in settings]
     head = ["mode", "size", "ranks", "torch's", *[f"{k} ms" for k in ours], "torch ms"]
-    head += [f"{k}/torch" for k in ours] + ["check", "every", "checked/step"]
+    head += [f"{k}/torch" for k in ours] + ["torch/torch", "check", "every", "checked/step"]
     lines = []
     for r in rows:
         ms = [f"{1e3 * r['seconds'][k]:.2f}" if k in r["seconds"] else "-" for k in [*ours, "torch"]]
-        ratios = [f"{r[f'{k}/torch']:.2f}" if f"{k}/torch" in r else "-" for k in ours]
+        ratios = [_ratio(r, f"{k}/torch") for k in [*ours, "torch"]]
         checks = [f"{100 * r[k]:+.0f}%" if k in r else "-" for k in ("check", "every")]
         checks.append(f"{r['seconds'][CHECKED]:g}" if CHECKED in r["seconds"] else "-")
         lines.append([r["mode"], r["size"], str(r["ranks"]), r["peer"], *ms, *ratios, *checks])
@@ -433,7 +455,9 @@ def main(argv=None):
     rows = measure(args.settings, args.steps, args.tiny, args.rows)
     print(f"machine: {start}")
     print(f"ms: the slowest rank's step, median of {args.steps} cycles; ratios: median over cycles of the ratio")
-    print("within a cycle; check: ours on / ours off - 1, every: ours every / ours off - 1; float32\n")
+    print("within a cycle, [its quartiles over cycles]; torch/torch: torch's step timed twice in each cycle, the")
+    print("second over the first (the A/A control: the spread a ratio has here when nothing differs); check: ours on")
+    print("/ ours off - 1, every: ours every / ours off - 1; each cycle starts one variant later; float32\n")
     print(format_table(rows, args.settings))
     if not args.tiny:
         print("\nthe check alone: one all_gather_tensor of 16 float32 per rank, per call (slowest rank, median of 5")

@@ -246,3 +246,48 @@ def test_sizes_from_gather_sizes_skip_the_check_and_a_raw_list_beside_them_is_na
         assert out["row checks"] == 0
         assert "gathered over another group" in out["another group"]
         assert "the ranks disagree on gathered sizes: rank 0 1, rank 1 0" in out["mixed"]
+
+
+def _pipeline_steps(odd: bool):
+    """1F1B steps on 2 ranks: two alike (the second predicted), then every rank with another m (they meet and
+    check again), then that again (predicted); with `odd`, rank 1 alone is given longer sequences instead."""
+    from pylib.model import build_model, random_tokens
+    from pylib.plan.presets import tiny
+    from pylib.pp.pipeline import PipelineParallel
+
+    cfg = tiny()
+    pipe = PipelineParallel(build_model(cfg))
+    state = A._pipeline_state(C.resolve_group(None))
+    seen = []
+
+    def step(m, seq=4):
+        ids, targets = random_tokens(cfg, 4, seq, seed=0)
+        pipe.step(ids, targets, n_microbatches=m)
+        seen.append((state.checked, state.predicted, state.rounds))
+
+    step(2)
+    step(2)
+    if odd:
+        with A.prediction_timeout(STEP):
+            step(2, seq=8 if dist.get_rank() == 1 else 4)
+    step(4)
+    step(4)
+    return seen
+
+
+def test_a_pipeline_step_verified_once_is_predicted_and_a_change_of_every_rank_is_checked_again():
+    for seen in launch(_pipeline_steps, 2, False, timeout=60):
+        # (checked, predicted, store meetings) after each step
+        assert seen == [(1, 0, 0), (1, 1, 0), (2, 1, 1), (2, 2, 1)]
+
+
+def test_a_rank_whose_pipeline_step_differs_from_the_verified_one_names_itself():
+    with pytest.raises(RankFailedError) as failed:
+        launch(_pipeline_steps, 2, True, timeout=30)
+    assert failed.value.rank == 1
+    message = str(failed.value)
+    assert (
+        "run_pipeline over [0, 1]: rank 1 runs run_pipeline(1f1b, p=2, m=2, v=1, float64 boundaries (2, 8, 16)) "
+        "where the group verified run_pipeline(1f1b, p=2, m=2, v=1, float64 boundaries (2, 4, 16)); the other ranks "
+        "did not come to re-check within 0.2 s"
+    ) in message

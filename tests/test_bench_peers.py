@@ -14,9 +14,11 @@ import peers  # noqa: E402  (bench/peers.py)
 def _launched():
     """Two ranks' rows as the rank functions return them: (mode, size, peer, {variant: [seconds of each cycle]})."""
     rank0 = [("TP", "b=1", "DTensor", {"ours on": [0.012, 0.010, 0.030], "ours off": [0.008, 0.009, 0.020],
-                                       "torch": [0.010, 0.020, 0.040]})]  # fmt: skip
+                                       "torch": [0.010, 0.020, 0.040],
+                                       "torch again": [0.022, 0.018, 0.044]})]  # fmt: skip
     rank1 = [("TP", "b=1", "DTensor", {"ours on": [0.011, 0.014, 0.031], "ours off": [0.008, 0.010, 0.020],
-                                       "torch": [0.020, 0.010, 0.040]})]  # fmt: skip
+                                       "torch": [0.020, 0.010, 0.040],
+                                       "torch again": [0.010, 0.020, 0.040]})]  # fmt: skip
     ep = [
         (
             "EP dispatch",
@@ -31,14 +33,18 @@ def _launched():
 def test_the_table_times_the_slowest_rank_and_pairs_the_ratios_within_a_cycle():
     tp, ep = peers.table_rows(_launched())
     # slowest rank of each cycle: on (0.012, 0.014, 0.031), off (0.008, 0.010, 0.020), torch (0.020, 0.020, 0.040)
-    assert tp["seconds"] == pytest.approx({"ours on": 0.014, "ours off": 0.010, "torch": 0.020})
+    assert tp["seconds"] == pytest.approx({"ours on": 0.014, "ours off": 0.010, "torch": 0.020, "torch again": 0.022})
     assert tp["ours on/torch"] == pytest.approx(0.7)  # median of 0.6, 0.7, 0.775
     assert tp["ours off/torch"] == pytest.approx(0.5)  # median of 0.4, 0.5, 0.5
     assert tp["check"] == pytest.approx(0.5)  # median of 1.5, 1.4, 1.55, less 1
+    # the A/A control, torch again (0.022, 0.020, 0.044) over torch: 1.1, 1.0, 1.1; quartiles of the ratio too
+    assert tp["torch/torch"] == pytest.approx(1.1) and tp["ours on/torch quartiles"][0] <= 0.7
+    assert tp["torch/torch quartiles"] == pytest.approx((1.0, 1.1))
     assert "ours on/torch" not in ep and ep["check"] == pytest.approx(0.5)  # no peer: the check's cost alone
     assert ep["every"] == pytest.approx(1.0) and "every" not in tp  # step 1 before every call: ours every / off
     text = peers.format_table([tp, ep], ["on", "every", "off"])
-    assert "ours on/torch" in text.splitlines()[0] and "0.70" in text and "+50%" in text and "+100%" in text
+    assert "ours on/torch" in text.splitlines()[0] and "0.70 [" in text and "+50%" in text and "+100%" in text
+    assert "torch/torch" in text.splitlines()[0] and "1.10 [1.00-1.10]" in text
     assert f"{os.cpu_count()} CPUs, torch {torch.__version__}" in peers.machine()
 
 

@@ -89,13 +89,16 @@ rank sends its data and then fails in `torch.cat`.
 Point-to-point ops have no collective partner to compare with, so the pipeline agrees once per step, before its
 first send (`agree_pipeline`): schedule, microbatch count, the dtype and the shape of every stage boundary, each
 compared between the two ranks that send and receive across it. A stage built with another activation shape is
-named there, not by gloo's "Received data size doesn't match".
+named there, not by gloo's "Received data size doesn't match". Once a step is verified, a step the same on this
+rank is predicted like a collective's call (no communication), and a rank whose step changed alone names itself at
+the store.
 
 The batch (`agree_on_batch`): ranks that must see the same data compare a checksum of it, one all-gather of a
 few int64 per step (see its docstring for why a checksum rather than a broadcast from one rank).
 
-These two per-step checks run unless switched off with `agreement_check(False)`, under NCCL too: they cost one
-small collective per step, not one per collective (`checks_each_step`).
+These two per-step checks run unless switched off with `agreement_check(False)`, under NCCL too
+(`checks_each_step`): the batch's costs one small collective per step; the pipeline's one in its first step and
+after every change.
 """
 
 from __future__ import annotations
@@ -557,6 +560,7 @@ def _predictor(g) -> _Predictor:
     world = dist.GroupMember.WORLD
     if _PREDICTORS_OF[0] is not world:  # a new default group (destroy, init again): forget the old order
         _PREDICTORS.clear()
+        _PIPELINES.clear()
         _PREDICTORS_OF[0] = world
     state = _PREDICTORS.get(g.pg)
     if state is None:
@@ -599,11 +603,19 @@ def _rendezvous(c: _Args, state: _Predictor, key, verified) -> None:
     group (the others may be waiting inside the predicted call), meet the other ranks at the default store: return
     when every rank of the group arrives at this round within the timeout (they all changed together), else mark
     the group broken and raise naming this rank's call and the verified one."""
+    calls = f"calls {_describe(key)} where the group's verified order calls {_describe(verified)}"
+    calls += f" after {_describe(state.prev)}"
+    _meet_or_raise(c.who, c.g, state, calls, "pylib.agreement")
+
+
+def _meet_or_raise(who: str, g, state, calls: str, space: str) -> None:
+    """`_rendezvous`'s meeting: `state` has `rounds` (this group's meetings so far, the same count on every rank)
+    and `broken`; `calls` says what this rank does instead of the verified call; `space` keeps the store keys of
+    one kind of check apart from another's."""
     from torch.distributed.distributed_c10d import _get_default_store
 
-    g = c.g
     store = _get_default_store()
-    prefix = f"pylib.agreement/{_group_name(g)}/{state.rounds}/"
+    prefix = f"{space}/{_group_name(g)}/{state.rounds}/"
     state.rounds += 1
     store.set(prefix + str(g.rank), str(g.global_rank))
     keys = [prefix + str(j) for j in range(g.size)]
@@ -611,8 +623,7 @@ def _rendezvous(c: _Args, state: _Predictor, key, verified) -> None:
     while not store.check(keys):  # polled, not store.wait: a FileStore's wait notices its keys about once a second
         if time.monotonic() > deadline:
             state.broken = (
-                f"{c.who} over {list(g.ranks)}: rank {g.global_rank} calls {_describe(key)} where the group's verified "
-                f"order calls {_describe(verified)} after {_describe(state.prev)}; the other ranks did not come to "
+                f"{who} over {list(g.ranks)}: rank {g.global_rank} {calls}; the other ranks did not come to "
                 f"re-check within {_setting.timeout:g} s, so they made that call and wait in it (a rank that may take "
                 "longer to reach a new call: raise the limit with pylib.runtime.agreement.prediction_timeout(seconds))"
             )
@@ -756,6 +767,34 @@ def agree_on_batch(who: str, g, batch: dict[str, torch.Tensor]) -> None:
             )
 
 
+class _PipelineState:
+    """One pp group's last verified pipeline step (the same on every rank of it): `key` what every rank saw then
+    (None: nothing verified, or the ranks' views differed where neither end of a boundary cared, so the next step
+    is checked again); `rounds`, `broken` as `_Predictor`'s; `predicted` / `checked` steps so far."""
+
+    __slots__ = ("key", "rounds", "broken", "predicted", "checked")
+
+    def __init__(self):
+        self.key, self.rounds, self.broken, self.predicted, self.checked = None, 0, None, 0, 0
+
+
+_PIPELINES: dict = {}  # process group -> _PipelineState, for the default group `_PREDICTORS_OF` (cleared with it)
+
+
+def _pipeline_state(g) -> _PipelineState:
+    _predictor(g)  # forgets every group's order, this one's included, when the default group changed
+    state = _PIPELINES.get(g.pg)
+    if state is None:
+        state = _PIPELINES[g.pg] = _PipelineState()
+    return state
+
+
+def _pipeline_text(key) -> str:
+    name, m, v, p, dtype, table = key
+    shapes = ", ".join(str(s) for s in dict.fromkeys(table))
+    return f"run_pipeline({name}, p={p}, m={m}, v={v}, {_dtype_name(dtype)} boundaries {shapes or '-'})"
+
+
 def agree_pipeline(g, schedule, dtype: torch.dtype, shape_of) -> None:
     """Before a pipeline step's first send: the ranks of the pp group agree on the schedule (its name, p, m, v),
     the dtype of what crosses a boundary, and, for every boundary, the shape `shape_of(mb, stage)` of the
@@ -763,17 +802,36 @@ def agree_pipeline(g, schedule, dtype: torch.dtype, shape_of) -> None:
     and the rank that receives. A mismatch raises ValueError on every rank naming both ranks, the microbatch, the
     stage and both shapes. Untraced, on whenever `checks_each_step()`.
 
-    Cost: first one all-reduce (max) of two int64, [h, -h] of a hash of everything this rank sees (the schedule,
-    m, v, p, the dtype, every boundary's shape): equal on every rank, nothing can disagree, and the step goes on.
-    Otherwise two small all-gathers compare what must agree; ranks whose views differ only where neither of them
-    sends nor receives (a stage that knows only its own boundaries) pay those and are let through."""
+    Cost: nothing once verified. A step whose schedule, m, v, p, dtype and boundary shapes are, on this rank, the
+    ones every rank verified at the group's last check is predicted, as a collective's call is (module docstring,
+    step 0): no communication. A rank whose step differs meets the others at the store, without touching the
+    group: if all come (they all changed together) all check as below, else it raises naming its step and the
+    verified one, and the others, already in their first send or receive, are ended by the launcher. The check:
+    first one all-reduce (max) of two int64, [h, -h] of a hash of everything this rank sees: equal on every
+    rank, nothing can disagree, and the step goes on. Otherwise two small all-gathers compare what must agree;
+    ranks whose views differ only where neither of them sends nor receives (a stage that knows only its own
+    boundaries) pay those and are let through, and check again next step. `_setting.predict = False` checks
+    every step (the bench's "every")."""
     if g.size == 1 or not checks_each_step():
         return
     name, m, v = schedule.name, schedule.m, schedule.v
     n_stages = g.size * v
     table = [tuple(shape_of(mb, k)) for k in range(1, n_stages) for mb in range(m)]
+    key = (name, m, v, schedule.p, _dtype_code(dtype), tuple(table))
+    state = _pipeline_state(g)
+    if state.broken is not None:
+        raise ValueError(state.broken)
+    if _setting.predict and state.key is not None:
+        if key == state.key:  # every rank whose step is right predicts the same: nothing to ask
+            state.predicted += 1
+            return
+        calls = f"runs {_pipeline_text(key)} where the group verified {_pipeline_text(state.key)}"
+        _meet_or_raise("run_pipeline", g, state, calls, "pylib.agreement.pipeline")
+    state.checked += 1
+    state.key = None  # until this check passes with every rank's view equal
     device = _small_device(g)
     if _hashes_agree(g, _hash63(repr((name, m, v, schedule.p, _dtype_code(dtype), table))), device):
+        state.key = key
         return
     most = max((len(s) for s in table), default=0)
     header = [zlib.crc32(name.encode()) & 0x7FFFFFFF, m, v, schedule.p, _dtype_code(dtype), most]
