@@ -18,16 +18,20 @@ parameter gradients, summed over microbatches by autograd, then equal the full-b
 division they are m times too large. (torch.distributed.pipelining keeps the loss unscaled and divides the
 gradients by m after the last backward instead: `scale_grads=True`; same result.)
 
-Sends. By default a send is posted (`isend`) and the rank moves on; every send is waited for at the end of the
-step. `blocking_sends=True` uses gloo's blocking `send` instead, which waits for the receiver (a rendezvous):
-the schedule's order is deadlock-free under both (see `pylib.plan.schedules`), but blocking sends add stalls to the
-interleaved schedule when a forward and a backward cost different times (`pylib.pp.simulate` shows where).
+Sends and receives. By default a send is posted (`isend`) and the rank moves on; every send is waited for at the
+end of the step. Each receive is posted (`irecv`) as soon as the one before it in the rank's list has arrived, so
+its data comes in while the rank computes (torch's schedules post a receive together with the send before it); the
+recv action then waits for it. `blocking_sends=True` uses gloo's blocking `send` instead, which waits for the
+receiver (a rendezvous): the schedule's order is deadlock-free under both (see `pylib.plan.schedules`), but
+blocking sends add stalls to the interleaved schedule when a forward and a backward cost different times
+(`pylib.pp.simulate` shows where).
 
 Agreement. Before its first send, each step's ranks agree on the schedule, m, v, the boundary dtype and every
 boundary's shape, compared between the two ranks on either side of it (`pylib.runtime.agreement.agree_pipeline`):
 a stage built with another activation shape, or given another microbatch count, is refused naming both ranks,
 instead of gloo aborting with "Received data size doesn't match". One small untraced all-reduce (max) of a hash
-of all of it per step; the two all-gathers that name a disagreement run only when the hashes differ.
+of all of it in the first step and after a change; a step the same as the verified one is predicted, at no
+communication; the two all-gathers that name a disagreement run only when the hashes differ.
 
 Split backward. A rank whose list holds a W for (mb, chunk) runs that B as the input gradient only and the W later
 (`pylib.pp.backward`: the same float64 bits as the fused backward); what W needs -- the forward's graph and the
@@ -40,9 +44,9 @@ compute to fixed costs (a measurement aid for comparing the measured bubble with
 `record_timeline=False` records no Event and makes no all-reduce.
 
 What a step costs beyond its sends, receives and compute -- what torch.distributed.pipelining's schedules also
-pay -- is the agreement's one all-reduce (while `checks_each_step()`) and the recorder's time origin (while it
-records a timeline); the losses are read to the host once, at the end of the step (a read per microbatch would
-wait for a GPU m times). `tests/test_pp_executor.py` counts the torch.distributed calls of a step.
+pay -- is the agreement's one all-reduce (while `checks_each_step()`, once verified none) and the recorder's time
+origin (while it records a timeline); the losses are read to the host once, at the end of the step (a read per
+microbatch would wait for a GPU m times). `tests/test_pp_executor.py` counts the torch.distributed calls of a step.
 """
 
 from __future__ import annotations
@@ -184,9 +188,14 @@ def run_pipeline(
         deferred=schedule.deferred(g.rank),
     )
     rec.start(g.rank, g, device)
-    for a in schedule[g.rank]:
+    actions = schedule[g.rank]
+    recvs = iter([a for a in actions if a.op == "recv"])
+    step.post_recv(next(recvs, None))
+    for a in actions:
         with profile.action_span(a), rec.action(a):  # a named range only while a profile is recorded
             step.do(a)
+        if a.op == "recv":  # the next receive is posted now, to arrive while this rank computes
+            step.post_recv(next(recvs, None))
     losses = step.finish()  # empty off the last stage
     return PipelineRun(
         rank=g.rank,
@@ -242,6 +251,7 @@ class RankStep:
     grad_in: dict = field(default_factory=dict)  # (mb, chunk) -> gradient of the input, to send back
     losses: dict = field(default_factory=dict)  # mb -> its unscaled loss, detached (last stage)
     pending_sends: list = field(default_factory=list)  # posted sends, waited for at the end of the step
+    posted_recv: tuple | None = None  # (action, posted receive): the rank's next recv, posted ahead
 
     def __post_init__(self):
         self.excluded = [list(chunk.parameters()) for chunk in self.chunks]  # not activations
@@ -315,12 +325,24 @@ class RankStep:
             else:
                 self.pending_sends.append(C.isend(t, a.peer, self.g, phase=phase))
 
-    def recv(self, a: Action) -> None:
+    def post_recv(self, a: Action | None) -> None:
+        """Post the receive of recv action `a` now (an irecv into a fresh buffer), so that its data can arrive
+        while this rank computes the actions before it, as torch's schedules post a receive with the send before
+        it. One is posted at a time, in the list's order: two receives from one peer are matched in the order the
+        sender sends them, as with blocking receives."""
+        if a is None:
+            return
         stage = a.stage + 1 if a.what == "grad" else a.stage
         buf = torch.empty(self.shape_of(a.mb, stage), dtype=self.dtype, device=self.device)
         phase = "forward" if a.what == "act" else "backward"
         with tracer.tag(f"pp.stage{a.stage}"):
-            C.recv(buf, a.peer, self.g, phase=phase)
+            self.posted_recv = (a, C.irecv(buf, a.peer, self.g, phase=phase))
+
+    def recv(self, a: Action) -> None:
+        if self.posted_recv is None or self.posted_recv[0] != a:
+            raise RuntimeError(f"rank {self.g.rank}: {a} was not the receive posted next")
+        buf = self.posted_recv[1].wait()
+        self.posted_recv = None
         if a.what == "act":
             self.stage_in[(a.mb, a.chunk)] = buf.requires_grad_()
         else:
