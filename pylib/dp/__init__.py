@@ -4,6 +4,8 @@
     ZeroDataParallel(module, zero_stage=1|2, group=None, *, bucket_bytes=..., group_for=None, optimizer=Adam, **kw)
     FullyShardedDataParallel(module, group=None, *, units=None, group_for=None, optimizer=Adam, **kw)   # ZeRO-3
     FullyShardedDataParallel(module, shard, replicate=replica, ...)   # HSDP: (shard, replica) = hybrid_groups(s)
+    FullyShardedDataParallel(module, reshard_after_forward=None)   # FSDP2's default: the root unit kept for backward
+    fsdp.set_reshard_after_forward(False, ["layers.3"])            # or unit by unit (one all-gather fewer each)
     wrap(module, zero_stage, group, ...)   # any of them behind one training API; zero_stage: a ZeroStage, 0..3
                                            # or "ddp" | "zero1" | "zero2" | "zero3"
     wrap(..., precision=MixedPrecision("bfloat16", grad_reduce="float32"))  # 16-bit compute, fp32 master + state
