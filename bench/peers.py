@@ -9,8 +9,9 @@ a ratio the median over cycles of the two variants' ratio in the same cycle, so 
 the machine falls on both sides of it.
 
     TP, TP+SP            pylib.tp.TPBlock                    DTensor: parallelize_module (pylib.tp.dtensor)
-    1F1B, interleaved    pylib.pp.PipelineParallel           torch.distributed.pipelining Schedule1F1B /
-                         (no timeline recorded)              ScheduleInterleaved1F1B, the same chunks
+    1F1B, interleaved,   pylib.pp.PipelineParallel           torch.distributed.pipelining Schedule1F1B,
+    zb-v, dualpipev      (no timeline recorded)              ScheduleInterleaved1F1B, ScheduleZBVZeroBubble,
+                                                             ScheduleDualPipeV: the same chunks, placed alike
     DDP                  pylib.dp.wrap(..., "ddp")           torch.nn.parallel.DistributedDataParallel + Adam
     ZeRO-3               pylib.dp.wrap(..., "zero3", units=  FSDP2: fully_shard on each layer and the root + Adam
                          the layers), the root unit kept     (torch's default: the root kept from forward to
@@ -68,6 +69,7 @@ from pylib.dp import wrap  # noqa: E402
 from pylib.dp.batch import micro_batch  # noqa: E402
 from pylib.model import ModelConfig, build_model, random_hidden, random_tokens, torch_dtype  # noqa: E402
 from pylib.plan.config import MoEConfig  # noqa: E402
+from pylib.plan.schedules import rank_stage  # noqa: E402
 from pylib.pp.pipeline import PipelineParallel  # noqa: E402
 from pylib.pp.recorder import PipelineRecorder  # noqa: E402
 from pylib.pp.split import lm_loss, rank_chunks  # noqa: E402
@@ -155,31 +157,42 @@ def _tp_rank(sizes, settings, steps):
     return rows
 
 
+# ours -> (v, placement, torch's schedule class): each pair runs the same chunks in the same placement
+PP_PEERS = {
+    "1f1b": (1, "loop", "Schedule1F1B"),
+    "interleaved": (2, "loop", "ScheduleInterleaved1F1B"),
+    "zb-v": (2, "v", "ScheduleZBVZeroBubble"),
+    "dualpipev": (2, "v", "ScheduleDualPipeV"),
+}
+
+
 def _pp_rank(m, schedules, settings, steps):
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+    import torch.distributed.pipelining.schedules as torch_schedules
+    from torch.distributed.pipelining import PipelineStage
 
     rank, p = dist.get_rank(), dist.get_world_size()
     model = build_model(PP_CFG)
     ids, targets = random_tokens(PP_CFG, m, PP_SEQ, seed=0)
     rows = []
-    for name, v in schedules:
-        chunks = rank_chunks(model, rank, p, v)
-        stages = [PipelineStage(c, k * p + rank, p * v, torch.device("cpu")) for k, c in enumerate(chunks)]
-        if v == 1:
-            schedule = Schedule1F1B(stages[0], m, loss_fn=lm_loss)
-        else:
-            schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=lm_loss)
-        pipe = PipelineParallel(model, v=v)
+    for name in schedules:
+        v, placement, label = PP_PEERS[name]
+        chunks = rank_chunks(model, rank, p, v, placement=placement)
+        cpu = torch.device("cpu")
+        stages = [PipelineStage(c, rank_stage(rank, k, p, placement), p * v, cpu) for k, c in enumerate(chunks)]
+        schedule = getattr(torch_schedules, label)(stages[0] if v == 1 else stages, m, loss_fn=lm_loss)
+        pipe = PipelineParallel(model, v=v, placement=placement)
 
-        def theirs(schedule=schedule):
-            torch_schedule_step(schedule, ids, targets)
+        def theirs(schedule=schedule, placement=placement):
+            if placement == "v" and rank == 0:  # the V: rank 0 holds the first stage and the last
+                schedule.step(ids, target=targets)
+            else:
+                torch_schedule_step(schedule, ids, targets)
 
         def ours(pipe=pipe, name=name):
             pipe.zero_grad()
             recorder = PipelineRecorder(measure_memory=False, record_timeline=False)  # torch records none either
             pipe.step(ids, targets, schedule=name, n_microbatches=m, recorder=recorder)
 
-        label = "Schedule1F1B" if v == 1 else "ScheduleInterleaved1F1B"
         rows.append((name, f"p={p} m={m} v={v}", label, _timed(ours, theirs, settings, steps)))
     return rows
 
@@ -426,10 +439,10 @@ def measure(settings=SETTINGS, steps=10, tiny=False, rows=ROWS) -> list[dict]:
     if tiny:
         small = ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, d_ff=32, dtype="float32")
         tp, pp, dp, cp, ep = [(1, 16, 16, 2, 32)], (2, 2), (small, 4, 8), (1, 64, 2, 2, 8), (16, 8, EP_SIZE[2])
-        pp_schedules, worlds = [("1f1b", 1)], (2,)
+        pp_schedules, worlds = ["1f1b"], (2,)
     else:
         tp, pp, dp, cp, ep = TP_SIZES, (4, 8), (DP_CFG, DP_BATCH, DP_SEQ), CP_SIZE, EP_SIZE
-        pp_schedules, worlds = [("1f1b", 1), ("interleaved", 2)], (2, 4)
+        pp_schedules, worlds = list(PP_PEERS), (2, 4)
     d, (p, m) = worlds[-1], pp
     runs = {
         "tp": [(t, (_tp_rank, t, tp, settings, steps)) for t in worlds],
