@@ -97,6 +97,17 @@ def test_recorded_steps_are_learned_in_two_steps(name):
     assert (sum(n for n, _ in per), sum(m for _, m in per)) == in_all, per
 
 
+def test_training_and_evaluation_in_turn_lock_on_the_whole_cycle_before_the_history_fills():
+    """100 training steps then 10 evaluation steps (forward only), over and over: 2-layer TP+SP orders as real
+    ranks made them. The rule before checked 85 calls every cycle and its history was full in the 28th cycle (after
+    which every call is checked); this one locks on the whole cycle."""
+    train, evaluate = list("rgrgrgrgrgmssrgrgrgrgrg"), list("rgrgrgrgrgmss")
+    cycle = train * 100 + evaluate * 10
+    p = A._Predictor()
+    per = [_replay(cycle, p).count("hit") for _ in range(20)]
+    assert per[-3:] == [len(cycle)] * 3 and len(p.tape) < A._MAX_TAPE // 2, (per, len(p.tape))
+
+
 def test_a_run_of_one_call_after_a_one_off_call_locks():
     """The lap from the first occurrence predicted the one-off call after every call of the run, forever."""
     seen = _replay(["x", "y"] + ["x"] * 30)

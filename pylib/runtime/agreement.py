@@ -71,8 +71,11 @@ group's ranks learn that order once and then only check where it may change (`_P
    together (compute, a checkpoint written between steps); it bounds only how long an odd rank waits before
    naming itself, never the cost of a good run. Default 30 s: under `launch`'s default 60 s limit for the whole
    run and the process group, so the named error comes before gloo's own timeout; `prediction_timeout(seconds)`
-   changes it (the tests use 0.2 s). The history holds at most `_MAX_TAPE` calls; past that every call is
-   checked.
+   changes it (the tests use 0.2 s). The history holds at most `_MAX_TAPE` calls; past that every call is checked. A run
+   that changes again and again grows it: 100 training steps then 10 of evaluation, over and over (the 2-layer TP+SP
+   orders), locks on the whole cycle from the 16th (the rule before checked 85 calls every cycle and filled the history
+   in the 28th); at 1,000 training steps a cycle it checks 3 calls a cycle and fills the history in the 37th (the rule
+   before: the 4th).
    Row counts are not part of the key (they change every step in an MoE layer). An uneven all-to-all whose splits
    came out of `collectives.exchange_splits` (an all-to-all of the counts, so rank i expects from j exactly what
    j counted for i) agrees by construction and adds nothing; so do the `sizes` of an uneven all-gather /
