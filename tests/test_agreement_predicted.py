@@ -127,8 +127,8 @@ def _random_step(rng) -> list[str]:
 
 
 def test_random_repeating_steps_all_lock_within_five_steps():
-    """The lap from a key's first occurrence had not locked by the sixth step in about 1 of 5 of these (in 1,124 of
-    6,000; a run of one key after a one-off call never locks on it)."""
+    """The lap from a key's first occurrence had not locked by the sixth step in 61 of these 300 (a run of one key
+    after a one-off call, for one, never locks on it)."""
     rng = random.Random(1)
     for _ in range(300):
         step = _random_step(rng)
