@@ -23,14 +23,32 @@ group's ranks learn that order once and then only check where it may change (`_P
    tensor's dtype and shape -- after dim 0 for uneven row ops --, a Python tuple, compared, never hashed). All
    earlier calls agreed on every rank (induction), so every rank holds the same history, and everything below is
    a function of it: every rank predicts the same next call, or none.
-   - Which call is predicted. After a checked call c at position x of the history whose key first stood at e < x,
-     the hypothesis is a lap of d = x - e calls: the next call is the one d back. Once d calls in a row have
-     followed it (the last 2d calls are two copies of one lap) the lap is locked: the history stops growing and
-     the lap repeats. The first occurrence is taken, not the last, so a step made of identical layers locks on the
-     whole step, not on one layer (a layer's lap is tried first and fails where the layers end; so does a lap
-     that a one-off call before the loop misaligns): a repeating step is learned in its first two or three steps
-     and from then on costs no communication at all -- no branch points, whatever the number of layers
-     (`tests/test_agreement_predicted.py`; 4-layer TP+SP: 12 checked calls and 7 rendezvous in all, then none).
+   - Which call is predicted. After a checked call c at position x of the history, the hypothesis is a lap of
+     d = x - e calls, e < x an earlier occurrence of c's key: the next call is the one d back. Of the earlier
+     occurrences, e is the one whose preceding calls match the calls before x for the longest stretch (the longest
+     context; ties to the earliest, the longest lap), found by one pass of the Z-algorithm over the history read
+     backwards: O(history), run only on a checked call (0.1 ms at 600 calls, 13 ms at a full 65,536, on this
+     project's 2-core machine). Once d calls in a row have followed it (the last 2d calls are two copies of one
+     lap) the lap is locked: the history stops growing and the lap repeats. When a lock breaks within `_HOLD`
+     (1,024) calls, every call it predicted is put back on the history, so the history stays the order the ranks
+     made (a layer's lap locks inside a run of identical layers and breaks where they end); a longer lock (a step
+     repeated for many steps, then a change) puts back one lap and the remainder, the rest repeating what the
+     history holds. A repeating step is learned in its first two or three steps and from then on costs no
+     communication at all -- no branch points, whatever the number of layers.
+     Why this rule, measured by replaying the orders that real gloo ranks made (checked calls per step, store rendezvous
+     among them in brackets; `tests/test_agreement_predicted.py` replays the main ones). The EP overlap step
+     (`pylib.ep.overlap`, 2 MoE layers, two micro-batches interleaved, ep=2) makes 20 calls on the EP group, a the
+     splits exchange and b the rows' async all-to-all: a b a b b b a b a b b b b b b b b b b b. The rule before, the lap
+     from the key's first occurrence, never locked on it (14 (14) every step); this one: 9 (6), 2 (2), then none.
+     4-layer TP+SP: 12 (7) in all before, 10 (5) now; 96 identical TP+SP layers after a two-call prologue: 54 (49)
+     before, 7 (2) now; a composed tp=2 dp=2 step's TP group 12 (6) before, 9 (3) now. Two lost a little: the plain
+     1-layer TP step, 7 (3) before, 9 (5) now, and the composed MoE step's (tp=2, ep=2, dp=2) busiest group, 15 (7)
+     before, 16 (8) now. Over 6,000 random steps (layered or not, with prologues, 8 steps each) the rule before had not
+     locked by the sixth step in 1,124 (among them a run of one key after a one-off call: every call of the run met at
+     the store, forever), this one in none, with half the checked calls in all (85,663 against 179,256). Both parts are
+     needed: the longest context alone had not locked on the 4-layer TP+SP step by its fifth (2 or 3 rendezvous every
+     step), since a layer's lap, once locked, dropped whole layers from the history, which then no longer measured a
+     step.
      The order-1 table first tried here (one successor per key) checked 20 of the 39 calls of every 4-layer
      TP+SP step and 8 of 9 of a plain 1-layer TP step: the same all-reduce key ends the embedding, the attention
      and the MLP, so its successor differs between occurrences.
@@ -53,8 +71,11 @@ group's ranks learn that order once and then only check where it may change (`_P
    together (compute, a checkpoint written between steps); it bounds only how long an odd rank waits before
    naming itself, never the cost of a good run. Default 30 s: under `launch`'s default 60 s limit for the whole
    run and the process group, so the named error comes before gloo's own timeout; `prediction_timeout(seconds)`
-   changes it (the tests use 0.2 s). The history holds at most `_MAX_TAPE` calls; past that every call is
-   checked.
+   changes it (the tests use 0.2 s). The history holds at most `_MAX_TAPE` calls; past that every call is checked. A run
+   that changes again and again grows it: 100 training steps then 10 of evaluation, over and over (the 2-layer TP+SP
+   orders), locks on the whole cycle from the 16th (the rule before checked 85 calls every cycle and filled the history
+   in the 28th); at 1,000 training steps a cycle it checks 3 calls a cycle and fills the history in the 37th (the rule
+   before: the 4th).
    Row counts are not part of the key (they change every step in an MoE layer). An uneven all-to-all whose splits
    came out of `collectives.exchange_splits` (an all-to-all of the counts, so rank i expects from j exactly what
    j counted for i) agrees by construction and adds nothing; so do the `sizes` of an uneven all-gather /
@@ -468,21 +489,24 @@ def _name_disagreement(c: _Args) -> None:
 
 _START = ("the group's first call",)  # what precedes a group's first call (never a call's key)
 _MAX_TAPE = 1 << 16  # verified calls remembered per group; past that, every call is checked
+_HOLD = 1024  # a lock broken within this many calls puts all of them back on the history
 
 
 class _Predictor:
     """One process group's verified history, the same on every rank of it (module docstring, step 0).
 
     `tape`: the verified calls' keys in order (the history, while no lap is locked); `first[key]` where a key first
-    stands on it; `pos`: the tape index of the call predicted next (None: none is, the next call is checked); `lap`
-    the length d of the hypothesis or locked lap, `matched` how many calls have followed it so far, `locked`
-    whether d of them have (the last 2d calls were two copies: from then on the lap repeats, and the tape stops
-    growing), `since` the calls made since the lock. `rounds`: store rendezvous so far (their keys' numbers),
-    `broken`: the error once a rank named itself odd; `predicted` / `checked`: calls the order predicted / that
-    ran steps 1-2; `row_checks`: predicted calls whose raw row counts still communicated (`_rows_agree`)."""
+    stands on it, and `codes` the tape as those first positions (small ints the context search compares); `pos`: the
+    tape index of the call predicted next (None: none is, the next call is checked); `lap` the length d of the
+    hypothesis or locked lap, `matched` how many calls have followed it so far, `locked` whether d of them have (the
+    last 2d calls were two copies: from then on the lap repeats, and the tape stops growing), `since` the calls made
+    since the lock. `rounds`: store rendezvous so far (their keys' numbers), `broken`: the error once a rank named
+    itself odd; `predicted` / `checked`: calls the order predicted / that ran steps 1-2; `row_checks`: predicted calls
+    whose raw row counts still communicated (`_rows_agree`)."""
 
     __slots__ = (
         "tape",
+        "codes",
         "first",
         "pos",
         "lap",
@@ -497,7 +521,8 @@ class _Predictor:
     )
 
     def __init__(self):
-        self.tape, self.first, self.pos, self.lap, self.matched, self.locked, self.since = [], {}, None, 0, 0, False, 0
+        self.tape, self.codes, self.first = [], [], {}
+        self.pos, self.lap, self.matched, self.locked, self.since = None, 0, 0, False, 0
         self.rounds, self.broken, self.predicted, self.checked, self.row_checks = 0, None, 0, 0, 0
 
     @property
@@ -533,7 +558,7 @@ class _Predictor:
         self.checked += 1
         if self.locked:  # the calls made since the lock, less whole laps (they repeat what the tape holds)
             d, start = self.lap, len(self.tape) - self.lap
-            kept = self.since if self.since < 2 * d else d + self.since % d
+            kept = self.since if self.since < max(2 * d, _HOLD) else d + self.since % d
             for j in range(self.since - kept, self.since):
                 self._append(self.tape[start + j % d])
         self.locked, self.matched, self.since, self.pos = False, 0, 0, None
@@ -541,13 +566,32 @@ class _Predictor:
             return
         at = len(self.tape)
         self._append(key)
-        e = self.first[key]
-        if e < at:
+        if self.first[key] < at:
+            e = self._longest_context()
             self.lap, self.pos = at - e, e + 1
+
+    def _longest_context(self) -> int:
+        """Among the earlier occurrences of the last call's key, the one whose preceding calls match the tape's
+        most recent ones for the longest stretch (ties: the earliest, the longest lap). One pass of the Z-algorithm
+        over the tape read backwards (`codes`, a small int per key): z[i] is how many calls the history ending i
+        calls back shares with the history ending now, so the search costs O(tape), and only on a checked call."""
+        r = self.codes[::-1]
+        n, z, left, right = len(r), [0] * len(r), 0, 0
+        best, back = -1, 0
+        for i in range(1, n):
+            k = min(right - i, z[i - left]) if i < right else 0
+            while i + k < n and r[k] == r[i + k]:
+                k += 1
+            z[i] = k
+            if i + k > right:
+                left, right = i, i + k
+            if k and k >= best:  # k > 0: the same key; a later i is an earlier occurrence, so ties go to it
+                best, back = k, i
+        return n - 1 - back
 
     def _append(self, key) -> None:
         if len(self.tape) < _MAX_TAPE:
-            self.first.setdefault(key, len(self.tape))
+            self.codes.append(self.first.setdefault(key, len(self.tape)))
             self.tape.append(key)
 
 
