@@ -19,12 +19,15 @@ division they are m times too large. (torch.distributed.pipelining keeps the los
 gradients by m after the last backward instead: `scale_grads=True`; same result.)
 
 Sends and receives. By default a send is posted (`isend`) and the rank moves on; every send is waited for at the
-end of the step. Each receive is posted (`irecv`) as soon as the one before it in the rank's list has arrived, so
-its data comes in while the rank computes (torch's schedules post a receive together with the send before it); the
-recv action then waits for it. `blocking_sends=True` uses gloo's blocking `send` instead, which waits for the
-receiver (a rendezvous): the schedule's order is deadlock-free under both (see `pylib.plan.schedules`), but
-blocking sends add stalls to the interleaved schedule when a forward and a backward cost different times
-(`pylib.pp.simulate` shows where).
+end of the step. The rank keeps its next `RECVS_AHEAD` (3) receives posted (`irecv`, in its list's order: two
+receives from one peer are matched in the order the sender sends them), so their data comes in while it computes,
+as torch's schedules post receives ahead; the recv action then waits for the first. Measured with
+`bench/peers.py --rows pp` (30 cycles, two runs each, ours over torch's): one receive ahead 0.99-1.02 (1F1B),
+0.85-0.93 (interleaved), 0.93-0.96 (zb-v), 1.05-1.07 (dualpipev); three ahead 0.81-0.85, 0.75-0.76, 0.82,
+0.88-0.93; two or eight ahead about as three. `blocking_sends=True` uses gloo's blocking `send` instead, which
+waits for the receiver (a rendezvous): the schedule's order is deadlock-free under both (see
+`pylib.plan.schedules`), but blocking sends add stalls to the interleaved schedule when a forward and a backward
+cost different times (`pylib.pp.simulate` shows where).
 
 Agreement. Before its first send, each step's ranks agree on the schedule, m, v, the boundary dtype and every
 boundary's shape, compared between the two ranks on either side of it (`pylib.runtime.agreement.agree_pipeline`):
@@ -190,11 +193,12 @@ def run_pipeline(
     rec.start(g.rank, g, device)
     actions = schedule[g.rank]
     recvs = iter([a for a in actions if a.op == "recv"])
-    step.post_recv(next(recvs, None))
+    for _ in range(RECVS_AHEAD):
+        step.post_recv(next(recvs, None))
     for a in actions:
         with profile.action_span(a), rec.action(a):  # a named range only while a profile is recorded
             step.do(a)
-        if a.op == "recv":  # the next receive is posted now, to arrive while this rank computes
+        if a.op == "recv":  # one more receive posted ahead, to arrive while this rank computes
             step.post_recv(next(recvs, None))
     losses = step.finish()  # empty off the last stage
     return PipelineRun(
@@ -224,6 +228,9 @@ def _check_run(schedule: Schedule, chunks, g, inputs, targets) -> None:
         raise ValueError(f"rank {me} holds the last stage and needs m={m} microbatch targets")
 
 
+RECVS_AHEAD = 3  # receives posted ahead of the one the rank waits for next, in its list's order
+
+
 @dataclass
 class RankStep:
     """One rank's step: one method per action of the schedule, and what each (microbatch, chunk) holds between
@@ -251,7 +258,7 @@ class RankStep:
     grad_in: dict = field(default_factory=dict)  # (mb, chunk) -> gradient of the input, to send back
     losses: dict = field(default_factory=dict)  # mb -> its unscaled loss, detached (last stage)
     pending_sends: list = field(default_factory=list)  # posted sends, waited for at the end of the step
-    posted_recv: tuple | None = None  # (action, posted receive): the rank's next recv, posted ahead
+    posted_recvs: list = field(default_factory=list)  # [(action, posted receive)]: the next recvs, in list order
 
     def __post_init__(self):
         self.excluded = [list(chunk.parameters()) for chunk in self.chunks]  # not activations
@@ -327,22 +334,20 @@ class RankStep:
 
     def post_recv(self, a: Action | None) -> None:
         """Post the receive of recv action `a` now (an irecv into a fresh buffer), so that its data can arrive
-        while this rank computes the actions before it, as torch's schedules post a receive with the send before
-        it. One is posted at a time, in the list's order: two receives from one peer are matched in the order the
-        sender sends them, as with blocking receives."""
+        while this rank computes the actions before it. Posted in the list's order (`RECVS_AHEAD` at a time): two
+        receives from one peer are matched in the order the sender sends them, as with blocking receives."""
         if a is None:
             return
         stage = a.stage + 1 if a.what == "grad" else a.stage
         buf = torch.empty(self.shape_of(a.mb, stage), dtype=self.dtype, device=self.device)
         phase = "forward" if a.what == "act" else "backward"
         with tracer.tag(f"pp.stage{a.stage}"):
-            self.posted_recv = (a, C.irecv(buf, a.peer, self.g, phase=phase))
+            self.posted_recvs.append((a, C.irecv(buf, a.peer, self.g, phase=phase)))
 
     def recv(self, a: Action) -> None:
-        if self.posted_recv is None or self.posted_recv[0] != a:
+        if not self.posted_recvs or self.posted_recvs[0][0] != a:
             raise RuntimeError(f"rank {self.g.rank}: {a} was not the receive posted next")
-        buf = self.posted_recv[1].wait()
-        self.posted_recv = None
+        buf = self.posted_recvs.pop(0)[1].wait()
         if a.what == "act":
             self.stage_in[(a.mb, a.chunk)] = buf.requires_grad_()
         else:
