@@ -183,10 +183,42 @@ def test_a_change_every_rank_makes_together_is_checked_then_learned_again():
     assert seen[9] == "meet" and seen[-4:] == ["hit"] * 4  # "c" where "b" was verified: met, checked, learned
 
 
-def test_the_predictor_keeps_at_most_its_tape_and_then_checks_every_call(monkeypatch):
-    monkeypatch.setattr(A, "_MAX_TAPE", 8)
-    seen = _replay([str(k) for k in range(20)] + ["0", "1"] * 5)
-    assert seen.count("hit") == 0 and "meet" not in seen  # nothing predicted past a full tape, nothing lost
+def test_a_full_tape_keeps_its_later_half_and_the_predictor_goes_on_learning(monkeypatch):
+    monkeypatch.setattr(A, "_MAX_TAPE", 16)
+    p, seen, longest = A._Predictor(), [], 0
+    for key in [str(k) for k in range(40)] + ["0", "1"] * 6 + ["x", "y", "z"] * 8:
+        if p.expected() == key:
+            p.hit(key)
+            seen.append("hit")
+        else:
+            seen.append("check")
+            p.checked_call(key)
+        longest = max(longest, len(p.tape))
+        assert p.codes == [p.first[k] for k in p.tape] and all(p.tape[i] == k for k, i in p.first.items())
+    assert longest <= 16  # never more than the tape holds
+    assert seen[:43] == ["check"] * 43  # 40 new calls; the first "0" and "1" were cut with the tape's older half
+    assert seen[43:52] == ["hit"] * 9  # then learned again: a lap of 2, and past the next cuts a lap of 3
+    assert seen[52:56] == ["check"] * 4 and seen[56:] == ["hit"] * 20
+
+
+def test_a_run_that_switches_forever_keeps_a_bounded_history_and_few_checks_a_cycle(monkeypatch):
+    """Training steps then evaluation steps, 40 times, on a history of 512 calls, shorter than one cycle (1,080):
+    it fills again and again and is cut each time, and every cycle still checks only the calls around its two
+    switches (a full history that stopped predicting would check all 1,080)."""
+    monkeypatch.setattr(A, "_MAX_TAPE", 512)
+    train = ["ar"] + ["ag", "rs"] * 4 + ["ar", "ar"] + ["ag", "rs"] * 4 + ["ar"]
+    evaluate = ["ar", "ag2", "rs2", "ag2", "rs2", "ar"]
+    p, per, longest = A._Predictor(), [], 0
+    for _ in range(40):
+        before = p.checked
+        for key in train * 50 + evaluate * 5:
+            if p.expected() == key:
+                p.hit(key)
+            else:
+                p.checked_call(key)
+            longest = max(longest, len(p.tape))
+        per.append(p.checked - before)
+    assert longest == 512 and max(per[1:]) <= 10, per
 
 
 def test_prediction_timeout_takes_seconds_and_restores_the_previous_value():

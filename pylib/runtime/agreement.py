@@ -71,11 +71,13 @@ group's ranks learn that order once and then only check where it may change (`_P
    together (compute, a checkpoint written between steps); it bounds only how long an odd rank waits before
    naming itself, never the cost of a good run. Default 30 s: under `launch`'s default 60 s limit for the whole
    run and the process group, so the named error comes before gloo's own timeout; `prediction_timeout(seconds)`
-   changes it (the tests use 0.2 s). The history holds at most `_MAX_TAPE` calls; past that every call is checked. A run
-   that changes again and again grows it: 100 training steps then 10 of evaluation, over and over (the 2-layer TP+SP
-   orders), locks on the whole cycle from the 16th (the rule before checked 85 calls every cycle and filled the history
-   in the 28th); at 1,000 training steps a cycle it checks 3 calls a cycle and fills the history in the 37th (the rule
-   before: the 4th).
+   changes it (the tests use 0.2 s). The history holds at most `_MAX_TAPE` (65,536) calls; a run that changes again
+   and again grows it, and when it is full it keeps its later half (`_make_room`: the same cut on every rank, so the
+   histories stay equal) and goes on learning. 100 training steps then 10 of evaluation, over and over (the 2-layer
+   TP+SP orders), locks on the whole cycle from the 16th (the rule before checked 85 calls every cycle and filled
+   the history in the 28th); at 1,000 training steps a cycle it checks 3 calls a cycle, and the history, full in
+   the 37th cycle, is cut and the 3 a cycle go on (60 cycles replayed). Before the cut a full history checked
+   every call from then on: 23,130 a cycle (the rule before: from the 4th cycle).
    Row counts are not part of the key (they change every step in an MoE layer). An uneven all-to-all whose splits
    came out of `collectives.exchange_splits` (an all-to-all of the counts, so rank i expects from j exactly what
    j counted for i) agrees by construction and adds nothing; so do the `sizes` of an uneven all-gather /
@@ -488,7 +490,7 @@ def _name_disagreement(c: _Args) -> None:
 # ------------------------------------------------------------------------------------ step 0: predicted calls
 
 _START = ("the group's first call",)  # what precedes a group's first call (never a call's key)
-_MAX_TAPE = 1 << 16  # verified calls remembered per group; past that, every call is checked
+_MAX_TAPE = 1 << 16  # verified calls remembered per group; a full history keeps its later half (`_make_room`)
 _HOLD = 1024  # a lock broken within this many calls puts all of them back on the history
 
 
@@ -543,7 +545,8 @@ class _Predictor:
             self.since += 1
             self.pos = self.pos + 1 if self.pos + 1 < len(self.tape) else len(self.tape) - self.lap
             return
-        if len(self.tape) >= _MAX_TAPE:  # the tape is full: nothing more is predicted
+        self.pos -= self._make_room(1)  # a full tape keeps its later half, the hypothesis's lap at least
+        if self.pos < 0 or len(self.tape) >= _MAX_TAPE:  # its lap outgrew the tape: nothing more is predicted
             self.pos = None
             return
         self._append(key)
@@ -557,10 +560,14 @@ class _Predictor:
         take as the next hypothesis the lap from this key's first occurrence to here."""
         self.checked += 1
         if self.locked:  # the calls made since the lock, less whole laps (they repeat what the tape holds)
-            d, start = self.lap, len(self.tape) - self.lap
+            d = self.lap
             kept = self.since if self.since < max(2 * d, _HOLD) else d + self.since % d
+            self._make_room(kept + 1)
+            start = len(self.tape) - d
             for j in range(self.since - kept, self.since):
                 self._append(self.tape[start + j % d])
+        else:
+            self._make_room(1)
         self.locked, self.matched, self.since, self.pos = False, 0, 0, None
         if len(self.tape) >= _MAX_TAPE:
             return
@@ -588,6 +595,19 @@ class _Predictor:
             if k and k >= best:  # k > 0: the same key; a later i is an earlier occurrence, so ties go to it
                 best, back = k, i
         return n - 1 - back
+
+    def _make_room(self, calls: int) -> int:
+        """Before `calls` more calls go on a tape that would overflow: keep only its later half (at least the
+        hypothesis's or locked lap and one call more), `first` and `codes` counted again from it; returns how many
+        calls were cut from the front. A function of the history alone, so every rank cuts at the same call and
+        keeps the same calls: a run that keeps changing forgets its oldest calls, not how to predict."""
+        if len(self.tape) + calls <= _MAX_TAPE:
+            return 0
+        keep = max(self.lap + 1, min(_MAX_TAPE // 2, _MAX_TAPE - calls))
+        cut = len(self.tape) - min(len(self.tape), keep)
+        self.tape, self.first = self.tape[cut:], {}
+        self.codes = [self.first.setdefault(k, i) for i, k in enumerate(self.tape)]
+        return cut
 
     def _append(self, key) -> None:
         if len(self.tape) < _MAX_TAPE:
