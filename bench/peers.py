@@ -197,6 +197,19 @@ def _pp_rank(m, schedules, settings, steps):
     return rows
 
 
+def _ours_dp(cfg, g, zero_stage, wrapping):
+    """Ours on a fresh reference model, wrapped as `_torch_dp` wraps its peer: (model, trainer). "layers": each layer
+    a unit, embed, ln_f and lm_head in the root unit, kept for backward (FSDP2's default); otherwise `wrap`'s
+    default units, each resharded after forward."""
+    model = build_model(cfg)
+    if wrapping == "layers":
+        dp = wrap(model, zero_stage, g, units=[f"layers.{i}" for i in range(cfg.n_layers)], lr=1e-2)
+        dp.set_reshard_after_forward(False, ["root"])
+    else:
+        dp = wrap(model, zero_stage, g, lr=1e-2)
+    return model, dp
+
+
 def _torch_dp(cfg, g, wrapping):
     """torch's peer on the reference model: DDP, or FSDP2 over `wrapping` ("layers": fully_shard on each layer and
     the root, torch's default policy, the root kept from forward to backward; "every": on embed, each layer, ln_f
@@ -230,15 +243,9 @@ def _dp_rank(cfg, batch, seq, settings, steps):
     g = resolve_group(None)
     ids, targets = random_tokens(cfg, batch, seq, seed=0)
     ids, targets = micro_batch(ids, g.rank, g.size), micro_batch(targets, g.rank, g.size)
-    layers = [f"layers.{i}" for i in range(cfg.n_layers)]
     rows = []
     for label, stage, wrapping, peer in DP_ROWS:
-        model = build_model(cfg)
-        if wrapping == "layers":  # FSDP2's default: embed, ln_f and lm_head in the root unit, kept for backward
-            dp = wrap(model, stage, g, units=layers, lr=1e-2)
-            dp.set_reshard_after_forward(False, ["root"])
-        else:
-            dp = wrap(model, stage, g, lr=1e-2)
+        model, dp = _ours_dp(cfg, g, stage, wrapping)
 
         def ours(model=model, dp=dp):
             model.loss(ids, targets).backward()

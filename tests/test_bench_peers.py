@@ -81,8 +81,8 @@ def _collectives_per_step(wrapping):
 
     import torch.distributed as dist
 
-    from pylib.dp import micro_batch, wrap
-    from pylib.model import ModelConfig, build_model, random_tokens
+    from pylib.dp import micro_batch
+    from pylib.model import ModelConfig, random_tokens
     from pylib.pp.split import lm_loss
     from pylib.runtime.collectives import resolve_group
 
@@ -101,12 +101,7 @@ def _collectives_per_step(wrapping):
     cfg = ModelConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, d_ff=32, dtype="float32")
     g = resolve_group(None)
     ids, targets = (micro_batch(t, g.rank, g.size) for t in random_tokens(cfg, 4, 8, seed=0))
-    model = build_model(cfg)
-    if wrapping == "layers":
-        dp = wrap(model, "zero3", g, units=[f"layers.{i}" for i in range(cfg.n_layers)], lr=1e-2)
-        dp.set_reshard_after_forward(False, ["root"])
-    else:
-        dp = wrap(model, "zero3", g, lr=1e-2)
+    model, _trainer = peers._ours_dp(cfg, g, "zero3", wrapping)  # kept: its hooks gather and reduce
     theirs = peers._torch_dp(cfg, g, wrapping)
     out = {}
     for side, step in (("ours", lambda: model.loss(ids, targets).backward()),

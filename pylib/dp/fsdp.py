@@ -276,7 +276,7 @@ class FullyShardedDataParallel(nn.Module):
         **optim_kwargs,
     ):
         super().__init__()
-        _check_reshard(reshard_after_forward)
+        _check_reshard(reshard_after_forward, "reshard_after_forward")
         self.replicate = None if replicate is None else C.resolve_group(replicate)
         if self.replicate is not None:
             if group_for is not None:
@@ -446,8 +446,7 @@ class FullyShardedDataParallel(nn.Module):
         """Whether `units` (names as in `unit_bytes`, "root" for the root unit; None: every unit) free their full
         parameters after forward and gather them again in backward (True), or keep them until their backward has
         used them (False: one all-gather of the unit fewer per micro-batch; FSDP2's `set_reshard_after_forward`)."""
-        if not isinstance(reshard, bool):
-            raise TypeError(f"set_reshard_after_forward: reshard must be True or False, got {reshard!r}")
+        _check_reshard(reshard, "set_reshard_after_forward: reshard", none=False)
         by_name = {u.name or "root": u for u in self.units}
         names = list(by_name) if units is None else list(units)
         unknown = [n for n in names if n not in by_name]
@@ -538,12 +537,11 @@ class FullyShardedDataParallel(nn.Module):
         return out
 
 
-def _check_reshard(value) -> None:
-    if value is not None and not isinstance(value, bool):
-        raise TypeError(
-            f"reshard_after_forward must be True, False or None (FSDP2's default: every unit but the root), got "
-            f"{value!r}"
-        )
+def _check_reshard(value, what: str, none: bool = True) -> None:
+    """`value` is True or False, or (`none`) None: FSDP2's default, every unit but the root."""
+    if not isinstance(value, bool) and not (none and value is None):
+        allowed = "True, False or None (FSDP2's default: every unit but the root)" if none else "True or False"
+        raise TypeError(f"{what} must be {allowed}, got {value!r}")
 
 
 def _split_fp8(sets, owners: dict):

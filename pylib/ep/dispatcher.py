@@ -177,6 +177,12 @@ class AllToAllDispatcher:
             if self.etp > 1:
                 y = collectives.reduce_scatter_uneven(y, state.etp_sizes, self.etp_group)
             y = collectives.all_to_all_uneven(y, *state.splits(back=True), self.ep_group)
+        return self.unpermute_home(y, state, weights)
+
+    def unpermute_home(self, y: torch.Tensor, state: DispatchState, weights: torch.Tensor | None) -> torch.Tensor:
+        """The combine's last part, once the rows are home: [rows sent, h] -> each token's weighted sum of its k
+        expert outputs [T, h] (weights None: the experts applied them, a plain sum), fused as this dispatcher's
+        storage choices say (`fused_unpermute`, and always with `gate_in_expert`)."""
         if state.pad_index is not None:
             y = y[state.pad_index]
         return unpermute(y, state.plan, weights, fused=self.fused_unpermute or self.gate_in_expert)

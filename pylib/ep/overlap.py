@@ -54,7 +54,7 @@ from pylib.runtime.tracer import tag
 from .aux_loss import group_aux_loss
 from .dispatcher import AllToAllDispatcher, DispatchState
 from .layer import ExpertParallelMoE
-from .permute import sort_chunks, unpermute
+from .permute import sort_chunks
 
 # ------------------------------------------------------------------------------------------ one layer, cut in four
 
@@ -138,14 +138,6 @@ def combine_issue(d: AllToAllDispatcher, y, state: DispatchState):
         return collectives.all_to_all_uneven_async(y, *state.splits(back=True), d.ep_group)
 
 
-def combine_finish(y, state: DispatchState, weights, fused: bool = False):
-    """The rows back home -> each token's weighted sum of its k expert outputs [T, h] (weights None: the experts
-    applied them, a plain sum). fused: `unpermute(fused=True)`, as `AllToAllDispatcher.combine` chooses it."""
-    if state.pad_index is not None:
-        y = y[state.pad_index]
-    return unpermute(y, state.plan, weights, fused=fused)
-
-
 class Uncut:
     """How a forward is kept whole (the default): `keep` and `exchange` hand back what they are given."""
 
@@ -191,8 +183,7 @@ def moe_steps(layer: ExpertParallelMoE, x: torch.Tensor, shared_overlap: bool = 
     sizes = state.rows_per_local_expert
     y = layer.experts(rows, sizes) if gates is None else layer.experts(rows, sizes, gates)
     y = yield "combine", cut.exchange(combine_issue(d, y, state), "combine")
-    fused = d.fused_unpermute or d.gate_in_expert
-    out = combine_finish(y, state, None if d.gate_in_expert else later.weights, fused)
+    out = d.unpermute_home(y, state, None if d.gate_in_expert else later.weights)
     if layer.shared is not None:
         out = out + (shared if shared is not None else layer.shared(x_later)).reshape(out.shape)
     aux = group_aux_loss(later, cfg, layer.aux_group)

@@ -177,9 +177,9 @@ def gated_expert(
     down projection's input gradient and its input, both of which the backward has anyway: the expert outputs e are
     never kept. (Our derivation; Megatron-Core's grouped experts apply the router probabilities the same way,
     `weighted_bias_swiglu_impl`.) swiglu_fp8: also cache the SwiGLU's inputs in FP8 (`cached_swiglu_mlp`)."""
-    _check_gate(x, gate)
     if swiglu_fp8 is not None:
-        return cached_swiglu_mlp(x, mlp, swiglu_fp8, gate)
+        return cached_swiglu_mlp(x, mlp, swiglu_fp8, gate)  # checks the gate itself
+    _check_gate(x, gate)
     return _GatedDown.apply(mlp.hidden(x), gate.to(x.dtype), mlp.down_proj.weight)
 
 

@@ -619,17 +619,24 @@ _PREDICTORS: dict = {}  # process group -> _Predictor, for the default group `_P
 _PREDICTORS_OF: list = [None]
 
 
-def _predictor(g) -> _Predictor:
-    """This rank's `_Predictor` of g's process group (groups of the same ranks made apart have their own)."""
+def _state_of(g, states: dict, make):
+    """This rank's state of g's process group in `states` (`_PREDICTORS` or `_PIPELINES`; groups of the same ranks
+    made apart have their own), made by `make()` the first time; a new default group (destroy, init again) forgets
+    every group's."""
     world = dist.GroupMember.WORLD
-    if _PREDICTORS_OF[0] is not world:  # a new default group (destroy, init again): forget the old order
+    if _PREDICTORS_OF[0] is not world:
         _PREDICTORS.clear()
         _PIPELINES.clear()
         _PREDICTORS_OF[0] = world
-    state = _PREDICTORS.get(g.pg)
+    state = states.get(g.pg)
     if state is None:
-        state = _PREDICTORS[g.pg] = _Predictor()
+        state = states[g.pg] = make()
     return state
+
+
+def _predictor(g) -> _Predictor:
+    """This rank's `_Predictor` of g's process group."""
+    return _state_of(g, _PREDICTORS, _Predictor)
 
 
 def call_key(op: str, tensors, param_names, params, dims_of_first: int = 0, rows_only: bool = False) -> tuple:
@@ -846,11 +853,7 @@ _PIPELINES: dict = {}  # process group -> _PipelineState, for the default group 
 
 
 def _pipeline_state(g) -> _PipelineState:
-    _predictor(g)  # forgets every group's order, this one's included, when the default group changed
-    state = _PIPELINES.get(g.pg)
-    if state is None:
-        state = _PIPELINES[g.pg] = _PipelineState()
-    return state
+    return _state_of(g, _PIPELINES, _PipelineState)
 
 
 def _pipeline_text(key) -> str:
@@ -894,7 +897,7 @@ def agree_pipeline(g, schedule, dtype: torch.dtype, shape_of) -> None:
     state.checked += 1
     state.key = None  # until this check passes with every rank's view equal
     device = _small_device(g)
-    if _hashes_agree(g, _hash63(repr((name, m, v, schedule.p, _dtype_code(dtype), table))), device):
+    if _hashes_agree(g, _hash63(repr(key)), device):
         state.key = key
         return
     most = max((len(s) for s in table), default=0)
